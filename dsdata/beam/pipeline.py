@@ -1,0 +1,200 @@
+"""Recipe → Beam pipeline: read, run the stages in order, write kept/rejected Parquet and the ledger.
+
+Output layout (other stages and the trainer build on it):
+  DIR/kept/part-*.parquet       id, text, metadata (JSON), one typed column per annotation
+  DIR/rejected/part-*.parquet   id, text, text_length, metadata, stage, reason, detail, annotations
+  DIR/stats.json                {"input", "kept", "augmented", "rejected": {stage: {reason: n}},
+                                 "stages": {stage: {"rejected": n, "kept_after": n}}, "ledger_ok"}
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from dsdata.beam.transforms import KEPT, REJECTED, ApplyStage, ReadDocuments
+from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_row, kept_schema, rejected_row
+from dsdata.io.readers import READ_STAGE
+from dsdata.recipe import Recipe
+from dsdata.stages import Stage
+
+log = logging.getLogger("dsdata")
+
+# The in-process FnApiRunner is the runner Beam's DirectRunner uses for batch pipelines.  Beam 2.77's
+# DirectRunner first tries to download the Prism runner, which logs a failure offline and adds
+# seconds; asking for the in-process runner by its own name skips that.  Users who want Prism,
+# Flink, Dataflow or a PortableRunner pass --runner explicitly.
+DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+_RUNNER_ALIASES = {"directrunner": "DirectRunner"}
+
+
+class LedgerError(RuntimeError):
+    """input + augmented != kept + Σ rejected: a stage lost or invented documents."""
+
+
+def pipeline_options(beam_args: list[str]) -> PipelineOptions:
+    args = list(beam_args)
+    names = [a.split("=", 1)[0] for a in args]
+    if "--runner" not in names:
+        uses_direct_flags = any(n.startswith("--direct_") for n in names)
+        # --direct_* flags are DirectRunner options: honour them through the DirectRunner, which
+        # hands batch work to the same FnApiRunner (with multi-process/threads when asked).
+        args.append("--runner=DirectRunner" if uses_direct_flags else f"--runner={DEFAULT_RUNNER}")
+    return PipelineOptions(args)
+
+
+def _count_keys(kind: str):
+    def keys(item: Document | Rejected):
+        if isinstance(item, Rejected):
+            yield ("rejected", item.stage, item.reason)
+            doc = item.doc
+        else:
+            yield ("kept",) if kind == KEPT else ("input",)
+            doc = item
+        if kind == KEPT and doc.derived_from is not None:
+            yield ("augmented", doc.annotations.get("derived_by") or "augment")
+
+    return keys
+
+
+def stats_from_counts(counts: dict[tuple, int], stage_order: list[str]) -> dict[str, Any]:
+    """Fold (key → count) pairs into stats.json's structure and check the ledger law."""
+    rejected: dict[str, dict[str, int]] = {}
+    augmented_by: dict[str, int] = {}
+    n_input = n_kept = 0
+    for key, n in counts.items():
+        if key[0] == "input":
+            n_input += n
+        elif key[0] == "kept":
+            n_kept += n
+        elif key[0] == "rejected":
+            rejected.setdefault(key[1], {})[key[2]] = rejected.setdefault(key[1], {}).get(key[2], 0) + n
+        elif key[0] == "augmented":
+            augmented_by[key[1]] = augmented_by.get(key[1], 0) + n
+    n_rejected = sum(sum(r.values()) for r in rejected.values())
+    n_aug = sum(augmented_by.values())
+    # Reader rejections are part of the input (they were records); they are counted under "input"
+    # via the reader's own rejected output as well.
+    n_input += sum(rejected.get(READ_STAGE, {}).values())
+    stages: dict[str, dict[str, int]] = {}
+    running = n_input
+    for name in [READ_STAGE, *stage_order]:
+        r = sum(rejected.get(name, {}).values())
+        running += augmented_by.get(name, 0) - r
+        stages[name] = {"rejected": r, "kept_after": running}
+    return {
+        "input": n_input,
+        "kept": n_kept,
+        "augmented": n_aug,
+        "rejected": {s: dict(sorted(r.items())) for s, r in sorted(rejected.items())},
+        "rejected_total": n_rejected,
+        "stages": stages,
+        "ledger_ok": n_input + n_aug == n_kept + n_rejected,
+    }
+
+
+class _WriteStats(beam.DoFn):
+    def __init__(self, path: str, stage_order: list[str], extra: dict[str, Any]):
+        self.path, self.stage_order, self.extra = path, stage_order, extra
+
+    def process(self, counts: list[tuple[tuple, int]]):
+        stats = stats_from_counts(dict(counts), self.stage_order)
+        stats.update(self.extra)
+        with FileSystems.create(self.path) as fh:
+            fh.write(json.dumps(stats, indent=2, ensure_ascii=False).encode("utf-8"))
+        yield stats
+
+
+def _prepare_output(output: str) -> None:
+    """Remove the outputs of an earlier run in DIR (only the files this tool writes)."""
+    if "://" in output:
+        for sub in ("kept", "rejected", "shards"):
+            matches = FileSystems.match([FileSystems.join(output, sub, "*")])[0].metadata_list
+            if matches:
+                FileSystems.delete([m.path for m in matches])
+        return
+    os.makedirs(output, exist_ok=True)
+    for sub in ("kept", "rejected", "shards"):
+        target = os.path.join(output, sub)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+    for name in ("stats.json",):
+        if os.path.exists(os.path.join(output, name)):
+            os.remove(os.path.join(output, name))
+
+
+def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage]) -> None:
+    """Add the recipe's read → stages → write graph to pipeline `p`."""
+    read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field)
+    rejected = [read[REJECTED]]
+    docs = read[KEPT]
+    counted_input = docs
+    for i, stage in enumerate(stages):
+        stage.run_dir = output
+        out = docs | f"{i:02d}_{stage.name}" >> ApplyStage(stage)
+        docs = out[KEPT]
+        rejected.append(out[REJECTED])
+    all_rejected = rejected | "AllRejected" >> beam.Flatten()
+
+    annotation_types: dict[str, Any] = {}
+    for stage in stages:
+        annotation_types.update(stage.annotations)
+    names = list(annotation_types)
+    (
+        docs
+        | "KeptRows" >> beam.Map(kept_row, names)
+        | "WriteKept" >> beam.io.WriteToParquet(
+            FileSystems.join(output, "kept", "part"), kept_schema(annotation_types), file_name_suffix=".parquet"
+        )
+    )
+    (
+        all_rejected
+        | "RejectedRows" >> beam.Map(rejected_row)
+        | "WriteRejected" >> beam.io.WriteToParquet(
+            FileSystems.join(output, "rejected", "part"), REJECTED_SCHEMA, file_name_suffix=".parquet"
+        )
+    )
+    keys = (
+        (counted_input | "InputKeys" >> beam.FlatMap(_count_keys("input"))),
+        (docs | "KeptKeys" >> beam.FlatMap(_count_keys(KEPT))),
+        (all_rejected | "RejectedKeys" >> beam.FlatMap(_count_keys(REJECTED))),
+    )
+    extra = {"recipe": recipe.name, "stage_order": [READ_STAGE] + [s.name for s in stages]}
+    (
+        keys
+        | "AllKeys" >> beam.Flatten()
+        | "Count" >> beam.combiners.Count.PerElement()
+        | "Gather" >> beam.combiners.ToList()
+        | "WriteStats" >> beam.ParDo(_WriteStats(FileSystems.join(output, "stats.json"), [s.name for s in stages], extra))
+    )
+    for stage in stages:
+        hook = getattr(stage, "after_pipeline", None)
+        if hook is not None:
+            hook(p, docs)
+
+
+def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] | None = None) -> dict[str, Any]:
+    """Run a recipe to completion and return its stats (also written to OUTPUT/stats.json)."""
+    output = output or recipe.output
+    stages = recipe.build_stages()
+    _prepare_output(output)
+    options = pipeline_options(list(recipe.beam_args) + list(beam_args or []))
+    start = time.time()
+    with beam.Pipeline(options=options) as p:
+        build_pipeline(p, recipe, output, stages)
+    with FileSystems.open(FileSystems.join(output, "stats.json")) as fh:
+        stats = json.loads(fh.read().decode("utf-8"))
+    stats["seconds"] = round(time.time() - start, 3)
+    if not stats["ledger_ok"]:
+        raise LedgerError(
+            f"ledger broken in {output}/stats.json: input {stats['input']} + augmented {stats['augmented']} "
+            f"!= kept {stats['kept']} + rejected {stats['rejected_total']}"
+        )
+    return stats

@@ -1,0 +1,140 @@
+"""Generic Beam wrappers around the stage contract: one DoFn runs any per-document stage with two
+tagged outputs (kept, rejected) and Beam Metrics counters per stage and reason."""
+from __future__ import annotations
+
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from dsdata.document import Document, Rejected
+from dsdata.io.readers import READ_STAGE, read_file
+from dsdata.stages.base import Stage
+
+KEPT = "kept"
+REJECTED = "rejected"
+
+
+class _Counting:
+    """Per-stage Metrics: documents in, kept, and rejected per reason (created lazily)."""
+
+    def _init_counters(self, stage_name: str) -> None:
+        self._ns = f"dsdata.{stage_name}"
+        self._in = Metrics.counter(self._ns, "in")
+        self._kept = Metrics.counter(self._ns, "kept")
+        self._reasons: dict[str, Any] = {}
+
+    def _route(self, result: Document | Rejected):
+        if isinstance(result, Rejected):
+            counter = self._reasons.get(result.reason)
+            if counter is None:
+                counter = self._reasons[result.reason] = Metrics.counter(self._ns, f"rejected.{result.reason}")
+            counter.inc()
+            return beam.pvalue.TaggedOutput(REJECTED, result)
+        self._kept.inc()
+        return result
+
+
+class StageDoFn(_Counting, beam.DoFn):
+    """Runs a per-document stage (`process(doc)`): kept docs on the main output, rejections tagged."""
+
+    def __init__(self, stage: Stage):
+        self.stage = stage
+
+    def setup(self):
+        self._init_counters(self.stage.name)
+        self.stage.setup()
+
+    def process(self, doc: Document):
+        self._in.inc()
+        yield self._route(self.stage.process(doc))
+
+
+class BatchStageDoFn(_Counting, beam.DoFn):
+    """Runs a model stage (`process_batch(docs)`) over batches made by BatchElements."""
+
+    def __init__(self, stage: Stage):
+        self.stage = stage
+
+    def setup(self):
+        self._init_counters(self.stage.name)
+        self.stage.setup()
+
+    def process(self, batch: list[Document]):
+        self._in.inc(len(batch))
+        results = self.stage.process_batch(list(batch))
+        if len(results) != len(batch):
+            raise RuntimeError(
+                f"stage '{self.stage.name}' returned {len(results)} results for a batch of {len(batch)}: "
+                "process_batch must return exactly one Document or Rejected per input"
+            )
+        for result in results:
+            yield self._route(result)
+
+
+class ApplyStage(beam.PTransform):
+    """PCollection[Document] → {"kept": PCollection[Document], "rejected": PCollection[Rejected]}."""
+
+    def __init__(self, stage: Stage):
+        super().__init__(label=f"stage:{stage.name}")
+        self.stage = stage
+
+    def expand(self, docs):
+        stage = self.stage
+        if hasattr(stage, "beam_transform"):
+            out = docs | stage.beam_transform()
+            return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
+        if hasattr(stage, "process_batch"):
+            batched = docs | "Batch" >> beam.BatchElements(
+                min_batch_size=stage.batch_min, max_batch_size=stage.batch_max
+            )
+            out = batched | "Run" >> beam.ParDo(BatchStageDoFn(stage)).with_outputs(REJECTED, main=KEPT)
+        else:
+            out = docs | "Run" >> beam.ParDo(StageDoFn(stage)).with_outputs(REJECTED, main=KEPT)
+        return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
+
+
+class ReadFileDoFn(_Counting, beam.DoFn):
+    """Reads one matched file into Documents; unreadable parts become rejections (never skipped)."""
+
+    def __init__(self, fmt: str = "auto", text_field: str = "text", id_field: str = "id"):
+        self.fmt, self.text_field, self.id_field = fmt, text_field, id_field
+
+    def setup(self):
+        self._init_counters(READ_STAGE)
+
+    def process(self, metadata: fileio.FileMetadata):
+        path = metadata.path
+        try:
+            fh = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        except Exception as exc:  # noqa: BLE001 - any filesystem error means this file is unreadable
+            yield self._route(Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file", str(exc)))
+            return
+        with fh:
+            for result in read_file(path, fh, self.fmt, self.text_field, self.id_field):
+                self._in.inc()
+                yield self._route(result)
+
+
+class ReadDocuments(beam.PTransform):
+    """File patterns (local, gs://, s3://, …) → {"kept": docs, "rejected": unreadable records}."""
+
+    def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id"):
+        super().__init__()
+        self.patterns, self.fmt, self.text_field, self.id_field = patterns, fmt, text_field, id_field
+
+    def expand(self, pbegin):
+        files = (
+            pbegin
+            | "Patterns" >> beam.Create(self.patterns)
+            | "Match" >> fileio.MatchAll()
+            # One pattern can match thousands of files: spread reading across workers.
+            | "Spread" >> beam.Reshuffle()
+        )
+        out = files | "Read" >> beam.ParDo(ReadFileDoFn(self.fmt, self.text_field, self.id_field)).with_outputs(
+            REJECTED, main=KEPT
+        )
+        return {KEPT: out[KEPT], REJECTED: out[REJECTED]}

@@ -1,0 +1,1 @@
+"""Sub-commands of `dsdata` beyond `run` and `stages`, one module each, imported on demand."""

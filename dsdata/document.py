@@ -1,0 +1,93 @@
+"""The record that flows through every pipeline, and its Arrow/Parquet schemas.
+
+A `Document` is kept (possibly annotated) or becomes a `Rejected` naming the stage and a short,
+stable reason code.  Stages never drop a document silently: that is what makes the ledger law
+(input + augmented == kept + sum(rejected)) hold on every runner.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+# Rejected rows keep the text for inspection, but a pathological multi-GB record must not blow up
+# the rejected shards; the full length is kept in `text_length`.
+REJECTED_TEXT_LIMIT = 100_000
+
+
+@dataclass
+class Document:
+    """One document: `metadata` holds every input field except id/text, carried through unchanged;
+    `annotations` holds what stages add (each becomes a typed column in kept/*.parquet)."""
+
+    id: str
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    annotations: dict[str, Any] = field(default_factory=dict)
+    # Set on documents a stage creates (e.g. back-translation): the id they were derived from.
+    # The ledger counts such documents as `augmented`.
+    derived_from: str | None = None
+
+
+@dataclass
+class Rejected:
+    """A document a stage refused, with the stage name and a stable reason code."""
+
+    doc: Document
+    stage: str
+    reason: str
+    detail: str = ""
+
+
+def metadata_json(metadata: dict[str, Any]) -> str:
+    """Serialise metadata deterministically; non-JSON values (e.g. Parquet timestamps) become strings."""
+    return json.dumps(metadata, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def kept_schema(annotation_types: dict[str, pa.DataType]) -> pa.Schema:
+    """Schema of DIR/kept/*.parquet: id, text, metadata, then one typed column per annotation."""
+    fields = [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("metadata", pa.string(), nullable=False),
+    ]
+    for name, typ in annotation_types.items():
+        fields.append(pa.field(name, typ))
+    return pa.schema(fields)
+
+
+REJECTED_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("text_length", pa.int64(), nullable=False),
+        pa.field("metadata", pa.string(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=False),
+        pa.field("annotations", pa.string(), nullable=False),
+    ]
+)
+
+
+def kept_row(doc: Document, annotation_names: list[str]) -> dict[str, Any]:
+    row = {"id": doc.id, "text": doc.text, "metadata": metadata_json(doc.metadata)}
+    for name in annotation_names:
+        row[name] = doc.annotations.get(name)
+    return row
+
+
+def rejected_row(rej: Rejected) -> dict[str, Any]:
+    text = rej.doc.text or ""
+    return {
+        "id": rej.doc.id,
+        "text": text[:REJECTED_TEXT_LIMIT],
+        "text_length": len(text),
+        "metadata": metadata_json(rej.doc.metadata),
+        "stage": rej.stage,
+        "reason": rej.reason,
+        "detail": rej.detail[:2000],
+        "annotations": metadata_json(rej.doc.annotations),
+    }

@@ -1,0 +1,199 @@
+"""Recipes: YAML files that list a pipeline's input, output, stages and their parameters.
+
+```yaml
+name: pretrain
+input:
+  paths: [samples/*.jsonl]     # relative to this file's directory; may not escape it
+  format: auto                 # jsonl | parquet | html | warc | auto (from the file name)
+  text_field: text
+  id_field: id
+output: out                    # relative to the working directory
+stages:
+  - clean: {}
+  - lang: {keep: [zh, en]}
+```
+
+Paths written in a recipe are resolved against the recipe's directory and must stay inside it
+(a shared recipe cannot make a run read or write elsewhere); absolute paths, other locations and
+remote URLs (gs://, s3://) are given on the command line (`--input`, `--output`, `--set`).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from dsdata.stages import Stage, StageConfigError, stage_class
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be run; the message names the file and what to change."""
+
+
+@dataclass
+class StageSpec:
+    name: str
+    params: dict[str, Any]
+
+
+@dataclass
+class Recipe:
+    path: str
+    name: str
+    inputs: list[str]
+    input_format: str = "auto"
+    text_field: str = "text"
+    id_field: str = "id"
+    output: str = "out"
+    stages: list[StageSpec] = field(default_factory=list)
+    beam_args: list[str] = field(default_factory=list)
+
+    @property
+    def directory(self) -> str:
+        return os.path.dirname(os.path.abspath(self.path))
+
+    def build_stages(self) -> list[Stage]:
+        built = []
+        for spec in self.stages:
+            try:
+                built.append(stage_class(spec.name)(**spec.params))
+            except StageConfigError as exc:
+                raise RecipeError(f"{self.path}: {exc}") from None
+        return built
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def confine(base_dir: str, rel: str, what: str, recipe_path: str) -> str:
+    """Resolve a recipe-relative path, refusing anything that escapes `base_dir`."""
+    if is_remote(rel) or os.path.isabs(rel):
+        raise RecipeError(
+            f"{recipe_path}: {what} '{rel}' is not relative to the recipe; recipes may only name paths "
+            "inside their own directory. Give other locations on the command line (--input/--output/--set)."
+        )
+    base = os.path.realpath(base_dir)
+    resolved = os.path.realpath(os.path.join(base, rel))
+    if os.path.commonpath([base, resolved]) != base:
+        raise RecipeError(f"{recipe_path}: {what} '{rel}' escapes the recipe's directory {base}")
+    return resolved
+
+
+def _as_stage_list(raw: Any, path: str) -> list[StageSpec]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise RecipeError(f"{path}: 'stages' must be a list like '- clean: {{}}'")
+    specs = []
+    for i, item in enumerate(raw):
+        if isinstance(item, str):
+            specs.append(StageSpec(item, {}))
+        elif isinstance(item, dict) and len(item) == 1:
+            (name, params), = item.items()
+            if params is None:
+                params = {}
+            if not isinstance(params, dict):
+                raise RecipeError(f"{path}: parameters of stage '{name}' (stages[{i}]) must be a mapping")
+            specs.append(StageSpec(str(name), dict(params)))
+        else:
+            raise RecipeError(f"{path}: stages[{i}] must be a stage name or a one-key mapping 'NAME: {{params}}'")
+    return specs
+
+
+def parse_value(text: str) -> Any:
+    """A --set value: YAML scalar/list syntax (1, 0.5, true, [zh, en]); plain strings stay strings."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
+    """Read a recipe, resolve its paths and apply `--set STAGE.PARAM=VALUE` overrides."""
+    if not os.path.isfile(path):
+        raise RecipeError(f"recipe '{path}' not found; pass a YAML file such as pipelines/pretrain.yaml")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = yaml.safe_load(fh) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: a recipe must be a mapping with 'input', 'output' and 'stages'")
+    known = {"name", "description", "input", "output", "stages", "beam"}
+    extra = sorted(set(raw) - known)
+    if extra:
+        raise RecipeError(f"{path}: unknown key(s) {', '.join(extra)} (known: {', '.join(sorted(known))})")
+    base = os.path.dirname(os.path.abspath(path))
+    inp = raw.get("input") or {}
+    if isinstance(inp, (str, list)):
+        inp = {"paths": inp}
+    paths = inp.get("paths") or []
+    if isinstance(paths, str):
+        paths = [paths]
+    inputs = [confine(base, p, "input path", path) for p in paths]
+    output = raw.get("output", "out")
+    if not isinstance(output, str) or is_remote(output) or os.path.isabs(output) or ".." in output.split("/"):
+        raise RecipeError(f"{path}: 'output' must be a plain relative directory name; pass other locations with --output")
+    stages = _as_stage_list(raw.get("stages"), path)
+    for stage in stages:
+        cls = _stage_class_or_error(stage.name, path)
+        for key, spec in cls.params.items():
+            if spec.kind == "path" and isinstance(stage.params.get(key), str):
+                stage.params[key] = confine(base, stage.params[key], f"{stage.name}.{key}", path)
+    beam_cfg = raw.get("beam") or {}
+    if not isinstance(beam_cfg, dict):
+        raise RecipeError(f"{path}: 'beam' must be a mapping of pipeline options")
+    beam_args = [f"--{k}={v}" for k, v in beam_cfg.items()]
+    recipe = Recipe(
+        path=path,
+        name=str(raw.get("name") or os.path.splitext(os.path.basename(path))[0]),
+        inputs=inputs,
+        input_format=str(inp.get("format", "auto")),
+        text_field=str(inp.get("text_field", "text")),
+        id_field=str(inp.get("id_field", "id")),
+        output=output,
+        stages=stages,
+        beam_args=beam_args,
+    )
+    for item in overrides or []:
+        apply_override(recipe, item)
+    return recipe
+
+
+def _stage_class_or_error(name: str, path: str) -> type[Stage]:
+    try:
+        return stage_class(name)
+    except StageConfigError as exc:
+        raise RecipeError(f"{path}: {exc}") from None
+
+
+def apply_override(recipe: Recipe, item: str) -> None:
+    """Apply one `STAGE.PARAM=VALUE` (or `input.KEY=VALUE`) to the recipe."""
+    key, sep, value = item.partition("=")
+    target, dot, param = key.partition(".")
+    if not sep or not dot or not param:
+        raise RecipeError(f"--set '{item}': expected STAGE.PARAM=VALUE, e.g. --set lang.min_score=0.6")
+    parsed = parse_value(value)
+    if target == "input":
+        attr = {"format": "input_format", "text_field": "text_field", "id_field": "id_field"}.get(param)
+        if attr is None:
+            raise RecipeError(f"--set '{item}': input takes format, text_field, id_field (use --input for paths)")
+        setattr(recipe, attr, str(parsed))
+        return
+    matches = [s for s in recipe.stages if s.name == target]
+    if not matches:
+        names = ", ".join(s.name for s in recipe.stages) or "none"
+        raise RecipeError(f"--set '{item}': recipe {recipe.path} has no stage '{target}' (its stages: {names})")
+    cls = _stage_class_or_error(target, recipe.path)
+    if param not in cls.params:
+        raise RecipeError(
+            f"--set '{item}': stage '{target}' has no parameter '{param}' (it takes: {', '.join(sorted(cls.params))})"
+        )
+    if cls.params[param].kind == "path" and isinstance(parsed, str) and not is_remote(parsed):
+        # Paths given on the command line are the user's own: relative to the working directory.
+        parsed = os.path.abspath(parsed)
+    for spec in matches:
+        spec.params[param] = parsed

@@ -1,0 +1,46 @@
+"""Stage registry: recipe names → stage classes, imported lazily so a recipe only pays for the
+libraries (torch, fastText, …) of the stages it uses."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from dsdata.stages.base import Param, Stage, StageConfigError
+
+REGISTRY: dict[str, str] = {
+    "clean": "dsdata.stages.clean:CleanStage",
+    "lang": "dsdata.stages.lang:LanguageStage",
+    "rules": "dsdata.stages.rules:QualityRulesStage",
+    "relevance": "dsdata.stages.relevance:RelevanceStage",
+    "dedup": "dsdata.stages.dedup:DedupStage",
+    "difficulty": "dsdata.stages.difficulty:DifficultyStage",
+    "augment": "dsdata.stages.augment:AugmentStage",
+    "tokenize": "dsdata.stages.tokenize:TokenizeStage",
+    "shards": "dsdata.stages.shards:ShardsStage",
+}
+
+
+def stage_class(name: str) -> type[Stage]:
+    if name not in REGISTRY:
+        raise StageConfigError(f"unknown stage '{name}' (known: {', '.join(sorted(REGISTRY))})")
+    module, _, cls = REGISTRY[name].partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise StageConfigError(
+            f"stage '{name}' needs the Python module '{exc.name}', which is not installed; "
+            "install dsdata with its extras: pip install -e '.[all]'"
+        ) from exc
+    return getattr(mod, cls)
+
+
+def available_stages() -> list[str]:
+    """Registered stage names whose module exists in this checkout."""
+    out = []
+    for name, target in REGISTRY.items():
+        if importlib.util.find_spec(target.partition(":")[0]) is not None:
+            out.append(name)
+    return out
+
+
+__all__ = ["Param", "Stage", "StageConfigError", "REGISTRY", "stage_class", "available_stages"]
