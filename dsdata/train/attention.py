@@ -1,0 +1,272 @@
+"""Attention kernels: causal attention over rotated q, k, v of shape (batch, heads, seq, head_dim).
+
+- ``DenseAttention``: PyTorch SDPA with a causal mask (flash / memory-efficient kernels).
+- ``DynamicSparseAttention``: each query i attends to
+    * its local window: keys j with i - window < j <= i,
+    * exactly the top-k keys of its far past (j <= i - window) ranked by a light gating MLP,
+    * one summary key/value: the mean of the far-past keys/values that were not selected.
+  Queries are processed in blocks; per block only the candidate keys any query of the block can
+  select (the top-k of the earlier blocks plus one block) and the window are gathered, so time and
+  memory grow as T · (k + window + 2·block), not T².
+- ``LSHAttention``: Reformer-style: positions hashed by random rotations of their keys, sorted by
+  (bucket, position), cut into chunks; each chunk attends to itself and the previous chunk, causally.
+
+All kernels take the head count from the tensors, so heads may be split by tensor parallelism.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class DenseAttention(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The full value of a parameter that a parallel wrapper may have turned into a DTensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+class DynamicSparseAttention(nn.Module):
+    """Gated top-k + local window + mean summary attention (see the module docstring).
+
+    The gate scores each key position from its value vector (per head; the gate weights are shared
+    by the heads).  Selection uses a snapshot of the gate that is refreshed every ``refresh_steps``
+    optimizer steps (``on_training_step``), so the selection pattern is stable between refreshes; the
+    live gate receives gradients through a straight-through term that adds zero to the logits of the
+    selected keys but lets d(loss)/d(logit) flow into the gate.  The snapshot is a persistent buffer,
+    so it is checkpointed and resume stays exact.
+    """
+
+    def __init__(self, head_dim: int, top_k: int = 16, window: int = 64, block: int = 64,
+                 gate_hidden: int = 32, refresh_steps: int = 4, summary: bool = True):
+        super().__init__()
+        if window <= 0 or window % block:
+            raise ValueError(f"sparse window ({window}) must be a positive multiple of the block ({block})")
+        self.top_k, self.window, self.block = top_k, window, block
+        self.refresh_steps = max(1, refresh_steps)
+        self.summary = summary
+        self.gate_in = nn.Linear(head_dim, gate_hidden)
+        self.gate_out = nn.Linear(gate_hidden, 1)
+        for name, param in self._gate_params():
+            self.register_buffer(f"snapshot_{name}", param.detach().clone())
+
+    def _gate_params(self):
+        return [("in_weight", self.gate_in.weight), ("in_bias", self.gate_in.bias),
+                ("out_weight", self.gate_out.weight), ("out_bias", self.gate_out.bias)]
+
+    @torch.no_grad()
+    def refresh_selection(self) -> None:
+        """Copy the live gate into the snapshot that selects keys."""
+        for name, param in self._gate_params():
+            getattr(self, f"snapshot_{name}").copy_(_local_tensor(param.detach()))
+
+    def on_training_step(self, step: int) -> None:
+        if step % self.refresh_steps == 0:
+            self.refresh_selection()
+
+    def gate_scores(self, v: torch.Tensor, snapshot: bool) -> torch.Tensor:
+        """Gate score per key position, (B, H, T)."""
+        if snapshot:
+            w1, b1 = self.snapshot_in_weight, self.snapshot_in_bias
+            w2, b2 = self.snapshot_out_weight, self.snapshot_out_bias
+        else:
+            w1, b1, w2, b2 = self.gate_in.weight, self.gate_in.bias, self.gate_out.weight, self.gate_out.bias
+        hidden = F.gelu(F.linear(v, w1.to(v.dtype), b1.to(v.dtype)))
+        return F.linear(hidden, w2.to(v.dtype), b2.to(v.dtype)).squeeze(-1)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        bsz, heads, seqlen, dim = q.shape
+        bs, window, top_k = self.block, self.window, self.top_k
+        n_blocks = -(-seqlen // bs)
+        padded = n_blocks * bs
+        if padded != seqlen:
+            pad = (0, 0, 0, padded - seqlen)
+            q, k, v = F.pad(q, pad), F.pad(k, pad), F.pad(v, pad)
+        device = q.device
+        scale = 1.0 / math.sqrt(dim)
+
+        with torch.no_grad():
+            select_score = self.gate_scores(v, snapshot=True).float()
+            select_score[..., seqlen:] = float("-inf")  # padding is never selected
+        live_score = self.gate_scores(v, snapshot=False)
+
+        cand_idx, cand_ok = self._candidates(select_score, n_blocks)  # (B, H, nb, C), sorted by score
+        n_cand = cand_idx.shape[-1]
+        qpos = torch.arange(padded, device=device).view(n_blocks, bs)
+        far_last = qpos - window  # key j is in the far past of query i iff j <= i - window
+        valid = cand_ok[:, :, :, None, :] & (cand_idx[:, :, :, None, :] <= far_last[None, None, :, :, None])
+        # Candidates are sorted by score, so the first top_k valid ones are the query's exact top-k.
+        selected = valid & (valid.cumsum(-1) <= top_k)  # (B, H, nb, bs, C)
+
+        flat_idx = cand_idx.reshape(bsz, heads, n_blocks * n_cand)
+        gather_idx = flat_idx[..., None].expand(-1, -1, -1, dim)
+        k_cand = k.gather(2, gather_idx).view(bsz, heads, n_blocks, n_cand, dim)
+        v_cand = v.gather(2, gather_idx).view(bsz, heads, n_blocks, n_cand, dim)
+        q_blocks = q.view(bsz, heads, n_blocks, bs, dim)
+
+        logit_cand = torch.matmul(q_blocks, k_cand.transpose(-1, -2)) * scale
+        gate = live_score.gather(2, flat_idx).view(bsz, heads, n_blocks, 1, n_cand)
+        logit_cand = logit_cand + (gate - gate.detach()).to(logit_cand.dtype)  # zero forward, gate gradient
+        logit_cand = logit_cand.masked_fill(~selected, float("-inf"))
+
+        # Local window: keys [b·bs − window, (b+1)·bs) of block b, as a strided view of k.
+        k_local = F.pad(k, (0, 0, window, 0)).unfold(2, window + bs, bs)  # (B, H, nb, D, window+bs)
+        v_local = F.pad(v, (0, 0, window, 0)).unfold(2, window + bs, bs)
+        logit_local = torch.matmul(q_blocks, k_local) * scale
+        kpos_local = (torch.arange(n_blocks, device=device)[:, None] * bs - window
+                      + torch.arange(window + bs, device=device)[None, :])  # (nb, window+bs)
+        local_ok = ((kpos_local[:, None, :] <= qpos[:, :, None])
+                    & (kpos_local[:, None, :] > far_last[:, :, None])
+                    & (kpos_local[:, None, :] >= 0))
+        logit_local = logit_local.masked_fill(~local_ok, float("-inf"))
+
+        parts = [logit_cand, logit_local]
+        if self.summary:
+            k_sum, v_sum, has_rest = self._summary(k, v, selected, k_cand, v_cand, far_last)
+            logit_sum = (q_blocks.float() * k_sum).sum(-1, keepdim=True) * scale
+            parts.append(logit_sum.masked_fill(~has_rest[..., None], float("-inf")).to(logit_cand.dtype))
+        probs = torch.softmax(torch.cat(parts, dim=-1).float(), dim=-1).to(v.dtype)
+        p_cand, p_local = probs[..., :n_cand], probs[..., n_cand:n_cand + window + bs]
+        out = torch.matmul(p_cand, v_cand) + torch.matmul(p_local, v_local.transpose(-1, -2))
+        if self.summary:
+            out = out + (probs[..., -1:].float() * v_sum).to(out.dtype)
+        return out.reshape(bsz, heads, padded, dim)[:, :, :seqlen]
+
+    def _candidates(self, score: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per query block: every key any of its queries may select, sorted by score (descending).
+
+        The far past of query block b ends inside key block b − window/block; the top-k of a prefix
+        lies within (top-k of the whole earlier blocks) ∪ (that one block), and the top-k of the
+        earlier blocks within the union of each block's own top-k.
+        """
+        bsz, heads, padded = score.shape
+        bs, top_k = self.block, self.top_k
+        device = score.device
+        lag = self.window // bs
+        per_block = min(top_k, bs)
+        blk_val, blk_pos = score.view(bsz, heads, n_blocks, bs).topk(per_block, dim=-1)
+        blk_idx = blk_pos + (torch.arange(n_blocks, device=device) * bs)[:, None]
+        blocks = torch.arange(n_blocks, device=device)
+        earlier = (blocks[None, :] < (blocks[:, None] - lag)).repeat_interleave(per_block, dim=1)
+        prefix_val = blk_val.reshape(bsz, heads, 1, -1).masked_fill(~earlier, float("-inf"))
+        n_prefix = min(top_k, n_blocks * per_block)
+        prefix_val, prefix_sel = prefix_val.topk(n_prefix, dim=-1)  # (B, H, nb, n_prefix)
+        prefix_idx = blk_idx.reshape(bsz, heads, 1, -1).expand(-1, -1, n_blocks, -1).gather(-1, prefix_sel)
+
+        own_idx = (blocks - lag)[:, None] * bs + torch.arange(bs, device=device)[None, :]  # (nb, bs)
+        own_ok = own_idx >= 0
+        own_idx = own_idx.clamp(min=0)
+        own_val = score[:, :, own_idx.flatten()].view(bsz, heads, n_blocks, bs).masked_fill(~own_ok, float("-inf"))
+
+        cand_val = torch.cat([prefix_val, own_val], dim=-1)
+        cand_idx = torch.cat([prefix_idx, own_idx.expand(bsz, heads, -1, -1)], dim=-1)
+        cand_val, order = cand_val.sort(dim=-1, descending=True, stable=True)
+        return cand_idx.gather(-1, order), torch.isfinite(cand_val)
+
+    def _summary(self, k, v, selected, k_cand, v_cand, far_last):
+        """Mean key/value of each query's far past minus its selected keys, and whether it is non-empty."""
+        bsz, heads, padded, dim = k.shape
+        n_blocks, bs = far_last.shape
+        far_count = (far_last + 1).clamp(min=0).to(torch.float32)  # keys 0..i-window
+        last = far_last.clamp(min=0).flatten()
+        sel = selected.float()
+        rest = far_count - sel.sum(-1)  # (B, H, nb, bs)
+        has_rest = rest > 0.5
+        denom = rest.clamp(min=1.0)[..., None]
+        present = (far_count > 0).to(torch.float32)[None, None, :, :, None]
+        means = []
+        for values, cand in ((k, k_cand), (v, v_cand)):
+            prefix = values.float().cumsum(2)[:, :, last].view(bsz, heads, n_blocks, bs, dim) * present
+            means.append((prefix - torch.matmul(sel, cand.float())) / denom)
+        return means[0], means[1], has_rest
+
+
+class LSHAttention(nn.Module):
+    """Reformer-style LSH attention (one hash round; see the module docstring).
+
+    Positions are hashed from their normalised key vectors with fixed random rotations (derived from
+    ``seed`` and the layer id, never trained nor checkpointed).
+    """
+
+    def __init__(self, head_dim: int, chunk: int = 64, n_buckets: int = 0, seed: int = 1234):
+        super().__init__()
+        self.head_dim, self.chunk, self.n_buckets, self.seed = head_dim, chunk, n_buckets, seed
+        self._rotations: dict[tuple[int, str], torch.Tensor] = {}
+
+    def buckets_for(self, seqlen: int) -> int:
+        if self.n_buckets:
+            return self.n_buckets
+        return max(2, 2 * math.ceil(seqlen / self.chunk / 2))
+
+    def rotations(self, n_buckets: int, device: torch.device) -> torch.Tensor:
+        key = (n_buckets, str(device))
+        if key not in self._rotations:
+            gen = torch.Generator().manual_seed(self.seed * 1000003 + n_buckets)
+            rot = torch.randn(self.head_dim, n_buckets // 2, generator=gen)
+            self._rotations[key] = rot.to(device)
+        return self._rotations[key]
+
+    @torch.no_grad()
+    def bucket_ids(self, k: torch.Tensor) -> torch.Tensor:
+        """Hash bucket of every position, (B, H, T)."""
+        n_buckets = self.buckets_for(k.shape[2])
+        proj = F.normalize(k.float(), dim=-1) @ self.rotations(n_buckets, k.device)
+        return torch.cat([proj, -proj], dim=-1).argmax(-1)
+
+    @torch.no_grad()
+    def sort_order(self, k: torch.Tensor) -> torch.Tensor:
+        """Positions sorted by (bucket, position), (B, H, T)."""
+        seqlen = k.shape[2]
+        keys = self.bucket_ids(k) * seqlen + torch.arange(seqlen, device=k.device)
+        return keys.argsort(dim=-1)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        bsz, heads, seqlen, dim = q.shape
+        chunk = self.chunk
+        order = self.sort_order(k)
+        gather_idx = order[..., None].expand(-1, -1, -1, dim)
+        qs, ks, vs = q.gather(2, gather_idx), k.gather(2, gather_idx), v.gather(2, gather_idx)
+        pos = order
+        n_chunks = -(-seqlen // chunk)
+        padded = n_chunks * chunk
+        if padded != seqlen:
+            pad = (0, 0, 0, padded - seqlen)
+            qs, ks, vs = F.pad(qs, pad), F.pad(ks, pad), F.pad(vs, pad)
+            # Padding sits after every real position, so causality hides it from real queries.
+            extra = torch.arange(seqlen, padded, device=q.device).expand(bsz, heads, -1)
+            pos = torch.cat([pos, extra], dim=-1)
+        qc = qs.view(bsz, heads, n_chunks, chunk, dim)
+        kc = ks.view(bsz, heads, n_chunks, chunk, dim)
+        vc = vs.view(bsz, heads, n_chunks, chunk, dim)
+        pc = pos.view(bsz, heads, n_chunks, chunk)
+        # Look back one chunk; chunk 0 gets an empty (fully masked) previous chunk.
+        k_prev = F.pad(kc, (0, 0, 0, 0, 1, 0))[:, :, :-1]
+        v_prev = F.pad(vc, (0, 0, 0, 0, 1, 0))[:, :, :-1]
+        p_prev = F.pad(pc, (0, 0, 1, 0), value=padded + 1)[:, :, :-1]
+        k_win = torch.cat([k_prev, kc], dim=3)
+        v_win = torch.cat([v_prev, vc], dim=3)
+        p_win = torch.cat([p_prev, pc], dim=3)
+        logits = torch.matmul(qc, k_win.transpose(-1, -2)) / math.sqrt(dim)
+        causal = p_win[:, :, :, None, :] <= pc[:, :, :, :, None]
+        logits = logits.masked_fill(~causal, float("-inf"))
+        out = torch.matmul(torch.softmax(logits.float(), dim=-1).to(v.dtype), v_win)
+        out = out.reshape(bsz, heads, padded, dim)[:, :, :seqlen]
+        undo = order.argsort(dim=-1)
+        return out.gather(2, undo[..., None].expand(-1, -1, -1, dim))
+
+
+def build_attention_kernel(args, layer_id: int) -> nn.Module:
+    if args.attention == "dense":
+        return DenseAttention()
+    if args.attention == "dynamic_sparse":
+        return DynamicSparseAttention(args.head_dim, args.sparse_top_k, args.sparse_window, args.sparse_block,
+                                      args.sparse_gate_hidden, args.sparse_refresh_steps, args.sparse_summary)
+    if args.attention == "lsh":
+        return LSHAttention(args.head_dim, args.lsh_chunk, args.lsh_buckets, args.lsh_seed + layer_id)
+    raise ValueError(f"model.attention = {args.attention!r}; choose dense, dynamic_sparse or lsh")

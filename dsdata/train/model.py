@@ -1,0 +1,274 @@
+"""The decoder LM: pre-norm blocks of (RMSNorm → attention → residual, RMSNorm → SwiGLU/MoE → residual).
+
+Plain single-device code, torchtitan style: it knows nothing of parallelism.  What the parallel code
+(dsdata/train/parallel/) may rely on:
+
+- submodule names: ``tok_embeddings``, ``layers[str(i)].attention.{wq,wk,wv,wo}``,
+  ``layers[str(i)].attention_norm``, ``layers[str(i)].feed_forward.{w1,w2,w3}`` (dense FFN) or
+  ``layers[str(i)].feed_forward.{router,experts}`` (MoE), ``layers[str(i)].ffn_norm``, ``norm``,
+  ``output``;
+- attention derives the number of heads from the projected tensors at run time (``view(B, T, -1,
+  head_dim)``), so column-sharding wq/wk/wv by heads and row-sharding wo needs no model change;
+- ``layers`` is an ``nn.ModuleDict`` keyed by the global layer index: a pipeline stage deletes the
+  layers it does not own, and sets ``tok_embeddings``/``norm``/``output`` to ``None`` where it does
+  not own them; ``forward`` then passes hidden states through;
+- the RoPE tables are non-persistent buffers, recomputed from the arguments (never checkpointed).
+
+The rotary embedding uses the "rotate half" layout of Hugging Face's Llama, so a dense model exports
+to ``LlamaForCausalLM`` without permuting weights (see dsdata/train/export.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dsdata.train.attention import build_attention_kernel
+from dsdata.train.moe import MoEFeedForward
+
+ATTENTION_KINDS = ("dense", "dynamic_sparse", "lsh")
+
+
+@dataclass
+class ModelArgs:
+    """Architecture of the decoder (the ``[model]`` table of a TOML config)."""
+
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # grouped-query attention when < n_heads
+    vocab_size: int = 32000
+    ffn_hidden_dim: int | None = None  # default: 8/3 · dim rounded up to multiple_of (SwiGLU)
+    multiple_of: int = 64
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_seq_len: int = 2048
+    tie_embeddings: bool = False
+    # attention: "dense" (SDPA), "dynamic_sparse" (gated top-k + window + summary), "lsh" (Reformer)
+    attention: str = "dense"
+    sparse_top_k: int = 16
+    sparse_window: int = 64  # local window; a multiple of sparse_block
+    sparse_block: int = 64  # query block size of the blocked kernel
+    sparse_gate_hidden: int = 32
+    sparse_refresh_steps: int = 4  # the gate that selects keys is re-snapshotted every N steps
+    sparse_summary: bool = True  # attend to the mean of the unselected far past
+    lsh_chunk: int = 64
+    lsh_buckets: int = 0  # 0: one bucket per chunk of the sequence (Reformer's choice)
+    lsh_seed: int = 1234
+    # mixture of experts feed-forward (0 experts: dense SwiGLU)
+    moe_experts: int = 0
+    moe_top_k: int = 2
+    moe_capacity_factor: float = 1.25
+    moe_aux_loss_weight: float = 0.01
+    init_std: float = 0.02
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "ModelArgs":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"[model] has unknown key(s) {unknown}; known keys: {sorted(known)}")
+        args = cls(**values)
+        args.validate()
+        return args
+
+    def validate(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"model.attention = {self.attention!r}; choose one of {ATTENTION_KINDS}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"model.dim ({self.dim}) must be a multiple of model.n_heads ({self.n_heads})")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"model.n_heads ({self.n_heads}) must be a multiple of model.n_kv_heads ({self.kv_heads})")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError("model.dim / model.n_heads (the head size) must be even for RoPE")
+        if self.sparse_window <= 0 or self.sparse_window % self.sparse_block:
+            raise ValueError(f"model.sparse_window ({self.sparse_window}) must be a positive multiple of model.sparse_block ({self.sparse_block})")
+        if self.moe_experts and self.moe_top_k > self.moe_experts:
+            raise ValueError("model.moe_top_k must not exceed model.moe_experts")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.ffn_hidden_dim:
+            return self.ffn_hidden_dim
+        hidden = int(8 * self.dim / 3)
+        return self.multiple_of * math.ceil(hidden / self.multiple_of)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) · weight, computed in fp32 like Hugging Face's LlamaRMSNorm."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of shape (max_seq_len, head_dim) in the rotate-half layout."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x of shape (B, T, H, D) by position; cos/sin are (T, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    cos = cos[None, :, None, :].to(x.dtype)
+    sin = sin[None, :, None, :].to(x.dtype)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Multi-head (grouped-query) self-attention; the attention kernel is pluggable."""
+
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.kernel = build_attention_kernel(args, layer_id)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        # -1: the head count comes from the (possibly tensor-parallel sharded) projection.
+        q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        n_rep = q.shape[2] // k.shape[2]
+        if n_rep > 1:
+            k = k.repeat_interleave(n_rep, dim=2)
+            v = v.repeat_interleave(n_rep, dim=2)
+        out = self.kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, T, D)
+        out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) · w3 x)."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args, layer_id)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        if args.moe_experts:
+            self.feed_forward = MoEFeedForward(args.dim, args.hidden_dim, args.moe_experts,
+                                               args.moe_top_k, args.moe_capacity_factor)
+        else:
+            self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM: tokens (B, T) → logits (B, T, vocab)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        args.validate()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Normal(0, init_std) weights; residual output projections scaled by depth (GPT-2 style)."""
+        std = self.args.init_std
+        residual_std = std / math.sqrt(2 * self.args.n_layers)
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight, 0.0, std, generator=generator)
+        for block in self.layers.values():
+            for name, param in block.named_parameters():
+                if name.endswith("norm.weight"):
+                    nn.init.ones_(param)
+                elif name.endswith(("wo.weight", "w2.weight", "experts.w2")):
+                    nn.init.normal_(param, 0.0, residual_std, generator=generator)
+                elif "kernel." in name and name.endswith("bias"):
+                    nn.init.zeros_(param)
+                else:
+                    nn.init.normal_(param, 0.0, std, generator=generator)
+            for module in block.modules():
+                if hasattr(module, "refresh_selection"):
+                    module.refresh_selection()
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None and not self.args.tie_embeddings:
+            nn.init.normal_(self.output.weight, 0.0, std, generator=generator)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        # A pipeline stage without the embedding receives hidden states instead of token ids.
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        seqlen = h.shape[1]
+        if seqlen > self.rope_cos.shape[0]:
+            raise ValueError(f"sequence length {seqlen} exceeds model.max_seq_len {self.rope_cos.shape[0]}")
+        cos, sin = self.rope_cos[:seqlen], self.rope_sin[:seqlen]
+        for block in self.layers.values():
+            h = block(h, cos, sin)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """Sum of the MoE load-balancing losses of the last forward (None for a dense FFN)."""
+        losses = [m.aux_loss for m in self.modules() if isinstance(m, MoEFeedForward) and m.aux_loss is not None]
+        return torch.stack(losses).sum() if losses else None
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        params = {id(p): p for p in self.parameters()}
+        total = sum(p.numel() for p in params.values())
+        if exclude_embeddings and self.tok_embeddings is not None:
+            total -= self.tok_embeddings.weight.numel()
+        return total
+
+
+def set_training_step(model: nn.Module, step: int) -> None:
+    """Tell step-scheduled modules (the dynamic-sparse key selector) which optimizer step starts."""
+    for module in model.modules():
+        if hasattr(module, "on_training_step"):
+            module.on_training_step(step)
