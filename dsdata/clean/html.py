@@ -1,0 +1,301 @@
+"""HTML → main text: a lexbor (selectolax) DOM heuristic that drops boilerplate, plus two baselines.
+
+The `dom` extractor (the default behind `auto`) works in four passes over one parse:
+
+1. drop elements that never carry readable text (script, style, forms, SVG, hidden elements);
+2. pick the content root: the page's single `<main>` / `role="main"` element, else its single
+   `<article>`, else `<body>` — an explicit main region is only trusted when it holds a fair share
+   of the page's text (an empty `<main>` placeholder must not swallow the page);
+3. inside the root, drop boilerplate: `nav`/`aside`/`footer` (and `header` outside an explicit
+   main region), ARIA landmark roles for navigation, search, banners and page info, and elements
+   whose class/id *words* say nav, menu, sidebar, footer, breadcrumb, toc, related, … (words are
+   split on `-`/`_`, so `menuselection` or `tocsin` do not match), and lists/tables that are
+   almost all link text (tables of contents, indexes, "Prev Up Next" bars);
+4. serialise: block elements become line breaks, `<br>` a line break, table cells are separated by
+   tabs, `<pre>` keeps its whitespace, image alt text is ignored.
+
+Nothing here is tuned to one site: the rules name HTML semantics and common class-name words.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from selectolax.lexbor import LexborHTMLParser, LexborNode
+
+EXTRACTORS = ("auto", "dom", "trafilatura", "selectolax-body")
+
+# Elements whose content is never main text.
+_NON_CONTENT_TAGS = (
+    "script", "style", "noscript", "template", "svg", "canvas", "iframe", "object",
+    "embed", "button", "input", "select", "textarea", "option", "datalist", "dialog",
+    "link", "meta", "map", "audio", "video", "source", "track",
+)
+_INVISIBLE_SELECTOR = ", ".join(_NON_CONTENT_TAGS) + (
+    ', [hidden], [aria-hidden="true"], [style*="display:none"], [style*="display: none"]'
+)
+
+# ARIA landmark roles of page furniture.
+_BOILERPLATE_ROLES = frozenset(
+    {"navigation", "banner", "contentinfo", "complementary", "search", "menu", "menubar", "toolbar", "tablist"}
+)
+
+# Words in a class or id (split on whitespace, '-' and '_') that name page furniture.  Exact words
+# only: 'menu' matches "main-menu" but not Sphinx's inline "menuselection".
+_BOILERPLATE_WORDS = frozenset(
+    {
+        "nav", "navbar", "navigation", "navheader", "navfooter", "navmenu", "navlinks", "subnav", "topnav",
+        "sidenav", "docnav", "menu", "menubar", "sidebar", "sphinxsidebar", "sidebarwrapper", "footer",
+        "breadcrumb", "breadcrumbs", "toc", "toctree", "related", "relbar", "rellinks", "skiplink",
+        "skip", "share", "sharing", "social", "cookie", "cookies", "consent", "banner", "advert",
+        "advertisement", "ads", "sponsor", "pagination", "pager", "genindex", "modindex", "searchbox",
+        "search", "masthead", "copyright", "printfooter", "catlinks", "mw-jump", "jumpto", "backtotop",
+        "newsletter", "subscribe", "signup", "login", "comments", "disqus",
+    }
+)
+_WORD_SPLIT = re.compile(r"[\s_\-]+")
+
+# Block-level elements: each starts and ends a line in the output.
+_BLOCK_TAGS = frozenset(
+    {
+        "address", "article", "aside", "blockquote", "body", "caption", "center", "dd", "details", "dialog",
+        "dir", "div", "dl", "dt", "fieldset", "figcaption", "figure", "footer", "h1", "h2", "h3", "h4", "h5",
+        "h6", "header", "hgroup", "hr", "html", "legend", "li", "listing", "main", "menu", "nav", "ol", "p",
+        "plaintext", "pre", "section", "summary", "table", "tbody", "tfoot", "thead", "tr", "ul", "xmp",
+    }
+)
+_INLINE_TAGS = frozenset(
+    {
+        "a", "abbr", "b", "bdi", "bdo", "cite", "code", "data", "del", "dfn", "em", "i", "ins", "kbd", "mark",
+        "q", "s", "samp", "small", "span", "strong", "sub", "sup", "time", "tt", "u", "var", "wbr", "font",
+    }
+)
+_CELL_TAGS = frozenset({"td", "th"})
+_SPACE_RUN = re.compile(r"[ \t\n\r\f\v\u00a0]+")
+
+# A main region is trusted when it holds at least this share of the page's visible text.
+MAIN_MIN_SHARE = 0.25
+# Outside an explicit main region, a list is navigation when it has at least LINK_LIST_MIN_ITEMS
+# items and LINK_LIST_MIN_SHARE of them are (LINK_ITEM_MIN_SHARE of their text) links.  A list of
+# links *with descriptions* (<dt>link</dt><dd>what it is</dd>) is content and stays.
+LINK_LIST_MIN_ITEMS = 4
+LINK_LIST_MIN_SHARE = 0.9
+LINK_ITEM_MIN_SHARE = 0.9
+
+
+class HtmlParseError(ValueError):
+    """The page cannot be parsed into a DOM with a body."""
+
+
+@dataclass
+class ExtractedPage:
+    title: str | None
+    text: str
+
+
+def page_title(tree: LexborHTMLParser) -> str | None:
+    node = tree.css_first("title")
+    if node is None:
+        return None
+    title = _SPACE_RUN.sub(" ", node.text(deep=True)).strip()
+    return title or None
+
+
+def _class_id_words(node: LexborNode) -> list[str]:
+    attrs = node.attributes
+    words = []
+    for key in ("class", "id"):
+        value = attrs.get(key)
+        if value:
+            words.extend(w.lower() for w in _WORD_SPLIT.split(value) if w)
+    return words
+
+
+def _is_boilerplate(node: LexborNode, drop_header: bool) -> bool:
+    tag = node.tag
+    if tag in ("nav", "aside", "footer") or (drop_header and tag == "header"):
+        return True
+    if tag in _INLINE_TAGS:
+        # Inline elements inside kept text are text: Sphinx marks section titles
+        # <a class="toc-backref">, which must not drop the title.
+        return False
+    role = node.attributes.get("role")
+    if role and role.strip().lower() in _BOILERPLATE_ROLES:
+        return True
+    return any(w in _BOILERPLATE_WORDS for w in _class_id_words(node))
+
+
+def _candidate_selector() -> str:
+    """A CSS selector for every element `_is_boilerplate` might accept: furniture tags, roles, and
+    non-inline elements with a class or id (lexbor filters in C; Python checks the words)."""
+    not_inline = "".join(f":not({t})" for t in sorted(_INLINE_TAGS))
+    return f"nav, aside, footer, header, [role], [class]{not_inline}, [id]{not_inline}"
+
+
+_CANDIDATES = _candidate_selector()
+
+
+def _visible_length(node: LexborNode) -> int:
+    return sum(map(len, node.text(deep=True).split()))
+
+
+def _outermost(nodes: list[LexborNode]) -> list[LexborNode]:
+    """Drop nodes nested inside another node of the list (document order in, document order out)."""
+    chosen: list[LexborNode] = []
+    chosen_ids: set[int] = set()
+    for node in nodes:
+        parent = node.parent
+        nested = False
+        while parent is not None:
+            if parent.mem_id in chosen_ids:
+                nested = True
+                break
+            parent = parent.parent
+        if not nested:
+            chosen.append(node)
+            chosen_ids.add(node.mem_id)
+    return chosen
+
+
+def _content_root(tree: LexborHTMLParser, body: LexborNode) -> tuple[LexborNode, bool]:
+    """The element holding the main content, and whether it is an explicit main region."""
+    body_len = _visible_length(body) or 1
+    for selector in ("main, [role=main]", "article"):
+        outer = _outermost(tree.css(selector))
+        if len(outer) == 1 and _visible_length(outer[0]) >= MAIN_MIN_SHARE * body_len:
+            return outer[0], True
+    return body, False
+
+
+def _drop_boilerplate(root: LexborNode, explicit_main: bool) -> None:
+    root_id = root.mem_id
+    doomed = [
+        n for n in root.css(_CANDIDATES)
+        if n.mem_id != root_id and _is_boilerplate(n, drop_header=not explicit_main)
+    ]
+    # Decompose outermost first; a node inside a decomposed subtree is already gone.
+    for node in _outermost(doomed):
+        node.decompose()
+
+
+def _drop_link_lists(root: LexborNode) -> None:
+    """Drop lists whose items are nothing but links: tables of contents, indexes, link farms."""
+    doomed = []
+    for block in root.css("ul, ol, dl, menu"):
+        items = [c for c in block.iter() if c.tag in ("li", "dt", "dd")]
+        if len(items) < LINK_LIST_MIN_ITEMS:
+            continue
+        all_link = 0
+        for item in items:
+            total = _visible_length(item)
+            linked = sum(_visible_length(a) for a in item.css("a"))
+            if total and linked >= LINK_ITEM_MIN_SHARE * total:
+                all_link += 1
+        if all_link >= LINK_LIST_MIN_SHARE * len(items):
+            doomed.append(block)
+    for node in _outermost(doomed):
+        node.decompose()
+
+
+# Private-use code points mark structure while lexbor gathers the text in C; page text that
+# happens to contain them loses them (they carry no meaning outside a private agreement).
+_LINE, _CELL, _PRE_SPACE, _PRE_TAB = "\ue000", "\ue001", "\ue002", "\ue003"
+_DROP_MARKERS = str.maketrans({_LINE: None, _CELL: None, _PRE_SPACE: None, _PRE_TAB: None})
+_PROTECT_PRE = str.maketrans({"\n": _LINE, " ": _PRE_SPACE, "\t": _PRE_TAB, "\r": None})
+_BLOCK_SELECTOR = ", ".join(sorted(_BLOCK_TAGS - {"pre", "listing", "xmp", "plaintext"}))
+_CELL_RUN = re.compile(r" *\t[ \t]*")
+_BLANK_RUN = re.compile(r"\n{3,}")
+
+
+def _serialise(root: LexborNode) -> str:
+    """Visible text with block elements as line breaks and table cells separated by tabs.
+
+    The structure is marked with private-use characters in the DOM so that lexbor collects the
+    text in one C call instead of a Python walk over every node."""
+    root_id = root.mem_id
+    for pre in _outermost(root.css("pre, listing, xmp, plaintext")):
+        protected = pre.text(deep=True).translate(_PROTECT_PRE)
+        if pre.mem_id == root_id:
+            return pre.text(deep=True).strip("\n")
+        pre.insert_before(_LINE)
+        pre.insert_after(_LINE)
+        pre.replace_with(protected)
+    for block in root.css(_BLOCK_SELECTOR):
+        if block.mem_id != root_id:
+            block.insert_before(_LINE)
+            block.insert_after(_LINE)
+    for br in root.css("br"):
+        br.insert_before(_LINE)
+    for cell in root.css("td, th"):
+        cell.insert_before(_CELL)
+    # str.split() collapses every whitespace run (incl. NBSP and the ideographic space) in C.
+    text = " ".join(root.text(deep=True).split())
+    text = text.replace(_LINE, "\n").replace(_CELL, "\t").replace(_PRE_SPACE, " ").replace(_PRE_TAB, "\t")
+    text = "\n".join(line.strip(" ") for line in text.split("\n"))
+    text = _CELL_RUN.sub("\t", text)
+    return _BLANK_RUN.sub("\n\n", text).strip()
+
+
+def _parse(html: str) -> LexborHTMLParser:
+    try:
+        tree = LexborHTMLParser(html)
+    except Exception as exc:  # noqa: BLE001 - lexbor raises plain exceptions on hostile input
+        raise HtmlParseError(f"{type(exc).__name__}: {exc}") from exc
+    if tree.body is None:
+        raise HtmlParseError("the document has no <body>")
+    return tree
+
+
+def extract_dom(html: str) -> ExtractedPage:
+    """The DOM heuristic described in the module docstring."""
+    if any(m in html for m in (_LINE, _CELL, _PRE_SPACE, _PRE_TAB)):
+        html = html.translate(_DROP_MARKERS)
+    tree = _parse(html)
+    title = page_title(tree)
+    body = tree.body
+    for node in _outermost(body.css(_INVISIBLE_SELECTOR)):
+        node.decompose()
+    root, explicit_main = _content_root(tree, body)
+    _drop_boilerplate(root, explicit_main)
+    if not explicit_main:
+        # Inside a region the author marked as main, lists of links are content (module lists,
+        # "See also" lists); only on unmarked pages do they stand for navigation.
+        _drop_link_lists(root)
+    return ExtractedPage(title, _serialise(root))
+
+
+def extract_selectolax_body(html: str) -> ExtractedPage:
+    """Baseline: all text of <body> (scripts and styles removed), no boilerplate removal."""
+    tree = _parse(html)
+    tree.strip_tags(["script", "style", "noscript", "template"])
+    return ExtractedPage(page_title(tree), tree.body.text(separator="\n"))
+
+
+def extract_trafilatura(html: str) -> ExtractedPage:
+    """trafilatura.extract with its default settings (tables and comments on, no links)."""
+    import trafilatura
+
+    text = trafilatura.extract(html)
+    title = None
+    try:
+        title = page_title(LexborHTMLParser(html))
+    except Exception:  # noqa: BLE001 - the title is optional
+        pass
+    return ExtractedPage(title, text or "")
+
+
+_DISPATCH = {
+    "auto": extract_dom,
+    "dom": extract_dom,
+    "trafilatura": extract_trafilatura,
+    "selectolax-body": extract_selectolax_body,
+}
+
+
+def extract_main_text(html: str, extractor: str = "auto") -> ExtractedPage:
+    """Main text of an HTML page with the named extractor (see EXTRACTORS)."""
+    try:
+        fn = _DISPATCH[extractor]
+    except KeyError:
+        raise ValueError(f"unknown extractor '{extractor}' (known: {', '.join(EXTRACTORS)})") from None
+    return fn(html)
