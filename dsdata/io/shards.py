@@ -1,0 +1,342 @@
+"""Training shards: Arrow IPC files of token lists plus a checksummed `manifest.json`.
+
+Layout of a shard directory:
+
+  manifest.json                      written last (temp name + rename): its presence means complete
+  shard-<bucket>-<i>-of-<n>.arrow    uncompressed Arrow IPC *file* format, so it memory-maps
+
+Each shard holds ONE record batch with columns
+  tokens      list<uint16> (uint32 when the vocabulary exceeds 65,536 ids): every document's ids,
+              ending with EOS; Arrow stores them as one contiguous values buffer + offsets, so the
+              whole shard is a single token stream a loader can slice without copying
+  id          string, the document id
+  difficulty  string, the document's difficulty bucket (easy/medium/hard; every row of a shard
+              has the same bucket, so a curriculum can pick shards per bucket)
+
+`manifest.json`:
+  {"format": "dsdata-shards", "version": 1, "dtype": "uint16", "token_column": "tokens",
+   "tokenizer": {"path", "kind", "vocab_size", "eos_id", "eos_token", "sha256"},
+   "shards": [{"file", "difficulty", "docs", "tokens", "bytes", "sha256"}, ...],
+   "buckets": {"easy": {"shards", "docs", "tokens"}, ...},
+   "totals": {"shards", "docs", "tokens"}}
+
+Every file is written under a temporary name in the same directory and renamed into place only when
+complete and fsynced, so a crash never leaves a file with a final name that is partial; the manifest
+is written after every shard it names, so a crashed run has no manifest at all.  Manifest paths are
+plain file names: one that would escape the manifest's directory is refused.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+MANIFEST = "manifest.json"
+FORMAT = "dsdata-shards"
+VERSION = 1
+TOKEN_COLUMN = "tokens"
+BUCKETS = ("easy", "medium", "hard")
+_TMP_MARK = ".tmp-"
+_HASH_CHUNK = 1 << 22
+
+
+class ShardError(ValueError):
+    """A shard directory, manifest or shard file is missing, malformed or corrupt; names the file."""
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(_HASH_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def buffer_sha256(buffer: Any) -> str:
+    """sha256 of a (memory-mapped) buffer without copying it; hashlib drops the GIL on large blocks."""
+    view = memoryview(buffer)
+    digest = hashlib.sha256()
+    for start in range(0, len(view), _HASH_CHUNK):
+        digest.update(view[start:start + _HASH_CHUNK])
+    return digest.hexdigest()
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def shard_name(bucket: str, index: int, count: int) -> str:
+    return f"shard-{bucket}-{index:05d}-of-{count:05d}.arrow"
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path` via a temp file in the same directory + fsync + rename."""
+    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}{_TMP_MARK}{uuid.uuid4().hex}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
+# ------------------------------------------------------------------------------------------ writing
+
+
+def shard_table(token_arrays: Sequence[np.ndarray], ids: Sequence[str], difficulties: Sequence[str | None],
+                dtype: np.dtype) -> pa.Table:
+    """One shard's table: the token arrays concatenated into a single values buffer + offsets."""
+    lengths = np.fromiter((len(a) for a in token_arrays), dtype=np.int64, count=len(token_arrays))
+    offsets = np.zeros(len(token_arrays) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.concatenate([np.asarray(a, dtype=dtype) for a in token_arrays]) if token_arrays else np.zeros(0, dtype)
+    value_type = pa.from_numpy_dtype(dtype)
+    if offsets[-1] < (1 << 31):
+        tokens = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
+    else:  # more than 2^31 tokens in one shard: 64-bit offsets
+        tokens = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type))
+    return pa.table({
+        TOKEN_COLUMN: tokens,
+        "id": pa.array(list(ids), type=pa.string()),
+        "difficulty": pa.array(list(difficulties), type=pa.string()),
+    })
+
+
+def write_shard(directory: str, name: str, token_arrays: Sequence[np.ndarray], ids: Sequence[str],
+                difficulties: Sequence[str | None], dtype: np.dtype) -> dict[str, Any]:
+    """Write one shard atomically (temp name → fsync → rename) and return its manifest entry."""
+    if os.path.basename(name) != name or name.startswith("."):
+        raise ShardError(f"shard name '{name}' must be a plain file name")
+    table = shard_table(token_arrays, ids, difficulties, dtype)
+    path = os.path.join(directory, name)
+    tmp = os.path.join(directory, f".{name}{_TMP_MARK}{uuid.uuid4().hex}")
+    try:
+        # One record batch: the token values stay one contiguous buffer for the whole shard.
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=max(1, table.num_rows))
+        # Hash what is on disk (just written, so still in the page cache), then make it durable.
+        digest = hashlib.sha256()
+        with open(tmp, "rb") as fh:
+            while block := fh.read(_HASH_CHUNK):
+                digest.update(block)
+            os.fsync(fh.fileno())
+        size = os.path.getsize(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync_dir(directory)
+    buckets: dict[str, dict[str, int]] = {}
+    lengths = [len(a) for a in token_arrays]
+    for length, bucket in zip(lengths, difficulties):
+        entry = buckets.setdefault(str(bucket), {"docs": 0, "tokens": 0})
+        entry["docs"] += 1
+        entry["tokens"] += length
+    single = {str(b) for b in difficulties}
+    return {
+        "file": name,
+        "difficulty": single.pop() if len(single) == 1 else None,
+        "docs": len(lengths),
+        "tokens": int(sum(lengths)),
+        "bytes": size,
+        "sha256": digest.hexdigest(),
+        "buckets": buckets,
+    }
+
+
+def build_manifest(entries: Iterable[dict[str, Any]], dtype: np.dtype, tokenizer: dict[str, Any] | None,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    shards = sorted(entries, key=lambda e: e["file"])
+    buckets: dict[str, dict[str, int]] = {}
+    for shard in shards:
+        for bucket, counts in shard.get("buckets", {}).items():
+            total = buckets.setdefault(bucket, {"shards": 0, "docs": 0, "tokens": 0})
+            total["docs"] += counts["docs"]
+            total["tokens"] += counts["tokens"]
+        if shard.get("difficulty") is not None:
+            buckets.setdefault(shard["difficulty"], {"shards": 0, "docs": 0, "tokens": 0})["shards"] += 1
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "dtype": np.dtype(dtype).name,
+        "token_column": TOKEN_COLUMN,
+        "tokenizer": tokenizer,
+        "shards": shards,
+        "buckets": dict(sorted(buckets.items())),
+        "totals": {"shards": len(shards), "docs": sum(s["docs"] for s in shards),
+                   "tokens": sum(s["tokens"] for s in shards)},
+    }
+    if extra:
+        manifest.update(extra)
+    return manifest
+
+
+def write_manifest(directory: str, manifest: dict[str, Any]) -> str:
+    """Write manifest.json atomically after checking every shard it names exists; remove stale temp files."""
+    for shard in manifest["shards"]:
+        path = resolve_shard_path(directory, shard["file"])
+        if not os.path.isfile(path) or os.path.getsize(path) != shard["bytes"]:
+            raise ShardError(f"{path}: missing or not {shard['bytes']} bytes; not writing a manifest that names it")
+    remove_stale_temp_files(directory)
+    path = os.path.join(directory, MANIFEST)
+    atomic_write_bytes(path, (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    return path
+
+
+def remove_stale_temp_files(directory: str) -> list[str]:
+    """Delete temp files a crashed writer left behind (they never carry a final name)."""
+    removed = []
+    for name in os.listdir(directory):
+        if name.startswith(".") and _TMP_MARK in name:
+            try:
+                os.remove(os.path.join(directory, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+@dataclass
+class ShardSetWriter:
+    """Write a shard set without Beam (tests, benchmarks, small tools): `add()` documents, then `close()`.
+
+    Documents are cut into shards of about `shard_size` tokens in the order given, per bucket.
+    Starting a writer removes an existing manifest first, so a crash mid-way leaves no manifest.
+    """
+
+    directory: str
+    dtype: np.dtype = np.dtype(np.uint16)
+    shard_size: int = 1 << 22
+    tokenizer: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        manifest = os.path.join(self.directory, MANIFEST)
+        if os.path.exists(manifest):
+            os.remove(manifest)
+            _fsync_dir(self.directory)
+        self._pending: dict[str, list[tuple[str, np.ndarray]]] = {}
+        self._pending_tokens: dict[str, int] = {}
+        self._written: list[tuple[str, int, list[tuple[str, np.ndarray]]]] = []
+        self._entries: list[dict[str, Any]] = []
+        self._count: dict[str, int] = {}
+
+    def add(self, doc_id: str, tokens: np.ndarray, difficulty: str = "medium") -> None:
+        self._pending.setdefault(difficulty, []).append((doc_id, np.asarray(tokens)))
+        self._pending_tokens[difficulty] = self._pending_tokens.get(difficulty, 0) + len(tokens)
+        if self._pending_tokens[difficulty] >= self.shard_size:
+            self._flush(difficulty)
+
+    def _flush(self, bucket: str) -> None:
+        docs = self._pending.pop(bucket, [])
+        self._pending_tokens[bucket] = 0
+        if not docs:
+            return
+        index = self._count.get(bucket, 0)
+        self._count[bucket] = index + 1
+        # Final names carry the shard count, unknown until close(): write under a provisional name.
+        name = f"shard-{bucket}-{index:05d}.arrow"
+        entry = write_shard(self.directory, name, [d[1] for d in docs], [d[0] for d in docs],
+                            [bucket] * len(docs), self.dtype)
+        self._entries.append(entry)
+
+    def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        for bucket in list(self._pending):
+            self._flush(bucket)
+        manifest = build_manifest(self._entries, self.dtype, self.tokenizer, extra)
+        write_manifest(self.directory, manifest)
+        return manifest
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+def resolve_shard_path(directory: str, name: Any) -> str:
+    """The path of a shard named in a manifest, refusing names that leave the manifest's directory."""
+    if not isinstance(name, str) or not name or os.path.isabs(name) or "\\" in name or "\x00" in name:
+        raise ShardError(f"{os.path.join(directory, MANIFEST)}: shard path {name!r} is not a plain relative file name")
+    base = os.path.realpath(directory)
+    resolved = os.path.realpath(os.path.join(base, name))
+    if resolved == base or os.path.commonpath([base, resolved]) != base:
+        raise ShardError(f"{os.path.join(directory, MANIFEST)}: shard path {name!r} escapes the manifest's directory")
+    return resolved
+
+
+def read_manifest(directory: str) -> dict[str, Any]:
+    """Load and sanity-check `directory/manifest.json` (format, dtype, shard entries, paths)."""
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.isdir(directory):
+        raise ShardError(f"shard directory '{directory}' does not exist")
+    if not os.path.isfile(path):
+        raise ShardError(f"{path} not found: '{directory}' is not a complete shard set "
+                         "(a run that wrote it did not finish, or this is not a shard directory)")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            manifest = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ShardError(f"{path}: not a readable JSON manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ShardError(f"{path}: not a dsdata shard manifest (format must be '{FORMAT}')")
+    if manifest.get("version") != VERSION:
+        raise ShardError(f"{path}: manifest version {manifest.get('version')!r} is not supported (this dsdata reads {VERSION})")
+    if manifest.get("dtype") not in ("uint16", "uint32"):
+        raise ShardError(f"{path}: dtype {manifest.get('dtype')!r} must be uint16 or uint32")
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        raise ShardError(f"{path}: 'shards' must be a list")
+    for shard in shards:
+        if not isinstance(shard, dict) or not {"file", "sha256", "bytes", "tokens", "docs"} <= set(shard):
+            raise ShardError(f"{path}: every shard entry needs file, sha256, bytes, tokens and docs")
+        resolve_shard_path(directory, shard["file"])
+    return manifest
+
+
+def verify_shard_file(directory: str, shard: dict[str, Any]) -> None:
+    """Raise ShardError naming the file when it is missing, of the wrong size, or fails its sha256."""
+    path = resolve_shard_path(directory, shard["file"])
+    if not os.path.isfile(path):
+        raise ShardError(f"{path}: shard named in the manifest is missing")
+    size = os.path.getsize(path)
+    if size != shard["bytes"]:
+        raise ShardError(f"{path}: {size} bytes, the manifest says {shard['bytes']} (truncated or replaced)")
+    actual = file_sha256(path)
+    if actual != shard["sha256"]:
+        raise ShardError(f"{path}: sha256 {actual} does not match the manifest's {shard['sha256']} (corrupt shard)")
+
+
+def verify_shards(directory: str) -> tuple[dict[str, Any], list[str]]:
+    """Check every shard of a set; returns (manifest, problems) — one line per bad file."""
+    manifest = read_manifest(directory)
+    problems = []
+    for shard in manifest["shards"]:
+        try:
+            verify_shard_file(directory, shard)
+        except ShardError as exc:
+            problems.append(str(exc))
+    return manifest, problems

@@ -1,0 +1,110 @@
+"""`tokenize` stage: documents → token ids + EOS, for the `shards` stage that follows it.
+
+The ids travel with the document as a numpy array in `doc.annotations["tokens"]` (uint16 when the
+vocabulary fits, else uint32: compact when Beam serialises documents between steps).  By default
+they are NOT written to kept/*.parquet — the shards already hold them, and a list<uint32> column
+would add about as many bytes as the text itself; kept/*.parquet gets only `num_tokens`.  Set
+`keep_column: true` to also write them as a `tokens` (list<uint32>) column.
+
+Reasons: `no_tokens` — the text encodes to fewer than `min_tokens` ids (EOS not counted).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from dsdata.document import Document, Rejected
+from dsdata.stages.base import Param, Stage, StageConfigError
+
+TOKENS_ANNOTATION = "tokens"
+# The recipe's default tokenizer, for stages built outside a recipe (tests, notebooks).
+_PIPELINES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "pipelines")
+
+
+def resolve_tokenizer_path(path: str) -> str:
+    """A tokenizer path as given, or (when relative and absent from the working directory) under pipelines/."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    fallback = os.path.join(_PIPELINES_DIR, path)
+    return fallback if os.path.exists(fallback) else path
+
+
+class TokenizeStage(Stage):
+    name = "tokenize"
+    description = "encode text with a BPE tokenizer and append EOS (ids go to the shards stage)"
+    params = {
+        "tokenizer": Param("models/tokenizer", "tokenizer directory (tokenizer.json or AutoTokenizer files) "
+                           "or a tokenizer.json file", kind="path"),
+        "eos_token": Param(None, "end-of-text token appended to every document (default: the tokenizer's own)"),
+        "min_tokens": Param(1, "reject documents with fewer ids than this (EOS not counted; at least 1)"),
+        "keep_column": Param(False, "also write the ids as a tokens list<uint32> column in kept/*.parquet"),
+    }
+    annotations: ClassVar[dict[str, pa.DataType]] = {"num_tokens": pa.int32()}
+    batch_min = 16
+    batch_max = 512
+
+    def validate(self) -> None:
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise StageConfigError("tokenize.tokenizer must be a path to a tokenizer directory or tokenizer.json")
+        self.tokenizer = resolve_tokenizer_path(self.tokenizer)
+        if not os.path.exists(self.tokenizer):
+            raise StageConfigError(
+                f"tokenize.tokenizer '{self.tokenizer}' not found; train one with "
+                "'dsdata tokenizer train --input GLOB --out DIR' and pass --set tokenize.tokenizer=DIR"
+            )
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 1:
+            raise StageConfigError(f"tokenize.min_tokens must be an integer >= 1, got {self.min_tokens!r}")
+        if self.keep_column:
+            # An instance attribute: the pipeline reads the declared columns from the stage object.
+            self.annotations = {"num_tokens": pa.int32(), TOKENS_ANNOTATION: pa.list_(pa.uint32())}
+        self._loaded = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The loaded tokenizer is rebuilt by setup() on each worker, never shipped with the stage.
+        state = dict(self.__dict__)
+        state["_loaded"] = None
+        return state
+
+    def setup(self) -> None:
+        from dsdata.tokenizer import TokenizerError, load_tokenizer
+
+        try:
+            self._loaded = load_tokenizer(self.tokenizer, self.eos_token)
+        except TokenizerError as exc:
+            raise StageConfigError(str(exc)) from None
+
+    def describe_tokenizer(self) -> dict[str, Any]:
+        """What the shard manifest records about this tokenizer (loads it if needed)."""
+        if self._loaded is None:
+            self.setup()
+        return self._loaded.describe()
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self._loaded is None:
+            self.setup()
+        return self._loaded.dtype
+
+    def process_batch(self, docs: list[Document]) -> list[Document | Rejected]:
+        if self._loaded is None:
+            self.setup()
+        encoded = self._loaded.encode_batch([doc.text for doc in docs])
+        eos, dtype = self._loaded.eos_id, self._loaded.dtype
+        results: list[Document | Rejected] = []
+        for doc, ids in zip(docs, encoded):
+            if len(ids) < self.min_tokens:
+                results.append(self.reject(doc, "no_tokens", f"{len(ids)} tokens < min_tokens {self.min_tokens}"))
+                continue
+            tokens = np.empty(len(ids) + 1, dtype=dtype)
+            tokens[:-1] = ids
+            tokens[-1] = eos
+            doc.annotations[TOKENS_ANNOTATION] = tokens
+            doc.annotations["num_tokens"] = len(tokens)
+            results.append(doc)
+        return results
+
+    def process(self, doc: Document) -> Document | Rejected:
+        return self.process_batch([doc])[0]
