@@ -9,7 +9,8 @@
   select (the top-k of the earlier blocks plus one block) and the window are gathered, so time and
   memory grow as T · (k + window + 2·block), not T².
 - ``LSHAttention``: Reformer-style: positions hashed by random rotations of their keys, sorted by
-  (bucket, position), cut into chunks; each chunk attends to itself and the previous chunk, causally.
+  (bucket, position), cut into chunks; each chunk attends to itself and the previous chunk, where a
+  query sees the keys of its own bucket at most chunk − 1 places back (which keeps it strictly causal).
 
 All kernels take the head count from the tensors, so heads may be split by tensor parallelism.
 """
@@ -25,6 +26,11 @@ from torch import nn
 class DenseAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _accum_dtype(t: torch.Tensor) -> torch.dtype:
+    """fp32 for bf16/fp16/fp32 inputs, fp64 for fp64 (softmax and sums never run in low precision)."""
+    return torch.promote_types(t.dtype, torch.float32)
 
 
 def _local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -92,9 +98,11 @@ class DynamicSparseAttention(nn.Module):
         scale = 1.0 / math.sqrt(dim)
 
         with torch.no_grad():
-            select_score = self.gate_scores(v, snapshot=True).float()
+            select_score = self.gate_scores(v, snapshot=True).to(_accum_dtype(v))
             select_score[..., seqlen:] = float("-inf")  # padding is never selected
-        live_score = self.gate_scores(v, snapshot=False)
+        # The gate reads detached values: it learns which keys to pick without altering the
+        # gradients of q, k, v (which then equal those of dense attention over the same keys).
+        live_score = self.gate_scores(v.detach(), snapshot=False)
 
         cand_idx, cand_ok = self._candidates(select_score, n_blocks)  # (B, H, nb, C), sorted by score
         n_cand = cand_idx.shape[-1]
@@ -129,13 +137,13 @@ class DynamicSparseAttention(nn.Module):
         parts = [logit_cand, logit_local]
         if self.summary:
             k_sum, v_sum, has_rest = self._summary(k, v, selected, k_cand, v_cand, far_last)
-            logit_sum = (q_blocks.float() * k_sum).sum(-1, keepdim=True) * scale
+            logit_sum = (q_blocks.to(k_sum.dtype) * k_sum).sum(-1, keepdim=True) * scale
             parts.append(logit_sum.masked_fill(~has_rest[..., None], float("-inf")).to(logit_cand.dtype))
-        probs = torch.softmax(torch.cat(parts, dim=-1).float(), dim=-1).to(v.dtype)
+        probs = torch.softmax(torch.cat(parts, dim=-1).to(_accum_dtype(v)), dim=-1).to(v.dtype)
         p_cand, p_local = probs[..., :n_cand], probs[..., n_cand:n_cand + window + bs]
         out = torch.matmul(p_cand, v_cand) + torch.matmul(p_local, v_local.transpose(-1, -2))
         if self.summary:
-            out = out + (probs[..., -1:].float() * v_sum).to(out.dtype)
+            out = out + (probs[..., -1:].to(v_sum.dtype) * v_sum).to(out.dtype)
         return out.reshape(bsz, heads, padded, dim)[:, :, :seqlen]
 
     def _candidates(self, score: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,17 +181,18 @@ class DynamicSparseAttention(nn.Module):
         """Mean key/value of each query's far past minus its selected keys, and whether it is non-empty."""
         bsz, heads, padded, dim = k.shape
         n_blocks, bs = far_last.shape
-        far_count = (far_last + 1).clamp(min=0).to(torch.float32)  # keys 0..i-window
+        acc = _accum_dtype(k)
+        far_count = (far_last + 1).clamp(min=0).to(acc)  # keys 0..i-window
         last = far_last.clamp(min=0).flatten()
-        sel = selected.float()
+        sel = selected.to(acc)
         rest = far_count - sel.sum(-1)  # (B, H, nb, bs)
         has_rest = rest > 0.5
         denom = rest.clamp(min=1.0)[..., None]
-        present = (far_count > 0).to(torch.float32)[None, None, :, :, None]
+        present = (far_count > 0).to(acc)[None, None, :, :, None]
         means = []
         for values, cand in ((k, k_cand), (v, v_cand)):
-            prefix = values.float().cumsum(2)[:, :, last].view(bsz, heads, n_blocks, bs, dim) * present
-            means.append((prefix - torch.matmul(sel, cand.float())) / denom)
+            prefix = values.to(acc).cumsum(2)[:, :, last].view(bsz, heads, n_blocks, bs, dim) * present
+            means.append((prefix - torch.matmul(sel, cand.to(acc))) / denom)
         return means[0], means[1], has_rest
 
 
@@ -216,46 +225,44 @@ class LSHAttention(nn.Module):
     def bucket_ids(self, k: torch.Tensor) -> torch.Tensor:
         """Hash bucket of every position, (B, H, T)."""
         n_buckets = self.buckets_for(k.shape[2])
+        if n_buckets == 1:
+            return torch.zeros(k.shape[:3], dtype=torch.long, device=k.device)
         proj = F.normalize(k.float(), dim=-1) @ self.rotations(n_buckets, k.device)
         return torch.cat([proj, -proj], dim=-1).argmax(-1)
-
-    @torch.no_grad()
-    def sort_order(self, k: torch.Tensor) -> torch.Tensor:
-        """Positions sorted by (bucket, position), (B, H, T)."""
-        seqlen = k.shape[2]
-        keys = self.bucket_ids(k) * seqlen + torch.arange(seqlen, device=k.device)
-        return keys.argsort(dim=-1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         bsz, heads, seqlen, dim = q.shape
         chunk = self.chunk
-        order = self.sort_order(k)
+        bucket = self.bucket_ids(k)
+        order = (bucket * seqlen + torch.arange(seqlen, device=q.device)).argsort(dim=-1)
         gather_idx = order[..., None].expand(-1, -1, -1, dim)
         qs, ks, vs = q.gather(2, gather_idx), k.gather(2, gather_idx), v.gather(2, gather_idx)
-        pos = order
+        bs_sorted = bucket.gather(2, order)
         n_chunks = -(-seqlen // chunk)
         padded = n_chunks * chunk
         if padded != seqlen:
             pad = (0, 0, 0, padded - seqlen)
             qs, ks, vs = F.pad(qs, pad), F.pad(ks, pad), F.pad(vs, pad)
-            # Padding sits after every real position, so causality hides it from real queries.
-            extra = torch.arange(seqlen, padded, device=q.device).expand(bsz, heads, -1)
-            pos = torch.cat([pos, extra], dim=-1)
+            bs_sorted = F.pad(bs_sorted, (0, padded - seqlen), value=-1)  # padding: a bucket of its own
+        rank = torch.arange(padded, device=q.device).view(n_chunks, chunk)
         qc = qs.view(bsz, heads, n_chunks, chunk, dim)
         kc = ks.view(bsz, heads, n_chunks, chunk, dim)
         vc = vs.view(bsz, heads, n_chunks, chunk, dim)
-        pc = pos.view(bsz, heads, n_chunks, chunk)
-        # Look back one chunk; chunk 0 gets an empty (fully masked) previous chunk.
-        k_prev = F.pad(kc, (0, 0, 0, 0, 1, 0))[:, :, :-1]
-        v_prev = F.pad(vc, (0, 0, 0, 0, 1, 0))[:, :, :-1]
-        p_prev = F.pad(pc, (0, 0, 1, 0), value=padded + 1)[:, :, :-1]
-        k_win = torch.cat([k_prev, kc], dim=3)
-        v_win = torch.cat([v_prev, vc], dim=3)
-        p_win = torch.cat([p_prev, pc], dim=3)
+        bc = bs_sorted.view(bsz, heads, n_chunks, chunk)
+        # Look back one chunk; chunk 0 gets an empty previous chunk (bucket -2 matches nothing).
+        k_win = torch.cat([F.pad(kc, (0, 0, 0, 0, 1, 0))[:, :, :-1], kc], dim=3)
+        v_win = torch.cat([F.pad(vc, (0, 0, 0, 0, 1, 0))[:, :, :-1], vc], dim=3)
+        b_win = torch.cat([F.pad(bc, (0, 0, 1, 0), value=-2)[:, :, :-1], bc], dim=3)
+        r_win = torch.cat([rank - chunk, rank], dim=1)  # (nc, 2·chunk)
+        # Same bucket and at most chunk-1 places back in the sorted order: within one bucket the
+        # sorted order is position order, so these are the query's own most recent same-bucket keys.
+        # Plain Reformer chunking also admits other buckets, but where chunk boundaries fall depends
+        # on how many FUTURE positions hash to lower buckets, which leaks the future into a causal LM.
+        lag = rank[:, :, None] - r_win[:, None, :]  # (nc, chunk, 2·chunk)
+        allowed = (b_win[:, :, :, None, :] == bc[:, :, :, :, None]) & ((lag >= 0) & (lag < chunk))
         logits = torch.matmul(qc, k_win.transpose(-1, -2)) / math.sqrt(dim)
-        causal = p_win[:, :, :, None, :] <= pc[:, :, :, :, None]
-        logits = logits.masked_fill(~causal, float("-inf"))
-        out = torch.matmul(torch.softmax(logits.float(), dim=-1).to(v.dtype), v_win)
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        out = torch.matmul(torch.softmax(logits.to(_accum_dtype(v)), dim=-1).to(v.dtype), v_win)
         out = out.reshape(bsz, heads, padded, dim)[:, :, :seqlen]
         undo = order.argsort(dim=-1)
         return out.gather(2, undo[..., None].expand(-1, -1, -1, dim))
