@@ -1,0 +1,170 @@
+"""The difficulty stage as a two-pass composite: score → per-language quantiles → grade.
+
+  docs ─► BatchElements ─► score (perplexity) ─┬─► (lang, perplexity) ─► ApproximateQuantiles.PerKey
+                                               │                               │ side input (AsDict)
+                                               └──────────────────────────► grade ─► kept / rejected
+  kept + rejected ─► counts per (lang, grade) ─► OUT/difficulty.json (cut-offs, counts, sampling weights)
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.stats import ApproximateQuantiles
+
+from dsdata.beam.transforms import KEPT, REJECTED, _Counting
+from dsdata.document import Document, Rejected
+from dsdata.stages.difficulty import GRADES, DifficultyStage
+
+# 1001 quantiles = every 0.1 percentile; ApproximateQuantiles then guarantees rank error <= 0.1 %.
+NUM_QUANTILES = 1001
+SUMMARY_FILE = "difficulty.json"
+
+
+def quantile_at(quantiles: list[float], percentile: float) -> float:
+    """The value at `percentile` (0..100) from NUM_QUANTILES evenly spaced quantiles."""
+    pos = percentile / 100.0 * (len(quantiles) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(quantiles) - 1)
+    return quantiles[lo] + (quantiles[hi] - quantiles[lo]) * (pos - lo)
+
+
+class _ScoreDoFn(beam.DoFn):
+    def __init__(self, stage: DifficultyStage):
+        self.stage = stage
+
+    def setup(self):
+        self.stage.setup()
+
+    def process(self, batch: list[Document]):
+        yield from self.stage.score_batch(list(batch))
+
+
+def _thresholds(stage: DifficultyStage):
+    def build(item: tuple[str, list[float]]):
+        lang, quantiles = item
+        low, high = stage.percentiles
+        outlier = stage.outlier_percentile
+        return lang, {
+            "percentile_cutoffs": [quantile_at(quantiles, low), quantile_at(quantiles, high)],
+            "outlier_threshold": quantile_at(quantiles, outlier) if outlier is not None else None,
+            "perplexity_percentiles": {f"p{p}": round(quantile_at(quantiles, p), 4) for p in (0, 10, 50, 90, 100)},
+        }
+
+    return build
+
+
+class _GradeDoFn(_Counting, beam.DoFn):
+    def __init__(self, stage: DifficultyStage):
+        self.stage = stage
+
+    def setup(self):
+        self._init_counters(self.stage.name)
+        self.stage.setup()
+
+    def process(self, doc: Document, thresholds: dict[str, dict[str, Any]]):
+        self._in.inc()
+        group = self.stage.grouping_key(doc)
+        found = thresholds.get(group) or {}
+        cutoffs = self.stage.fixed_cutoffs(group) or found.get("percentile_cutoffs")
+        yield self._route(self.stage.grade(doc, cutoffs, found.get("outlier_threshold")))
+
+
+def _count_key(stage: DifficultyStage):
+    def key(item: Document | Rejected):
+        if isinstance(item, Rejected):
+            return stage.grouping_key(item.doc), "rejected", item.reason
+        scored = "scored" if item.annotations.get("perplexity") is not None else "unscored"
+        return stage.grouping_key(item), scored, item.annotations.get("difficulty")
+
+    return key
+
+
+def summarize(stage: DifficultyStage, counts: list[tuple[tuple[str, str, str], int]],
+              thresholds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """difficulty.json: per-language cut-offs and bucket counts, and curriculum sampling weights."""
+    languages: dict[str, dict[str, Any]] = {}
+    for (lang, kind, value), n in sorted(counts):
+        entry = languages.setdefault(lang, {"documents": 0, "scored": 0, "unscored": 0,
+                                            "counts": {g: 0 for g in GRADES}, "rejected": {}})
+        entry["documents"] += n
+        if kind == "rejected":
+            entry["rejected"][value] = entry["rejected"].get(value, 0) + n
+            continue
+        entry[kind] += n
+        entry["counts"][value] = entry["counts"].get(value, 0) + n
+    totals = {g: 0 for g in GRADES}
+    for lang, entry in languages.items():
+        found = thresholds.get(lang) or {}
+        fixed = stage.fixed_cutoffs(lang)
+        entry["cutoff_source"] = "fixed" if fixed else ("percentiles" if found else "none")
+        cut = fixed or found.get("percentile_cutoffs")
+        entry["cutoffs"] = {"easy_below": round(cut[0], 4), "hard_above": round(cut[1], 4)} if cut else None
+        entry["outlier_threshold"] = (round(found["outlier_threshold"], 4)
+                                      if found.get("outlier_threshold") is not None else None)
+        entry["perplexity_percentiles"] = found.get("perplexity_percentiles")
+        entry["sampling_weights"] = stage.sampling_probabilities(entry["counts"])
+        for g in GRADES:
+            totals[g] += entry["counts"].get(g, 0)
+    return {
+        "backend": stage.backend,
+        "model_dir": stage.model_dir,
+        "percentiles": stage.percentiles,
+        "outlier_percentile": stage.outlier_percentile,
+        "max_perplexity": stage.max_perplexity,
+        "unscored_grade": stage.unscored_grade,
+        "counts": totals,
+        # Probability of drawing the next training document from each bucket (the curriculum default;
+        # the trainer may anneal from these towards the natural proportions in `counts`).
+        "sampling_weights": stage.sampling_probabilities(totals),
+        "languages": dict(sorted(languages.items())),
+    }
+
+
+class _WriteSummary(beam.DoFn):
+    def __init__(self, stage: DifficultyStage):
+        self.stage = stage
+
+    def process(self, counts, thresholds):
+        summary = summarize(self.stage, counts, thresholds)
+        if self.stage.run_dir:
+            with FileSystems.create(FileSystems.join(self.stage.run_dir, SUMMARY_FILE)) as fh:
+                fh.write(json.dumps(summary, indent=2, ensure_ascii=False).encode("utf-8"))
+        yield summary
+
+
+class GradeByPerplexity(beam.PTransform):
+    """PCollection[Document] → {"kept", "rejected", "stats": PCollection with one summary dict}."""
+
+    def __init__(self, stage: DifficultyStage):
+        super().__init__()
+        self.stage = stage
+
+    def expand(self, docs):
+        stage = self.stage
+        scored = (
+            docs
+            | "Batch" >> beam.BatchElements(min_batch_size=min(8, stage.batch_size), max_batch_size=stage.batch_size)
+            | "Score" >> beam.ParDo(_ScoreDoFn(stage))
+        )
+        thresholds = (
+            scored
+            | "ScoredByLang" >> beam.FlatMap(
+                lambda d: [(stage.grouping_key(d), d.annotations["perplexity"])]
+                if d.annotations.get("perplexity") is not None else [])
+            | "Quantiles" >> ApproximateQuantiles.PerKey(NUM_QUANTILES)
+            | "Thresholds" >> beam.Map(_thresholds(stage))
+        )
+        graded = scored | "Grade" >> beam.ParDo(_GradeDoFn(stage), beam.pvalue.AsDict(thresholds)).with_outputs(
+            REJECTED, main=KEPT)
+        summary = (
+            (graded[KEPT], graded[REJECTED])
+            | "Everything" >> beam.Flatten()
+            | "CountKeys" >> beam.Map(_count_key(stage))
+            | "Count" >> beam.combiners.Count.PerElement()
+            | "Gather" >> beam.combiners.ToList()
+            | "Summary" >> beam.ParDo(_WriteSummary(stage), beam.pvalue.AsDict(thresholds))
+        )
+        return {KEPT: graded[KEPT], REJECTED: graded[REJECTED], "stats": summary}

@@ -1,0 +1,203 @@
+"""Perplexity scorers: an n-gram model directory (SentencePiece + KenLM) or a Hugging Face causal LM.
+
+Both return, per document, (Σ log10 p, number of predicted tokens); the perplexity is
+10 ** (-Σ log10 p / Σ tokens), CCNet's formula. The n-gram scorer scores each line separately
+(predicting every piece and </s>, hence tokens + 1 per line) and sums over the document's lines, so
+longer lines weigh more: the document perplexity is the token-weighted mean over its lines.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Sequence
+
+from dsdata.lm.normalize import normalize_line
+from dsdata.lm.training import META_FILE, SP_FILE
+
+LN10 = math.log(10.0)
+_ARPA_CANDIDATES = ("lm.binary", "lm.arpa.gz", "lm.arpa")
+
+
+class ModelLoadError(ValueError):
+    """A model directory that cannot be loaded; the message names it and what to do."""
+
+
+def perplexity(log10_sum: float, n_tokens: int) -> float | None:
+    """CCNet's perplexity from summed log10 probabilities; None when nothing was predicted."""
+    if n_tokens <= 0:
+        return None
+    return 10.0 ** (-log10_sum / n_tokens)
+
+
+def is_ngram_model_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, META_FILE))
+
+
+def is_causal_lm_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "config.json"))
+
+
+class NgramScorer:
+    """SentencePiece pieces scored by KenLM, line by line."""
+
+    def __init__(self, model_dir: str):
+        import kenlm
+        import sentencepiece as spm
+
+        meta_path = os.path.join(model_dir, META_FILE)
+        try:
+            with open(meta_path, encoding="utf-8") as fh:
+                self.meta = json.load(fh)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ModelLoadError(f"n-gram model '{model_dir}': cannot read {META_FILE} ({exc}); "
+                                 "train one with `dsdata lm train --corpus F --lang L --out DIR/L`") from None
+        sp_path = os.path.join(model_dir, self.meta.get("sentencepiece", SP_FILE))
+        arpa = self.meta.get("arpa")
+        lm_candidates = ([arpa] if arpa else []) + list(_ARPA_CANDIDATES)
+        lm_path = next((os.path.join(model_dir, c) for c in lm_candidates if os.path.isfile(os.path.join(model_dir, c))), None)
+        if lm_path is None or not os.path.isfile(sp_path):
+            raise ModelLoadError(f"n-gram model '{model_dir}' lacks {SP_FILE} or an lm.arpa[.gz]/lm.binary file; "
+                                 "retrain it with `dsdata lm train`")
+        self.sp = spm.SentencePieceProcessor(model_file=sp_path)
+        config = kenlm.Config()
+        config.show_progress = False
+        try:
+            self.lm = _load_quietly(kenlm.Model, lm_path, config)
+        except (OSError, RuntimeError) as exc:
+            raise ModelLoadError(f"n-gram model '{lm_path}' does not load in KenLM ({exc})") from None
+
+    def score_documents(self, texts: Sequence[str]) -> list[tuple[float, int]]:
+        """(Σ log10 p, predicted tokens) per text."""
+        owners: list[int] = []
+        lines: list[str] = []
+        for i, text in enumerate(texts):
+            for line in text.splitlines():
+                line = normalize_line(line)
+                if line:
+                    owners.append(i)
+                    lines.append(line)
+        results = [[0.0, 0] for _ in texts]
+        if lines:
+            score = self.lm.score
+            for owner, pieces in zip(owners, self.sp.encode(lines, out_type=str)):
+                if not pieces:
+                    continue
+                results[owner][0] += score(" ".join(pieces), bos=True, eos=True)
+                results[owner][1] += len(pieces) + 1
+        return [(s, n) for s, n in results]
+
+
+def _load_quietly(load, *args):
+    """KenLM prints a 'build a binary file' hint on stderr at every ARPA load (once per worker):
+    silence file descriptor 2 while loading."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            return load(*args)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class CausalLMScorer:
+    """Any Hugging Face causal LM (AutoModelForCausalLM + its tokenizer), batched, on GPU when present.
+
+    Each document is one token sequence: BOS (or EOS when the tokenizer has no BOS, GPT-2 style) +
+    tokens + EOS; every token after the first is predicted once. Documents longer than
+    `max_length` are cut into consecutive windows that overlap by one token.
+    """
+
+    def __init__(self, model_dir: str, device: str = "auto", max_length: int = 1024, batch_tokens: int = 16384):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not is_causal_lm_dir(model_dir):
+            raise ModelLoadError(f"causal LM '{model_dir}' has no config.json; give a directory saved with "
+                                 "save_pretrained (model + tokenizer)")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"causal LM '{model_dir}' does not load ({str(exc).splitlines()[0]})") from None
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.model.to(self.device).eval()
+        self.torch = torch
+        limit = getattr(self.model.config, "max_position_embeddings", None) or max_length
+        self.max_length = max(2, min(max_length, int(limit)))
+        self.batch_tokens = batch_tokens
+        tok = self.tokenizer
+        self.start_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        self.end_id = tok.eos_token_id
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (self.end_id or 0)
+
+    def _sequence(self, text: str) -> list[int]:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        seq = ([self.start_id] if self.start_id is not None else []) + list(ids)
+        if self.end_id is not None:
+            seq.append(self.end_id)
+        return seq
+
+    def score_documents(self, texts: Sequence[str]) -> list[tuple[float, int]]:
+        """(Σ log10 p, predicted tokens) per text."""
+        torch = self.torch
+        windows: list[tuple[int, list[int]]] = []
+        step = self.max_length - 1
+        for i, text in enumerate(texts):
+            seq = self._sequence(text) if text.strip() else []
+            for start in range(0, max(len(seq) - 1, 0), step):
+                windows.append((i, seq[start:start + self.max_length]))
+        totals = [[0.0, 0] for _ in texts]
+        # Longest first, batches bounded by padded tokens: similar lengths share a batch.
+        windows.sort(key=lambda w: -len(w[1]))
+        at = 0
+        while at < len(windows):
+            width = len(windows[at][1])
+            size = max(1, self.batch_tokens // width)
+            batch = windows[at:at + size]
+            at += size
+            ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, (_, seq) in enumerate(batch):
+                ids[row, : len(seq)] = torch.tensor(seq)
+                mask[row, : len(seq)] = 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            with torch.inference_mode():
+                logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+            target_mask = mask[:, 1:].bool()
+            sums = (logp * target_mask).sum(dim=1).double().cpu().tolist()
+            counts = target_mask.sum(dim=1).cpu().tolist()
+            for (owner, _), s, n in zip(batch, sums, counts):
+                totals[owner][0] += s / LN10
+                totals[owner][1] += int(n)
+        return [(s, n) for s, n in totals]
+
+
+def language_model_dirs(model_dir: str, backend: str) -> dict[str, str]:
+    """Language → model directory under `model_dir` ("*" when `model_dir` itself is one model)."""
+    if not os.path.isdir(model_dir):
+        raise ModelLoadError(f"difficulty.model_dir '{model_dir}' is not a directory; give a directory with one "
+                             "subdirectory per language (e.g. models/lm/en, models/lm/zh)")
+    is_model = is_ngram_model_dir if backend == "ngram" else is_causal_lm_dir
+    if is_model(model_dir):
+        return {"*": model_dir}
+    found = {name: os.path.join(model_dir, name) for name in sorted(os.listdir(model_dir))
+             if is_model(os.path.join(model_dir, name))}
+    if not found:
+        what = f"{META_FILE} (from `dsdata lm train`)" if backend == "ngram" else "config.json (a save_pretrained directory)"
+        raise ModelLoadError(f"difficulty.model_dir '{model_dir}' has no language subdirectory with {what}")
+    return found
+
+
+def make_scorer(backend: str, path: str, device: str = "auto", max_length: int = 1024):
+    if backend == "ngram":
+        return NgramScorer(path)
+    return CausalLMScorer(path, device=device, max_length=max_length)

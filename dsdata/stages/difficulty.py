@@ -1,0 +1,207 @@
+"""difficulty: perplexity under a reference language model, and an easy / medium / hard grade.
+
+Each document is scored by the model of its language (doc.annotations["lang"] from the `lang`
+stage, else its input metadata "lang", else the `lang` parameter) and annotated with `perplexity`
+(CCNet's 10 ** (-Σ log10 p / Σ (tokens + 1)), lines weighted by their token counts) and
+`difficulty`. The grade uses fixed cut-offs (`cutoffs`) or, by default, per-language percentiles of
+the corpus being processed (30th / 60th, as CCNet's head / middle / tail), computed in the same
+pipeline with Beam's ApproximateQuantiles: the stage is a whole-corpus stage (`beam_transform`).
+
+Documents without a model for their language, or without any scorable token, are kept with
+`perplexity` null and difficulty `unscored_grade` ("medium": the middle of a curriculum), or rejected
+with reason `no_language_model` / `no_tokens` when `unscored_grade: reject`. Optional rejection of
+the extreme tail uses reason `perplexity_outlier`.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import pyarrow as pa
+
+from dsdata.document import Document, Rejected
+from dsdata.stages.base import Param, Stage, StageConfigError
+
+GRADES = ("easy", "medium", "hard")
+BACKENDS = ("ngram", "causal_lm")
+# The models shipped with the repository (trained by `dsdata lm train` on the dev prose).
+SHIPPED_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                              "pipelines", "models", "lm")
+
+
+def base_language(code: str) -> str:
+    return code.replace("_", "-").split("-")[0].lower()
+
+
+class DifficultyStage(Stage):
+    name = "difficulty"
+    description = "perplexity under a per-language reference LM, graded easy/medium/hard by corpus percentiles"
+    params = {
+        "model_dir": Param(None, "directory with one model subdirectory per language (en/, zh/, …) or one model "
+                                 "for all; default: the shipped pipelines/models/lm", kind="path"),
+        "backend": Param("ngram", "ngram (SentencePiece + KenLM, from `dsdata lm train`) or causal_lm "
+                                  "(a Hugging Face AutoModelForCausalLM directory with its tokenizer)"),
+        "lang": Param(None, "language to assume when a document has no lang annotation or metadata"),
+        "percentiles": Param([30, 60], "per-language percentiles that separate easy|medium|hard"),
+        "cutoffs": Param(None, "fixed perplexity cut-offs instead: [easy_below, hard_above] for every language, "
+                               "or {lang: [easy_below, hard_above]}; languages not listed use percentiles"),
+        "outlier_percentile": Param(None, "reject documents above this per-language percentile (e.g. 99.5) "
+                                          "with reason perplexity_outlier; null: reject none"),
+        "max_perplexity": Param(None, "reject documents whose perplexity exceeds this value (perplexity_outlier)"),
+        "unscored_grade": Param("medium", "grade of documents with no model for their language or no tokens "
+                                          "(perplexity null): easy, medium, hard, or reject"),
+        "sampling_weights": Param({"easy": 0.5, "medium": 0.3, "hard": 0.2},
+                                  "curriculum default: probability of drawing the next document from each bucket "
+                                  "(written to difficulty.json; renormalised over non-empty buckets)"),
+        "batch_size": Param(64, "documents scored per model call"),
+        "device": Param("auto", "causal_lm device: auto (cuda when present), cpu, cuda, cuda:1"),
+        "max_length": Param(1024, "causal_lm window in tokens (longer documents are scored window by window)"),
+    }
+    annotations = {"perplexity": pa.float64(), "difficulty": pa.string()}
+
+    def validate(self) -> None:
+        if self.backend not in BACKENDS:
+            raise StageConfigError(f"difficulty.backend must be one of {', '.join(BACKENDS)} (got {self.backend!r})")
+        if self.model_dir is None:
+            self.model_dir = SHIPPED_MODELS
+        if not isinstance(self.model_dir, str) or ("://" not in self.model_dir and not os.path.isdir(self.model_dir)):
+            raise StageConfigError(f"difficulty.model_dir '{self.model_dir}' is not a directory; pass "
+                                   "--set difficulty.model_dir=DIR with one subdirectory per language")
+        p = self.percentiles
+        if (not isinstance(p, (list, tuple)) or len(p) != 2 or not all(isinstance(x, (int, float)) for x in p)
+                or not 0 < p[0] < p[1] < 100):
+            raise StageConfigError(f"difficulty.percentiles must be two numbers 0 < low < high < 100 (got {p!r})")
+        self.percentiles = [float(p[0]), float(p[1])]
+        self.cutoffs = self._parse_cutoffs(self.cutoffs)
+        if self.outlier_percentile is not None and not (isinstance(self.outlier_percentile, (int, float))
+                                                        and self.percentiles[1] < self.outlier_percentile < 100):
+            raise StageConfigError("difficulty.outlier_percentile must be a number between the high percentile "
+                                   f"and 100 (got {self.outlier_percentile!r})")
+        if self.max_perplexity is not None and not (isinstance(self.max_perplexity, (int, float)) and self.max_perplexity > 0):
+            raise StageConfigError(f"difficulty.max_perplexity must be a positive number (got {self.max_perplexity!r})")
+        if self.unscored_grade not in (*GRADES, "reject"):
+            raise StageConfigError("difficulty.unscored_grade must be easy, medium, hard or reject "
+                                   f"(got {self.unscored_grade!r})")
+        w = self.sampling_weights
+        if (not isinstance(w, dict) or set(w) - set(GRADES)
+                or not all(isinstance(v, (int, float)) and v >= 0 for v in w.values()) or sum(w.values()) <= 0):
+            raise StageConfigError("difficulty.sampling_weights must map easy/medium/hard to non-negative numbers "
+                                   f"with a positive sum (got {w!r})")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise StageConfigError(f"difficulty.batch_size must be a positive integer (got {self.batch_size!r})")
+        self.batch_min = 1
+        self.batch_max = self.batch_size
+
+    @staticmethod
+    def _parse_cutoffs(value: Any) -> dict[str, tuple[float, float]] | None:
+        def pair(v, where):
+            if (not isinstance(v, (list, tuple)) or len(v) != 2 or not all(isinstance(x, (int, float)) for x in v)
+                    or not 0 < v[0] <= v[1]):
+                raise StageConfigError(f"difficulty.cutoffs{where} must be [easy_below, hard_above] with "
+                                       f"0 < easy_below <= hard_above (got {v!r})")
+            return float(v[0]), float(v[1])
+
+        if value is None:
+            return None
+        if isinstance(value, dict):
+            return {str(k): pair(v, f"[{k}]") for k, v in value.items()}
+        return {"*": pair(value, "")}
+
+    # ---- scoring -------------------------------------------------------------------------------
+    def setup(self) -> None:
+        from dsdata.lm.scorers import ModelLoadError, language_model_dirs
+
+        try:
+            self._model_dirs = language_model_dirs(self.model_dir, self.backend)
+        except ModelLoadError as exc:
+            raise StageConfigError(str(exc)) from None
+        self._scorers: dict[str, Any] = {}
+
+    def language_of(self, doc: Document) -> str | None:
+        lang = doc.annotations.get("lang") or doc.metadata.get("lang") or self.lang
+        return str(lang) if lang else None
+
+    def model_key(self, lang: str | None) -> str | None:
+        """The model directory key serving `lang` (exact code, then its base code, then a shared model)."""
+        dirs = self._model_dirs
+        if lang is not None:
+            for key in (lang, base_language(lang)):
+                if key in dirs:
+                    return key
+        return "*" if "*" in dirs else None
+
+    def _scorer(self, key: str):
+        scorer = self._scorers.get(key)
+        if scorer is None:
+            from dsdata.lm.scorers import ModelLoadError, make_scorer
+
+            try:
+                scorer = make_scorer(self.backend, self._model_dirs[key], self.device, self.max_length)
+            except ModelLoadError as exc:
+                raise StageConfigError(str(exc)) from None
+            self._scorers[key] = scorer
+        return scorer
+
+    def score_batch(self, docs: list[Document]) -> list[Document]:
+        """Annotate `perplexity` (None when unscorable) and the model language used (`_lm`)."""
+        from dsdata.lm.scorers import perplexity
+
+        by_model: dict[str, list[int]] = {}
+        for i, doc in enumerate(docs):
+            key = self.model_key(self.language_of(doc))
+            doc.annotations["perplexity"] = None
+            if key is not None:
+                by_model.setdefault(key, []).append(i)
+        for key, idx in by_model.items():
+            results = self._scorer(key).score_documents([docs[i].text for i in idx])
+            for i, (log10_sum, n_tokens) in zip(idx, results):
+                ppl = perplexity(log10_sum, n_tokens)
+                docs[i].annotations["perplexity"] = ppl if ppl is None or math.isfinite(ppl) else None
+        return docs
+
+    # ---- grading -------------------------------------------------------------------------------
+    def grouping_key(self, doc: Document) -> str:
+        """The language a document's percentiles are computed over."""
+        lang = self.language_of(doc)
+        return lang if lang is not None else "unknown"
+
+    def grade(self, doc: Document, cutoffs: tuple[float, float] | None, outlier: float | None) -> Document | Rejected:
+        """Set `difficulty` from the perplexity and the language's cut-offs, or reject the tail."""
+        ppl = doc.annotations.get("perplexity")
+        if ppl is None:
+            if self.unscored_grade == "reject":
+                reason = "no_language_model" if self.model_key(self.language_of(doc)) is None else "no_tokens"
+                return self.reject(doc, reason, f"lang={self.language_of(doc)}")
+            doc.annotations["difficulty"] = self.unscored_grade
+            return doc
+        limit = min(x for x in (outlier, self.max_perplexity) if x is not None) if (
+            outlier is not None or self.max_perplexity is not None) else None
+        if limit is not None and ppl > limit:
+            doc.annotations["difficulty"] = "hard"
+            return self.reject(doc, "perplexity_outlier", f"perplexity {ppl:.1f} > {limit:.1f}")
+        if cutoffs is None:
+            doc.annotations["difficulty"] = "medium"
+        elif ppl < cutoffs[0]:
+            doc.annotations["difficulty"] = "easy"
+        elif ppl > cutoffs[1]:
+            doc.annotations["difficulty"] = "hard"
+        else:
+            doc.annotations["difficulty"] = "medium"
+        return doc
+
+    def fixed_cutoffs(self, group: str) -> tuple[float, float] | None:
+        if self.cutoffs is None:
+            return None
+        return self.cutoffs.get(group) or self.cutoffs.get(base_language(group)) or self.cutoffs.get("*")
+
+    def sampling_probabilities(self, counts: dict[str, int]) -> dict[str, float]:
+        """The configured bucket weights renormalised over buckets that hold documents."""
+        weights = {g: float(self.sampling_weights.get(g, 0.0)) if counts.get(g, 0) else 0.0 for g in GRADES}
+        total = sum(weights.values())
+        return {g: round(w / total, 6) if total else 0.0 for g, w in weights.items()}
+
+    def beam_transform(self):
+        from dsdata.beam.difficulty import GradeByPerplexity
+
+        return GradeByPerplexity(self)
