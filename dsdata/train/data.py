@@ -1,0 +1,352 @@
+"""Zero-copy training data: a torch IterableDataset over a shard directory (disk or /dev/shm).
+
+API (stable; the trainer builds on exactly this):
+
+    ds = ShardDataset(path, seq_len, *, rank=0, world_size=1, seed=0, verify=True,
+                      curriculum=None, prefetch=True, shuffle=True, total_steps=None)
+    loader = torch.utils.data.DataLoader(ds, batch_size=B, num_workers=0)
+    for batch in loader:                 # uint16/uint32 tensor [B, seq_len + 1]
+        tokens = batch.long()
+        x, y = tokens[:, :-1], tokens[:, 1:]
+    ds.set_step(step)                    # curriculum position (call before fetching step's batch)
+    state = ds.state_dict()              # plain dict (ints/strings): position, step, sampler RNG
+    ds2.load_state_dict(state)           # a fresh dataset continues with exactly the next window
+
+What it yields: 1-D tensors of `seq_len + 1` token ids (dtype from the manifest: uint16 or uint32).
+Each is `torch.from_numpy` of a slice of the shard's memory-mapped Arrow values buffer: no copy
+(`mapped_regions()` lists the mappings; the tensors are read-only in practice — never write to them;
+`.long()` makes the training copy).  Documents of a shard (each ending with EOS, appended by the
+`tokenize` stage) form one token stream; window k covers stream[k*seq_len : k*seq_len + seq_len + 1],
+so consecutive windows share one boundary token and every token is a prediction target exactly once.
+The last partial window of a shard (< seq_len + 1 tokens) is not used.
+
+Work split: consumers are (rank, DataLoader worker) pairs, n = world_size * num_workers.  Each
+shard's windows are permuted (seed, epoch, shard), cut to a multiple of n (at most n - 1 windows per
+shard per epoch are left out, different ones each epoch) and dealt round-robin, so consumers get
+disjoint windows and every rank yields the same number per epoch (DDP never waits on a short rank).
+Shard order is permuted per (seed, epoch) as well.
+
+Epochs: without a curriculum, each `iter()` yields the rest of the current epoch, then the next
+`iter()` starts the next epoch.  With a curriculum, iteration is endless: each window comes from a
+bucket (easy/medium/hard, the shards' `difficulty`) drawn with the schedule's weights at the step
+given by `set_step`; each bucket cycles through its own epochs.
+
+Integrity: the manifest is read (paths may not leave its directory) and each shard's size checked
+at construction; with `verify=True` each shard's sha256 is checked when it is first opened
+(ShardError naming the file on mismatch).  With `prefetch=True` the next shard is mapped and
+verified on a background thread while the current one is consumed.
+
+Resume: `state_dict()` / `load_state_dict()` are exact when the dataset is iterated in the training
+process (DataLoader num_workers=0, or `iter(ds)` directly) — the recommended setup: windows cost no
+I/O or copy, and worker processes would copy every batch through shared memory.  With
+num_workers > 0 each worker holds its own position and the main process cannot see it; loading a
+state saved under a different consumer layout raises ValueError.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hashlib
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from dsdata.io.shards import ShardError, buffer_sha256, read_manifest, resolve_shard_path
+from dsdata.train.curriculum import CurriculumSampler, CurriculumSchedule, schedule_from_spec
+
+_STATE_FORMAT = "dsdata-loader"
+_ALL = "all"
+
+
+@dataclass(frozen=True)
+class _ShardInfo:
+    index: int
+    file: str
+    path: str
+    bucket: str
+    tokens: int
+    bytes: int
+    sha256: str
+    windows: int
+
+
+class _OpenShard:
+    """One memory-mapped shard: its token stream as a tensor viewing the mapping."""
+
+    def __init__(self, info: _ShardInfo, dtype: np.dtype, token_column: str, verify: bool):
+        self.info = info
+        mapped = pa.memory_map(info.path, "r")
+        # One buffer over the whole mapping; everything below is a zero-copy slice of it.
+        self.buffer = mapped.read_buffer()
+        if self.buffer.size != info.bytes:
+            raise ShardError(f"{info.path}: {self.buffer.size} bytes, the manifest says {info.bytes}")
+        if verify:
+            actual = buffer_sha256(self.buffer)
+            if actual != info.sha256:
+                raise ShardError(f"{info.path}: sha256 {actual} does not match the manifest's {info.sha256} "
+                                 "(corrupt shard; re-copy it or rerun the pipeline)")
+        else:
+            # Fault the pages in now (on the prefetch thread) rather than during training.
+            np.frombuffer(self.buffer, dtype=np.uint8)[::4096].sum()
+        try:
+            reader = pa.ipc.open_file(pa.BufferReader(self.buffer))
+            if reader.num_record_batches != 1:
+                raise ShardError(f"{info.path}: {reader.num_record_batches} record batches; dsdata shards hold one")
+            batch = reader.get_batch(0)
+            column = batch.column(batch.schema.get_field_index(token_column))
+        except (pa.ArrowInvalid, KeyError, IndexError) as exc:
+            raise ShardError(f"{info.path}: not a readable dsdata shard ({exc})") from None
+        offsets = column.offsets
+        if len(offsets) and offsets[0].as_py() != 0:
+            raise ShardError(f"{info.path}: token lists do not start at the values buffer's beginning")
+        values = column.values.to_numpy(zero_copy_only=True)
+        if values.dtype != dtype or len(values) != info.tokens:
+            raise ShardError(f"{info.path}: {len(values)} {values.dtype} tokens, the manifest says "
+                             f"{info.tokens} {dtype}")
+        with warnings.catch_warnings():
+            # The mapping is read-only; torch warns that it cannot mark tensors read-only.
+            warnings.simplefilter("ignore", UserWarning)
+            self.tokens = torch.from_numpy(values)
+        self.region = (info.path, self.buffer.address, self.buffer.size)
+
+
+class ShardDataset(torch.utils.data.IterableDataset):
+    """Token windows of `seq_len + 1` ids from a shard directory, zero-copy (see module docstring).
+
+    curriculum: None (plain epochs), a CurriculumSchedule, or a spec mapping for
+        `schedule_from_spec` (its default weights: the shards' own bucket mix).
+    total_steps: the run's length, needed only by a `linear` spec given as warmup_fraction.
+    shuffle: False walks shards and windows in manifest order (for inspection and tests).
+    """
+
+    def __init__(self, path: str, seq_len: int, *, rank: int = 0, world_size: int = 1, seed: int = 0,
+                 verify: bool = True, curriculum: CurriculumSchedule | Mapping[str, Any] | None = None,
+                 prefetch: bool = True, shuffle: bool = True, total_steps: int | None = None):
+        super().__init__()
+        if int(seq_len) < 1:
+            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        if not 0 <= int(rank) < int(world_size):
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        self.path, self.seq_len = str(path), int(seq_len)
+        self.rank, self.world_size, self.seed = int(rank), int(world_size), int(seed)
+        self.verify, self.prefetch, self.shuffle = bool(verify), bool(prefetch), bool(shuffle)
+        manifest = read_manifest(self.path)
+        with open(os.path.join(self.path, "manifest.json"), "rb") as fh:
+            self.manifest_sha256 = hashlib.sha256(fh.read()).hexdigest()
+        self.manifest = manifest
+        self.dtype = np.dtype(manifest["dtype"])
+        self.token_column = manifest.get("token_column", "tokens")
+        self.shards: list[_ShardInfo] = []
+        for i, entry in enumerate(manifest["shards"]):
+            shard_path = resolve_shard_path(self.path, entry["file"])
+            if not os.path.isfile(shard_path):
+                raise ShardError(f"{shard_path}: shard named in {self.path}/manifest.json is missing")
+            size = os.path.getsize(shard_path)
+            if size != entry["bytes"]:
+                raise ShardError(f"{shard_path}: {size} bytes, the manifest says {entry['bytes']} (truncated or replaced)")
+            tokens = int(entry["tokens"])
+            windows = (tokens - 1) // self.seq_len if tokens > self.seq_len else 0
+            self.shards.append(_ShardInfo(i, entry["file"], shard_path, str(entry.get("difficulty") or "medium"),
+                                          tokens, int(entry["bytes"]), str(entry["sha256"]), windows))
+        buckets = manifest.get("buckets") or {}
+        natural = {b: float(c.get("tokens", 0)) for b, c in buckets.items() if isinstance(c, Mapping)}
+        natural = {b: v / sum(natural.values()) for b, v in natural.items()} if sum(natural.values()) > 0 else None
+        self.schedule = schedule_from_spec(curriculum, total_steps, natural)
+        if self.schedule is None:
+            self.groups = {_ALL: [s.index for s in self.shards]}
+        else:
+            grouped: dict[str, list[int]] = {}
+            for shard in self.shards:
+                grouped.setdefault(shard.bucket, []).append(shard.index)
+            self.groups = dict(sorted(grouped.items()))
+        self._state: dict[str, Any] = {"step": 0, "groups": {g: [0, 0, 0] for g in self.groups}, "sampler": None,
+                                       "consumers": None}
+        self._runtime: dict[str, Any] | None = None
+
+    # ----------------------------------------------------------------------------- public API
+
+    def set_step(self, step: int) -> None:
+        """The training step the next windows are for (drives the curriculum weights)."""
+        self._state["step"] = int(step)
+
+    def state_dict(self) -> dict[str, Any]:
+        runtime = self._runtime
+        sampler = runtime["sampler"].state_dict() if runtime and runtime.get("sampler") else self._state["sampler"]
+        return {
+            "format": _STATE_FORMAT, "version": 1, "manifest_sha256": self.manifest_sha256,
+            "seq_len": self.seq_len, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
+            "shuffle": self.shuffle, "curriculum": self.schedule.describe() if self.schedule else None,
+            "consumers": self._state["consumers"], "step": self._state["step"],
+            "groups": {g: list(pos) for g, pos in self._state["groups"].items()}, "sampler": sampler,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError("not a ShardDataset state (format must be 'dsdata-loader')")
+        mine = self.state_dict()
+        for key in ("manifest_sha256", "seq_len", "seed", "rank", "world_size", "shuffle", "curriculum"):
+            if state.get(key) != mine[key]:
+                raise ValueError(f"loader state was saved with {key}={state.get(key)!r}, this dataset has "
+                                 f"{mine[key]!r}; resume with the same shards and settings")
+        if set(state["groups"]) != set(self.groups):
+            raise ValueError(f"loader state has groups {sorted(state['groups'])}, this dataset {sorted(self.groups)}")
+        self._state = {"step": int(state["step"]), "groups": {g: [int(v) for v in pos] for g, pos in state["groups"].items()},
+                       "sampler": state.get("sampler"), "consumers": state.get("consumers")}
+        self._runtime = None
+
+    def mapped_regions(self) -> list[tuple[str, int, int]]:
+        """(path, address, size) of the shard mappings currently open in this process."""
+        if not self._runtime:
+            return []
+        return [shard.region for shard in self._runtime["open"].values()]
+
+    def windows_per_epoch(self, num_workers: int = 1) -> int:
+        """Windows one consumer gets per epoch (without a curriculum)."""
+        n = self.world_size * max(1, num_workers)
+        return sum((s.windows - s.windows % n) // n for s in self.shards)
+
+    # ------------------------------------------------------------------------------ iteration
+
+    def __getstate__(self) -> dict[str, Any]:
+        # DataLoader workers get the plan and position, never threads or mappings.
+        state = dict(self.__dict__)
+        state["_runtime"] = None
+        return state
+
+    def _consumer(self) -> tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        return self.rank * workers + worker, self.world_size * workers
+
+    def _start(self) -> dict[str, Any]:
+        consumer, n_consumers = self._consumer()
+        saved = self._state["consumers"]
+        if saved is not None and saved != [consumer, n_consumers]:
+            raise ValueError(f"loader state belongs to consumer {saved[0]} of {saved[1]}, this is consumer "
+                             f"{consumer} of {n_consumers}: resume with the same world size and num_workers")
+        self._state["consumers"] = [consumer, n_consumers]
+        runtime = self._runtime
+        if runtime is None:
+            sampler = None
+            if self.schedule is not None:
+                sampler = CurriculumSampler(self.schedule, seed=self.seed * 1_000_003 + consumer)
+                if self._state["sampler"] is not None:
+                    sampler.load_state_dict(self._state["sampler"])
+            runtime = self._runtime = {
+                "consumer": consumer, "n": n_consumers, "sampler": sampler,
+                "open": collections.OrderedDict(), "pending": {}, "starts": {},
+                "executor": concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shard-prefetch")
+                if self.prefetch else None,
+            }
+        return runtime
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        runtime = self._start()
+        if self.schedule is None:
+            if self._mine(_ALL) == 0:
+                raise ValueError(self._too_small())
+            self._skip_finished_epoch(_ALL)
+            while True:
+                window = self._next_window(_ALL, wrap=False)
+                if window is None:
+                    return
+                yield window
+        available = [g for g in self.groups if self._mine(g) > 0]
+        if not available:
+            raise ValueError(self._too_small())
+        while True:
+            bucket = runtime["sampler"].choose(self._state["step"], available)
+            yield self._next_window(bucket, wrap=True)
+
+    def _too_small(self) -> str:
+        return (f"{self.path}: no windows of {self.seq_len + 1} tokens for {self._runtime['n']} consumer(s); "
+                "use a smaller seq_len, fewer ranks/workers, or more data")
+
+    def _mine(self, group: str) -> int:
+        n = self._runtime["n"]
+        return sum(self.shards[i].windows // n for i in self.groups[group])
+
+    def _shard_order(self, group: str, epoch: int) -> list[int]:
+        shards = self.groups[group]
+        if not self.shuffle:
+            return list(shards)
+        group_index = list(self.groups).index(group)
+        perm = np.random.default_rng([self.seed, epoch, group_index, 0]).permutation(len(shards))
+        return [shards[i] for i in perm]
+
+    def _window_starts(self, shard: int, epoch: int) -> np.ndarray:
+        runtime = self._runtime
+        key = (shard, epoch)
+        starts = runtime["starts"].get(key)
+        if starts is None:
+            n, consumer = runtime["n"], runtime["consumer"]
+            count = self.shards[shard].windows
+            usable = count - count % n
+            order = (np.random.default_rng([self.seed, epoch, shard, 1]).permutation(count)[:usable]
+                     if self.shuffle else np.arange(usable))
+            starts = order[consumer::n].astype(np.int64) * self.seq_len
+            if len(runtime["starts"]) > 16:
+                runtime["starts"].clear()
+            runtime["starts"][key] = starts
+        return starts
+
+    def _skip_finished_epoch(self, group: str) -> None:
+        """A state saved right after an epoch's last window resumes at the next epoch's start."""
+        pos = self._state["groups"][group]
+        order = self._shard_order(group, pos[0])
+        n = self._runtime["n"]
+        while pos[1] < len(order) and pos[2] >= self.shards[order[pos[1]]].windows // n:
+            pos[1], pos[2] = pos[1] + 1, 0
+        if pos[1] >= len(order):
+            pos[0], pos[1], pos[2] = pos[0] + 1, 0, 0
+
+    def _next_window(self, group: str, wrap: bool) -> torch.Tensor | None:
+        pos = self._state["groups"][group]  # [epoch, shard position in the epoch's order, window position]
+        while True:
+            order = self._shard_order(group, pos[0])
+            if pos[1] >= len(order):
+                pos[0], pos[1], pos[2] = pos[0] + 1, 0, 0
+                if not wrap:
+                    return None
+                continue
+            shard = order[pos[1]]
+            starts = self._window_starts(shard, pos[0])
+            if pos[2] >= len(starts):
+                pos[1], pos[2] = pos[1] + 1, 0
+                continue
+            opened = self._open(shard)
+            if pos[2] == 0:
+                following = order[pos[1] + 1] if pos[1] + 1 < len(order) else self._shard_order(group, pos[0] + 1)[0]
+                self._prefetch(following)
+            start = int(starts[pos[2]])
+            pos[2] += 1
+            return opened.tokens[start:start + self.seq_len + 1]
+
+    def _load(self, shard: int) -> _OpenShard:
+        return _OpenShard(self.shards[shard], self.dtype, self.token_column, self.verify)
+
+    def _prefetch(self, shard: int) -> None:
+        runtime = self._runtime
+        if runtime["executor"] is None or shard in runtime["open"] or shard in runtime["pending"]:
+            return
+        runtime["pending"][shard] = runtime["executor"].submit(self._load, shard)
+
+    def _open(self, shard: int) -> _OpenShard:
+        runtime = self._runtime
+        opened = runtime["open"].get(shard)
+        if opened is not None:
+            runtime["open"].move_to_end(shard)
+            return opened
+        future = runtime["pending"].pop(shard, None)
+        opened = future.result() if future is not None else self._load(shard)
+        runtime["open"][shard] = opened
+        # Current + next shard per group stay mapped; tensors already handed out keep their own
+        # mapping alive through their buffer reference.
+        while len(runtime["open"]) > 2 * len(self.groups) + 1:
+            runtime["open"].popitem(last=False)
+        return opened
