@@ -1,0 +1,58 @@
+"""`dsdata shards verify|info DIR`: check a shard set's checksums; summarise it."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dsdata.io.shards import ShardError, read_manifest, verify_shards
+
+
+def cmd_verify(args) -> int:
+    manifest, problems = verify_shards(args.dir)
+    for problem in problems:
+        print(f"dsdata: bad shard: {problem}", file=sys.stderr)
+    if problems:
+        print(f"dsdata: {len(problems)} of {len(manifest['shards'])} shard(s) in {args.dir} failed verification",
+              file=sys.stderr)
+        return 1
+    totals = manifest.get("totals", {})
+    print(f"ok: {len(manifest['shards'])} shards, {totals.get('docs', '?')} documents, "
+          f"{totals.get('tokens', '?')} tokens in {args.dir}; every sha256 matches")
+    return 0
+
+
+def cmd_info(args) -> int:
+    manifest = read_manifest(args.dir)
+    if args.json:
+        print(json.dumps({k: v for k, v in manifest.items() if k != "shards"} | {"files": len(manifest["shards"])}))
+        return 0
+    totals = manifest.get("totals", {})
+    tok = manifest.get("tokenizer") or {}
+    print(f"{args.dir}: {totals.get('shards')} shards, {totals.get('docs')} documents, {totals.get('tokens')} tokens, "
+          f"dtype {manifest['dtype']}")
+    print(f"tokenizer: {tok.get('path')} (vocab {tok.get('vocab_size')}, eos {tok.get('eos_token')}={tok.get('eos_id')}, "
+          f"sha256 {str(tok.get('sha256'))[:12]}…)")
+    for bucket, counts in (manifest.get("buckets") or {}).items():
+        print(f"  {bucket:<8} {counts.get('shards', 0):>5} shards {counts['docs']:>9} docs {counts['tokens']:>12} tokens")
+    if args.files:
+        for shard in manifest["shards"]:
+            print(f"  {shard['file']}\t{shard['docs']} docs\t{shard['tokens']} tokens\t{shard['bytes']} bytes\t{shard['sha256'][:16]}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dsdata shards", description="Inspect and verify training shards.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_verify = sub.add_parser("verify", help="check every shard against the manifest's sha256; exit 1 naming bad files")
+    p_verify.add_argument("dir", help="shard directory (holds manifest.json), e.g. out/shards")
+    p_info = sub.add_parser("info", help="summarise a shard set")
+    p_info.add_argument("dir")
+    p_info.add_argument("--files", action="store_true", help="list every shard")
+    p_info.add_argument("--json", action="store_true", help="print the manifest without the shard list as JSON")
+    args = parser.parse_args(argv)
+    try:
+        return cmd_verify(args) if args.command == "verify" else cmd_info(args)
+    except ShardError as exc:
+        print(f"dsdata: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,55 @@
+"""`dsdata shm publish|list|remove`: shard sets in shared memory (/dev/shm/dsdata/NAME)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dsdata.io.shards import ShardError
+from dsdata.io.shm import ShmError, list_published, publish, remove, shm_root
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dsdata shm", description="Publish shard sets to shared memory "
+                                     "(root: /dev/shm/dsdata or $DSDATA_SHM_ROOT).")
+    parser.add_argument("--root", default=None, help="shared-memory root directory (default: %(default)s → "
+                        "$DSDATA_SHM_ROOT or /dev/shm/dsdata)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_pub = sub.add_parser("publish", help="copy + verify a shard directory into ROOT/NAME (atomic)")
+    p_pub.add_argument("shard_dir", help="directory holding manifest.json and its shards (e.g. out/shards)")
+    p_pub.add_argument("--name", required=True, help="dataset name under the root")
+    p_list = sub.add_parser("list", help="list published datasets")
+    p_list.add_argument("--verify", action="store_true", help="also check every shard's sha256")
+    p_list.add_argument("--json", action="store_true", help="print one JSON array")
+    p_rm = sub.add_parser("remove", help="remove a published dataset")
+    p_rm.add_argument("name")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "publish":
+            result = publish(args.shard_dir, args.name, args.root)
+            print(json.dumps(result))
+            return 0
+        if args.command == "list":
+            items = list_published(args.root, verify=args.verify)
+            if args.json:
+                print(json.dumps(items))
+            elif not items:
+                print(f"no datasets published under {shm_root(args.root)}")
+            for item in items:
+                if "error" in item:
+                    print(f"{item['name']}\tBROKEN\t{item['error']}")
+                else:
+                    flag = "" if item.get("ok", True) else "\tCORRUPT: " + "; ".join(item["problems"])
+                    print(f"{item['name']}\t{item['shards']} shards\t{item['tokens']} tokens\t{item['bytes']} bytes\t"
+                          f"{item['dtype']}\t{item['path']}{flag}")
+            return 1 if any("error" in i or not i.get("ok", True) for i in items) else 0
+        if args.command == "remove":
+            if not remove(args.name, args.root):
+                print(f"dsdata: error: no dataset named '{args.name}' under {shm_root(args.root)}", file=sys.stderr)
+                return 1
+            print(f"removed {args.name}")
+            return 0
+    except (ShmError, ShardError) as exc:
+        print(f"dsdata: error: {exc}", file=sys.stderr)
+        return 2
+    return 2
