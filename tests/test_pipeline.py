@@ -1,0 +1,130 @@
+"""End-to-end runs of recipes on Beam: output layout, ledger law, runners, overrides."""
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from dsdata.beam.pipeline import run_recipe, stats_from_counts
+from dsdata.recipe import load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write_recipe(tmp_path: Path, stages: str, paths='["*.jsonl"]') -> Path:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"name: test\ninput: {{paths: {paths}}}\nstages:\n{stages}\n", encoding="utf-8")
+    return recipe
+
+
+def _rows(out: Path, kind: str) -> list[dict]:
+    rows = []
+    for f in sorted((out / kind).glob("*.parquet")):
+        rows.extend(pq.read_table(f).to_pylist())
+    return rows
+
+
+def _mixed_input(tmp_path: Path) -> None:
+    samples = [json.loads(line) for line in (REPO / "pipelines/samples/docs.jsonl").read_text(encoding="utf-8").splitlines()]
+    zh_en = [s for s in samples if s["lang_label"] in ("zh", "en")]
+    good = zh_en[:20] + zh_en[-20:] + [s for s in samples if s["lang_label"] not in ("zh", "en")][:3]
+    lines = [json.dumps(s, ensure_ascii=False).encode() for s in good]
+    lines += [b"{broken json", b'{"id": "nt", "title": "no text"}', b'{"id": "bad", "text": "\xff\xfe"}']
+    (tmp_path / "a.jsonl").write_bytes(b"\n".join(lines[:25]) + b"\n")
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b"\n".join(lines[25:]) + b"\n"))
+
+
+def _check_ledger(out: Path, stats: dict) -> None:
+    kept, rejected = _rows(out, "kept"), _rows(out, "rejected")
+    assert stats["ledger_ok"]
+    assert stats["kept"] == len(kept)
+    assert stats["rejected_total"] == len(rejected)
+    assert stats["input"] + stats["augmented"] == len(kept) + len(rejected)
+    by_reason: dict = {}
+    for row in rejected:
+        by_reason.setdefault(row["stage"], {}).setdefault(row["reason"], 0)
+        by_reason[row["stage"]][row["reason"]] += 1
+    assert by_reason == stats["rejected"]
+    on_disk = json.loads((out / "stats.json").read_text())
+    assert on_disk["input"] == stats["input"]
+
+
+def test_lang_and_rules_recipe_ledger_and_columns(tmp_path):
+    _mixed_input(tmp_path)
+    recipe = load_recipe(str(_write_recipe(tmp_path, '  - lang: {keep: [zh, en]}\n  - rules: {}', '["*.jsonl", "*.jsonl.gz"]')))
+    out = tmp_path / "out"
+    stats = run_recipe(recipe, str(out))
+    assert stats["input"] == 46
+    _check_ledger(out, stats)
+    assert stats["rejected"]["read"] == {"bad_json": 1, "missing_text": 1, "invalid_utf8": 1}
+    assert stats["rejected"]["lang"]["lang_not_kept"] == 3
+    kept = _rows(out, "kept")
+    assert set(kept[0]) >= {"id", "text", "metadata", "lang", "lang_score", "lang_script", "rules_cjk"}
+    assert {r["lang"] for r in kept} <= {"zh", "en"}
+    # metadata carries every input field other than id/text, unchanged
+    meta = json.loads(kept[0]["metadata"])
+    assert set(meta) == {"lang_label", "source"}
+    assert stats["stages"]["rules"]["kept_after"] == stats["kept"]
+
+
+def test_langid_recipe_rejects_only_unreadable(tmp_path, shared_data):
+    lines = (shared_data / "langid-dev.jsonl").read_text(encoding="utf-8").splitlines()[:300]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines + ["not json"]) + "\n", encoding="utf-8")
+    recipe = load_recipe(str(REPO / "pipelines" / "langid.yaml"))
+    recipe.inputs = [str(tmp_path / "in.jsonl")]
+    out = tmp_path / "out"
+    stats = run_recipe(recipe, str(out))
+    assert stats["input"] == 301 and stats["kept"] == 300
+    assert stats["rejected"] == {"read": {"bad_json": 1}}
+    kept = _rows(out, "kept")
+    assert len({r["id"] for r in kept}) == 300
+    assert all(0 <= r["lang_score"] <= 1 for r in kept)
+
+
+def test_empty_input_still_writes_layout(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n\n", encoding="utf-8")
+    recipe = load_recipe(str(_write_recipe(tmp_path, "  - rules: {}")))
+    stats = run_recipe(recipe, str(tmp_path / "out"))
+    assert stats["input"] == 0 and stats["kept"] == 0 and stats["ledger_ok"]
+    assert (tmp_path / "out" / "stats.json").exists()
+
+
+def test_rerun_replaces_previous_outputs(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n', encoding="utf-8")
+    recipe = load_recipe(str(_write_recipe(tmp_path, "")))
+    out = tmp_path / "out"
+    (out / "kept").mkdir(parents=True)
+    (out / "kept" / "part-stale.parquet").write_bytes(b"stale")
+    run_recipe(recipe, str(out))
+    assert not (out / "kept" / "part-stale.parquet").exists()
+    assert len(_rows(out, "kept")) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+        ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"],
+    ],
+    ids=["direct-multiprocessing", "portable-embedded"],
+)
+def test_other_runners_give_the_same_ledger(tmp_path, flags):
+    _mixed_input(tmp_path)
+    recipe = load_recipe(str(_write_recipe(tmp_path, '  - lang: {keep: [zh, en]}\n  - rules: {}', '["*.jsonl", "*.jsonl.gz"]')))
+    base = run_recipe(recipe, str(tmp_path / "base"))
+    other = run_recipe(recipe, str(tmp_path / "other"), flags)
+    for key in ("input", "kept", "rejected", "stages"):
+        assert other[key] == base[key]
+    _check_ledger(tmp_path / "other", other)
+    assert sorted(r["id"] for r in _rows(tmp_path / "other", "kept")) == sorted(r["id"] for r in _rows(tmp_path / "base", "kept"))
+
+
+def test_stats_fold_counts_augmented_and_per_stage():
+    counts = {("input",): 10, ("kept",): 10, ("rejected", "read", "bad_json"): 1, ("rejected", "rules", "x"): 2,
+              ("augmented", "augment"): 2}
+    stats = stats_from_counts(counts, ["rules", "augment"])
+    assert stats["input"] == 11 and stats["augmented"] == 2 and stats["ledger_ok"]
+    assert stats["stages"] == {"read": {"rejected": 1, "kept_after": 10}, "rules": {"rejected": 2, "kept_after": 8},
+                               "augment": {"rejected": 0, "kept_after": 10}}

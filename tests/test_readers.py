@@ -1,0 +1,153 @@
+"""Readers turn every input record into a Document or a Rejected with a reason; nothing is skipped."""
+import gzip
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from warcio.statusandheaders import StatusAndHeaders
+from warcio.warcwriter import WARCWriter
+
+from dsdata.document import Document, Rejected
+from dsdata.io.readers import InputFormatError, detect_format, read_file, read_local
+
+LINES = [
+    b'{"id": "a", "text": "first document", "url": "http://x"}',
+    b'{"text": "no id"}',
+    b"{not json",
+    b'{"id": "c", "body": "text under another field"}',
+    b'"just a string"',
+    b'{"id": "d", "text": "caf\xe9"}',  # latin-1 byte: invalid UTF-8
+    b'{"id": "e", "text": "   "}',
+    b'{"id": 7, "text": "numeric id"}',
+]
+
+
+def _reasons(results):
+    return [r.reason if isinstance(r, Rejected) else "kept" for r in results]
+
+
+def test_jsonl_every_line_accounted_for(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(LINES) + b"\n\n")
+    results = read_local(str(path))
+    assert _reasons(results) == [
+        "kept", "kept", "bad_json", "missing_text", "not_an_object", "invalid_utf8", "empty_text", "kept",
+    ]
+    first, second = results[0], results[1]
+    assert first.id == "a" and first.metadata == {"url": "http://x"}
+    # Absent ids are deterministic: source file + line number.
+    assert second.id == f"{path}:2"
+    assert results[7].id == "7"
+    assert results[3].doc.metadata == {"body": "text under another field"}
+
+
+@pytest.mark.parametrize("suffix, compress", [(".jsonl.gz", gzip.compress), (".jsonl.zst", lambda b: zstandard.ZstdCompressor().compress(b))])
+def test_compressed_jsonl(tmp_path, suffix, compress):
+    path = tmp_path / f"in{suffix}"
+    path.write_bytes(compress(b"\n".join(LINES[:2]) + b"\n"))
+    assert _reasons(read_local(str(path))) == ["kept", "kept"]
+
+
+def test_truncated_gzip_keeps_what_was_readable_and_rejects_the_rest(tmp_path):
+    body = b"".join(json.dumps({"id": i, "text": f"document number {i} " * 20}).encode() + b"\n" for i in range(2000))
+    data = gzip.compress(body)
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    results = read_local(str(path))
+    kept = [r for r in results if isinstance(r, Document)]
+    rejected = [r for r in results if isinstance(r, Rejected)]
+    assert 0 < len(kept) < 2000
+    assert [r.reason for r in rejected] == ["truncated_compression"]
+    assert [d.id for d in kept] == [str(i) for i in range(len(kept))]
+
+
+def test_binary_file_is_one_rejection(tmp_path):
+    path = tmp_path / "image.jsonl"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    results = read_local(str(path))
+    assert _reasons(results) == ["binary_file"]
+    assert results[0].doc.id == str(path)
+
+
+def test_parquet_rows_and_missing_text(tmp_path):
+    table = pa.table({"id": ["x", None, "z"], "text": ["hello", "no id", None], "score": [1.0, 2.0, 3.0]})
+    path = tmp_path / "in.parquet"
+    pq.write_table(table, path)
+    results = read_local(str(path))
+    assert _reasons(results) == ["kept", "kept", "missing_text"]
+    assert results[0].metadata == {"score": 1.0}
+    assert results[1].id == f"{path}:1"
+
+
+def test_not_a_parquet_file(tmp_path):
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(b"this is not parquet at all")
+    assert _reasons(read_local(str(path))) == ["bad_parquet"]
+
+
+def test_html_file_id_is_path(tmp_path):
+    path = tmp_path / "page.html"
+    path.write_text("<html><head><meta charset='utf-8'></head><body><p>你好，世界。</p></body></html>", encoding="utf-8")
+    (doc,) = read_local(str(path))
+    assert doc.id == str(path) and "你好" in doc.text and doc.metadata["content_type"] == "text/html"
+
+
+def test_html_declared_charset(tmp_path):
+    path = tmp_path / "gbk.htm"
+    path.write_bytes("<html><head><meta charset=gbk></head><body>中文网页</body></html>".encode("gbk"))
+    (doc,) = read_local(str(path))
+    assert "中文网页" in doc.text
+
+
+def _warc(records, gz=True) -> bytes:
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=gz)
+    for uri, ctype, payload in records:
+        headers = StatusAndHeaders("200 OK", [("Content-Type", ctype)], protocol="HTTP/1.0")
+        writer.write_record(writer.create_warc_record(uri, "response", payload=io.BytesIO(payload), http_headers=headers))
+    writer.write_record(writer.create_warc_record("http://x/req", "request", payload=io.BytesIO(b"GET / HTTP/1.0\r\n\r\n")))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_warc_response_records(tmp_path, gz):
+    data = _warc([
+        ("http://a.example/", "text/html; charset=utf-8", "<html><body><p>héllo 世界</p></body></html>".encode()),
+        ("http://b.example/logo.png", "image/png", b"\x89PNG\x00\x00binary"),
+    ], gz=gz)
+    path = tmp_path / ("crawl.warc.gz" if gz else "crawl.warc")
+    path.write_bytes(data)
+    results = read_local(str(path))
+    assert _reasons(results) == ["kept", "binary_file"]
+    assert results[0].metadata["url"] == "http://a.example/"
+    assert results[0].id.startswith("<urn:uuid:")
+    assert "世界" in results[0].text
+
+
+def test_truncated_warc(tmp_path):
+    data = _warc([(f"http://a.example/{i}", "text/html", b"<p>" + b"word " * 2000 + b"</p>") for i in range(5)])
+    path = tmp_path / "cut.warc.gz"
+    path.write_bytes(data[: int(len(data) * 0.6)])
+    results = read_local(str(path))
+    reasons = _reasons(results)
+    assert reasons[-1] in ("bad_warc", "truncated_compression")
+    assert 1 <= reasons.count("kept") < 5
+
+
+def test_detect_format():
+    assert detect_format("gs://b/x.jsonl.gz") == "jsonl"
+    assert detect_format("a/b.parquet") == "parquet"
+    assert detect_format("a/b.HTM") == "html"
+    assert detect_format("a/b.warc.gz") == "warc"
+    with pytest.raises(InputFormatError, match="cannot tell the format"):
+        detect_format("notes.txt")
+
+
+def test_read_file_explicit_format(tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_bytes(b'{"text": "x"}\n')
+    with open(path, "rb") as fh:
+        assert _reasons(list(read_file(str(path), fh, "jsonl"))) == ["kept"]
