@@ -1,0 +1,170 @@
+"""The difficulty stage end to end: perplexity, per-language quantile buckets, rejections, ledger."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dsdata.beam.pipeline import run_recipe
+from dsdata.lm.scorers import NgramScorer, perplexity
+from dsdata.recipe import load_recipe
+from dsdata.stages.base import StageConfigError
+from dsdata.stages.difficulty import DifficultyStage
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "pipelines" / "models" / "lm"
+
+
+def _docs(shared_data: Path, per_lang: dict[str, int]) -> list[dict]:
+    taken = {lang: 0 for lang in per_lang}
+    docs = []
+    with open(shared_data / "langid-dev.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            lang = rec["lang"]
+            if lang in taken and taken[lang] < per_lang[lang]:
+                taken[lang] += 1
+                docs.append({"id": rec["id"], "text": rec["text"], "lang": lang})
+    return docs
+
+
+def _run(tmp_path: Path, docs: list[dict], params: str = "{}", overrides: list[str] | None = None):
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"name: t\ninput: {{paths: [docs.jsonl]}}\nstages:\n  - difficulty: {params}\n", encoding="utf-8")
+    out = tmp_path / "out"
+    stats = run_recipe(load_recipe(str(recipe), [f"difficulty.model_dir={MODELS}"] + (overrides or [])), str(out))
+    kept = [r for f in sorted((out / "kept").glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+    rejected = [r for f in sorted((out / "rejected").glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+    summary = json.loads((out / "difficulty.json").read_text(encoding="utf-8"))
+    return stats, kept, rejected, summary, out
+
+
+def _shuffled_words(text: str, lang: str, scorer: NgramScorer, rng: random.Random) -> str:
+    if lang == "zh":
+        # Chinese has no spaces: shuffle the model's SentencePiece pieces (≈ words and characters).
+        pieces = scorer.sp.encode(text, out_type=str)
+        rng.shuffle(pieces)
+        return "".join(pieces).replace("\u2581", " ")
+    words = text.split()
+    rng.shuffle(words)
+    return " ".join(words)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_shuffled_words_score_much_higher_perplexity(shared_data, lang):
+    scorer = NgramScorer(str(MODELS / lang))
+    docs = [d["text"] for d in _docs(shared_data, {lang: 60}) if len(d["text"]) >= 300][:20]
+    assert len(docs) >= 10
+    rng = random.Random(0)
+    shuffled = [_shuffled_words(t, lang, scorer, rng) for t in docs]
+    original = [perplexity(*r) for r in scorer.score_documents(docs)]
+    mixed = [perplexity(*r) for r in scorer.score_documents(shuffled)]
+    ratios = sorted(m / o for m, o in zip(mixed, original))
+    assert all(r > 1.5 for r in ratios), ratios
+    assert ratios[len(ratios) // 2] > 3.0, ratios
+
+
+def test_perplexity_formula_is_token_weighted_over_lines():
+    scorer = NgramScorer(str(MODELS / "en"))
+    a, b = "the file is opened for reading.", "options are passed on the command line"
+    (sa, na), (sb, nb), (sab, nab) = scorer.score_documents([a, b, f"{a}\n\n{b}\n"])
+    assert nab == na + nb and na == len(scorer.sp.encode(a.lower())) + 1
+    assert sab == pytest.approx(sa + sb)
+    assert perplexity(sab, nab) == pytest.approx(10 ** (-(sa + sb) / (na + nb)))
+    assert scorer.score_documents([" \n\t"]) == [(0.0, 0)]
+    assert perplexity(0.0, 0) is None
+
+
+@pytest.mark.slow
+def test_buckets_split_each_language_at_the_requested_percentiles(tmp_path, shared_data):
+    docs = _docs(shared_data, {"zh": 400, "en": 400, "fr": 12})
+    stats, kept, rejected, summary, out = _run(tmp_path, docs, "{percentiles: [25, 70]}")
+    # The ledger law, and nothing rejected unless configured.
+    assert stats["ledger_ok"] and stats["input"] == len(docs) == len(kept) and not rejected
+    schema = pq.read_schema(next((out / "kept").glob("*.parquet")))
+    assert schema.field("perplexity").type == pa.float64() and schema.field("difficulty").type == pa.string()
+    for lang, n in (("zh", 400), ("en", 400)):
+        rows = [r for r in kept if json.loads(r["metadata"])["lang"] == lang]
+        assert len(rows) == n and all(r["perplexity"] > 1 for r in rows)
+        share = {g: sum(r["difficulty"] == g for r in rows) / n for g in ("easy", "medium", "hard")}
+        assert share["easy"] == pytest.approx(0.25, abs=0.02)
+        assert share["medium"] == pytest.approx(0.45, abs=0.02)
+        assert share["hard"] == pytest.approx(0.30, abs=0.02)
+        # Buckets are ordered by perplexity and the written cut-offs are the ones applied.
+        cut = summary["languages"][lang]["cutoffs"]
+        assert max(r["perplexity"] for r in rows if r["difficulty"] == "easy") <= cut["easy_below"]
+        assert min(r["perplexity"] for r in rows if r["difficulty"] == "hard") >= cut["hard_above"]
+        assert summary["languages"][lang]["counts"] == {g: round(share[g] * n) for g in share}
+    # No French model: kept, perplexity null, graded medium, counted as unscored.
+    fr = [r for r in kept if json.loads(r["metadata"])["lang"] == "fr"]
+    assert len(fr) == 12 and all(r["perplexity"] is None and r["difficulty"] == "medium" for r in fr)
+    assert summary["languages"]["fr"]["unscored"] == 12 and summary["languages"]["fr"]["cutoffs"] is None
+    # Per-language perplexity differs between models: the cut-offs are per language.
+    assert summary["languages"]["zh"]["cutoffs"] != summary["languages"]["en"]["cutoffs"]
+    assert sum(summary["counts"].values()) == len(docs)
+    assert summary["sampling_weights"] == {"easy": 0.5, "medium": 0.3, "hard": 0.2}
+
+
+@pytest.mark.slow
+def test_outliers_and_unscored_documents_are_rejected_when_configured(tmp_path, shared_data):
+    docs = _docs(shared_data, {"zh": 200, "en": 200, "de": 5})
+    docs.append({"id": "blank", "text": "  \n ", "lang": "en"})
+    stats, kept, rejected, summary, _ = _run(
+        tmp_path, docs, "{outlier_percentile: 95, unscored_grade: reject}")
+    assert stats["ledger_ok"] and len(kept) + len(rejected) == len(docs)
+    reasons = stats["rejected"]["difficulty"]
+    assert reasons["no_language_model"] == 5 and reasons["no_tokens"] == 1
+    assert reasons["perplexity_outlier"] == pytest.approx(20, abs=4)   # 5 % of 400
+    outliers = [r for r in rejected if r["reason"] == "perplexity_outlier"]
+    for lang in ("en", "zh"):
+        threshold = summary["languages"][lang]["outlier_threshold"]
+        kept_lang = [r["perplexity"] for r in kept if json.loads(r["metadata"])["lang"] == lang]
+        out_lang = [json.loads(r["annotations"])["perplexity"] for r in outliers
+                    if json.loads(r["metadata"])["lang"] == lang]
+        assert max(kept_lang) <= threshold < min(out_lang)
+
+
+@pytest.mark.slow
+def test_fixed_cutoffs_and_language_parameter(tmp_path, shared_data):
+    docs = [{k: v for k, v in d.items() if k != "lang"} for d in _docs(shared_data, {"en": 150})]
+    stats, kept, rejected, summary, _ = _run(tmp_path, docs, "{cutoffs: [60, 150], lang: en}")
+    assert stats["ledger_ok"] and len(kept) == 150
+    for r in kept:
+        expected = "easy" if r["perplexity"] < 60 else "hard" if r["perplexity"] > 150 else "medium"
+        assert r["difficulty"] == expected
+    assert summary["languages"]["en"]["cutoff_source"] == "fixed"
+    assert summary["languages"]["en"]["cutoffs"] == {"easy_below": 60.0, "hard_above": 150.0}
+
+
+@pytest.mark.parametrize("params,match", [
+    ({"backend": "bigram"}, "backend"),
+    ({"percentiles": [60, 30]}, "percentiles"),
+    ({"cutoffs": [30, 10]}, "cutoffs"),
+    ({"outlier_percentile": 40}, "outlier_percentile"),
+    ({"unscored_grade": "drop"}, "unscored_grade"),
+    ({"sampling_weights": {"easy": -1}}, "sampling_weights"),
+    ({"model_dir": "/nonexistent/lm"}, "model_dir"),
+])
+def test_bad_parameters_name_the_parameter(params, match):
+    with pytest.raises(StageConfigError, match=match):
+        DifficultyStage(model_dir=str(MODELS), **{**{"model_dir": str(MODELS)}, **params})
+
+
+def test_model_dir_without_models_is_a_clear_error(tmp_path):
+    stage = DifficultyStage(model_dir=str(tmp_path))
+    with pytest.raises(StageConfigError, match="no language subdirectory"):
+        stage.setup()
+
+
+def test_shipped_models_are_small_and_documented():
+    for lang in ("en", "zh"):
+        meta = json.loads((MODELS / lang / "lm.json").read_text(encoding="utf-8"))
+        assert meta["lang"] == lang and meta["corpus"] == f"prose-{lang}.txt"
+        for f in (MODELS / lang).iterdir():
+            assert f.stat().st_size <= 3 * 1024 * 1024, f
+    assert "dsdata lm train" in (MODELS / "README.md").read_text(encoding="utf-8")
