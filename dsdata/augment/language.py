@@ -1,0 +1,62 @@
+"""Which language a document is in, for choosing the translation direction.
+
+The `lang` stage's annotation wins when present.  Recipes without a `lang` stage (such as
+pipelines/augment.yaml) fall back to a script guess: mostly Han characters → zh; mostly Latin
+letters with enough English function words → en; anything else → None (not augmented).
+"""
+from __future__ import annotations
+
+import re
+
+from dsdata.document import Document
+
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+# Kana and Hangul: Japanese and Korean text also uses Han characters; these tell them apart.
+_KANA_HANGUL = re.compile(r"[\u3040-\u30ff\uac00-\ud7af]")
+_LATIN = re.compile(r"[A-Za-z\u00c0-\u024f]")
+_WORD = re.compile(r"[A-Za-z\u00c0-\u024f']+")
+# Only words that are rare outside English: short ones such as "a", "i", "in", "no", "de" are
+# common words in Hungarian, Galician, Dutch, Portuguese … and made those pass as English.
+_ENGLISH_FUNCTION_WORDS = frozenset(
+    "the and of are were with that this these those which from have has been would should "
+    "could their there what when where will you they it's don't can't does shall than then".split()
+)
+# Shares of letters / words; chosen so that short technical English (option names, code words)
+# still counts as en while French or German prose (few English function words) does not.
+_MIN_HAN_SHARE = 0.3
+_MAX_KANA_HANGUL_SHARE = 0.05
+_MIN_LATIN_SHARE = 0.8
+_MIN_FUNCTION_WORD_SHARE = 0.06
+
+
+def normalize_lang(code: object) -> str | None:
+    """'zh-Hant', 'zh_CN', 'ZH' → 'zh'; None/'' → None."""
+    if not isinstance(code, str) or not code.strip():
+        return None
+    return re.split(r"[-_]", code.strip().lower(), maxsplit=1)[0]
+
+
+def guess_script_language(text: str) -> str | None:
+    """'zh', 'en' or None from the characters and words of `text`."""
+    han = len(_HAN.findall(text))
+    kana_hangul = len(_KANA_HANGUL.findall(text))
+    latin = len(_LATIN.findall(text))
+    letters = han + kana_hangul + latin
+    if letters == 0:
+        return None
+    if han / letters >= _MIN_HAN_SHARE and kana_hangul / letters <= _MAX_KANA_HANGUL_SHARE:
+        return "zh"
+    if latin / letters >= _MIN_LATIN_SHARE:
+        words = [w.lower() for w in _WORD.findall(text)]
+        function_words = sum(1 for w in words if w in _ENGLISH_FUNCTION_WORDS)
+        if words and function_words / len(words) >= _MIN_FUNCTION_WORD_SHARE:
+            return "en"
+    return None
+
+
+def document_language(doc: Document) -> str | None:
+    """The `lang` annotation when a lang stage ran, else the script guess."""
+    annotated = normalize_lang(doc.annotations.get("lang"))
+    if annotated is not None:
+        return annotated
+    return guess_script_language(doc.text)

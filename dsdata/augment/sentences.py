@@ -1,0 +1,109 @@
+"""Split a document into translatable sentences and put translations back in the same layout.
+
+A document becomes `Layout(separators, sentences)` with one more separator than sentences:
+text == separators[0] + sentences[0] + separators[1] + … + sentences[-1] + separators[-1].
+Separators hold everything that is not translated: whitespace, line breaks, and pieces with no
+letters or digits (rules, bullets, lone punctuation), so reassembly keeps the document's shape.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Where a sentence ends: Chinese terminators end one at once (no space follows them in Chinese);
+# Latin ones only before whitespace, so "3.14", "e.g.x" and URLs stay whole; a line break always.
+_BOUNDARY = re.compile(
+    r"""[。！？]+[」』”’）)\]"']*
+      | [.!?]+["'”’)\]]*(?=\s)
+      | \n""",
+    re.X,
+)
+# A "." after one of these is an abbreviation, not a sentence end.
+_ABBREVIATIONS = frozenset(
+    "mr mrs ms dr prof sr jr st vs etc e.g i.e cf fig no vol ch sec approx inc ltd co".split()
+)
+# Inside an over-long sentence, cut after a clause mark (Chinese marks need no following space).
+_CLAUSE = re.compile(r"[，；：、]|[,;:](?=\s)")
+# A piece is worth translating only if it holds a letter or digit (any script).
+_WORDY = re.compile(r"[^\W_]")
+
+
+@dataclass
+class Layout:
+    separators: list[str]
+    sentences: list[str]
+
+    def join(self, sentences: list[str]) -> str:
+        """The document with `sentences` (e.g. translations) in place of the originals."""
+        if len(sentences) != len(self.sentences):
+            raise ValueError(f"layout has {len(self.sentences)} sentences, got {len(sentences)}")
+        parts = [self.separators[0]]
+        for sentence, sep in zip(sentences, self.separators[1:]):
+            parts.append(sentence)
+            parts.append(sep)
+        return "".join(parts)
+
+
+def _is_abbreviation(text: str, dot: int) -> bool:
+    start = dot
+    while start > 0 and (text[start - 1].isalpha() or text[start - 1] == "."):
+        start -= 1
+    word = text[start:dot].lower()
+    return word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())
+
+
+def _sentence_spans(text: str) -> list[tuple[int, int]]:
+    spans, start = [], 0
+    for match in _BOUNDARY.finditer(text):
+        if match.group().startswith(".") and len(match.group()) == 1 and _is_abbreviation(text, match.start()):
+            continue
+        spans.append((start, match.end()))
+        start = match.end()
+    if start < len(text):
+        spans.append((start, len(text)))
+    return spans
+
+
+def _cut_long(sentence: str, max_chars: int) -> list[tuple[str, str]]:
+    """Cut a sentence longer than max_chars into (piece, following separator) pairs."""
+    if len(sentence) <= max_chars:
+        return [(sentence, "")]
+    cuts = [m.end() for m in _CLAUSE.finditer(sentence)]
+    pieces: list[tuple[str, str]] = []
+    start = 0
+    while len(sentence) - start > max_chars:
+        limit = start + max_chars
+        good = [c for c in cuts if start < c <= limit]
+        if good:
+            end = good[-1]
+        else:
+            space = sentence.rfind(" ", start + 1, limit + 1)
+            end = space if space > start else limit  # hard cut: a run with no break at all
+        piece = sentence[start:end]
+        rest = sentence[end:]
+        gap = rest[: len(rest) - len(rest.lstrip())]
+        pieces.append((piece.rstrip(), piece[len(piece.rstrip()):] + gap))
+        start = end + len(gap)
+    pieces.append((sentence[start:], ""))
+    return pieces
+
+
+def split_sentences(text: str, max_chars: int = 400) -> Layout:
+    """Split `text` into sentences of at most `max_chars` characters (longer ones cut at clause
+    marks, then spaces, then anywhere)."""
+    separators = [""]
+    sentences: list[str] = []
+    for start, end in _sentence_spans(text):
+        chunk = text[start:end]
+        core = chunk.strip()
+        if not core or not _WORDY.search(core):
+            separators[-1] += chunk
+            continue
+        lead = chunk[: len(chunk) - len(chunk.lstrip())]
+        trail = chunk[len(chunk.rstrip()) :]
+        separators[-1] += lead
+        for piece, gap in _cut_long(core, max_chars):
+            sentences.append(piece)
+            separators.append(gap)
+        separators[-1] += trail
+    return Layout(separators, sentences)

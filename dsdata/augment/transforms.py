@@ -1,0 +1,308 @@
+"""The augment stage's Beam graph.
+
+back_translation, per document chosen by `is_selected`:
+  plan (split into sentences) ─► RunInference pass 1 (source → pivot)
+                              ─► RunInference pass 2 (pivot → source)
+                              ─► CoGroupByKey with the plan ─► reassemble ─► chrF window
+synonym / entity: one DoFn each.  Originals always pass through unchanged.
+
+Copies outside the window (and empty translations) are never emitted: they are counted by Beam
+Metrics counters (namespace `dsdata.augment`) and in RUN_DIR/augment.json, so the ledger
+(input + augmented == kept + Σ rejected) counts only copies that exist.
+"""
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
+
+from dsdata.augment.language import document_language
+from dsdata.augment.records import augmented_copy, is_selected, stable_hash
+from dsdata.augment.replace import EntityReplacer, SynonymReplacer
+from dsdata.augment.sentences import Layout, split_sentences
+from dsdata.augment.similarity import chrf
+from dsdata.augment.translate import GenerationSettings, load_translator
+from dsdata.document import Document
+
+METRICS_NAMESPACE = "dsdata.augment"
+REPORT_NAME = "augment.json"
+PIVOT = {"en": "zh", "zh": "en"}
+_OUTCOME = "outcome"
+
+
+@dataclass(frozen=True)
+class BackTranslationConfig:
+    model_dirs: dict[str, str]  # direction ("en_zh", "zh_en") → resolved model directory
+    target_tokens: dict[str, str]  # target language → token prepended for multi-target models
+    settings: GenerationSettings
+    languages: tuple[str, ...]
+    fraction: float
+    seed: int
+    min_sim: float
+    max_sim: float
+    batch_size: int
+    max_sentence_chars: int
+    device: str
+    threads: int
+
+
+def _count(method: str, outcome: str, n: int = 1):
+    Metrics.counter(METRICS_NAMESPACE, f"{method}.{outcome}").inc(n)
+    return beam.pvalue.TaggedOutput(_OUTCOME, (method, outcome, n))
+
+
+class LoadedTranslators(dict):
+    """direction → Seq2SeqTranslator; a dict subclass because Beam's Shared keeps a weak reference
+    to the loaded model, which a plain dict does not allow."""
+
+
+class TranslationHandler(ModelHandler):
+    """RunInference handler for (direction, text, seed) examples; holds both directions' models.
+
+    Written here rather than using Beam's Hugging Face handlers, which import TensorFlow."""
+
+    def __init__(self, config: BackTranslationConfig):
+        super().__init__(min_batch_size=config.batch_size, max_batch_size=config.batch_size)
+        self.config = config
+
+    def load_model(self):
+        if self.config.threads > 0:
+            import torch
+
+            torch.set_num_threads(self.config.threads)
+        return LoadedTranslators(
+            (direction, load_translator(
+                model_dir, f"model_{direction}", self.config.device,
+                self.config.target_tokens.get(direction.split("_")[1], ""),
+            ))
+            for direction, model_dir in self.config.model_dirs.items()
+        )
+
+    def run_inference(self, batch: Sequence[tuple[str, str, int]], model, inference_args=None) -> Iterable[PredictionResult]:
+        translations: list[str] = [""] * len(batch)
+        rows_by_direction: dict[str, list[int]] = defaultdict(list)
+        for row, (direction, text, _seed) in enumerate(batch):
+            if text.strip():  # an empty pivot stays empty instead of becoming model noise
+                rows_by_direction[direction].append(row)
+        for direction, rows in rows_by_direction.items():
+            out = model[direction].translate(
+                [batch[r][1] for r in rows], [batch[r][2] for r in rows], self.config.settings, self.config.batch_size
+            )
+            for row, text in zip(rows, out):
+                translations[row] = text
+        Metrics.counter(METRICS_NAMESPACE, "back_translation.sentences_translated").inc(len(batch))
+        return [PredictionResult(example, translation) for example, translation in zip(batch, translations)]
+
+    def get_num_bytes(self, batch: Sequence[tuple[str, str, int]]) -> int:
+        return sum(len(text.encode("utf-8")) for _direction, text, _seed in batch)
+
+    def get_metrics_namespace(self) -> str:
+        return METRICS_NAMESPACE
+
+
+@dataclass
+class RoundTripPlan:
+    doc: Document
+    source_lang: str
+    layout: Layout
+
+
+class PlanRoundTrips(beam.DoFn):
+    """Chosen zh/en documents → a plan (main output) and one pass-1 example per sentence."""
+
+    SENTENCES = "sentences"
+
+    def __init__(self, config: BackTranslationConfig):
+        self.config = config
+
+    def process(self, doc: Document):
+        config = self.config
+        lang = document_language(doc)
+        if lang not in config.languages or not is_selected(config.seed, "back_translation", doc.id, config.fraction):
+            return
+        yield _count("back_translation", "selected")
+        layout = split_sentences(doc.text, config.max_sentence_chars)
+        if not layout.sentences:
+            yield _count("back_translation", "skipped_no_text")
+            return
+        # Duplicate ids with different texts must not share sentences: key by id and text.
+        doc_key = f"{doc.id}\x1f{stable_hash(doc.text)}"
+        direction = f"{lang}_{PIVOT[lang]}"
+        yield (doc_key, RoundTripPlan(doc, lang, layout))
+        for index, sentence in enumerate(layout.sentences):
+            seed = stable_hash(config.seed, "pass1", doc.id, index)
+            yield beam.pvalue.TaggedOutput(self.SENTENCES, ((doc_key, index), (direction, sentence, seed)))
+
+
+def _second_pass(keyed: tuple[tuple[str, int], PredictionResult], seed: int):
+    (doc_key, index), result = keyed
+    direction, _text, _seed = result.example
+    source, pivot = direction.split("_")
+    return (doc_key, index), (f"{pivot}_{source}", result.inference, stable_hash(seed, "pass2", doc_key, index))
+
+
+def _by_document(keyed: tuple[tuple[str, int], PredictionResult]):
+    (doc_key, index), result = keyed
+    return doc_key, (index, result.inference)
+
+
+class AssembleRoundTrips(beam.DoFn):
+    """Plan + translated sentences → the augmented copy, if its chrF lies in the window."""
+
+    def __init__(self, config: BackTranslationConfig):
+        self.config = config
+
+    def process(self, grouped: tuple[str, dict[str, list[Any]]]):
+        _doc_key, parts = grouped
+        translated = dict(parts["back"])
+        for plan in parts["plan"]:
+            missing = [i for i in range(len(plan.layout.sentences)) if i not in translated]
+            if missing:
+                raise RuntimeError(f"augment: document {plan.doc.id!r} lost translations of sentences {missing[:5]}")
+            text = plan.layout.join([translated[i] for i in range(len(plan.layout.sentences))])
+            yield _count("back_translation", "made")
+            if not text.strip():
+                yield _count("back_translation", "dropped_empty")
+                continue
+            similarity = chrf(text, plan.doc.text)
+            if not self.config.min_sim <= similarity <= self.config.max_sim:
+                yield _count("back_translation", "dropped_out_of_window")
+                continue
+            yield _count("back_translation", "kept")
+            yield augmented_copy(plan.doc, "back_translation", text, round(similarity, 6))
+
+
+class BackTranslate(beam.PTransform):
+    """PCollection[Document] → ({"docs": augmented copies, "outcomes": (method, outcome, n)})."""
+
+    def __init__(self, config: BackTranslationConfig):
+        super().__init__()
+        self.config = config
+
+    def expand(self, docs):
+        handler = KeyedModelHandler(TranslationHandler(self.config))
+        planned = docs | "Plan" >> beam.ParDo(PlanRoundTrips(self.config)).with_outputs(
+            PlanRoundTrips.SENTENCES, _OUTCOME, main="plans"
+        )
+        back = (
+            planned[PlanRoundTrips.SENTENCES]
+            | "ToPivot" >> RunInference(handler)
+            | "Reverse" >> beam.Map(_second_pass, self.config.seed)
+            | "FromPivot" >> RunInference(handler)
+            | "ByDocument" >> beam.Map(_by_document)
+        )
+        assembled = (
+            {"plan": planned["plans"], "back": back}
+            | "Join" >> beam.CoGroupByKey()
+            | "Assemble" >> beam.ParDo(AssembleRoundTrips(self.config)).with_outputs(_OUTCOME, main="docs")
+        )
+        outcomes = (planned[_OUTCOME], assembled[_OUTCOME]) | "Outcomes" >> beam.Flatten()
+        return {"docs": assembled["docs"], "outcomes": outcomes}
+
+
+@dataclass(frozen=True)
+class ReplacementConfig:
+    method: str  # "synonym" or "entity"
+    path: str
+    replace_prob: float
+    fraction: float
+    seed: int
+
+
+class ReplaceTerms(beam.DoFn):
+    """Chosen documents → a copy with dictionary terms replaced (none if nothing matched)."""
+
+    def __init__(self, config: ReplacementConfig):
+        self.config = config
+
+    def setup(self):
+        replacer = SynonymReplacer if self.config.method == "synonym" else EntityReplacer
+        param = "synonyms" if self.config.method == "synonym" else "entities"
+        self.replacer = replacer(self.config.path, param)
+
+    def process(self, doc: Document):
+        config = self.config
+        if not is_selected(config.seed, config.method, doc.id, config.fraction):
+            return
+        yield _count(config.method, "selected")
+        rng = random.Random(stable_hash(config.seed, config.method, "rng", doc.id))
+        result = self.replacer.apply(doc.text, rng, config.replace_prob)
+        if result.replaced == 0:
+            yield _count(config.method, "skipped_no_match")
+            return
+        yield _count(config.method, "made")
+        yield _count(config.method, "kept")
+        yield augmented_copy(doc, config.method, result.text, round(chrf(result.text, doc.text), 6))
+
+
+def report_from_counts(counts: Iterable[tuple[tuple[str, str], int]], methods: Sequence[str]) -> dict[str, Any]:
+    """augment.json: per method selected/made/kept and dropped per reason, plus totals."""
+    report: dict[str, Any] = {}
+    for method in methods:
+        report[method] = {"selected": 0, "made": 0, "kept": 0, "dropped": {}, "skipped": {}}
+    for (method, outcome), n in counts:
+        entry = report.setdefault(method, {"selected": 0, "made": 0, "kept": 0, "dropped": {}, "skipped": {}})
+        if outcome.startswith("dropped_"):
+            entry["dropped"][outcome.removeprefix("dropped_")] = entry["dropped"].get(outcome.removeprefix("dropped_"), 0) + n
+        elif outcome.startswith("skipped_"):
+            entry["skipped"][outcome.removeprefix("skipped_")] = entry["skipped"].get(outcome.removeprefix("skipped_"), 0) + n
+        else:
+            entry[outcome] = entry.get(outcome, 0) + n
+    entries = [report[m] for m in report]
+    report["total"] = {
+        "made": sum(e["made"] for e in entries),
+        "kept": sum(e["kept"] for e in entries),
+        "dropped": sum(sum(e["dropped"].values()) for e in entries),
+    }
+    return report
+
+
+class _WriteReport(beam.DoFn):
+    def __init__(self, path: str, methods: Sequence[str]):
+        self.path, self.methods = path, list(methods)
+
+    def process(self, counts):
+        report = report_from_counts(counts, self.methods)
+        with FileSystems.create(self.path) as fh:
+            fh.write(json.dumps(report, indent=2, sort_keys=True).encode("utf-8"))
+        yield report
+
+
+class Augment(beam.PTransform):
+    """The whole stage: originals plus every method's copies as "kept", nothing rejected."""
+
+    def __init__(self, back_translation: BackTranslationConfig | None, replacements: Sequence[ReplacementConfig],
+                 run_dir: str | None, methods: Sequence[str]):
+        super().__init__()
+        self.back_translation, self.replacements = back_translation, list(replacements)
+        self.run_dir, self.methods = run_dir, list(methods)
+
+    def expand(self, docs):
+        kept = [docs]
+        outcomes = []
+        if self.back_translation is not None:
+            out = docs | "BackTranslation" >> BackTranslate(self.back_translation)
+            kept.append(out["docs"])
+            outcomes.append(out["outcomes"])
+        for config in self.replacements:
+            out = docs | f"Replace_{config.method}" >> beam.ParDo(ReplaceTerms(config)).with_outputs(_OUTCOME, main="docs")
+            kept.append(out["docs"])
+            outcomes.append(out[_OUTCOME])
+        if self.run_dir is not None:
+            (
+                outcomes
+                | "AllOutcomes" >> beam.Flatten(pipeline=docs.pipeline)
+                | "OutcomeKeys" >> beam.Map(lambda item: ((item[0], item[1]), item[2]))
+                | "SumOutcomes" >> beam.CombinePerKey(sum)
+                | "GatherOutcomes" >> beam.combiners.ToList()
+                | "WriteReport" >> beam.ParDo(_WriteReport(FileSystems.join(self.run_dir, REPORT_NAME), self.methods))
+            )
+        rejected = docs | "NothingRejected" >> beam.FlatMap(lambda _doc: ())
+        return {"kept": kept | "AllKept" >> beam.Flatten(), "rejected": rejected}

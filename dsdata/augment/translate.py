@@ -1,0 +1,178 @@
+"""Seq2seq translation for back-translation: find the model, load it once, translate batches.
+
+Any `AutoModelForSeq2SeqLM` directory works (MarianMT opus-mt models are the defaults).  Models are
+never downloaded: a value is a local directory, or a Hugging Face repo id whose snapshot is already
+in the local cache (HF_HOME / HF_HUB_CACHE, default ~/.cache/huggingface/hub).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MODELS = {"en_zh": "Helsinki-NLP/opus-mt-en-zh", "zh_en": "Helsinki-NLP/opus-mt-zh-en"}
+
+
+class ModelNotFoundError(ValueError):
+    """A translation model that is neither a local directory nor in the local HF cache."""
+
+
+def _cached_snapshot(repo_id: str) -> str | None:
+    """The local snapshot directory of `repo_id` in the HF cache, or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        config = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # not a valid repo id (HFValidationError): then it is not in the cache either
+        return None
+    return os.path.dirname(config) if isinstance(config, str) else None
+
+
+def _repo_id_candidates(value: str) -> list[str]:
+    """Repo ids `value` may name: 'org/name' as given, or the last two parts of a path that --set
+    made absolute (…/Helsinki-NLP/opus-mt-en-zh)."""
+    parts = [p for p in value.replace("\\", "/").split("/") if p]
+    candidates = []
+    if not os.path.isabs(value) and len(parts) == 2:
+        candidates.append("/".join(parts))
+    if len(parts) >= 2:
+        candidates.append("/".join(parts[-2:]))
+    return list(dict.fromkeys(candidates))
+
+
+def resolve_model_dir(value: str, param: str) -> str:
+    """A loadable model directory for parameter `param`, or ModelNotFoundError saying what to do."""
+    if not isinstance(value, str) or not value:
+        raise ModelNotFoundError(f"augment.{param}: give a model directory or a Hugging Face repo id")
+    if os.path.isdir(value):
+        if not os.path.isfile(os.path.join(value, "config.json")):
+            raise ModelNotFoundError(
+                f"augment.{param}: '{value}' has no config.json; point it at a directory written by "
+                "save_pretrained() (a seq2seq model such as MarianMT, with its tokenizer)"
+            )
+        return value
+    for repo_id in _repo_id_candidates(value):
+        snapshot = _cached_snapshot(repo_id)
+        if snapshot:
+            return snapshot
+    default = DEFAULT_MODELS.get(param.removeprefix("model_"), "Helsinki-NLP/opus-mt-…")
+    raise ModelNotFoundError(
+        f"augment.{param}: '{value}' is not a model directory and not in the local Hugging Face cache "
+        f"(models are never downloaded at run time); fetch it once where there is network, e.g. "
+        f"`huggingface-cli download {default}`, or pass --set augment.{param}=DIR with a saved seq2seq model"
+    )
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Decoding settings; sampling is seeded per sentence (see SeededGumbelSampling)."""
+
+    num_beams: int = 4
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    max_input_tokens: int = 512
+    # Further keyword arguments for model.generate (e.g. no_repeat_ngram_size).
+    extra: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+
+
+def _seeded_sampling_processor(seeds: list[int]):
+    import torch
+    from transformers import LogitsProcessor
+
+    class SeededGumbelSampling(LogitsProcessor):
+        """Sampling by the Gumbel-max trick with one random stream per row.
+
+        argmax(logits + Gumbel noise) is a draw from softmax(logits).  Seeding the noise by
+        (sentence seed, step) instead of one global generator makes each sentence's sample
+        independent of which other sentences share its batch, so runs are reproducible even
+        though Beam forms batches differently each time.
+        """
+
+        def __call__(self, input_ids, scores):
+            step = input_ids.shape[1]
+            noise = torch.empty(scores.shape, dtype=torch.float32)
+            for row, seed in enumerate(seeds):
+                generator = torch.Generator().manual_seed((seed + step * 0x9E3779B97F4A7C15) % 2**63)
+                uniform = torch.rand(scores.shape[1], generator=generator).clamp_(1e-20, 1.0)
+                noise[row] = -torch.log(-torch.log(uniform))
+            return scores + noise.to(device=scores.device, dtype=scores.dtype)
+
+    return SeededGumbelSampling()
+
+
+class Seq2SeqTranslator:
+    """One loaded translation model; `translate` keeps input order and batches by length."""
+
+    def __init__(self, model_dir: str, param: str, device: str = "cpu", source_prefix: str = ""):
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+            self.model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - any loading failure is the same user-facing problem
+            raise ModelNotFoundError(
+                f"augment.{param}: cannot load a seq2seq model and tokenizer from '{model_dir}' "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            ) from None
+        self.device = torch.device(device)
+        self.model.to(self.device).eval()
+        # Multi-target opus-mt models (en→zh) need a target-language token such as >>cmn_Hans<<;
+        # only prepend it when this model's vocabulary has it.
+        vocab = self.tokenizer.get_vocab()
+        self.source_prefix = f"{source_prefix} " if source_prefix and source_prefix in vocab else ""
+
+    def translate(self, texts: list[str], seeds: list[int], settings: GenerationSettings, batch_size: int) -> list[str]:
+        import torch
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        order = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
+        out: list[str] = [""] * len(texts)
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            encoded = self.tokenizer(
+                [self.source_prefix + texts[i] for i in rows],
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=settings.max_input_tokens,
+            ).to(self.device)
+            kwargs: dict[str, Any] = dict(settings.extra)
+            kwargs.update(max_new_tokens=settings.max_new_tokens, do_sample=False)
+            if settings.do_sample:
+                processors = []
+                if settings.temperature != 1.0:
+                    processors.append(TemperatureLogitsWarper(settings.temperature))
+                if settings.top_k > 0:
+                    processors.append(TopKLogitsWarper(settings.top_k))
+                if settings.top_p < 1.0:
+                    processors.append(TopPLogitsWarper(settings.top_p))
+                processors.append(_seeded_sampling_processor([seeds[i] for i in rows]))
+                kwargs.update(num_beams=1, logits_processor=LogitsProcessorList(processors))
+            else:
+                kwargs.update(num_beams=settings.num_beams)
+            with torch.inference_mode():
+                generated = self.model.generate(**encoded, **kwargs)
+            decoded = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
+            for i, text in zip(rows, decoded):
+                out[i] = text.strip()
+        return out
+
+
+_LOADED: dict[tuple[str, str, str], Seq2SeqTranslator] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def load_translator(model_dir: str, param: str, device: str, source_prefix: str) -> Seq2SeqTranslator:
+    """One translator per (model, device, prefix) per process: the two RunInference passes of a
+    round trip use both models, and loading each once halves memory."""
+    key = (model_dir, device, source_prefix)
+    with _LOAD_LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = Seq2SeqTranslator(model_dir, param, device, source_prefix)
+        return _LOADED[key]
