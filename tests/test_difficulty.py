@@ -168,3 +168,25 @@ def test_shipped_models_are_small_and_documented():
         for f in (MODELS / lang).iterdir():
             assert f.stat().st_size <= 3 * 1024 * 1024, f
     assert "dsdata lm train" in (MODELS / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_difficulty_recipe_annotates_every_document_and_rejects_nothing(tmp_path, shared_data):
+    """pipelines/difficulty.yaml: lang → difficulty, with --set difficulty.model_dir=DIR."""
+    pytest.importorskip("fasttext")
+    docs = _docs(shared_data, {"zh": 60, "en": 60, "ja": 5})
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": d["id"], "text": d["text"]}, ensure_ascii=False) + "\n" for d in docs),
+                   encoding="utf-8")
+    recipe = load_recipe(str(REPO / "pipelines" / "difficulty.yaml"), [f"difficulty.model_dir={MODELS}"])
+    recipe.inputs = [str(src)]
+    out = tmp_path / "out"
+    stats = run_recipe(recipe, str(out))
+    assert stats["ledger_ok"] and stats["kept"] == len(docs) and stats["rejected_total"] == 0
+    kept = [r for f in sorted((out / "kept").glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert all(r["difficulty"] in ("easy", "medium", "hard") for r in kept)
+    # Languages come from the lang stage's annotation (the input carries none).
+    scored = [r for r in kept if r["perplexity"] is not None]
+    assert len(scored) >= 110 and {r["lang"] for r in scored} <= {"zh", "en"}
+    summary = json.loads((out / "difficulty.json").read_text(encoding="utf-8"))
+    assert {"en", "zh"} <= set(summary["languages"])

@@ -119,6 +119,12 @@ def summarize(stage: DifficultyStage, counts: list[tuple[tuple[str, str, str], i
         # Probability of drawing the next training document from each bucket (the curriculum default;
         # the trainer may anneal from these towards the natural proportions in `counts`).
         "sampling_weights": stage.sampling_probabilities(totals),
+        # A spec for dsdata.train.curriculum.schedule_from_spec: start at `sampling_weights`, move
+        # linearly to the corpus' own mix over the first 30 % of training.
+        "curriculum": {"schedule": "linear", "warmup_fraction": 0.3,
+                       "start": stage.sampling_probabilities(totals),
+                       "end": {g: round(n / sum(totals.values()), 6) if sum(totals.values()) else 0.0
+                               for g, n in totals.items()}},
         "languages": dict(sorted(languages.items())),
     }
 
