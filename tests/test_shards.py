@@ -28,9 +28,13 @@ def _paragraphs(path: Path, n: int) -> list[str]:
     return [p.strip() for p in text.split("\n\n") if len(p.strip()) > 40][:n]
 
 
-@pytest.fixture
-def corpus_recipe(tmp_path, shared_data):
+@pytest.fixture(scope="module")
+def corpus_recipe(tmp_path_factory):
     """A recipe dir with 70 real en + zh paragraphs (and one blank text the reader rejects)."""
+    shared_data = REPO.parent / "shared" / "data"
+    if not shared_data.is_dir():
+        pytest.skip(f"shared dev data not found at {shared_data}")
+    tmp_path = tmp_path_factory.mktemp("corpus")
     docs = _paragraphs(shared_data / "prose-en.txt", 40) + _paragraphs(shared_data / "prose-zh.txt", 30)
     (tmp_path / "data").mkdir()
     with open(tmp_path / "data" / "docs.jsonl", "w", encoding="utf-8") as fh:
@@ -44,6 +48,14 @@ def corpus_recipe(tmp_path, shared_data):
     return recipe, {f"doc-{i:03d}": t for i, t in enumerate(docs)}
 
 
+@pytest.fixture(scope="module")
+def default_run(corpus_recipe):
+    """The corpus run once with the default in-process runner."""
+    recipe, _ = corpus_recipe
+    out = recipe.parent / "out-inprocess"
+    return out, _run(recipe, out)
+
+
 def _run(recipe: Path, out: Path, *beam_args: str) -> dict:
     from dsdata.beam.pipeline import run_recipe
     from dsdata.recipe import load_recipe
@@ -52,12 +64,11 @@ def _run(recipe: Path, out: Path, *beam_args: str) -> dict:
 
 
 @pytest.mark.slow
-def test_round_trip_docs_to_shards_to_loader_gives_the_token_stream(corpus_recipe, tmp_path):
+def test_round_trip_docs_to_shards_to_loader_gives_the_token_stream(corpus_recipe, default_run):
     from dsdata.train.data import ShardDataset
 
-    recipe, texts = corpus_recipe
-    out = tmp_path / "out"
-    stats = _run(recipe, out)
+    _, texts = corpus_recipe
+    out, stats = default_run
     assert stats["ledger_ok"] and stats["kept"] == len(texts)
     shard_dir = out / "shards"
     manifest, problems = verify_shards(str(shard_dir))
@@ -98,11 +109,10 @@ def test_round_trip_docs_to_shards_to_loader_gives_the_token_stream(corpus_recip
 
 
 @pytest.mark.slow
-def test_multi_worker_direct_runner_writes_identical_shards(corpus_recipe, tmp_path):
+def test_multi_worker_direct_runner_writes_identical_shards(corpus_recipe, default_run, tmp_path):
     recipe, _ = corpus_recipe
-    _run(recipe, tmp_path / "a")
     _run(recipe, tmp_path / "b", "--direct_num_workers=2", "--direct_running_mode=multi_processing")
-    a = read_manifest(str(tmp_path / "a" / "shards"))
+    a = read_manifest(str(default_run[0] / "shards"))
     b = read_manifest(str(tmp_path / "b" / "shards"))
     assert [(s["file"], s["sha256"]) for s in a["shards"]] == [(s["file"], s["sha256"]) for s in b["shards"]]
     assert verify_shards(str(tmp_path / "b" / "shards"))[1] == []

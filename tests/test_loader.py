@@ -1,0 +1,214 @@
+"""ShardDataset: zero-copy windows, disjoint rank × worker split, deterministic shuffle, exact resume,
+curriculum sampling."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from dsdata.io.shards import ShardSetWriter
+from dsdata.train.curriculum import (CurriculumSampler, FixedSchedule, LinearSchedule, TableSchedule,
+                                     natural_weights, schedule_from_spec)
+from dsdata.train.data import ShardDataset
+
+SEQ = 16
+
+
+def _counting_set(directory, n_docs=24, doc_len=50, shard_size=300, buckets=("medium",)):
+    """Shards whose token values are 1, 2, 3, ... in write order (uint32): a window's first token
+    says exactly where it came from."""
+    writer = ShardSetWriter(str(directory), dtype=np.dtype(np.uint32), shard_size=shard_size)
+    next_value = 1
+    for i in range(n_docs):
+        tokens = np.arange(next_value, next_value + doc_len, dtype=np.uint32)
+        next_value += doc_len
+        writer.add(f"d{i:03d}", tokens, buckets[i % len(buckets)])
+    return writer.close()
+
+
+def test_zero_copy_window_points_into_the_shard_mapping(tmp_path):
+    _counting_set(tmp_path / "s")
+    ds = ShardDataset(str(tmp_path / "s"), SEQ, shuffle=False)
+    window = next(iter(ds))
+    assert window.shape == (SEQ + 1,) and window.dtype == torch.uint32
+    start, end = window.data_ptr(), window.data_ptr() + window.numel() * window.element_size()
+    # Independent of the loader's own bookkeeping: the kernel's list of this process' mappings.
+    mapped = []
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) >= 6 and parts[5].startswith(str(tmp_path / "s")) and parts[5].endswith(".arrow"):
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                mapped.append((lo, hi, parts[5]))
+    assert any(lo <= start and end <= hi for lo, hi, _ in mapped), (hex(start), mapped)
+    assert any(addr <= start < addr + size for _, addr, size in ds.mapped_regions())
+    assert window.tolist() == list(range(1, SEQ + 2))
+
+
+def test_windows_pack_documents_and_overlap_by_one_token(tmp_path):
+    manifest = _counting_set(tmp_path / "s")
+    windows = [w.numpy().copy() for w in ShardDataset(str(tmp_path / "s"), SEQ, shuffle=False)]
+    first_shard_tokens = manifest["shards"][0]["tokens"]
+    per_shard = (first_shard_tokens - 1) // SEQ
+    assert len(windows) == sum((s["tokens"] - 1) // SEQ for s in manifest["shards"])
+    # Inside a shard: consecutive windows continue the stream, across document boundaries.
+    for a, b in zip(windows[: per_shard - 1], windows[1:per_shard]):
+        assert a[-1] == b[0] and b[0] + SEQ == b[-1]
+
+
+def _consume(rank, world_size, num_workers, directory, seed=3):
+    ds = ShardDataset(str(directory), SEQ, rank=rank, world_size=world_size, seed=seed)
+    loader = DataLoader(ds, batch_size=4, num_workers=num_workers)
+    return [int(row[0]) for batch in loader for row in batch]
+
+
+@pytest.mark.slow
+def test_two_ranks_two_workers_disjoint_and_complete(tmp_path):
+    manifest = _counting_set(tmp_path / "s", n_docs=40)
+    starts = {r: _consume(r, 2, 2, tmp_path / "s") for r in (0, 1)}
+    everything = starts[0] + starts[1]
+    assert len(everything) == len(set(everything)), "a window went to two consumers"
+    assert len(starts[0]) == len(starts[1]), "ranks must yield the same number of windows (DDP)"
+    # Complete: every window of every shard except the < 4 per shard cut to deal evenly.
+    offset = 1
+    possible = set()
+    expected_count = 0
+    for shard in manifest["shards"]:
+        n = (shard["tokens"] - 1) // SEQ
+        possible |= {offset + k * SEQ for k in range(n)}
+        expected_count += n - n % 4
+        offset += shard["tokens"]
+    assert set(everything) <= possible
+    assert len(everything) == expected_count
+    per_consumer = ShardDataset(str(tmp_path / "s"), SEQ, rank=0, world_size=2).windows_per_epoch(num_workers=2)
+    assert len(starts[0]) == 2 * per_consumer
+
+
+def test_shuffle_is_deterministic_by_seed_and_epoch(tmp_path):
+    _counting_set(tmp_path / "s")
+    ds = ShardDataset(str(tmp_path / "s"), SEQ, seed=7)
+    epoch0 = [int(w[0]) for w in ds]
+    epoch1 = [int(w[0]) for w in ds]
+    again = ShardDataset(str(tmp_path / "s"), SEQ, seed=7)
+    assert [int(w[0]) for w in again] == epoch0
+    assert sorted(epoch0) == sorted(epoch1) and epoch0 != epoch1
+    other_seed = [int(w[0]) for w in ShardDataset(str(tmp_path / "s"), SEQ, seed=8)]
+    assert other_seed != epoch0 and sorted(other_seed) == sorted(epoch0)
+    unshuffled = [int(w[0]) for w in ShardDataset(str(tmp_path / "s"), SEQ, shuffle=False)]
+    assert unshuffled == sorted(unshuffled)
+
+
+def _steps(ds, loader_iter_box, first_step, n_steps):
+    """Batches for steps first_step.., re-iterating at epoch ends like a step-based trainer."""
+    out = []
+    for step in range(first_step, first_step + n_steps):
+        ds.set_step(step)
+        try:
+            batch = next(loader_iter_box[0])
+        except StopIteration:
+            loader_iter_box[0] = iter(loader_iter_box[1])
+            batch = next(loader_iter_box[0])
+        out.append(batch.clone())
+    return out
+
+
+@pytest.mark.parametrize("curriculum", [None, {"schedule": "linear", "warmup_steps": 12,
+                                               "start": {"easy": 0.8, "medium": 0.1, "hard": 0.1}}])
+def test_resume_mid_epoch_gives_the_same_next_batches(tmp_path, curriculum):
+    _counting_set(tmp_path / "s", n_docs=30, buckets=("easy", "medium", "hard"))
+    path = str(tmp_path / "s")
+
+    def fresh():
+        ds = ShardDataset(path, SEQ, seed=11, curriculum=curriculum)
+        loader = DataLoader(ds, batch_size=3)
+        return ds, [iter(loader), loader]
+
+    ds, box = fresh()
+    per_epoch = ds.windows_per_epoch() // 3
+    first = _steps(ds, box, 0, per_epoch // 2)
+    state = json.loads(json.dumps(ds.state_dict()))  # it must survive a JSON checkpoint
+    torch.save(state, tmp_path / "state.pt")
+    uninterrupted = _steps(ds, box, len(first), 2 * per_epoch)  # crosses epoch boundaries
+
+    ds2, box2 = fresh()
+    ds2.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    resumed = _steps(ds2, box2, len(first), 2 * per_epoch)
+    assert len(resumed) == len(uninterrupted)
+    for a, b in zip(uninterrupted, resumed):
+        assert torch.equal(a, b)
+    # A run without the restored state would differ (the check above can fail).
+    ds3, box3 = fresh()
+    assert not all(torch.equal(a, b) for a, b in zip(uninterrupted, _steps(ds3, box3, len(first), 2 * per_epoch)))
+
+
+def test_resume_right_after_an_epoch_ends(tmp_path):
+    _counting_set(tmp_path / "s")
+    ds = ShardDataset(str(tmp_path / "s"), SEQ, seed=1)
+    it = iter(ds)
+    for _ in range(ds.windows_per_epoch()):
+        next(it)
+    state = ds.state_dict()
+    # A new iter() with nothing left of epoch 0 starts epoch 1.
+    expected_next_epoch = [int(w[0]) for w in ds]
+    assert len(expected_next_epoch) == ds.windows_per_epoch()
+    ds2 = ShardDataset(str(tmp_path / "s"), SEQ, seed=1)
+    ds2.load_state_dict(state)
+    assert [int(w[0]) for w in ds2] == expected_next_epoch
+
+
+def test_state_from_another_setting_is_refused(tmp_path):
+    _counting_set(tmp_path / "s")
+    state = ShardDataset(str(tmp_path / "s"), SEQ, seed=1).state_dict()
+    with pytest.raises(ValueError, match="seed"):
+        ShardDataset(str(tmp_path / "s"), SEQ, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="seq_len"):
+        ShardDataset(str(tmp_path / "s"), SEQ * 2, seed=1).load_state_dict(state)
+
+
+def test_curriculum_follows_the_weights(tmp_path):
+    manifest = _counting_set(tmp_path / "s", n_docs=30, buckets=("easy", "medium", "hard"))
+    buckets = ("easy", "medium", "hard")
+    bucket_of_value = {v: buckets[((v - 1) // 50) % 3] for v in range(1, 30 * 50 + 1)}  # doc i: values of doc i
+    assert {s["difficulty"] for s in manifest["shards"]} == set(buckets)
+    only_hard = ShardDataset(str(tmp_path / "s"), SEQ, curriculum=FixedSchedule({"hard": 1.0}))
+    it = iter(only_hard)
+    assert {bucket_of_value[int(next(it)[0])] for _ in range(50)} == {"hard"}
+    # Linear easy → hard: at step 0 all easy, after the warm-up all hard.
+    ds = ShardDataset(str(tmp_path / "s"), SEQ, curriculum=LinearSchedule({"easy": 1}, {"hard": 1}, warmup_steps=10))
+    it = iter(ds)
+    ds.set_step(0)
+    assert {bucket_of_value[int(next(it)[0])] for _ in range(30)} == {"easy"}
+    ds.set_step(10)
+    assert {bucket_of_value[int(next(it)[0])] for _ in range(30)} == {"hard"}
+
+
+def test_schedules_and_natural_weights(tmp_path):
+    linear = LinearSchedule({"easy": 0.6, "medium": 0.3, "hard": 0.1}, {"easy": 0.2, "medium": 0.3, "hard": 0.5}, 100)
+    assert linear.weights(0)["easy"] == pytest.approx(0.6)
+    assert linear.weights(50)["hard"] == pytest.approx(0.3)
+    assert linear.weights(1000)["hard"] == pytest.approx(0.5)
+    table = TableSchedule([(0, {"easy": 1.0}), (10, {"hard": 1.0})])
+    assert table.weights(5) == pytest.approx({"easy": 0.5, "hard": 0.5})
+    assert table.weights(-1) == {"easy": 1.0} and table.weights(99) == {"hard": 1.0}
+    spec = schedule_from_spec({"schedule": "linear", "warmup_fraction": 0.25}, total_steps=200,
+                              natural={"easy": 0.5, "medium": 0.25, "hard": 0.25})
+    assert spec.warmup_steps == 50 and spec.end == {"easy": 0.5, "medium": 0.25, "hard": 0.25}
+    (tmp_path / "stats.json").write_text(json.dumps({"difficulty": {"buckets": {"easy": 10, "medium": 30, "hard": 60}}}))
+    assert natural_weights(str(tmp_path / "stats.json")) == pytest.approx({"easy": 0.1, "medium": 0.3, "hard": 0.6})
+    manifest = _counting_set(tmp_path / "s", buckets=("easy", "hard"))
+    assert set(natural_weights(str(tmp_path / "s"))) == {"easy", "hard"}
+    with pytest.raises(ValueError, match="weight"):
+        FixedSchedule({"easy": -1})
+    sampler = CurriculumSampler(FixedSchedule({"easy": 1, "hard": 1}), seed=5)
+    state = sampler.state_dict()
+    draws = [sampler.choose(0, ["easy", "hard"]) for _ in range(20)]
+    sampler.load_state_dict(state)
+    assert [sampler.choose(0, ["easy", "hard"]) for _ in range(20)] == draws
+    assert manifest["buckets"]["easy"]["shards"] >= 1
+
+
+def test_too_small_for_seq_len_is_a_clear_error(tmp_path):
+    _counting_set(tmp_path / "s", n_docs=2, doc_len=5)
+    with pytest.raises(ValueError, match="no windows"):
+        next(iter(ShardDataset(str(tmp_path / "s"), 64)))
