@@ -127,7 +127,7 @@ def test_keep_highest_score_and_exact_only(tmp_path):
     for d in docs:
         if d["id"] in scores:
             d["quality_score"] = scores[d["id"]]
-    stats, kept, rejected = _run(tmp_path, docs, "{keep: highest_score, score_field: quality_score}")
+    stats, kept, rejected = _run(tmp_path, docs, "{keep: highest_score, score_field: quality_score, verify: signature}")
     kept_ids = {r["id"] for r in kept}
     assert "chain3" in kept_ids and not {"chain0", "chain1", "chain2", "chain4"} & kept_ids
     assert "zh-1" in kept_ids and "zh-2" not in kept_ids  # unscored documents rank last

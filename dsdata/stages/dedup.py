@@ -16,6 +16,7 @@ import pyarrow as pa
 from dsdata.stages.base import Param, Stage, StageConfigError
 
 KEEP_RULES = ("lowest_id", "highest_score")
+VERIFY_MODES = ("exact", "signature", "none")
 
 
 class DedupStage(Stage):
@@ -28,7 +29,8 @@ class DedupStage(Stage):
         "rows": Param(0, "LSH rows per band; 0 = chosen from threshold"),
         "ngram": Param(5, "words per shingle for space-separated text"),
         "char_ngram": Param(5, "characters per shingle for scripts written without spaces (CJK, Thai, …)"),
-        "verify": Param(True, "drop LSH candidate pairs whose signature Jaccard estimate is below threshold"),
+        "verify": Param("exact", "check LSH candidate pairs against threshold: exact (true Jaccard of the shingle "
+                        "sets) | signature (MinHash estimate, less shuffled data) | none"),
         "exact": Param(True, "remove exact duplicates (same text after NFKC, lower-casing, whitespace collapse)"),
         "near": Param(True, "remove near-duplicates with MinHash-LSH"),
         "keep": Param("lowest_id", "which document of a cluster to keep: lowest_id | highest_score"),
@@ -61,7 +63,11 @@ class DedupStage(Stage):
         need(self.keep in KEEP_RULES, f"keep must be one of {', '.join(KEEP_RULES)}, got {self.keep!r}")
         need(self.keep != "highest_score" or (isinstance(self.score_field, str) and self.score_field),
              "keep: highest_score needs score_field (an annotation or metadata field name)")
-        for key in ("verify", "exact", "near"):
+        # YAML booleans are accepted for the verify modes of earlier recipes.
+        if isinstance(self.verify, bool):
+            self.verify = "signature" if self.verify else "none"
+        need(self.verify in VERIFY_MODES, f"verify must be one of {', '.join(VERIFY_MODES)}, got {self.verify!r}")
+        for key in ("exact", "near"):
             need(isinstance(getattr(self, key), bool), f"{key} must be true or false, got {getattr(self, key)!r}")
         need(self.exact or self.near, "at least one of exact and near must be true")
 
@@ -71,7 +77,7 @@ class DedupStage(Stage):
             return self.bands, self.rows
         from dsdata.dedup.lsh import choose_bands_rows
 
-        weights = (0.05, 0.95) if self.verify else (0.5, 0.5)
+        weights = (0.05, 0.95) if self.verify != "none" else (0.5, 0.5)
         return choose_bands_rows(float(self.threshold), self.num_perm, *weights)
 
     def transform_config(self) -> dict[str, Any]:
