@@ -11,7 +11,7 @@ The `dom` extractor (the default behind `auto`) works in four passes over one pa
    whose class/id *words* say nav, menu, sidebar, footer, breadcrumb, toc, related, … (words are
    split on `-`/`_`, so `menuselection` or `tocsin` do not match), and lists/tables that are
    almost all link text (tables of contents, indexes, "Prev Up Next" bars);
-4. serialise: block elements become line breaks, `<br>` a line break, table cells are separated by
+4. drop heading permalinks (an in-page link whose text is one symbol such as ¶) and serialise: block elements become line breaks, `<br>` a line break, table cells are separated by
    tabs, `<pre>` keeps its whitespace, image alt text is ignored.
 
 Nothing here is tuned to one site: the rules name HTML semantics and common class-name words.
@@ -41,19 +41,28 @@ _BOILERPLATE_ROLES = frozenset(
 )
 
 # Words in a class or id (split on whitespace, '-' and '_') that name page furniture.  Exact words
-# only: 'menu' matches "main-menu" but not Sphinx's inline "menuselection".
+# only: 'menu' matches "main-menu" but not Sphinx's inline "menuselection".  Words that also name
+# content ("search", "copyright", "index") are left out: an API entry may be called `copyright`.
 _BOILERPLATE_WORDS = frozenset(
     {
         "nav", "navbar", "navigation", "navheader", "navfooter", "navmenu", "navlinks", "subnav", "topnav",
         "sidenav", "docnav", "menu", "menubar", "sidebar", "sphinxsidebar", "sidebarwrapper", "footer",
         "breadcrumb", "breadcrumbs", "toc", "toctree", "related", "relbar", "rellinks", "skiplink",
-        "skip", "share", "sharing", "social", "cookie", "cookies", "consent", "banner", "advert",
-        "advertisement", "ads", "sponsor", "pagination", "pager", "genindex", "modindex", "searchbox",
-        "search", "masthead", "copyright", "printfooter", "catlinks", "mw-jump", "jumpto", "backtotop",
-        "newsletter", "subscribe", "signup", "login", "comments", "disqus",
+        "share", "sharing", "social", "cookie", "cookies", "consent", "banner", "advert", "advertisement",
+        "ads", "sponsor", "pagination", "pager", "genindex", "modindex", "searchbox", "masthead",
+        "printfooter", "catlinks", "jumpto", "backtotop", "newsletter", "subscribe", "comments", "disqus",
+    }
+)
+# Only containers are furniture; a <dt id="copyright"> or <p class="sidebar-title"> is content or
+# part of a container that is judged as a whole.
+_CONTAINER_TAGS = frozenset(
+    {
+        "div", "section", "nav", "aside", "header", "footer", "ul", "ol", "dl", "menu", "table", "tbody",
+        "td", "th", "center", "form", "fieldset", "details", "iframe", "frame", "frameset",
     }
 )
 _WORD_SPLIT = re.compile(r"[\s_\-]+")
+_NON_WORD_RUN = re.compile(r"[\W_]+")
 
 # Block-level elements: each starts and ends a line in the output.
 _BLOCK_TAGS = frozenset(
@@ -62,12 +71,6 @@ _BLOCK_TAGS = frozenset(
         "dir", "div", "dl", "dt", "fieldset", "figcaption", "figure", "footer", "h1", "h2", "h3", "h4", "h5",
         "h6", "header", "hgroup", "hr", "html", "legend", "li", "listing", "main", "menu", "nav", "ol", "p",
         "plaintext", "pre", "section", "summary", "table", "tbody", "tfoot", "thead", "tr", "ul", "xmp",
-    }
-)
-_INLINE_TAGS = frozenset(
-    {
-        "a", "abbr", "b", "bdi", "bdo", "cite", "code", "data", "del", "dfn", "em", "i", "ins", "kbd", "mark",
-        "q", "s", "samp", "small", "span", "strong", "sub", "sup", "time", "tt", "u", "var", "wbr", "font",
     }
 )
 _CELL_TAGS = frozenset({"td", "th"})
@@ -101,35 +104,51 @@ def page_title(tree: LexborHTMLParser) -> str | None:
     return title or None
 
 
-def _class_id_words(node: LexborNode) -> list[str]:
-    attrs = node.attributes
-    words = []
-    for key in ("class", "id"):
-        value = attrs.get(key)
-        if value:
-            words.extend(w.lower() for w in _WORD_SPLIT.split(value) if w)
-    return words
+def _words(value: str | None) -> list[str]:
+    return [w for w in _WORD_SPLIT.split(value.lower()) if w] if value else []
 
 
-def _is_boilerplate(node: LexborNode, drop_header: bool) -> bool:
+def _slug(text: str) -> str:
+    return _NON_WORD_RUN.sub("-", text.lower()).strip("-")
+
+
+def _is_heading_anchor(node: LexborNode, value: str) -> bool:
+    """Whether `value` (an id) is the slug of the element's own heading, as documentation and
+    Markdown generators make them: `<section id="buffer-related-functions"><h2>Buffer-related
+    functions</h2>` is a section about related functions, not a "related" box."""
+    heading = node.css_first("h1, h2, h3, h4, h5, h6")
+    # "in", not "==": numbered headings ("2.3. Python-related paths") keep the number out of the id.
+    return heading is not None and _slug(value) in _slug(heading.text(deep=True))
+
+
+def _is_boilerplate(node: LexborNode, explicit_main: bool) -> bool:
     tag = node.tag
-    if tag in ("nav", "aside", "footer") or (drop_header and tag == "header"):
+    if tag in ("nav", "footer"):
         return True
-    if tag in _INLINE_TAGS:
-        # Inline elements inside kept text are text: Sphinx marks section titles
-        # <a class="toc-backref">, which must not drop the title.
+    if tag in ("aside", "header"):
+        # Inside an explicit main region these are the article's own header and its asides
+        # (footnotes, notes, topics); outside it they are the site's header and sidebars.
+        return not explicit_main
+    if tag not in _CONTAINER_TAGS:
         return False
-    role = node.attributes.get("role")
+    attrs = node.attributes
+    role = attrs.get("role")
     if role and role.strip().lower() in _BOILERPLATE_ROLES:
         return True
-    return any(w in _BOILERPLATE_WORDS for w in _class_id_words(node))
+    if any(w in _BOILERPLATE_WORDS for w in _words(attrs.get("class"))):
+        return True
+    ident = attrs.get("id")
+    return any(w in _BOILERPLATE_WORDS for w in _words(ident)) and not _is_heading_anchor(node, ident)
 
 
 def _candidate_selector() -> str:
-    """A CSS selector for every element `_is_boilerplate` might accept: furniture tags, roles, and
-    non-inline elements with a class or id (lexbor filters in C; Python checks the words)."""
-    not_inline = "".join(f":not({t})" for t in sorted(_INLINE_TAGS))
-    return f"nav, aside, footer, header, [role], [class]{not_inline}, [id]{not_inline}"
+    """A CSS selector for every element `_is_boilerplate` might accept: furniture tags, and elements
+    with a class, id or role other than the common inline/leaf tags (lexbor filters in C, which is
+    faster than a tag list; Python then checks the tag and the words)."""
+    leaves = ("a", "span", "code", "em", "strong", "b", "i", "p", "li", "dt", "dd", "pre", "img", "tr",
+              "h1", "h2", "h3", "h4", "h5", "h6", "br", "input", "label", "sup", "sub", "kbd", "var", "abbr")
+    skip = "".join(f":not({t})" for t in leaves)
+    return f"nav, aside, footer, header, [class]{skip}, [id]{skip}, [role]{skip}"
 
 
 _CANDIDATES = _candidate_selector()
@@ -171,7 +190,7 @@ def _drop_boilerplate(root: LexborNode, explicit_main: bool) -> None:
     root_id = root.mem_id
     doomed = [
         n for n in root.css(_CANDIDATES)
-        if n.mem_id != root_id and _is_boilerplate(n, drop_header=not explicit_main)
+        if n.mem_id != root_id and _is_boilerplate(n, explicit_main)
     ]
     # Decompose outermost first; a node inside a decomposed subtree is already gone.
     for node in _outermost(doomed):
@@ -205,6 +224,15 @@ _PROTECT_PRE = str.maketrans({"\n": _LINE, " ": _PRE_SPACE, "\t": _PRE_TAB, "\r"
 _BLOCK_SELECTOR = ", ".join(sorted(_BLOCK_TAGS - {"pre", "listing", "xmp", "plaintext"}))
 _CELL_RUN = re.compile(r" *\t[ \t]*")
 _BLANK_RUN = re.compile(r"\n{3,}")
+
+
+def _drop_permalinks(root: LexborNode) -> None:
+    """Drop heading permalinks: in-page links whose whole text is one symbol (¶ § # 🔗), as Sphinx,
+    MkDocs and most static-site generators put after every heading."""
+    for link in root.css('a[href^="#"]'):
+        label = link.text(deep=True).strip()
+        if len(label) == 1 and not label.isalnum():
+            link.decompose()
 
 
 def _serialise(root: LexborNode) -> str:
@@ -261,6 +289,7 @@ def extract_dom(html: str) -> ExtractedPage:
         # Inside a region the author marked as main, lists of links are content (module lists,
         # "See also" lists); only on unmarked pages do they stand for navigation.
         _drop_link_lists(root)
+    _drop_permalinks(root)
     return ExtractedPage(title, _serialise(root))
 
 

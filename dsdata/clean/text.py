@@ -1,0 +1,170 @@
+"""Regex/Unicode cleaning of plain text: invisible characters, leftover markup, symbol runs,
+whitespace, Unicode normal form.  Each step is a flag so a recipe can switch it off.
+
+CJK safety: NFKC folds full-width punctuation (，！？：；（）) into ASCII and the ideographic space
+into a plain space, which changes Chinese text.  The default form is NFC; `NFKC_CJK` applies NFKC
+everywhere except to full-width punctuation and the ideographic space.
+"""
+from __future__ import annotations
+
+import html
+import re
+import unicodedata
+from dataclasses import dataclass
+
+UNICODE_FORMS = ("NFC", "NFKC", "NFKC_CJK", "NFD", "NFKD", "none")
+
+# C0 and C1 controls except \t and \n (\r is turned into \n first), and DEL.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# Invisible characters with no meaning in running text: zero-width space, word joiner, invisible
+# operators, BOM/zero-width no-break space, soft hyphen, Mongolian vowel separator (an old
+# zero-width space), combining grapheme joiner.  ZWJ/ZWNJ (U+200C/U+200D) are kept: Persian and
+# Indic spelling and emoji sequences need them.
+_ZERO_WIDTH = re.compile("[\u200b\u2060-\u2064\ufeff\u00ad\u180e\u034f]")
+_LINE_SEPARATORS = re.compile("\r\n?|[\u2028\u2029\x85]")
+
+# Only real HTML element names count as leftover tags, so that `vector<int>` or `Map<K, V>` in
+# code survive.
+_HTML_TAG_NAMES = (
+    "a|abbr|address|article|aside|b|big|blockquote|body|br|button|caption|center|cite|code|col|colgroup|dd|"
+    "del|details|div|dl|dt|em|embed|figcaption|figure|font|footer|form|h[1-6]|head|header|hr|html|i|iframe|"
+    "img|input|ins|kbd|label|li|link|main|mark|meta|nav|noscript|ol|option|p|pre|q|s|samp|script|section|"
+    "select|small|source|span|strike|strong|style|sub|summary|sup|table|tbody|td|textarea|tfoot|th|thead|"
+    "title|tr|tt|u|ul|var|wbr"
+)
+_SCRIPT_STYLE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>", re.I | re.S)
+_COMMENT = re.compile(r"<!--.*?-->", re.S)
+_TAG = re.compile(rf"([ \t]*)</?({_HTML_TAG_NAMES})(?:\s[^<>]*)?/?>([ \t]*)", re.I)
+# Tags that end a line of text; every other tag is inline and vanishes without a space
+# ("foo<b>bar</b>" is one word).
+_LINE_BREAKING_TAGS = frozenset(
+    "address article aside blockquote body br caption center dd details div dl dt figcaption figure footer "
+    "form h1 h2 h3 h4 h5 h6 head header hr html li main nav ol p pre section summary table tbody td tfoot th "
+    "thead title tr ul".split()
+)
+_ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
+
+
+def _is_decorative(ch: str) -> bool:
+    """Symbols that form decorative runs (rules, ratings, dividers); ordinary punctuation such as
+    '.', '…', '—', '!' or '。' is not decorative ('……' and '——' are normal Chinese punctuation)."""
+    if ch in "=*#~_-+^|\\/":
+        return True
+    return ord(ch) > 127 and unicodedata.category(ch) in ("So", "Sm", "Sk")
+
+
+def _symbol_run_pattern() -> re.Pattern[str]:
+    # ASCII symbols need a run of 4 so that code operators (===, >>>, **, ---) survive; other
+    # symbols (▲▲▲, ★★★, ■■■) need 3.  Only repeats of one character count as a run.
+    ascii_syms = "".join(re.escape(c) for c in "=*#~_-+^|\\/")
+    return re.compile(rf"[ \t]*(?:([{ascii_syms}])\1{{3,}}|([^\x00-\x7f])\2{{2,}})[ \t]*")
+
+
+_SYMBOL_RUN = _symbol_run_pattern()
+
+_HSPACE = "[ \t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]"
+# A run inside a line: preceded by something other than space or a line start, so indentation
+# (leading space) is not touched by this pattern.
+_INNER_SPACE_RUN = re.compile(f"(?<=[^\\n \t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]){_HSPACE}+")
+_TRAILING_SPACE = re.compile(f"{_HSPACE}+$", re.M)
+_LEADING_SPACE = re.compile(f"^{_HSPACE}+", re.M)
+_BLANK_LINES = re.compile(r"\n{3,}")
+
+# Full-width punctuation (U+FF01–FF0F, FF1A–FF20, FF3B–FF40, FF5B–FF60) and the ideographic space:
+# what NFKC would turn into ASCII in Chinese and Japanese text.
+_CJK_PROTECTED = "\uff01-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff60\u3000"
+_NOT_CJK_PROTECTED = re.compile(f"[^{_CJK_PROTECTED}]+")
+
+
+def _tag_replacement(match: re.Match[str]) -> str:
+    if match.group(2).lower() in _LINE_BREAKING_TAGS:
+        return "\n"  # with the spaces around it: they would indent the next line
+    return match.group(1) + match.group(3)
+
+
+def _symbol_run_replacement(match: re.Match[str]) -> str:
+    ch = match.group(1) or match.group(2)
+    if not _is_decorative(ch):
+        return match.group(0)
+    # Inside a line the run (with the spaces around it) was a separator: one space is left; at
+    # the start or end of a line nothing is (a "==== Title ====" line becomes "Title").
+    text, start, end = match.string, match.start(), match.end()
+    at_line_start = start == 0 or text[start - 1] == "\n"
+    at_line_end = end == len(text) or text[end] == "\n"
+    return "" if at_line_start or at_line_end else " "
+
+
+def _space_run_replacement(match: re.Match[str]) -> str:
+    run = match.group(0)
+    if "\t" in run:
+        return "\t"  # a tab separates table cells; keep one
+    if run.strip("\u3000") == "":
+        return "\u3000"  # CJK typography: keep one ideographic space
+    return " "
+
+
+def normalize_unicode(text: str, form: str) -> str:
+    """Apply a Unicode normal form; NFKC_CJK is NFKC that leaves full-width punctuation alone."""
+    if form == "none":
+        return text
+    if form == "NFKC_CJK":
+        if unicodedata.is_normalized("NFKC", text):
+            return text
+        return _NOT_CJK_PROTECTED.sub(lambda m: unicodedata.normalize("NFKC", m.group(0)), text)
+    if unicodedata.is_normalized(form, text):
+        return text
+    return unicodedata.normalize(form, text)
+
+
+@dataclass(frozen=True)
+class TextCleaner:
+    """Configured text cleaning; `clean(text, markup_possible)` runs the enabled steps in order.
+
+    remove_control: C0/C1 control characters (\\t and \\n kept; \\r\\n, \\r, U+2028/2029 → \\n).
+    remove_zero_width: ZWSP, word joiner, BOM, soft hyphen… (ZWJ/ZWNJ kept).
+    strip_tags: leftover HTML tags (real element names only), comments, script/style blocks.
+    decode_entities: HTML entities with a terminating ';' (&amp; &#8212; &eacute;).
+    symbol_runs: runs of one decorative symbol (==== ****** ▲▲▲) become a space.
+    normalize_whitespace: collapse horizontal space runs, strip line ends, at most one blank line;
+      keep_indent keeps leading indentation (code blocks).
+    unicode_form: NFC | NFKC | NFKC_CJK | NFD | NFKD | none.
+    """
+
+    remove_control: bool = True
+    remove_zero_width: bool = True
+    strip_tags: bool = True
+    decode_entities: bool = True
+    symbol_runs: bool = True
+    normalize_whitespace: bool = True
+    keep_indent: bool = True
+    unicode_form: str = "NFC"
+
+    def clean(self, text: str, markup_possible: bool = True) -> str:
+        """Clean `text`.  `markup_possible=False` for text an HTML parser produced: any '<p>' left
+        in it was written as '&lt;p&gt;' on the page (an HTML tutorial), so it is kept."""
+        if self.remove_control:
+            text = _LINE_SEPARATORS.sub("\n", text)
+            text = _CONTROL.sub("", text)
+        if self.remove_zero_width:
+            text = _ZERO_WIDTH.sub("", text)
+        if self.strip_tags and markup_possible and "<" in text:
+            text = _SCRIPT_STYLE.sub("", text)
+            text = _COMMENT.sub("", text)
+            text = _TAG.sub(_tag_replacement, text)
+        if self.decode_entities and "&" in text:
+            text = _ENTITY.sub(lambda m: html.unescape(m.group(0)), text)
+            if self.remove_control:  # &#0; &#x7f; decode to controls
+                text = _CONTROL.sub("", text)
+        text = normalize_unicode(text, self.unicode_form)
+        if self.symbol_runs:
+            text = _SYMBOL_RUN.sub(_symbol_run_replacement, text)
+        if self.normalize_whitespace:
+            text = _TRAILING_SPACE.sub("", text)
+            if not self.keep_indent:
+                text = _LEADING_SPACE.sub("", text)
+            text = _INNER_SPACE_RUN.sub(_space_run_replacement, text)
+            text = _BLANK_LINES.sub("\n\n", text).strip("\n")
+            if not self.keep_indent:
+                text = text.strip()
+        return text
+
