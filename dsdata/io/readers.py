@@ -96,8 +96,15 @@ def _file_rejection(path: str, reason: str, detail: str, text: str = "") -> Reje
     )
 
 
+_CONTROL = bytes(range(0, 9)) + bytes(range(14, 27)) + bytes(range(28, 32))
+
+
 def _looks_binary(chunk: bytes) -> bool:
-    return b"\x00" in chunk
+    """A file is binary (one rejected row, not one per garbage "line") when over 10 % of its first
+    8 KiB are control bytes that text never holds; a stray NUL in a text line is rejected per line."""
+    if not chunk:
+        return False
+    return sum(chunk.count(b) for b in _CONTROL) > 0.1 * len(chunk)
 
 
 def _stringify_id(value: Any) -> str:
@@ -152,7 +159,7 @@ def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: st
         stream = _decompressed(path, raw)
         head = stream.read(_BINARY_SNIFF)
         if _looks_binary(head):
-            yield _file_rejection(path, "binary_file", "NUL bytes in the first 8 KiB; not a text JSONL file")
+            yield _file_rejection(path, "binary_file", "over 10 % control bytes in the first 8 KiB; not a text JSONL file")
             return
         for line in _iter_lines(stream, head):
             lineno += 1
@@ -235,7 +242,7 @@ def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
         yield _file_rejection(path, "truncated_compression", f"{type(exc).__name__}: {exc}")
         return
     if _looks_binary(data[:_BINARY_SNIFF]):
-        yield _file_rejection(path, "binary_file", "NUL bytes in the first 8 KiB; not an HTML file")
+        yield _file_rejection(path, "binary_file", "over 10 % control bytes in the first 8 KiB; not an HTML file")
         return
     text = decode_html(data)
     meta = {"source": path, "content_type": "text/html"}

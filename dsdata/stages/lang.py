@@ -106,10 +106,12 @@ class LanguageStage(Stage):
         if self.backend == "fasttext":
             self._model = load_fasttext(self.model or default_fasttext_model())
         else:
-            from langdetect import DetectorFactory
+            from langdetect import detector_factory
 
-            DetectorFactory.seed = int(self.seed)
-            self._model = DetectorFactory
+            detector_factory.init_factory()
+            factory = detector_factory._factory
+            factory.set_seed(int(self.seed))
+            self._model = factory
 
     def __getstate__(self):
         state = dict(self.__dict__)

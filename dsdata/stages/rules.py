@@ -174,7 +174,7 @@ class QualityRulesStage(Stage):
                 continue
             if self.c4_remove_policy_lines and any(p in low for p in C4_POLICY):
                 continue
-            if self.c4_max_word_length and any(len(w) > self.c4_max_word_length for w in line.split()):
+            if self.c4_max_word_length and any(len(w) > self.c4_max_word_length for w in words(line)):
                 continue
             if self.c4_drop_unterminated_lines and line.strip() and not line.rstrip().endswith(TERMINAL_PUNCT):
                 continue

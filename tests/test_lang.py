@@ -1,0 +1,72 @@
+"""Language ID on real text with the models that ship in PyPI wheels."""
+import json
+
+import pytest
+
+from dsdata.document import Document, Rejected
+from dsdata.stages import StageConfigError
+from dsdata.stages.lang import LanguageStage, chinese_script, normalise_code
+
+EN = "The package manager downloads the archive, verifies its signature and unpacks it into the system."
+ZH_HANS = "软件包管理器会下载软件包，验证它的签名，然后把它解压到系统中。这个过程通常很快。"
+ZH_HANT = "軟體套件管理器會下載軟體套件，驗證它的簽名，然後把它解壓到系統中。這個過程通常很快。"
+DE = "Der Paketmanager lädt das Archiv herunter, prüft die Signatur und entpackt es in das System."
+
+
+@pytest.mark.parametrize("backend", ["fasttext", "langdetect"])
+def test_backends_on_real_sentences(backend):
+    stage = LanguageStage(backend=backend)
+    stage.setup()
+    docs = [Document(str(i), t) for i, t in enumerate([EN, ZH_HANS, ZH_HANT, DE])]
+    results = stage.process_batch(docs)
+    en, hans, hant, de = results
+    assert en.annotations["lang"] == "en" and en.annotations["lang_script"] is None
+    assert hans.annotations["lang"] == "zh" and hans.annotations["lang_script"] == "Hans"
+    assert hant.annotations["lang"] == "zh" and hant.annotations["lang_script"] == "Hant"
+    assert isinstance(de, Rejected) and de.reason == "lang_not_kept" and de.doc.annotations["lang"] == "de"
+
+
+def test_min_score_rejects_uncertain_documents():
+    stage = LanguageStage(min_score=0.99)
+    result = stage.process(Document("x", "ok ok 123 zz"))
+    assert isinstance(result, Rejected) and result.reason in ("lang_low_score", "lang_not_kept")
+
+
+def test_keep_all():
+    stage = LanguageStage(keep=[], min_score=0)
+    assert not isinstance(stage.process(Document("d", DE)), Rejected)
+
+
+def test_langdetect_is_deterministic():
+    texts = ["ok computer", "Hola mundo, ¿qué tal?", "bonjour tout le monde"] * 3
+    a = LanguageStage(backend="langdetect", keep=[], min_score=0).predict(texts)
+    b = LanguageStage(backend="langdetect", keep=[], min_score=0).predict(texts)
+    assert a == b
+
+
+def test_codes_and_script():
+    assert normalise_code("zh-TW") == "zh" and normalise_code("zh_cn") == "zh" and normalise_code("EN") == "en"
+    assert chinese_script(ZH_HANT) == "Hant" and chinese_script(ZH_HANS) == "Hans"
+
+
+def test_bad_configuration_is_one_clear_error(tmp_path):
+    with pytest.raises(StageConfigError, match="lang.backend"):
+        LanguageStage(backend="cld3")
+    with pytest.raises(StageConfigError, match="no parameter 'keep_langs'"):
+        LanguageStage(keep_langs=["en"])
+    missing = LanguageStage(model=str(tmp_path / "nope.bin"))
+    with pytest.raises(StageConfigError, match="nope.bin' not found"):
+        missing.setup()
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"not a model")
+    with pytest.raises(StageConfigError, match="not a fastText model"):
+        LanguageStage(model=str(junk)).setup()
+
+
+def test_zh_en_accuracy_on_dev_set(shared_data):
+    recs = [json.loads(line) for line in (shared_data / "langid-dev.jsonl").read_text(encoding="utf-8").splitlines()]
+    recs = [r for r in recs if r["lang"] in ("zh", "en")]
+    stage = LanguageStage(keep=[], min_score=0)
+    preds = stage.predict([r["text"] for r in recs])
+    accuracy = sum(p[0] == r["lang"] for p, r in zip(preds, recs)) / len(recs)
+    assert accuracy >= 0.99
