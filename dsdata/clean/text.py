@@ -45,27 +45,30 @@ _LINE_BREAKING_TAGS = frozenset(
 _ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
 
 
-def _is_decorative(ch: str) -> bool:
-    """Symbols that form decorative runs (rules, ratings, dividers); ordinary punctuation such as
-    '.', '…', '—', '!' or '。' is not decorative ('……' and '——' are normal Chinese punctuation)."""
-    if ch in "=*#~_-+^|\\/":
-        return True
-    return ord(ch) > 127 and unicodedata.category(ch) in ("So", "Sm", "Sk")
+# Non-ASCII symbols that form decorative runs: arrows, math operators and technical symbols, box
+# drawing, block elements, geometric shapes (▲ ■ ◆), miscellaneous symbols and dingbats (★ ☆ ♥ ✔),
+# and the emoji planes.  Ordinary punctuation is not in it: '……' and '——' are normal Chinese
+# punctuation, '!!!' and '。。。' are emphasis.
+_DECORATIVE = "[\u2190-\u23ff\u2500-\u27bf\u2900-\u2bff\U0001f000-\U0001faff]"
+_DECORATIVE_CHAR = re.compile(_DECORATIVE)
 
 
-def _symbol_run_pattern() -> re.Pattern[str]:
-    # ASCII symbols need a run of 4 so that code operators (===, >>>, **, ---) survive; other
-    # symbols (▲▲▲, ★★★, ■■■) need 3.  Only repeats of one character count as a run.
-    ascii_syms = "".join(re.escape(c) for c in "=*#~_-+^|\\/")
-    return re.compile(rf"[ \t]*(?:([{ascii_syms}])\1{{3,}}|([^\x00-\x7f])\2{{2,}})[ \t]*")
+# ASCII rules and dividers: only a line made of nothing but =*#~_-+^|\/ runs (4+), so code such
+# as "-----BEGIN PGP SIGNATURE-----", print('====') or "x === y" is untouched.
+_ASCII_RULE_LINE = re.compile(r"^[ \t]*(?:[=*#~_\-+^|\\/]{4,}[ \t]*)+$", re.M)
+# Non-ASCII decorative symbols: a run of 3+ of the same one anywhere (▲▲▲, ★★★★★).
+_SYMBOL_RUN = re.compile(rf"[ \t]*({_DECORATIVE})\1{{2,}}[ \t]*")
 
-
-_SYMBOL_RUN = _symbol_run_pattern()
 
 _HSPACE = "[ \t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]"
 # A run inside a line: preceded by something other than space or a line start, so indentation
 # (leading space) is not touched by this pattern.
-_INNER_SPACE_RUN = re.compile(f"(?<=[^\\n \t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]){_HSPACE}+")
+# Only runs that change are matched (two or more characters, or one that is not a plain space):
+# a callback per single space between words would cost more than the rest of the cleaning.
+_INNER_SPACE_RUN = re.compile(
+    f"(?<=[^\\n \t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])"
+    f"(?: (?={_HSPACE})|[\t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]){_HSPACE}*"
+)
 _TRAILING_SPACE = re.compile(f"{_HSPACE}+$", re.M)
 _LEADING_SPACE = re.compile(f"^{_HSPACE}+", re.M)
 _BLANK_LINES = re.compile(r"\n{3,}")
@@ -83,9 +86,6 @@ def _tag_replacement(match: re.Match[str]) -> str:
 
 
 def _symbol_run_replacement(match: re.Match[str]) -> str:
-    ch = match.group(1) or match.group(2)
-    if not _is_decorative(ch):
-        return match.group(0)
     # Inside a line the run (with the spaces around it) was a separator: one space is left; at
     # the start or end of a line nothing is (a "==== Title ====" line becomes "Title").
     text, start, end = match.string, match.start(), match.end()
@@ -124,7 +124,8 @@ class TextCleaner:
     remove_zero_width: ZWSP, word joiner, BOM, soft hyphen… (ZWJ/ZWNJ kept).
     strip_tags: leftover HTML tags (real element names only), comments, script/style blocks.
     decode_entities: HTML entities with a terminating ';' (&amp; &#8212; &eacute;).
-    symbol_runs: runs of one decorative symbol (==== ****** ▲▲▲) become a space.
+    symbol_runs: lines made only of ASCII rules (==== ******, 4+) are emptied; runs of 3+ of one
+      non-ASCII symbol (▲▲▲ ★★★) are removed anywhere.
     normalize_whitespace: collapse horizontal space runs, strip line ends, at most one blank line;
       keep_indent keeps leading indentation (code blocks).
     unicode_form: NFC | NFKC | NFKC_CJK | NFD | NFKD | none.
@@ -143,7 +144,8 @@ class TextCleaner:
         """Clean `text`.  `markup_possible=False` for text an HTML parser produced: any '<p>' left
         in it was written as '&lt;p&gt;' on the page (an HTML tutorial), so it is kept."""
         if self.remove_control:
-            text = _LINE_SEPARATORS.sub("\n", text)
+            if "\r" in text or "\u2028" in text or "\u2029" in text or "\x85" in text:
+                text = _LINE_SEPARATORS.sub("\n", text)
             text = _CONTROL.sub("", text)
         if self.remove_zero_width:
             text = _ZERO_WIDTH.sub("", text)
@@ -157,7 +159,9 @@ class TextCleaner:
                 text = _CONTROL.sub("", text)
         text = normalize_unicode(text, self.unicode_form)
         if self.symbol_runs:
-            text = _SYMBOL_RUN.sub(_symbol_run_replacement, text)
+            text = _ASCII_RULE_LINE.sub("", text)
+            if _DECORATIVE_CHAR.search(text):  # most texts have none: skip the slower pattern
+                text = _SYMBOL_RUN.sub(_symbol_run_replacement, text)
         if self.normalize_whitespace:
             text = _TRAILING_SPACE.sub("", text)
             if not self.keep_indent:

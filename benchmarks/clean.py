@@ -1,0 +1,123 @@
+"""HTML main-text extraction: dsdata's extractor vs trafilatura vs selectolax body text, side by side.
+
+Runs each extractor over every page of a gold set (default ../shared/data/html-dev), scores the
+predictions with the project's scorer (shared/tools/score_html.py: bag-of-tokens F1 per page, mean
+per language), and times extraction (best of --repeat passes over all pages, one process, one core).
+Also runs the whole `clean` stage (extraction + text cleaning) to show the cleaning costs no F1.
+
+usage: python benchmarks/clean.py [--data DIR] [--scorer PATH] [--repeat N]
+Last line: one JSON object with the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dsdata.clean.html import extract_main_text  # noqa: E402
+from dsdata.document import Document  # noqa: E402
+from dsdata.stages.clean import CleanStage  # noqa: E402
+
+SHARED = REPO.parent / "shared"
+
+
+def load_pages(data: Path) -> list[dict]:
+    pages = []
+    with open(data / "manifest.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                rec = json.loads(line)
+                rec["html"] = (data / f"{rec['name']}.html").read_text(encoding="utf-8", errors="replace")
+                pages.append(rec)
+    return pages
+
+
+def stage_extract(stage: CleanStage):
+    def run(html: str) -> str:
+        result = stage.process(Document(id="page", text=html, metadata={"content_type": "text/html"}))
+        return getattr(result, "text", "") if isinstance(result, Document) else ""
+
+    return run
+
+
+def timed_pass(fn, pages: list[dict]) -> tuple[list[str], float]:
+    start = time.perf_counter()
+    outputs = [fn(p["html"]) for p in pages]
+    return outputs, time.perf_counter() - start
+
+
+def score(scorer: Path, data: Path, pages: list[dict], outputs: list[str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="dsdata-clean-bench-") as pred_dir:
+        for page, text in zip(pages, outputs):
+            Path(pred_dir, f"{page['name']}.txt").write_text(text, encoding="utf-8")
+        proc = subprocess.run(
+            [sys.executable, str(scorer), pred_dir, str(data)], capture_output=True, text=True, check=True
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=SHARED / "data" / "html-dev", help="gold set directory")
+    ap.add_argument("--scorer", type=Path, default=SHARED / "tools" / "score_html.py")
+    ap.add_argument("--repeat", type=int, default=3, help="timed passes per extractor (best kept); trafilatura: 1")
+    args = ap.parse_args(argv)
+    for path, what in ((args.data / "manifest.jsonl", "gold set"), (args.scorer, "scorer")):
+        if not path.is_file():
+            print(f"error: {what} not found at {path}; pass --data / --scorer", file=sys.stderr)
+            return 2
+
+    pages = load_pages(args.data)
+    total_kb = sum(len(p["html"].encode("utf-8")) for p in pages) / 1024
+    print(f"{len(pages)} pages ({total_kb:.0f} KiB of HTML) from {args.data}; pid {os.getpid()}, one core")
+    runners = {
+        "dsdata": lambda h: extract_main_text(h, "auto").text,
+        "dsdata-stage": stage_extract(CleanStage()),
+        "trafilatura": lambda h: extract_main_text(h, "trafilatura").text,
+        "selectolax-body": lambda h: extract_main_text(h, "selectolax-body").text,
+    }
+    results: dict[str, dict] = {}
+    for name, fn in runners.items():
+        repeat = 1 if name == "trafilatura" else max(1, args.repeat)
+        best = float("inf")
+        outputs: list[str] = []
+        for _ in range(repeat):
+            outputs, seconds = timed_pass(fn, pages)
+            best = min(best, seconds)
+        scored = score(args.scorer, args.data, pages, outputs)
+        per_lang = scored["per_lang"]
+        results[name] = {
+            "f1": scored["f1"],
+            "f1_en": per_lang.get("en", {}).get("f1"),
+            "f1_zh": per_lang.get("zh", {}).get("f1"),
+            "precision": scored["precision"],
+            "recall": scored["recall"],
+            "pages_per_s": round(len(pages) / best, 1),
+        }
+        r = results[name]
+        print(f"{name:>16}  F1={r['f1']:.4f}  (en {r['f1_en']:.4f}, zh {r['f1_zh']:.4f})  "
+              f"P={r['precision']:.4f} R={r['recall']:.4f}  {r['pages_per_s']:8.1f} pages/s")
+
+    ours, traf, body = results["dsdata"], results["trafilatura"], results["selectolax-body"]
+    ratios = {
+        "speed_vs_trafilatura": round(ours["pages_per_s"] / traf["pages_per_s"], 1),
+        "speed_vs_selectolax_body": round(ours["pages_per_s"] / body["pages_per_s"], 2),
+        "f1_minus_trafilatura": round(ours["f1"] - traf["f1"], 4),
+        "f1_minus_selectolax_body": round(ours["f1"] - body["f1"], 4),
+    }
+    print(f"dsdata vs trafilatura: {ratios['speed_vs_trafilatura']}x pages/s, F1 {ratios['f1_minus_trafilatura']:+.4f}; "
+          f"vs selectolax-body: {ratios['speed_vs_selectolax_body']}x pages/s, F1 {ratios['f1_minus_selectolax_body']:+.4f}")
+    print(json.dumps({"benchmark": "clean", "pages": len(pages), "results": results, "ratios": ratios}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
