@@ -1,0 +1,53 @@
+"""`torchrun --nproc_per_node=N -m dsdata.train --config models/tiny.toml [--set k=v ...] [--run-dir DIR]`."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dsdata-train", description="Train the dsdata decoder LM on pipeline shards "
+                                     "(launch with torchrun for several processes; see docs/train.md).")
+    parser.add_argument("--config", required=True, help="TOML config, e.g. models/tiny.toml")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config value (repeatable), e.g. --set training.steps=40")
+    parser.add_argument("--run-dir", default=None,
+                        help="metrics, TensorBoard, checkpoints, export (default runs/<config name>); "
+                             "an existing run dir with checkpoints is resumed")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from dsdata.train.config import ConfigError, load_config
+
+    run_dir = args.run_dir or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
+    try:
+        config = load_config(args.config, args.set)
+        from dsdata.train.loop import train
+
+        summary = train(config, run_dir)
+    except ConfigError as exc:
+        print(f"dsdata-train: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from dsdata.io.shards import ShardError
+
+        if isinstance(exc, ShardError):
+            print(f"dsdata-train: error: {exc}", file=sys.stderr)
+            return 2
+        raise
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Dynamic gradient clipping: threshold = factor × median of the last `window` global grad norms."""
+from __future__ import annotations
+
+import collections
+import statistics
+
+import torch
+
+
+class DynamicGradClipper:
+    """Fixed `max_norm` until `min_history` norms are known, then factor × median(history).
+
+    Only finite norms of steps that were applied enter the history.
+    """
+
+    def __init__(self, max_norm: float = 1.0, factor: float = 0.8, window: int = 100, min_history: int = 50,
+                 dynamic: bool = True):
+        self.max_norm, self.factor, self.min_history, self.dynamic = max_norm, factor, min_history, dynamic
+        self.history: collections.deque[float] = collections.deque(maxlen=window)
+
+    def threshold(self) -> float:
+        if self.dynamic and len(self.history) >= self.min_history:
+            return self.factor * statistics.median(self.history)
+        return self.max_norm
+
+    def record(self, norm: float) -> None:
+        if norm == norm and norm != float("inf"):
+            self.history.append(float(norm))
+
+    @torch.no_grad()
+    def clip(self, grads: list[torch.Tensor], total_norm: float) -> float:
+        """Scale grads so their global norm is at most the threshold; returns the threshold used."""
+        limit = self.threshold()
+        if total_norm > limit:
+            coef = limit / (total_norm + 1e-6)
+            for g in grads:
+                g.mul_(coef)
+        return limit
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.clear()
+        self.history.extend(float(x) for x in state["history"])

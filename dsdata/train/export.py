@@ -1,0 +1,91 @@
+"""Export a trained model as a Hugging Face causal-LM directory (for the difficulty stage to score with).
+
+A dense-attention model without MoE is exactly a Llama: the weights are renamed into
+`LlamaForCausalLM` and saved with `save_pretrained` (RoPE already uses HF's rotate-half layout, so
+no permutation).  Other architectures (dynamic_sparse / lsh attention, MoE) have no HF equivalent;
+for them the directory holds the native weights (model.safetensors with dsdata names) and
+dsdata_model.json, and `export_hf` says so in its return value and log line.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import asdict
+
+import torch
+
+log = logging.getLogger("dsdata.train")
+
+
+def llama_state_dict(state: dict[str, torch.Tensor], n_layers: int, tied: bool) -> dict[str, torch.Tensor]:
+    """dsdata names → LlamaForCausalLM names."""
+    out = {"model.embed_tokens.weight": state["tok_embeddings.weight"], "model.norm.weight": state["norm.weight"]}
+    if not tied:
+        out["lm_head.weight"] = state["output.weight"]
+    names = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj", "attention.wv": "self_attn.v_proj",
+             "attention.wo": "self_attn.o_proj", "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
+             "feed_forward.w2": "mlp.down_proj", "attention_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    for i in range(n_layers):
+        for ours, theirs in names.items():
+            out[f"model.layers.{i}.{theirs}.weight"] = state[f"layers.{i}.{ours}.weight"]
+    return out
+
+
+def llama_config(args):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=args.vocab_size, hidden_size=args.dim, intermediate_size=args.hidden_dim,
+                       num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads,
+                       num_key_value_heads=args.kv_heads, max_position_embeddings=args.max_seq_len,
+                       rms_norm_eps=args.norm_eps, rope_theta=args.rope_theta, tie_word_embeddings=args.tie_embeddings,
+                       attention_bias=False, mlp_bias=False, torch_dtype="float32")
+
+
+def export_hf(state: dict[str, torch.Tensor], args, out_dir: str, tokenizer_path: str | None = None) -> str:
+    """Write out_dir; returns "llama" or "native" (what was written).  state: full model state dict."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.makedirs(out_dir, exist_ok=True)
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
+    if args.attention == "dense" and not args.moe_experts:
+        from transformers import LlamaForCausalLM
+
+        config = llama_config(args)
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config)
+        model.load_state_dict(llama_state_dict(state, args.n_layers, args.tie_embeddings), strict=False, assign=True)
+        if args.tie_embeddings:
+            model.tie_weights()
+        model.save_pretrained(out_dir)
+        kind = "llama"
+    else:
+        from safetensors.torch import save_file
+
+        unique = {}
+        seen = set()
+        for key, value in state.items():
+            if value.data_ptr() in seen:
+                continue
+            seen.add(value.data_ptr())
+            unique[key] = value.clone()
+        save_file(unique, os.path.join(out_dir, "model.safetensors"))
+        kind = "native"
+        log.warning("export: %s attention%s has no Hugging Face equivalent; %s holds dsdata-native weights "
+                    "(model.safetensors + dsdata_model.json), not a LlamaForCausalLM", args.attention,
+                    " with MoE" if args.moe_experts else "", out_dir)
+    with open(os.path.join(out_dir, "dsdata_model.json"), "w") as fh:
+        json.dump({"format": kind, "model": asdict(args)}, fh, indent=1)
+    if tokenizer_path:
+        _copy_tokenizer(tokenizer_path, out_dir)
+    return kind
+
+
+def _copy_tokenizer(path: str, out_dir: str) -> None:
+    """Copy the shards' tokenizer next to the weights so AutoTokenizer finds it."""
+    if os.path.isfile(path) and path.endswith(".json"):
+        shutil.copy(path, os.path.join(out_dir, "tokenizer.json"))
+    elif os.path.isdir(path):
+        for name in os.listdir(path):
+            if name.startswith(("tokenizer", "special_tokens_map", "vocab", "merges")):
+                shutil.copy(os.path.join(path, name), os.path.join(out_dir, name))

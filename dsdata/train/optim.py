@@ -1,0 +1,199 @@
+"""Optimizers (DeepOpt, LambdaOpt, AdamW baseline) and the warm-up + cosine learning-rate schedule.
+
+All state is tensors (step counts, β products, moments), so torch.distributed.checkpoint saves and
+reshards it like the model and no pickled Python objects end up in a checkpoint.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _full_norm(t: torch.Tensor) -> torch.Tensor:
+    """L2 norm of a tensor that may be a sharded DTensor (then the norm over all its shards)."""
+    norm = torch.linalg.vector_norm(t)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+class DeepOpt(torch.optim.Optimizer):
+    """Adam whose β1 and β2 follow a schedule over training, with decoupled weight decay.
+
+    At step t (1-based) of a schedule of T steps, with s = min(t / T, 1):
+        β1_t = beta1 · (1 − 0.01 · s)
+        β2_t = beta2 + (beta2_final − beta2) · s          (β2 rises; capped below 1)
+    Bias correction uses the products of the betas actually used: m̂ = m / (1 − Π β1_i),
+    v̂ = v / (1 − Π β2_i), which reduces to Adam's 1 − β^t for constant betas.
+        p ← p − lr · wd · p − lr · m̂ / (√v̂ + eps)
+    """
+
+    def __init__(self, params, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.999), beta2_final: float = 0.9999,
+                 schedule_steps: int = 10000, eps: float = 1e-8, weight_decay: float = 0.0):
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"DeepOpt betas must be in [0, 1), got {betas}")
+        if not betas[1] <= beta2_final < 1.0:
+            raise ValueError(f"DeepOpt beta2_final must be in [beta2, 1), got {beta2_final}")
+        if schedule_steps < 1:
+            raise ValueError("DeepOpt schedule_steps must be >= 1")
+        defaults = dict(lr=lr, betas=betas, beta2_final=beta2_final, schedule_steps=schedule_steps, eps=eps,
+                        weight_decay=weight_decay)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def betas_at(step: int, group: dict) -> tuple[float, float]:
+        progress = min(step / group["schedule_steps"], 1.0)
+        beta1, beta2 = group["betas"]
+        beta1_t = beta1 * (1.0 - 0.01 * progress)
+        beta2_t = min(beta2 + (group["beta2_final"] - beta2) * progress, 1.0 - 1e-9)
+        return beta1_t, beta2_t
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["beta1_product"] = torch.ones((), dtype=torch.float64)
+                    state["beta2_product"] = torch.ones((), dtype=torch.float64)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t = int(state["step"].item())
+                beta1, beta2 = self.betas_at(t, group)
+                state["beta1_product"] *= beta1
+                state["beta2_product"] *= beta2
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                correction1 = 1.0 - float(state["beta1_product"])
+                correction2 = 1.0 - float(state["beta2_product"])
+                if wd:
+                    p.mul_(1 - lr * wd)
+                denom = (exp_avg_sq / correction2).sqrt_().add_(eps)
+                p.addcdiv_(exp_avg, denom, value=-lr / correction1)
+        return loss
+
+
+class LambdaOpt(torch.optim.Optimizer):
+    """AdamW moments with a LAMB layer-wise trust ratio.
+
+        u = m̂ / (√v̂ + eps) + wd · p          (Adam direction plus decoupled decay)
+        r = ‖p‖ / ‖u‖  (1 when either norm is 0; clipped to max_trust)
+        p ← p − lr · r · u
+    """
+
+    def __init__(self, params, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0, max_trust: float = 10.0):
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"LambdaOpt betas must be in [0, 1), got {betas}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_trust=max_trust))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t = int(state["step"].item())
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                update = (exp_avg / (1 - beta1 ** t)) / ((exp_avg_sq / (1 - beta2 ** t)).sqrt_().add_(eps))
+                if wd:
+                    update.add_(p, alpha=wd)
+                weight_norm, update_norm = _full_norm(p), _full_norm(update)
+                trust = torch.where((weight_norm > 0) & (update_norm > 0),
+                                    (weight_norm / update_norm).clamp(max=group["max_trust"]),
+                                    torch.ones_like(weight_norm))
+                p.add_(update * (-lr * trust).to(update.dtype))
+        return loss
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only (not on norms, biases, gate biases)."""
+    decay, no_decay, seen = [], [], set()
+    for param in model.parameters():
+        if id(param) in seen:  # tied embeddings appear once
+            continue
+        seen.add(id(param))
+        (decay if param.ndim >= 2 else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizer(model: nn.Module, config, total_steps: int) -> torch.optim.Optimizer:
+    """The optimizer named by config.optimizer (an OptimizerConfig)."""
+    groups = parameter_groups(model, config.weight_decay)
+    betas = (config.beta1, config.beta2)
+    if config.name == "adamw":
+        return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps, weight_decay=config.weight_decay,
+                                 foreach=False)
+    if config.name == "deepopt":
+        return DeepOpt(groups, lr=config.lr, betas=betas, beta2_final=config.beta2_final,
+                       schedule_steps=config.schedule_steps or total_steps, eps=config.eps,
+                       weight_decay=config.weight_decay)
+    if config.name == "lambdaopt":
+        return LambdaOpt(groups, lr=config.lr, betas=betas, eps=config.eps, weight_decay=config.weight_decay)
+    raise ValueError(f"optimizer.name = {config.name!r}; choose adamw, deepopt or lambdaopt")
+
+
+class WarmupCosineSchedule:
+    """Linear warm-up to the peak lr over `warmup_steps`, then cosine decay to min_ratio · peak."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, peak_lr: float, warmup_steps: int, decay_steps: int,
+                 min_ratio: float = 0.1):
+        self.optimizer, self.peak_lr = optimizer, peak_lr
+        self.warmup_steps, self.decay_steps, self.min_ratio = max(0, warmup_steps), max(1, decay_steps), min_ratio
+        self.step_count = 0
+        self._apply()
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.peak_lr * (step + 1) / self.warmup_steps
+        progress = min((step - self.warmup_steps) / self.decay_steps, 1.0)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.peak_lr * (self.min_ratio + (1.0 - self.min_ratio) * cosine)
+
+    def _apply(self) -> None:
+        lr = self.lr_at(self.step_count)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def step(self) -> None:
+        self.step_count += 1
+        self._apply()
+
+    def get_last_lr(self) -> float:
+        return self.lr_at(self.step_count)
+
+    def state_dict(self) -> dict:
+        return {"step_count": self.step_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count = int(state["step_count"])
+        self._apply()
