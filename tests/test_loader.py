@@ -113,15 +113,21 @@ def _steps(ds, loader_iter_box, first_step, n_steps):
     return out
 
 
-@pytest.mark.parametrize("curriculum", [None, {"schedule": "linear", "warmup_steps": 12,
-                                               "start": {"easy": 0.8, "medium": 0.1, "hard": 0.1}}])
-def test_resume_mid_epoch_gives_the_same_next_batches(tmp_path, curriculum):
+LINEAR = {"schedule": "linear", "warmup_steps": 12, "start": {"easy": 0.8, "medium": 0.1, "hard": 0.1}}
+
+
+@pytest.mark.parametrize("curriculum,batched", [(None, False), (LINEAR, False), (None, True), (LINEAR, True)])
+def test_resume_mid_epoch_gives_the_same_next_batches(tmp_path, curriculum, batched):
     _counting_set(tmp_path / "s", n_docs=30, buckets=("easy", "medium", "hard"))
     path = str(tmp_path / "s")
 
     def fresh():
-        ds = ShardDataset(path, SEQ, seed=11, curriculum=curriculum)
-        loader = DataLoader(ds, batch_size=3)
+        if batched:  # the dataset batches itself (the fast path)
+            ds = ShardDataset(path, SEQ, seed=11, curriculum=curriculum, batch_size=3)
+            loader = DataLoader(ds, batch_size=None)
+        else:
+            ds = ShardDataset(path, SEQ, seed=11, curriculum=curriculum)
+            loader = DataLoader(ds, batch_size=3)
         return ds, [iter(loader), loader]
 
     ds, box = fresh()
@@ -140,6 +146,22 @@ def test_resume_mid_epoch_gives_the_same_next_batches(tmp_path, curriculum):
     # A run without the restored state would differ (the check above can fail).
     ds3, box3 = fresh()
     assert not all(torch.equal(a, b) for a, b in zip(uninterrupted, _steps(ds3, box3, len(first), 2 * per_epoch)))
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_batched_mode_yields_the_same_windows_as_window_mode(tmp_path, shuffle):
+    _counting_set(tmp_path / "s", n_docs=40)
+    path = str(tmp_path / "s")
+    for rank in (0, 1):
+        windows = torch.stack(list(ShardDataset(path, SEQ, seed=4, shuffle=shuffle, rank=rank, world_size=2)))
+        batches = list(ShardDataset(path, SEQ, seed=4, shuffle=shuffle, rank=rank, world_size=2, batch_size=5))
+        assert all(b.shape[1] == SEQ + 1 for b in batches) and all(b.shape[0] == 5 for b in batches[:-1])
+        assert torch.equal(torch.cat(batches), windows)
+    if not shuffle:
+        # In order, a batch inside one shard is a strided view of the mapping itself.
+        ds = ShardDataset(path, SEQ, shuffle=False, batch_size=4)
+        first = next(iter(ds))
+        assert any(addr <= first.data_ptr() < addr + size for _, addr, size in ds.mapped_regions())
 
 
 def test_resume_right_after_an_epoch_ends(tmp_path):

@@ -8,7 +8,8 @@ that actually have data):
   "easy → hard": start heavy on easy, end at the corpus mix (or uniform);
 * `TableSchedule([(step, weights), ...])`   piecewise-linear between rows, flat outside them.
 
-`schedule_from_spec(spec, total_steps, natural)` builds one from a config dict, e.g.
+`schedule_from_spec(spec, total_steps, natural)` builds one from a config dict (or from the path of
+a pipeline's difficulty.json, which holds such a dict under "curriculum"), e.g.
 `{"schedule": "linear", "warmup_fraction": 0.3, "start": {"easy": 0.7, "medium": 0.2, "hard": 0.1}}`
 (`end` defaults to `natural`).  `natural_weights(path)` reads the corpus mix from a pipeline's
 stats.json / difficulty.json or a shard manifest.json.  `CurriculumSampler` draws buckets with a
@@ -160,6 +161,14 @@ def schedule_from_spec(spec: Mapping[str, Any] | CurriculumSchedule | None, tota
     """
     if spec is None or isinstance(spec, CurriculumSchedule):
         return spec
+    if isinstance(spec, (str, os.PathLike)):
+        # A pipeline's difficulty.json carries a ready "curriculum" spec and the corpus counts.
+        with open(spec, encoding="utf-8") as fh:
+            data = json.load(fh)
+        if not isinstance(data, Mapping) or not isinstance(data.get("curriculum"), Mapping):
+            raise ValueError(f"{spec}: no 'curriculum' spec inside; pass a mapping like {{'schedule': 'linear', ...}}")
+        natural = natural or natural_weights(str(spec))
+        spec = data["curriculum"]
     if not isinstance(spec, Mapping):
         raise ValueError(f"curriculum must be a mapping with a 'schedule' key, got {spec!r}")
     if spec.get("weights_from"):
@@ -188,16 +197,30 @@ class CurriculumSampler:
     def __init__(self, schedule: CurriculumSchedule, seed: int = 0):
         self.schedule = schedule
         self.rng = np.random.Generator(np.random.PCG64(seed))
+        self._cdf_key: tuple | None = None
+        self._cdf: list[float] = []
+
+    def probabilities(self, step: int, available: Sequence[str]) -> list[float]:
+        """The schedule's weights at `step` over `available` buckets, summing to 1."""
+        weights = self.schedule.weights(step)
+        probs = [max(0.0, float(weights.get(b, 0.0))) for b in available]
+        total = sum(probs)
+        if total <= 0:
+            # The schedule puts no weight on any bucket that has data: fall back to uniform.
+            return [1.0 / len(available)] * len(available)
+        return [p / total for p in probs]
 
     def choose(self, step: int, available: Sequence[str]) -> str:
         """One bucket among `available` (buckets with data), weights renormalised over them."""
-        weights = self.schedule.weights(step)
-        probs = np.array([weights.get(b, 0.0) for b in available], dtype=np.float64)
-        if probs.sum() <= 0:
-            # The schedule puts no weight on any bucket that has data: fall back to uniform.
-            probs = np.ones(len(available))
-        probs /= probs.sum()
-        return available[int(self.rng.choice(len(available), p=probs))]
+        key = (step, tuple(available))
+        if key != self._cdf_key:
+            self._cdf = np.cumsum(self.probabilities(step, available)).tolist()
+            self._cdf_key = key
+        u = self.rng.random()
+        for bucket, edge in zip(available, self._cdf):
+            if u < edge:
+                return bucket
+        return available[-1]
 
     def state_dict(self) -> dict[str, Any]:
         # PCG64's 128-bit integers as strings: checkpoints stay loadable by JSON and by

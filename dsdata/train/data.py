@@ -113,6 +113,15 @@ class _OpenShard:
             warnings.simplefilter("ignore", UserWarning)
             self.tokens = torch.from_numpy(values)
         self.region = (info.path, self.buffer.address, self.buffer.size)
+        self._matrices: dict[int, torch.Tensor] = {}
+
+    def window_matrix(self, seq_len: int) -> torch.Tensor:
+        """All windows of the shard as a [windows, seq_len + 1] strided view (rows overlap by one token)."""
+        matrix = self._matrices.get(seq_len)
+        if matrix is None:
+            rows = (self.info.tokens - 1) // seq_len if self.info.tokens > seq_len else 0
+            matrix = self._matrices[seq_len] = torch.as_strided(self.tokens, (rows, seq_len + 1), (seq_len, 1))
+        return matrix
 
 
 class ShardDataset(torch.utils.data.IterableDataset):
@@ -122,11 +131,14 @@ class ShardDataset(torch.utils.data.IterableDataset):
         `schedule_from_spec` (its default weights: the shards' own bucket mix).
     total_steps: the run's length, needed only by a `linear` spec given as warmup_fraction.
     shuffle: False walks shards and windows in manifest order (for inspection and tests).
+    batch_size: yield [batch_size, seq_len + 1] batches instead of windows (use DataLoader(ds,
+        batch_size=None)): one gather per batch instead of one tensor per window — the fast path.
     """
 
     def __init__(self, path: str, seq_len: int, *, rank: int = 0, world_size: int = 1, seed: int = 0,
                  verify: bool = True, curriculum: CurriculumSchedule | Mapping[str, Any] | None = None,
-                 prefetch: bool = True, shuffle: bool = True, total_steps: int | None = None):
+                 prefetch: bool = True, shuffle: bool = True, total_steps: int | None = None,
+                 batch_size: int | None = None):
         super().__init__()
         if int(seq_len) < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
@@ -135,6 +147,9 @@ class ShardDataset(torch.utils.data.IterableDataset):
         self.path, self.seq_len = str(path), int(seq_len)
         self.rank, self.world_size, self.seed = int(rank), int(world_size), int(seed)
         self.verify, self.prefetch, self.shuffle = bool(verify), bool(prefetch), bool(shuffle)
+        if batch_size is not None and int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        self.batch_size = None if batch_size is None else int(batch_size)
         manifest = read_manifest(self.path)
         with open(os.path.join(self.path, "manifest.json"), "rb") as fh:
             self.manifest_sha256 = hashlib.sha256(fh.read()).hexdigest()
@@ -181,6 +196,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
             "format": _STATE_FORMAT, "version": 1, "manifest_sha256": self.manifest_sha256,
             "seq_len": self.seq_len, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
             "shuffle": self.shuffle, "curriculum": self.schedule.describe() if self.schedule else None,
+            "batch_size": self.batch_size,
             "consumers": self._state["consumers"], "step": self._state["step"],
             "groups": {g: list(pos) for g, pos in self._state["groups"].items()}, "sampler": sampler,
         }
@@ -189,7 +205,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
         if state.get("format") != _STATE_FORMAT:
             raise ValueError("not a ShardDataset state (format must be 'dsdata-loader')")
         mine = self.state_dict()
-        for key in ("manifest_sha256", "seq_len", "seed", "rank", "world_size", "shuffle", "curriculum"):
+        for key in ("manifest_sha256", "seq_len", "seed", "rank", "world_size", "shuffle", "curriculum", "batch_size"):
             if state.get(key) != mine[key]:
                 raise ValueError(f"loader state was saved with {key}={state.get(key)!r}, this dataset has "
                                  f"{mine[key]!r}; resume with the same shards and settings")
@@ -239,7 +255,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
                     sampler.load_state_dict(self._state["sampler"])
             runtime = self._runtime = {
                 "consumer": consumer, "n": n_consumers, "sampler": sampler,
-                "open": collections.OrderedDict(), "pending": {}, "starts": {},
+                "open": collections.OrderedDict(), "pending": {}, "starts": {}, "orders": {},
                 "executor": concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shard-prefetch")
                 if self.prefetch else None,
             }
@@ -251,17 +267,76 @@ class ShardDataset(torch.utils.data.IterableDataset):
             if self._mine(_ALL) == 0:
                 raise ValueError(self._too_small())
             self._skip_finished_epoch(_ALL)
+            if self.batch_size is None:
+                yield from self._epoch_windows(_ALL)
+                return
             while True:
-                window = self._next_window(_ALL, wrap=False)
-                if window is None:
+                pieces = self._take(_ALL, self.batch_size, wrap=False)
+                if not pieces:
                     return
-                yield window
+                yield pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         available = [g for g in self.groups if self._mine(g) > 0]
         if not available:
             raise ValueError(self._too_small())
+        sampler, state = runtime["sampler"], self._state
+        if self.batch_size is None:
+            while True:
+                yield self._next_window(sampler.choose(state["step"], available))
         while True:
-            bucket = runtime["sampler"].choose(self._state["step"], available)
-            yield self._next_window(bucket, wrap=True)
+            # One bucket draw per row; rows are grouped by bucket inside the batch.
+            counts = collections.Counter(sampler.choose(state["step"], available) for _ in range(self.batch_size))
+            pieces = []
+            for group in available:
+                if counts[group]:
+                    pieces += self._take(group, counts[group], wrap=True)
+            yield pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+    def _take(self, group: str, count: int, wrap: bool) -> list[torch.Tensor]:
+        """Up to `count` next windows of `group` as [k, seq_len + 1] blocks (views when contiguous)."""
+        pos = self._state["groups"][group]
+        pieces: list[torch.Tensor] = []
+        while count > 0:
+            order = self._shard_order(group, pos[0])
+            if pos[1] >= len(order):
+                pos[0], pos[1], pos[2] = pos[0] + 1, 0, 0
+                if not wrap:
+                    break
+                continue
+            shard = order[pos[1]]
+            index = self._window_index(shard, pos[0])
+            if pos[2] >= len(index):
+                pos[1], pos[2] = pos[1] + 1, 0
+                continue
+            opened = self._open(shard)
+            if pos[2] == 0:
+                self._prefetch(self._following(group, order, pos))
+            chosen = index[pos[2]:pos[2] + count]
+            matrix = opened.window_matrix(self.seq_len)
+            if self.shuffle:
+                pieces.append(matrix[torch.from_numpy(chosen)])  # one gather (copy) per piece
+            else:
+                pieces.append(matrix[int(chosen[0]):int(chosen[-1]) + 1][:: self._runtime["n"]])
+            pos[2] += len(chosen)
+            count -= len(chosen)
+        return pieces
+
+    def _epoch_windows(self, group: str) -> Iterator[torch.Tensor]:
+        """The rest of the current epoch of `group`; the hot loop, kept to a slice and a yield per window."""
+        pos = self._state["groups"][group]  # [epoch, shard position in the epoch's order, window position]
+        span = self.seq_len + 1
+        order = self._shard_order(group, pos[0])
+        while pos[1] < len(order):
+            shard = order[pos[1]]
+            starts = self._window_starts(shard, pos[0])
+            if pos[2] < len(starts):
+                tokens = self._open(shard).tokens
+                self._prefetch(self._following(group, order, pos))
+                while pos[2] < len(starts):
+                    start = starts[pos[2]]
+                    pos[2] += 1
+                    yield tokens[start:start + span]
+            pos[1], pos[2] = pos[1] + 1, 0
+        pos[0], pos[1], pos[2] = pos[0] + 1, 0, 0
 
     def _too_small(self) -> str:
         return (f"{self.path}: no windows of {self.seq_len + 1} tokens for {self._runtime['n']} consumer(s); "
@@ -272,28 +347,51 @@ class ShardDataset(torch.utils.data.IterableDataset):
         return sum(self.shards[i].windows // n for i in self.groups[group])
 
     def _shard_order(self, group: str, epoch: int) -> list[int]:
-        shards = self.groups[group]
-        if not self.shuffle:
-            return list(shards)
-        group_index = list(self.groups).index(group)
-        perm = np.random.default_rng([self.seed, epoch, group_index, 0]).permutation(len(shards))
-        return [shards[i] for i in perm]
+        cache = self._runtime["orders"]
+        order = cache.get((group, epoch))
+        if order is None:
+            shards = self.groups[group]
+            if self.shuffle:
+                group_index = list(self.groups).index(group)
+                perm = np.random.default_rng([self.seed, epoch, group_index, 0]).permutation(len(shards))
+                order = [shards[i] for i in perm]
+            else:
+                order = list(shards)
+            if len(cache) > 4 * len(self.groups):
+                cache.clear()
+            cache[(group, epoch)] = order
+        return order
 
-    def _window_starts(self, shard: int, epoch: int) -> np.ndarray:
+    def _window_index(self, shard: int, epoch: int) -> np.ndarray:
+        """This consumer's windows of `shard` in `epoch`, in order (window k starts at k * seq_len)."""
         runtime = self._runtime
-        key = (shard, epoch)
-        starts = runtime["starts"].get(key)
-        if starts is None:
+        key = ("index", shard, epoch)
+        index = runtime["starts"].get(key)
+        if index is None:
             n, consumer = runtime["n"], runtime["consumer"]
             count = self.shards[shard].windows
             usable = count - count % n
             order = (np.random.default_rng([self.seed, epoch, shard, 1]).permutation(count)[:usable]
                      if self.shuffle else np.arange(usable))
-            starts = order[consumer::n].astype(np.int64) * self.seq_len
-            if len(runtime["starts"]) > 16:
+            index = np.ascontiguousarray(order[consumer::n], dtype=np.int64)
+            if len(runtime["starts"]) > 8 * len(self.groups):
                 runtime["starts"].clear()
+            runtime["starts"][key] = index
+        return index
+
+    def _window_starts(self, shard: int, epoch: int) -> list[int]:
+        runtime = self._runtime
+        key = ("starts", shard, epoch)
+        starts = runtime["starts"].get(key)
+        if starts is None:
+            # A Python list: indexing it in the hot loop is cheaper than numpy scalars.
+            starts = (self._window_index(shard, epoch) * self.seq_len).tolist()
             runtime["starts"][key] = starts
         return starts
+
+    def _following(self, group: str, order: list[int], pos: list[int]) -> int:
+        """The shard after the current one (the next epoch's first at the end of an epoch)."""
+        return order[pos[1] + 1] if pos[1] + 1 < len(order) else self._shard_order(group, pos[0] + 1)[0]
 
     def _skip_finished_epoch(self, group: str) -> None:
         """A state saved right after an epoch's last window resumes at the next epoch's start."""
@@ -305,14 +403,13 @@ class ShardDataset(torch.utils.data.IterableDataset):
         if pos[1] >= len(order):
             pos[0], pos[1], pos[2] = pos[0] + 1, 0, 0
 
-    def _next_window(self, group: str, wrap: bool) -> torch.Tensor | None:
-        pos = self._state["groups"][group]  # [epoch, shard position in the epoch's order, window position]
+    def _next_window(self, group: str) -> torch.Tensor:
+        """One window of `group`, cycling through its epochs (curriculum mode)."""
+        pos = self._state["groups"][group]
         while True:
             order = self._shard_order(group, pos[0])
             if pos[1] >= len(order):
                 pos[0], pos[1], pos[2] = pos[0] + 1, 0, 0
-                if not wrap:
-                    return None
                 continue
             shard = order[pos[1]]
             starts = self._window_starts(shard, pos[0])
@@ -321,9 +418,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
                 continue
             opened = self._open(shard)
             if pos[2] == 0:
-                following = order[pos[1] + 1] if pos[1] + 1 < len(order) else self._shard_order(group, pos[0] + 1)[0]
-                self._prefetch(following)
-            start = int(starts[pos[2]])
+                self._prefetch(self._following(group, order, pos))
+            start = starts[pos[2]]
             pos[2] += 1
             return opened.tokens[start:start + self.seq_len + 1]
 
