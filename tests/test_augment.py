@@ -63,6 +63,8 @@ def test_sentence_boundaries_zh_and_en():
     assert en.sentences == ["Dr. Smith ran 3.14 km.", "Then he stopped!", "Next line"]
     assert en.separators == ["", " ", "\n\n----\n", ""]
     assert en.join(["A.", "B!", "C"]) == "A. B!\n\n----\nC"
+    listed = split_sentences("* First item.\n1. Second item\n> Quoted line")
+    assert listed.sentences == ["First item.", "Second item", "Quoted line"]  # markers stay untranslated
 
 
 def test_long_sentences_are_cut_at_clause_marks():

@@ -24,6 +24,9 @@ _ABBREVIATIONS = frozenset(
 )
 # Inside an over-long sentence, cut after a clause mark (Chinese marks need no following space).
 _CLAUSE = re.compile(r"[，；：、]|[,;:](?=\s)")
+# List markers and quote marks at the start of a line stay outside the translation ("* ", "- ",
+# "1. ", "> "): a model would drop or mangle them.
+_LINE_MARKER = re.compile(r"^(?:[-*•·–—>#]+|\d{1,3}[.)])\s+")
 # A piece is worth translating only if it holds a letter or digit (any script).
 _WORDY = re.compile(r"[^\W_]")
 
@@ -49,6 +52,9 @@ def _is_abbreviation(text: str, dot: int) -> bool:
     while start > 0 and (text[start - 1].isalpha() or text[start - 1] == "."):
         start -= 1
     word = text[start:dot].lower()
+    line_start = text.rfind("\n", 0, dot) + 1
+    if text[line_start:dot].strip().isdigit() and dot - line_start <= 4:
+        return True  # "1. " numbering a list item
     return word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())
 
 
@@ -102,6 +108,10 @@ def split_sentences(text: str, max_chars: int = 400) -> Layout:
         lead = chunk[: len(chunk) - len(chunk.lstrip())]
         trail = chunk[len(chunk.rstrip()) :]
         separators[-1] += lead
+        marker = _LINE_MARKER.match(core)
+        if marker and _WORDY.search(core[marker.end():]):
+            separators[-1] += marker.group()
+            core = core[marker.end():]
         for piece, gap in _cut_long(core, max_chars):
             sentences.append(piece)
             separators.append(gap)
