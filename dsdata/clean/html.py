@@ -218,12 +218,31 @@ def _drop_link_lists(root: LexborNode) -> None:
 
 # Private-use code points mark structure while lexbor gathers the text in C; page text that
 # happens to contain them loses them (they carry no meaning outside a private agreement).
-_LINE, _CELL, _PRE_SPACE, _PRE_TAB = "\ue000", "\ue001", "\ue002", "\ue003"
-_DROP_MARKERS = str.maketrans({_LINE: None, _CELL: None, _PRE_SPACE: None, _PRE_TAB: None})
-_PROTECT_PRE = str.maketrans({"\n": _LINE, " ": _PRE_SPACE, "\t": _PRE_TAB, "\r": None})
-_BLOCK_SELECTOR = ", ".join(sorted(_BLOCK_TAGS - {"pre", "listing", "xmp", "plaintext"}))
-_CELL_RUN = re.compile(r" *\t[ \t]*")
-_BLANK_RUN = re.compile(r"\n{3,}")
+_LINE, _PARA, _CELL = "\ue000", "\ue001", "\ue002"
+_PRE_NEWLINE, _PRE_SPACE, _PRE_TAB = "\ue003", "\ue004", "\ue005"
+_MARKERS = (_LINE, _PARA, _CELL, _PRE_NEWLINE, _PRE_SPACE, _PRE_TAB)
+_DROP_MARKERS = str.maketrans({m: None for m in _MARKERS})
+_PROTECT_PRE = str.maketrans({"\n": _PRE_NEWLINE, " ": _PRE_SPACE, "\t": _PRE_TAB, "\r": None})
+_UNPROTECT_PRE = str.maketrans({_PRE_NEWLINE: "\n", _PRE_SPACE: " ", _PRE_TAB: "\t"})
+# Blocks that stand apart as paragraphs (a blank line around them); the other block elements
+# (list items, table rows, divs, <br>) only start a new line.
+_PARAGRAPH_TAGS = frozenset(
+    {
+        "address", "article", "aside", "blockquote", "body", "details", "dialog", "dir", "dl", "fieldset",
+        "figure", "footer", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hgroup", "hr", "main", "menu",
+        "nav", "ol", "p", "section", "table", "ul",
+    }
+)
+_PRE_TAGS = ("pre", "listing", "xmp", "plaintext")
+_PARAGRAPH_SELECTOR = ", ".join(sorted(_PARAGRAPH_TAGS))
+_LINE_SELECTOR = ", ".join(sorted(_BLOCK_TAGS - _PARAGRAPH_TAGS - set(_PRE_TAGS)))
+_BREAK_RUN = re.compile(f" ?(?:[{_LINE}{_PARA}] ?)+")
+_CELL_MARK = re.compile(f" ?{_CELL} ?")
+_LEADING_TABS = re.compile(r"^\t+", re.M)
+
+
+def _break(match: re.Match[str]) -> str:
+    return "\n\n" if _PARA in match.group(0) else "\n"
 
 
 def _drop_permalinks(root: LexborNode) -> None:
@@ -236,19 +255,24 @@ def _drop_permalinks(root: LexborNode) -> None:
 
 
 def _serialise(root: LexborNode) -> str:
-    """Visible text with block elements as line breaks and table cells separated by tabs.
+    """Visible text: paragraphs apart by a blank line, other blocks on their own line, table cells
+    separated by tabs, <pre> exactly as written.
 
     The structure is marked with private-use characters in the DOM so that lexbor collects the
     text in one C call instead of a Python walk over every node."""
     root_id = root.mem_id
-    for pre in _outermost(root.css("pre, listing, xmp, plaintext")):
-        protected = pre.text(deep=True).translate(_PROTECT_PRE)
-        if pre.mem_id == root_id:
-            return pre.text(deep=True).strip("\n")
-        pre.insert_before(_LINE)
-        pre.insert_after(_LINE)
+    if root.tag in _PRE_TAGS:
+        return root.text(deep=True).strip("\n")
+    for pre in _outermost(root.css(", ".join(_PRE_TAGS))):
+        protected = pre.text(deep=True).strip("\r\n").translate(_PROTECT_PRE)
+        pre.insert_before(_PARA)
+        pre.insert_after(_PARA)
         pre.replace_with(protected)
-    for block in root.css(_BLOCK_SELECTOR):
+    for block in root.css(_PARAGRAPH_SELECTOR):
+        if block.mem_id != root_id:
+            block.insert_before(_PARA)
+            block.insert_after(_PARA)
+    for block in root.css(_LINE_SELECTOR):
         if block.mem_id != root_id:
             block.insert_before(_LINE)
             block.insert_after(_LINE)
@@ -256,12 +280,13 @@ def _serialise(root: LexborNode) -> str:
         br.insert_before(_LINE)
     for cell in root.css("td, th"):
         cell.insert_before(_CELL)
-    # str.split() collapses every whitespace run (incl. NBSP and the ideographic space) in C.
+    # str.split() collapses every whitespace run (incl. NBSP and the ideographic space) in C; the
+    # protected <pre> whitespace is not whitespace to it.
     text = " ".join(root.text(deep=True).split())
-    text = text.replace(_LINE, "\n").replace(_CELL, "\t").replace(_PRE_SPACE, " ").replace(_PRE_TAB, "\t")
-    text = "\n".join(line.strip(" ") for line in text.split("\n"))
-    text = _CELL_RUN.sub("\t", text)
-    return _BLANK_RUN.sub("\n\n", text).strip()
+    text = _BREAK_RUN.sub(_break, text)
+    text = _CELL_MARK.sub("\t", text)
+    text = _LEADING_TABS.sub("", text)
+    return text.translate(_UNPROTECT_PRE).strip()
 
 
 def _parse(html: str) -> LexborHTMLParser:
@@ -276,7 +301,7 @@ def _parse(html: str) -> LexborHTMLParser:
 
 def extract_dom(html: str) -> ExtractedPage:
     """The DOM heuristic described in the module docstring."""
-    if any(m in html for m in (_LINE, _CELL, _PRE_SPACE, _PRE_TAB)):
+    if any(m in html for m in _MARKERS):
         html = html.translate(_DROP_MARKERS)
     tree = _parse(html)
     title = page_title(tree)

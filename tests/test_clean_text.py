@@ -1,0 +1,96 @@
+"""Text cleaning: invisible characters, leftover markup, symbol runs, whitespace, CJK-safe Unicode."""
+import unicodedata
+
+import pytest
+
+from dsdata.clean.text import TextCleaner, normalize_unicode
+
+ZH = "Debian 是一个自由的操作系统，由志愿者维护。你用过吗？当然！（见第 3 章：安装）“引号”、《书名》……——"
+
+
+def test_cjk_text_is_untouched_by_default_cleaning():
+    assert TextCleaner().clean(ZH) == ZH
+
+
+@pytest.mark.parametrize("form", ["NFC", "NFKC_CJK", "none"])
+def test_full_width_punctuation_survives_cjk_safe_forms(form):
+    text = "你好，世界！真的吗？是的：（括号）；～\u3000下一句。"
+    out = TextCleaner(unicode_form=form).clean(text)
+    for ch in "，！？：（）；～。\u3000":
+        assert ch in out, (form, ch)
+
+
+def test_nfkc_folds_cjk_punctuation_and_nfkc_cjk_does_not():
+    text = "你好，世界！ＡＢＣ１２３"
+    assert normalize_unicode(text, "NFKC") == "你好,世界!ABC123"
+    # NFKC_CJK still folds full-width Latin letters and digits, but not the punctuation.
+    assert normalize_unicode(text, "NFKC_CJK") == "你好，世界！ABC123"
+
+
+def test_nfc_composes_decomposed_latin():
+    decomposed = "Cafe\u0301 re\u0301sume\u0301"
+    out = TextCleaner().clean(decomposed)
+    assert out == "Café résumé"
+    assert unicodedata.is_normalized("NFC", out)
+
+
+def test_control_and_zero_width_characters_removed_newline_and_tab_kept():
+    text = "a\u200bb\ufeffc\x00d\x07e\tf\r\ng\u00adh\u2060i\x85j\x9bk"
+    assert TextCleaner().clean(text) == "abcde\tf\nghi\njk"
+
+
+def test_zwj_and_zwnj_are_kept():
+    persian = "می\u200cخواهم"  # ZWNJ is part of Persian spelling
+    family = "👩\u200d👩\u200d👧"  # ZWJ joins an emoji sequence
+    assert TextCleaner().clean(persian) == persian
+    assert TextCleaner().clean(family) == family
+
+
+def test_leftover_tags_and_entities():
+    text = "<p>Hello <b>wor</b>ld</p><p>next &amp; last &#8212; &eacute;t&eacute;</p><!-- c --><script>x=1</script>"
+    assert TextCleaner().clean(text) == "Hello world\n\nnext & last — été"
+
+
+def test_code_generics_and_unterminated_ampersands_survive():
+    text = "std::vector<int> v; Map<K, V> m; AT&T R&D a < b > c"
+    assert TextCleaner().clean(text) == text
+
+
+def test_parser_output_keeps_literal_markup():
+    # Text that came out of an HTML parser: '<p>' was written '&lt;p&gt;' on the page.
+    text = "Use the <p> element for paragraphs."
+    assert TextCleaner().clean(text, markup_possible=False) == text
+    assert TextCleaner().clean(text, markup_possible=True) == "Use the\nelement for paragraphs."
+
+
+def test_symbol_runs():
+    text = "==========\nTitle\n**********\nrated ★★★★★ by ▲▲▲ readers\n+------+------+"
+    assert TextCleaner().clean(text) == "Title\n\nrated by readers"
+
+
+def test_symbol_runs_leave_code_and_cjk_punctuation_alone():
+    text = "-----BEGIN PGP SIGNATURE-----\nprint('====')\nif a === b: x **= 2\n>>> 1 + 1\n哈哈哈……——！！！"
+    assert TextCleaner().clean(text) == text
+
+
+def test_whitespace_normalisation_keeps_indentation():
+    text = "  def f():  \n        return   1\t \n\n\n\n\nnext  word\u00a0\u00a0here   \n"
+    assert TextCleaner().clean(text) == "  def f():\n        return 1\n\nnext word here"
+    assert TextCleaner(keep_indent=False).clean(text) == "def f():\nreturn 1\n\nnext word here"
+
+
+def test_ideographic_space_run_collapses_to_one():
+    assert TextCleaner().clean("第一句。\u3000\u3000\u3000第二句。") == "第一句。\u3000第二句。"
+
+
+def test_each_step_can_be_switched_off():
+    raw = "a\u200bb <b>x</b> &amp; ▲▲▲ c  d\x07"
+    off = TextCleaner(
+        remove_control=False, remove_zero_width=False, strip_tags=False, decode_entities=False,
+        symbol_runs=False, normalize_whitespace=False, unicode_form="none",
+    )
+    assert off.clean(raw) == raw
+    assert TextCleaner(remove_zero_width=False).clean(raw) == "a\u200bb x & c d"
+    assert TextCleaner(strip_tags=False).clean(raw) == "ab <b>x</b> & c d"
+    assert TextCleaner(decode_entities=False).clean(raw) == "ab x &amp; c d"
+    assert TextCleaner(symbol_runs=False).clean(raw) == "ab x & ▲▲▲ c d"
