@@ -58,7 +58,9 @@ def _count_keys(kind: str):
         else:
             yield ("kept",) if kind == KEPT else ("input",)
             doc = item
-        if kind == KEPT and doc.derived_from is not None:
+        # A derived document counts as augmented wherever it ends: kept, or rejected by a later
+        # stage (counting only kept ones broke the ledger when a later stage rejected a copy).
+        if kind in (KEPT, REJECTED) and doc.derived_from is not None:
             yield ("augmented", doc.annotations.get("derived_by") or "augment")
 
     return keys
@@ -125,7 +127,7 @@ def _prepare_output(output: str) -> None:
         target = os.path.join(output, sub)
         if os.path.isdir(target):
             shutil.rmtree(target)
-    for name in ("stats.json",):
+    for name in ("stats.json", "difficulty.json", "augment.json", "dedup.json"):
         if os.path.exists(os.path.join(output, name)):
             os.remove(os.path.join(output, name))
 
