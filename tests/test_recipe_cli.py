@@ -1,0 +1,107 @@
+"""Recipes (paths confined to their folder, --set overrides) and the `dsdata` command line."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsdata.recipe import RecipeError, load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _recipe(tmp_path, body):
+    path = tmp_path / "r.yaml"
+    path.write_text(body, encoding="utf-8")
+    return str(path)
+
+
+def test_paths_are_confined_to_the_recipe_folder(tmp_path):
+    with pytest.raises(RecipeError, match="escapes the recipe's directory"):
+        load_recipe(_recipe(tmp_path, "input: {paths: ['../secret/*.jsonl']}\nstages: []\n"))
+    with pytest.raises(RecipeError, match="not relative to the recipe"):
+        load_recipe(_recipe(tmp_path, "input: {paths: ['/etc/passwd']}\nstages: []\n"))
+    with pytest.raises(RecipeError, match="not relative to the recipe"):
+        load_recipe(_recipe(tmp_path, "input: {paths: ['gs://bucket/x.jsonl']}\nstages: []\n"))
+    with pytest.raises(RecipeError, match="'output' must be a plain relative"):
+        load_recipe(_recipe(tmp_path, "input: {paths: [a.jsonl]}\noutput: ../../tmp/x\n"))
+    with pytest.raises(RecipeError, match="escapes"):
+        load_recipe(_recipe(tmp_path, "input: {paths: [a.jsonl]}\nstages:\n  - lang: {model: ../../lid.bin}\n"))
+    # a symlink out of the folder is an escape too
+    (tmp_path / "link").symlink_to("/etc")
+    with pytest.raises(RecipeError, match="escapes"):
+        load_recipe(_recipe(tmp_path, "input: {paths: ['link/passwd']}\n"))
+
+
+def test_set_overrides(tmp_path):
+    path = _recipe(tmp_path, "input: {paths: [a.jsonl]}\nstages:\n  - lang: {}\n  - rules: {}\n")
+    recipe = load_recipe(path, ["lang.min_score=0.7", "lang.keep=[zh, ja]", "rules.min_words=null", "input.text_field=body"])
+    assert recipe.stages[0].params == {"min_score": 0.7, "keep": ["zh", "ja"]}
+    assert recipe.stages[1].params == {"min_words": None}
+    assert recipe.text_field == "body"
+    stages = recipe.build_stages()
+    assert stages[0].keep == ["zh", "ja"] and stages[1].min_words is None
+    with pytest.raises(RecipeError, match="has no stage 'dedup'"):
+        load_recipe(path, ["dedup.threshold=0.9"])
+    with pytest.raises(RecipeError, match="no parameter 'minscore'"):
+        load_recipe(path, ["lang.minscore=0.9"])
+    with pytest.raises(RecipeError, match="expected STAGE.PARAM=VALUE"):
+        load_recipe(path, ["lang=0.9"])
+    # a path given on the command line is the user's own: resolved against the working directory
+    recipe = load_recipe(path, ["lang.model=some/model.bin"])
+    assert recipe.stages[0].params["model"] == str(Path("some/model.bin").resolve())
+
+
+def test_bad_recipes(tmp_path):
+    with pytest.raises(RecipeError, match="unknown stage 'cleaner'"):
+        load_recipe(_recipe(tmp_path, "input: {paths: [a.jsonl]}\nstages:\n  - cleaner: {}\n"))
+    with pytest.raises(RecipeError, match="unknown key"):
+        load_recipe(_recipe(tmp_path, "inputs: {paths: [a.jsonl]}\n"))
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        load_recipe(_recipe(tmp_path, "input: [unclosed\n"))
+    with pytest.raises(RecipeError, match="not found"):
+        load_recipe(str(tmp_path / "missing.yaml"))
+    with pytest.raises(RecipeError, match="has no parameter"):
+        load_recipe(_recipe(tmp_path, "input: {paths: [a.jsonl]}\nstages:\n  - rules: {min_wrds: 3}\n")).build_stages()
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    with pytest.raises(RecipeError):
+        load_recipe(_recipe(tmp_path, "input: !!python/object/apply:os.system ['echo pwned']\n"))
+
+
+def _dsdata(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "dsdata.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    res = _dsdata("run", str(REPO / "pipelines" / "langid.yaml"), "--input", str(tmp_path / "nothing*.jsonl"), cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [f"dsdata: error: no files match input '{tmp_path / 'nothing*.jsonl'}'; check the path or pass --input GLOB"]
+    res = _dsdata("run", str(REPO / "pipelines" / "langid.yaml"), "--set", "lang.bogus=1", cwd=tmp_path)
+    assert res.returncode == 2 and "no parameter 'bogus'" in res.stderr and "Traceback" not in res.stderr
+    res = _dsdata("frobnicate", cwd=tmp_path)
+    assert res.returncode == 2 and "unknown command" in res.stderr
+
+
+@pytest.mark.slow
+def test_cli_run_with_overrides_and_beam_flags(tmp_path):
+    (tmp_path / "in.jsonl").write_text(
+        "\n".join(json.dumps({"id": str(i), "text": t}) for i, t in enumerate(
+            ["The quick brown fox jumps over the lazy dog near the river bank.", "敏捷的棕色狐狸跳过了懒狗。", "Der schnelle braune Fuchs springt."]
+        )) + "\n", encoding="utf-8")
+    res = _dsdata("run", str(REPO / "pipelines" / "langid.yaml"), "--input", "in.jsonl", "--output", "o",
+                  "--set", "lang.keep=[en]", "--set", "lang.min_score=0.1", "--direct_num_workers=1", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["input"] == 3 and summary["kept"] == 1
+    stats = json.loads((tmp_path / "o" / "stats.json").read_text())
+    assert stats["rejected"] == {"lang": {"lang_not_kept": 2}}
+
+
+def test_stages_command_documents_every_parameter(tmp_path):
+    res = _dsdata("stages", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    for name in ("clean:", "lang:", "rules:", "min_score", "gopher", "adds columns"):
+        assert name in res.stdout
