@@ -49,15 +49,3 @@ class DynamicLossScaler:
         self.scale = float(state["scale"])
         self.clean_steps = int(state["clean_steps"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
-
-
-def grads_have_overflow(grads: list[torch.Tensor]) -> torch.Tensor:
-    """A 0-d float tensor: 1.0 when any gradient holds inf/nan (local shards only)."""
-    if not grads:
-        return torch.zeros(())
-    flags = [torch.logical_not(torch.isfinite(_local(g)).all()) for g in grads]
-    return torch.stack(flags).any().float()
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
