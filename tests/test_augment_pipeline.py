@@ -143,3 +143,20 @@ def test_missing_model_stops_before_the_pipeline(corpus, tmp_path):
     with pytest.raises(RecipeError, match=r"augment\.model_en_zh: .* not in the local Hugging Face cache"):
         recipe = load_recipe(RECIPE, [f"augment.model_en_zh={tmp_path / 'none'}"])
         run_recipe(recipe, str(tmp_path / "out"))
+
+
+def test_copies_rejected_by_a_later_stage_still_balance_the_ledger(tmp_path):
+    # "data" alone is too short for the quality rules: its synonym copy is made, then rejected.
+    (tmp_path / "syn.tsv").write_text("data\tinformation\n", encoding="utf-8")
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"id": "short", "text": "data"}) + "\n", encoding="utf-8")
+    (tmp_path / "recipe.yaml").write_text(
+        "name: chain\ninput: {paths: [docs.jsonl]}\nstages:\n"
+        "  - augment: {method: synonym, synonyms: syn.tsv, fraction: 1.0, replace_prob: 1.0}\n"
+        "  - rules: {}\n",
+        encoding="utf-8",
+    )
+    stats = run_recipe(load_recipe(str(tmp_path / "recipe.yaml")), str(tmp_path / "out"))
+    rejected = [r for f in glob.glob(str(tmp_path / "out" / "rejected" / "*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert sorted(r["id"] for r in rejected) == ["short", "short#syn"]
+    assert stats["augmented"] == 1 and stats["kept"] == 0 and stats["rejected_total"] == 2
+    assert stats["ledger_ok"] and stats["stages"]["augment"]["kept_after"] == 2
