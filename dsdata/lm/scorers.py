@@ -170,8 +170,10 @@ class CausalLMScorer:
                 mask[row, : len(seq)] = 1
             ids, mask = ids.to(self.device), mask.to(self.device)
             with torch.inference_mode():
-                logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+                logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+                # log p(target) = logit(target) - logsumexp(logits): no second vocabulary-sized tensor.
+                target = logits.gather(-1, ids[:, 1:, None]).squeeze(-1).float()
+                logp = target - torch.logsumexp(logits.float(), dim=-1)
             target_mask = mask[:, 1:].bool()
             sums = (logp * target_mask).sum(dim=1).double().cpu().tolist()
             counts = target_mask.sum(dim=1).cpu().tolist()
