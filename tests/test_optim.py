@@ -146,13 +146,14 @@ def test_warmup_then_cosine():
 
 
 def test_loss_scaler_policy_matches_grad_scaler():
-    ours = DynamicLossScaler()
-    assert ours.scale == 2.0 ** 16
-    theirs = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16, growth_interval=2000)
+    defaults = DynamicLossScaler()
+    assert defaults.scale == 2.0 ** 16 and defaults.growth_interval == 2000 and defaults.growth_factor == 2.0
+    ours = DynamicLossScaler(growth_interval=20)  # short interval: same policy, fewer steps to test
+    theirs = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16, growth_interval=20)
     assert ours.scale == 2.0 ** 16 == theirs.get_scale()
     p = torch.nn.Parameter(torch.ones(1))
     opt = torch.optim.SGD([p], lr=0.0)
-    pattern = [False] * 2000 + [True] + [False] * 1999 + [True, True] + [False] * 2000
+    pattern = [False] * 20 + [True] + [False] * 19 + [True, True] + [False] * 20
     for overflow in pattern:
         skipped = ours.update(overflow)
         assert skipped == overflow
@@ -161,7 +162,7 @@ def test_loss_scaler_policy_matches_grad_scaler():
         theirs.step(opt)
         theirs.update()
         assert ours.scale == theirs.get_scale()
-    assert ours.scale == 2.0 ** 15  # 2^16 ×2 (2000 clean) ÷2 ÷2 ÷2 (overflows) ×2 (2000 clean)
+    assert ours.scale == 2.0 ** 15  # 2^16 ×2 (20 clean) ÷2 ÷2 ÷2 (overflows) ×2 (20 clean)
     restored = DynamicLossScaler()
     restored.load_state_dict(ours.state_dict())
     assert restored.state_dict() == ours.state_dict()
