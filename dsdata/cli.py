@@ -55,6 +55,9 @@ def cmd_run(argv: list[str]) -> int:
     from dsdata.beam.pipeline import run_recipe
     from dsdata.recipe import load_recipe
 
+    if not args.quiet:
+        logging.getLogger("dsdata").setLevel(logging.INFO)
+
     recipe = load_recipe(args.recipe or _default_recipe(), args.set)
     if args.input:
         recipe.inputs = [p if "://" in p else os.path.abspath(p) for p in args.input]
@@ -107,7 +110,7 @@ def cmd_stages(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     # Beam's GCP I/O module warns at import time when Google's client libraries are absent, even
     # for runs that never touch GCP; that line only confuses users of local runs.
     logging.getLogger().addFilter(lambda record: "apitools not found" not in record.getMessage())

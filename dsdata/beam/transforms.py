@@ -2,6 +2,7 @@
 tagged outputs (kept, rejected) and Beam Metrics counters per stage and reason."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import apache_beam as beam
@@ -13,6 +14,8 @@ from apache_beam.metrics import Metrics
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import READ_STAGE, read_file
 from dsdata.stages.base import Stage
+
+log = logging.getLogger("dsdata")
 
 KEPT = "kept"
 REJECTED = "rejected"
@@ -113,10 +116,15 @@ class ReadFileDoFn(_Counting, beam.DoFn):
         except Exception as exc:  # noqa: BLE001 - any filesystem error means this file is unreadable
             yield self._route(Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file", str(exc)))
             return
+        n = bad = 0
         with fh:
             for result in read_file(path, fh, self.fmt, self.text_field, self.id_field):
                 self._in.inc()
+                n += 1
+                bad += isinstance(result, Rejected)
                 yield self._route(result)
+        # Progress for long runs: one line per input file (the `dsdata` logger is INFO under the CLI).
+        log.info("read %s: %d records (%d rejected by the reader)", path, n, bad)
 
 
 class ReadDocuments(beam.PTransform):
