@@ -6,9 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import dsdata.stages.clean as clean_module
 from dsdata.beam.pipeline import run_recipe
-from dsdata.clean.html import HtmlParseError
 from dsdata.document import Document, Rejected
 from dsdata.recipe import RecipeError, load_recipe
 from dsdata.stages import StageConfigError, stage_class
@@ -90,14 +88,11 @@ def test_empty_after_clean_rejections():
         assert result.doc.text == text  # the rejected row keeps the input for inspection
 
 
-def test_parse_failures_are_rejected_not_raised(monkeypatch):
-    def broken(html, extractor):
-        raise HtmlParseError("the document has no <body>")
-
-    monkeypatch.setattr(clean_module, "extract_main_text", broken)
-    result = run(CleanStage(), PAGE, content_type="text/html")
+def test_parse_failures_are_rejected_not_raised():
+    frameset = "<html><head><title>Frames</title></head><frameset><frame src='a.html'></frameset></html>"
+    result = run(CleanStage(), frameset, content_type="text/html")
     assert isinstance(result, Rejected) and result.reason == "html_parse_error"
-    assert "no <body>" in result.detail
+    assert "no <body>" in result.detail and result.doc.text == frameset
 
 
 def test_lone_surrogates_do_not_crash_the_stage():

@@ -1,18 +1,25 @@
 """HTML → main text: a lexbor (selectolax) DOM heuristic that drops boilerplate, plus two baselines.
 
-The `dom` extractor (the default behind `auto`) works in four passes over one parse:
+The `dom` extractor (the default behind `auto`) works on one parse:
 
-1. drop elements that never carry readable text (script, style, forms, SVG, hidden elements);
+1. drop elements that never carry readable text: script, style, buttons, inputs, SVG, media, and
+   hidden elements (`hidden`, `aria-hidden="true"`, inline `display: none`);
 2. pick the content root: the page's single `<main>` / `role="main"` element, else its single
-   `<article>`, else `<body>` — an explicit main region is only trusted when it holds a fair share
-   of the page's text (an empty `<main>` placeholder must not swallow the page);
-3. inside the root, drop boilerplate: `nav`/`aside`/`footer` (and `header` outside an explicit
-   main region), ARIA landmark roles for navigation, search, banners and page info, and elements
-   whose class/id *words* say nav, menu, sidebar, footer, breadcrumb, toc, related, … (words are
-   split on `-`/`_`, so `menuselection` or `tocsin` do not match), and lists/tables that are
-   almost all link text (tables of contents, indexes, "Prev Up Next" bars);
-4. drop heading permalinks (an in-page link whose text is one symbol such as ¶) and serialise: block elements become line breaks, `<br>` a line break, table cells are separated by
-   tabs, `<pre>` keeps its whitespace, image alt text is ignored.
+   `<article>`, else `<body>`; an explicit main region is only trusted when it holds at least a
+   quarter of the page's text (an empty `<main id="app">` placeholder must not swallow the page);
+3. inside the root, drop furniture: `nav` and `footer`; `aside` and `header` outside an explicit
+   main region (inside it they are the article's own header, footnotes and notes); containers
+   whose ARIA role is navigation/banner/contentinfo/complementary/search/menu; containers whose
+   class or id *words* (split on whitespace, `-`, `_`) say nav, menu, sidebar, footer,
+   breadcrumb, toc, related, … — whole words only, so `menuselection` does not match, and an id
+   that is the slug of the element's own heading (`<section id="buffer-related-functions">`) is
+   a section name, not furniture;
+4. drop lists that are nothing but links (4+ items, 90 % of them pure link text: tables of
+   contents, archives, link farms; a `<dt>link</dt><dd>description</dd>` list stays), and heading
+   permalinks (an in-page link whose whole text is one symbol such as ¶);
+5. serialise: paragraph-like blocks apart by a blank line, other blocks (list items, rows, divs,
+   `<br>`) on their own line, table cells separated by tabs, `<pre>` exactly as written, image
+   alt text ignored.
 
 Nothing here is tuned to one site: the rules name HTML semantics and common class-name words.
 """
@@ -78,9 +85,9 @@ _SPACE_RUN = re.compile(r"[ \t\n\r\f\v\u00a0]+")
 
 # A main region is trusted when it holds at least this share of the page's visible text.
 MAIN_MIN_SHARE = 0.25
-# Outside an explicit main region, a list is navigation when it has at least LINK_LIST_MIN_ITEMS
-# items and LINK_LIST_MIN_SHARE of them are (LINK_ITEM_MIN_SHARE of their text) links.  A list of
-# links *with descriptions* (<dt>link</dt><dd>what it is</dd>) is content and stays.
+# A list is navigation (inside <main> too: blog archives, link farms) when it has at least
+# LINK_LIST_MIN_ITEMS items and LINK_LIST_MIN_SHARE of them are links (LINK_ITEM_MIN_SHARE of
+# their text).  A list of links *with descriptions* (<dt>link</dt><dd>what it is</dd>) stays.
 LINK_LIST_MIN_ITEMS = 4
 LINK_LIST_MIN_SHARE = 0.9
 LINK_ITEM_MIN_SHARE = 0.9
@@ -238,7 +245,8 @@ _PARAGRAPH_SELECTOR = ", ".join(sorted(_PARAGRAPH_TAGS))
 _LINE_SELECTOR = ", ".join(sorted(_BLOCK_TAGS - _PARAGRAPH_TAGS - set(_PRE_TAGS)))
 _BREAK_RUN = re.compile(f" ?(?:[{_LINE}{_PARA}] ?)+")
 _CELL_MARK = re.compile(f" ?{_CELL} ?")
-_LEADING_TABS = re.compile(r"^\t+", re.M)
+# Cells emptied of icons leave tabs at line ends; a row starts with its first cell's tab.
+_EDGE_TABS = re.compile(r"^\t+|\t+$", re.M)
 
 
 def _break(match: re.Match[str]) -> str:
@@ -285,7 +293,7 @@ def _serialise(root: LexborNode) -> str:
     text = " ".join(root.text(deep=True).split())
     text = _BREAK_RUN.sub(_break, text)
     text = _CELL_MARK.sub("\t", text)
-    text = _LEADING_TABS.sub("", text)
+    text = _EDGE_TABS.sub("", text)
     return text.translate(_UNPROTECT_PRE).strip()
 
 
@@ -310,10 +318,7 @@ def extract_dom(html: str) -> ExtractedPage:
         node.decompose()
     root, explicit_main = _content_root(tree, body)
     _drop_boilerplate(root, explicit_main)
-    if not explicit_main:
-        # Inside a region the author marked as main, lists of links are content (module lists,
-        # "See also" lists); only on unmarked pages do they stand for navigation.
-        _drop_link_lists(root)
+    _drop_link_lists(root)
     _drop_permalinks(root)
     return ExtractedPage(title, _serialise(root))
 
