@@ -173,6 +173,7 @@ def train(config: Config, run_dir: str) -> dict:
             elif layout.writes_metrics:
                 log.warning("step %d skipped: %s", step + 1,
                             "gradient overflow (loss scale backed off)" if math.isfinite(loss) else "non-finite loss")
+            scale_used = multiplier if scaler is not None else 1.0
             if scaler is not None and precision == "fp16":
                 scaler.update(found_overflow=not applied)
             lr = scheduler.get_last_lr()
@@ -185,8 +186,8 @@ def train(config: Config, run_dir: str) -> dict:
             if layout.writes_metrics:
                 if warning:
                     log.warning("step %d: loss anomaly: %s", step, warning)
-                record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "clip_threshold": threshold,
-                          "loss_scale": scaler.scale if scaler is not None else 1.0,
+                record = {"step": step, "loss": _finite_or_none(loss), "lr": lr, "grad_norm": _finite_or_none(grad_norm),
+                          "clip_threshold": threshold, "loss_scale": scale_used,
                           "tokens_per_s": t.global_batch_size * t.seq_len / max(elapsed, 1e-9),
                           "skipped": not applied, "fp32_retry": retried}
                 aux = model.aux_loss()
@@ -210,6 +211,11 @@ def train(config: Config, run_dir: str) -> dict:
         signal.signal(signal.SIGTERM, previous_handler)
         metrics.close()
     return {"steps": step, "loss": last_loss, "run_dir": run_dir, "vocab_size": vocab}
+
+
+def _finite_or_none(value: float) -> float | None:
+    """JSON has no NaN/inf: a non-finite value is logged as null."""
+    return value if math.isfinite(value) else None
 
 
 def _agreed(flag: bool, layout, env) -> bool:

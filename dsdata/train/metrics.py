@@ -23,6 +23,8 @@ class LossAnomalyDetector:
 
     def check(self, loss: float) -> str | None:
         message = None
+        if not math.isfinite(loss):
+            return f"loss is {loss}"
         if len(self.history) >= 10 and math.isfinite(loss):
             mean = statistics.fmean(self.history)
             std = statistics.pstdev(self.history)
@@ -87,8 +89,9 @@ class MetricsWriter:
                 if key != "step" and isinstance(value, (int, float)) and value is not None:
                     self.tb.add_scalar(f"train/{key}", value, step)
         if self.console_interval and (step % self.console_interval == 0 or step == self.total_steps):
-            print(f"step {step}/{self.total_steps} loss {record['loss']:.4f} lr {record['lr']:.2e} "
-                  f"grad_norm {record['grad_norm']:.3f} clip {record['clip_threshold']:.3f} "
+            loss, norm = record["loss"], record["grad_norm"]
+            print(f"step {step}/{self.total_steps} loss {loss if loss is None else f'{loss:.4f}'} lr {record['lr']:.2e} "
+                  f"grad_norm {norm if norm is None else f'{norm:.3f}'} clip {record['clip_threshold']:.3f} "
                   f"scale {record['loss_scale']:g} {record['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
 
     def histograms(self, step: int, named: dict[str, Any]) -> None:
