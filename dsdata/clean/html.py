@@ -32,11 +32,11 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 EXTRACTORS = ("auto", "dom", "trafilatura", "selectolax-body")
 
-# Elements whose content is never main text.
+# Elements whose content is never main text (void elements without text, such as <input> or
+# <source>, need no removal).
 _NON_CONTENT_TAGS = (
     "script", "style", "noscript", "template", "svg", "canvas", "iframe", "object",
-    "embed", "button", "input", "select", "textarea", "option", "datalist", "dialog",
-    "link", "meta", "map", "audio", "video", "source", "track",
+    "embed", "button", "select", "textarea", "datalist", "dialog", "map", "audio", "video",
 )
 _INVISIBLE_SELECTOR = ", ".join(_NON_CONTENT_TAGS) + (
     ', [hidden], [aria-hidden="true"], [style*="display:none"], [style*="display: none"]'
@@ -185,10 +185,14 @@ def _outermost(nodes: list[LexborNode]) -> list[LexborNode]:
 
 def _content_root(tree: LexborHTMLParser, body: LexborNode) -> tuple[LexborNode, bool]:
     """The element holding the main content, and whether it is an explicit main region."""
-    body_len = _visible_length(body) or 1
+    body_len = None
     for selector in ("main, [role=main]", "article"):
         outer = _outermost(tree.css(selector))
-        if len(outer) == 1 and _visible_length(outer[0]) >= MAIN_MIN_SHARE * body_len:
+        if len(outer) != 1:
+            continue
+        if body_len is None:  # only pages with a candidate pay for measuring the body
+            body_len = _visible_length(body) or 1
+        if _visible_length(outer[0]) >= MAIN_MIN_SHARE * body_len:
             return outer[0], True
     return body, False
 
@@ -230,7 +234,6 @@ _PRE_NEWLINE, _PRE_SPACE, _PRE_TAB = "\ue003", "\ue004", "\ue005"
 _MARKERS = (_LINE, _PARA, _CELL, _PRE_NEWLINE, _PRE_SPACE, _PRE_TAB)
 _DROP_MARKERS = str.maketrans({m: None for m in _MARKERS})
 _PROTECT_PRE = str.maketrans({"\n": _PRE_NEWLINE, " ": _PRE_SPACE, "\t": _PRE_TAB, "\r": None})
-_UNPROTECT_PRE = str.maketrans({_PRE_NEWLINE: "\n", _PRE_SPACE: " ", _PRE_TAB: "\t"})
 # Blocks that stand apart as paragraphs (a blank line around them); the other block elements
 # (list items, table rows, divs, <br>) only start a new line.
 _PARAGRAPH_TAGS = frozenset(
@@ -243,14 +246,14 @@ _PARAGRAPH_TAGS = frozenset(
 _PRE_TAGS = ("pre", "listing", "xmp", "plaintext")
 _PARAGRAPH_SELECTOR = ", ".join(sorted(_PARAGRAPH_TAGS))
 _LINE_SELECTOR = ", ".join(sorted(_BLOCK_TAGS - _PARAGRAPH_TAGS - set(_PRE_TAGS)))
-_BREAK_RUN = re.compile(f" ?(?:[{_LINE}{_PARA}] ?)+")
-_CELL_MARK = re.compile(f" ?{_CELL} ?")
+# Fixed replacement strings and patterns that start with a marker (so the regex engine skips
+# ahead to the next marker): a Python callback per block boundary would cost more than the rest.
+_PARA_RUN = re.compile(f"(?:{_LINE} ?)*{_PARA}[ {_LINE}{_PARA}]*")
+_LINE_RUN = re.compile(f"{_LINE}[ {_LINE}]*")
+_CELL_MARK = re.compile(f"{_CELL} ?")
 # Cells emptied of icons leave tabs at line ends; a row starts with its first cell's tab.
-_EDGE_TABS = re.compile(r"^\t+|\t+$", re.M)
-
-
-def _break(match: re.Match[str]) -> str:
-    return "\n\n" if _PARA in match.group(0) else "\n"
+_TABS_AFTER_NEWLINE = re.compile("\n\t+")
+_TABS_BEFORE_NEWLINE = re.compile("\t+\n")
 
 
 def _drop_permalinks(root: LexborNode) -> None:
@@ -271,7 +274,8 @@ def _serialise(root: LexborNode) -> str:
     root_id = root.mem_id
     if root.tag in _PRE_TAGS:
         return root.text(deep=True).strip("\n")
-    for pre in _outermost(root.css(", ".join(_PRE_TAGS))):
+    pres = _outermost(root.css(", ".join(_PRE_TAGS)))
+    for pre in pres:
         protected = pre.text(deep=True).strip("\r\n").translate(_PROTECT_PRE)
         pre.insert_before(_PARA)
         pre.insert_after(_PARA)
@@ -291,10 +295,14 @@ def _serialise(root: LexborNode) -> str:
     # str.split() collapses every whitespace run (incl. NBSP and the ideographic space) in C; the
     # protected <pre> whitespace is not whitespace to it.
     text = " ".join(root.text(deep=True).split())
-    text = _BREAK_RUN.sub(_break, text)
-    text = _CELL_MARK.sub("\t", text)
-    text = _EDGE_TABS.sub("", text)
-    return text.translate(_UNPROTECT_PRE).strip()
+    text = _PARA_RUN.sub("\n\n", text)
+    text = _LINE_RUN.sub("\n", text).replace(" \n", "\n")
+    if _CELL in text:
+        text = _CELL_MARK.sub("\t", text).replace(" \t", "\t")
+        text = _TABS_AFTER_NEWLINE.sub("\n", _TABS_BEFORE_NEWLINE.sub("\n", text))
+    if pres:
+        text = text.replace(_PRE_NEWLINE, "\n").replace(_PRE_SPACE, " ").replace(_PRE_TAB, "\t")
+    return text.strip()
 
 
 def _parse(html: str) -> LexborHTMLParser:
