@@ -1,6 +1,6 @@
 """Optimizers (DeepOpt, LambdaOpt, AdamW baseline) and the warm-up + cosine learning-rate schedule.
 
-All state is tensors (step counts, β products, moments), so torch.distributed.checkpoint saves and
+All state is tensors (step counts, moments), so torch.distributed.checkpoint saves and
 reshards it like the model and no pickled Python objects end up in a checkpoint.
 """
 from __future__ import annotations
@@ -39,6 +39,28 @@ class DeepOpt(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=betas, beta2_final=beta2_final, schedule_steps=schedule_steps, eps=eps,
                         weight_decay=weight_decay)
         super().__init__(params, defaults)
+        self._product_cache: dict[tuple, tuple[int, float, float]] = {}
+
+    def beta_products(self, step: int, group: dict) -> tuple[float, float]:
+        """Π β1_i and Π β2_i for i = 1..step, in float64.
+
+        Recomputed from the step count rather than stored: Optimizer.load_state_dict casts floating
+        state to the parameter dtype, and fp32 products would make a resumed run drift.
+        """
+        key = (tuple(group["betas"]), group["beta2_final"], group["schedule_steps"])
+        cached = self._product_cache.get(key)
+        if cached is not None and cached[0] == step:
+            return cached[1], cached[2]
+        if cached is not None and cached[0] == step - 1:
+            start, prod1, prod2 = step, cached[1], cached[2]
+        else:
+            start, prod1, prod2 = 1, 1.0, 1.0
+        for i in range(start, step + 1):
+            beta1, beta2 = self.betas_at(i, group)
+            prod1 *= beta1
+            prod2 *= beta2
+        self._product_cache[key] = (step, prod1, prod2)
+        return prod1, prod2
 
     @staticmethod
     def betas_at(step: int, group: dict) -> tuple[float, float]:
@@ -63,20 +85,17 @@ class DeepOpt(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["beta1_product"] = torch.ones((), dtype=torch.float64)
-                    state["beta2_product"] = torch.ones((), dtype=torch.float64)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
                 t = int(state["step"].item())
                 beta1, beta2 = self.betas_at(t, group)
-                state["beta1_product"] *= beta1
-                state["beta2_product"] *= beta2
+                prod1, prod2 = self.beta_products(t, group)
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
                 exp_avg.lerp_(grad, 1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                correction1 = 1.0 - float(state["beta1_product"])
-                correction2 = 1.0 - float(state["beta2_product"])
+                correction1 = 1.0 - prod1
+                correction2 = 1.0 - prod2
                 if wd:
                     p.mul_(1 - lr * wd)
                 denom = (exp_avg_sq / correction2).sqrt_().add_(eps)
