@@ -155,14 +155,18 @@ class CausalLMScorer:
             for start in range(0, max(len(seq) - 1, 0), step):
                 windows.append((i, seq[start:start + self.max_length]))
         totals = [[0.0, 0] for _ in texts]
-        # Longest first, batches bounded by padded tokens: similar lengths share a batch.
+        # Longest first; a batch is bounded by its padded tokens and closed before a window shorter
+        # than half its width joins, so padding never exceeds the real tokens.
         windows.sort(key=lambda w: -len(w[1]))
         at = 0
         while at < len(windows):
             width = len(windows[at][1])
-            size = max(1, self.batch_tokens // width)
-            batch = windows[at:at + size]
-            at += size
+            end = at + 1
+            while (end < len(windows) and (end - at + 1) * width <= self.batch_tokens
+                   and 2 * len(windows[end][1]) >= width):
+                end += 1
+            batch = windows[at:end]
+            at = end
             ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
             for row, (_, seq) in enumerate(batch):
