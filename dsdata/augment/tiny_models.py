@@ -37,7 +37,7 @@ def sample_sentences(count: int, seed: int = 0) -> list[str]:
 
 
 def build_tiny_marian(directory: str, seed: int = 0, vocab_size: int = 450, d_model: int = 32,
-                      layers: int = 1, init_std: float = 1.0) -> str:
+                      layers: int = 1, init_std: float = 1.0, pad_vocab_to: int = 0) -> str:
     """Train a SentencePiece tokenizer on made-up zh/en text and save a random MarianMT model.
 
     init_std: a large init makes outputs depend on the input (the default 0.02 gives every input
@@ -61,6 +61,8 @@ def build_tiny_marian(directory: str, seed: int = 0, vocab_size: int = 450, d_mo
     vocab = {"</s>": 0, "<unk>": 1, "<pad>": 2}
     for i in range(processor.get_piece_size()):
         vocab.setdefault(processor.id_to_piece(i), len(vocab))
+    while len(vocab) < pad_vocab_to:
+        vocab[f"<unused{len(vocab)}>"] = len(vocab)
     with open(os.path.join(directory, "vocab.json"), "w", encoding="utf-8") as fh:
         json.dump(vocab, fh, ensure_ascii=False)
     tokenizer = MarianTokenizer(
