@@ -60,6 +60,8 @@ def _corpus() -> tuple[list[dict], dict[str, list[str]]]:
         docs.append({"id": f"solo{i}", "text": " ".join(_words(rnd, 200))})
     docs.append({"id": "solo-zh", "text": "".join(rnd.choice(han) for _ in range(400))})
     docs += [{"id": "punct1", "text": "!!! ---"}, {"id": "punct2", "text": "???"}]
+    # The same record twice (same id, same text): one copy is kept.
+    docs.append(dict(next(d for d in docs if d["id"] == "solo5")))
     clusters = {
         "chain0": [f"chain{i}" for i in range(5)],
         "exact-a": ["exact-a", "exact-b", "exact-c"],
@@ -100,9 +102,9 @@ def test_clusters_reasons_annotations_and_ledger(tmp_path):
     stats, kept, rejected = _run(tmp_path, docs, "{cc_rounds: 4}")
     assert stats["ledger_ok"] and stats["input"] == len(docs)
     assert stats["input"] == stats["kept"] + stats["rejected_total"] == len(kept) + len(rejected)
-    n_removed = sum(len(m) - 1 for m in clusters.values())
+    n_removed = sum(len(m) - 1 for m in clusters.values()) + 1  # + the repeated record
     assert stats["kept"] == len(docs) - n_removed
-    assert stats["rejected"] == {"dedup": {"exact_duplicate": 2, "near_duplicate": 5}}
+    assert stats["rejected"] == {"dedup": {"exact_duplicate": 3, "near_duplicate": 5}}
 
     kept_ids = {r["id"] for r in kept}
     for keeper, members in clusters.items():
@@ -110,15 +112,18 @@ def test_clusters_reasons_annotations_and_ledger(tmp_path):
     for r in kept:
         cluster = next((k for k, m in clusters.items() if r["id"] in m), r["id"])
         assert r["dup_cluster"] == cluster
-        assert r["dup_cluster_size"] == (len(clusters[cluster]) if cluster in clusters else 1)
+        size = len(clusters[cluster]) if cluster in clusters else 1
+        assert r["dup_cluster_size"] == (2 if r["id"] == "solo5" else size)
+    assert sum(r["id"] == "solo5" for r in kept) == 1
     reasons = {r["id"]: r["reason"] for r in rejected}
-    assert reasons == {
+    assert reasons == {"solo5": "exact_duplicate",
         "exact-b": "exact_duplicate", "exact-c": "exact_duplicate", "zh-2": "near_duplicate",
         **{f"chain{i}": "near_duplicate" for i in range(1, 5)},
     }
     for r in rejected:
         ann = json.loads(r["annotations"])
-        assert r["stage"] == "dedup" and ann["dup_cluster"] == next(k for k, m in clusters.items() if r["id"] in m)
+        expected = next((k for k, m in clusters.items() if r["id"] in m), r["id"])
+        assert r["stage"] == "dedup" and ann["dup_cluster"] == expected
 
 
 def test_keep_highest_score_and_exact_only(tmp_path):
@@ -135,8 +140,8 @@ def test_keep_highest_score_and_exact_only(tmp_path):
     assert {r["dup_cluster"] for r in kept if r["id"] == "chain3"} == {"chain3"}
 
     stats, kept, rejected = _run(tmp_path, docs, "{near: false}", name="exact-only")
-    assert stats["rejected"] == {"dedup": {"exact_duplicate": 2}}
-    assert stats["ledger_ok"] and stats["kept"] == len(docs) - 2
+    assert stats["rejected"] == {"dedup": {"exact_duplicate": 3}}
+    assert stats["ledger_ok"] and stats["kept"] == len(docs) - 3
 
 
 def _union_find_labels(edges):
@@ -177,3 +182,20 @@ def test_connected_components_match_union_find():
     with beam.Pipeline(options=pipeline_options([])) as p:
         labels = p | beam.Create(edges) | ConnectedComponents(rounds=8)
         assert_that(labels, check)
+
+
+def test_dedup_recipe_removes_the_sample_mirrors(tmp_path):
+    """pipelines/dedup.yaml as users run it, on the real sample corpus with its two mirror copies."""
+    repo = Path(__file__).resolve().parents[1]
+    recipe = load_recipe(str(repo / "pipelines" / "dedup.yaml"))
+    assert [s.name for s in recipe.stages] == ["dedup"] and recipe.stages[0].params["threshold"] == 0.8
+    stats = run_recipe(recipe, str(tmp_path / "out"))
+    n_input = sum(1 for line in (repo / "pipelines/samples/docs.jsonl").read_text("utf-8").splitlines() if line.strip())
+    assert stats["ledger_ok"] and stats["input"] == n_input == stats["kept"] + stats["rejected_total"]
+    rejected = _rows(tmp_path / "out", "rejected")
+    page = "apt-doc:usr/share/doc/apt-doc/guide.html/ch4.html"
+    mirrors = {f"mirror-a/{page}", f"mirror-b/{page}"}
+    assert {r["id"] for r in rejected if r["reason"] == "exact_duplicate"} == mirrors
+    kept = {r["id"]: r for r in _rows(tmp_path / "out", "kept")}
+    assert kept[f"en/{page}"]["dup_cluster_size"] == 3
+    assert all(json.loads(r["annotations"])["dup_cluster"] == f"en/{page}" for r in rejected if r["id"] in mirrors)
