@@ -256,7 +256,10 @@ def _export(config: Config, run_dir: str, model_train, batches, layout) -> None:
 
     from dsdata.train.export import export_hf
 
-    state = get_model_state_dict(model_train, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if hasattr(layout, "full_model_state_dict"):  # pipeline stages: rank 0 gathers the other stages' weights
+        state = layout.full_model_state_dict(model_train)
+    else:
+        state = get_model_state_dict(model_train, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if layout.writes_metrics:
         tokenizer = None
         dataset = getattr(batches, "dataset", None)
