@@ -70,8 +70,11 @@ class Checkpointer:
             warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
         self.layout.barrier()
+        names = _params_with_state(model, optimizer)
+        if hasattr(self.layout, "union_over_ranks"):  # pipeline stages own different parameters
+            names = self.layout.union_over_ranks(names)
         if self.layout.writes_metrics:
-            state = dict(state, optimizer_state_keys=_params_with_state(model, optimizer))
+            state = dict(state, optimizer_state_keys=names)
             with open(os.path.join(tmp, STATE_FILE + ".part"), "w") as fh:
                 json.dump(state, fh)
                 fh.flush()
