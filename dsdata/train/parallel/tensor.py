@@ -1,0 +1,75 @@
+"""Tensor parallelism (Megatron-style, with DTensor `parallelize_module`) applied to the plain model.
+
+Per block: wq/wk/wv column-wise (each rank owns n_heads/tp heads; attention runs on local heads),
+wo row-wise (one all-reduce); w1/w3 column-wise, w2 row-wise (one all-reduce).  The embedding is
+vocab-parallel (row-wise: each rank owns vocab/tp rows, looks up its ids and the partial sums are
+all-reduced); the output projection is column-wise over the vocabulary and its logits stay sharded
+(`Shard(-1)`) into a vocab-parallel cross-entropy (`loss_parallel`), so no rank ever holds the full
+(batch, seq, vocab) logits.  Norms are replicated.
+
+Attention variants: every kernel takes the head count from its tensors, so dense, dynamic_sparse and
+lsh run on the local heads unchanged.  dynamic_sparse's gate MLP is shared by all heads: its weights
+stay replicated and their gradients (partial: each rank saw only its heads) are summed over the
+tensor-parallel group by the layout (`tp_partial_gradient_params`).
+MoE: the router and the experts stay replicated on the tensor-parallel ranks (every rank routes and
+computes all experts of its replicated input); correct but without memory savings for the experts.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from dsdata.train.config import ConfigError
+
+
+def check_tensor_parallel(args, tp: int) -> None:
+    """Refuse model shapes that cannot be split over tp ranks (one clear line)."""
+    if tp == 1:
+        return
+    problems = []
+    if args.n_heads % tp:
+        problems.append(f"model.n_heads ({args.n_heads})")
+    if args.kv_heads % tp:
+        problems.append(f"model.n_kv_heads ({args.kv_heads})")
+    if args.hidden_dim % tp and not args.moe_experts:
+        problems.append(f"the feed-forward width ({args.hidden_dim})")
+    if args.vocab_size % tp:
+        problems.append(f"model.vocab_size ({args.vocab_size}; may be padded above the tokenizer's)")
+    if problems:
+        raise ConfigError(f"parallel.tensor_parallel_size = {tp} must divide {', '.join(problems)}")
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh, vocab_parallel_loss: bool = True) -> list[nn.Parameter]:
+    """Shard the (possibly pipeline-pruned) model in place; returns replicated params with partial grads."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tied = (model.tok_embeddings is not None and model.output is not None
+            and model.output.weight is model.tok_embeddings.weight)
+    plan = {}
+    if model.tok_embeddings is not None:
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if model.output is not None:
+        plan["output"] = ColwiseParallel(
+            input_layouts=Replicate(),
+            output_layouts=Shard(-1) if vocab_parallel_loss else Replicate(),
+            use_local_output=not vocab_parallel_loss)
+    parallelize_module(model, tp_mesh, plan)
+    if tied:
+        # Both styles shard the (vocab, dim) weight on dim 0: re-point output at the embedding's DTensor
+        # so the two uses stay one parameter (parallelize_module made two).
+        model.output.weight = model.tok_embeddings.weight
+
+    partial = []
+    for block in model.layers.values():
+        block_plan = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(),
+        }
+        if hasattr(block.feed_forward, "w1"):
+            block_plan.update({"feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+                               "feed_forward.w2": RowwiseParallel()})
+        parallelize_module(block, tp_mesh, block_plan)
+        partial.extend(p for p in block.attention.kernel.parameters() if p.requires_grad)
+    return partial

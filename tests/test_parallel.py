@@ -1,0 +1,240 @@
+"""Hybrid parallelism: layouts proven equal to one process (CPU, gloo), schedules checked in pure Python.
+
+The parity tests run the real trainer (`dsdata.train.loop.train`) on the tiny config: one process in
+this test, then one torchrun of 2 processes that trains tp=2, pp=2 (gpipe, 1f1b), dp=2 and two
+cross-layout resumes in a row, and one torchrun of 4 processes for dp=2 × tp=2.  Losses must match
+to 1e-5 relative at every step, parameters after the steps (read back from each run's sharded DCP
+checkpoint) to 1e-5 (abs + rel).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsdata.train.config import ConfigError, load_config
+from dsdata.train.parallel import MixedParallel, resolve_dims
+from dsdata.train.parallel.pipeline import (Action, balanced_split, check_schedule, schedule_actions, simulate,
+                                            theoretical_bubble)
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "models" / "tiny.toml")
+STEPS = 10
+BASE = [f"training.steps={STEPS}", "checkpoint.interval=5", "checkpoint.keep=3", "logging.tensorboard=false",
+        "logging.console_interval=0", "logging.histogram_interval=0", "export.enabled=false", "training.threads=1"]
+RTOL = 1e-5
+
+
+# ------------------------------------------------------------------ pure Python: schedules, split, sizes
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,micro", [(2, 2), (2, 4), (3, 5), (4, 4), (4, 8)])
+def test_schedule_runs_every_microbatch_once_forward_before_backward(kind, stages, micro):
+    order = schedule_actions(kind, stages, micro)
+    check_schedule(order, micro)
+    assert simulate(order)["bubble_fraction"] == pytest.approx(theoretical_bubble(stages, micro))
+
+
+def test_1f1b_keeps_at_most_stages_minus_rank_microbatches_in_flight():
+    for s, seq in enumerate(schedule_actions("1f1b", 4, 8)):
+        in_flight = peak = 0
+        for a in seq:
+            in_flight += 1 if a.kind == "F" else -1
+            peak = max(peak, in_flight)
+        assert peak == 4 - s  # GPipe would hold all 8
+
+
+def test_schedule_checker_rejects_broken_orders():
+    good = schedule_actions("gpipe", 2, 2)
+    backward_first = [list(reversed(seq)) for seq in good]
+    with pytest.raises(AssertionError, match="before its forward"):
+        check_schedule(backward_first, 2)
+    missing = [seq[:-1] for seq in good]
+    with pytest.raises(AssertionError, match="once"):
+        check_schedule(missing, 2)
+    # Stage 1 starts with micro-batch 1, whose forward stage 0 only runs after a backward stage 1 owes it.
+    deadlock = [[Action(0, "F", 0), Action(0, "B", 0), Action(0, "F", 1), Action(0, "B", 1)],
+                [Action(1, "F", 1), Action(1, "F", 0), Action(1, "B", 0), Action(1, "B", 1)]]
+    with pytest.raises(AssertionError, match="deadlock"):
+        check_schedule(deadlock, 2)
+
+
+def test_stage_split_balances_parameters_and_keeps_layers_contiguous():
+    # Heavy embedding on stage 0 and output on the last stage push layers to the middle stages.
+    split = balanced_split(embed=300, layers=[100] * 8, tail=300, stages=4)
+    assert [x for part in split for x in part] == list(range(8)) and all(split)
+    loads = [sum(100 for _ in part) + (300 if i == 0 else 0) + (300 if i == 3 else 0) for i, part in enumerate(split)]
+    assert max(loads) == 400 and [len(part) for part in split] == [1, 3, 3, 1]  # the best possible
+    assert balanced_split(0, [5, 5, 5, 5], 0, 2) == [[0, 1], [2, 3]]
+    with pytest.raises(ConfigError, match="exceeds model.n_layers"):
+        balanced_split(0, [1, 1], 0, 3)
+
+
+def test_sizes_must_multiply_to_world_size_and_batch_splits_without_changing_math():
+    config = load_config(TINY, ["parallel.tensor_parallel_size=2", "parallel.pipeline_parallel_size=2"])
+    with pytest.raises(ConfigError, match=r"must equal the world size \(6 processes\)"):
+        resolve_dims(config.parallel, 6, 16)
+    dims = resolve_dims(config.parallel, 8, 16)
+    assert (dims.dp, dims.pp, dims.tp) == (2, 2, 2)
+    assert dims.micro_batch_size * dims.accumulation * dims.dp == 16  # the global batch, whatever the layout
+    assert dims.coordinates(5) == (1, 0, 1) and dims.rank_of(1, 0, 1) == 5
+    bad = load_config(TINY, ["parallel.pipeline_parallel_size=2", "parallel.micro_batch_size=16"])
+    with pytest.raises(ConfigError, match="1f1b pipeline schedule needs at least"):
+        resolve_dims(bad.parallel, 2, 16)
+    odd = load_config(TINY, ["parallel.micro_batch_size=5"])
+    with pytest.raises(ConfigError, match="not divisible by parallel.micro_batch_size"):
+        resolve_dims(odd.parallel, 2, 16)
+
+
+def test_mixed_parallel_facade_from_a_dict():
+    spec = {"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "micro_batch_size": 8,
+            "gradient_accumulation_steps": 16}
+    dims = MixedParallel.plan(spec, world_size=16)
+    assert (dims.dp, dims.pp, dims.tp, dims.micro_batch_size, dims.accumulation) == (2, 2, 4, 8, 16)
+    with pytest.raises(ConfigError, match="world size"):
+        MixedParallel(spec)  # this test is one process, the spec needs 8 × dp
+    with pytest.raises(ConfigError, match="unknown key"):
+        MixedParallel.plan({"tensor_parallel": 2}, 2)
+    from dsdata.train import MixedParallel as lazily_imported
+
+    assert lazily_imported is MixedParallel
+
+
+def test_tensor_parallel_refuses_shapes_it_cannot_split():
+    from dsdata.train.parallel.tensor import check_tensor_parallel
+
+    config = load_config(TINY, ["model.vocab_size=255"])
+    with pytest.raises(ConfigError, match=r"must divide .*model.vocab_size \(255"):
+        check_tensor_parallel(config.model, 2)
+    with pytest.raises(ConfigError, match=r"model.n_heads \(4\)"):
+        check_tensor_parallel(config.model, 8)
+
+
+# ------------------------------------------------------------------ parity with one process (slow)
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    return [r["loss"] for r in rows]
+
+
+def _checkpoint_params(path: Path) -> dict[str, torch.Tensor]:
+    """The model tensors of a DCP checkpoint, read into one process's plain model."""
+    import torch.distributed.checkpoint as dcp
+
+    from dsdata.train.model import Transformer
+
+    args = replace(load_config(TINY).model, vocab_size=256)
+    state = {k: v.clone() for k, v in Transformer(args).state_dict().items()}
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    saved = {k.removeprefix("model.") for k in metadata.state_dict_metadata if k.startswith("model.")}
+    state = {k: v for k, v in state.items() if k in saved}
+    dcp.load({"model": state}, checkpoint_id=str(path))
+    return state
+
+
+def _assert_close_losses(got: list[float], want: list[float], what: str) -> None:
+    assert len(got) == len(want), f"{what}: {len(got)} steps logged, expected {len(want)}"
+    for step, (a, b) in enumerate(zip(got, want), 1):
+        assert a is not None and abs(a - b) <= RTOL * abs(b), f"{what}: step {step} loss {a} vs one process {b}"
+
+
+def _assert_close_params(got: dict, want: dict, what: str) -> None:
+    assert set(want) <= set(got) | {"output.weight"}, f"{what}: missing {sorted(set(want) - set(got))}"
+    for name, value in want.items():
+        if name in got:
+            torch.testing.assert_close(got[name], value, rtol=RTOL, atol=RTOL, msg=lambda m: f"{what} {name}: {m}")
+
+
+def _torchrun(nproc: int, plan: list[dict], tmp: Path) -> None:
+    spec = tmp / f"plan_{nproc}.json"
+    spec.write_text(json.dumps(plan))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                           __file__, str(spec)], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+@pytest.fixture(scope="module")
+def single_process_run(tmp_path_factory):
+    from dsdata.train.loop import train
+
+    torch.set_num_threads(1)
+    run = tmp_path_factory.mktemp("parallel") / "single"
+    train(load_config(TINY, BASE), str(run))
+    return run
+
+
+LAYOUTS_2 = {
+    "tp2": ["parallel.tensor_parallel_size=2"],
+    "pp2_gpipe": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=gpipe"],
+    "pp2_1f1b": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=1f1b"],
+    "dp2": ["parallel.data_parallel_size=2"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_layouts_match_one_process_and_checkpoints_load_across_layouts(single_process_run, tmp_path):
+    single = single_process_run
+    reference_losses = _losses(single)
+    reference_params = _checkpoint_params(single / "checkpoints" / f"step_{STEPS:08d}")
+
+    plan2 = [{"run_dir": str(tmp_path / name), "overrides": BASE + extra} for name, extra in LAYOUTS_2.items()]
+    # Cross-layout resumes: 1 process → tp=2, then tp=2 → pp=2 (1f1b); the first 5 steps come from the checkpoint.
+    plan2.append({"run_dir": str(tmp_path / "tp2_from_single"), "overrides": BASE + LAYOUTS_2["tp2"],
+                  "copy_checkpoint": str(single / "checkpoints" / "step_00000005")})
+    plan2.append({"run_dir": str(tmp_path / "pp2_from_tp2"), "overrides": BASE + LAYOUTS_2["pp2_1f1b"],
+                  "copy_checkpoint": str(tmp_path / "tp2" / "checkpoints" / "step_00000005")})
+    _torchrun(2, plan2, tmp_path)
+    plan4 = [{"run_dir": str(tmp_path / "dp2_tp2"), "overrides": BASE + ["parallel.data_parallel_size=2",
+                                                                       "parallel.tensor_parallel_size=2"]}]
+    _torchrun(4, plan4, tmp_path)
+
+    for name in [*LAYOUTS_2, "dp2_tp2"]:
+        run = tmp_path / name
+        _assert_close_losses(_losses(run), reference_losses, name)
+        _assert_close_params(_checkpoint_params(run / "checkpoints" / f"step_{STEPS:08d}"), reference_params, name)
+    for name in ("tp2_from_single", "pp2_from_tp2"):
+        run = tmp_path / name
+        _assert_close_losses(_losses(run)[5:], reference_losses[5:], name)
+        _assert_close_params(_checkpoint_params(run / "checkpoints" / f"step_{STEPS:08d}"), reference_params, name)
+
+    # pp=2 (gpipe) checkpoint at step 5 → one process resumes and ends where the one-process run ended.
+    from dsdata.train.loop import train
+
+    resumed = tmp_path / "single_from_pp2"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "pp2_gpipe" / "checkpoints" / "step_00000005", resumed / "checkpoints" / "step_00000005")
+    train(load_config(TINY, BASE), str(resumed))
+    _assert_close_losses(_losses(resumed)[5:], reference_losses[5:], "single_from_pp2")
+    _assert_close_params(_checkpoint_params(resumed / "checkpoints" / f"step_{STEPS:08d}"), reference_params,
+                         "single_from_pp2")
+
+
+def _worker(plan_path: str) -> None:
+    """torchrun entry: train each planned run in turn within one process group."""
+    import torch.distributed as dist
+
+    from dsdata.train.loop import train
+
+    torch.set_num_threads(1)
+    for run in json.loads(Path(plan_path).read_text()):
+        if run.get("copy_checkpoint") and int(os.environ["RANK"]) == 0:
+            source = Path(run["copy_checkpoint"])
+            shutil.copytree(source, Path(run["run_dir"]) / "checkpoints" / source.name)
+        if dist.is_initialized():
+            dist.barrier()
+        train(load_config(TINY, run["overrides"]), run["run_dir"])
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
