@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gzip
-import math
 from typing import IO, Sequence
 
 import numpy as np
@@ -80,6 +79,3 @@ def _write_level(fh: IO[str], strings: list[str], logp: np.ndarray, logb: np.nda
             lines.clear()
     fh.writelines(lines)
 
-
-def log10_or_none(value: float) -> float | None:
-    return math.log10(value) if value > 0 else None

@@ -22,7 +22,7 @@ per token of the corpus.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -258,7 +258,7 @@ def _prune(levels: list[NgramLevel], thresholds: list[int], vocab: int) -> None:
         n_ctx = len(lower.keys)
         # γ'(h) = (1 - Σ_{w: hw kept} p(w|h)) / (1 - Σ_{w: hw kept} p(w|h')) keeps Σ_w p(w|h) = 1.
         num = 1.0 - np.bincount(ctx[kept], weights=level.prob[kept], minlength=n_ctx)
-        den = 1.0 - np.bincount(ctx[kept], weights=lower.prob[level.suffix[kept]] if n > 2 else
-                                levels[0].prob[level.suffix[kept]], minlength=n_ctx)
+        # p(w|h') of a kept hw is the stored probability of its suffix h'w (kept too, see above).
+        den = 1.0 - np.bincount(ctx[kept], weights=lower.prob[level.suffix[kept]], minlength=n_ctx)
         safe = np.where(den > 1e-12, den, 1.0)
         lower.backoff = np.clip(np.where(den > 1e-12, num / safe, 1.0), 0.0, None)

@@ -7,6 +7,7 @@ A model directory holds:
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -51,7 +52,7 @@ def read_corpus_lines(path: str, lang: str, text_field: str = "text") -> Iterato
     if not os.path.isfile(path):
         raise TrainingError(f"corpus '{path}' not found; pass a .txt or .jsonl file with --corpus")
     is_jsonl = path.endswith((".jsonl", ".jsonl.gz", ".ndjson"))
-    opener = __import__("gzip").open if path.endswith(".gz") else open
+    opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
         for lineno, raw in enumerate(fh, start=1):
             if is_jsonl:
@@ -114,8 +115,11 @@ def train_model(corpus: str, lang: str, out_dir: str, options: TrainOptions, log
         fh.write(model_bytes.getvalue())
     arpa_path = os.path.join(out_dir, ARPA_FILE)
     counts = write_arpa(model, words, arpa_path)
+    sha = hashlib.sha256()
     with open(corpus, "rb") as fh:
-        digest = hashlib.sha256(fh.read()).hexdigest()
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            sha.update(block)
+    digest = sha.hexdigest()
     meta = {
         "format": "dsdata-ngram-lm/1",
         "lang": lang,
