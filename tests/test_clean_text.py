@@ -51,9 +51,10 @@ def test_leftover_tags_and_entities():
     assert TextCleaner().clean(text) == "Hello world\n\nnext & last — été"
 
 
-def test_code_generics_and_unterminated_ampersands_survive():
-    text = "std::vector<int> v; Map<K, V> m; AT&T R&D a < b > c"
+def test_code_generics_placeholders_and_unterminated_ampersands_survive():
+    text = "std::vector<int> v; Map<K, V> m; AT&T R&D a < b > c; the man<section> directories; <title>"
     assert TextCleaner().clean(text) == text
+    assert TextCleaner().clean('<section class="x">body</section> <title>') == "body\n<title>"
 
 
 def test_parser_output_keeps_literal_markup():

@@ -34,7 +34,13 @@ _HTML_TAG_NAMES = (
 )
 _SCRIPT_STYLE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>", re.I | re.S)
 _COMMENT = re.compile(r"<!--.*?-->", re.S)
-_TAG = re.compile(rf"([ \t]*)</?({_HTML_TAG_NAMES})(?:\s[^<>]*)?/?>([ \t]*)", re.I)
+_TAG = re.compile(rf"([ \t]*)<(/?)({_HTML_TAG_NAMES})(\s[^<>]*)?/?>([ \t]*)", re.I)
+# A bare opening tag (no attributes) of these names is markup; of other names it is as likely a
+# placeholder in prose ("man<section> directories", "<title> of the page") and stays.
+_BARE_MARKUP_TAGS = frozenset(
+    "a b big blockquote br center code dd div dl dt em font h1 h2 h3 h4 h5 h6 hr i img li ol p pre s "
+    "small span strike strong sub sup table tbody td th thead tr tt u ul".split()
+)
 # Tags that end a line of text; every other tag is inline and vanishes without a space
 # ("foo<b>bar</b>" is one word).
 _LINE_BREAKING_TAGS = frozenset(
@@ -80,9 +86,13 @@ _NOT_CJK_PROTECTED = re.compile(f"[^{_CJK_PROTECTED}]+")
 
 
 def _tag_replacement(match: re.Match[str]) -> str:
-    if match.group(2).lower() in _LINE_BREAKING_TAGS:
+    before, closing, name, attributes, after = match.groups()
+    name = name.lower()
+    if not closing and not attributes and name not in _BARE_MARKUP_TAGS:
+        return match.group(0)
+    if name in _LINE_BREAKING_TAGS:
         return "\n"  # with the spaces around it: they would indent the next line
-    return match.group(1) + match.group(3)
+    return before + after
 
 
 def _symbol_run_replacement(match: re.Match[str]) -> str:

@@ -78,7 +78,9 @@ class CleanStage(Stage):
         "remove_zero_width": Param(True, "drop zero-width space, word joiner, BOM, soft hyphen (ZWJ/ZWNJ kept)"),
         "strip_tags": Param(True, "drop leftover HTML tags/comments in non-HTML text (real element names only)"),
         "decode_entities": Param(True, "decode HTML entities such as &amp; &#8212; &eacute;"),
-        "symbol_runs": Param(True, "remove runs of one decorative symbol: ==== ****** (4+ ASCII), ▲▲▲ (3+)"),
+        "symbol_runs": Param(
+            True, "empty lines of ASCII rules (==== *****, 4+); remove runs of 3+ of one non-ASCII symbol (▲▲▲ ★★★)"
+        ),
         "normalize_whitespace": Param(
             True, "collapse space runs inside lines, strip line ends, at most one blank line in a row"
         ),
