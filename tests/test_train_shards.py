@@ -1,0 +1,74 @@
+"""The trainer on real shards written by the pipeline (tokenize → shards), through the contract
+command: torchrun, 2 gloo processes, checkpoints, resume in the same run dir, HF export."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_train import _env, metrics
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER = REPO / "pipelines" / "models" / "tokenizer"
+
+
+@pytest.fixture(scope="module")
+def pipeline_shards(tmp_path_factory):
+    """~300 real English paragraphs run through `dsdata run` with the tokenize and shards stages."""
+    shared = REPO.parent / "shared" / "data"
+    if not shared.is_dir():
+        pytest.skip(f"shared dev data not found at {shared}")
+    if not (REPO / "dsdata" / "stages" / "shards.py").is_file() or not TOKENIZER.is_dir():
+        pytest.skip("the pipeline's tokenize/shards stages or the default tokenizer are not in this checkout")
+    tmp = tmp_path_factory.mktemp("shardrun")
+    text = (shared / "prose-en.txt").read_text(encoding="utf-8")
+    paragraphs = [p.strip() for p in text.split("\n\n") if len(p.strip()) > 80][:300]
+    (tmp / "data").mkdir()
+    with open(tmp / "data" / "docs.jsonl", "w", encoding="utf-8") as fh:
+        for i, p in enumerate(paragraphs):
+            fh.write(json.dumps({"id": f"p{i:04d}", "text": p}) + "\n")
+    (tmp / "recipe.yaml").write_text(
+        "name: trainshards\ninput:\n  paths: [data/*.jsonl]\noutput: out\nstages:\n"
+        f"  - tokenize: {{tokenizer: {TOKENIZER}}}\n  - shards: {{shard_size: 8000}}\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", str(tmp / "recipe.yaml"), "--output",
+                           str(tmp / "out"), "--quiet"], env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp / "out" / "shards" / "manifest.json").is_file()
+    return tmp / "out"
+
+
+def torchrun(run_dir, shards, steps, nproc=2):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "dsdata.train", "--config", str(REPO / "models" / "tiny.toml"), "--run-dir", str(run_dir),
+           "--set", f"data.path={shards}", "--set", f"training.steps={steps}", "--set", "checkpoint.interval=10",
+           "--set", "logging.console_interval=0"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_loss_falls_on_pipeline_shards_and_the_run_resumes(pipeline_shards, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir = tmp_path / "run"
+    # The run output dir is accepted as well as its shards/ folder.
+    torchrun(run_dir, pipeline_shards, steps=40)
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    losses = [r["loss"] for r in rows]
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < first - 1.0, (first, last)  # from ~ln(16384) = 9.7 down
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1] == "step_00000040"
+
+    torchrun(run_dir, pipeline_shards, steps=50)  # same run dir: resumes at step 40
+    resumed = metrics(run_dir)
+    assert [r["step"] for r in resumed] == list(range(1, 51))
+    assert [r["loss"] for r in resumed[:40]] == losses
+
+    hf_dir = run_dir / "hf"
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    ids = tokenizer("The installation guide explains how to", return_tensors="pt").input_ids
+    assert model(ids).logits.shape[-1] == 16384 or model(ids).logits.shape[-1] >= tokenizer.vocab_size
