@@ -1,0 +1,1 @@
+"""Reference language models for difficulty grading: Kneser-Ney estimation, ARPA output, scorers."""
