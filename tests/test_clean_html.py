@@ -96,6 +96,9 @@ def test_link_only_lists_are_dropped_but_described_links_stay():
     assert "Section 3" not in dom(page(f"<main><p>{LONG}</p><ul>{toc}</ul></main>"))
     short = "".join(f'<li><a href="#s{i}">Section {i}</a></li>' for i in range(3))
     assert "Section 2" in dom(page(f"<main><p>{LONG}</p><ul>{short}</ul></main>"))
+    # A list of links that leave the site is a reference list ("Further reading"), not navigation.
+    refs = "".join(f'<li><a href="https://site{i}.example/doc">Reference {i}</a></li>' for i in range(5))
+    assert "Reference 4" in dom(page(f"<main><p>{LONG}</p><ul>{refs}</ul></main>"))
 
 
 def test_hidden_elements_permalinks_and_alt_text_are_not_text():

@@ -14,8 +14,9 @@ The `dom` extractor (the default behind `auto`) works on one parse:
    breadcrumb, toc, related, … — whole words only, so `menuselection` does not match, and an id
    that is the slug of the element's own heading (`<section id="buffer-related-functions">`) is
    a section name, not furniture;
-4. drop lists that are nothing but links (4+ items, 90 % of them pure link text: tables of
-   contents, archives, link farms; a `<dt>link</dt><dd>description</dd>` list stays), and heading
+4. drop lists that are nothing but links to the site's own pages (4+ items, 90 % of them pure
+   link text, at most half of the links absolute URLs: tables of contents, indexes, archives; a
+   reference list of outside links and a `<dt>link</dt><dd>description</dd>` list stay), and heading
    permalinks (an in-page link whose whole text is one symbol such as ¶);
 5. serialise: paragraph-like blocks apart by a blank line, other blocks (list items, rows, divs,
    `<br>`) on their own line, table cells separated by tabs, `<pre>` exactly as written, image
@@ -91,6 +92,8 @@ MAIN_MIN_SHARE = 0.25
 LINK_LIST_MIN_ITEMS = 4
 LINK_LIST_MIN_SHARE = 0.9
 LINK_ITEM_MIN_SHARE = 0.9
+# ... and at most this share of its links leave the site (absolute http(s)/ftp URLs).
+LINK_LIST_MAX_EXTERNAL_SHARE = 0.5
 
 
 class HtmlParseError(ValueError):
@@ -208,20 +211,30 @@ def _drop_boilerplate(root: LexborNode, explicit_main: bool) -> None:
         node.decompose()
 
 
+def _is_external(href: str | None) -> bool:
+    return bool(href) and href.lstrip().lower().startswith(("http://", "https://", "//", "ftp://"))
+
+
 def _drop_link_lists(root: LexborNode) -> None:
-    """Drop lists whose items are nothing but links: tables of contents, indexes, link farms."""
+    """Drop lists whose items are nothing but links to the site's own pages: tables of contents,
+    indexes, archives.  A list whose links mostly leave the site is a reference list ("Further
+    reading: MDN Web Docs, …") and stays."""
     doomed = []
     for block in root.css("ul, ol, dl, menu"):
         items = [c for c in block.iter() if c.tag in ("li", "dt", "dd")]
         if len(items) < LINK_LIST_MIN_ITEMS:
             continue
         all_link = 0
+        links = block.css("a")
         for item in items:
             total = _visible_length(item)
             linked = sum(_visible_length(a) for a in item.css("a"))
             if total and linked >= LINK_ITEM_MIN_SHARE * total:
                 all_link += 1
-        if all_link >= LINK_LIST_MIN_SHARE * len(items):
+        if all_link < LINK_LIST_MIN_SHARE * len(items):
+            continue
+        external = sum(1 for a in links if _is_external(a.attributes.get("href")))
+        if external <= LINK_LIST_MAX_EXTERNAL_SHARE * len(links):
             doomed.append(block)
     for node in _outermost(doomed):
         node.decompose()
