@@ -106,9 +106,11 @@ class _WriteStats(beam.DoFn):
     def __init__(self, path: str, stage_order: list[str], extra: dict[str, Any]):
         self.path, self.stage_order, self.extra = path, stage_order, extra
 
-    def process(self, counts: list[tuple[tuple, int]]):
+    def process(self, counts: list[tuple[tuple, int]], stage_stats: dict[str, Any]):
         stats = stats_from_counts(dict(counts), self.stage_order)
         stats.update(self.extra)
+        if stage_stats:
+            stats["stage_stats"] = dict(sorted(stage_stats.items()))
         with FileSystems.create(self.path) as fh:
             fh.write(json.dumps(stats, indent=2, ensure_ascii=False).encode("utf-8"))
         yield stats
@@ -138,11 +140,14 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     rejected = [read[REJECTED]]
     docs = read[KEPT]
     counted_input = docs
+    stage_stats = []
     for i, stage in enumerate(stages):
         stage.run_dir = output
         out = docs | f"{i:02d}_{stage.name}" >> ApplyStage(stage)
         docs = out[KEPT]
         rejected.append(out[REJECTED])
+        if "stats" in out:
+            stage_stats.append(out["stats"] | f"{i:02d}_{stage.name}_Stats" >> beam.Map(lambda s, n=stage.name: (n, s)))
     all_rejected = rejected | "AllRejected" >> beam.Flatten()
 
     annotation_types: dict[str, Any] = {}
@@ -168,13 +173,16 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
         (docs | "KeptKeys" >> beam.FlatMap(_count_keys(KEPT))),
         (all_rejected | "RejectedKeys" >> beam.FlatMap(_count_keys(REJECTED))),
     )
+    stage_stats_pc = (stage_stats | "StageStats" >> beam.Flatten()) if stage_stats else (
+        p | "NoStageStats" >> beam.Create([]))
     extra = {"recipe": recipe.name, "stage_order": [READ_STAGE] + [s.name for s in stages]}
     (
         keys
         | "AllKeys" >> beam.Flatten()
         | "Count" >> beam.combiners.Count.PerElement()
         | "Gather" >> beam.combiners.ToList()
-        | "WriteStats" >> beam.ParDo(_WriteStats(FileSystems.join(output, "stats.json"), [s.name for s in stages], extra))
+        | "WriteStats" >> beam.ParDo(_WriteStats(FileSystems.join(output, "stats.json"), [s.name for s in stages], extra),
+                                     beam.pvalue.AsDict(stage_stats_pc))
     )
     for stage in stages:
         hook = getattr(stage, "after_pipeline", None)

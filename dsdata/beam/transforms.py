@@ -89,7 +89,11 @@ class ApplyStage(beam.PTransform):
         stage = self.stage
         if hasattr(stage, "beam_transform"):
             out = docs | stage.beam_transform()
-            return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
+            result = {KEPT: out[KEPT], REJECTED: out[REJECTED]}
+            if "stats" in out:
+                # Optional: a PCollection with one JSON-able dict, written into stats.json[stage name].
+                result["stats"] = out["stats"]
+            return result
         if hasattr(stage, "process_batch"):
             batched = docs | "Batch" >> beam.BatchElements(
                 min_batch_size=stage.batch_min, max_batch_size=stage.batch_max
