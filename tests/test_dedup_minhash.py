@@ -53,6 +53,10 @@ def test_vectorised_shingles_match_reference_strings(shared_data):
     sets = hasher.shingle_sets(texts)
     for text, hashes in zip(texts, sets):
         assert len(hashes) == len(set(shingle_strings(text)))
+    # The per-document distinct 32-bit keys used by exact verification, computed with one sort.
+    top = hasher.distinct_top32(hasher.shingle(texts))
+    for full, short in zip(sets, top):
+        assert np.array_equal(np.unique((full >> np.uint64(32)).astype(np.uint32)), short)
     # A shingle hashes the same wherever it occurs (position-independent span hashing).
     a, b = hasher.shingle_sets(["xx yy one two three four five", "one two three four five zz"])
     assert len(np.intersect1d(a, b)) == 1

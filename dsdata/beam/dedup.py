@@ -89,6 +89,12 @@ def node_key(doc: Document, digest: bytes, score_field: str | None) -> str:
     return f"{prefix}{doc.id}{_SEP}{digest[: _HASH_HEX // 2].hex()}"
 
 
+def _doc_fields(doc: Document) -> tuple:
+    """A Document as a tuple of primitives: Beam's fast coder encodes these natively, whereas a
+    dataclass falls back to pickling — the difference is most of the cost of the final join."""
+    return doc.id, doc.text, doc.metadata, doc.annotations, doc.derived_from
+
+
 def node_id(node: str, prefix_len: int) -> str:
     return node[prefix_len: -(_HASH_HEX + 1)]
 
@@ -111,15 +117,17 @@ class _SignatureDoFn(beam.DoFn):
     def process(self, batch: list[Document]):
         c = self.cfg
         docs = list(batch)
-        sigs = has = keys = shingled = None
+        sigs = has = keys = shingled = distinct = None
         if c["near"]:
             shingled = self.hasher.shingle([d.text for d in docs])
             sigs, has = self.hasher.signatures_from_shingles(shingled)
             keys = band_keys(sigs, c["bands"], c["rows"])
+            if c["verify"] == "exact":
+                distinct = self.hasher.distinct_top32(shingled)
         for i, doc in enumerate(docs):
             digest = exact_hash(doc.text)
             node = node_key(doc, digest, c["score_field"])
-            yield node, doc
+            yield node, _doc_fields(doc)
             bands = None
             if c["near"] and has[i]:
                 bands = keys[i].tobytes()
@@ -128,8 +136,7 @@ class _SignatureDoFn(beam.DoFn):
                 elif c["verify"] == "exact":
                     # Top 32 bits of each distinct shingle hash: a chance collision inside one
                     # pair (p ≈ n²/2^33) moves its Jaccard by 1/n at most.
-                    own = shingled.hashes[shingled.offsets[i]: shingled.offsets[i + 1]] >> np.uint64(32)
-                    yield beam.pvalue.TaggedOutput(_SIGNATURES, (node, np.unique(own.astype(np.uint32)).tobytes()))
+                    yield beam.pvalue.TaggedOutput(_SIGNATURES, (node, distinct[i].tobytes()))
             elif c["near"]:
                 self.no_shingles.inc()
             # Without exact dedup every node is its own group: key it by the node itself.
@@ -331,7 +338,7 @@ class _Decide(beam.DoFn):
 
     def process(self, item):
         node, grouped = item
-        docs = list(grouped["docs"])
+        docs = [Document(*fields) for fields in grouped["docs"]]
         if not docs:
             return
         # Several documents can share a node key only with the same id and the same text; the
@@ -399,10 +406,14 @@ class DedupTransform(beam.PTransform):
                     | "Verify" >> beam.ParDo(_VerifyPair(c["threshold"], c["verify"]))
                 )
             edge_sets.append(pairs)
+        edges = edge_sets | "AllEdges" >> beam.Flatten()
+        if c["near"]:
+            labels = edges | "Components" >> ConnectedComponents(c["cc_rounds"])
+        else:
+            # Exact links already form stars around each group's smallest node.
+            labels = edges | "StarLabels" >> beam.FlatMap(lambda e: [e, (e[1], e[1])])
         decisions = (
-            edge_sets
-            | "AllEdges" >> beam.Flatten()
-            | "Components" >> ConnectedComponents(c["cc_rounds"])
+            labels
             | "ByLabel" >> beam.Map(lambda nl: (nl[1], nl[0]))
             | "ClusterGroup" >> beam.GroupByKey()
             | "ClusterSizes" >> beam.FlatMap(_cluster_sizes)

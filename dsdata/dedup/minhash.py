@@ -222,6 +222,16 @@ class MinHasher:
         batch = self.shingle(texts)
         return [np.unique(batch.hashes[batch.offsets[i]: batch.offsets[i + 1]]) for i in range(len(texts))]
 
+    @staticmethod
+    def distinct_top32(batch: ShingledBatch) -> list[np.ndarray]:
+        """Per document, the sorted distinct top-32-bit shingle hashes (one sort for the batch)."""
+        n_docs = len(batch.offsets) - 1
+        doc = np.repeat(np.arange(n_docs, dtype=np.uint64), np.diff(batch.offsets))
+        keys = np.unique((doc << _U64(32)) | (batch.hashes >> _U64(32)))
+        bounds = np.searchsorted(keys >> _U64(32), np.arange(n_docs + 1, dtype=np.uint64))
+        values = (keys & _U64(0xFFFFFFFF)).astype(np.uint32)
+        return [values[bounds[i]: bounds[i + 1]] for i in range(n_docs)]
+
     # -- signatures ------------------------------------------------------------------------------
     def signatures_from_shingles(self, batch: ShingledBatch) -> tuple[np.ndarray, np.ndarray]:
         """(signatures uint32 [docs × num_perm], has_shingles bool [docs]).
