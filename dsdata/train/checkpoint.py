@@ -101,6 +101,8 @@ class Checkpointer:
             dcp.load(target, checkpoint_id=path, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
         set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
         keep = set(state.get("optimizer_state_keys", []))
+        if hasattr(self.layout, "after_checkpoint_load"):  # e.g. pipeline stages holding two copies of a tied weight
+            keep = self.layout.after_checkpoint_load(model, optimizer, keep)
         for name, param in _named_parameters(model):
             if name not in keep:
                 optimizer.state.pop(param, None)
