@@ -219,6 +219,24 @@ class HybridLayout(DataParallelLayout):
             dist.all_reduce(total, group=self.groups["pp"])
         return total.sqrt().float()
 
+    @torch.no_grad()
+    def after_checkpoint_load(self, model: nn.Module, optimizer: torch.optim.Optimizer, keep: set[str]) -> set[str]:
+        """Give the last stage's copy of a tied embedding the first stage's weight and optimizer state.
+
+        A checkpoint saved without pipeline stages names the tied weight and its optimizer state once
+        (tok_embeddings.weight); the copy on the last stage (output.weight) takes them from stage 0.
+        """
+        if self.tie_group is None or self.tied_param is None:
+            return keep
+        if "tok_embeddings.weight" in keep:
+            keep = keep | {"output.weight"}
+        source = self.dims.rank_of(self.dp_rank, 0, self.tp_rank)
+        state = optimizer.state.get(self.tied_param, {})
+        tensors = [_local(self.tied_param.data)] + [_local(state[k]) for k in sorted(state) if torch.is_tensor(state[k])]
+        for tensor in tensors:
+            dist.broadcast(tensor, src=source, group=self.tie_group)
+        return keep
+
     def union_over_ranks(self, names: list[str]) -> list[str]:
         """Sorted union of every rank's names (checkpoints record which parameters had optimizer state)."""
         if self.env.world_size == 1:
