@@ -114,6 +114,14 @@ def test_exact_hash_normalises_case_and_whitespace():
     assert exact_hash("hello world") != exact_hash("hello, world")
 
 
+def test_lone_surrogates_from_json_do_not_break_a_batch():
+    text = "abc \ud800 def ghi jkl mno pqr"  # json.loads accepts "\ud800"
+    sig, has = MinHasher().signatures([text, "plain text here"])
+    assert has.tolist() == [True, True]
+    assert exact_hash(text) != exact_hash(text.replace("\ud800", ""))
+    assert shingle_strings(text)[0] == "abc def ghi jkl mno"
+
+
 def test_band_choice_and_s_curve():
     assert choose_bands_rows(0.8, 128) == (9, 13)  # equal weights: datasketch's choice
     assert choose_bands_rows(0.8, 128, 0.05, 0.95) == (16, 8)  # recall-first when verifying

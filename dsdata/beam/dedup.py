@@ -50,7 +50,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from dsdata.dedup.lsh import band_keys
-from dsdata.dedup.minhash import MinHasher, exact_hash
+from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json
 
 log = logging.getLogger("dsdata")
@@ -118,14 +118,15 @@ class _SignatureDoFn(beam.DoFn):
         c = self.cfg
         docs = list(batch)
         sigs = has = keys = shingled = distinct = None
+        folded = [fold(d.text) for d in docs]
         if c["near"]:
-            shingled = self.hasher.shingle([d.text for d in docs])
+            shingled = self.hasher.shingle([d.text for d in docs], folded)
             sigs, has = self.hasher.signatures_from_shingles(shingled)
             keys = band_keys(sigs, c["bands"], c["rows"])
             if c["verify"] == "exact":
                 distinct = self.hasher.distinct_top32(shingled)
         for i, doc in enumerate(docs):
-            digest = exact_hash(doc.text)
+            digest = exact_hash(doc.text, folded[i])
             node = node_key(doc, digest, c["score_field"])
             yield node, _doc_fields(doc)
             bands = None

@@ -77,27 +77,30 @@ def _classify(codepoints: np.ndarray) -> np.ndarray:
     return _classes_table()[np.minimum(codepoints, _TABLE_SIZE - 1)]
 
 
-def _fold(text: str) -> str:
+def fold(text: str) -> str:
+    """NFKC and lower-case: the first step of both normalisations."""
     # str.lower has an ASCII fast path that casefold lacks; the two differ only on a few letters (ß).
     return unicodedata.normalize("NFKC", text).lower()
 
 
 def normalise_for_shingles(text: str) -> str:
     """NFKC, lower-case, and turn each run of non-word characters (not letter/mark/digit) into one space."""
-    folded = _fold(text)
-    cps = np.frombuffer(folded.encode("utf-32-le"), dtype=np.uint32).copy()
+    folded = fold(text)
+    cps = np.frombuffer(folded.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).copy()
     cps[_classify(cps) == _NON_WORD] = 32
-    return " ".join(cps.tobytes().decode("utf-32-le").split())
+    return " ".join(cps.tobytes().decode("utf-32-le", "surrogatepass").split())
 
 
 def normalise_for_exact(text: str) -> str:
     """NFKC, lower-case and collapse whitespace: the text exact deduplication compares."""
-    return " ".join(_fold(text).split())
+    return " ".join(fold(text).split())
 
 
-def exact_hash(text: str) -> bytes:
-    """16-byte blake2b digest of the exact-dedup normalisation of `text`."""
-    return hashlib.blake2b(normalise_for_exact(text).encode("utf-8"), digest_size=16).digest()
+def exact_hash(text: str, folded: str | None = None) -> bytes:
+    """16-byte blake2b digest of the exact-dedup normalisation of `text` (pass `folded` =
+    `fold(text)` when it is already at hand)."""
+    folded = fold(text) if folded is None else folded
+    return hashlib.blake2b(" ".join(folded.split()).encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _uses_char_shingles(n_word: int, n_no_space: int) -> bool:
@@ -176,14 +179,16 @@ class MinHasher:
         self._token_powers = _PowerTable(_TOKEN_BASE, _TOKEN_BASE_INV)
 
     # -- shingling -------------------------------------------------------------------------------
-    def shingle(self, texts: list[str]) -> ShingledBatch:
-        """Normalise and shingle a batch; returns the 64-bit hash of every shingle occurrence."""
+    def shingle(self, texts: list[str], folded: list[str] | None = None) -> ShingledBatch:
+        """Normalise and shingle a batch; returns the 64-bit hash of every shingle occurrence.
+
+        folded: `[fold(t) for t in texts]` when the caller already has it."""
         n_docs = len(texts)
-        folded = [_fold(t) for t in texts]
+        folded = [fold(t) for t in texts] if folded is None else folded
         # One separator after every document keeps tokens from running across documents.
         doc_start = np.zeros(n_docs + 1, dtype=np.int64)
         np.cumsum([len(t) + 1 for t in folded], out=doc_start[1:])
-        cps = np.frombuffer(("\x00".join(folded) + "\x00").encode("utf-32-le"), dtype=np.uint32)
+        cps = np.frombuffer(("\x00".join(folded) + "\x00").encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         cls = _classify(cps)
         word = cls != _NON_WORD
         n_word = np.add.reduceat(word, doc_start[:-1], dtype=np.int64) if n_docs else np.zeros(0, np.int64)
@@ -265,7 +270,7 @@ def shingle_strings(text: str, ngram: int = 5, char_ngram: int = 5) -> list[str]
     norm = normalise_for_shingles(text)
     if not norm:
         return []
-    cls = _classify(np.frombuffer(norm.encode("utf-32-le"), dtype=np.uint32))
+    cls = _classify(np.frombuffer(norm.encode("utf-32-le", "surrogatepass"), dtype=np.uint32))
     if _uses_char_shingles(int((cls != _NON_WORD).sum()), int((cls == _WORD_NO_SPACE).sum())):
         chars = norm.replace(" ", "")
         n = min(char_ngram, len(chars))
