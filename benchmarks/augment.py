@@ -160,6 +160,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the dev box has 2 shared cores)")
     parser.add_argument("--opus-size", action="store_true", help="also time a random model of opus-mt's size")
+    parser.add_argument("--opus-sentences", type=int, default=16, help="sentences for the opus-size model (slow on CPU)")
     parser.add_argument("--skip-beam", action="store_true", help="skip the end-to-end Beam run")
     args = parser.parse_args()
 
@@ -178,7 +179,8 @@ def main() -> int:
         if args.opus_size:
             opus = [build_tiny_marian(os.path.join(tmp, f"opus_{d}"), seed=i, d_model=512, layers=6, init_std=0.02, pad_vocab_to=65001)
                     for i, d in enumerate(("en_zh", "zh_en"))]
-            results.append(measure("random-marian opus-mt size (d_model 512, 6+6 layers, 65001 vocab)", *opus, sentences, args, os.path.join(tmp, "run-opus")))
+            results.append(measure("random-marian opus-mt size (d_model 512, 6+6 layers, 65001 vocab)", *opus,
+                                   sentences[: args.opus_sentences], args, os.path.join(tmp, "run-opus")))
         real = cached_real_models()
         if not real:
             print("# no real translation model in the local Hugging Face cache (looked for opus-mt / marian repos); "

@@ -195,7 +195,7 @@ def test_missing_model_names_the_param_and_the_fix(tmp_path, monkeypatch):
         AugmentStage(model_zh_en=str(tmp_path / "nowhere"), model_en_zh=str(tmp_path / "nowhere"))
     message = str(info.value)
     assert "augment.model_en_zh" in message and "never downloaded" in message
-    assert "huggingface-cli download Helsinki-NLP/opus-mt-en-zh" in message and "--set augment.model_en_zh=DIR" in message
+    assert "hf download Helsinki-NLP/opus-mt-en-zh" in message and "--set augment.model_en_zh=DIR" in message
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelNotFoundError, match="has no config.json"):
         resolve_model_dir(str(tmp_path / "empty"), "model_zh_en")

@@ -60,7 +60,7 @@ def resolve_model_dir(value: str, param: str) -> str:
     raise ModelNotFoundError(
         f"augment.{param}: '{value}' is not a model directory and not in the local Hugging Face cache "
         f"(models are never downloaded at run time); fetch it once where there is network, e.g. "
-        f"`huggingface-cli download {default}`, or pass --set augment.{param}=DIR with a saved seq2seq model"
+        f"`hf download {default}`, or pass --set augment.{param}=DIR with a saved seq2seq model"
     )
 
 
@@ -111,7 +111,9 @@ class Seq2SeqTranslator:
         os.environ["HF_HUB_OFFLINE"] = "1"
         import torch
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker and model clutters run logs
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
             self.model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, local_files_only=True)
