@@ -60,7 +60,7 @@ def wait_for_lines(path, n, proc, timeout=300):
 # Exercises every piece of carried state: DeepOpt moments and β products, the dynamic-sparse gate
 # snapshot (refreshed every 4 steps), MoE, the clipper's history (dynamic after 5 norms), the loader
 # position, progressive unfreezing.
-RICH = ["training.steps=60", "training.global_batch_size=4", "checkpoint.interval=7", "checkpoint.keep=2",
+RICH = ["training.steps=32", "training.global_batch_size=4", "checkpoint.interval=5", "checkpoint.keep=2",
         "optimizer.name=deepopt", "model.attention=dynamic_sparse", "model.sparse_top_k=4",
         "model.sparse_window=8", "model.sparse_block=8", "model.moe_experts=2", "clipping.min_history=5",
         "clipping.window=10", "training.unfreeze_fraction=0.3", "schedule.warmup_steps=5"]
@@ -71,20 +71,20 @@ def test_resume_after_sigkill_and_sigterm_logs_the_same_losses(tmp_path):
     straight = tmp_path / "straight"
     run_train(straight, RICH)
     expected = metrics(straight)
-    assert [m["step"] for m in expected] == list(range(1, 61))
+    assert [m["step"] for m in expected] == list(range(1, 33))
     assert any(m["clip_threshold"] != 1.0 for m in expected)  # the dynamic clipper took over
 
     broken = tmp_path / "broken"
     proc = subprocess.Popen(command(broken, RICH), env=_env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    wait_for_lines(broken / "metrics.jsonl", 17, proc)
+    wait_for_lines(broken / "metrics.jsonl", 12, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     logged = len(metrics(broken))
-    assert 17 <= logged < 60
+    assert 12 <= logged < 32
 
     proc = subprocess.Popen(command(broken, RICH), env=_env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    wait_for_lines(broken / "metrics.jsonl", 40, proc)
+    wait_for_lines(broken / "metrics.jsonl", 22, proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
@@ -94,12 +94,12 @@ def test_resume_after_sigkill_and_sigterm_logs_the_same_losses(tmp_path):
 
     run_train(broken, RICH)
     resumed = metrics(broken)
-    assert [m["step"] for m in resumed] == list(range(1, 61))
+    assert [m["step"] for m in resumed] == list(range(1, 33))
     assert [m["loss"] for m in resumed] == [m["loss"] for m in expected]
     assert [m["grad_norm"] for m in resumed] == [m["grad_norm"] for m in expected]
     assert [m["lr"] for m in resumed] == [m["lr"] for m in expected]
     kept = sorted(p.name for p in (broken / "checkpoints").iterdir())
-    assert len(kept) == 2 and kept[-1] == "step_00000060"  # keep = 2
+    assert len(kept) == 2 and kept[-1] == "step_00000032"  # keep = 2
 
 
 def _losses(run_dir):
@@ -107,19 +107,19 @@ def _losses(run_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
-def test_two_processes_give_the_losses_of_one(tmp_path, data_parallel):
-    common = ["training.steps=8", "training.global_batch_size=8", "checkpoint.interval=0",
-              f"parallel.data_parallel={data_parallel}", "clipping.max_norm=0.5"]
+def test_two_processes_give_the_losses_of_one(tmp_path):
+    """DDP and FSDP2 over 2 gloo processes vs 1 process accumulating 2 micro-batches: same global batch."""
+    common = ["training.steps=6", "training.global_batch_size=8", "checkpoint.interval=0", "clipping.max_norm=0.5"]
     run_train(tmp_path / "one", common + ["parallel.gradient_accumulation_steps=2"])
-    run_train(tmp_path / "two", common, nproc=2)
     loss1, norm1 = _losses(tmp_path / "one")
-    loss2, norm2 = _losses(tmp_path / "two")
-    assert len(loss2) == 8  # one metrics.jsonl, written by rank 0 only
-    torch.testing.assert_close(torch.tensor(loss2), torch.tensor(loss1), rtol=1e-5, atol=0)
-    # The global grad norm (what the clipper sees) is the same: gradients are averaged before it.
-    torch.testing.assert_close(torch.tensor(norm2), torch.tensor(norm1), rtol=1e-4, atol=0)
     assert loss1[-1] < loss1[0]
+    for data_parallel in ("ddp", "fsdp"):
+        run_train(tmp_path / data_parallel, common + [f"parallel.data_parallel={data_parallel}"], nproc=2)
+        loss2, norm2 = _losses(tmp_path / data_parallel)
+        assert len(loss2) == 6  # one metrics.jsonl, written by rank 0 only
+        torch.testing.assert_close(torch.tensor(loss2), torch.tensor(loss1), rtol=1e-5, atol=0)
+        # The global grad norm (what the clipper sees) is the same: gradients are averaged before it.
+        torch.testing.assert_close(torch.tensor(norm2), torch.tensor(norm1), rtol=1e-4, atol=0)
 
 
 def test_fp16_overflow_skips_steps_and_backs_off_the_scale(tmp_path):

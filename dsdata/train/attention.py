@@ -123,10 +123,12 @@ class DynamicSparseAttention(nn.Module):
         logit_cand = logit_cand + (gate - gate.detach()).to(logit_cand.dtype)  # zero forward, gate gradient
         logit_cand = logit_cand.masked_fill(~selected, float("-inf"))
 
-        # Local window: keys [b·bs − window, (b+1)·bs) of block b, as a strided view of k.
-        k_local = F.pad(k, (0, 0, window, 0)).unfold(2, window + bs, bs)  # (B, H, nb, D, window+bs)
-        v_local = F.pad(v, (0, 0, window, 0)).unfold(2, window + bs, bs)
-        logit_local = torch.matmul(q_blocks, k_local) * scale
+        # Local window: keys [b·bs − window, (b+1)·bs) of block b.
+        # Contiguous copies (2x the size of k): batched matmuls over overlapping strided views hit
+        # slow non-BLAS paths on CPU, in backward especially.
+        k_local = F.pad(k, (0, 0, window, 0)).unfold(2, window + bs, bs).transpose(-1, -2).contiguous()
+        v_local = F.pad(v, (0, 0, window, 0)).unfold(2, window + bs, bs).transpose(-1, -2).contiguous()
+        logit_local = torch.matmul(q_blocks, k_local.transpose(-1, -2)) * scale
         kpos_local = (torch.arange(n_blocks, device=device)[:, None] * bs - window
                       + torch.arange(window + bs, device=device)[None, :])  # (nb, window+bs)
         local_ok = ((kpos_local[:, None, :] <= qpos[:, :, None])
@@ -141,7 +143,7 @@ class DynamicSparseAttention(nn.Module):
             parts.append(logit_sum.masked_fill(~has_rest[..., None], float("-inf")).to(logit_cand.dtype))
         probs = torch.softmax(torch.cat(parts, dim=-1).to(_accum_dtype(v)), dim=-1).to(v.dtype)
         p_cand, p_local = probs[..., :n_cand], probs[..., n_cand:n_cand + window + bs]
-        out = torch.matmul(p_cand, v_cand) + torch.matmul(p_local, v_local.transpose(-1, -2))
+        out = torch.matmul(p_cand, v_cand) + torch.matmul(p_local, v_local)
         if self.summary:
             out = out + (probs[..., -1:].to(v_sum.dtype) * v_sum).to(out.dtype)
         return out.reshape(bsz, heads, padded, dim)[:, :, :seqlen]
