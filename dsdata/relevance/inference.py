@@ -1,0 +1,84 @@
+"""Beam side of the relevance stage: a small RunInference ModelHandler (no Beam ML extras, no
+TensorFlow) and the composite transform that annotates, keeps and rejects documents."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import apache_beam as beam
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
+
+from dsdata.beam.transforms import KEPT, REJECTED, _Counting
+from dsdata.document import Document
+from dsdata.relevance.scorer import Scorer, load_scorer
+
+
+class RelevanceModelHandler(ModelHandler[Document, PredictionResult, Scorer]):
+    """Loads the relevance model once per worker process (RunInference shares it across threads and
+    bundles) and scores whole batches of documents."""
+
+    def __init__(self, model: str, backend: str = "auto", device: str = "auto", batch_size: int = 32,
+                 max_length: int | None = None, long_documents: str = "head_tail",
+                 min_batch_size: int = 8, max_batch_size: int = 256):
+        super().__init__()
+        self.model = model
+        self.load_options = dict(backend=backend, device=device, batch_size=batch_size,
+                                 max_length=max_length, long_documents=long_documents)
+        self.min_batch_size, self.max_batch_size = min_batch_size, max_batch_size
+
+    def load_model(self) -> Scorer:
+        return load_scorer(self.model, **self.load_options)
+
+    def run_inference(self, batch: Sequence[Document], model: Scorer,
+                      inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
+        scores = model.score([doc.text for doc in batch])
+        return [PredictionResult(doc, score, self.model) for doc, score in zip(batch, scores)]
+
+    def get_num_bytes(self, batch: Sequence[Document]) -> int:
+        return sum(len(doc.text.encode("utf-8")) for doc in batch)
+
+    def get_metrics_namespace(self) -> str:
+        return "dsdata.relevance.inference"
+
+    def batch_elements_kwargs(self) -> dict[str, Any]:
+        # Large RunInference batches let the scorer sort by length across more documents, so padding
+        # stays small; the scorer itself cuts them into forward passes of `batch_size` windows.
+        return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size}
+
+
+class _RouteByScore(_Counting, beam.DoFn):
+    """Annotate relevance_score; keep at or above the threshold, reject below it (low_relevance)."""
+
+    def __init__(self, stage_name: str, threshold: float):
+        self.stage_name, self.threshold = stage_name, threshold
+
+    def setup(self):
+        self._init_counters(self.stage_name)
+
+    def process(self, result: PredictionResult):
+        from dsdata.document import Rejected
+
+        self._in.inc()
+        doc: Document = result.example
+        score = float(result.inference)
+        doc.annotations["relevance_score"] = score
+        if not score >= self.threshold:  # NaN is rejected too: a score we cannot trust is not relevant
+            yield self._route(Rejected(doc, self.stage_name, "low_relevance",
+                                       f"relevance_score {score:.4f} < threshold {self.threshold}"))
+        else:
+            yield self._route(doc)
+
+
+class RelevanceFilter(beam.PTransform):
+    """PCollection[Document] → {"kept", "rejected"} scored by RunInference with RelevanceModelHandler."""
+
+    def __init__(self, handler: RelevanceModelHandler, threshold: float, stage_name: str = "relevance"):
+        super().__init__()
+        self.handler, self.threshold, self.stage_name = handler, threshold, stage_name
+
+    def expand(self, docs):
+        out = (
+            docs
+            | "RunInference" >> RunInference(self.handler)
+            | "Route" >> beam.ParDo(_RouteByScore(self.stage_name, self.threshold)).with_outputs(REJECTED, main=KEPT)
+        )
+        return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
