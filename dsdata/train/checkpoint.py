@@ -66,6 +66,8 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
         self.layout.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
+        if hasattr(self.layout, "complete_param_groups"):  # pipeline stages: each rank lists only its own params
+            optim_sd = self.layout.complete_param_groups(optim_sd)
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
             warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
