@@ -72,7 +72,8 @@ def test_stage_split_balances_parameters_and_keeps_layers_contiguous():
     split = balanced_split(embed=300, layers=[100] * 8, tail=300, stages=4)
     assert [x for part in split for x in part] == list(range(8)) and all(split)
     loads = [sum(100 for _ in part) + (300 if i == 0 else 0) + (300 if i == 3 else 0) for i, part in enumerate(split)]
-    assert max(loads) == 400 and [len(part) for part in split] == [1, 3, 3, 1]  # the best possible
+    assert max(loads) == 400  # the best possible (e.g. 1 + 3 + 3 + 1 layers)
+    assert len(split[0]) == len(split[-1]) == 1
     assert balanced_split(0, [5, 5, 5, 5], 0, 2) == [[0, 1], [2, 3]]
     with pytest.raises(ConfigError, match="exceeds model.n_layers"):
         balanced_split(0, [1, 1], 0, 3)
@@ -112,8 +113,7 @@ def test_tensor_parallel_refuses_shapes_it_cannot_split():
     from dsdata.train.parallel.tensor import check_tensor_parallel
 
     config = load_config(TINY, ["model.vocab_size=255"])
-    with pytest.raises(ConfigError, match=r"must divide .*model.vocab_size \(255"):
-        check_tensor_parallel(config.model, 2)
+    check_tensor_parallel(config.model, 2)  # an odd vocabulary is kept replicated, not refused
     with pytest.raises(ConfigError, match=r"model.n_heads \(4\)"):
         check_tensor_parallel(config.model, 8)
 

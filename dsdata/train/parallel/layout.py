@@ -68,6 +68,7 @@ class HybridLayout(DataParallelLayout):
         self.tp_partial_params: list[nn.Parameter] = []
         self.stage_layers: list[int] = []
         self.model_args = None
+        self.vocab_parallel = False  # logits sharded over tp into loss_parallel
 
     # ---------------------------------------------------------------- model
 
@@ -89,7 +90,8 @@ class HybridLayout(DataParallelLayout):
             if tied:
                 self.tie_group = self._make_tie_group()
         if d.tp > 1:
-            self.tp_partial_params = apply_tensor_parallel(model, self.mesh["tp"], vocab_parallel_loss=True)
+            self.vocab_parallel = args.vocab_size % d.tp == 0
+            self.tp_partial_params = apply_tensor_parallel(model, self.mesh["tp"], self.vocab_parallel)
         if d.pp > 1 and tied:
             self.tied_param = model.tok_embeddings.weight if self.is_first_stage else model.output.weight
         if d.pp > 1:
@@ -119,7 +121,7 @@ class HybridLayout(DataParallelLayout):
     # ---------------------------------------------------------------- forward / backward
 
     def _loss_context(self):
-        if self.dims.tp > 1:
+        if self.vocab_parallel:
             from torch.distributed.tensor.parallel import loss_parallel
 
             return loss_parallel()
@@ -236,6 +238,21 @@ class HybridLayout(DataParallelLayout):
         for tensor in tensors:
             dist.broadcast(tensor, src=source, group=self.tie_group)
         return keep
+
+    def complete_param_groups(self, optim_state: dict) -> dict:
+        """List every stage's parameters in the saved param groups (DCP keeps one rank's copy of them), so
+        the checkpoint loads under a layout with other stages, or none."""
+        if self.dims.pp == 1:
+            return optim_state
+        groups = []
+        for group in optim_state["param_groups"]:
+            names = self.union_over_ranks(list(group["params"]))
+            if self.tie_group is not None:
+                # One process names a tied weight once (tok_embeddings.weight); listing the last stage's
+                # copy too would make it demand optimizer state under the second name.
+                names = [n for n in names if n != "output.weight"]
+            groups.append(dict(group, params=names))
+        return dict(optim_state, param_groups=groups)
 
     def union_over_ranks(self, names: list[str]) -> list[str]:
         """Sorted union of every rank's names (checkpoints record which parameters had optimizer state)."""

@@ -5,7 +5,9 @@ wo row-wise (one all-reduce); w1/w3 column-wise, w2 row-wise (one all-reduce).  
 vocab-parallel (row-wise: each rank owns vocab/tp rows, looks up its ids and the partial sums are
 all-reduced); the output projection is column-wise over the vocabulary and its logits stay sharded
 (`Shard(-1)`) into a vocab-parallel cross-entropy (`loss_parallel`), so no rank ever holds the full
-(batch, seq, vocab) logits.  Norms are replicated.
+(batch, seq, vocab) logits.  Norms are replicated.  When tp does not divide the vocabulary (a tokenizer's odd size) the embedding
+and output stay replicated instead (full logits on every rank; set model.vocab_size to a padded
+multiple of tp to get the vocab-parallel path).
 
 Attention variants: every kernel takes the head count from its tensors, so dense, dynamic_sparse and
 lsh run on the local heads unchanged.  dynamic_sparse's gate MLP is shared by all heads: its weights
@@ -32,29 +34,30 @@ def check_tensor_parallel(args, tp: int) -> None:
         problems.append(f"model.n_kv_heads ({args.kv_heads})")
     if args.hidden_dim % tp and not args.moe_experts:
         problems.append(f"the feed-forward width ({args.hidden_dim})")
-    if args.vocab_size % tp:
-        problems.append(f"model.vocab_size ({args.vocab_size}; may be padded above the tokenizer's)")
     if problems:
         raise ConfigError(f"parallel.tensor_parallel_size = {tp} must divide {', '.join(problems)}")
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh, vocab_parallel_loss: bool = True) -> list[nn.Parameter]:
-    """Shard the (possibly pipeline-pruned) model in place; returns replicated params with partial grads."""
+    """Shard the (possibly pipeline-pruned) model in place; returns replicated params with partial grads.
+
+    vocab_parallel_loss: shard embedding and output over the vocabulary (needs vocab_size % tp == 0).
+    """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     tied = (model.tok_embeddings is not None and model.output is not None
             and model.output.weight is model.tok_embeddings.weight)
+    # Without vocab_parallel_loss the embedding and output stay replicated: every tp rank computes the
+    # full logits from its replicated input.
     plan = {}
-    if model.tok_embeddings is not None:
+    if model.tok_embeddings is not None and vocab_parallel_loss:
         plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    if model.output is not None:
-        plan["output"] = ColwiseParallel(
-            input_layouts=Replicate(),
-            output_layouts=Shard(-1) if vocab_parallel_loss else Replicate(),
-            use_local_output=not vocab_parallel_loss)
-    parallelize_module(model, tp_mesh, plan)
-    if tied:
+    if model.output is not None and vocab_parallel_loss:
+        plan["output"] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
+    if plan:
+        parallelize_module(model, tp_mesh, plan)
+    if tied and vocab_parallel_loss:
         # Both styles shard the (vocab, dim) weight on dim 0: re-point output at the embedding's DTensor
         # so the two uses stay one parameter (parallelize_module made two).
         model.output.weight = model.tok_embeddings.weight
