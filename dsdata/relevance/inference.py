@@ -46,39 +46,32 @@ class RelevanceModelHandler(ModelHandler[Document, PredictionResult, Scorer]):
 
 
 class _RouteByScore(_Counting, beam.DoFn):
-    """Annotate relevance_score; keep at or above the threshold, reject below it (low_relevance)."""
+    """Hands each (document, score) to the stage's `judge`: kept on the main output, rejections tagged."""
 
-    def __init__(self, stage_name: str, threshold: float):
-        self.stage_name, self.threshold = stage_name, threshold
+    def __init__(self, stage):
+        self.stage = stage
 
     def setup(self):
-        self._init_counters(self.stage_name)
+        self._init_counters(self.stage.name)
 
     def process(self, result: PredictionResult):
-        from dsdata.document import Rejected
-
         self._in.inc()
-        doc: Document = result.example
-        score = float(result.inference)
-        doc.annotations["relevance_score"] = score
-        if not score >= self.threshold:  # NaN is rejected too: a score we cannot trust is not relevant
-            yield self._route(Rejected(doc, self.stage_name, "low_relevance",
-                                       f"relevance_score {score:.4f} < threshold {self.threshold}"))
-        else:
-            yield self._route(doc)
+        yield self._route(self.stage.judge(result.example, float(result.inference)))
 
 
 class RelevanceFilter(beam.PTransform):
-    """PCollection[Document] → {"kept", "rejected"} scored by RunInference with RelevanceModelHandler."""
+    """PCollection[Document] → {"kept", "rejected"} scored by RunInference with RelevanceModelHandler.
 
-    def __init__(self, handler: RelevanceModelHandler, threshold: float, stage_name: str = "relevance"):
+    stage: anything with `name` and `judge(doc, score) -> Document | Rejected` (the relevance stage)."""
+
+    def __init__(self, handler: RelevanceModelHandler, stage):
         super().__init__()
-        self.handler, self.threshold, self.stage_name = handler, threshold, stage_name
+        self.handler, self.stage = handler, stage
 
     def expand(self, docs):
         out = (
             docs
             | "RunInference" >> RunInference(self.handler)
-            | "Route" >> beam.ParDo(_RouteByScore(self.stage_name, self.threshold)).with_outputs(REJECTED, main=KEPT)
+            | "Route" >> beam.ParDo(_RouteByScore(self.stage)).with_outputs(REJECTED, main=KEPT)
         )
         return {KEPT: out[KEPT], REJECTED: out[REJECTED]}

@@ -71,22 +71,21 @@ class RelevanceStage(Stage):
         except ValueError as exc:
             raise StageConfigError(f"relevance.model: {exc}") from None
 
+    def judge(self, doc: Document, score: float) -> Document | Rejected:
+        """Annotate the score; keep at or above the threshold, else reject (NaN is rejected too)."""
+        doc.annotations["relevance_score"] = float(score)
+        if not score >= self.threshold:
+            return self.reject(doc, "low_relevance", f"relevance_score {score:.4f} < threshold {self.threshold}")
+        return doc
+
     def process_batch(self, docs: list[Document]) -> list[Document | Rejected]:
         if getattr(self, "_scorer", None) is None:
             self.setup()
-        scores = self._scorer.score([d.text for d in docs])
-        out: list[Document | Rejected] = []
-        for doc, score in zip(docs, scores):
-            doc.annotations["relevance_score"] = float(score)
-            if not score >= self.threshold:
-                out.append(self.reject(doc, "low_relevance", f"relevance_score {score:.4f} < threshold {self.threshold}"))
-            else:
-                out.append(doc)
-        return out
+        return [self.judge(doc, score) for doc, score in zip(docs, self._scorer.score([d.text for d in docs]))]
 
     def beam_transform(self):
         from dsdata.relevance.inference import RelevanceFilter, RelevanceModelHandler
 
         handler = RelevanceModelHandler(self.model, min_batch_size=self.batch_min, max_batch_size=self.batch_max,
                                         **self._load_options())
-        return RelevanceFilter(handler, self.threshold, self.name)
+        return RelevanceFilter(handler, self)
