@@ -122,7 +122,15 @@ class DataParallelLayout:
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+        # Buffers (RoPE tables, the sparse gate snapshot) are identical on every rank by construction:
+        # no need to broadcast them before each forward.
+        import inspect
+
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+            no_buffer_sync = {"forward_sync_buffers": False}
+        else:  # torch < 2.13
+            no_buffer_sync = {"broadcast_buffers": False}
+        ddp = DistributedDataParallel(model, device_ids=device_ids, **no_buffer_sync)
         if pc.powersgd_rank > 0:
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
