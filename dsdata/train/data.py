@@ -32,8 +32,8 @@ bucket (easy/medium/hard, the shards' `difficulty`) drawn with the schedule's we
 given by `set_step`; each bucket cycles through its own epochs.
 
 Integrity: the manifest is read (paths may not leave its directory) and each shard's size checked
-at construction; with `verify=True` each shard's sha256 is checked when it is first opened
-(ShardError naming the file on mismatch).  With `prefetch=True` the next shard is mapped and
+at construction; with `verify=True` each shard's sha256 is checked when it is first opened in
+this process (ShardError naming the file on mismatch; re-checked if the file is replaced).  With `prefetch=True` the next shard is mapped and
 verified on a background thread while the current one is consumed.
 
 Resume: `state_dict()` / `load_state_dict()` are exact when the dataset is iterated in the training
@@ -113,15 +113,20 @@ class _OpenShard:
             warnings.simplefilter("ignore", UserWarning)
             self.tokens = torch.from_numpy(values)
         self.region = (info.path, self.buffer.address, self.buffer.size)
-        self._matrices: dict[int, torch.Tensor] = {}
+        self._matrices: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
 
-    def window_matrix(self, seq_len: int) -> torch.Tensor:
-        """All windows of the shard as a [windows, seq_len + 1] strided view (rows overlap by one token)."""
-        matrix = self._matrices.get(seq_len)
-        if matrix is None:
+    def window_matrix(self, seq_len: int) -> tuple[np.ndarray, torch.Tensor]:
+        """All windows of the shard as a [windows, seq_len + 1] strided view (rows overlap by one token),
+        as numpy (for gathers: numpy's fancy indexing copies just the rows; torch's indexing of an
+        overlapping strided view is orders of magnitude slower) and as a torch tensor (for slices)."""
+        pair = self._matrices.get(seq_len)
+        if pair is None:
             rows = (self.info.tokens - 1) // seq_len if self.info.tokens > seq_len else 0
-            matrix = self._matrices[seq_len] = torch.as_strided(self.tokens, (rows, seq_len + 1), (seq_len, 1))
-        return matrix
+            values = self.tokens.numpy()
+            as_numpy = np.lib.stride_tricks.as_strided(values, (rows, seq_len + 1),
+                                                       (seq_len * values.itemsize, values.itemsize), writeable=False)
+            pair = self._matrices[seq_len] = (as_numpy, torch.as_strided(self.tokens, (rows, seq_len + 1), (seq_len, 1)))
+        return pair
 
 
 class ShardDataset(torch.utils.data.IterableDataset):
@@ -255,7 +260,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
                     sampler.load_state_dict(self._state["sampler"])
             runtime = self._runtime = {
                 "consumer": consumer, "n": n_consumers, "sampler": sampler,
-                "open": collections.OrderedDict(), "pending": {}, "starts": {}, "orders": {},
+                "open": collections.OrderedDict(), "pending": {}, "starts": {}, "orders": {}, "verified": set(),
                 "executor": concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shard-prefetch")
                 if self.prefetch else None,
             }
@@ -311,11 +316,11 @@ class ShardDataset(torch.utils.data.IterableDataset):
             if pos[2] == 0:
                 self._prefetch(self._following(group, order, pos))
             chosen = index[pos[2]:pos[2] + count]
-            matrix = opened.window_matrix(self.seq_len)
+            as_numpy, as_torch = opened.window_matrix(self.seq_len)
             if self.shuffle:
-                pieces.append(matrix[torch.from_numpy(chosen)])  # one gather (copy) per piece
+                pieces.append(torch.from_numpy(as_numpy[chosen]))  # one gather (copy) per piece
             else:
-                pieces.append(matrix[int(chosen[0]):int(chosen[-1]) + 1][:: self._runtime["n"]])
+                pieces.append(as_torch[int(chosen[0]):int(chosen[-1]) + 1:self._runtime["n"]])
             pos[2] += len(chosen)
             count -= len(chosen)
         return pieces
@@ -424,7 +429,15 @@ class ShardDataset(torch.utils.data.IterableDataset):
             return opened.tokens[start:start + self.seq_len + 1]
 
     def _load(self, shard: int) -> _OpenShard:
-        return _OpenShard(self.shards[shard], self.dtype, self.token_column, self.verify)
+        info = self.shards[shard]
+        # Hash a file once per process: later epochs re-map it without re-reading every byte,
+        # unless the file was replaced (another inode, size or mtime).
+        st = os.stat(info.path)
+        identity = (info.path, st.st_ino, st.st_size, st.st_mtime_ns)
+        verified = self._runtime["verified"]
+        opened = _OpenShard(info, self.dtype, self.token_column, self.verify and identity not in verified)
+        verified.add(identity)
+        return opened
 
     def _prefetch(self, shard: int) -> None:
         runtime = self._runtime
