@@ -196,3 +196,26 @@ def test_user_errors_are_one_line(tmp_path, capsys, sets, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and err[0].startswith("dsdata-train: error:")
+
+
+def test_loss_anomaly_detector_flags_spikes_only():
+    from dsdata.train.metrics import LossAnomalyDetector
+
+    detector = LossAnomalyDetector(window=100, sigma=3.0)
+    losses = [3.0 + 0.01 * ((i * 7) % 5) for i in range(40)]
+    assert all(detector.check(x) is None for x in losses)
+    assert detector.check(3.5) is not None  # far above mean + 3σ
+    assert detector.check(3.02) is None
+    assert "nan" in detector.check(float("nan"))
+    restored = LossAnomalyDetector()
+    restored.load_state_dict(detector.state_dict())
+    assert restored.history == detector.history
+
+
+def test_overrides_parse_toml_values_and_nested_keys():
+    from dsdata.train.config import load_config
+
+    config = load_config(TINY, ["training.steps=7", "optimizer.lr=1e-2", "model.attention=lsh",
+                                "training.fp32_retry=false", "data.curriculum.kind=fixed"])
+    assert config.training.steps == 7 and config.optimizer.lr == 0.01 and config.model.attention == "lsh"
+    assert config.training.fp32_retry is False and config.data.curriculum == {"kind": "fixed"}
