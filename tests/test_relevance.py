@@ -21,8 +21,10 @@ from dsdata.stages.relevance import RelevanceStage  # noqa: E402
 WORDS = [f"w{i}" for i in range(60)] + ["alpha", "beta", "gamma", "omega", "sigma", "delta", "the", "a"]
 
 
-def build_tiny_bert(directory: Path, classifier: bool = True, seed: int = 0) -> Path:
-    """A 2-layer BERT with a word-level vocab, saved the way users save models."""
+def build_tiny_bert(directory: Path, classifier: bool = True, seed: int = 0, init_range: float = 0.5) -> Path:
+    """A 2-layer BERT with a word-level vocab, saved the way users save models.
+
+    init_range: weight init scale; large values spread a random classifier's scores for routing tests."""
     from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -31,7 +33,7 @@ def build_tiny_bert(directory: Path, classifier: bool = True, seed: int = 0) -> 
     tokenizer = BertTokenizerFast(vocab=str(vocab), do_lower_case=True)
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=len(WORDS) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64, num_labels=2, initializer_range=0.5)
+                        intermediate_size=64, max_position_embeddings=64, num_labels=2, initializer_range=init_range)
     model = BertForSequenceClassification(config) if classifier else BertModel(config)
     model.eval()
     model.save_pretrained(directory)

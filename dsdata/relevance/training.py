@@ -158,7 +158,7 @@ def train_bert_model(records: Sequence[LabelledText], out_dir: str, encoder: str
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
             schedule.step()
-            epoch_loss += float(loss) * len(batch)
+            epoch_loss += float(loss.detach()) * len(batch)
         log(f"bert: epoch {epoch + 1}/{epochs} loss {epoch_loss / len(windows):.4f} ({time.time() - start:.0f} s)")
     model.eval()
     os.makedirs(out_dir, exist_ok=True)

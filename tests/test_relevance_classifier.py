@@ -1,0 +1,159 @@
+"""`dsdata classifier` train → save → load → eval round trips (BERT and fastText), the grouped split,
+the metrics, and the shipped fastText model through the relevance recipe."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from dsdata.commands.classifier import main as classifier_main
+from dsdata.relevance.data import LabelledDataError, group_key, load_labelled, split_grouped
+from dsdata.relevance.evaluation import classification_report, roc_auc
+
+REPO = Path(__file__).resolve().parents[1]
+RELEVANT = ["alpha", "beta", "gamma"] + [f"w{i}" for i in range(30)]
+JUNK = ["omega", "sigma", "delta"] + [f"w{i}" for i in range(30, 60)]
+
+
+def write_separable(path: Path, n: int = 40, seed: int = 0) -> None:
+    """Label 1 texts use one half of the vocabulary, label 0 texts the other half."""
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as fh:
+        for i in range(n):
+            label = i % 2
+            words = RELEVANT if label else JUNK
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 20)))
+            fh.write(json.dumps({"id": f"r{i}", "text": text, "label": label, "source": f"pkg:page{i // 4}.html#{i}"}) + "\n")
+
+
+def last_json(capsys) -> dict:
+    out = capsys.readouterr().out.strip().splitlines()
+    return json.loads(out[-1])
+
+
+def test_metrics_against_hand_computed_values():
+    assert roc_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
+    assert roc_auc([0.5, 0.5], [0, 1]) == pytest.approx(0.5)
+    assert roc_auc([0.2, 0.3], [1, 1]) is None
+    report = classification_report([0.9, 0.6, 0.4, 0.2, 0.7], [1, 0, 1, 0, 1])
+    assert report["accuracy"] == pytest.approx(0.6)
+    assert report["precision"] == pytest.approx(round(2 / 3, 4))
+    assert report["recall"] == pytest.approx(round(2 / 3, 4))
+
+
+def test_grouped_split_keeps_language_versions_of_a_page_together():
+    en = {"source": "debian-reference-en:usr/share/debian-reference/ch03.en.html#p4"}
+    zh = {"source": "debian-reference-zh-tw:usr/share/debian-reference/ch03.zh-tw.html#p9"}
+    cn = {"source": "libreoffice-help-zh-cn:usr/share/libreoffice/help/zh-CN/text/a.html#4"}
+    us = {"source": "libreoffice-help-en-us:usr/share/libreoffice/help/en-US/text/a.html#nav:x:1"}
+    assert group_key(en, "1") == group_key(zh, "2")
+    assert group_key(cn, "3") == group_key(us, "4")
+    assert group_key({"source": "fortunes:usr/share/games/fortunes/law#1"}, "5") != \
+        group_key({"source": "fortunes:usr/share/games/fortunes/law#2"}, "6")
+
+
+def test_split_is_deterministic_and_disjoint_by_group(tmp_path):
+    data = tmp_path / "d.jsonl"
+    write_separable(data, 80)
+    records = load_labelled(str(data))
+    train, valid = split_grouped(records, 0.25)
+    again_train, _ = split_grouped(records, 0.25)
+    assert [r.id for r in train] == [r.id for r in again_train]
+    assert train and valid and len(train) + len(valid) == 80
+    assert not {r.group for r in train} & {r.group for r in valid}
+
+
+def test_bad_labelled_data_names_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a", "label": 1}\n{"text": "b", "label": 7}\n', encoding="utf-8")
+    with pytest.raises(LabelledDataError, match=r"bad.jsonl:2: 'label' must be 0 or 1"):
+        load_labelled(str(bad))
+    assert classifier_main(["eval", "--model", str(tmp_path / "nope"), "--data", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.jsonl:2" in err[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("train_layers", ["1", "all"])
+def test_bert_train_save_load_eval_round_trip(tmp_path, capsys, train_layers):
+    pytest.importorskip("torch")
+    from test_relevance import build_tiny_bert
+
+    from dsdata.stages.relevance import RelevanceStage
+
+    data = tmp_path / "labelled.jsonl"
+    write_separable(data, 48)
+    encoder = build_tiny_bert(tmp_path / "encoder", classifier=False, init_range=0.1)
+    out = tmp_path / "model"
+    rc = classifier_main(["train", "--backend", "bert", "--data", str(data), "--out", str(out),
+                          "--encoder", str(encoder), "--train-layers", train_layers, "--epochs", "8",
+                          "--lr", "5e-3", "--batch-size", "8", "--max-length", "32", "--threads", "1",
+                          "--device", "cpu"])
+    assert rc == 0
+    meta = json.loads((out / "dsdata-relevance.json").read_text())
+    assert meta["backend"] == "bert" and meta["train_layers"] == (2 if train_layers == "all" else 1)
+    capsys.readouterr()
+    assert classifier_main(["eval", "--model", str(out), "--data", str(data), "--device", "cpu"]) == 0
+    report = last_json(capsys)
+    assert {"accuracy", "precision", "recall", "f1", "auc", "docs_per_s"} <= set(report)
+    assert report["backend"] == "bert" and report["n"] == 48
+    assert report["accuracy"] >= 0.9 and report["auc"] >= 0.95
+    stage = RelevanceStage(model=str(out), device="cpu")  # the trained DIR is what the stage takes
+    stage.setup()
+    assert stage._scorer.backend == "bert"
+
+
+def test_fasttext_train_eval_and_pipeline(tmp_path, capsys):
+    pytest.importorskip("fasttext")
+    from dsdata.beam.pipeline import run_recipe
+    from dsdata.recipe import load_recipe
+    from dsdata.relevance.scorer import load_scorer
+
+    data = tmp_path / "labelled.jsonl"
+    write_separable(data, 60)
+    out = tmp_path / "ft"
+    assert classifier_main(["train", "--backend", "fasttext", "--data", str(data), "--out", str(out),
+                            "--no-quantize", "--epochs", "10"]) == 0
+    assert (out / "model.bin").is_file()
+    capsys.readouterr()
+    assert classifier_main(["eval", "--model", str(out), "--data", str(data)]) == 0
+    report = last_json(capsys)
+    assert report["backend"] == "fasttext" and report["accuracy"] >= 0.9 and report["auc"] >= 0.95
+
+    docs = tmp_path / "docs.jsonl"
+    records = [json.loads(line) for line in data.read_text().splitlines()]
+    docs.write_text("".join(json.dumps({"id": r["id"], "text": r["text"]}) + "\n" for r in records))
+    (tmp_path / "r.yaml").write_text("input: {paths: [docs.jsonl]}\nstages:\n  - relevance: {model: ft}\n")
+    stats = run_recipe(load_recipe(str(tmp_path / "r.yaml")), str(tmp_path / "run"))
+    assert stats["ledger_ok"] and stats["input"] == 60
+    expected_kept = sum(s >= 0.5 for s in load_scorer(str(out)).score([r["text"] for r in records]))
+    assert stats["kept"] == expected_kept
+    assert stats["rejected"].get("relevance", {}).get("low_relevance", 0) == 60 - expected_kept
+
+
+@pytest.mark.slow
+def test_shipped_fasttext_model_on_held_out_dev_data(shared_data, tmp_path, capsys):
+    pytest.importorskip("fasttext")
+    from dsdata.beam.pipeline import run_recipe
+    from dsdata.recipe import load_recipe
+
+    dev = shared_data / "relevance-dev.jsonl"
+    model = REPO / "pipelines" / "models" / "relevance-fasttext"
+    predictions = tmp_path / "predictions.jsonl"
+    assert classifier_main(["eval", "--model", str(model), "--data", str(dev), "--holdout", "0.2",
+                            "--predictions", str(predictions)]) == 0
+    report = last_json(capsys)
+    assert report["n"] == 448 and report["accuracy"] >= 0.89 and report["auc"] >= 0.95
+
+    held_out = tmp_path / "held-out.jsonl"
+    assert classifier_main(["split", "--data", str(dev), "--holdout", "0.2", "--train-out",
+                            str(tmp_path / "train.jsonl"), "--valid-out", str(held_out)]) == 0
+    recipe = load_recipe(str(REPO / "pipelines" / "relevance.yaml"))
+    recipe.inputs = [str(held_out)]
+    stats = run_recipe(recipe, str(tmp_path / "out"))
+    assert stats["ledger_ok"] and stats["input"] == 448
+    # The Beam pipeline keeps exactly the documents `eval` predicts relevant at the same threshold.
+    predicted = [json.loads(line) for line in predictions.open(encoding="utf-8")]
+    assert stats["kept"] == sum(p["label"] for p in predicted)
