@@ -109,7 +109,8 @@ def bubble_worker(args) -> None:
                 began = time.perf_counter()
                 stage_alone()
                 busy_times.append(time.perf_counter() - began)
-            step, busy = statistics.median(step_times), statistics.median(busy_times)
+            # Minimum over repeats: the least disturbed run on a shared machine.
+            step, busy = min(step_times), min(busy_times)
             bubble = torch.tensor([1.0 - busy / step])
             dist.all_reduce(bubble)
             results[f"{kind}_m{micro}"] = {"measured": round(float(bubble) / 2, 4),
@@ -137,7 +138,7 @@ def main() -> None:
     parser.add_argument("--bubble-dim", type=int, default=256)
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--micro", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bubble-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bubble_worker:

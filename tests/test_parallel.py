@@ -2,7 +2,7 @@
 
 The parity tests run the real trainer (`dsdata.train.loop.train`) on the tiny config: one process in
 this test, then one torchrun of 2 processes that trains tp=2, pp=2 (gpipe, 1f1b), dp=2 and two
-cross-layout resumes in a row, and one torchrun of 4 processes for dp=2 × tp=2.  Losses must match
+cross-layout resumes in a row, and one torchrun of 4 processes for dp=2 × tp=2 and pp=2 × tp=2.  Losses must match
 to 1e-5 relative at every step, parameters after the steps (read back from each run's sharded DCP
 checkpoint) to 1e-5 (abs + rel).
 """
@@ -199,10 +199,12 @@ def test_layouts_match_one_process_and_checkpoints_load_across_layouts(single_pr
                   "copy_checkpoint": str(tmp_path / "tp2" / "checkpoints" / "step_00000005")})
     _torchrun(2, plan2, tmp_path)
     plan4 = [{"run_dir": str(tmp_path / "dp2_tp2"), "overrides": BASE + ["parallel.data_parallel_size=2",
+                                                                       "parallel.tensor_parallel_size=2"]},
+             {"run_dir": str(tmp_path / "pp2_tp2"), "overrides": BASE + ["parallel.pipeline_parallel_size=2",
                                                                        "parallel.tensor_parallel_size=2"]}]
     _torchrun(4, plan4, tmp_path)
 
-    for name in [*LAYOUTS_2, "dp2_tp2"]:
+    for name in [*LAYOUTS_2, "dp2_tp2", "pp2_tp2"]:
         run = tmp_path / name
         _assert_close_losses(_losses(run), reference_losses, name)
         _assert_close_params(_checkpoint_params(run / "checkpoints" / f"step_{STEPS:08d}"), reference_params, name)

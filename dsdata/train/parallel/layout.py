@@ -171,8 +171,13 @@ class HybridLayout(DataParallelLayout):
             for p in self.tp_partial_params:
                 if p.grad is not None:
                     dist.all_reduce(_local(p.grad), group=self.groups["tp"])
-        if self.tie_group is not None and self.tied_param is not None and self.tied_param.grad is not None:
-            dist.all_reduce(_local(self.tied_param.grad), group=self.tie_group)
+        tied = self.tied_param
+        if self.tie_group is not None and tied is not None and tied.grad is not None:
+            if hasattr(tied.grad, "placements") and tied.grad.placements != tied.placements:
+                # The vocab-parallel embedding's backward may hand back a replicated gradient; the output
+                # side's is sharded like the weight: both copies must all-reduce the same shard.
+                tied.grad = tied.grad.redistribute(tied.device_mesh, tied.placements)
+            dist.all_reduce(_local(tied.grad), group=self.tie_group)
         if self.dims.dp > 1:
             grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
             by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
