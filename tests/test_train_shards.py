@@ -1,15 +1,25 @@
 """The trainer on real shards written by the pipeline (tokenize → shards), through the contract
 command: torchrun, 2 gloo processes, checkpoints, resume in the same run dir, HF export."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_train import _env, metrics
-
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    env.pop("WORLD_SIZE", None)
+    env.pop("RANK", None)
+    return env
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 TOKENIZER = REPO / "pipelines" / "models" / "tokenizer"
 
 
