@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -132,6 +133,7 @@ def test_tiny_bert_through_runinference_recipe(tiny_bert, tmp_path):
         assert score == pytest.approx(expected[row["id"]], abs=1e-5) and score < threshold
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threshold,kept_all", [(0.0, True), (1.0, False)])
 def test_ledger_law_at_the_extremes_with_bad_input_lines(tiny_bert, tmp_path, threshold, kept_all):
     texts = sample_texts(12)
@@ -139,12 +141,9 @@ def test_ledger_law_at_the_extremes_with_bad_input_lines(tiny_bert, tmp_path, th
     with (tmp_path / "docs.jsonl").open("a", encoding="utf-8") as fh:
         fh.write("{not json\n")
         fh.write(json.dumps({"id": "empty", "text": ""}) + "\n")
-    recipe = load_recipe(str(write_recipe(tmp_path, {"model": str(tiny_bert.name), "threshold": threshold})))
     # The model path in the recipe is relative to the recipe's directory: copy the model beside it.
-    import shutil
-
     shutil.copytree(tiny_bert, tmp_path / tiny_bert.name)
-    recipe = load_recipe(str(tmp_path / "recipe.yaml"))
+    recipe = load_recipe(str(write_recipe(tmp_path, {"model": tiny_bert.name, "threshold": threshold})))
     stats = run_recipe(recipe, str(tmp_path / "out"))
     assert stats["ledger_ok"]
     assert stats["input"] == stats["kept"] + stats["rejected_total"] == 14
