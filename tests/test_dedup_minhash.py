@@ -149,3 +149,33 @@ def test_band_choice_and_s_curve():
 def test_bad_parameters_name_the_problem(params, message):
     with pytest.raises(StageConfigError, match=message):
         DedupStage(**params)
+
+
+def test_numba_and_numpy_backends_give_identical_signatures(shared_data):
+    """The optional numba kernels must reproduce the numpy definition bit for bit."""
+    pytest.importorskip("numba", reason="numba not installed: only the numpy backend exists")
+    texts = _paragraphs(shared_data / "prose-en.txt", 1500, 30) + _paragraphs(shared_data / "prose-zh.txt", 800, 30)
+    texts += ["", "!!! ???", "a", "中", "a b", "mixed 中文文本内容 with words", "abc \ud800 def ghi"]
+    fast, slow = MinHasher(seed=3, backend="numba"), MinHasher(seed=3, backend="numpy")
+    assert (fast.backend, slow.backend) == ("numba", "numpy")
+    for size in (1, 5, len(texts)):
+        for i in range(0, len(texts), size):
+            batch = texts[i: i + size]
+            a, b = fast.shingle(batch), slow.shingle(batch)
+            assert np.array_equal(a.hashes, b.hashes) and np.array_equal(a.offsets, b.offsets)
+            sig_a, has_a = fast.signatures_from_shingles(a)
+            sig_b, has_b = slow.signatures_from_shingles(b)
+            assert np.array_equal(sig_a, sig_b) and np.array_equal(has_a, has_b)
+    # Small widths exercise the short-document rule on both paths.
+    small_a = MinHasher(num_perm=7, ngram=2, char_ngram=1, backend="numba").signatures(texts)
+    small_b = MinHasher(num_perm=7, ngram=2, char_ngram=1, backend="numpy").signatures(texts)
+    assert np.array_equal(small_a[0], small_b[0])
+
+
+def test_numpy_backend_is_used_when_numba_is_disabled():
+    code = "from dsdata.dedup import MinHasher; print(MinHasher().backend)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
+                         env={"DSDATA_NO_NUMBA": "1", "PATH": "/usr/bin:/bin"}).stdout.strip()
+    assert out == "numpy"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        MinHasher(backend="gpu")

@@ -19,12 +19,24 @@ The maths, once:
 * a_k, b_k come from blake2b(seed, k): the same seed gives the same signatures on every machine,
   numpy version and run (no Python `hash()`, no RNG stream that could change between releases).
 
+Speed: when numba is installed, `MinHasher(backend="auto")` runs the shingle hashing and the
+permutation minimum as compiled loops (dsdata/dedup/numba_kernels.py) — same integers, one pass,
+no batch-sized temporaries; without numba the numpy code below computes identical signatures
+(tests compare the two).  Why (a·x + b) mod 2^32 on 32 bits rather than the classic
+((a·x + b) mod (2^61 − 1)) on 64: the 32-bit form is what SIMD multiplies 8 lanes at a time; a
+multiply-add mod 2^32 with odd a is a bijection of the 32-bit keys, so equal minima mean equal keys,
+and two distinct shingles share a 32-bit key with probability ~2^−32 per pair (for a 2,000-shingle
+pair: ~5·10^−4 expected collisions, i.e. no measurable effect on a Jaccard estimate with
+1/num_perm resolution).  The family is not min-wise independent in theory; the estimator's bias
+and spread are tested against exact Jaccard on real text (unbiased within 0.01, binomial spread).
+
 The estimate of Jaccard similarity is the share of equal signature entries; its standard deviation
 is about sqrt(J·(1 − J)/num_perm) (0.035 at J = 0.8 with 128 permutations).
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import unicodedata
 from dataclasses import dataclass
 
@@ -152,6 +164,25 @@ def _span_hashes(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, table
         return (prefix[ends] - prefix[starts]) * inv[starts]
 
 
+BACKENDS = ("auto", "numba", "numpy")
+_numba_kernels = None  # the module once imported; False when numba is missing or disabled
+
+
+def numba_kernels():
+    """dsdata.dedup.numba_kernels, or None when numba is not installed (or DSDATA_NO_NUMBA=1)."""
+    global _numba_kernels
+    if _numba_kernels is None:
+        _numba_kernels = False
+        if os.environ.get("DSDATA_NO_NUMBA", "") in ("", "0"):
+            try:
+                from dsdata.dedup import numba_kernels as kernels
+            except ImportError:
+                pass
+            else:
+                _numba_kernels = kernels
+    return _numba_kernels or None
+
+
 @dataclass
 class ShingledBatch:
     """Shingle hashes of a batch: `hashes[offsets[i]:offsets[i+1]]` belong to document i."""
@@ -165,12 +196,20 @@ class MinHasher:
     """Batched MinHash: texts → (documents × num_perm) uint32 signatures.
 
     ngram: words per shingle for space-separated text; char_ngram: characters per shingle for
-    scripts without spaces; seed: selects the permutations (same seed ⇒ same signatures).
+    scripts without spaces; seed: selects the permutations (same seed ⇒ same signatures);
+    backend: "auto" (numba when installed, else numpy), "numba" or "numpy" — all give the same values.
     """
 
-    def __init__(self, num_perm: int = 128, ngram: int = 5, char_ngram: int = 5, seed: int = 1):
+    def __init__(self, num_perm: int = 128, ngram: int = 5, char_ngram: int = 5, seed: int = 1,
+                 backend: str = "auto"):
         if num_perm < 1 or ngram < 1 or char_ngram < 1:
             raise ValueError("num_perm, ngram and char_ngram must be positive")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+        self.kernels = numba_kernels() if backend != "numpy" else None
+        if backend == "numba" and self.kernels is None:
+            raise ValueError("backend='numba' needs numba: pip install numba (or use backend='auto')")
+        self.backend = "numba" if self.kernels is not None else "numpy"
         self.num_perm, self.ngram, self.char_ngram, self.seed = num_perm, ngram, char_ngram, seed
         params = [_stable_u64("dsdata.minhash", seed, k) for k in range(num_perm)]
         self.a = np.array([(p & 0xFFFFFFFF) | 1 for p in params], dtype=np.uint32)
@@ -196,6 +235,11 @@ class MinHasher:
             np.add.reduceat(cls == _WORD_NO_SPACE, doc_start[:-1], dtype=np.int64) if n_docs else np.zeros(0, np.int64)
         )
         char_mode = _uses_char_shingles(n_word, n_no_space)
+        if self.kernels is not None:
+            widths = np.where(char_mode, self.char_ngram, self.ngram).astype(np.int64)
+            hashes, offsets = self.kernels.shingle_hashes(
+                cps, cls, doc_start, char_mode, widths, _U64(_POLY_BASE), _U64(_TOKEN_BASE))
+            return ShingledBatch(hashes, offsets, char_mode)
         # Tokens: every word character of a character-shingled document; maximal runs of word
         # characters otherwise.
         per_char = np.repeat(char_mode, np.diff(doc_start))
@@ -243,9 +287,14 @@ class MinHasher:
 
         A document without shingles (empty after normalisation) gets all-0xFFFFFFFF and False."""
         n_docs = len(batch.offsets) - 1
-        sig = np.full((n_docs, self.num_perm), 0xFFFFFFFF, dtype=np.uint32)
         counts = np.diff(batch.offsets)
         has = counts > 0
+        if self.kernels is not None:
+            sig = np.empty((n_docs, self.num_perm), dtype=np.uint32)
+            x = (batch.hashes >> _U64(32)).astype(np.uint32)
+            self.kernels.signatures(x, batch.offsets.astype(np.int64), self.a, self.b, sig)
+            return sig, has
+        sig = np.full((n_docs, self.num_perm), 0xFFFFFFFF, dtype=np.uint32)
         if not has.any():
             return sig, has
         x = (batch.hashes >> _U64(32)).astype(np.uint32)
