@@ -228,6 +228,11 @@ class MinHasher:
         doc_start = np.zeros(n_docs + 1, dtype=np.int64)
         np.cumsum([len(t) + 1 for t in folded], out=doc_start[1:])
         cps = np.frombuffer(("\x00".join(folded) + "\x00").encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        if self.kernels is not None:
+            hashes, offsets, char_mode = self.kernels.shingle_hashes(
+                cps, _classes_table(), doc_start, self.ngram, self.char_ngram, CHAR_SCRIPT_SHARE,
+                _U64(_POLY_BASE), _U64(_TOKEN_BASE))
+            return ShingledBatch(hashes, offsets, char_mode)
         cls = _classify(cps)
         word = cls != _NON_WORD
         n_word = np.add.reduceat(word, doc_start[:-1], dtype=np.int64) if n_docs else np.zeros(0, np.int64)
@@ -235,11 +240,6 @@ class MinHasher:
             np.add.reduceat(cls == _WORD_NO_SPACE, doc_start[:-1], dtype=np.int64) if n_docs else np.zeros(0, np.int64)
         )
         char_mode = _uses_char_shingles(n_word, n_no_space)
-        if self.kernels is not None:
-            widths = np.where(char_mode, self.char_ngram, self.ngram).astype(np.int64)
-            hashes, offsets = self.kernels.shingle_hashes(
-                cps, cls, doc_start, char_mode, widths, _U64(_POLY_BASE), _U64(_TOKEN_BASE))
-            return ShingledBatch(hashes, offsets, char_mode)
         # Tokens: every word character of a character-shingled document; maximal runs of word
         # characters otherwise.
         per_char = np.repeat(char_mode, np.diff(doc_start))

@@ -59,21 +59,34 @@ def signatures(x32, offsets, a, b, out):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def shingle_hashes(cps, classes, doc_start, char_mode, widths, char_base, token_base):
-    """(shingle hashes uint64, offsets int64) of a batch, as `MinHasher.shingle` defines them.
+def shingle_hashes(cps, class_table, doc_start, ngram, char_ngram, char_share, char_base, token_base):
+    """(shingle hashes uint64, offsets int64, char_mode bool) of a batch, as `MinHasher.shingle`
+    defines them.
 
-    cps: code points of the documents joined by one separator each; classes: their character
-    class (0 separator, else word character); doc_start: start of each document in cps
-    (len = docs + 1); char_mode: shingle document d by characters; widths: tokens per shingle."""
+    cps: code points of the documents joined by one separator each; class_table: character class
+    by code point (0 separator, 1 word, 2 word of a script without spaces; the last entry stands for
+    every higher code point); doc_start: start of each document in cps (len = docs + 1);
+    char_share: share of no-space letters above which a document is shingled by characters."""
     n_docs = doc_start.shape[0] - 1
     n = cps.shape[0]
+    last_class = class_table.shape[0] - 1
+    classes = np.empty(n, np.uint8)
+    char_mode = np.zeros(n_docs, np.bool_)
     token_hash = np.empty(n, np.uint64)  # at most one token per code point
     token_doc_end = np.zeros(n_docs + 1, np.int64)
     n_tok = 0
     for d in range(n_docs):
-        j = doc_start[d]
         end = doc_start[d + 1]
-        per_char = char_mode[d]
+        n_word = 0
+        n_no_space = 0
+        for j in range(doc_start[d], end):
+            c = class_table[min(cps[j], last_class)]
+            classes[j] = c
+            n_word += c != 0
+            n_no_space += c == 2
+        per_char = n_no_space > char_share * max(n_word, 1)
+        char_mode[d] = per_char
+        j = doc_start[d]
         while j < end:
             if classes[j] == 0:
                 j += 1
@@ -96,7 +109,8 @@ def shingle_hashes(cps, classes, doc_start, char_mode, widths, char_base, token_
     for d in range(n_docs):
         count = token_doc_end[d + 1] - token_doc_end[d]
         if count > 0:
-            total += count - min(widths[d], count) + 1
+            width = char_ngram if char_mode[d] else ngram
+            total += count - min(width, count) + 1
         offsets[d + 1] = total
     hashes = np.empty(total, np.uint64)
     out = 0
@@ -105,7 +119,7 @@ def shingle_hashes(cps, classes, doc_start, char_mode, widths, char_base, token_
         count = token_doc_end[d + 1] - first
         if count == 0:
             continue
-        span = min(widths[d], count)
+        span = min(char_ngram if char_mode[d] else ngram, count)
         for s in range(first, first + count - span + 1):
             h = np.uint64(0)
             power = np.uint64(1)
@@ -114,4 +128,4 @@ def shingle_hashes(cps, classes, doc_start, char_mode, widths, char_base, token_
                 power *= token_base
             hashes[out] = _mix64(h)
             out += 1
-    return hashes, offsets
+    return hashes, offsets, char_mode
