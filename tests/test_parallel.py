@@ -241,7 +241,8 @@ def _worker(plan_path: str) -> None:
         began = time.perf_counter()
         train(load_config(TINY, run["overrides"]), run["run_dir"])
         print(f"{run['run_dir']}: {time.perf_counter() - began:.1f} s", file=sys.stderr)
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
