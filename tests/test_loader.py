@@ -148,15 +148,23 @@ def test_resume_mid_epoch_gives_the_same_next_batches(tmp_path, curriculum, batc
     assert not all(torch.equal(a, b) for a, b in zip(uninterrupted, _steps(ds3, box3, len(first), 2 * per_epoch)))
 
 
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_batched_mode_yields_the_same_windows_as_window_mode(tmp_path, shuffle):
+@pytest.mark.parametrize("shuffle,batch_size", [(True, 5), (True, 7), (False, 5), (False, 7)])
+def test_batched_mode_yields_the_same_windows_as_window_mode(tmp_path, shuffle, batch_size):
     _counting_set(tmp_path / "s", n_docs=40)
     path = str(tmp_path / "s")
     for rank in (0, 1):
         windows = torch.stack(list(ShardDataset(path, SEQ, seed=4, shuffle=shuffle, rank=rank, world_size=2)))
-        batches = list(ShardDataset(path, SEQ, seed=4, shuffle=shuffle, rank=rank, world_size=2, batch_size=5))
-        assert all(b.shape[1] == SEQ + 1 for b in batches) and all(b.shape[0] == 5 for b in batches[:-1])
-        assert torch.equal(torch.cat(batches), windows)
+        ds = ShardDataset(path, SEQ, seed=4, shuffle=shuffle, rank=rank, world_size=2, batch_size=batch_size)
+        for _ in range(2):  # two epochs, each ending with its own (maybe short) batch
+            batches = list(ds)
+            assert all(b.shape[1] == SEQ + 1 for b in batches)
+            assert all(b.shape[0] == batch_size for b in batches[:-1])
+            assert sum(b.shape[0] for b in batches) == len(windows)
+        if not shuffle:
+            assert torch.equal(torch.cat(batches), windows)
+        else:
+            assert torch.equal(torch.cat(list(ShardDataset(path, SEQ, seed=4, rank=rank, world_size=2,
+                                                           batch_size=batch_size))), windows)
     if not shuffle:
         # In order, a batch inside one shard is a strided view of the mapping itself.
         ds = ShardDataset(path, SEQ, shuffle=False, batch_size=4)

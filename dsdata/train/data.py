@@ -275,11 +275,13 @@ class ShardDataset(torch.utils.data.IterableDataset):
             if self.batch_size is None:
                 yield from self._epoch_windows(_ALL)
                 return
-            while True:
+            epoch = self._state["groups"][_ALL][0]
+            while self._state["groups"][_ALL][0] == epoch:  # a short last batch ends the epoch
                 pieces = self._take(_ALL, self.batch_size, wrap=False)
                 if not pieces:
                     return
                 yield pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+            return
         available = [g for g in self.groups if self._mine(g) > 0]
         if not available:
             raise ValueError(self._too_small())
