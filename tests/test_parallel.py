@@ -176,6 +176,15 @@ def single_process_run(tmp_path_factory):
     return run
 
 
+# Attention variants and MoE under tp=2 (6 steps each; dynamic_sparse needs a far past within seq_len 64).
+VARIANTS = {
+    "dynamic_sparse": ["model.attention=dynamic_sparse", "model.sparse_window=16", "model.sparse_block=16",
+                       "model.sparse_top_k=4", "model.sparse_refresh_steps=2"],
+    "lsh": ["model.attention=lsh", "model.lsh_chunk=16"],
+    "moe": ["model.moe_experts=4"],
+}
+VARIANT_BASE = [b for b in BASE if not b.startswith("training.steps")] + ["training.steps=6", "checkpoint.interval=0"]
+
 LAYOUTS_2 = {
     "tp2": ["parallel.tensor_parallel_size=2"],
     "pp2_gpipe": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=gpipe"],
@@ -197,6 +206,8 @@ def test_layouts_match_one_process_and_checkpoints_load_across_layouts(single_pr
                   "copy_checkpoint": str(single / "checkpoints" / "step_00000005")})
     plan2.append({"run_dir": str(tmp_path / "pp2_from_tp2"), "overrides": BASE + LAYOUTS_2["pp2_1f1b"],
                   "copy_checkpoint": str(tmp_path / "tp2" / "checkpoints" / "step_00000005")})
+    plan2 += [{"run_dir": str(tmp_path / f"{name}_tp2"), "overrides": VARIANT_BASE + extra + LAYOUTS_2["tp2"]}
+              for name, extra in VARIANTS.items()]
     _torchrun(2, plan2, tmp_path)
     plan4 = [{"run_dir": str(tmp_path / "dp2_tp2"), "overrides": BASE + ["parallel.data_parallel_size=2",
                                                                        "parallel.tensor_parallel_size=2"]},
@@ -213,9 +224,13 @@ def test_layouts_match_one_process_and_checkpoints_load_across_layouts(single_pr
         _assert_close_losses(_losses(run, first_step=6), reference_losses[5:], name)
         _assert_close_params(_checkpoint_params(run / "checkpoints" / f"step_{STEPS:08d}"), reference_params, name)
 
-    # pp=2 (gpipe) checkpoint at step 5 → one process resumes and ends where the one-process run ended.
     from dsdata.train.loop import train
 
+    for name, extra in VARIANTS.items():
+        train(load_config(TINY, VARIANT_BASE + extra), str(tmp_path / f"{name}_single"))
+        _assert_close_losses(_losses(tmp_path / f"{name}_tp2"), _losses(tmp_path / f"{name}_single"), f"{name} tp2")
+
+    # pp=2 (gpipe) checkpoint at step 5 → one process resumes and ends where the one-process run ended.
     resumed = tmp_path / "single_from_pp2"
     (resumed / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "pp2_gpipe" / "checkpoints" / "step_00000005", resumed / "checkpoints" / "step_00000005")

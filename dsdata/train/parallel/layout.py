@@ -90,7 +90,9 @@ class HybridLayout(DataParallelLayout):
             if tied:
                 self.tie_group = self._make_tie_group()
         if d.tp > 1:
-            self.vocab_parallel = args.vocab_size % d.tp == 0
+            # MoE: the trainer adds the (plain-tensor) load-balancing loss to the LM loss, which a
+            # vocab-parallel loss would make a DTensor; keep the output replicated instead.
+            self.vocab_parallel = args.vocab_size % d.tp == 0 and not args.moe_experts
             self.tp_partial_params = apply_tensor_parallel(model, self.mesh["tp"], self.vocab_parallel)
         if d.pp > 1 and tied:
             self.tied_param = model.tok_embeddings.weight if self.is_first_stage else model.output.weight
