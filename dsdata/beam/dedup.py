@@ -3,7 +3,7 @@
 Steps (each a Beam shuffle; no step ever holds the corpus in one process):
 
 1. **Signatures** — documents are batched (`BatchElements`) and a `MinHasher` computes every batch's
-   signatures with vectorised numpy.  Each document gets a *node key*
+   signatures in one pass (numba kernels when installed, else vectorised numpy; same values).  Each document gets a *node key*
    `[score prefix] id \\x1f exact-hash`, whose string order is the keep order (lowest id, or highest
    score then lowest id), so "keep the smallest node of a cluster" implements the keep rule.
 2. **Exact** — group by the 128-bit hash of the normalised text; every member links to the group's
