@@ -5,9 +5,9 @@ every function here must return bit-for-bit what the numpy path returns — the 
 
 Why these loop shapes:
 
-* `signatures`: per document, per shingle, the inner loop runs over all permutations with the
-  minimum written as a select (`acc if acc < h else h`), which LLVM turns into 8-lane AVX2
-  multiply/add/min on uint32.  The `if h < acc: acc = h` form, or a permutation-outer loop with a
+* `signatures`: per document, per group of four shingles, the inner loop runs over all
+  permutations with the minimum written as a select (`acc if acc < h else h`), which LLVM turns
+  into 8-lane AVX2 multiply/add/min on uint32 (`vpmulld`/`vpaddd`/`vpminud`, checked in the asm).  The `if h < acc: acc = h` form, or a permutation-outer loop with a
   scalar running minimum, did not vectorise and ran 5–8× slower (measured).
 * `shingle_hashes`: the polynomial hashes are computed directly per token and per shingle instead
   of through prefix sums, so no batch-sized temporaries are allocated; the maths is the same sum
@@ -49,11 +49,31 @@ def signatures(x32, offsets, a, b, out):
     for d in range(offsets.shape[0] - 1):
         for k in range(n_perm):
             acc[k] = _ALL_ONES32
-        for i in range(offsets[d], offsets[d + 1]):
+        i = offsets[d]
+        end = offsets[d + 1]
+        # Four shingles per sweep over the permutations: a[k], b[k] and acc[k] are loaded and
+        # stored once per four shingles instead of once per shingle (1.3–1.7× measured).
+        while i + 4 <= end:
+            v0 = x32[i]
+            v1 = x32[i + 1]
+            v2 = x32[i + 2]
+            v3 = x32[i + 3]
+            for k in range(n_perm):
+                h0 = np.uint32(a[k] * v0 + b[k])
+                h1 = np.uint32(a[k] * v1 + b[k])
+                h2 = np.uint32(a[k] * v2 + b[k])
+                h3 = np.uint32(a[k] * v3 + b[k])
+                m01 = h0 if h0 < h1 else h1
+                m23 = h2 if h2 < h3 else h3
+                m = m01 if m01 < m23 else m23
+                acc[k] = acc[k] if acc[k] < m else m
+            i += 4
+        while i < end:
             v = x32[i]
             for k in range(n_perm):
                 h = np.uint32(a[k] * v + b[k])
                 acc[k] = acc[k] if acc[k] < h else h
+            i += 1
         for k in range(n_perm):
             out[d, k] = acc[k]
 
