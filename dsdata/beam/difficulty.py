@@ -14,7 +14,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.stats import ApproximateQuantiles
 
-from dsdata.beam.transforms import KEPT, REJECTED, _Counting
+from dsdata.beam.transforms import KEPT, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
 from dsdata.stages.difficulty import GRADES, DifficultyStage
 
@@ -56,7 +56,7 @@ def _thresholds(stage: DifficultyStage):
     return build
 
 
-class _GradeDoFn(_Counting, beam.DoFn):
+class _GradeDoFn(StageCounters, beam.DoFn):
     def __init__(self, stage: DifficultyStage):
         self.stage = stage
 

@@ -21,7 +21,7 @@ KEPT = "kept"
 REJECTED = "rejected"
 
 
-class _Counting:
+class StageCounters:
     """Per-stage Metrics: documents in, kept, and rejected per reason (created lazily)."""
 
     def _init_counters(self, stage_name: str) -> None:
@@ -41,7 +41,7 @@ class _Counting:
         return result
 
 
-class StageDoFn(_Counting, beam.DoFn):
+class StageDoFn(StageCounters, beam.DoFn):
     """Runs a per-document stage (`process(doc)`): kept docs on the main output, rejections tagged."""
 
     def __init__(self, stage: Stage):
@@ -56,7 +56,7 @@ class StageDoFn(_Counting, beam.DoFn):
         yield self._route(self.stage.process(doc))
 
 
-class BatchStageDoFn(_Counting, beam.DoFn):
+class BatchStageDoFn(StageCounters, beam.DoFn):
     """Runs a model stage (`process_batch(docs)`) over batches made by BatchElements."""
 
     def __init__(self, stage: Stage):
@@ -104,7 +104,7 @@ class ApplyStage(beam.PTransform):
         return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
 
 
-class ReadFileDoFn(_Counting, beam.DoFn):
+class ReadFileDoFn(StageCounters, beam.DoFn):
     """Reads one matched file into Documents; unreadable parts become rejections (never skipped)."""
 
     def __init__(self, fmt: str = "auto", text_field: str = "text", id_field: str = "id"):

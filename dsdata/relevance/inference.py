@@ -7,7 +7,7 @@ from typing import Any, Iterable, Sequence
 import apache_beam as beam
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
-from dsdata.beam.transforms import KEPT, REJECTED, _Counting
+from dsdata.beam.transforms import KEPT, REJECTED, StageCounters
 from dsdata.document import Document
 from dsdata.relevance.scorer import Scorer, load_scorer
 
@@ -45,7 +45,7 @@ class RelevanceModelHandler(ModelHandler[Document, PredictionResult, Scorer]):
         return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size}
 
 
-class _RouteByScore(_Counting, beam.DoFn):
+class _RouteByScore(StageCounters, beam.DoFn):
     """Hands each (document, score) to the stage's `judge`: kept on the main output, rejections tagged."""
 
     def __init__(self, stage):
