@@ -54,26 +54,44 @@ def init_distributed(device_choice: str = "auto") -> DistEnv:
     return DistEnv(rank, world_size, local_rank, device, backend)
 
 
-def split_global_batch(global_batch: int, dp_size: int, micro_batch: int, accumulation: int) -> tuple[int, int]:
-    """(micro_batch_size, gradient_accumulation_steps) with dp × micro × accumulation = global batch."""
-    if global_batch % dp_size:
+def split_batch(global_batch: int, dp: int, pp: int, micro_batch: int, accumulation: int,
+                schedule: str) -> tuple[int, int]:
+    """(micro_batch_size, micro-batches per step) with dp × micro × accumulation = global batch.
+
+    Unset values are derived; with a pipeline the default is 2·pp micro-batches (fewer idle stages)
+    when the batch allows it, else pp.
+    """
+    if global_batch % dp:
         raise ConfigError(f"training.global_batch_size ({global_batch}) is not divisible by the "
-                          f"data-parallel size ({dp_size})")
-    per_rank = global_batch // dp_size
+                          f"data-parallel size ({dp})")
+    per_rank = global_batch // dp
     if micro_batch and accumulation:
         if micro_batch * accumulation != per_rank:
             raise ConfigError(f"parallel.micro_batch_size ({micro_batch}) × parallel.gradient_accumulation_steps "
-                              f"({accumulation}) must equal global_batch_size / dp = {per_rank}")
-        return micro_batch, accumulation
-    if micro_batch:
+                              f"({accumulation}) must equal training.global_batch_size / data_parallel_size "
+                              f"= {global_batch} / {dp} = {per_rank}")
+    elif micro_batch:
         if per_rank % micro_batch:
-            raise ConfigError(f"global_batch_size / dp = {per_rank} is not divisible by parallel.micro_batch_size ({micro_batch})")
-        return micro_batch, per_rank // micro_batch
-    accumulation = accumulation or 1
-    if per_rank % accumulation:
-        raise ConfigError(f"global_batch_size / dp = {per_rank} is not divisible by "
-                          f"parallel.gradient_accumulation_steps ({accumulation})")
-    return per_rank // accumulation, accumulation
+            raise ConfigError(f"training.global_batch_size / data_parallel_size = {per_rank} is not divisible by "
+                              f"parallel.micro_batch_size ({micro_batch})")
+        accumulation = per_rank // micro_batch
+    elif accumulation:
+        if per_rank % accumulation:
+            raise ConfigError(f"training.global_batch_size / data_parallel_size = {per_rank} is not divisible by "
+                              f"parallel.gradient_accumulation_steps ({accumulation})")
+        micro_batch = per_rank // accumulation
+    elif pp > 1:
+        accumulation = next((n for n in (2 * pp, pp) if per_rank % n == 0), 0)
+        if not accumulation:
+            raise ConfigError(f"training.global_batch_size / data_parallel_size = {per_rank} cannot be cut into "
+                              f"{pp} pipeline micro-batches; set parallel.micro_batch_size")
+        micro_batch = per_rank // accumulation
+    else:
+        micro_batch, accumulation = per_rank, 1
+    if pp > 1 and schedule == "1f1b" and accumulation < pp:
+        raise ConfigError(f"the 1f1b pipeline schedule needs at least pipeline_parallel_size ({pp}) micro-batches, "
+                          f"got {accumulation}; lower parallel.micro_batch_size or use pipeline_schedule = 'gpipe'")
+    return micro_batch, accumulation
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -93,8 +111,8 @@ class DataParallelLayout:
                               f"world size ({env.world_size})")
         self.config, self.env = config, env
         self.dp_size, self.dp_rank = dp, env.rank
-        self.micro_batch_size, self.accumulation = split_global_batch(
-            config.training.global_batch_size, dp, pc.micro_batch_size, pc.gradient_accumulation_steps)
+        self.micro_batch_size, self.accumulation = split_batch(
+            config.training.global_batch_size, dp, 1, pc.micro_batch_size, pc.gradient_accumulation_steps, "gpipe")
         self.mesh = None
         if env.world_size > 1:
             from torch.distributed.device_mesh import init_device_mesh

@@ -17,6 +17,17 @@ def _full_norm(t: torch.Tensor) -> torch.Tensor:
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
+def _adam_moments(state: dict, p: torch.Tensor) -> tuple[dict, int]:
+    """Adam's per-parameter state (step, first and second moments), created on first use; the
+    step count is advanced and returned."""
+    if not state:
+        state["step"] = torch.zeros((), dtype=torch.float32)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    state["step"] += 1
+    return state, int(state["step"].item())
+
+
 class DeepOpt(torch.optim.Optimizer):
     """Adam whose β1 and β2 follow a schedule over training, with decoupled weight decay.
 
@@ -82,13 +93,7 @@ class DeepOpt(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 grad = p.grad
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                t = int(state["step"].item())
+                state, t = _adam_moments(self.state[p], p)
                 beta1, beta2 = self.betas_at(t, group)
                 prod1, prod2 = self.beta_products(t, group)
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
@@ -130,13 +135,7 @@ class LambdaOpt(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 grad = p.grad
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                t = int(state["step"].item())
+                state, t = _adam_moments(self.state[p], p)
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
                 exp_avg.lerp_(grad, 1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)

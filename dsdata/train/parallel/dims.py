@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsdata.train.config import ConfigError, ParallelConfig
+from dsdata.train.distributed import split_batch
 
 
 @dataclass(frozen=True)
@@ -60,41 +61,3 @@ def resolve_dims(parallel: ParallelConfig, world_size: int, global_batch_size: i
     return ParallelDims(dp, pp, tp, micro, accumulation, schedule)
 
 
-def split_batch(global_batch: int, dp: int, pp: int, micro_batch: int, accumulation: int,
-                schedule: str) -> tuple[int, int]:
-    """(micro_batch_size, micro-batches per step) with dp × micro × accumulation = global batch.
-
-    Unset values are derived; with a pipeline the default is 2·pp micro-batches (fewer idle stages)
-    when the batch allows it, else pp.
-    """
-    if global_batch % dp:
-        raise ConfigError(f"training.global_batch_size ({global_batch}) is not divisible by the "
-                          f"data-parallel size ({dp})")
-    per_rank = global_batch // dp
-    if micro_batch and accumulation:
-        if micro_batch * accumulation != per_rank:
-            raise ConfigError(f"parallel.micro_batch_size ({micro_batch}) × parallel.gradient_accumulation_steps "
-                              f"({accumulation}) must equal training.global_batch_size / data_parallel_size "
-                              f"= {global_batch} / {dp} = {per_rank}")
-    elif micro_batch:
-        if per_rank % micro_batch:
-            raise ConfigError(f"training.global_batch_size / data_parallel_size = {per_rank} is not divisible by "
-                              f"parallel.micro_batch_size ({micro_batch})")
-        accumulation = per_rank // micro_batch
-    elif accumulation:
-        if per_rank % accumulation:
-            raise ConfigError(f"training.global_batch_size / data_parallel_size = {per_rank} is not divisible by "
-                              f"parallel.gradient_accumulation_steps ({accumulation})")
-        micro_batch = per_rank // accumulation
-    elif pp > 1:
-        accumulation = next((n for n in (2 * pp, pp) if per_rank % n == 0), 0)
-        if not accumulation:
-            raise ConfigError(f"training.global_batch_size / data_parallel_size = {per_rank} cannot be cut into "
-                              f"{pp} pipeline micro-batches; set parallel.micro_batch_size")
-        micro_batch = per_rank // accumulation
-    else:
-        micro_batch, accumulation = per_rank, 1
-    if pp > 1 and schedule == "1f1b" and accumulation < pp:
-        raise ConfigError(f"the 1f1b pipeline schedule needs at least pipeline_parallel_size ({pp}) micro-batches, "
-                          f"got {accumulation}; lower parallel.micro_batch_size or use pipeline_schedule = 'gpipe'")
-    return micro_batch, accumulation
