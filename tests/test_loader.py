@@ -172,6 +172,36 @@ def test_batched_mode_yields_the_same_windows_as_window_mode(tmp_path, shuffle, 
         assert any(addr <= first.data_ptr() < addr + size for _, addr, size in ds.mapped_regions())
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_batched_mode_resumes_exactly_after_any_batch(tmp_path, shuffle):
+    # 5 does not divide the shards' window counts: batches cross shard boundaries (the slow path)
+    # as well as lying within one shard (the fast path); resume from a state taken after each.
+    _counting_set(tmp_path / "s", n_docs=40)
+    path = str(tmp_path / "s")
+
+    def make():
+        return ShardDataset(path, SEQ, seed=6, shuffle=shuffle, rank=1, world_size=2, batch_size=5)
+
+    reference = make()
+    epochs = [[b.clone() for b in reference] for _ in range(2)]
+    assert len(epochs[0]) > 3
+    flat = epochs[0] + epochs[1]
+    for cut in range(len(epochs[0]) + 1):
+        ds = make()
+        it = iter(ds)
+        taken = [next(it).clone() for _ in range(cut)]
+        state = json.loads(json.dumps(ds.state_dict()))
+        resumed = make()
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        if cut == len(epochs[0]):  # nothing left of epoch 0: iter() starts epoch 1
+            rest_expected = epochs[1]
+        else:
+            rest_expected = epochs[0][cut:]
+        assert len(taken + rest) == len(flat[:cut] + rest_expected)
+        assert all(torch.equal(a, b) for a, b in zip(taken + rest, flat[:cut] + rest_expected))
+
+
 def test_resume_right_after_an_epoch_ends(tmp_path):
     _counting_set(tmp_path / "s")
     ds = ShardDataset(str(tmp_path / "s"), SEQ, seed=1)
