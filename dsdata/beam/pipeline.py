@@ -77,7 +77,8 @@ def stats_from_counts(counts: dict[tuple, int], stage_order: list[str]) -> dict[
         elif key[0] == "kept":
             n_kept += n
         elif key[0] == "rejected":
-            rejected.setdefault(key[1], {})[key[2]] = rejected.setdefault(key[1], {}).get(key[2], 0) + n
+            by_reason = rejected.setdefault(key[1], {})
+            by_reason[key[2]] = by_reason.get(key[2], 0) + n
         elif key[0] == "augmented":
             augmented_by[key[1]] = augmented_by.get(key[1], 0) + n
     n_rejected = sum(sum(r.values()) for r in rejected.values())
@@ -129,7 +130,7 @@ def _prepare_output(output: str) -> None:
         target = os.path.join(output, sub)
         if os.path.isdir(target):
             shutil.rmtree(target)
-    for name in ("stats.json", "difficulty.json", "augment.json", "dedup.json"):
+    for name in ("stats.json", "difficulty.json", "augment.json"):
         if os.path.exists(os.path.join(output, name)):
             os.remove(os.path.join(output, name))
 

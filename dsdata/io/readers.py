@@ -12,7 +12,6 @@ binary_file, truncated_compression, bad_parquet, bad_warc, undecodable_payload, 
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
 import re
@@ -62,10 +61,6 @@ def _compression(path: str) -> str | None:
     if name.endswith((".zst", ".zstd")):
         return "zstd"
     return None
-
-
-class _TruncatedStream(Exception):
-    pass
 
 
 def _decompressed(path: str, raw: IO[bytes]) -> IO[bytes]:

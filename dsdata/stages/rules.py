@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -93,6 +94,24 @@ def _dup_ngram_char_frac(tokens: list[str], n: int) -> float:
     return dup_chars / total if total else 0.0
 
 
+@dataclass
+class _Measures:
+    """What the Gopher and FineWeb rules measure, computed once per document (after C4 filtering)."""
+
+    text: str
+    cjk: bool
+    words: list[str]        # CJK-aware words, punctuation-only runs included
+    non_symbol: list[str]   # words with at least one non-punctuation character
+    lines: list[str]        # non-empty lines, stripped
+    line_dups: tuple[float, float]
+
+    @classmethod
+    def of(cls, text: str, cjk: bool) -> "_Measures":
+        toks = words(text)
+        lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+        return cls(text, cjk, toks, [w for w in toks if not _PUNCT_ONLY.match(w)], lines, _dup_stats(lines))
+
+
 class QualityRulesStage(Stage):
     name = "rules"
     description = "Gopher quality/repetition, C4 and FineWeb heuristic rules, CJK-aware; each rejection names its rule."
@@ -154,8 +173,9 @@ class QualityRulesStage(Stage):
         text, reason, detail = self._c4(text, cjk)
         if reason:
             return self.reject(doc, reason, detail)
+        measures = _Measures.of(text, cjk)
         for check in (self._gopher_quality, self._gopher_repetition, self._fineweb):
-            reason, detail = check(text, cjk)
+            reason, detail = check(measures)
             if reason:
                 return self.reject(doc, reason, detail)
         doc.text = text
@@ -188,9 +208,8 @@ class QualityRulesStage(Stage):
                 return text, "c4_min_sentences", f"{n} sentences < {self.c4_min_sentences}"
         return text, None, ""
 
-    def _gopher_quality(self, text: str, cjk: bool) -> tuple[str | None, str]:
-        toks = words(text)
-        non_symbol = [w for w in toks if not _PUNCT_ONLY.match(w)]
+    def _gopher_quality(self, m: _Measures) -> tuple[str | None, str]:
+        text, cjk, toks, non_symbol, lines = m.text, m.cjk, m.words, m.non_symbol, m.lines
         n = len(non_symbol)
         if self.min_words is not None and n < self.min_words:
             return "gopher_min_words", f"{n} words < {self.min_words}"
@@ -210,7 +229,6 @@ class QualityRulesStage(Stage):
             ratio = symbols / max(n, 1)
             if ratio > self.max_symbol_word_ratio:
                 return "gopher_symbol_ratio", f"{ratio:.3f} > {self.max_symbol_word_ratio}"
-        lines = [ln for ln in text.split("\n") if ln.strip()]
         if lines:
             if self.max_bullet_lines_ratio is not None:
                 ratio = sum(ln.lstrip().startswith(_BULLET) for ln in lines) / len(lines)
@@ -233,11 +251,10 @@ class QualityRulesStage(Stage):
                 return "gopher_stop_words", f"{found} stop words < {self.min_stop_words}"
         return None, ""
 
-    def _gopher_repetition(self, text: str, cjk: bool) -> tuple[str | None, str]:
-        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
-        lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    def _gopher_repetition(self, m: _Measures) -> tuple[str | None, str]:
+        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", m.text) if p.strip()]
         para_frac, para_char_frac = _dup_stats(paragraphs)
-        line_frac, line_char_frac = _dup_stats(lines)
+        line_frac, line_char_frac = m.line_dups
         checks = (
             (self.max_dup_paragraph_ratio, para_frac, "gopher_dup_paragraphs"),
             (self.max_dup_paragraph_char_ratio, para_char_frac, "gopher_dup_paragraph_chars"),
@@ -247,10 +264,8 @@ class QualityRulesStage(Stage):
         for limit, value, reason in checks:
             if limit is not None and value > limit:
                 return reason, f"{value:.3f} > {limit}"
-        toks = [w for w in words(text) if not _PUNCT_ONLY.match(w)]
-        if not cjk:
-            toks = [w.lower() for w in toks]
-        scale = 2 if cjk else 1
+        toks = m.non_symbol if m.cjk else [w.lower() for w in m.non_symbol]
+        scale = 2 if m.cjk else 1
         for n, limit in sorted(self.top_ngram_max_ratio.items()):
             value = _top_ngram_char_frac(toks, n * scale)
             if value > limit:
@@ -261,8 +276,8 @@ class QualityRulesStage(Stage):
                 return f"gopher_dup_{n}gram", f"{value:.3f} > {limit}"
         return None, ""
 
-    def _fineweb(self, text: str, cjk: bool) -> tuple[str | None, str]:
-        lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    def _fineweb(self, m: _Measures) -> tuple[str | None, str]:
+        lines = m.lines
         if not lines:
             return None, ""
         if self.fineweb_min_line_punct_ratio is not None:
@@ -270,17 +285,16 @@ class QualityRulesStage(Stage):
             if ratio < self.fineweb_min_line_punct_ratio:
                 return "fineweb_line_punct", f"{ratio:.3f} < {self.fineweb_min_line_punct_ratio}"
         if self.fineweb_max_short_line_ratio is not None:
-            limit = self.fineweb_short_line_chars_cjk if cjk else self.fineweb_short_line_chars
+            limit = self.fineweb_short_line_chars_cjk if m.cjk else self.fineweb_short_line_chars
             ratio = sum(len(ln) < limit for ln in lines) / len(lines)
             if ratio > self.fineweb_max_short_line_ratio:
                 return "fineweb_short_lines", f"{ratio:.3f} > {self.fineweb_max_short_line_ratio}"
         if self.fineweb_max_char_dup_ratio is not None:
-            _, char_frac = _dup_stats(lines)
+            _, char_frac = m.line_dups
             if char_frac > self.fineweb_max_char_dup_ratio:
                 return "fineweb_char_dup", f"{char_frac:.3f} > {self.fineweb_max_char_dup_ratio}"
         if self.fineweb_max_newline_ratio is not None:
-            n_words = len([w for w in words(text) if not _PUNCT_ONLY.match(w)])
-            ratio = text.count("\n") / max(n_words, 1)
+            ratio = m.text.count("\n") / max(len(m.non_symbol), 1)
             if ratio > self.fineweb_max_newline_ratio:
                 return "fineweb_newline_ratio", f"{ratio:.3f} > {self.fineweb_max_newline_ratio}"
         return None, ""
