@@ -272,3 +272,116 @@ def test_too_small_for_seq_len_is_a_clear_error(tmp_path):
     _counting_set(tmp_path / "s", n_docs=2, doc_len=5)
     with pytest.raises(ValueError, match="no windows"):
         next(iter(ShardDataset(str(tmp_path / "s"), 64)))
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_endless_batches_are_the_window_stream_cut_into_full_batches(tmp_path, shuffle):
+    # 7 divides neither a shard's nor an epoch's window count: batches cross shard and epoch ends.
+    _counting_set(tmp_path / "s", n_docs=40)
+    path = str(tmp_path / "s")
+    window_ds = ShardDataset(path, SEQ, seed=4, shuffle=shuffle, rank=1, world_size=2)
+    epochs = [torch.stack(list(window_ds)) for _ in range(3)]
+    per_epoch = len(epochs[0])
+    assert per_epoch % 7 != 0
+    stream = torch.cat(epochs)
+    assert not torch.equal(epochs[0], epochs[1]) or not shuffle
+    ds = ShardDataset(path, SEQ, seed=4, shuffle=shuffle, rank=1, world_size=2, batch_size=7, endless=True)
+    it = iter(ds)
+    batches = [next(it).clone() for _ in range(len(stream) // 7)]
+    assert all(b.shape == (7, SEQ + 1) for b in batches)
+    assert torch.equal(torch.cat(batches), stream[:len(batches) * 7])
+    # Per-window endless mode: the same stream from one iter().
+    endless_windows = ShardDataset(path, SEQ, seed=4, shuffle=shuffle, rank=1, world_size=2, endless=True)
+    it = iter(endless_windows)
+    assert torch.equal(torch.stack([next(it) for _ in range(len(stream))]), stream)
+
+
+def test_endless_batches_resume_exactly_across_an_epoch_end(tmp_path):
+    _counting_set(tmp_path / "s", n_docs=40)
+    path = str(tmp_path / "s")
+
+    def make():
+        return ShardDataset(path, SEQ, seed=9, batch_size=7, endless=True)
+
+    per_epoch = make().windows_per_epoch()
+    assert per_epoch % 7 != 0
+    total = 2 * per_epoch // 7 + 3  # two epochs and a bit
+    it = iter(reference := make())
+    expected = [next(it).clone() for _ in range(total)]
+    # Every cut around the first epoch end (the batch that crosses it, the ones before and after)
+    # and one deep into the second epoch.
+    crossing = per_epoch // 7
+    for cut in [crossing - 1, crossing, crossing + 1, crossing + 2, total - 3]:
+        ds = make()
+        it = iter(ds)
+        taken = [next(it).clone() for _ in range(cut)]
+        state = json.loads(json.dumps(ds.state_dict()))
+        resumed = make()
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        rest = [next(it) for _ in range(total - cut)]
+        assert all(torch.equal(a, b) for a, b in zip(taken + rest, expected)), cut
+    assert reference.state_dict()["groups"]["all"][0] == 2  # the reference ran into epoch 2 (epochs 0, 1 done)
+
+
+def _shard_batches(path, seed=5, curriculum=None):
+    from dsdata.train.batches import ShardBatches
+    from dsdata.train.config import DataConfig
+
+    return ShardBatches(DataConfig(path=path, seed=seed, curriculum=curriculum or {}), SEQ, total_steps=40)
+
+
+@pytest.mark.parametrize("curriculum", [None, LINEAR])
+def test_trainer_batches_resume_exactly_and_under_another_batch_size(tmp_path, curriculum):
+    _counting_set(tmp_path / "s", n_docs=30, buckets=("easy", "medium", "hard"))
+    path = str(tmp_path / "s")
+    reference = _shard_batches(path, curriculum=curriculum)
+    per_epoch = reference.dataset.windows_per_epoch()
+    steps = 2 * per_epoch // 4 + 2  # past two epoch ends (without a curriculum)
+    expected = [reference.next_batch(step, 4) for step in range(steps)]
+    assert all(b.dtype == torch.int64 and b.shape == (4, SEQ + 1) for b in expected)
+    if curriculum is None:  # the per-window stream, rolled over epochs, cut into steps of 4
+        window_ds = ShardDataset(path, SEQ, seed=5)
+        stream = torch.cat([torch.stack(list(window_ds)) for _ in range(3)]).long()
+        assert torch.equal(torch.cat(expected), stream[:steps * 4])
+    for cut in (0, per_epoch // 4, steps - 1):
+        first = _shard_batches(path, curriculum=curriculum)
+        for step in range(cut):
+            first.next_batch(step, 4)
+        state = json.loads(json.dumps(first.state_dict()))
+        resumed = _shard_batches(path, curriculum=curriculum)
+        resumed.load_state_dict(state)  # before the first step, as the trainer does
+        assert all(torch.equal(resumed.next_batch(step, 4), expected[step]) for step in range(cut, steps)), cut
+    # The position counts windows: resuming 8 steps of 4 under batches of 2 continues the same stream
+    # (for a curriculum, two batches of 2 drawn at step s hold the windows of step s's batch of 4,
+    # in another order: rows are grouped by bucket inside a batch).
+    first = _shard_batches(path, curriculum=curriculum)
+    for step in range(8):
+        first.next_batch(step, 4)
+    halved = _shard_batches(path, curriculum=curriculum)
+    halved.load_state_dict(first.state_dict())
+    pairs = [torch.cat([halved.next_batch(8 + i, 2), halved.next_batch(8 + i, 2)]) for i in range(4)]
+    for got, want in zip(pairs, expected[8:12]):
+        if curriculum is None:
+            assert torch.equal(got, want)
+        else:
+            assert sorted(got[:, 0].tolist()) == sorted(want[:, 0].tolist())
+    assert not torch.equal(torch.cat(pairs), torch.cat(expected[:4]))
+    with pytest.raises(ValueError, match="batch size"):
+        halved.next_batch(30, 4)
+
+
+def test_trainer_batches_resume_a_per_window_state(tmp_path):
+    # A checkpoint of the per-window trainer (dataset batch_size None) resumes on the same windows.
+    _counting_set(tmp_path / "s", n_docs=30)
+    path = str(tmp_path / "s")
+    windows = ShardDataset(path, SEQ, seed=5)
+    it = iter(windows)
+    for _ in range(13):
+        next(it)
+    state = json.loads(json.dumps(windows.state_dict()))
+    assert state["batch_size"] is None
+    expected = torch.stack([next(it) for _ in range(6)]).long()
+    batches = _shard_batches(path)
+    batches.load_state_dict(state)
+    assert torch.equal(torch.cat([batches.next_batch(0, 3), batches.next_batch(1, 3)]), expected)

@@ -3,7 +3,8 @@
 API (stable; the trainer builds on exactly this):
 
     ds = ShardDataset(path, seq_len, *, rank=0, world_size=1, seed=0, verify=True,
-                      curriculum=None, prefetch=True, shuffle=True, total_steps=None)
+                      curriculum=None, prefetch=True, shuffle=True, total_steps=None,
+                      batch_size=None, endless=False)
     loader = torch.utils.data.DataLoader(ds, batch_size=B, num_workers=0)
     for batch in loader:                 # uint16/uint32 tensor [B, seq_len + 1]
         tokens = batch.long()
@@ -27,7 +28,10 @@ disjoint windows and every rank yields the same number per epoch (DDP never wait
 Shard order is permuted per (seed, epoch) as well.
 
 Epochs: without a curriculum, each `iter()` yields the rest of the current epoch, then the next
-`iter()` starts the next epoch.  With a curriculum, iteration is endless: each window comes from a
+`iter()` starts the next epoch; in batched mode the epoch's last batch may be short.  With
+`endless=True` one `iter()` runs through epoch after epoch: the window stream is the same, and every
+batch holds exactly batch_size windows (the batch at an epoch's end takes the remaining windows and
+continues with the next epoch's first ones) — what a step-based trainer wants (dsdata's does this).  With a curriculum, iteration is endless: each window comes from a
 bucket (easy/medium/hard, the shards' `difficulty`) drawn with the schedule's weights at the step
 given by `set_step`; each bucket cycles through its own epochs.
 
@@ -147,13 +151,16 @@ class ShardDataset(torch.utils.data.IterableDataset):
     total_steps: the run's length, needed only by a `linear` spec given as warmup_fraction.
     shuffle: False walks shards and windows in manifest order (for inspection and tests).
     batch_size: yield [batch_size, seq_len + 1] batches instead of windows (use DataLoader(ds,
-        batch_size=None)): one gather per batch instead of one tensor per window — the fast path.
+        batch_size=None), or iterate the dataset directly): one gather per batch instead of one
+        tensor per window — the fast path.
+    endless: without a curriculum, never end an iteration: epochs follow each other, and batches
+        cross epoch boundaries with exactly batch_size rows (a curriculum is always endless).
     """
 
     def __init__(self, path: str, seq_len: int, *, rank: int = 0, world_size: int = 1, seed: int = 0,
                  verify: bool = True, curriculum: CurriculumSchedule | Mapping[str, Any] | None = None,
                  prefetch: bool = True, shuffle: bool = True, total_steps: int | None = None,
-                 batch_size: int | None = None):
+                 batch_size: int | None = None, endless: bool = False):
         super().__init__()
         if int(seq_len) < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
@@ -165,6 +172,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
         if batch_size is not None and int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         self.batch_size = None if batch_size is None else int(batch_size)
+        self.endless = bool(endless)
         manifest = read_manifest(self.path)
         with open(os.path.join(self.path, "manifest.json"), "rb") as fh:
             self.manifest_sha256 = hashlib.sha256(fh.read()).hexdigest()
@@ -281,12 +289,15 @@ class ShardDataset(torch.utils.data.IterableDataset):
         if self.schedule is None:
             if self._mine(_ALL) == 0:
                 raise ValueError(self._too_small())
-            self._skip_finished_epoch(_ALL)
-            if self.batch_size is None:
+            if self.batch_size is not None:
+                self._skip_finished_epoch(_ALL)
+                yield from self._batches(_ALL, endless=self.endless)
+                return
+            while True:
+                self._skip_finished_epoch(_ALL)
                 yield from self._epoch_windows(_ALL)
-            else:
-                yield from self._epoch_batches(_ALL)
-            return
+                if not self.endless:
+                    return
         available = [g for g in self.groups if self._mine(g) > 0]
         if not available:
             raise ValueError(self._too_small())
@@ -333,16 +344,18 @@ class ShardDataset(torch.utils.data.IterableDataset):
             count -= len(chosen)
         return pieces
 
-    def _epoch_batches(self, group: str) -> Iterator[torch.Tensor]:
+    def _batches(self, group: str, endless: bool) -> Iterator[torch.Tensor]:
         """The rest of the current epoch of `group` as batches; a short last batch ends the epoch.
+        With `endless`, epochs follow each other and every batch is full (one crosses each epoch end).
 
         The hot loop serves batches that lie within one shard with a slice, one gather and a yield
         (no per-batch lookups: they cost ~10 µs per batch before); a batch that crosses a
-        shard boundary goes through `_take`, which yields exactly the same windows."""
+        shard (or epoch) boundary goes through `_take`, which yields exactly the same windows."""
         pos = self._state["groups"][group]  # [epoch, shard position in the epoch's order, window position]
-        size, n, epoch = self.batch_size, self._runtime["n"], pos[0]
+        size, n, first_epoch = self.batch_size, self._runtime["n"], pos[0]
         from_numpy = torch.from_numpy
-        while pos[0] == epoch:
+        while endless or pos[0] == first_epoch:
+            epoch = pos[0]
             order = self._shard_order(group, epoch)
             if pos[1] < len(order):
                 shard = order[pos[1]]
@@ -368,7 +381,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
                             start += size
                             pos[2] = start
                             yield as_torch[first:first + (size - 1) * n + 1:n]  # a strided view: no copy
-            pieces = self._take(group, size, wrap=False)  # crosses into the next shard, or ends the epoch
+            # Crosses into the next shard; at an epoch's end, into the next epoch (endless) or a short batch.
+            pieces = self._take(group, size, wrap=endless)
             if not pieces:
                 return
             yield pieces[0] if len(pieces) == 1 else torch.cat(pieces)
