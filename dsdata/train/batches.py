@@ -16,42 +16,67 @@ from dsdata.train.config import ConfigError, DataConfig
 
 
 class ShardBatches:
-    """Global batches of `seq_len + 1` token windows from a shard directory."""
+    """Global batches of `seq_len + 1` token windows from a shard directory.
+
+    The dataset batches itself (ShardDataset(batch_size=B, endless=True), iterated directly, no
+    DataLoader): one gather per step into a [B, seq_len + 1] array, then one conversion to int64
+    (embedding and cross-entropy want int64 ids; torch's uint16 support is too thin to carry it
+    further).  The window stream is the per-window one cut into steps of B, rolling over epoch ends,
+    so the loader position means the same thing whatever B: a checkpoint resumes under another
+    global batch size as well.  B is the trainer's global batch size, fixed on the first step.
+    """
 
     def __init__(self, data: DataConfig, seq_len: int, total_steps: int):
+        self.path = resolve_shard_dir(data.path)
+        self._settings = dict(seq_len=seq_len, rank=0, world_size=1, seed=data.seed, verify=data.verify,
+                              curriculum=data.curriculum or None, prefetch=data.prefetch, total_steps=total_steps)
+        # Checks the manifest and shard files now (a bad data.path fails before the model is built);
+        # replaced by the batched dataset on the first step, once the batch size is known.
+        self.dataset = self._dataset(batch_size=None)
+        if self.dataset.windows_per_epoch() == 0:
+            raise ConfigError(f"{self.path}: the shards hold no complete window of training.seq_len + 1 = "
+                              f"{seq_len + 1} tokens; use a smaller training.seq_len")
+        self.batch_size: int | None = None
+        self._iter = None
+
+    def _dataset(self, batch_size: int | None):
         from dsdata.train.data import ShardDataset
 
-        self.path = resolve_shard_dir(data.path)
-        self.dataset = ShardDataset(self.path, seq_len, rank=0, world_size=1, seed=data.seed, verify=data.verify,
-                                    curriculum=data.curriculum or None, prefetch=data.prefetch,
-                                    total_steps=total_steps)
-        self._iter = None
+        return ShardDataset(self.path, batch_size=batch_size, endless=True, **self._settings)
 
     @property
     def vocab_size(self) -> int | None:
         tokenizer = self.dataset.manifest.get("tokenizer") or {}
         return int(tokenizer["vocab_size"]) if tokenizer.get("vocab_size") else None
 
-    def _next_window(self) -> torch.Tensor:
-        for _ in range(2):
-            if self._iter is None:
-                self._iter = iter(self.dataset)
-            try:
-                return next(self._iter)
-            except StopIteration:  # end of an epoch: the next iter() starts the next one
-                self._iter = None
-        raise ConfigError(f"{self.path}: the shards hold no complete window; use a smaller training.seq_len")
-
     def next_batch(self, step: int, batch_size: int) -> torch.Tensor:
+        """The [batch_size, seq_len + 1] int64 batch of `step`."""
+        if self.batch_size is None:
+            if int(batch_size) < 1:
+                raise ConfigError(f"training.global_batch_size must be >= 1, got {batch_size}")
+            state = self.dataset.state_dict()
+            self.batch_size = int(batch_size)
+            self.dataset = self._dataset(self.batch_size)
+            self._load(state)
+        elif int(batch_size) != self.batch_size:
+            raise ValueError(f"ShardBatches serves a fixed batch size ({self.batch_size}, set by the first step); "
+                             f"got {batch_size}: the global batch size may not change within a run")
         self.dataset.set_step(step)
-        return torch.stack([self._next_window().long() for _ in range(batch_size)])
+        if self._iter is None:
+            self._iter = iter(self.dataset)
+        return next(self._iter).long()
 
     def state_dict(self) -> dict[str, Any]:
         return self.dataset.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.dataset.load_state_dict(state)
+        self._load(state)
         self._iter = None
+
+    def _load(self, state: dict[str, Any]) -> None:
+        # Positions count windows, not batches: a state saved under another batch size (or by the
+        # per-window trainer before it, batch_size None) continues the same window stream.
+        self.dataset.load_state_dict({**state, "batch_size": self.dataset.batch_size})
 
 
 class SyntheticBatches:
