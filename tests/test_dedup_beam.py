@@ -144,6 +144,38 @@ def test_keep_highest_score_and_exact_only(tmp_path):
     assert stats["ledger_ok"] and stats["kept"] == len(docs) - 3
 
 
+def test_verification_splits_a_candidate_component(tmp_path):
+    """One candidate component (the chain collides band by band) holds one true cluster at a high
+    threshold: only the pair above it is removed; the chain links below it keep their documents."""
+    docs, _ = _corpus()
+    chain0 = next(d["text"] for d in docs if d["id"] == "chain0").split()
+    docs.append({"id": "chain0b", "text": " ".join(_substitute(chain0, [200], "near"))})  # J ≈ 0.975 to chain0
+    by_id = {d["id"]: d["text"].split() for d in docs}
+
+    def jaccard(a: str, b: str) -> float:  # of word 5-gram sets, as verify: exact computes it
+        x, y = ({tuple(by_id[k][i:i + 5]) for i in range(len(by_id[k]) - 4)} for k in (a, b))
+        return len(x & y) / len(x | y)
+
+    assert jaccard("chain0", "chain0b") >= 0.97  # premises: one pair above 0.95, chain links below
+    assert all(0.9 <= jaccard(f"chain{i}", f"chain{i + 1}") < 0.95 for i in range(4))
+    assert jaccard("chain0b", "chain1") < 0.95
+
+    stats, kept, rejected = _run(tmp_path, docs, "{threshold: 0.95, bands: 16, rows: 8}")
+    assert stats["ledger_ok"]
+    near = {r["id"] for r in rejected if r["reason"] == "near_duplicate"}
+    assert near == {"chain0b"}
+    kept_by_id = {r["id"]: r for r in kept}
+    assert kept_by_id["chain0"]["dup_cluster_size"] == 2
+    for i in range(1, 5):
+        assert kept_by_id[f"chain{i}"]["dup_cluster"] == f"chain{i}"
+        assert kept_by_id[f"chain{i}"]["dup_cluster_size"] == 1
+
+    # Without verification the candidate component is the cluster: the whole chain goes but one.
+    stats, kept, rejected = _run(tmp_path, docs, "{threshold: 0.95, bands: 16, rows: 8, verify: none}", name="none")
+    assert {f"chain{i}" for i in range(1, 5)} | {"chain0b"} <= {r["id"] for r in rejected}
+    assert stats["ledger_ok"]
+
+
 def _union_find_labels(edges):
     parent = {}
 

@@ -8,36 +8,47 @@ Steps (each a Beam shuffle; no step ever holds the corpus in one process):
    score then lowest id), so "keep the smallest node of a cluster" implements the keep rule.
 2. **Exact** — group by the 128-bit hash of the normalised text; every member links to the group's
    smallest node, and only that node goes on to LSH.
-3. **LSH** — every representative emits one (band key → node) element per band; `GroupByKey` forms
-   the buckets.  A bucket of k nodes yields its candidate pairs: all pairs when k ≤ 32 and
-   verification is on, else a star from the smallest node (k − 1 pairs).
-4. **Verify** (`verify: exact`, the default, or `signature`; `none` skips it) — candidate pairs
-   meet the two documents' verification data through a `CoGroupByKey` on node and a `GroupByKey` on
-   the pair, and pairs below the threshold are dropped.  `exact` carries each document's distinct
-   shingle hashes (4 bytes per distinct shingle) and computes the true Jaccard of the pair;
-   `signature` carries the signature (num_perm × 4 bytes) and uses its estimate, whose standard
-   deviation (±0.035 at J = 0.8 with 128 permutations) lets pairs just below the threshold in and
-   some just above it out.
-5. **Connected components** — alternating *large-star* and *small-star* rounds (Kiveris et al.,
-   "Connected Components in MapReduce and Beyond", 2014), each one `GroupByKey` over the edges,
-   unrolled `cc_rounds` times.  They turn every component into a star around its smallest node in
-   O(log² n) rounds (a handful in practice: duplicate clusters have small diameters).  If a
-   component is not a star after the last round (counter `dsdata.dedup/cc_unconverged_nodes`), its
-   nodes without a smaller neighbour are all kept: the result is conservative (fewer removals),
-   never a lost document.
-6. **Decide** — nodes are grouped by their component label (the smallest node) for the cluster size,
-   then joined back to their documents (`CoGroupByKey` on node): the label node is kept, the others
-   are rejected as `exact_duplicate` (same normalised text as the kept one) or `near_duplicate`.
+3. **Candidates** — every representative emits one (band key → node) element per band;
+   `GroupByKey` forms the buckets, and each bucket of k ≥ 2 nodes yields a star of k − 1
+   *candidate links* from its smallest node (node keys only, ~100 bytes a link).
+4. **Candidate components** — connected components of the candidate links: alternating
+   *large-star* and *small-star* rounds (Kiveris et al., "Connected Components in MapReduce and
+   Beyond", 2014), each one `GroupByKey` over the links, unrolled `cc_rounds` times.  They turn every
+   component into a star around its smallest node in O(log² n) rounds (a handful in practice:
+   candidate clusters have small diameters).  If a component is not a star after the last round
+   (counter `dsdata.dedup/cc_unconverged_nodes`), it is split into several groups below: pairs
+   across them go unverified — fewer removals, never a lost document.
+5. **Verify inside each candidate component** (`verify: exact`, the default, or `signature`;
+   `none` takes the candidate components as the clusters) — a `CoGroupByKey` on node attaches each
+   member's band keys and verification data, and a `GroupByKey` on the component label brings the
+   component's members together, each exactly once.  There the band buckets are rebuilt, candidate
+   pairs verified against the threshold with a union-find (pairs already connected are skipped),
+   and the verified clusters labelled by their smallest node.  `exact` carries each document's
+   distinct shingle hashes (4 bytes per distinct shingle) and computes true Jaccard; `signature`
+   carries the signature (num_perm × 4 bytes) and uses its estimate, whose standard deviation
+   (±0.035 at J = 0.8 with 128 permutations) lets pairs just below the threshold in and some just
+   above it out.  Every candidate pair lies inside one candidate component, so this finds exactly
+   the clusters that verifying every candidate pair globally would, while each document's data
+   travels once (an earlier version joined both documents' data onto every candidate pair: a cluster
+   of k near-copies then shuffled ~k² shingle sets, and 200,000 documents did not fit in 24 GB).
+6. **Decide** — exact duplicates take their representative's cluster label; nodes are grouped by
+   label for the cluster size, then joined back to their documents (`CoGroupByKey` on node): the
+   label node is kept, the others are rejected as `exact_duplicate` (same normalised text as the
+   kept one) or `near_duplicate`.
 
-Memory: per worker, one signature batch (`batch_size` × num_perm × 4 bytes plus the batch's text),
-and per key one group — an exact-duplicate group, a band bucket, a node's neighbourhood in the
-component rounds or a cluster's member list — all O(cluster size) node keys (~40 bytes each), so
-a worker needs memory proportional to the largest duplicate cluster, not to the corpus.  Shuffled
-volume grows linearly with the corpus: per document one exact record, `bands` bucket entries
-(~50 bytes each), its verification data (above) and the document itself once
-for the final join; edges exist only for duplicates.  On the in-process DirectRunner the runner
-process itself holds those shuffles, so its memory grows with the corpus (see docs/dedup.md for
-measured peaks); distributed runners spill them to disk.
+Memory: per worker, one signature batch (`batch_size` × num_perm × 4 bytes plus the batch's text)
+and one group at a time — an exact-duplicate group, a band bucket or a node's neighbourhood in the
+component rounds (node keys, ~40 bytes each), or one candidate component with its verification
+data (bands × 8 bytes + ~4 bytes per distinct shingle per member: ~1.5 KB for a 2 KB document).  A
+worker therefore needs memory proportional to the largest candidate component (counter
+distribution `dsdata.dedup/candidate_component_size`), not to the corpus; a corpus where chance
+band collisions chain most documents into one component (extremely templated pages) would make that
+group large — raise `threshold` or the rows per band there.  Shuffled volume grows linearly with the
+corpus: per document one exact record, `bands` bucket entries (~50 bytes each), its verification
+data once, and the document itself once for the final join; candidate links exist only for
+colliding documents.  On the in-process DirectRunner the runner process itself holds those
+shuffles, so its memory grows with the corpus (docs/dedup.md has measured peaks); distributed
+runners spill them to disk.
 """
 from __future__ import annotations
 
@@ -64,7 +75,7 @@ _HASH_HEX = 16  # node keys carry the first 8 bytes of the exact hash, as hex
 _SCORE_HEX = 16
 # Buckets up to this size contribute all their pairs to verification (so one chance collision in a
 # bucket cannot hide a true pair behind a failed star edge); larger ones contribute a star.
-_ALL_PAIRS_LIMIT = 32
+_ALL_PAIRS_LIMIT = 256
 
 
 def _descending_score_prefix(score: float | None) -> str:
@@ -133,11 +144,11 @@ class _SignatureDoFn(beam.DoFn):
             if c["near"] and has[i]:
                 bands = keys[i].tobytes()
                 if c["verify"] == "signature":
-                    yield beam.pvalue.TaggedOutput(_SIGNATURES, (node, sigs[i].tobytes()))
+                    yield beam.pvalue.TaggedOutput(_SIGNATURES, (node, (bands, sigs[i].tobytes())))
                 elif c["verify"] == "exact":
                     # Top 32 bits of each distinct shingle hash: a chance collision inside one
                     # pair (p ≈ n²/2^33) moves its Jaccard by 1/n at most.
-                    yield beam.pvalue.TaggedOutput(_SIGNATURES, (node, distinct[i].tobytes()))
+                    yield beam.pvalue.TaggedOutput(_SIGNATURES, (node, (bands, distinct[i].tobytes())))
             elif c["near"]:
                 self.no_shingles.inc()
             # Without exact dedup every node is its own group: key it by the node itself.
@@ -169,48 +180,30 @@ def _band_items(item):
         yield key, node
 
 
-class _BucketPairs(beam.DoFn):
-    def __init__(self, all_pairs: bool):
-        self.all_pairs = all_pairs
-
-    def setup(self):
-        self.buckets = Metrics.counter("dsdata.dedup", "buckets_with_candidates")
-        self.largest = Metrics.distribution("dsdata.dedup", "bucket_size")
-
-    def process(self, item):
-        _, nodes = item
-        members = sorted(set(nodes))
-        if len(members) < 2:
-            return
-        self.buckets.inc()
-        self.largest.update(len(members))
-        if self.all_pairs and len(members) <= _ALL_PAIRS_LIMIT:
-            for i, a in enumerate(members):
-                for b in members[i + 1:]:
-                    yield a, b
-        else:
-            anchor = members[0]
-            for b in members[1:]:
-                yield anchor, b
+def _bucket_star(item):
+    """A band bucket → a star of candidate links from its smallest node (enough for connectivity)."""
+    _, nodes = item
+    members = sorted(set(nodes))
+    for b in members[1:]:
+        yield members[0], b
 
 
-def _pair_refs(pair):
-    yield pair[0], pair
-    yield pair[1], pair
-
-
-def _signature_to_pairs(item):
-    _, grouped = item
-    sigs = list(grouped[_SIGNATURES])
-    if not sigs:
-        return
-    for pair in grouped["pairs"]:
-        yield pair, sigs[0]
+def _to_component(item):
+    """(node, {label, data}) → (candidate component label, (node, band keys, verification data))."""
+    node, grouped = item
+    labels, data = list(grouped["label"]), list(grouped["data"])
+    if labels and data:
+        bands, payload = data[0]
+        yield labels[0], (node, bands, payload)
 
 
 def pair_similarity(a: bytes, b: bytes, mode: str) -> float:
     """Jaccard of a pair from its verification data: exact (distinct shingle hashes) or estimated."""
     x, y = np.frombuffer(a, dtype=np.uint32), np.frombuffer(b, dtype=np.uint32)
+    return _similarity(x, y, mode)
+
+
+def _similarity(x: np.ndarray, y: np.ndarray, mode: str) -> float:
     if mode == "signature":
         return float(np.mean(x == y))
     inter = len(np.intersect1d(x, y, assume_unique=True))
@@ -218,24 +211,93 @@ def pair_similarity(a: bytes, b: bytes, mode: str) -> float:
     return inter / union if union else 1.0
 
 
-class _VerifyPair(beam.DoFn):
+class _VerifyComponent(beam.DoFn):
+    """One candidate component → (node, cluster label) for every node of a verified cluster of ≥ 2.
+
+    The component's members arrive together, each once, with their band keys and verification data;
+    the band buckets are rebuilt locally and candidate pairs verified with a union-find: a pair whose
+    nodes are already connected is not verified again (so a bucket of k true duplicates costs k − 1
+    verifications, not k²/2), which leaves the connected components unchanged.  Buckets of up to
+    `_ALL_PAIRS_LIMIT` nodes offer all their pairs (one chance collision cannot hide a true pair behind
+    a failed star edge), larger ones a star from their smallest node.  A pair whose set sizes alone
+    rule out the threshold (J ≤ min/max) is dropped without an intersection."""
+
     def __init__(self, threshold: float, mode: str):
         self.threshold, self.mode = threshold, mode
 
     def setup(self):
         self.kept = Metrics.counter("dsdata.dedup", "pairs_verified")
         self.dropped = Metrics.counter("dsdata.dedup", "pairs_below_threshold")
+        self.sizes = Metrics.distribution("dsdata.dedup", "candidate_component_size")
 
     def process(self, item):
-        pair, sigs = item
-        sigs = list(sigs)
-        if len(sigs) < 2:
+        _, members = item
+        members = sorted(members, key=lambda m: m[0])
+        n = len(members)
+        self.sizes.update(n)
+        if n < 2:
             return
-        if pair_similarity(sigs[0], sigs[1], self.mode) >= self.threshold:
-            self.kept.inc()
-            yield pair
-        else:
-            self.dropped.inc()
+        nodes = [m[0] for m in members]
+        data = [np.frombuffer(m[2], dtype=np.uint32) for m in members]
+        sizes = [len(d) for d in data]
+        buckets: dict[int, list[int]] = {}
+        for i, m in enumerate(members):
+            for key in np.frombuffer(m[1], dtype=np.uint64).tolist():
+                buckets.setdefault(key, []).append(i)
+        parent = list(range(n))
+
+        def find(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        exact = self.mode == "exact"
+        verified = dropped = 0
+        for bucket in buckets.values():
+            k = len(bucket)
+            if k < 2:
+                continue
+            if k <= _ALL_PAIRS_LIMIT:
+                pairs = ((bucket[i], b) for i in range(k) for b in bucket[i + 1:])
+            else:
+                pairs = ((bucket[0], b) for b in bucket[1:])
+            for a, b in pairs:
+                ra, rb = find(a), find(b)
+                if ra == rb:
+                    continue
+                small, large = sorted((sizes[a], sizes[b]))
+                if exact and (large == 0 or small < self.threshold * large):
+                    dropped += 1
+                    continue
+                if _similarity(data[a], data[b], self.mode) >= self.threshold:
+                    verified += 1
+                    # The smaller index becomes the root: roots are their sets' smallest nodes.
+                    parent[max(ra, rb)] = min(ra, rb)
+                else:
+                    dropped += 1
+        self.kept.inc(verified)
+        self.dropped.inc(dropped)
+        roots = [find(i) for i in range(n)]
+        counts: dict[int, int] = {}
+        for r in roots:
+            counts[r] = counts.get(r, 0) + 1
+        for i, r in enumerate(roots):
+            if counts[r] > 1:
+                yield nodes[i], nodes[r]
+
+
+def _merge_exact(item):
+    """(representative, {near label, exact members}) → (node, label) for the representative and its
+    exact duplicates: an exact duplicate belongs to whatever cluster its representative is in."""
+    rep, grouped = item
+    near, members = list(grouped["near"]), list(grouped["members"])
+    if not near and not members:
+        return
+    label = near[0] if near else rep
+    yield rep, label
+    for member in members:
+        yield member, label
 
 
 def _both_directions(edge):
@@ -388,31 +450,33 @@ class DedupTransform(beam.PTransform):
             | "ExactGroup" >> beam.GroupByKey()
             | "ExactPick" >> beam.ParDo(_ExactGroups()).with_outputs("edges", main="reps")
         )
-        edge_sets = [exact["edges"]]
         if c["near"]:
-            pairs = (
+            candidate_labels = (
                 exact["reps"]
                 | "BandItems" >> beam.FlatMap(_band_items)
                 | "Buckets" >> beam.GroupByKey()
-                | "BucketPairs" >> beam.ParDo(_BucketPairs(all_pairs=c["verify"] != "none"))
-                | "DistinctPairs" >> beam.Distinct()
+                | "BucketStars" >> beam.FlatMap(_bucket_star)
+                | "DistinctCandidates" >> beam.Distinct()
+                | "CandidateComponents" >> ConnectedComponents(c["cc_rounds"])
             )
-            if c["verify"] != "none":
-                refs = pairs | "PairRefs" >> beam.FlatMap(_pair_refs)
-                pairs = (
-                    {_SIGNATURES: out[_SIGNATURES], "pairs": refs}
-                    | "JoinSignatures" >> beam.CoGroupByKey()
-                    | "SignatureToPairs" >> beam.FlatMap(_signature_to_pairs)
-                    | "PairGroup" >> beam.GroupByKey()
-                    | "Verify" >> beam.ParDo(_VerifyPair(c["threshold"], c["verify"]))
+            if c["verify"] == "none":
+                near_labels = candidate_labels
+            else:
+                near_labels = (
+                    {"label": candidate_labels, "data": out[_SIGNATURES]}
+                    | "JoinComponentData" >> beam.CoGroupByKey()
+                    | "ToComponent" >> beam.FlatMap(_to_component)
+                    | "ComponentGroup" >> beam.GroupByKey()
+                    | "VerifyComponent" >> beam.ParDo(_VerifyComponent(c["threshold"], c["verify"]))
                 )
-            edge_sets.append(pairs)
-        edges = edge_sets | "AllEdges" >> beam.Flatten()
-        if c["near"]:
-            labels = edges | "Components" >> ConnectedComponents(c["cc_rounds"])
+            labels = (
+                {"near": near_labels, "members": exact["edges"] | "ByRepresentative" >> beam.Map(lambda e: (e[1], e[0]))}
+                | "JoinExactMembers" >> beam.CoGroupByKey()
+                | "MergeExact" >> beam.FlatMap(_merge_exact)
+            )
         else:
             # Exact links already form stars around each group's smallest node.
-            labels = edges | "StarLabels" >> beam.FlatMap(lambda e: [e, (e[1], e[1])])
+            labels = exact["edges"] | "StarLabels" >> beam.FlatMap(lambda e: [e, (e[1], e[1])])
         decisions = (
             labels
             | "ByLabel" >> beam.Map(lambda nl: (nl[1], nl[0]))
