@@ -1,6 +1,6 @@
 """Loader throughput: tokens/s delivered as torch batches by ShardDataset from /dev/shm, side by side
-with (a) reading the same token data from Parquet naively and (b) a plain np.fromfile copy of the
-shard bytes (the memory-bandwidth reference).  One run, ratios printed; the last line is one JSON
+with (a) reading the same token data from Parquet naively and (b) a plain copy of the shard bytes
+(read() into a reused buffer; np.fromfile beside it: the memory-bandwidth references).  One run, ratios printed; the last line is one JSON
 object with ratio_vs_memcpy and ratio_vs_parquet.
 
 Data: the dev corpus (prose-en.txt + prose-zh.txt) tokenized with the default tokenizer, documents
@@ -8,23 +8,37 @@ repeated until --tokens tokens; written once as shards (published to /dev/shm wi
 and once as Parquet (`id`, `tokens` list<uint16>: what a run's kept/*.parquet holds with
 tokenize.keep_column=true).  Without the dev data, random ids stand in (said in the output).
 
-Paths measured, each over one epoch of --seq-len windows, counting seq_len new tokens per window;
-every steady-state figure is the best of 3 (memcpy included), on a machine shared with other work:
-  memcpy           np.fromfile of every shard file in /dev/shm (bytes → fresh array), credited with
-                   the bytes copied / 2 tokens (the files' Arrow framing is copied too); the issue's
-                   reference, behind ratio_vs_memcpy
-  memcpy-reused    np.copyto of the same bytes from the mappings into one reused buffer: a stricter
-                   bandwidth reference (no read() syscalls, no page faults on fresh memory)
-  loader           ShardDataset(batch_size=B) + DataLoader(batch_size=None): a [B, seq_len+1]
-                   batch per gather; epochs after the first (shards already verified: steady state).
-                   The headline ratio_vs_memcpy.
-  loader-direct    the same dataset iterated with iter(ds), no DataLoader (how dsdata's own trainer,
-                   dsdata/train/batches.py, drives ShardDataset): DataLoader's fixed per-batch cost
-                   (~20 µs here: its __next__, profiler record_function, fetcher) is left out
-  loader-windows   ShardDataset + DataLoader(batch_size=B): a zero-copy tensor per window,
-                   collated by torch (the per-window API)
-  loader-1st-epoch the batched loader's first epoch, including sha256 verification of every shard
-  parquet-naive    pq.read_table → to_pylist → flat list → torch.tensor per window → stack
+Paths measured, each over one epoch's worth of --seq-len windows, counting seq_len new tokens per
+window.  Every steady-state figure is the best of --repeats rounds (default 10), the paths taking
+turns within each round: the machine is shared with other work, and an epoch of 16 M tokens takes
+only tens of milliseconds.
+  memcpy           read() of every shard file in /dev/shm into one reused buffer, credited with the
+                   bytes copied / 2 tokens (the files' Arrow framing is copied too): THE REFERENCE
+                   behind every ratio_*_vs_memcpy.  It is the copy np.fromfile makes, minus faulting
+                   in fresh pages: np.fromfile itself (a fresh array per file) swings about 2x from
+                   one call to the next (most likely: whether malloc hands back reused or fresh pages), which made
+                   it a moving target; the stable, faster one is the stricter reference.
+  np.fromfile      the issue's literal reference, printed beside (best and slowest; ratio_vs_np_fromfile)
+  copyto           np.copyto from the shard mappings into one reused buffer: no read() syscalls
+                   either — memory bandwidth alone (ratio_trainer_vs_copyto)
+  trainer          ShardBatches.next_batch(step, B): exactly what dsdata's training loop calls per step
+                   (dsdata/train/loop.py) — ShardDataset(batch_size=B, endless=True) iterated directly
+                   (one gather per batch), set_step, and the int64 conversion the model needs.
+                   THE HEADLINE (ratio_vs_memcpy, ratio_vs_parquet): it is the loader as the trainer
+                   really consumes it, and like the naive Parquet path it ends in int64 tensors.  It
+                   writes 8 bytes per token where memcpy writes 2, so it is the strictest reading.
+  direct           the same batched endless dataset iterated with iter(ds), uint16 batches as loaded
+                   (ratio_direct_vs_memcpy): the loader alone, without the int64 widening
+  dataloader       ShardDataset(batch_size=B) + DataLoader(batch_size=None) (ratio_dataloader_vs_memcpy):
+                   the documented torch-idiomatic use; DataLoader adds a fixed cost per batch (its
+                   __next__, profiler record_function, fetcher: ~20 µs here, pytorch/pytorch#124275)
+  windows          ShardDataset + DataLoader(batch_size=B): a zero-copy tensor per window, collated by
+                   torch (the per-window API; ratio_windows_vs_memcpy)
+  1st-epoch        the DataLoader path's first epoch, including sha256 verification of every shard
+  parquet-naive    pq.read_table → to_pylist → flat list → torch.tensor (int64) per window → stack
+A sweep over seq_len × batch size (--sweep-seq-lens, --sweep-batch-sizes; empty to skip) prints the
+trainer, direct and DataLoader ratios per shape: DataLoader's fixed per-batch cost matters less as
+batches grow.
 """
 from __future__ import annotations
 
@@ -37,6 +51,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -85,12 +100,92 @@ def timed(fn):
     return value, time.perf_counter() - start
 
 
+def interleaved(runs: dict[str, Callable[[], int]], rounds: int) -> dict[str, list[float]]:
+    """tokens/s of each run (it returns the tokens it delivered) in each of `rounds` rounds, the runs
+    taking turns within a round so that the shared machine's load drifts hit them all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            tokens, seconds = timed(run)
+            samples[name].append(tokens / seconds)
+    return samples
+
+
+def copy_runs(files: list[str], token_bytes: int) -> dict[str, Callable[[], int]]:
+    """The plain-copy references over every shard file, each credited with bytes copied / token size."""
+    sizes = [os.path.getsize(f) for f in files]
+    credited = sum(sizes) // token_bytes
+    reused = bytearray(max(sizes))
+    view = memoryview(reused)
+
+    def read_into_reused() -> int:  # np.fromfile's read(), into memory already faulted in
+        for f, size in zip(files, sizes):
+            with open(f, "rb", buffering=0) as fh:
+                fh.readinto(view[:size])
+        return credited
+
+    def np_fromfile() -> int:  # a fresh array per file: may or may not fault in fresh pages
+        for f in files:
+            np.fromfile(f, dtype=np.uint8)
+        return credited
+
+    mapped = [np.frombuffer(pa.memory_map(f, "r").read_buffer(), dtype=np.uint8) for f in files]
+    target = np.frombuffer(reused, dtype=np.uint8)
+
+    def copyto_from_mappings() -> int:  # no read() syscall either: pure memory bandwidth
+        for a in mapped:
+            np.copyto(target[:len(a)], a)
+        return credited
+
+    return {"memcpy": read_into_reused, "np_fromfile": np_fromfile, "copyto": copyto_from_mappings}
+
+
+def loader_runs(shm_dir: str, seq: int, batch: int) -> tuple[dict[str, Callable[[], int]], float]:
+    """One epoch's worth of batches through the trainer, direct and DataLoader paths (each warmed up:
+    shards verified and mapped), and the DataLoader path's first-epoch tokens/s (sha256 included)."""
+    from dsdata.train.batches import ShardBatches
+    from dsdata.train.config import DataConfig
+
+    steps = ShardDataset(shm_dir, seq, seed=0).windows_per_epoch() // batch  # full batches per epoch
+    trainer = ShardBatches(DataConfig(path=shm_dir, seed=0), seq, total_steps=1_000 * steps)
+    next_step = [0]
+
+    def trainer_epoch() -> int:
+        delivered, first = 0, next_step[0]
+        for step in range(first, first + steps):
+            delivered += trainer.next_batch(step, batch).shape[0] * seq
+        next_step[0] = first + steps
+        return delivered
+
+    direct_iter = iter(ShardDataset(shm_dir, seq, seed=0, batch_size=batch, endless=True))
+
+    def direct_epoch() -> int:
+        delivered = 0
+        for _ in range(steps):
+            delivered += next(direct_iter).shape[0] * seq
+        return delivered
+
+    loader = torch.utils.data.DataLoader(ShardDataset(shm_dir, seq, seed=0, batch_size=batch), batch_size=None)
+
+    def loader_epoch() -> int:
+        return sum(b.shape[0] * seq for b in loader)
+
+    first_tokens, first_s = timed(loader_epoch)
+    trainer_epoch()
+    direct_epoch()
+    return {"trainer": trainer_epoch, "direct": direct_epoch, "dataloader": loader_epoch}, first_tokens / first_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=16_000_000, help="tokens in the data set (default 16M)")
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--shard-size", type=int, default=4_000_000, help="tokens per shard")
+    parser.add_argument("--sweep-seq-lens", default="1024,2048,4096", help="comma-separated; empty: no sweep")
+    parser.add_argument("--sweep-batch-sizes", default="8,16,32", help="comma-separated")
+    parser.add_argument("--repeats", type=int, default=10,
+                        help="every steady-state figure is the best of this many epochs / copies (default 10)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     seq, batch = args.seq_len, args.batch_size
@@ -100,6 +195,7 @@ def main() -> None:
     print(f"data: {n_tokens:,} tokens in {len(docs):,} documents from {source}")
     work = Path(tempfile.mkdtemp(prefix="dsdata-loader-bench-"))
     shm_root = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else str(work), f"dsdata-bench-{os.getpid()}")
+    sweep = []
     try:
         writer = ShardSetWriter(str(work / "shards"), shard_size=args.shard_size)
         for i, doc in enumerate(docs):
@@ -113,39 +209,19 @@ def main() -> None:
         print(f"shards: {len(manifest['shards'])} files, {published['bytes']:,} bytes, published to {shm_dir}; "
               f"parquet: {parquet_path.stat().st_size:,} bytes")
 
+        token_bytes = np.dtype(manifest["dtype"]).itemsize
         files = [os.path.join(shm_dir, s["file"]) for s in manifest["shards"]]
-        memcpy_s = min(timed(lambda: [np.fromfile(f, dtype=np.uint8) for f in files])[1] for _ in range(3))
-        memcpy_bytes = sum(os.path.getsize(f) for f in files)
-        memcpy_tps = memcpy_bytes / np.dtype(manifest["dtype"]).itemsize / memcpy_s
-        # A second, stricter reference: the same bytes copied from the mappings into one reused buffer
-        # (no page faults on a fresh destination, no read() syscalls): pure memory bandwidth.
-        mapped = [np.frombuffer(pa.memory_map(f, "r").read_buffer(), dtype=np.uint8) for f in files]
-        reused = np.empty(max(len(a) for a in mapped), dtype=np.uint8)
-        copy_s = min(timed(lambda: [np.copyto(reused[:len(a)], a) for a in mapped])[1] for _ in range(3))
-        copy_tps = memcpy_bytes / np.dtype(manifest["dtype"]).itemsize / copy_s
-        del mapped
+        references = copy_runs(files, token_bytes)
+        runs, first_tps = loader_runs(shm_dir, seq, batch)
 
-        def epoch(loader) -> int:
-            delivered = 0
-            for b in loader:
-                delivered += b.shape[0] * seq
-            return delivered
+        window_loader = torch.utils.data.DataLoader(ShardDataset(shm_dir, seq, seed=0), batch_size=batch)
 
-        fast = ShardDataset(shm_dir, seq, seed=0, batch_size=batch)
-        fast_loader = torch.utils.data.DataLoader(fast, batch_size=None)
-        first_tokens, first_s = timed(lambda: epoch(fast_loader))
+        def window_epoch() -> int:
+            return sum(b.shape[0] * seq for b in window_loader)
 
-        def best_of_3(loader) -> float:
-            """tokens/s of the fastest of 3 whole epochs (each epoch delivers the same number of tokens)."""
-            return max(tokens / s for tokens, s in (timed(lambda: epoch(loader)) for _ in range(3)))
-
-        loader_tps = best_of_3(fast_loader)
-        direct_tps = best_of_3(fast)  # iter(ds) itself; the dataset already went through its 1st epoch
-
-        windows = ShardDataset(shm_dir, seq, seed=0)
-        window_loader = torch.utils.data.DataLoader(windows, batch_size=batch)
-        epoch(window_loader)  # verify + warm, as for the batched loader
-        window_tps = best_of_3(window_loader)
+        window_epoch()  # verify + warm, as for the batched paths
+        samples = interleaved({**references, **runs, "windows": window_epoch}, args.repeats)
+        best = {name: max(values) for name, values in samples.items()}
 
         def naive_parquet() -> int:
             flat = list(itertools.chain.from_iterable(pq.read_table(parquet_path).column("tokens").to_pylist()))
@@ -159,6 +235,17 @@ def main() -> None:
 
         parquet_tokens, parquet_s = timed(naive_parquet)
         parquet_tps = parquet_tokens / parquet_s
+
+        sweep_seqs = [int(x) for x in args.sweep_seq_lens.split(",") if x.strip()]
+        sweep_batches = [int(x) for x in args.sweep_batch_sizes.split(",") if x.strip()]
+        for sweep_seq in sweep_seqs:
+            for sweep_batch in sweep_batches:
+                shape_runs, _ = loader_runs(shm_dir, sweep_seq, sweep_batch)
+                figures = {name: max(values) for name, values in
+                           interleaved({"memcpy": references["memcpy"], **shape_runs}, args.repeats).items()}
+                sweep.append({"seq_len": sweep_seq, "batch_size": sweep_batch,
+                              **{name: round(figures[name] / figures["memcpy"], 3)
+                                 for name in ("trainer", "direct", "dataloader")}})
     finally:
         try:
             remove("bench", root=shm_root)
@@ -169,23 +256,43 @@ def main() -> None:
     def m(x):
         return f"{x / 1e6:10.1f} M tokens/s"
 
-    print(f"memcpy (np.fromfile, /dev/shm)      {m(memcpy_tps)}   ({memcpy_bytes / memcpy_s / 1e9:.2f} GB/s)")
-    print(f"memcpy (np.copyto, reused buffer)   {m(copy_tps)}   ({memcpy_bytes / copy_s / 1e9:.2f} GB/s)")
-    print(f"loader batched (steady epoch)       {m(loader_tps)}   {loader_tps / memcpy_tps:6.2f}x memcpy")
-    print(f"loader batched, iter(ds) directly   {m(direct_tps)}   {direct_tps / memcpy_tps:6.2f}x memcpy")
-    print(f"loader batched (1st epoch, verify)  {m(first_tokens / first_s)}   {first_tokens / first_s / memcpy_tps:6.2f}x memcpy")
-    print(f"loader windows + DataLoader collate {m(window_tps)}   {window_tps / memcpy_tps:6.2f}x memcpy")
-    print(f"parquet naive                       {m(parquet_tps)}   loader is {loader_tps / parquet_tps:.1f}x faster")
+    memcpy_tps, fromfile_tps, copy_tps = best["memcpy"], best["np_fromfile"], best["copyto"]
+    trainer_tps, direct_tps, loader_tps, window_tps = (best[k] for k in ("trainer", "direct", "dataloader", "windows"))
+    print(f"memcpy: read() into a reused buffer      {m(memcpy_tps)}   ({memcpy_tps * token_bytes / 1e9:.2f} GB/s)  <- reference")
+    print(f"np.fromfile (fresh arrays)               {m(fromfile_tps)}   ({fromfile_tps * token_bytes / 1e9:.2f} GB/s; "
+          f"slowest of {args.repeats}: {min(samples['np_fromfile']) / 1e6:.1f} M)")
+    print(f"np.copyto from the mappings, reused      {m(copy_tps)}   ({copy_tps * token_bytes / 1e9:.2f} GB/s)")
+    print(f"trainer: ShardBatches.next_batch, int64  {m(trainer_tps)}   {trainer_tps / memcpy_tps:6.3f}x memcpy  <- headline")
+    print(f"direct: iter(ds) batched, uint16         {m(direct_tps)}   {direct_tps / memcpy_tps:6.3f}x memcpy")
+    print(f"DataLoader(batch_size=None) batched      {m(loader_tps)}   {loader_tps / memcpy_tps:6.3f}x memcpy")
+    print(f"DataLoader 1st epoch (sha256 verify)     {m(first_tps)}   {first_tps / memcpy_tps:6.3f}x memcpy")
+    print(f"windows + DataLoader collate             {m(window_tps)}   {window_tps / memcpy_tps:6.3f}x memcpy")
+    print(f"parquet naive, int64                     {m(parquet_tps)}   trainer path {trainer_tps / parquet_tps:.1f}x faster")
+    if sweep:
+        print(f"sweep: tokens/s as a ratio of memcpy (read() into a reused buffer), best of {args.repeats} interleaved")
+        print(f"sweep {'seq_len':>8} {'batch':>6} {'tokens/batch':>13} {'trainer':>8} {'direct':>7} {'DataLoader':>11}")
+        for row in sweep:
+            print(f"sweep {row['seq_len']:>8} {row['batch_size']:>6} {row['seq_len'] * row['batch_size']:>13,} "
+                  f"{row['trainer']:>8.3f} {row['direct']:>7.3f} {row['dataloader']:>11.3f}")
     result = {
         "tokens": n_tokens, "seq_len": seq, "batch_size": batch, "shards": len(manifest["shards"]),
-        "memcpy_tokens_per_s": round(memcpy_tps), "memcpy_reused_buffer_tokens_per_s": round(copy_tps), "loader_tokens_per_s": round(loader_tps),
-        "loader_first_epoch_tokens_per_s": round(first_tokens / first_s),
-        "loader_direct_tokens_per_s": round(direct_tps), "loader_windows_tokens_per_s": round(window_tps), "parquet_naive_tokens_per_s": round(parquet_tps),
-        "ratio_vs_memcpy": round(loader_tps / memcpy_tps, 3), "ratio_vs_parquet": round(loader_tps / parquet_tps, 2),
+        "repeats": args.repeats, "headline": "trainer (ShardBatches.next_batch) vs read() into a reused buffer",
+        "memcpy_tokens_per_s": round(memcpy_tps), "np_fromfile_tokens_per_s": round(fromfile_tps),
+        "np_fromfile_slowest_tokens_per_s": round(min(samples["np_fromfile"])), "copyto_tokens_per_s": round(copy_tps), "trainer_tokens_per_s": round(trainer_tps),
+        "direct_tokens_per_s": round(direct_tps), "dataloader_tokens_per_s": round(loader_tps),
+        "dataloader_first_epoch_tokens_per_s": round(first_tps), "windows_tokens_per_s": round(window_tps),
+        "parquet_naive_tokens_per_s": round(parquet_tps),
+        "ratio_vs_memcpy": round(trainer_tps / memcpy_tps, 3), "ratio_vs_parquet": round(trainer_tps / parquet_tps, 2),
+        "ratio_vs_np_fromfile": round(trainer_tps / fromfile_tps, 3),
         "ratio_direct_vs_memcpy": round(direct_tps / memcpy_tps, 3),
-        "ratio_direct_vs_memcpy_reused_buffer": round(direct_tps / copy_tps, 3),
+        "ratio_dataloader_vs_memcpy": round(loader_tps / memcpy_tps, 3),
         "ratio_windows_vs_memcpy": round(window_tps / memcpy_tps, 3),
+        "ratio_direct_vs_np_fromfile": round(direct_tps / fromfile_tps, 3),
+        "ratio_dataloader_vs_np_fromfile": round(loader_tps / fromfile_tps, 3),
+        "ratio_trainer_vs_copyto": round(trainer_tps / copy_tps, 3),
+        "ratio_dataloader_vs_parquet": round(loader_tps / parquet_tps, 2),
         "ratio_windows_vs_parquet": round(window_tps / parquet_tps, 2),
+        "sweep": sweep,
     }
     print(json.dumps(result))
 
