@@ -2,7 +2,8 @@
 dedup recipe against a plain datasketch MinHashLSH + union-find, in one run.
 
     python benchmarks/dedup.py                 # ~3–5 minutes on 2 busy cores
-    python benchmarks/dedup.py --scale 20000   # also push N documents through pipelines/dedup.yaml
+    python benchmarks/dedup.py --scale 200000  # also push N documents through pipelines/dedup.yaml
+                                               # (+ ~4 min; peak RSS and docs/s in the "scale" line)
 
 Speed: ~2 KB documents cut from real prose (../shared/data/prose-en.txt, prose-zh.txt); every library
 gets the same shingles (word 5-grams, character 5-grams for Chinese; the per-document counts are
