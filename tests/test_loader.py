@@ -202,6 +202,78 @@ def test_batched_mode_resumes_exactly_after_any_batch(tmp_path, shuffle):
         assert all(torch.equal(a, b) for a, b in zip(taken + rest, flat[:cut] + rest_expected))
 
 
+def test_shuffled_batches_are_views_of_fresh_chunks_and_resume_inside_a_chunk(tmp_path, monkeypatch):
+    import dsdata.train.data as data
+
+    # Chunks of 3 batches (2 windows of 17 uint32 tokens each) in shards of ~60 windows: several chunks
+    # per shard, so the cuts below fall inside chunks, at chunk edges, at shard edges and at the epoch end.
+    monkeypatch.setattr(data, "_CHUNK_BYTES", 3 * 2 * (SEQ + 1) * 4)
+    _counting_set(tmp_path / "s", n_docs=40, shard_size=1000)
+    path = str(tmp_path / "s")
+
+    def make():
+        return ShardDataset(path, SEQ, seed=8, batch_size=2, endless=True)
+
+    per_epoch = make().windows_per_epoch()
+    total = per_epoch // 2 + 5  # past the first epoch end
+    it = iter(make())
+    held = [next(it) for _ in range(total)]  # not cloned: later gathers must not overwrite them
+    storage = [b.untyped_storage().data_ptr() for b in held]
+    assert storage[0] == storage[1] == storage[2] != storage[3] == storage[4] == storage[5], "one gather per 3 batches"
+    window_ds = ShardDataset(path, SEQ, seed=8)
+    stream = torch.cat([torch.stack(list(window_ds)) for _ in range(2)])
+    assert torch.equal(torch.cat(held), stream[:2 * total])
+    for cut in range(total):
+        ds = make()
+        it = iter(ds)
+        taken = [next(it).clone() for _ in range(cut)]
+        state = json.loads(json.dumps(ds.state_dict()))
+        resumed = make()
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        rest = [next(it) for _ in range(total - cut)]
+        assert torch.equal(torch.cat(taken + rest), stream[:2 * total]), cut
+
+
+@pytest.mark.parametrize("dtype,large", [(np.uint16, 65535), (np.uint32, 4_000_000_000)])
+def test_token_ids_on_widens_shard_batches_on_the_device_or_else_on_the_host(monkeypatch, dtype, large):
+    from dsdata.train import distributed
+
+    values = np.array([[0, 1, large, 7], [3, large, 2, 9], [large, 5, 6, 1], [4, 4, 0, large]], dtype=dtype)
+    batch = torch.from_numpy(values)
+    expected = values.astype(np.int64).tolist()
+    monkeypatch.setattr(distributed, "_HOST_WIDENED", set())
+    # What the layouts do with a shard-dtype batch: slice a rank's rows, split, cat (pipeline), move, widen.
+    micro = list(batch[1:3].split(1))
+    for rows, part in zip(expected[1:3], micro):
+        got = distributed.token_ids_on("cpu", part)
+        assert got.dtype == torch.int64 and got.tolist() == [rows]
+    assert distributed.token_ids_on(torch.device("cpu"), torch.cat(micro)).tolist() == expected[1:3]
+    assert not distributed._HOST_WIDENED
+    # A device without copies of the shell dtype (simulated: CPU has them): widened on the host, warned once.
+    real_to = torch.Tensor.to
+
+    def no_shell_dtype_copies(self, *args, **kwargs):
+        if self.dtype in (torch.uint16, torch.uint32) and any(isinstance(a, (str, torch.device)) for a in args):
+            raise RuntimeError(f'"copy_" not implemented for {self.dtype}')
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", no_shell_dtype_copies)
+    with pytest.raises(RuntimeError):
+        batch.to("cpu")
+    with pytest.warns(RuntimeWarning, match="on the host"):
+        got = distributed.token_ids_on("cpu", batch)
+    assert got.dtype == torch.int64 and got.tolist() == expected
+    assert distributed._HOST_WIDENED == {("cpu", batch.dtype)}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        assert distributed.token_ids_on("cpu", batch[2:]).tolist() == expected[2:]
+    int64 = torch.tensor(expected)
+    assert distributed.token_ids_on("cpu", int64) is int64  # already int64 on the device: untouched
+
+
 def test_resume_right_after_an_epoch_ends(tmp_path):
     _counting_set(tmp_path / "s")
     ds = ShardDataset(str(tmp_path / "s"), SEQ, seed=1)
@@ -339,10 +411,11 @@ def test_trainer_batches_resume_exactly_and_under_another_batch_size(tmp_path, c
     per_epoch = reference.dataset.windows_per_epoch()
     steps = 2 * per_epoch // 4 + 2  # past two epoch ends (without a curriculum)
     expected = [reference.next_batch(step, 4) for step in range(steps)]
-    assert all(b.dtype == torch.int64 and b.shape == (4, SEQ + 1) for b in expected)
+    # In the shard's dtype: the layout widens to int64 on the device (distributed.token_ids_on).
+    assert all(b.dtype == torch.uint32 and b.shape == (4, SEQ + 1) for b in expected)
     if curriculum is None:  # the per-window stream, rolled over epochs, cut into steps of 4
         window_ds = ShardDataset(path, SEQ, seed=5)
-        stream = torch.cat([torch.stack(list(window_ds)) for _ in range(3)]).long()
+        stream = torch.cat([torch.stack(list(window_ds)) for _ in range(3)])
         assert torch.equal(torch.cat(expected), stream[:steps * 4])
     for cut in (0, per_epoch // 4, steps - 1):
         first = _shard_batches(path, curriculum=curriculum)
@@ -381,7 +454,7 @@ def test_trainer_batches_resume_a_per_window_state(tmp_path):
         next(it)
     state = json.loads(json.dumps(windows.state_dict()))
     assert state["batch_size"] is None
-    expected = torch.stack([next(it) for _ in range(6)]).long()
+    expected = torch.stack([next(it) for _ in range(6)])
     batches = _shard_batches(path)
     batches.load_state_dict(state)
     assert torch.equal(torch.cat([batches.next_batch(0, 3), batches.next_batch(1, 3)]), expected)

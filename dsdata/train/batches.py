@@ -19,9 +19,10 @@ class ShardBatches:
     """Global batches of `seq_len + 1` token windows from a shard directory.
 
     The dataset batches itself (ShardDataset(batch_size=B, endless=True), iterated directly, no
-    DataLoader): one gather per step into a [B, seq_len + 1] array, then one conversion to int64
-    (embedding and cross-entropy want int64 ids; torch's uint16 support is too thin to carry it
-    further).  The window stream is the per-window one cut into steps of B, rolling over epoch ends,
+    DataLoader; it gathers several steps' windows at a time and hands out one [B, seq_len + 1] view
+    per step).  Batches stay in the shard's dtype (uint16/uint32): the layout moves them to the
+    device as they are and widens them to int64 there (`distributed.token_ids_on`; a quarter of the
+    host→device bytes for uint16).  The window stream is the per-window one cut into steps of B, rolling over epoch ends,
     so the loader position means the same thing whatever B: a checkpoint resumes under another
     global batch size as well.  B is the trainer's global batch size, fixed on the first step.
     """
@@ -50,7 +51,7 @@ class ShardBatches:
         return int(tokenizer["vocab_size"]) if tokenizer.get("vocab_size") else None
 
     def next_batch(self, step: int, batch_size: int) -> torch.Tensor:
-        """The [batch_size, seq_len + 1] int64 batch of `step`."""
+        """The [batch_size, seq_len + 1] batch of `step`, in the shard's dtype (uint16 or uint32)."""
         if self.batch_size is None:
             if int(batch_size) < 1:
                 raise ConfigError(f"training.global_batch_size must be >= 1, got {batch_size}")
@@ -64,7 +65,7 @@ class ShardBatches:
         self.dataset.set_step(step)
         if self._iter is None:
             self._iter = iter(self.dataset)
-        return next(self._iter).long()
+        return next(self._iter)
 
     def state_dict(self) -> dict[str, Any]:
         return self.dataset.state_dict()

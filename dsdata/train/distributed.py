@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,6 +32,34 @@ class DistEnv:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+# (device type, dtype) pairs whose device copy or widening raised once: widened on the host from then on.
+_HOST_WIDENED: set[tuple[str, torch.dtype]] = set()
+
+
+def token_ids_on(device: torch.device | str, tokens: torch.Tensor) -> torch.Tensor:
+    """int64 token ids on `device` from a batch in the shard's dtype (uint16/uint32) or int64.
+
+    The batch crosses to the device in its own dtype (uint16: a quarter of int64's bytes) and is
+    widened there.  torch's uint16/uint32 are "shell" dtypes with few kernels.  Verified on CPU (torch
+    2.13, tests/test_loader.py): slicing, split, cat, .to, .long of both.  NOT verified: the copy to a
+    CUDA device and the widening there (no GPU where this was written).  If either raises, this
+    (device type, dtype) is widened on the host from then on — uint16 → int32 (exact, half of int64's
+    bytes), wider ones → int64 — and the device finishes with .long(); one warning says so.
+    """
+    if tokens.dtype == torch.int64:
+        return tokens.to(device, non_blocking=True)
+    key = (torch.device(device).type, tokens.dtype)
+    if key not in _HOST_WIDENED:
+        try:
+            return tokens.to(device, non_blocking=True).long()
+        except (RuntimeError, NotImplementedError, TypeError) as exc:
+            _HOST_WIDENED.add(key)
+            warnings.warn(f"{tokens.dtype} token batches cannot be copied to / widened on {key[0]} ({exc}); "
+                          "widening them on the host instead", RuntimeWarning, stacklevel=2)
+    small = tokens.dtype in (torch.uint8, torch.int8, torch.int16, torch.uint16)
+    return tokens.to(torch.int32 if small else torch.int64).to(device, non_blocking=True).long()
 
 
 def init_distributed(device_choice: str = "auto") -> DistEnv:
@@ -169,7 +198,8 @@ class DataParallelLayout:
     # ---------------------------------------------------------------- batches
 
     def local_micro_batches(self, global_batch: torch.Tensor) -> list[torch.Tensor]:
-        """This rank's rows of the global batch (contiguous slice), cut into micro-batches."""
+        """This rank's rows of the global batch (contiguous slice), cut into micro-batches (views, in the
+        batch's dtype: forward_backward widens the ids to int64 on the device)."""
         per_rank = self.micro_batch_size * self.accumulation
         mine = global_batch[self.dp_rank * per_rank:(self.dp_rank + 1) * per_rank]
         return list(mine.split(self.micro_batch_size))
@@ -183,7 +213,7 @@ class DataParallelLayout:
         reported = torch.zeros((), device=self.env.device)
         n = len(micro_batches)
         for i, tokens in enumerate(micro_batches):
-            tokens = tokens.to(self.env.device, non_blocking=True)
+            tokens = token_ids_on(self.env.device, tokens)  # shard dtype across, int64 on the device
             inputs, targets = tokens[:, :-1], tokens[:, 1:]
             with self._sync_context(model, last=i == n - 1):
                 with autocast_ctx():

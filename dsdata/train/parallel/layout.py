@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dsdata.train.config import Config, ConfigError
-from dsdata.train.distributed import DataParallelLayout, DistEnv, LossFn
+from dsdata.train.distributed import DataParallelLayout, DistEnv, LossFn, token_ids_on
 from dsdata.train.parallel.dims import ParallelDims, resolve_dims
 from dsdata.train.parallel.pipeline import balanced_split, build_schedule, layer_parameter_counts, prune_to_stage
 from dsdata.train.parallel.tensor import apply_tensor_parallel, check_tensor_parallel
@@ -141,7 +141,7 @@ class HybridLayout(DataParallelLayout):
         if self.schedule is None:
             reported = torch.zeros((), device=device)
             for tokens in micro_batches:
-                tokens = tokens.to(device, non_blocking=True)
+                tokens = token_ids_on(device, tokens)  # shard dtype across, int64 on the device
                 with self._loss_context():  # backward too: the vocab-parallel loss has its own backward
                     with autocast_ctx():
                         logits = model(tokens[:, :-1])
@@ -149,7 +149,7 @@ class HybridLayout(DataParallelLayout):
                     (total * (loss_multiplier / n)).backward()
                 reported += _plain_scalar(lm_loss).detach().float() / n
         else:
-            tokens = torch.cat(micro_batches).to(device, non_blocking=True)
+            tokens = token_ids_on(device, torch.cat(micro_batches))
             self._step_loss_fn, self._step_multiplier, self._step_losses = loss_fn, loss_multiplier, []
             with self._loss_context(), autocast_ctx():
                 if self.is_first_stage:
