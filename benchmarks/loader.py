@@ -24,12 +24,15 @@ only tens of milliseconds.
                    no fresh pages — memory bandwidth alone (ratio_trainer_vs_copyto)
   trainer          ShardBatches.next_batch(step, B): exactly what dsdata's training loop calls per step
                    (dsdata/train/loop.py) — ShardDataset(batch_size=B, endless=True) iterated directly
-                   (one gather per batch), set_step, and the int64 conversion the model needs.
-                   THE HEADLINE (ratio_vs_memcpy, ratio_vs_parquet): it is the loader as the trainer
-                   really consumes it, and like the naive Parquet path it ends in int64 tensors.  It
-                   writes 8 bytes per token where memcpy writes 2, so it is the strictest reading.
+                   (one gather per ~1 MB chunk of whole batches, a row view per batch) and set_step,
+                   handing the step uint16 batches.  THE HEADLINE (ratio_vs_memcpy, ratio_vs_parquet):
+                   the loader as the training step receives it.  The int64 widening the model needs
+                   happens after the copy to the device (distributed.token_ids_on), not on the host.
+  trainer+long     the same plus .long() on the host (ratio_trainer_long_vs_memcpy): what a CPU-only
+                   run pays (its "device" is the host), and the trainer's path before the widening
+                   moved to the device; like the naive Parquet path it ends in int64 tensors
   direct           the same batched endless dataset iterated with iter(ds), uint16 batches as loaded
-                   (ratio_direct_vs_memcpy): the loader alone, without the int64 widening
+                   (ratio_direct_vs_memcpy): the loader alone, without ShardBatches' step bookkeeping
   dataloader       ShardDataset(batch_size=B) + DataLoader(batch_size=None) (ratio_dataloader_vs_memcpy):
                    the documented torch-idiomatic use; DataLoader adds a fixed cost per batch (its
                    __next__, profiler record_function, fetcher: ~20 µs here, pytorch/pytorch#124275)
@@ -38,7 +41,7 @@ only tens of milliseconds.
   1st-epoch        the DataLoader path's first epoch, including sha256 verification of every shard
   parquet-naive    pq.read_table → to_pylist → flat list → torch.tensor (int64) per window → stack
 A sweep over seq_len × batch size (--sweep-seq-lens, --sweep-batch-sizes; empty to skip) prints the
-trainer, direct and DataLoader ratios per shape: DataLoader's fixed per-batch cost matters less as
+trainer, trainer+long, direct and DataLoader ratios per shape: DataLoader's fixed per-batch cost matters less as
 batches grow.
 """
 from __future__ import annotations
@@ -150,6 +153,16 @@ def loader_runs(shm_dir: str, seq: int, batch: int) -> tuple[dict[str, Callable[
         next_step[0] = first + steps
         return delivered
 
+    widened = ShardBatches(DataConfig(path=shm_dir, seed=0), seq, total_steps=1_000 * steps)
+    widened_step = [0]
+
+    def trainer_long_epoch() -> int:
+        delivered, first = 0, widened_step[0]
+        for step in range(first, first + steps):
+            delivered += widened.next_batch(step, batch).long().shape[0] * seq
+        widened_step[0] = first + steps
+        return delivered
+
     direct_iter = iter(ShardDataset(shm_dir, seq, seed=0, batch_size=batch, endless=True))
 
     def direct_epoch() -> int:
@@ -165,8 +178,10 @@ def loader_runs(shm_dir: str, seq: int, batch: int) -> tuple[dict[str, Callable[
 
     first_tokens, first_s = timed(loader_epoch)
     trainer_epoch()
+    trainer_long_epoch()
     direct_epoch()
-    return {"trainer": trainer_epoch, "direct": direct_epoch, "dataloader": loader_epoch}, first_tokens / first_s
+    return ({"trainer": trainer_epoch, "trainer+long": trainer_long_epoch, "direct": direct_epoch,
+             "dataloader": loader_epoch}, first_tokens / first_s)
 
 
 def main() -> None:
@@ -237,8 +252,8 @@ def main() -> None:
                 figures = {name: max(values) for name, values in
                            interleaved({"memcpy": references["memcpy"], **shape_runs}, args.repeats).items()}
                 sweep.append({"seq_len": sweep_seq, "batch_size": sweep_batch,
-                              **{name: round(figures[name] / figures["memcpy"], 3)
-                                 for name in ("trainer", "direct", "dataloader")}})
+                              **{name.replace("+", "_"): round(figures[name] / figures["memcpy"], 3)
+                                 for name in ("trainer", "trainer+long", "direct", "dataloader")}})
     finally:
         try:
             remove("bench", root=shm_root)
@@ -250,11 +265,13 @@ def main() -> None:
         return f"{x / 1e6:10.1f} M tokens/s"
 
     memcpy_tps, copy_tps = best["memcpy"], best["copyto"]
-    trainer_tps, direct_tps, loader_tps, window_tps = (best[k] for k in ("trainer", "direct", "dataloader", "windows"))
+    trainer_tps, long_tps, direct_tps, loader_tps, window_tps = (
+        best[k] for k in ("trainer", "trainer+long", "direct", "dataloader", "windows"))
     print(f"memcpy: np.fromfile, fresh arrays        {m(memcpy_tps)}   ({memcpy_tps * token_bytes / 1e9:.2f} GB/s; "
           f"slowest of {args.repeats}: {min(samples['memcpy']) / 1e6:.1f} M)  <- reference")
     print(f"np.copyto from the mappings, reused      {m(copy_tps)}   ({copy_tps * token_bytes / 1e9:.2f} GB/s)")
-    print(f"trainer: ShardBatches.next_batch, int64  {m(trainer_tps)}   {trainer_tps / memcpy_tps:6.3f}x memcpy  <- headline")
+    print(f"trainer: ShardBatches.next_batch, uint16 {m(trainer_tps)}   {trainer_tps / memcpy_tps:6.3f}x memcpy  <- headline")
+    print(f"trainer + .long() on the host, int64     {m(long_tps)}   {long_tps / memcpy_tps:6.3f}x memcpy")
     print(f"direct: iter(ds) batched, uint16         {m(direct_tps)}   {direct_tps / memcpy_tps:6.3f}x memcpy")
     print(f"DataLoader(batch_size=None) batched      {m(loader_tps)}   {loader_tps / memcpy_tps:6.3f}x memcpy")
     print(f"DataLoader 1st epoch (sha256 verify)     {m(first_tps)}   {first_tps / memcpy_tps:6.3f}x memcpy")
@@ -262,19 +279,22 @@ def main() -> None:
     print(f"parquet naive, int64                     {m(parquet_tps)}   trainer path {trainer_tps / parquet_tps:.1f}x faster")
     if sweep:
         print(f"sweep: tokens/s as a ratio of memcpy (np.fromfile), best of {args.repeats} interleaved")
-        print(f"sweep {'seq_len':>8} {'batch':>6} {'tokens/batch':>13} {'trainer':>8} {'direct':>7} {'DataLoader':>11}")
+        print(f"sweep {'seq_len':>8} {'batch':>6} {'tokens/batch':>13} {'trainer':>8} {'+long':>6} {'direct':>7} "
+              f"{'DataLoader':>11}")
         for row in sweep:
             print(f"sweep {row['seq_len']:>8} {row['batch_size']:>6} {row['seq_len'] * row['batch_size']:>13,} "
-                  f"{row['trainer']:>8.3f} {row['direct']:>7.3f} {row['dataloader']:>11.3f}")
+                  f"{row['trainer']:>8.3f} {row['trainer_long']:>6.3f} {row['direct']:>7.3f} {row['dataloader']:>11.3f}")
     result = {
         "tokens": n_tokens, "seq_len": seq, "batch_size": batch, "shards": len(manifest["shards"]),
         "repeats": args.repeats, "headline": "trainer (ShardBatches.next_batch) vs memcpy (np.fromfile)",
         "memcpy_tokens_per_s": round(memcpy_tps), "memcpy_slowest_tokens_per_s": round(min(samples["memcpy"])),
         "copyto_tokens_per_s": round(copy_tps), "trainer_tokens_per_s": round(trainer_tps),
+        "trainer_long_tokens_per_s": round(long_tps),
         "direct_tokens_per_s": round(direct_tps), "dataloader_tokens_per_s": round(loader_tps),
         "dataloader_first_epoch_tokens_per_s": round(first_tps), "windows_tokens_per_s": round(window_tps),
         "parquet_naive_tokens_per_s": round(parquet_tps),
         "ratio_vs_memcpy": round(trainer_tps / memcpy_tps, 3), "ratio_vs_parquet": round(trainer_tps / parquet_tps, 2),
+        "ratio_trainer_long_vs_memcpy": round(long_tps / memcpy_tps, 3),
         "ratio_direct_vs_memcpy": round(direct_tps / memcpy_tps, 3),
         "ratio_dataloader_vs_memcpy": round(loader_tps / memcpy_tps, 3),
         "ratio_windows_vs_memcpy": round(window_tps / memcpy_tps, 3),
