@@ -115,7 +115,7 @@ def test_fasttext_train_eval_and_pipeline(tmp_path, capsys):
     write_separable(data, 60)
     out = tmp_path / "ft"
     assert classifier_main(["train", "--backend", "fasttext", "--data", str(data), "--out", str(out),
-                            "--no-quantize", "--epochs", "10"]) == 0
+                            "--no-quantize", "--epochs", "10", "--threads", "1"]) == 0  # 1 thread: fastText is deterministic
     assert (out / "model.bin").is_file()
     capsys.readouterr()
     assert classifier_main(["eval", "--model", str(out), "--data", str(data)]) == 0
