@@ -296,6 +296,20 @@ def score(cluster_of: np.ndarray, truth: dict, langs: np.ndarray, lang: str | No
             "removed": int(sum(1 for g in groups.values() for _ in g[1:]))}
 
 
+def score_table(methods, truth: dict, langs: np.ndarray) -> dict:
+    """Score each (name, cluster labels, seconds) overall and per language; print one table."""
+    results = {}
+    print(f"{'method':44s} {'lang':4s} {'prec':>6s} {'strict':>6s} {'recall':>6s} {'f1':>6s} {'pos':>5s} {'pred':>5s} {'removed':>7s}")
+    for name, labels, secs in methods:
+        results[name] = {"seconds": round(secs, 1)}
+        for lang in (None, "en", "zh"):
+            s = score(labels, truth, langs, lang)
+            results[name][lang or "all"] = s
+            print(f"{name:44s} {lang or 'all':4s} {s['precision']:6.3f} {s['strict_precision']:6.3f} {s['recall']:6.3f} "
+                  f"{s['f1']:6.3f} {s['positive_pairs']:5d} {s['predicted_pairs']:5d} {s['removed']:7d}")
+    return results
+
+
 def run_dsdata_recipe(docs: list[dict], workdir: Path, overrides: list[str]) -> tuple[np.ndarray, float, dict]:
     import pyarrow.parquet as pq
 
@@ -345,17 +359,9 @@ def quality(n_en: int, n_zh: int) -> dict:
         ours, t_ours, stats = run_dsdata_recipe(docs, Path(tmp), [])
         ours_sig, t_sig, _ = run_dsdata_recipe(docs, Path(tmp), ["dedup.verify=signature"])
     base, t_base = run_datasketch_baseline(docs)
-    results = {}
-    print(f"{'method':44s} {'lang':4s} {'prec':>6s} {'strict':>6s} {'recall':>6s} {'f1':>6s} {'pos':>5s} {'pred':>5s} {'removed':>7s}")
-    for name, labels, secs in (("dsdata pipelines/dedup.yaml (DirectRunner)", ours, t_ours),
-                               ("  same, --set dedup.verify=signature", ours_sig, t_sig),
-                               ("datasketch MinHashLSH(0.8,128)+union-find", base, t_base)):
-        results[name] = {"seconds": round(secs, 1)}
-        for lang in (None, "en", "zh"):
-            s = score(labels, truth, langs, lang)
-            results[name][lang or "all"] = s
-            print(f"{name:44s} {lang or 'all':4s} {s['precision']:6.3f} {s['strict_precision']:6.3f} {s['recall']:6.3f} "
-                  f"{s['f1']:6.3f} {s['positive_pairs']:5d} {s['predicted_pairs']:5d} {s['removed']:7d}")
+    results = score_table((("dsdata pipelines/dedup.yaml (DirectRunner)", ours, t_ours),
+                           ("  same, --set dedup.verify=signature", ours_sig, t_sig),
+                           ("datasketch MinHashLSH(0.8,128)+union-find", base, t_base)), truth, langs)
     print(f"dsdata recipe {t_ours:.1f} s (ledger ok: {stats['ledger_ok']}, rejected {stats['rejected']}); "
           f"datasketch baseline {t_base:.1f} s in memory")
     return results
@@ -402,16 +408,8 @@ def real_quality() -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         ours, t_ours, stats = run_dsdata_recipe(docs, Path(tmp), [])
     base, t_base = run_datasketch_baseline(docs)
-    results = {}
-    print(f"{'method':44s} {'lang':4s} {'prec':>6s} {'strict':>6s} {'recall':>6s} {'f1':>6s} {'pos':>5s} {'pred':>5s} {'removed':>7s}")
-    for name, labels in (("dsdata pipelines/dedup.yaml (DirectRunner)", ours),
-                         ("datasketch MinHashLSH(0.8,128)+union-find", base)):
-        results[name] = {}
-        for lang in (None, "en", "zh"):
-            s = score(labels, truth, langs, lang)
-            results[name][lang or "all"] = s
-            print(f"{name:44s} {lang or 'all':4s} {s['precision']:6.3f} {s['strict_precision']:6.3f} {s['recall']:6.3f} "
-                  f"{s['f1']:6.3f} {s['positive_pairs']:5d} {s['predicted_pairs']:5d} {s['removed']:7d}")
+    results = score_table((("dsdata pipelines/dedup.yaml (DirectRunner)", ours, t_ours),
+                           ("datasketch MinHashLSH(0.8,128)+union-find", base, t_base)), truth, langs)
     print(f"dsdata recipe {t_ours:.1f} s (ledger ok: {stats['ledger_ok']}, rejected {stats['rejected']}); "
           f"datasketch baseline {t_base:.1f} s in memory")
     return results
