@@ -27,6 +27,19 @@ def _counting_set(directory, n_docs=24, doc_len=50, shard_size=300, buckets=("me
     return writer.close()
 
 
+def _interrupted_at(make, cut: int, total: int) -> list:
+    """`total` batches from a dataset made by `make` (one iter()), checkpointed (through JSON) after `cut`
+    of them and resumed in a fresh dataset for the rest."""
+    ds = make()
+    it = iter(ds)
+    taken = [next(it).clone() for _ in range(cut)]
+    state = json.loads(json.dumps(ds.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    return taken + [next(it) for _ in range(total - cut)]
+
+
 def test_zero_copy_window_points_into_the_shard_mapping(tmp_path):
     _counting_set(tmp_path / "s")
     ds = ShardDataset(str(tmp_path / "s"), SEQ, shuffle=False)
@@ -224,15 +237,7 @@ def test_shuffled_batches_are_views_of_fresh_chunks_and_resume_inside_a_chunk(tm
     stream = torch.cat([torch.stack(list(window_ds)) for _ in range(2)])
     assert torch.equal(torch.cat(held), stream[:2 * total])
     for cut in range(total):
-        ds = make()
-        it = iter(ds)
-        taken = [next(it).clone() for _ in range(cut)]
-        state = json.loads(json.dumps(ds.state_dict()))
-        resumed = make()
-        resumed.load_state_dict(state)
-        it = iter(resumed)
-        rest = [next(it) for _ in range(total - cut)]
-        assert torch.equal(torch.cat(taken + rest), stream[:2 * total]), cut
+        assert torch.equal(torch.cat(_interrupted_at(make, cut, total)), stream[:2 * total]), cut
 
 
 @pytest.mark.parametrize("dtype,large", [(np.uint16, 65535), (np.uint32, 4_000_000_000)])
@@ -384,15 +389,7 @@ def test_endless_batches_resume_exactly_across_an_epoch_end(tmp_path):
     # and one deep into the second epoch.
     crossing = per_epoch // 7
     for cut in [crossing - 1, crossing, crossing + 1, crossing + 2, total - 3]:
-        ds = make()
-        it = iter(ds)
-        taken = [next(it).clone() for _ in range(cut)]
-        state = json.loads(json.dumps(ds.state_dict()))
-        resumed = make()
-        resumed.load_state_dict(state)
-        it = iter(resumed)
-        rest = [next(it) for _ in range(total - cut)]
-        assert all(torch.equal(a, b) for a, b in zip(taken + rest, expected)), cut
+        assert all(torch.equal(a, b) for a, b in zip(_interrupted_at(make, cut, total), expected)), cut
     assert reference.state_dict()["groups"]["all"][0] == 2  # the reference ran into epoch 2 (epochs 0, 1 done)
 
 
