@@ -455,3 +455,25 @@ def test_trainer_batches_resume_a_per_window_state(tmp_path):
     batches = _shard_batches(path)
     batches.load_state_dict(state)
     assert torch.equal(torch.cat([batches.next_batch(0, 3), batches.next_batch(1, 3)]), expected)
+
+
+def test_shards_stay_mapped_across_epochs_up_to_max_mapped_shards(tmp_path):
+    """Later epochs reuse the mappings of the first (no re-mapping, no page faults again), and no
+    more than max_mapped_shards are open at once (but always the current + next one)."""
+    _counting_set(tmp_path / "s", n_docs=40, shard_size=300)
+    n_shards = len(ShardDataset(str(tmp_path / "s"), SEQ).shards)
+    assert n_shards >= 6
+    ds = ShardDataset(str(tmp_path / "s"), SEQ, seed=3, batch_size=4)
+    list(ds)
+    first = {path: addr for path, addr, _ in ds.mapped_regions()}
+    assert len(first) == n_shards
+    list(ds)  # epoch 2
+    assert {path: addr for path, addr, _ in ds.mapped_regions()} == first
+
+    small = ShardDataset(str(tmp_path / "s"), SEQ, seed=3, batch_size=4, max_mapped_shards=2)
+    seen_open = []
+    for _ in small:
+        seen_open.append(len(small.mapped_regions()))
+    assert max(seen_open) == 3  # the floor: 2 per bucket (current + next) + 1
+    with pytest.raises(ValueError, match="max_mapped_shards"):
+        ShardDataset(str(tmp_path / "s"), SEQ, max_mapped_shards=0)

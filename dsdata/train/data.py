@@ -164,12 +164,19 @@ class ShardDataset(torch.utils.data.IterableDataset):
         tensor per window — the fast path.
     endless: without a curriculum, never end an iteration: epochs follow each other, and batches
         cross epoch boundaries with exactly batch_size rows (a curriculum is always endless).
+    max_mapped_shards: shards kept memory-mapped at once (least recently used unmapped first; at
+        least the current and next shard of every bucket).  A mapping copies nothing — its pages
+        are the page cache's or /dev/shm's own, shared by every process on the node — so keeping a
+        shard mapped costs page-table entries (~0.2 % of its size once touched) and buys not
+        faulting its pages in again next epoch (~20 % of loader time when shards were re-mapped
+        every epoch in benchmarks/loader.py).  Each mapping is one of the kernel's per-process
+        vm.max_map_count (65,530 by default).  Touched pages of open mappings count in RSS as shared.
     """
 
     def __init__(self, path: str, seq_len: int, *, rank: int = 0, world_size: int = 1, seed: int = 0,
                  verify: bool = True, curriculum: CurriculumSchedule | Mapping[str, Any] | None = None,
                  prefetch: bool = True, shuffle: bool = True, total_steps: int | None = None,
-                 batch_size: int | None = None, endless: bool = False):
+                 batch_size: int | None = None, endless: bool = False, max_mapped_shards: int = 64):
         super().__init__()
         if int(seq_len) < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
@@ -182,6 +189,9 @@ class ShardDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
         self.batch_size = None if batch_size is None else int(batch_size)
         self.endless = bool(endless)
+        if int(max_mapped_shards) < 1:
+            raise ValueError(f"max_mapped_shards must be >= 1, got {max_mapped_shards}")
+        self.max_mapped_shards = int(max_mapped_shards)
         manifest = read_manifest(self.path)
         with open(os.path.join(self.path, "manifest.json"), "rb") as fh:
             self.manifest_sha256 = hashlib.sha256(fh.read()).hexdigest()
@@ -535,8 +545,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
         future = runtime["pending"].pop(shard, None)
         opened = future.result() if future is not None else self._load(shard)
         runtime["open"][shard] = opened
-        # Current + next shard per group stay mapped; tensors already handed out keep their own
-        # mapping alive through their buffer reference.
-        while len(runtime["open"]) > 2 * len(self.groups) + 1:
+        # Up to max_mapped_shards stay mapped, never fewer than the current + next shard per group;
+        # tensors already handed out keep their own mapping alive through their buffer reference.
+        while len(runtime["open"]) > max(self.max_mapped_shards, 2 * len(self.groups) + 1):
             runtime["open"].popitem(last=False)
         return opened
