@@ -338,21 +338,11 @@ class ShardDataset(torch.utils.data.IterableDataset):
         pos = self._state["groups"][group]
         pieces: list[torch.Tensor] = []
         while count > 0:
-            order = self._shard_order(group, pos[0])
-            if pos[1] >= len(order):
-                pos[0], pos[1], pos[2] = pos[0] + 1, 0, 0
-                if not wrap:
-                    break
-                continue
-            shard = order[pos[1]]
-            index = self._window_index(shard, pos[0])
-            if pos[2] >= len(index):
-                pos[1], pos[2] = pos[1] + 1, 0
-                continue
-            opened = self._open(shard)
-            if pos[2] == 0:
-                self._prefetch(self._following(group, order, pos))
-            chosen = index[pos[2]:pos[2] + count]
+            found = self._next_shard(group, wrap)
+            if found is None:
+                break
+            shard, opened = found
+            chosen = self._window_index(shard, pos[0])[pos[2]:pos[2] + count]
             if self.shuffle:  # one gather (copy) per piece
                 rows = opened.window_rows(self.seq_len)[chosen]
                 pieces.append(torch.from_numpy(rows.view(self.dtype).reshape(len(chosen), self.seq_len + 1)))
@@ -502,22 +492,31 @@ class ShardDataset(torch.utils.data.IterableDataset):
     def _next_window(self, group: str) -> torch.Tensor:
         """One window of `group`, cycling through its epochs (curriculum mode)."""
         pos = self._state["groups"][group]
+        shard, opened = self._next_shard(group, wrap=True)
+        start = self._window_starts(shard, pos[0])[pos[2]]
+        pos[2] += 1
+        return opened.tokens[start:start + self.seq_len + 1]
+
+    def _next_shard(self, group: str, wrap: bool) -> tuple[int, _OpenShard] | None:
+        """Move `group`'s position past finished shards (and, with `wrap`, finished epochs) to the
+        shard holding its next window: (shard, its mapping), the next shard prefetched when this one
+        starts.  None at an epoch's end without `wrap` (the position then points at the next epoch)."""
+        pos = self._state["groups"][group]
         while True:
             order = self._shard_order(group, pos[0])
             if pos[1] >= len(order):
                 pos[0], pos[1], pos[2] = pos[0] + 1, 0, 0
+                if not wrap:
+                    return None
                 continue
             shard = order[pos[1]]
-            starts = self._window_starts(shard, pos[0])
-            if pos[2] >= len(starts):
+            if pos[2] >= len(self._window_index(shard, pos[0])):
                 pos[1], pos[2] = pos[1] + 1, 0
                 continue
             opened = self._open(shard)
             if pos[2] == 0:
                 self._prefetch(self._following(group, order, pos))
-            start = starts[pos[2]]
-            pos[2] += 1
-            return opened.tokens[start:start + self.seq_len + 1]
+            return shard, opened
 
     def _load(self, shard: int) -> _OpenShard:
         info = self.shards[shard]
