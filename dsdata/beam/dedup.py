@@ -197,13 +197,8 @@ def _to_component(item):
         yield labels[0], (node, bands, payload)
 
 
-def pair_similarity(a: bytes, b: bytes, mode: str) -> float:
-    """Jaccard of a pair from its verification data: exact (distinct shingle hashes) or estimated."""
-    x, y = np.frombuffer(a, dtype=np.uint32), np.frombuffer(b, dtype=np.uint32)
-    return _similarity(x, y, mode)
-
-
 def _similarity(x: np.ndarray, y: np.ndarray, mode: str) -> float:
+    """Jaccard of a pair from its verification data: exact (distinct shingle hashes) or estimated."""
     if mode == "signature":
         return float(np.mean(x == y))
     inter = len(np.intersect1d(x, y, assume_unique=True))
