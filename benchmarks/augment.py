@@ -33,7 +33,7 @@ REAL_MODEL_IDS = ["Helsinki-NLP/opus-mt-en-zh", "Helsinki-NLP/opus-mt-zh-en"]
 def load_sentences(count: int) -> tuple[list[str], str]:
     """`count` real en/zh sentences from the dev prose when present, else made-up ones."""
     from dsdata.augment.sentences import split_sentences
-    from dsdata.augment.tiny_models import sample_sentences
+    from benchmarks.tiny_models import sample_sentences
 
     out: list[str] = []
     sources = [os.path.join(DATA, "prose-en.txt"), os.path.join(DATA, "prose-zh.txt")]
@@ -167,7 +167,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from dsdata.augment.tiny_models import build_tiny_marian
+    from benchmarks.tiny_models import build_tiny_marian
 
     sentences, source = load_sentences(args.sentences)
     print(f"# {len(sentences)} {source}; num_beams={args.num_beams} max_new_tokens={args.max_new_tokens} "

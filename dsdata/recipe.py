@@ -36,6 +36,8 @@ class RecipeError(ValueError):
 class StageSpec:
     name: str
     params: dict[str, Any]
+    # Parameters given with --set: a bad value there is the command line's, not the recipe file's.
+    from_command_line: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -141,7 +143,7 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
     for stage in stages:
         cls = _stage_class_or_error(stage.name, path)
         for key, spec in cls.params.items():
-            if spec.kind == "path" and isinstance(stage.params.get(key), str):
+            if spec.is_path and isinstance(stage.params.get(key), str):
                 stage.params[key] = confine(base, stage.params[key], f"{stage.name}.{key}", path)
     beam_cfg = raw.get("beam") or {}
     if not isinstance(beam_cfg, dict):
@@ -160,7 +162,20 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
     )
     for item in overrides or []:
         apply_override(recipe, item)
+    check_parameters(recipe)
     return recipe
+
+
+def check_parameters(recipe: Recipe) -> None:
+    """Check every given stage parameter against its declared type, before any pipeline is built:
+    a bad value is one line naming STAGE.PARAM (and the recipe file, when the value is from it)."""
+    for spec in recipe.stages:
+        cls = _stage_class_or_error(spec.name, recipe.path)
+        for key in spec.params:
+            try:
+                cls.check_params({key: spec.params[key]})
+            except StageConfigError as exc:
+                raise RecipeError(str(exc) if key in spec.from_command_line else f"{recipe.path}: {exc}") from None
 
 
 def _stage_class_or_error(name: str, path: str) -> type[Stage]:
@@ -192,8 +207,9 @@ def apply_override(recipe: Recipe, item: str) -> None:
         raise RecipeError(
             f"--set '{item}': stage '{target}' has no parameter '{param}' (it takes: {', '.join(sorted(cls.params))})"
         )
-    if cls.params[param].kind == "path" and isinstance(parsed, str) and not is_remote(parsed):
+    if cls.params[param].is_path and isinstance(parsed, str) and not is_remote(parsed):
         # Paths given on the command line are the user's own: relative to the working directory.
         parsed = os.path.abspath(parsed)
     for spec in matches:
         spec.params[param] = parsed
+        spec.from_command_line.add(param)

@@ -15,7 +15,7 @@ from dsdata.augment.records import augmented_copy, derived_id, is_selected
 from dsdata.augment.replace import EntityReplacer, SynonymReplacer
 from dsdata.augment.sentences import split_sentences
 from dsdata.augment.similarity import chrf
-from dsdata.augment.tiny_models import build_tiny_marian
+from benchmarks.tiny_models import build_tiny_marian
 from dsdata.augment.translate import GenerationSettings, ModelNotFoundError, Seq2SeqTranslator, resolve_model_dir
 from dsdata.document import Document
 from dsdata.stages.augment import AugmentStage

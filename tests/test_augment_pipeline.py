@@ -15,7 +15,7 @@ import pytest
 from dsdata.augment.language import guess_script_language
 from dsdata.augment.sentences import split_sentences
 from dsdata.augment.similarity import chrf
-from dsdata.augment.tiny_models import build_tiny_marian
+from benchmarks.tiny_models import build_tiny_marian
 from dsdata.augment.translate import GenerationSettings, Seq2SeqTranslator
 from dsdata.beam.pipeline import run_recipe
 from dsdata.recipe import RecipeError, load_recipe

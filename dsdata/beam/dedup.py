@@ -485,3 +485,8 @@ class DedupTransform(beam.PTransform):
         )
         return {KEPT: decided[KEPT], REJECTED: decided[REJECTED]}
 
+
+
+def composite(stage, context) -> DedupTransform:
+    """The dedup stage's transform (registered in dsdata/beam/kinds.py)."""
+    return DedupTransform(stage.transform_config())

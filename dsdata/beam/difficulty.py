@@ -3,24 +3,22 @@
   docs ─► BatchElements ─► score (perplexity) ─┬─► (lang, perplexity) ─► ApproximateQuantiles.PerKey
                                                │                               │ side input (AsDict)
                                                └──────────────────────────► grade ─► kept / rejected
-  kept + rejected ─► counts per (lang, grade) ─► OUT/difficulty.json (cut-offs, counts, sampling weights)
+  kept + rejected ─► counts per (lang, grade) ─► summary (cut-offs, counts, sampling weights): the
+                                                 stage's stats and OUT/difficulty.json (the builder writes it)
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.stats import ApproximateQuantiles
 
 from dsdata.beam.transforms import KEPT, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
-from dsdata.stages.difficulty import GRADES, DifficultyStage
+from dsdata.stages.difficulty import GRADES, SUMMARY_FILE, DifficultyStage
 
 # 1001 quantiles = every 0.1 percentile; ApproximateQuantiles then guarantees rank error <= 0.1 %.
 NUM_QUANTILES = 1001
-SUMMARY_FILE = "difficulty.json"
 
 
 def quantile_at(quantiles: list[float], percentile: float) -> float:
@@ -129,20 +127,8 @@ def summarize(stage: DifficultyStage, counts: list[tuple[tuple[str, str, str], i
     }
 
 
-class _WriteSummary(beam.DoFn):
-    def __init__(self, stage: DifficultyStage):
-        self.stage = stage
-
-    def process(self, counts, thresholds):
-        summary = summarize(self.stage, counts, thresholds)
-        if self.stage.run_dir:
-            with FileSystems.create(FileSystems.join(self.stage.run_dir, SUMMARY_FILE)) as fh:
-                fh.write(json.dumps(summary, indent=2, ensure_ascii=False).encode("utf-8"))
-        yield summary
-
-
 class GradeByPerplexity(beam.PTransform):
-    """PCollection[Document] → {"kept", "rejected", "stats": PCollection with one summary dict}."""
+    """PCollection[Document] → {"kept", "rejected", "stats" and "difficulty.json": one summary dict}."""
 
     def __init__(self, stage: DifficultyStage):
         super().__init__()
@@ -171,6 +157,11 @@ class GradeByPerplexity(beam.PTransform):
             | "CountKeys" >> beam.Map(_count_key(stage))
             | "Count" >> beam.combiners.Count.PerElement()
             | "Gather" >> beam.combiners.ToList()
-            | "Summary" >> beam.ParDo(_WriteSummary(stage), beam.pvalue.AsDict(thresholds))
+            | "Summary" >> beam.Map(lambda counts, found: summarize(stage, counts, found), beam.pvalue.AsDict(thresholds))
         )
-        return {KEPT: graded[KEPT], REJECTED: graded[REJECTED], "stats": summary}
+        return {KEPT: graded[KEPT], REJECTED: graded[REJECTED], "stats": summary, SUMMARY_FILE: summary}
+
+
+def composite(stage: DifficultyStage, context) -> GradeByPerplexity:
+    """The difficulty stage's transform (registered in dsdata/beam/kinds.py)."""
+    return GradeByPerplexity(stage.transform_config())

@@ -19,11 +19,12 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from dsdata.beam.transforms import KEPT, REJECTED, ApplyStage, ReadDocuments
+from dsdata.beam.kinds import ApplyStage, StageContext
+from dsdata.beam.transforms import KEPT, REJECTED, ReadDocuments
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_row, kept_schema, rejected_row
 from dsdata.io.readers import READ_STAGE
 from dsdata.recipe import Recipe
-from dsdata.stages import Stage
+from dsdata.stages import SideOutput, Stage, registered_side_outputs
 
 log = logging.getLogger("dsdata")
 
@@ -118,21 +119,37 @@ class _WriteStats(beam.DoFn):
 
 
 def _prepare_output(output: str) -> None:
-    """Remove the outputs of an earlier run in DIR (only the files this tool writes)."""
+    """Remove the outputs of an earlier run in DIR (only the files this tool writes: kept/, rejected/,
+    stats.json and the side outputs every stage declares)."""
+    sides = registered_side_outputs()
+    folders = ["kept", "rejected", *(s.name for s in sides if s.directory)]
+    files = ["stats.json", *(s.name for s in sides if not s.directory)]
     if "://" in output:
-        for sub in ("kept", "rejected", "shards"):
+        for sub in folders:
             matches = FileSystems.match([FileSystems.join(output, sub, "*")])[0].metadata_list
             if matches:
                 FileSystems.delete([m.path for m in matches])
         return
     os.makedirs(output, exist_ok=True)
-    for sub in ("kept", "rejected", "shards"):
+    for sub in folders:
         target = os.path.join(output, sub)
         if os.path.isdir(target):
             shutil.rmtree(target)
-    for name in ("stats.json", "difficulty.json", "augment.json"):
+    for name in files:
         if os.path.exists(os.path.join(output, name)):
             os.remove(os.path.join(output, name))
+
+
+class _WriteSideOutput(beam.DoFn):
+    """Writes the one dict a composite returned for a declared side output as OUT/NAME (JSON)."""
+
+    def __init__(self, path: str, side: SideOutput):
+        self.path, self.side = path, side
+
+    def process(self, content: dict[str, Any]):
+        text = json.dumps(content, indent=2, sort_keys=self.side.sort_keys, ensure_ascii=self.side.ensure_ascii)
+        with FileSystems.create(self.path) as fh:
+            fh.write(text.encode("utf-8"))
 
 
 def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage]) -> None:
@@ -143,12 +160,16 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     counted_input = docs
     stage_stats = []
     for i, stage in enumerate(stages):
-        stage.run_dir = output
-        out = docs | f"{i:02d}_{stage.name}" >> ApplyStage(stage)
+        out = docs | f"{i:02d}_{stage.name}" >> ApplyStage(stage, StageContext(output, tuple(stages[:i])))
         docs = out[KEPT]
         rejected.append(out[REJECTED])
         if "stats" in out:
             stage_stats.append(out["stats"] | f"{i:02d}_{stage.name}_Stats" >> beam.Map(lambda s, n=stage.name: (n, s)))
+        for side in stage.side_outputs:
+            if not side.directory:
+                (out[side.name]
+                 | f"{i:02d}_{stage.name}_Write_{side.name}" >> beam.ParDo(
+                     _WriteSideOutput(FileSystems.join(output, side.name), side)))
     all_rejected = rejected | "AllRejected" >> beam.Flatten()
 
     annotation_types: dict[str, Any] = {}
@@ -185,10 +206,6 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
         | "WriteStats" >> beam.ParDo(_WriteStats(FileSystems.join(output, "stats.json"), [s.name for s in stages], extra),
                                      beam.pvalue.AsDict(stage_stats_pc))
     )
-    for stage in stages:
-        hook = getattr(stage, "after_pipeline", None)
-        if hook is not None:
-            hook(p, docs)
 
 
 def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] | None = None) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Generic Beam wrappers around the stage contract: one DoFn runs any per-document stage with two
-tagged outputs (kept, rejected) and Beam Metrics counters per stage and reason."""
+"""Generic Beam wrappers around the stage contract: one DoFn runs any per-document stage, another any
+batched stage, each with two tagged outputs (kept, rejected) and Beam Metrics counters per stage and
+reason; and the reader.  Which wrapper runs which stage: dsdata/beam/kinds.py."""
 from __future__ import annotations
 
 import logging
@@ -13,7 +14,7 @@ from apache_beam.metrics import Metrics
 
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import READ_STAGE, read_file
-from dsdata.stages.base import Stage
+from dsdata.stages.base import BatchStage, DocumentStage
 
 log = logging.getLogger("dsdata")
 
@@ -44,7 +45,7 @@ class StageCounters:
 class StageDoFn(StageCounters, beam.DoFn):
     """Runs a per-document stage (`process(doc)`): kept docs on the main output, rejections tagged."""
 
-    def __init__(self, stage: Stage):
+    def __init__(self, stage: DocumentStage):
         self.stage = stage
 
     def setup(self):
@@ -59,7 +60,7 @@ class StageDoFn(StageCounters, beam.DoFn):
 class BatchStageDoFn(StageCounters, beam.DoFn):
     """Runs a model stage (`process_batch(docs)`) over batches made by BatchElements."""
 
-    def __init__(self, stage: Stage):
+    def __init__(self, stage: BatchStage):
         self.stage = stage
 
     def setup(self):
@@ -76,32 +77,6 @@ class BatchStageDoFn(StageCounters, beam.DoFn):
             )
         for result in results:
             yield self._route(result)
-
-
-class ApplyStage(beam.PTransform):
-    """PCollection[Document] → {"kept": PCollection[Document], "rejected": PCollection[Rejected]}."""
-
-    def __init__(self, stage: Stage):
-        super().__init__(label=f"stage:{stage.name}")
-        self.stage = stage
-
-    def expand(self, docs):
-        stage = self.stage
-        if hasattr(stage, "beam_transform"):
-            out = docs | stage.beam_transform()
-            result = {KEPT: out[KEPT], REJECTED: out[REJECTED]}
-            if "stats" in out:
-                # Optional: a PCollection with one JSON-able dict, written into stats.json[stage name].
-                result["stats"] = out["stats"]
-            return result
-        if hasattr(stage, "process_batch"):
-            batched = docs | "Batch" >> beam.BatchElements(
-                min_batch_size=stage.batch_min, max_batch_size=stage.batch_max
-            )
-            out = batched | "Run" >> beam.ParDo(BatchStageDoFn(stage)).with_outputs(REJECTED, main=KEPT)
-        else:
-            out = docs | "Run" >> beam.ParDo(StageDoFn(stage)).with_outputs(REJECTED, main=KEPT)
-        return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
 
 
 class ReadFileDoFn(StageCounters, beam.DoFn):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from dsdata.stages.base import Param, Stage, StageConfigError
+from dsdata.stages.base import BatchStage, CorpusStage, DocumentStage, Param, SideOutput, Stage, StageConfigError
 
 REGISTRY: dict[str, str] = {
     "clean": "dsdata.stages.clean:CleanStage",
@@ -43,4 +43,19 @@ def available_stages() -> list[str]:
     return out
 
 
-__all__ = ["Param", "Stage", "StageConfigError", "REGISTRY", "stage_class", "available_stages"]
+def registered_side_outputs() -> list[SideOutput]:
+    """The side outputs every importable registered stage declares: a run removes them all, so a
+    directory never mixes this run's kept/ with another recipe's difficulty.json."""
+    found: dict[str, SideOutput] = {}
+    for name in available_stages():
+        try:
+            cls = stage_class(name)
+        except StageConfigError:  # an optional dependency is missing: that stage cannot have run here
+            continue
+        for side in cls.side_outputs:
+            found.setdefault(side.name, side)
+    return list(found.values())
+
+
+__all__ = ["Param", "SideOutput", "Stage", "DocumentStage", "BatchStage", "CorpusStage", "StageConfigError",
+           "REGISTRY", "stage_class", "available_stages", "registered_side_outputs"]

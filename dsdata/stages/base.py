@@ -1,65 +1,107 @@
-"""The stage contract: small classes with no Beam import.
+"""The stage contract: three kinds of small classes, none of which imports Beam.
 
-A stage has a `name`, keyword parameters from the recipe (documented in `params`), an optional
-`setup()` that loads models once per worker, and either
+* `DocumentStage.process(doc) -> Document | Rejected`                 per-document stages
+* `BatchStage.process_batch(docs) -> list[Document | Rejected]`       model stages, batched; the model
+                                                                     is loaded once per worker in setup()
+* `CorpusStage.transform_config()`                                    whole-corpus stages (dedup,
+                                                                     quantiles, shards): the config the
+                                                                     Beam layer (dsdata/beam/kinds.py)
+                                                                     turns into a composite PTransform
 
-* `process(doc) -> Document | Rejected`                      (per-document stages), or
-* `process_batch(docs) -> list[Document | Rejected]`         (model stages; batched by Beam), or
-* `beam_transform() -> PTransform`                          (whole-corpus stages: dedup, quantiles).
-
-A `beam_transform` takes a PCollection of `Document` and returns a dict
-`{"kept": PCollection[Document], "rejected": PCollection[Rejected]}`.
-`annotations` declares the typed output columns the stage adds to kept/*.parquet.
+Every parameter is a typed `Param`; the base class checks and converts every value once, when the
+stage is built (and `load_recipe` runs the same check on recipe and --set values), so a bad value
+is one line naming STAGE.PARAM.  `validate()` is left with checks across parameters.
+`annotations` declares the typed output columns the stage adds to kept/*.parquet; `side_outputs`
+the files under the run directory the stage's composite produces (the builder cleans and writes them).
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pyarrow as pa
 
 from dsdata.document import Document, Rejected
-
-
-@dataclass(frozen=True)
-class Param:
-    """One recipe parameter: its default and a one-line description shown by `dsdata stages`."""
-
-    default: Any
-    help: str
-    # "path" parameters are resolved against the recipe's directory (and may not escape it) when
-    # they come from a recipe, and against the working directory when given with --set.
-    kind: str = "value"
+from dsdata.stages.params import BadValue, ParamType, Path
 
 
 class StageConfigError(ValueError):
     """A recipe gave a stage a parameter it does not take, or a bad value."""
 
 
+@dataclass(frozen=True)
+class Param:
+    """One recipe parameter: default, a one-line description shown by `dsdata stages`, its type.
+
+    nullable: null (None) is accepted as 'off' / 'not set'.  Path parameters are resolved against
+    the recipe's directory (and may not escape it) when they come from a recipe, and against the
+    working directory when given with --set."""
+
+    default: Any
+    help: str
+    type: ParamType
+    nullable: bool = False
+
+    @property
+    def is_path(self) -> bool:
+        return isinstance(self.type, Path)
+
+    def describe(self) -> str:
+        return f"{self.type}{' or null' if self.nullable else ''}"
+
+    def coerce(self, key: str, value: Any) -> Any:
+        """The value to use for parameter `key` (STAGE.PARAM), or StageConfigError in one line."""
+        if value is None and self.nullable:
+            return None
+        try:
+            return self.type.check(value)
+        except BadValue as bad:
+            if bad.sentence:
+                raise StageConfigError(f"{key} {bad.sentence}") from None
+            raise StageConfigError(f"{key} must be {self.describe()}, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class SideOutput:
+    """A file (or, with `directory`, a folder) the stage's composite writes under the run directory.
+
+    The builder removes it before a run; a file's content is the one dict the composite returns under
+    its name, written as JSON with these options."""
+
+    name: str
+    directory: bool = False
+    sort_keys: bool = False
+    ensure_ascii: bool = True
+
+
 class Stage:
+    """What every kind shares: name, typed parameters, checks, setup and rejections."""
+
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     params: ClassVar[dict[str, Param]] = {}
     annotations: ClassVar[dict[str, pa.DataType]] = {}
-    # Batch size bounds used by the Beam wrapper for stages that define process_batch.
-    batch_min: ClassVar[int] = 8
-    batch_max: ClassVar[int] = 256
-    # Set by the pipeline builder: the run's output directory (for stages that write files).
-    run_dir: str | None = None
+    side_outputs: ClassVar[tuple[SideOutput, ...]] = ()
 
     def __init__(self, **kwargs: Any):
-        unknown = sorted(set(kwargs) - set(self.params))
-        if unknown:
-            known = ", ".join(sorted(self.params)) or "none"
-            raise StageConfigError(
-                f"stage '{self.name}' has no parameter {', '.join(map(repr, unknown))} (it takes: {known})"
-            )
-        for key, spec in self.params.items():
-            setattr(self, key, kwargs.get(key, spec.default))
+        self.__dict__.update(self.check_params(kwargs, defaults=True))
         self.validate()
 
+    @classmethod
+    def check_params(cls, given: dict[str, Any], defaults: bool = False) -> dict[str, Any]:
+        """The checked values of `given` (with the defaults of the others when `defaults`)."""
+        unknown = sorted(set(given) - set(cls.params))
+        if unknown:
+            known = ", ".join(sorted(cls.params)) or "none"
+            raise StageConfigError(
+                f"stage '{cls.name}' has no parameter {', '.join(map(repr, unknown))} (it takes: {known})"
+            )
+        return {key: spec.coerce(f"{cls.name}.{key}", given.get(key, spec.default))
+                for key, spec in cls.params.items() if defaults or key in given}
+
     def validate(self) -> None:
-        """Check parameter values; raise StageConfigError with a message a user can act on."""
+        """Checks across parameters; raise StageConfigError with a message a user can act on."""
 
     def setup(self) -> None:
         """Load models or other per-worker state. Called once per worker before processing."""
@@ -67,5 +109,34 @@ class Stage:
     def reject(self, doc: Document, reason: str, detail: str = "") -> Rejected:
         return Rejected(doc=doc, stage=self.name, reason=reason, detail=detail)
 
-    def config(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.params}
+
+class DocumentStage(Stage, ABC):
+    """A stage that looks at one document at a time."""
+
+    @abstractmethod
+    def process(self, doc: Document) -> Document | Rejected:
+        """The document (possibly changed or annotated) or its rejection."""
+
+
+class BatchStage(Stage, ABC):
+    """A model stage: Beam hands it batches of between `batch_min` and `batch_max` documents."""
+
+    batch_min: ClassVar[int] = 8
+    batch_max: ClassVar[int] = 256
+
+    @abstractmethod
+    def process_batch(self, docs: list[Document]) -> list[Document | Rejected]:
+        """Exactly one Document or Rejected per input document, in order."""
+
+    def process(self, doc: Document) -> Document | Rejected:
+        """One document outside a pipeline (tests, notebooks): a batch of one."""
+        return self.process_batch([doc])[0]
+
+
+class CorpusStage(Stage, ABC):
+    """A whole-corpus stage (dedup, per-language quantiles, shard writing): dsdata/beam/kinds.py maps
+    it to its composite transform, which reads what it needs from `transform_config()`."""
+
+    @abstractmethod
+    def transform_config(self) -> Any:
+        """Everything the stage's composite needs, as plain picklable data (no Beam objects)."""

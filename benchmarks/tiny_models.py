@@ -1,4 +1,5 @@
-"""Tiny random MarianMT models with a real SentencePiece tokenizer, for tests and benchmarks.
+"""Tiny random MarianMT models with a real SentencePiece tokenizer, for tests and benchmarks
+(test scaffolding: it lives here, not in the package, and tests import it from benchmarks/).
 
 They translate nothing meaningful, but they go through exactly the code path of a real opus-mt
 model: AutoTokenizer (MarianTokenizer + SentencePiece), AutoModelForSeq2SeqLM, generate().

@@ -7,19 +7,18 @@ back_translation, per document chosen by `is_selected`:
 synonym / entity: one DoFn each.  Originals always pass through unchanged.
 
 Copies outside the window (and empty translations) are never emitted: they are counted by Beam
-Metrics counters (namespace `dsdata.augment`) and in RUN_DIR/augment.json, so the ledger
-(input + augmented == kept + Σ rejected) counts only copies that exist.
+Metrics counters (namespace `dsdata.augment`) and in the report the builder writes to
+RUN_DIR/augment.json, so the ledger (input + augmented == kept + Σ rejected) counts only copies that exist.
+The configs (BackTranslationConfig, ReplacementConfig) are built by the stage, dsdata/stages/augment.py.
 """
 from __future__ import annotations
 
-import json
 import random
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
 
@@ -28,29 +27,13 @@ from dsdata.augment.records import augmented_copy, is_selected, stable_hash
 from dsdata.augment.replace import EntityReplacer, SynonymReplacer
 from dsdata.augment.sentences import Layout, split_sentences
 from dsdata.augment.similarity import chrf
-from dsdata.augment.translate import GenerationSettings, load_translator
+from dsdata.augment.translate import load_translator
 from dsdata.document import Document
+from dsdata.stages.augment import REPORT_NAME, AugmentConfig, BackTranslationConfig, ReplacementConfig
 
 METRICS_NAMESPACE = "dsdata.augment"
-REPORT_NAME = "augment.json"
 PIVOT = {"en": "zh", "zh": "en"}
 _OUTCOME = "outcome"
-
-
-@dataclass(frozen=True)
-class BackTranslationConfig:
-    model_dirs: dict[str, str]  # direction ("en_zh", "zh_en") → resolved model directory
-    target_tokens: dict[str, str]  # target language → token prepended for multi-target models
-    settings: GenerationSettings
-    languages: tuple[str, ...]
-    fraction: float
-    seed: int
-    min_sim: float
-    max_sim: float
-    batch_size: int
-    max_sentence_chars: int
-    device: str
-    threads: int
 
 
 def _count(method: str, outcome: str, n: int = 1):
@@ -207,15 +190,6 @@ class BackTranslate(beam.PTransform):
         return {"docs": assembled["docs"], "outcomes": outcomes}
 
 
-@dataclass(frozen=True)
-class ReplacementConfig:
-    method: str  # "synonym" or "entity"
-    path: str
-    replace_prob: float
-    fraction: float
-    seed: int
-
-
 class ReplaceTerms(beam.DoFn):
     """Chosen documents → a copy with dictionary terms replaced (none if nothing matched)."""
 
@@ -264,45 +238,37 @@ def report_from_counts(counts: Iterable[tuple[tuple[str, str], int]], methods: S
     return report
 
 
-class _WriteReport(beam.DoFn):
-    def __init__(self, path: str, methods: Sequence[str]):
-        self.path, self.methods = path, list(methods)
-
-    def process(self, counts):
-        report = report_from_counts(counts, self.methods)
-        with FileSystems.create(self.path) as fh:
-            fh.write(json.dumps(report, indent=2, sort_keys=True).encode("utf-8"))
-        yield report
-
-
 class Augment(beam.PTransform):
-    """The whole stage: originals plus every method's copies as "kept", nothing rejected."""
+    """The whole stage: originals plus every method's copies as "kept", nothing rejected, and the
+    outcome counts as the report (augment.json)."""
 
-    def __init__(self, back_translation: BackTranslationConfig | None, replacements: Sequence[ReplacementConfig],
-                 run_dir: str | None, methods: Sequence[str]):
+    def __init__(self, config: AugmentConfig):
         super().__init__()
-        self.back_translation, self.replacements = back_translation, list(replacements)
-        self.run_dir, self.methods = run_dir, list(methods)
+        self.config = config
 
     def expand(self, docs):
         kept = [docs]
         outcomes = []
-        if self.back_translation is not None:
-            out = docs | "BackTranslation" >> BackTranslate(self.back_translation)
+        if self.config.back_translation is not None:
+            out = docs | "BackTranslation" >> BackTranslate(self.config.back_translation)
             kept.append(out["docs"])
             outcomes.append(out["outcomes"])
-        for config in self.replacements:
+        for config in self.config.replacements:
             out = docs | f"Replace_{config.method}" >> beam.ParDo(ReplaceTerms(config)).with_outputs(_OUTCOME, main="docs")
             kept.append(out["docs"])
             outcomes.append(out[_OUTCOME])
-        if self.run_dir is not None:
-            (
-                outcomes
-                | "AllOutcomes" >> beam.Flatten(pipeline=docs.pipeline)
-                | "OutcomeKeys" >> beam.Map(lambda item: ((item[0], item[1]), item[2]))
-                | "SumOutcomes" >> beam.CombinePerKey(sum)
-                | "GatherOutcomes" >> beam.combiners.ToList()
-                | "WriteReport" >> beam.ParDo(_WriteReport(FileSystems.join(self.run_dir, REPORT_NAME), self.methods))
-            )
+        report = (
+            outcomes
+            | "AllOutcomes" >> beam.Flatten(pipeline=docs.pipeline)
+            | "OutcomeKeys" >> beam.Map(lambda item: ((item[0], item[1]), item[2]))
+            | "SumOutcomes" >> beam.CombinePerKey(sum)
+            | "GatherOutcomes" >> beam.combiners.ToList()
+            | "Report" >> beam.Map(report_from_counts, self.config.methods)
+        )
         rejected = docs | "NothingRejected" >> beam.FlatMap(lambda _doc: ())
-        return {"kept": kept | "AllKept" >> beam.Flatten(), "rejected": rejected}
+        return {"kept": kept | "AllKept" >> beam.Flatten(), "rejected": rejected, REPORT_NAME: report}
+
+
+def composite(stage, context) -> Augment:
+    """The augment stage's transform (registered in dsdata/beam/kinds.py)."""
+    return Augment(stage.transform_config())

@@ -1,5 +1,8 @@
 """Beam side of the relevance stage: a small RunInference ModelHandler (no Beam ML extras, no
-TensorFlow) and the composite transform that annotates, keeps and rejects documents."""
+TensorFlow) and the composite transform that annotates, keeps and rejects documents.
+
+The stage is a batched model stage; Beam runs it through RunInference rather than the generic
+BatchElements + DoFn so the model is shared by the threads of a worker process."""
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
@@ -57,6 +60,13 @@ class _RouteByScore(StageCounters, beam.DoFn):
     def process(self, result: PredictionResult):
         self._in.inc()
         yield self._route(self.stage.judge(result.example, float(result.inference)))
+
+
+def composite(stage, context) -> "RelevanceFilter":
+    """The relevance stage's transform (registered in dsdata/beam/kinds.py)."""
+    handler = RelevanceModelHandler(stage.model, min_batch_size=stage.batch_min, max_batch_size=stage.batch_max,
+                                    **stage.load_options())
+    return RelevanceFilter(handler, stage)
 
 
 class RelevanceFilter(beam.PTransform):

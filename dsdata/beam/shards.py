@@ -1,0 +1,94 @@
+"""The shards stage's composite: token ids of kept documents → Arrow IPC shards + manifest.json.
+
+  docs ─► (bucket, id hash, id, ids) ─┬─► tokens per bucket ─► CombinePerKey(sum) ─┐ side input
+                                      └─► assign shard (id hash mod n) ◄───────────┘
+                                           ─► GroupByKey per shard ─► write one shard (one worker)
+                                           ─► gather descriptors ─► manifest.json (written last)
+
+Every document passes through unchanged as kept; nothing is rejected.  How shards are cut and why:
+dsdata/stages/shards.py; the file layout: dsdata/io/shards.py.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+
+from dsdata.io import shards as shard_io
+from dsdata.stages.base import StageConfigError
+from dsdata.stages.shards import SHARDS_DIR, assign_shard, bucket_tokens, shard_record
+from dsdata.stages.tokenize import TokenizeStage
+
+
+def write_shard_group(keyed, directory: str, dtype_name: str, vocab_size: int | None) -> dict[str, Any]:
+    """Write one shard from its GroupByKey group and return its manifest entry."""
+    (bucket, index, count), records = keyed
+    # Sorting by (id hash, id) fixes the shard's bytes whatever order the runner delivered, and
+    # spreads documents of one source across the shard.
+    records = sorted(records, key=lambda r: (r[1], r[2], r[3].tobytes()))
+    dtype = np.dtype(dtype_name)
+    if vocab_size is not None:
+        for record in records:
+            if len(record[3]) and int(record[3].max()) >= vocab_size:
+                raise ValueError(f"shards: document '{record[2]}' has token id {int(record[3].max())} >= the "
+                                 f"tokenizer's vocabulary size {vocab_size}; was it tokenized with another tokenizer?")
+    os.makedirs(directory, exist_ok=True)
+    return shard_io.write_shard(directory, shard_io.shard_name(bucket, index, count), [r[3] for r in records],
+                                [r[2] for r in records], [bucket] * len(records), dtype)
+
+
+def write_manifest_from(entries: list[dict[str, Any]], directory: str, dtype_name: str,
+                        tokenizer: dict[str, Any] | None, extra: dict[str, Any]) -> str:
+    os.makedirs(directory, exist_ok=True)
+    manifest = shard_io.build_manifest(entries, np.dtype(dtype_name), tokenizer, extra)
+    return shard_io.write_manifest(directory, manifest)
+
+
+def tokenizer_info(config: dict[str, Any], upstream) -> dict[str, Any]:
+    """What the manifest records about the tokenizer: the `tokenizer` parameter's, else that of the
+    nearest `tokenize` stage among `upstream` (the recipe's stages before shards, in order)."""
+    if config["tokenizer"]:
+        return TokenizeStage(tokenizer=config["tokenizer"]).describe_tokenizer()
+    for stage in reversed(upstream):
+        if isinstance(stage, TokenizeStage):
+            return stage.describe_tokenizer()
+    raise StageConfigError("shards: no 'tokenize' stage before 'shards' in this recipe; add one "
+                           "(or set shards.tokenizer if documents already carry token ids)")
+
+
+class WriteShards(beam.PTransform):
+    """PCollection[Document] → {"kept": the same documents, "rejected": none}; writes `directory`."""
+
+    def __init__(self, config: dict[str, Any], directory: str, tokenizer: dict[str, Any]):
+        super().__init__()
+        self.config, self.directory, self.tokenizer = config, directory, tokenizer
+
+    def expand(self, docs):
+        config, directory, info = self.config, self.directory, self.tokenizer
+        dtype_name = shard_io.token_dtype(info["vocab_size"]).name
+        extra = {"shard_size": config["shard_size"], "default_difficulty": config["default_difficulty"]}
+        records = docs | "Records" >> beam.Map(shard_record, config["default_difficulty"])
+        totals = (records
+                  | "BucketTokens" >> beam.Map(bucket_tokens)
+                  | "SumPerBucket" >> beam.CombinePerKey(sum))
+        written = (records
+                   | "AssignShard" >> beam.Map(assign_shard, beam.pvalue.AsDict(totals), config["shard_size"])
+                   | "GroupShards" >> beam.GroupByKey()
+                   | "WriteShard" >> beam.Map(write_shard_group, directory, dtype_name, info["vocab_size"]))
+        (written
+         | "GatherShards" >> beam.combiners.ToList()
+         | "WriteManifest" >> beam.Map(write_manifest_from, directory, dtype_name, info, extra))
+        rejected = docs.pipeline | "NoRejections" >> beam.Create([])
+        return {"kept": docs, "rejected": rejected}
+
+
+def composite(stage, context) -> WriteShards:
+    """The shards stage's transform (registered in dsdata/beam/kinds.py): the builder hands over the
+    run directory and the stages upstream, whose nearest `tokenize` names the tokenizer."""
+    if "://" in context.run_dir:
+        raise StageConfigError(f"shards: output '{context.run_dir}' is remote; shards are written to a local "
+                               "directory (run with a local --output, then copy OUT/shards)")
+    config = stage.transform_config()
+    return WriteShards(config, os.path.join(context.run_dir, SHARDS_DIR), tokenizer_info(config, context.upstream))
