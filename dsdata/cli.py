@@ -100,7 +100,7 @@ def cmd_stages(argv: list[str]) -> int:
         cls = stage_class(name)
         print(f"{name}: {cls.description}")
         for key, spec in cls.params.items():
-            print(f"    {key} = {spec.default!r}\n        {spec.help}")
+            print(f"    {key} = {spec.default!r}  ({spec.describe()})\n        {spec.help}")
         if cls.annotations:
             cols = ", ".join(f"{k} ({v})" for k, v in cls.annotations.items())
             print(f"    adds columns: {cols}")

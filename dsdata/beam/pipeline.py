@@ -33,7 +33,6 @@ log = logging.getLogger("dsdata")
 # seconds; asking for the in-process runner by its own name skips that.  Users who want Prism,
 # Flink, Dataflow or a PortableRunner pass --runner explicitly.
 DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
-_RUNNER_ALIASES = {"directrunner": "DirectRunner"}
 
 
 class LedgerError(RuntimeError):
@@ -152,13 +151,10 @@ class _WriteSideOutput(beam.DoFn):
             fh.write(text.encode("utf-8"))
 
 
-def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage]) -> None:
-    """Add the recipe's read → stages → write graph to pipeline `p`."""
-    read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field)
-    rejected = [read[REJECTED]]
-    docs = read[KEPT]
-    counted_input = docs
-    stage_stats = []
+def _apply_stages(docs, stages: list[Stage], output: str):
+    """Run the stages in order: (kept docs, [rejected per stage], [(stage name, stats)]); a stage's
+    declared side-output files are written under `output` as their composite produces them."""
+    rejected, stage_stats = [], []
     for i, stage in enumerate(stages):
         out = docs | f"{i:02d}_{stage.name}" >> ApplyStage(stage, StageContext(output, tuple(stages[:i])))
         docs = out[KEPT]
@@ -170,8 +166,11 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
                 (out[side.name]
                  | f"{i:02d}_{stage.name}_Write_{side.name}" >> beam.ParDo(
                      _WriteSideOutput(FileSystems.join(output, side.name), side)))
-    all_rejected = rejected | "AllRejected" >> beam.Flatten()
+    return docs, rejected, stage_stats
 
+
+def _write_rows(docs, all_rejected, stages: list[Stage], output: str) -> None:
+    """kept/*.parquet (one typed column per annotation of any stage) and rejected/*.parquet."""
     annotation_types: dict[str, Any] = {}
     for stage in stages:
         annotation_types.update(stage.annotations)
@@ -190,6 +189,15 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
             FileSystems.join(output, "rejected", "part"), REJECTED_SCHEMA, file_name_suffix=".parquet"
         )
     )
+
+
+def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage]) -> None:
+    """Add the recipe's read → stages → write graph to pipeline `p`."""
+    read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field)
+    counted_input = read[KEPT]
+    docs, stage_rejected, stage_stats = _apply_stages(read[KEPT], stages, output)
+    all_rejected = [read[REJECTED], *stage_rejected] | "AllRejected" >> beam.Flatten()
+    _write_rows(docs, all_rejected, stages, output)
     keys = (
         (counted_input | "InputKeys" >> beam.FlatMap(_count_keys("input"))),
         (docs | "KeptKeys" >> beam.FlatMap(_count_keys(KEPT))),

@@ -20,10 +20,6 @@ from dsdata.relevance.data import LabelledDataError, load_labelled, split_groupe
 from dsdata.relevance.fasttext_backend import FastTextUnavailable
 
 
-class _ClassifierError(Exception):
-    """A user-fixable problem: printed as one line, exit status 2."""
-
-
 def _err(msg: str) -> None:
     print(f"dsdata classifier: error: {msg}", file=sys.stderr)
 

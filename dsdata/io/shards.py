@@ -243,7 +243,6 @@ class ShardSetWriter:
             _fsync_dir(self.directory)
         self._pending: dict[str, list[tuple[str, np.ndarray]]] = {}
         self._pending_tokens: dict[str, int] = {}
-        self._written: list[tuple[str, int, list[tuple[str, np.ndarray]]]] = []
         self._entries: list[dict[str, Any]] = []
         self._count: dict[str, int] = {}
 
@@ -260,7 +259,8 @@ class ShardSetWriter:
             return
         index = self._count.get(bucket, 0)
         self._count[bucket] = index + 1
-        # Final names carry the shard count, unknown until close(): write under a provisional name.
+        # A streaming writer cannot know how many shards a bucket will have, so its names carry only
+        # the index (not -of-N, as the pipeline's shards do); the manifest lists every file.
         name = f"shard-{bucket}-{index:05d}.arrow"
         entry = write_shard(self.directory, name, [d[1] for d in docs], [d[0] for d in docs],
                             [bucket] * len(docs), self.dtype)

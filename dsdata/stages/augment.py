@@ -85,7 +85,7 @@ class AugmentStage(CorpusStage):
         "top_p": Param(1.0, "nucleus sampling mass (1.0 = off)", Number(1e-6, 1.0)),
         "max_new_tokens": Param(256, "longest translation of one sentence, in tokens", Integer(min=1)),
         "generate_kwargs": Param({}, "further model.generate arguments, e.g. {no_repeat_ngram_size: 3}",
-                                 MappingOf(Text(nonempty=True))),
+                                 MappingOf(Text(nonempty=True), expect="a mapping of generate() argument names to values")),
         "batch_size": Param(16, "sentences per model call (RunInference batch)", Integer(min=1)),
         "max_sentence_chars": Param(400, "sentences longer than this are cut at clause marks / spaces", Integer(min=20)),
         "device": Param("cpu", "torch device for translation: cpu, cuda, cuda:1 …", Text(nonempty=True)),

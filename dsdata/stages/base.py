@@ -48,7 +48,10 @@ class Param:
         return isinstance(self.type, Path)
 
     def describe(self) -> str:
-        return f"{self.type}{' or null' if self.nullable else ''}"
+        expect = str(self.type)
+        if not self.nullable:
+            return expect
+        return f"{expect}, or null" if " or " in expect else f"{expect} or null"
 
     def coerce(self, key: str, value: Any) -> Any:
         """The value to use for parameter `key` (STAGE.PARAM), or StageConfigError in one line."""

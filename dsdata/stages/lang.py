@@ -83,7 +83,7 @@ class LanguageCodes(ListOf):
 
     def __init__(self):
         super().__init__(Text(nonempty=True), single=True)
-        self.expect = "a list of language codes such as [zh, en] ([] or all keeps every language)"
+        self.expect = "a list of language codes such as [zh, en], or [] or all for every language"
 
     def check(self, value):
         if value is None or value in ("", "all"):

@@ -84,11 +84,12 @@ class Number(ParamType):
                  open_min: bool = False, open_max: bool = False):
         self.min, self.max, self.open_min, self.open_max = min, max, open_min, open_max
         if min is not None and max is not None:
-            self.expect = f"a number between {_fmt(min)} and {_fmt(max)}"
             if open_min and open_max:
-                self.expect += " (exclusive)"
-            elif open_min or open_max:
-                self.expect += f" ({_fmt(min) if open_min else _fmt(max)} excluded)"
+                self.expect = f"a number strictly between {_fmt(min)} and {_fmt(max)}"
+            else:
+                self.expect = f"a number between {_fmt(min)} and {_fmt(max)}"
+                if open_min or open_max:
+                    self.expect += f", {_fmt(min) if open_min else _fmt(max)} excluded"
         elif min == 0 and open_min:
             self.expect = "a positive number"
         elif min == 0:
@@ -180,7 +181,7 @@ class MappingOf(ParamType):
     def __init__(self, key: ParamType, value: ParamType | None = None, expect: str = ""):
         self.key, self.value = key, value
         self.expect = expect or (f"a mapping of {key.expect} to {value.expect}" if value is not None
-                                 else f"a mapping with {key.expect} keys")
+                                 else f"a mapping whose keys are each {key.expect}")
 
     def check(self, value: Any) -> dict[Any, Any]:
         if not isinstance(value, dict):
