@@ -1,0 +1,57 @@
+"""The stage contract: every stage is one of three kinds, stages import no Beam, and the builder
+owns the run directory (it removes every declared side output of an earlier run)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from dsdata.beam.kinds import COMPOSITES
+from dsdata.beam.pipeline import run_recipe
+from dsdata.recipe import load_recipe
+from dsdata.stages import REGISTRY, BatchStage, CorpusStage, DocumentStage, registered_side_outputs, stage_class
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_stage_is_exactly_one_kind_and_corpus_stages_have_a_composite():
+    for name in REGISTRY:
+        cls = stage_class(name)
+        kinds = [k for k in (DocumentStage, BatchStage, CorpusStage) if issubclass(cls, k)]
+        assert len(kinds) == 1, (name, kinds)
+        assert not getattr(cls, "__abstractmethods__", None), (name, cls.__abstractmethods__)
+        if kinds[0] is CorpusStage:
+            assert name in COMPOSITES, name
+
+
+def test_stages_and_their_libraries_import_no_beam():
+    modules = sorted({target.partition(":")[0] for target in REGISTRY.values()}
+                     | {f"dsdata.{package}.{path.stem}" for package in ("clean", "dedup", "lm", "relevance", "augment")
+                        for path in (REPO / "dsdata" / package).glob("*.py")})
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "import dsdata.recipe\n"
+            "bad = sorted(m for m in sys.modules if m == 'apache_beam' or m.startswith('apache_beam.'))\n"
+            "print(len(bad))\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "0"
+
+
+def test_a_run_removes_every_declared_side_output_of_an_earlier_run(tmp_path):
+    sides = registered_side_outputs()
+    assert {s.name for s in sides} >= {"difficulty.json", "augment.json", "shards"}
+    out = tmp_path / "out"
+    for side in sides:
+        if side.directory:
+            (out / side.name).mkdir(parents=True)
+            (out / side.name / "stale.arrow").write_bytes(b"stale")
+        else:
+            out.mkdir(exist_ok=True)
+            (out / side.name).write_text("{}", encoding="utf-8")
+    (tmp_path / "in.jsonl").write_text("\n".join(json.dumps({"id": str(i), "text": f"doc {i}"}) for i in range(3)) + "\n",
+                                       encoding="utf-8")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("input: {paths: ['in.jsonl']}\nstages: []\n", encoding="utf-8")
+    stats = run_recipe(load_recipe(str(recipe)), str(out))
+    assert stats["kept"] == 3 and stats["ledger_ok"]
+    assert sorted(p.name for p in out.iterdir()) == ["kept", "rejected", "stats.json"]
