@@ -107,7 +107,6 @@ class DifficultyStage(CorpusStage):
                             Integer(min=1)),
     }
     annotations = {"perplexity": pa.float64(), "difficulty": pa.string()}
-
     side_outputs = (SideOutput(SUMMARY_FILE, ensure_ascii=False),)
 
     def validate(self) -> None:
