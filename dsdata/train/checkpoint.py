@@ -35,6 +35,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
 
 
+class GlobalRng:
+    """torch's global generators (CPU, and CUDA when in use) as a checkpointable part of the trainer."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return rng_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_rng_state(state)
+
+
 class Checkpointer:
     def __init__(self, directory: str, keep: int, layout):
         self.directory, self.keep, self.layout = directory, max(1, keep), layout
@@ -66,15 +76,12 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
         self.layout.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        if hasattr(self.layout, "complete_param_groups"):  # pipeline stages: each rank lists only its own params
-            optim_sd = self.layout.complete_param_groups(optim_sd)
+        optim_sd = self.layout.optimizer_state_to_save(optim_sd)
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
             warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
         self.layout.barrier()
-        names = _params_with_state(model, optimizer)
-        if hasattr(self.layout, "union_over_ranks"):  # pipeline stages own different parameters
-            names = self.layout.union_over_ranks(names)
+        names = self.layout.names_on_any_rank(_params_with_state(model, optimizer))
         if self.layout.writes_metrics:
             state = dict(state, optimizer_state_keys=names)
             with open(os.path.join(tmp, STATE_FILE + ".part"), "w") as fh:
@@ -103,8 +110,7 @@ class Checkpointer:
             dcp.load(target, checkpoint_id=path, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
         set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
         keep = set(state.get("optimizer_state_keys", []))
-        if hasattr(self.layout, "after_checkpoint_load"):  # e.g. pipeline stages holding two copies of a tied weight
-            keep = self.layout.after_checkpoint_load(model, optimizer, keep)
+        keep = self.layout.after_checkpoint_load(model, optimizer, keep)
         for name, param in _named_parameters(model):
             if name not in keep:
                 optimizer.state.pop(param, None)

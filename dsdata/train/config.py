@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dsdata.train.model import ModelArgs
@@ -132,9 +132,6 @@ class Config:
     export: ExportConfig
     source: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {name: asdict(getattr(self, name)) for name in SECTIONS}
-
 
 def _parse_value(text: str) -> Any:
     """A TOML value (number, bool, string, array, inline table); bare words are strings."""
@@ -223,5 +220,5 @@ def validate(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: optimizer.name = {config.optimizer.name!r}; choose adamw, deepopt or lambdaopt")
     if config.parallel.data_parallel not in ("ddp", "fsdp"):
         raise ConfigError(f"{source}: parallel.data_parallel = {config.parallel.data_parallel!r}; choose ddp or fsdp")
-    if config.parallel.pipeline_schedule not in ("gpipe", "1f1b", "interleaved_1f1b"):
-        raise ConfigError(f"{source}: parallel.pipeline_schedule must be gpipe, 1f1b or interleaved_1f1b")
+    if config.parallel.pipeline_schedule not in ("gpipe", "1f1b"):
+        raise ConfigError(f"{source}: parallel.pipeline_schedule = {config.parallel.pipeline_schedule!r}; choose gpipe or 1f1b")
