@@ -29,13 +29,11 @@ def main(argv: list[str] | None = None) -> int:
         from dsdata.train.loop import train
 
         summary = train(config, run_dir)
-    except ConfigError as exc:
-        print(f"dsdata-train: error: {exc}", file=sys.stderr)
-        return 2
     except Exception as exc:
         from dsdata.io.shards import ShardError
+        from dsdata.train.checkpoint import CheckpointError
 
-        if isinstance(exc, ShardError):
+        if isinstance(exc, (ConfigError, ShardError, CheckpointError)):  # the user can fix these: one line
             print(f"dsdata-train: error: {exc}", file=sys.stderr)
             return 2
         raise

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from dsdata.train.batches import build_batches
-from dsdata.train.checkpoint import Checkpointer, GlobalRng
+from dsdata.train.checkpoint import STATE_FILE, CheckpointError, Checkpointer, GlobalRng
 from dsdata.train.clipping import DynamicGradClipper
 from dsdata.train.config import Config, ConfigError
 from dsdata.train.distributed import init_distributed
@@ -98,7 +98,12 @@ class Trainer:
         """Load the newest complete checkpoint, if any; returns its step."""
         latest = self.checkpointer.latest()
         if latest is not None:
-            self.load_state_dict(self.checkpointer.load(latest, self.model_train, self.optimizer))
+            state = self.checkpointer.load(latest, self.model_train, self.optimizer)
+            try:
+                self.load_state_dict(state)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CheckpointError(f"checkpoint {self.checkpointer.path(latest)}: {STATE_FILE} does not fit "
+                                      f"this run ({type(exc).__name__}: {exc})") from None
             self.metrics.truncate_after(self.step)
             if self.layout.writes_metrics:
                 log.info("resumed from %s at step %d", self.checkpointer.path(latest), self.step)
