@@ -52,6 +52,7 @@ class Trainer:
 
         torch.manual_seed(t.seed)
         self.model = Transformer(config.model)
+        self.parameter_count = sum(p.numel() for p in self.model.parameters())  # before a layout splits it
         self.model_train = self.layout.parallelize(self.model)
         self.optimizer = build_optimizer(self.model, config.optimizer, t.steps)
         sc = config.schedule
@@ -111,8 +112,28 @@ class Trainer:
 
     # ---------------------------------------------------------------- the run
 
+    def describe(self) -> list[str]:
+        """The run's set-up, logged at the start (rank 0)."""
+        t, args, env = self.config.training, self.config.model, self.env
+        processes = f"{env.world_size} process{'es' if env.world_size > 1 else ''}"
+        backend = f" ({env.backend})" if env.backend else ""
+        data = (f"{self.batches.path} ({args.vocab_size}-token vocabulary)" if self.config.data.path
+                else f"synthetic stream ({args.vocab_size}-token vocabulary; set data.path for shards)")
+        variant = args.attention + (f", MoE {args.moe_experts} experts" if args.moe_experts else "")
+        return [f"run {self.run_dir}: {processes}{backend} on {env.device}, layout {self.layout.describe()}",
+                f"model {_count(self.parameter_count)} parameters ({args.n_layers} layers, dim {args.dim}, {variant}), "
+                f"{t.precision}, optimizer {self.config.optimizer.name}",
+                f"data {data}; {t.global_batch_size} × {t.seq_len} = {t.global_batch_size * t.seq_len} tokens per step, "
+                f"{t.steps} steps"]
+
     def run(self) -> dict:
         total = self.config.training.steps
+        finished = self.checkpointer.latest()
+        if finished is not None and finished >= total:
+            return self._already_complete(finished)
+        if self.layout.writes_metrics:
+            for line in self.describe():
+                log.info("%s", line)
         latest = self.resume()
         stop = _StopFlag()
         previous_handler = signal.signal(signal.SIGTERM, stop)
@@ -137,29 +158,36 @@ class Trainer:
         finally:
             signal.signal(signal.SIGTERM, previous_handler)
             self.metrics.close()
-        return {"steps": self.step, "loss": last_loss, "run_dir": self.run_dir, "vocab_size": self.config.model.vocab_size}
+        return self._summary(last_loss)
+
+    def _summary(self, loss: float | None, **extra) -> dict:
+        return {"steps": self.step, "loss": _finite_or_none(loss) if loss is not None else None,
+                "run_dir": self.run_dir, "vocab_size": self.config.model.vocab_size, **extra}
+
+    def _already_complete(self, step: int) -> dict:
+        """A finished run started again: nothing is trained, saved or exported."""
+        self.step = step
+        if self.layout.writes_metrics:
+            log.info("already complete at step %d (checkpoint %s); nothing to train or export — use another "
+                     "--run-dir or raise training.steps to continue", step, self.checkpointer.path(step))
+        last = self.metrics.last_record() if self.layout.writes_metrics else None
+        self.metrics.close()
+        return self._summary(last.get("loss") if isinstance(last, dict) else None, already_complete=True)
 
     def train_step(self) -> dict:
         """One optimizer step (the module docstring's line); returns the step's metrics record."""
-        t, layout, model = self.config.training, self.layout, self.model
+        t, layout = self.config.training, self.layout
         began = time.perf_counter()
-        set_training_step(model, self.step)
+        set_training_step(self.model, self.step)
         micro_batches = layout.local_micro_batches(self.batches.next_batch(self.step, t.global_batch_size))
-        histograms = (layout.writes_metrics and self.config.logging.histogram_interval
-                      and (self.step + 1) % self.config.logging.histogram_interval == 0)
-        activations = _ActivationCapture(model) if histograms else None
+        histograms = bool(layout.writes_metrics and self.config.logging.histogram_interval
+                          and (self.step + 1) % self.config.logging.histogram_interval == 0)
+        activations = _ActivationCapture(self.model) if histograms else None
 
         loss, precision, multiplier = self._forward_backward(micro_batches)
-        retried = precision != t.precision
         if activations is not None:
             activations.remove()
-        if self.step < self.frozen_until:
-            for p in self.frozen:
-                p.grad = None
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if multiplier != 1.0:  # unscale
-            for g in grads:
-                g.div_(multiplier)
+        grads = self._unscaled_gradients(multiplier)
         grad_norm = float(layout.grad_norm(grads))
         threshold = self.clipper.threshold()
         applied = math.isfinite(loss) and math.isfinite(grad_norm)
@@ -167,7 +195,7 @@ class Trainer:
             self.clipper.clip(grads, grad_norm)
             self.clipper.record(grad_norm)
             if histograms:
-                self.metrics.histograms(self.step + 1, {f"grad/{n}": p.grad for n, p in model.named_parameters()
+                self.metrics.histograms(self.step + 1, {f"grad/{n}": p.grad for n, p in self.model.named_parameters()
                                                         if p.grad is not None and not _is_dtensor(p.grad)})
             self.optimizer.step()
         elif layout.writes_metrics:
@@ -182,22 +210,38 @@ class Trainer:
         record = {"step": self.step, "loss": _finite_or_none(loss), "lr": lr, "grad_norm": _finite_or_none(grad_norm),
                   "clip_threshold": threshold, "loss_scale": multiplier if self.scaler is not None else 1.0,
                   "tokens_per_s": t.global_batch_size * t.seq_len / max(time.perf_counter() - began, 1e-9),
-                  "skipped": not applied, "fp32_retry": retried}
-        warning = self.anomaly.check(loss)
-        if layout.writes_metrics:
-            if warning:
-                log.warning("step %d: loss anomaly: %s", self.step, warning)
-            aux = model.aux_loss()
-            if aux is not None:
-                record["moe_aux_loss"] = float(aux.detach())
-            if warning:
-                record["anomaly"] = True
-            self.metrics.write(record)
-            if histograms:
-                self.metrics.histograms(self.step, {f"param/{n}": p for n, p in model.named_parameters()
-                                                    if not _is_dtensor(p)})
-                self.metrics.histograms(self.step, activations.values)
+                  "skipped": not applied, "fp32_retry": precision != t.precision}
+        self._log_step(record, loss, activations)
         return record
+
+    def _unscaled_gradients(self, multiplier: float) -> list[torch.Tensor]:
+        """The gradients to clip and apply: frozen layers' dropped (progressive unfreezing), the loss scale removed."""
+        if self.step < self.frozen_until:
+            for p in self.frozen:
+                p.grad = None
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if multiplier != 1.0:
+            for g in grads:
+                g.div_(multiplier)
+        return grads
+
+    def _log_step(self, record: dict, loss: float, activations: "_ActivationCapture | None") -> None:
+        """Loss-anomaly check (every rank: its history is checkpointed), then metrics.jsonl, TensorBoard, console."""
+        warning = self.anomaly.check(loss)
+        if not self.layout.writes_metrics:
+            return
+        if warning:
+            log.warning("step %d: loss anomaly: %s", self.step, warning)
+        aux = self.model.aux_loss()
+        if aux is not None:
+            record["moe_aux_loss"] = float(aux.detach())
+        if warning:
+            record["anomaly"] = True
+        self.metrics.write(record)
+        if activations is not None:
+            self.metrics.histograms(self.step, {f"param/{n}": p for n, p in self.model.named_parameters()
+                                                if not _is_dtensor(p)})
+            self.metrics.histograms(self.step, activations.values)
 
     def _forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, str, float]:
         """(global loss, precision used, loss multiplier); a non-finite loss under bf16/fp16 is redone in fp32."""
@@ -230,7 +274,8 @@ class Trainer:
         state = self.layout.full_model_state_dict(self.model_train)
         if self.layout.writes_metrics:
             out = self.config.export.hf_dir or os.path.join(self.run_dir, "hf")
-            kind = export_hf(state, self.config.model, out, _tokenizer_path(self.batches))
+            tokenizer, eos_id = _shard_tokenizer(self.batches)
+            kind = export_hf(state, self.config.model, out, tokenizer, eos_id)
             log.info("exported %s model to %s", kind, out)
         self.layout.barrier()
 
@@ -257,15 +302,22 @@ def _lower_layer_parameters(model: torch.nn.Module, config: Config) -> list[torc
     return [p for name, p in model.named_parameters() if name.startswith(prefixes)]
 
 
-def _tokenizer_path(batches) -> str | None:
-    """The shards' tokenizer (file or directory) named by their manifest, when it exists."""
+def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
+    """The shards' tokenizer (file or directory) named by their manifest, when it exists, and the
+    end-of-document id the manifest records."""
     dataset = getattr(batches, "dataset", None)
     if dataset is None:
-        return None
-    candidate = (dataset.manifest.get("tokenizer") or {}).get("path")
+        return None, None
+    info = dataset.manifest.get("tokenizer") or {}
+    candidate = info.get("path")
     if candidate and not os.path.isabs(candidate):
         candidate = os.path.join(os.path.dirname(batches.path), candidate)
-    return candidate if candidate and os.path.exists(candidate) else None
+    return (candidate if candidate and os.path.exists(candidate) else None), info.get("eos_id")
+
+
+def _count(n: int) -> str:
+    """12,345 / 1.23M / 1.01B."""
+    return f"{n:,}" if n < 1_000_000 else f"{n / 1e6:.2f}M" if n < 1_000_000_000 else f"{n / 1e9:.2f}B"
 
 
 def _finite_or_none(value: float) -> float | None:
