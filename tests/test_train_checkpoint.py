@@ -154,3 +154,21 @@ def test_every_numeric_key_has_a_declared_range():
             if numeric and (name, f.name) not in free:
                 assert f.name in BOUNDS.get(name, {}), f"{name}.{f.name} has no range"
     load_config(str(REPO / "models" / "llama-1b.toml"))  # the shipped configs are inside every range
+
+
+def test_a_truncated_data_file_is_one_line(finished_run, capsys, tmp_path):
+    data = finished_run / "checkpoints" / "step_00000002" / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[:1000])
+    _refused(finished_run, capsys, tmp_path / "none", "is damaged")
+
+
+def test_a_checkpoint_of_another_model_shape_is_one_line(finished_run, capsys):
+    capsys.readouterr()
+    argv = ["--config", TINY, "--run-dir", str(finished_run), "--set", "training.steps=4", "--set", "model.dim=64"]
+    for item in SMALL:
+        if not item.startswith("model.dim"):
+            argv += ["--set", item]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("dsdata-train: error: checkpoint ") and "Size mismatch" in err[-1], err
+    assert not any("Traceback" in line for line in err)

@@ -207,9 +207,12 @@ class Checkpointer:
             self._load_dcp(path, model, optimizer, state)
         except (Exception, CheckpointException) as exc:
             cause = _checkpoint_error_in(exc)
-            if cause is None:
-                raise
-            raise CheckpointError(f"checkpoint {path}: {cause}") from None
+            if cause is not None:
+                raise CheckpointError(f"checkpoint {path}: {cause}") from None
+            # A shape that changed since the save, a truncated file: the user's to fix, in one line.
+            raise CheckpointError(f"checkpoint {path} does not load into this run ({_first_line(exc)}); it was "
+                                  "saved for another model, or is damaged: use another --run-dir, or delete it to "
+                                  "resume from an earlier checkpoint") from None
         return state
 
     def _load_dcp(self, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -231,6 +234,15 @@ class Checkpointer:
         for name, param in _named_parameters(model):
             if name not in keep:
                 optimizer.state.pop(param, None)
+
+
+def _first_line(exc: BaseException) -> str:
+    """`Type: message` of what went wrong, taken from inside DCP's per-rank wrapper when there is one."""
+    for failure in (getattr(exc, "failures", None) or {}).values():
+        exc = failure[0] if isinstance(failure, tuple) else failure
+        break
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _checkpoint_error_in(exc: BaseException) -> CheckpointError | None:
