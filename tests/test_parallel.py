@@ -359,6 +359,20 @@ def test_layouts_match_one_process_and_checkpoints_load_across_layouts(single_pr
                          "single_from_pp2")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_three_pipeline_stages_with_a_tied_embedding_match_one_process(tmp_path):
+    """The middle stage holds neither copy of the tied embedding (it used to look for one and crash)."""
+    from dsdata.train.loop import train
+
+    sets = VARIANT_BASE + ["model.n_layers=3", "model.tie_embeddings=true", "training.global_batch_size=6"]
+    _torchrun(3, [{"run_dir": str(tmp_path / "pp3"), "overrides": sets + ["parallel.pipeline_parallel_size=3"]}],
+              tmp_path)
+    torch.set_num_threads(1)
+    train(load_config(TINY, sets), str(tmp_path / "single"))
+    _assert_close_losses(_losses(tmp_path / "pp3"), _losses(tmp_path / "single"), "pp3 tied")
+
+
 def _worker(plan_path: str) -> None:
     """torchrun entry: train each planned run in turn within one process group."""
     import torch.distributed as dist
