@@ -245,7 +245,7 @@ def rejected_examples(output: str, wanted: Iterable[tuple[str, str]], per_reason
 # Charts (matplotlib's object API: no pyplot global state, safe off the main thread)
 
 
-def _figure(width: float = 7.0, height: float = 3.2):
+def _figure(width: float = 6.0, height: float = 3.2):
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
@@ -260,7 +260,7 @@ def _png(fig) -> str:
 
 def funnel_chart(stats: dict[str, Any]) -> str:
     stages = list(stats.get("stages", {}).items())
-    fig = _figure(7.0, 0.45 * len(stages) + 1.2)
+    fig = _figure(7.0, max(2.0, 0.42 * len(stages) + 1.5))
     ax = fig.add_subplot()
     names = [s for s, _ in stages]
     kept = [v["kept_after"] for _, v in stages]
@@ -273,7 +273,7 @@ def funnel_chart(stats: dict[str, Any]) -> str:
     ax.set_yticks(y, names)
     ax.set_xlabel("documents")
     ax.set_xlim(0, max([k + r for k, r in zip(kept, rejected)] + [1]) * 1.18)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 1.0 / max(len(stages), 1)), ncol=2, fontsize=8)
+    fig.legend(loc="outside lower center", ncol=2, fontsize=8)  # below the axes: never over a bar
     ax.set_title("Funnel: documents after each stage")
     return _png(fig)
 
@@ -307,7 +307,7 @@ def histogram_chart(values, title: str, xlabel: str, *, lines: list[tuple[float,
 
 
 def bar_chart(labels: list[str], counts: list[int], title: str, xlabel: str, ylabel: str = "documents") -> str:
-    fig = _figure(7.0, 3.0)
+    fig = _figure(6.0, 3.2)
     ax = fig.add_subplot()
     ax.bar(range(len(labels)), counts, color="#4c78a8")
     ax.set_xticks(range(len(labels)), labels, rotation=45 if len(labels) > 8 else 0, ha="right" if len(labels) > 8 else "center",
@@ -340,7 +340,7 @@ def perplexity_chart(sample: KeptSample, difficulty: dict[str, Any] | None) -> s
                 groups.append((lang, values, info.get("cutoffs") or {}))
     if not groups:
         groups = [("all", ppl, (difficulty or {}).get("cutoffs") or {})]
-    fig = _figure(7.0, 2.4 * len(groups) + 0.6)
+    fig = _figure(6.0, 2.2 * len(groups) + 0.6)
     axes = fig.subplots(len(groups), 1, squeeze=False)[:, 0]
     for ax, (lang, values, cutoffs) in zip(axes, groups):
         lo, hi = max(1e-3, float(values.min())), float(values.max())
@@ -406,7 +406,7 @@ def stage_times(stats: dict[str, Any]) -> list[tuple[str, float, float | None]]:
 # The page
 
 _CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1000px;padding:1em 2em;color:#222}
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}
 h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 h3{font-size:1em;margin:1em 0 .3em} table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
 td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top} th{background:#f5f5f5}
@@ -414,6 +414,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums} img{max-width:100%;heig
 .ok{color:#2a7a2a;font-weight:bold} .bad{color:#b00;font-weight:bold} .muted{color:#777;font-size:.85em}
 pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.8em} .ex{font-size:.85em;white-space:pre-wrap;max-width:60em}
 nav a{margin-right:1em;font-size:.9em}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:.5em 1.5em}
 """
 
 
@@ -449,7 +450,8 @@ def build_html(output: str) -> str:
 
     # Funnel + reasons with examples
     parts.append('<section id="funnel-section"><h2>Funnel</h2>')
-    parts.append(_img("funnel", funnel_chart(stats), "documents after each stage"))
+    if stats.get("stages"):
+        parts.append(_img("funnel", funnel_chart(stats), "documents after each stage"))
     parts.append('<table id="funnel-table"><tr><th>stage</th><th>rejected</th><th>documents after</th></tr>')
     for stage, v in stats.get("stages", {}).items():
         parts.append(f'<tr><td>{_e(stage)}</td><td class="n">{v["rejected"]}</td><td class="n">{v["kept_after"]}</td></tr>')
@@ -508,7 +510,7 @@ def build_html(output: str) -> str:
         hists.append(_img(element_id, histogram_chart(values, title, xlabel, lines=lines), title))
     ppl = perplexity_chart(sample, difficulty)
     if ppl is not None:
-        hists.append(_img("hist-perplexity", ppl, "perplexity with difficulty cut-offs"))
+        hists.append(_img("hist-perplexity", ppl, "perplexity with difficulty cut-offs") + _cutoff_caption(difficulty))
     grades = sample.strings("difficulty")
     if grades is not None and (difficulty or {}).get("counts"):
         c = difficulty["counts"]
@@ -539,7 +541,8 @@ def build_html(output: str) -> str:
                                                         "cluster size (documents)", "clusters"), "duplicate cluster sizes"))
     if hists:
         nav.append(("histograms", "Distributions"))
-        parts.append('<section id="histograms"><h2>Distributions</h2>' + note + "".join(hists) + "</section>")
+        parts.append('<section id="histograms"><h2>Distributions</h2>' + note + '<div class="grid">'
+                     + "".join(f"<div>{h}</div>" for h in hists) + "</div></section>")
 
     # Per-stage time
     times = stage_times(stats)
@@ -579,6 +582,22 @@ def build_html(output: str) -> str:
             f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>{nav_html}{''.join(parts)}"
             f'<p class="muted">Written by dsdata {_e(info.get("dsdata_version", ""))}; rebuild with '
             f"<code>dsdata report {_e(output)}</code>.</p></body></html>\n")
+
+
+def _cutoff_caption(difficulty: dict[str, Any] | None) -> str:
+    """The cut-offs drawn on the perplexity chart, as text (difficulty.json)."""
+    groups = dict((difficulty or {}).get("languages") or {})
+    if not groups and (difficulty or {}).get("cutoffs"):
+        groups = {"all": difficulty}
+    items = []
+    for lang, info in groups.items():
+        c = info.get("cutoffs") or {}
+        if c:
+            items.append(f"{_e(lang)}: easy &lt; {_e(c.get('easy_below'))}, hard &gt; {_e(c.get('hard_above'))}"
+                         f" ({_e(info.get('cutoff_source', 'cut-offs'))})")
+    if not items:
+        return ""
+    return f'<p id="perplexity-cutoffs" class="muted">Difficulty cut-offs (perplexity) — {"; ".join(items)}.</p>'
 
 
 def write_report(output: str) -> str:
