@@ -293,21 +293,27 @@ class ProgressWatcher:
 
 
 def _runner_counts(result) -> dict[tuple[str, str], int]:
-    """dsdata.* counters from a running job's PipelineResult (async runners: portable, Dataflow)."""
-    counts: dict[tuple[str, str], int] = {}
+    """dsdata.* counters of a job still running (async runners: portable, Dataflow); {} once it ended."""
     try:
         state = str(getattr(result, "state", ""))
-        if "DONE" in state or "FAILED" in state or "CANCELLED" in state:
-            return counts
-        for item in result.metrics().query().get("counters", []):
-            key = item.key.metric
-            if not key.namespace.startswith(NAMESPACE_PREFIX):
-                continue
-            value = item.attempted if item.attempted is not None else item.committed
-            stage = key.namespace[len(NAMESPACE_PREFIX):]
-            counts[(stage, key.name)] = counts.get((stage, key.name), 0) + int(value or 0)
+        if any(end in state for end in ("DONE", "FAILED", "CANCELLED")):
+            return {}
+        return counts_from_metrics(result.metrics())
     except Exception as exc:  # noqa: BLE001 - a runner without live metrics just shows no progress
         log.debug("progress: runner metrics unavailable: %s", exc)
+        return {}
+
+
+def counts_from_metrics(metrics) -> dict[tuple[str, str], int]:
+    """{(stage, counter): n} from a Beam MetricResults (attempted values: a running job has no committed ones)."""
+    counts: dict[tuple[str, str], int] = {}
+    for item in metrics.query().get("counters", []):
+        key = item.key.metric
+        if not key.namespace.startswith(NAMESPACE_PREFIX):
+            continue
+        value = item.attempted if item.attempted is not None else item.committed
+        stage = key.namespace[len(NAMESPACE_PREFIX):]
+        counts[(stage, key.name)] = counts.get((stage, key.name), 0) + int(value or 0)
     return counts
 
 
