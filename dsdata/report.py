@@ -245,10 +245,14 @@ def rejected_examples(output: str, wanted: Iterable[tuple[str, str]], per_reason
 # Charts (matplotlib's object API: no pyplot global state, safe off the main thread)
 
 
-def _figure(width: float = 6.0, height: float = 3.2):
+def _figure(width: float = 6.0, height: float = 3.2, *, left: float = 0.7, bottom: float = 0.6,
+            top: float = 0.35, right: float = 0.2, hspace: float = 0.0):
+    """A figure with fixed margins in inches: one draw per figure (a layout engine draws twice)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    fig = Figure(figsize=(width, height), dpi=100)
+    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
+                        hspace=hspace)
     return fig
 
 
@@ -260,7 +264,7 @@ def _png(fig) -> str:
 
 def funnel_chart(stats: dict[str, Any]) -> str:
     stages = list(stats.get("stages", {}).items())
-    fig = _figure(7.0, max(2.0, 0.42 * len(stages) + 1.5))
+    fig = _figure(7.0, max(2.0, 0.42 * len(stages) + 1.5), left=0.95, bottom=0.95)
     ax = fig.add_subplot()
     names = [s for s, _ in stages]
     kept = [v["kept_after"] for _, v in stages]
@@ -273,7 +277,7 @@ def funnel_chart(stats: dict[str, Any]) -> str:
     ax.set_yticks(y, names)
     ax.set_xlabel("documents")
     ax.set_xlim(0, max([k + r for k, r in zip(kept, rejected)] + [1]) * 1.18)
-    fig.legend(loc="outside lower center", ncol=2, fontsize=8)  # below the axes: never over a bar
+    fig.legend(loc="lower center", ncol=2, fontsize=8)  # below the axes: never over a bar
     ax.set_title("Funnel: documents after each stage")
     return _png(fig)
 
@@ -307,7 +311,7 @@ def histogram_chart(values, title: str, xlabel: str, *, lines: list[tuple[float,
 
 
 def bar_chart(labels: list[str], counts: list[int], title: str, xlabel: str, ylabel: str = "documents") -> str:
-    fig = _figure(6.0, 3.2)
+    fig = _figure(6.0, 3.2, bottom=0.75 if len(labels) > 8 else 0.6)
     ax = fig.add_subplot()
     ax.bar(range(len(labels)), counts, color="#4c78a8")
     ax.set_xticks(range(len(labels)), labels, rotation=45 if len(labels) > 8 else 0, ha="right" if len(labels) > 8 else "center",
@@ -340,7 +344,7 @@ def perplexity_chart(sample: KeptSample, difficulty: dict[str, Any] | None) -> s
                 groups.append((lang, values, info.get("cutoffs") or {}))
     if not groups:
         groups = [("all", ppl, (difficulty or {}).get("cutoffs") or {})]
-    fig = _figure(6.0, 2.2 * len(groups) + 0.6)
+    fig = _figure(6.0, 2.2 * len(groups) + 0.6, hspace=0.45)
     axes = fig.subplots(len(groups), 1, squeeze=False)[:, 0]
     for ax, (lang, values, cutoffs) in zip(axes, groups):
         lo, hi = max(1e-3, float(values.min())), float(values.max())
@@ -360,7 +364,7 @@ def perplexity_chart(sample: KeptSample, difficulty: dict[str, Any] | None) -> s
 
 
 def stage_time_chart(rows: list[tuple[str, float, float | None]]) -> str:
-    fig = _figure(7.0, 0.4 * len(rows) + 1.2)
+    fig = _figure(7.0, 0.4 * len(rows) + 1.2, left=0.95)
     ax = fig.add_subplot()
     y = list(range(len(rows)))[::-1]
     ax.barh(y, [r[1] for r in rows], color="#72b7b2")
