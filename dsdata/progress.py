@@ -32,27 +32,35 @@ _FLUSH_SECONDS = 1.0
 
 
 class _ProcessTally:
-    """This process's counts {(stage, counter): n}, flushed to the progress directory by a thread."""
+    """This process's stage counters, summed and flushed to the progress directory by a thread.
+
+    Counting itself takes no lock: each `StageCounter` adds to its own integer (Beam never runs one
+    DoFn instance on two threads at once), and a snapshot only reads those integers.
+    """
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._counts: dict[tuple[str, str], int] = {}
+        self._counters: list[StageCounter] = []
         self._flusher: threading.Thread | None = None
         self._file = f"{socket.gethostname()}-{os.getpid()}.json"
 
-    def add(self, key: tuple[str, str], n: int) -> None:
+    def register(self, counter: "StageCounter") -> None:
         with self._lock:
-            self._counts[key] = self._counts.get(key, 0) + n
+            self._counters.append(counter)
         if self._flusher is None:
             self._start_flusher()
 
     def reset(self) -> None:
         with self._lock:
-            self._counts = {}
+            self._counters = []
 
     def snapshot(self) -> dict[tuple[str, str], int]:
         with self._lock:
-            return dict(self._counts)
+            counters = list(self._counters)
+        counts: dict[tuple[str, str], int] = {}
+        for counter in counters:
+            counts[counter.key] = counts.get(counter.key, 0) + counter.value
+        return counts
 
     def _start_flusher(self) -> None:
         with self._lock:
@@ -92,11 +100,13 @@ class StageCounter:
         self.namespace, self.name = namespace, name
         self._beam = Metrics.counter(namespace, name)
         stage = namespace[len(NAMESPACE_PREFIX):] if namespace.startswith(NAMESPACE_PREFIX) else namespace
-        self._key = (stage, name)
+        self.key = (stage, name)
+        self.value = 0
+        _TALLY.register(self)
 
     def inc(self, n: int = 1) -> None:
         self._beam.inc(n)
-        _TALLY.add(self._key, n)
+        self.value += n
 
     def __reduce__(self):
         return StageCounter, (self.namespace, self.name)

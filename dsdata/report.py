@@ -90,7 +90,7 @@ def write_report_safely(output: str, recipe=None, stages=None, options=None, sec
             write_run_info(output, run_info(recipe, stages or [], options, seconds))
         return write_report(output)
     except Exception as exc:  # noqa: BLE001 - the report must never fail a finished run
-        log.warning("dsdata: warning: could not write %s: %s: %s (the run itself succeeded; "
+        log.warning("warning: could not write %s: %s: %s (the run itself succeeded; "
                     "retry with 'dsdata report %s')", FileSystems.join(output, REPORT_NAME),
                     type(exc).__name__, exc, output)
         return None
