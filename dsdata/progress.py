@@ -211,6 +211,8 @@ class ProgressWatcher:
         self._thread: threading.Thread | None = None
         self._pipeline = None
         self._bar = None
+        self._log_redirect = None
+        self._bar_earlier: Progress | None = None
         self._start = time.time()
 
     def attach(self, pipeline) -> None:
@@ -226,6 +228,13 @@ class ProgressWatcher:
         os.environ[PROGRESS_DIR_ENV] = self._dir
         _TALLY.reset()  # the in-process runner counts in this process: forget an earlier run's counts
         self._start = time.time()
+        if self.mode == "bar":
+            # Log lines (e.g. "read FILE: N records") go through tqdm.write, above the bar, instead
+            # of being printed into the middle of it.
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            self._log_redirect = logging_redirect_tqdm()
+            self._log_redirect.__enter__()
         self._thread = threading.Thread(target=self._report_forever, name="dsdata-progress-watch", daemon=True)
         self._thread.start()
         return self
@@ -242,6 +251,8 @@ class ProgressWatcher:
             except Exception as exc:  # noqa: BLE001 - progress must never stop a run
                 log.debug("progress: %s", exc)
             self._bar.close()
+        if self._log_redirect is not None:
+            self._log_redirect.__exit__(None, None, None)
         if self._old_env is None:
             os.environ.pop(PROGRESS_DIR_ENV, None)
         else:
@@ -294,12 +305,25 @@ class ProgressWatcher:
         if self._bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(desc="dsdata", unit=" docs", file=self.stream, dynamic_ncols=True,
-                             initial=0, mininterval=1.0)
+            try:
+                columns = os.get_terminal_size(self.stream.fileno()).columns
+            except (AttributeError, OSError, ValueError):
+                columns = 0
+            # A pty that reports a 0 x 0 size (docker -t, script(1), some CI consoles) makes tqdm
+            # hide the bar as "below the screen": give it the fallback size instead.
+            fallback = shutil.get_terminal_size()
+            width = {"dynamic_ncols": True} if columns else {"ncols": fallback.columns, "nrows": fallback.lines}
+            self._bar = tqdm(desc="dsdata", unit=" docs", file=self.stream, initial=0, mininterval=1.0, **width)
+            # Elapsed time and the average rate count from the start of the run, not from the moment
+            # the bar appeared (else the first update looks like millions of docs/s).
+            self._bar.start_t = self._bar.last_print_t = self._start
+        # The bar's own rate is the read rate; "busy" is the front stage, as in the progress lines.
+        moved = now.moved_since(self._bar_earlier)
+        self._bar_earlier = now
+        busy = moved[-1][0] if moved else "-"
+        self._bar.set_postfix_str(f"kept {now.kept}, rejected {now.rejected}, busy: {busy}", refresh=False)
         self._bar.update(now.read - self._bar.n)
-        busy = now.order and [s for s in now.order if now.stages[s]["in"] > 0]
-        self._bar.set_postfix_str(f"kept {now.kept}, rejected {now.rejected}, last stage counting: "
-                                  f"{busy[-1] if busy else '-'}", refresh=True)
+        self._bar.refresh()
 
 
 def _runner_counts(result) -> dict[tuple[str, str], int]:

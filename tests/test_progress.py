@@ -149,13 +149,13 @@ def test_bar_mode_draws_a_tqdm_bar():
     _WATCHERS["bar"] = watcher
     with watcher:
         with _pipeline([f"--runner={DEFAULT_RUNNER}"], hold_at=120, watcher_key="bar",
-                       shown=r"last stage counting: slow") as p:
+                       shown=r"busy: slow") as p:
             watcher.attach(p)
     drawn = stream.getvalue()
     assert watcher.lines == []
     assert re.search(r"dsdata: *\d+ docs", drawn), drawn
     # drawn mid-run (the DoFn waited for it), and once more complete when the run ended
-    assert re.search(r"kept \d+, rejected \d+, last stage counting: slow", drawn.split("kept 200, rejected 200")[0])
+    assert re.search(r"kept \d+, rejected \d+, busy: slow", drawn.split("kept 200, rejected 200")[0])
     assert "kept 200, rejected 200" in drawn
 
 
