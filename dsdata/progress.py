@@ -221,12 +221,14 @@ class ProgressWatcher:
         self._pipeline = pipeline
 
     def __enter__(self) -> "ProgressWatcher":
+        # The in-process runner counts in this process: forget an earlier run's counters (also when
+        # off, so a long-lived process that runs many pipelines does not keep them all).
+        _TALLY.reset()
         if self.mode == "off":
             return self
         self._dir = tempfile.mkdtemp(prefix="dsdata-progress-")
         self._old_env = os.environ.get(PROGRESS_DIR_ENV)
         os.environ[PROGRESS_DIR_ENV] = self._dir
-        _TALLY.reset()  # the in-process runner counts in this process: forget an earlier run's counts
         self._start = time.time()
         if self.mode == "bar":
             # Log lines (e.g. "read FILE: N records") go through tqdm.write, above the bar, instead
