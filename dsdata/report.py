@@ -128,7 +128,10 @@ def _open_parquet(path: str):
     import pyarrow.parquet as pq
 
     if "://" in path:
-        return pq.ParquetFile(io.BytesIO(FileSystems.open(path).read()))
+        from apache_beam.io.filesystem import CompressionTypes
+
+        # A seekable handle: pyarrow reads the footer and the column chunks it needs, not the file.
+        return pq.ParquetFile(FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED))
     return pq.ParquetFile(path)
 
 
