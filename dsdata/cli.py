@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "tokenizer": ("dsdata.commands.tokenizer", "train a byte-level BPE tokenizer"),
     "shards": ("dsdata.commands.shards", "inspect and verify training shards"),
     "shm": ("dsdata.commands.shm", "publish shards to shared memory (/dev/shm)"),
+    "report": ("dsdata.commands.report", "rebuild OUT/report.html from a run's output directory"),
 }
 
 
@@ -47,6 +48,9 @@ def cmd_run(argv: list[str]) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="STAGE.PARAM=VALUE",
                         help="override a recipe parameter (repeatable), e.g. --set lang.min_score=0.6")
     parser.add_argument("--quiet", action="store_true", help="print only the final JSON stats line")
+    parser.add_argument("--progress", default="auto", choices=["auto", "bar", "lines", "off"],
+                        help="live progress every 10 s on long runs: a bar on a terminal (auto), "
+                        "lines (logs), or off; --quiet turns it off")
     args, beam_args = parser.parse_known_args(argv)
     bad = [a for a in beam_args if not a.startswith("--")]
     if bad:
@@ -68,11 +72,16 @@ def cmd_run(argv: list[str]) -> int:
     if not args.quiet:
         print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
               f"on {len(recipe.inputs)} input pattern(s) → {output}", file=sys.stderr)
-    stats = run_recipe(recipe, output, beam_args)
+    from dsdata.progress import resolve_mode
+
+    stats = run_recipe(recipe, output, beam_args, progress=resolve_mode(args.progress, quiet=args.quiet))
     if not args.quiet:
         rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
         print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
               f"rejected {stats['rejected_total']} ({rej}) in {stats['seconds']} s; ledger ok", file=sys.stderr)
+        report = os.path.join(output, "report.html")
+        if "://" not in output and os.path.isfile(report):
+            print(f"dsdata: report: {report} (open it in a browser)", file=sys.stderr)
     print(json.dumps({k: stats[k] for k in ("input", "kept", "augmented", "rejected_total", "seconds")}))
     return 0
 

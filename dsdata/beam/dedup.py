@@ -63,6 +63,7 @@ from apache_beam.metrics import Metrics
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json
+from dsdata.progress import stage_counter
 
 log = logging.getLogger("dsdata")
 
@@ -385,10 +386,10 @@ class _Decide(beam.DoFn):
 
     def setup(self):
         self.ns = f"dsdata.{self.stage_name}"
-        self.n_in = Metrics.counter(self.ns, "in")
-        self.n_kept = Metrics.counter(self.ns, "kept")
-        self.n_exact = Metrics.counter(self.ns, "rejected.exact_duplicate")
-        self.n_near = Metrics.counter(self.ns, "rejected.near_duplicate")
+        self.n_in = stage_counter(self.ns, "in")
+        self.n_kept = stage_counter(self.ns, "kept")
+        self.n_exact = stage_counter(self.ns, "rejected.exact_duplicate")
+        self.n_near = stage_counter(self.ns, "rejected.near_duplicate")
 
     def _reject(self, doc: Document, reason: str, detail: str):
         (self.n_exact if reason == "exact_duplicate" else self.n_near).inc()

@@ -23,7 +23,9 @@ from dsdata.beam.kinds import ApplyStage, StageContext
 from dsdata.beam.transforms import KEPT, REJECTED, ReadDocuments
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_row, kept_schema, rejected_row
 from dsdata.io.readers import READ_STAGE
+from dsdata.progress import watch as watch_progress
 from dsdata.recipe import Recipe
+from dsdata.report import remove_report, write_report_safely
 from dsdata.stages import SideOutput, Stage, registered_side_outputs
 
 log = logging.getLogger("dsdata")
@@ -216,18 +218,27 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     )
 
 
-def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] | None = None) -> dict[str, Any]:
-    """Run a recipe to completion and return its stats (also written to OUTPUT/stats.json)."""
+def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] | None = None,
+               progress: str = "off") -> dict[str, Any]:
+    """Run a recipe to completion and return its stats (also written to OUTPUT/stats.json).
+
+    progress: "lines" / "bar" print live progress every 10 s (see dsdata.progress); "off" is silent.
+    OUTPUT/report.html and OUTPUT/run.json are written at the end (a report error only warns).
+    """
     output = output or recipe.output
     stages = recipe.build_stages()
     _prepare_output(output)
+    remove_report(output)
     options = pipeline_options(list(recipe.beam_args) + list(beam_args or []))
     start = time.time()
-    with beam.Pipeline(options=options) as p:
-        build_pipeline(p, recipe, output, stages)
+    with watch_progress(progress, [READ_STAGE] + [s.name for s in stages]) as watcher:
+        with beam.Pipeline(options=options) as p:
+            build_pipeline(p, recipe, output, stages)
+            watcher.attach(p)
     with FileSystems.open(FileSystems.join(output, "stats.json")) as fh:
         stats = json.loads(fh.read().decode("utf-8"))
     stats["seconds"] = round(time.time() - start, 3)
+    write_report_safely(output, recipe, stages, options, stats["seconds"])
     if not stats["ledger_ok"]:
         raise LedgerError(
             f"ledger broken in {output}/stats.json: input {stats['input']} + augmented {stats['augmented']} "

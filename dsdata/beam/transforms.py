@@ -10,10 +10,10 @@ import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics import Metrics
 
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import READ_STAGE, read_file
+from dsdata.progress import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage
 
 log = logging.getLogger("dsdata")
@@ -27,15 +27,15 @@ class StageCounters:
 
     def _init_counters(self, stage_name: str) -> None:
         self._ns = f"dsdata.{stage_name}"
-        self._in = Metrics.counter(self._ns, "in")
-        self._kept = Metrics.counter(self._ns, "kept")
+        self._in = stage_counter(self._ns, "in")
+        self._kept = stage_counter(self._ns, "kept")
         self._reasons: dict[str, Any] = {}
 
     def _route(self, result: Document | Rejected):
         if isinstance(result, Rejected):
             counter = self._reasons.get(result.reason)
             if counter is None:
-                counter = self._reasons[result.reason] = Metrics.counter(self._ns, f"rejected.{result.reason}")
+                counter = self._reasons[result.reason] = stage_counter(self._ns, f"rejected.{result.reason}")
             counter.inc()
             return beam.pvalue.TaggedOutput(REJECTED, result)
         self._kept.inc()
