@@ -72,7 +72,7 @@ def cmd_run(argv: list[str]) -> int:
     if not args.quiet:
         print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
               f"on {len(recipe.inputs)} input pattern(s) → {output}", file=sys.stderr)
-    from dsdata.progress import resolve_mode
+    from dsdata.beam.progress import resolve_mode
 
     stats = run_recipe(recipe, output, beam_args, progress=resolve_mode(args.progress, quiet=args.quiet))
     if not args.quiet:

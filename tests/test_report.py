@@ -17,7 +17,7 @@ import pytest
 from dsdata.beam.pipeline import run_recipe
 from dsdata.document import REJECTED_SCHEMA
 from dsdata.recipe import load_recipe
-from dsdata.report import KeptSample, build_html, rejected_examples, stage_times, write_report_safely
+from dsdata.beam.report import KeptSample, build_html, rejected_examples, stage_times, write_report_safely
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -63,7 +63,7 @@ from apache_beam.metrics import Metrics
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json
-from dsdata.progress import stage_counter
+from dsdata.beam.progress import stage_counter
 
 log = logging.getLogger("dsdata")
 

@@ -23,9 +23,9 @@ from dsdata.beam.kinds import ApplyStage, StageContext
 from dsdata.beam.transforms import KEPT, REJECTED, ReadDocuments
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_row, kept_schema, rejected_row
 from dsdata.io.readers import READ_STAGE
-from dsdata.progress import watch as watch_progress
+from dsdata.beam.progress import watch as watch_progress
 from dsdata.recipe import Recipe
-from dsdata.report import remove_report, write_report_safely
+from dsdata.beam.report import remove_report, write_report_safely
 from dsdata.stages import SideOutput, Stage, registered_side_outputs
 
 log = logging.getLogger("dsdata")
@@ -222,7 +222,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
                progress: str = "off") -> dict[str, Any]:
     """Run a recipe to completion and return its stats (also written to OUTPUT/stats.json).
 
-    progress: "lines" / "bar" print live progress every 10 s (see dsdata.progress); "off" is silent.
+    progress: "lines" / "bar" print live progress every 10 s (see dsdata.beam.progress); "off" is silent.
     OUTPUT/report.html and OUTPUT/run.json are written at the end (a report error only warns).
     """
     output = output or recipe.output

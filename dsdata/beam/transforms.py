@@ -13,7 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import READ_STAGE, read_file
-from dsdata.progress import stage_counter
+from dsdata.beam.progress import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage
 
 log = logging.getLogger("dsdata")

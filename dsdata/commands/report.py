@@ -12,7 +12,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from apache_beam.io.filesystems import FileSystems
 
-    from dsdata.report import write_report
+    from dsdata.beam.report import write_report
 
     if not FileSystems.exists(FileSystems.join(args.output, "stats.json")):
         print(f"dsdata: error: {args.output} has no stats.json; pass the output directory of a 'dsdata run'",
