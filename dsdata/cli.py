@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -53,6 +54,7 @@ def cmd_run(argv: list[str]) -> int:
         raise UserError(f"unexpected argument(s) {' '.join(bad)}; Beam options must look like --name=value")
 
     from dsdata.beam.pipeline import run_recipe
+    from dsdata.io.outlock import check_output_dir, output_lock
     from dsdata.recipe import load_recipe
 
     if not args.quiet:
@@ -65,16 +67,41 @@ def cmd_run(argv: list[str]) -> int:
         recipe.input_format = args.format
     output = args.output or recipe.output
     _check_inputs(recipe.inputs, recipe.path)
+    _check_beam_args(list(recipe.beam_args) + beam_args)
+    local_output = "://" not in output
+    if local_output:
+        output = check_output_dir(output)
     if not args.quiet:
         print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
               f"on {len(recipe.inputs)} input pattern(s) → {output}", file=sys.stderr)
-    stats = run_recipe(recipe, output, beam_args)
+    with output_lock(output) if local_output else contextlib.nullcontext():
+        stats = run_recipe(recipe, output, beam_args)
     if not args.quiet:
         rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
         print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
               f"rejected {stats['rejected_total']} ({rej}) in {stats['seconds']} s; ledger ok", file=sys.stderr)
     print(json.dumps({k: stats[k] for k in ("input", "kept", "augmented", "rejected_total", "seconds")}))
     return 0
+
+
+# Runs on Beam's multi-threaded in-process worker lost exact_duplicate rejections about one run in
+# five (issue 14; the ledger check caught it as LedgerError).  The race is not found yet, so the mode
+# is refused rather than left to fail late or, worse, pass with rows missing.
+UNSAFE_RUNNING_MODES = {
+    "multi_threading": "runs on it lost exact_duplicate rejections (a race in Beam's multi-threaded "
+                       "worker path, not yet found); use --direct_running_mode=multi_processing or in_memory",
+}
+
+
+def _check_beam_args(beam_args: list[str]) -> None:
+    from dsdata.beam_options import check_runner, direct_running_mode_in, runner_in
+
+    runner = runner_in(beam_args)
+    if runner is not None:
+        check_runner(runner)
+    mode = direct_running_mode_in(beam_args)
+    if mode in UNSAFE_RUNNING_MODES:
+        raise UserError(f"--direct_running_mode={mode} is refused: {UNSAFE_RUNNING_MODES[mode]}")
 
 
 def _check_inputs(patterns: list[str], recipe_path: str) -> None:
@@ -130,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_dispatch(commands, argv: list[str]) -> int:
+    from dsdata.beam_options import BeamOptionError
+    from dsdata.io.outlock import OutputDirError
     from dsdata.io.readers import InputFormatError
     from dsdata.recipe import RecipeError
     from dsdata.stages import StageConfigError
@@ -148,7 +177,8 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
         if name.startswith("-") or name.endswith((".yaml", ".yml")):
             return commands["run"][0](argv)
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")
-    except (UserError, RecipeError, StageConfigError, InputFormatError, FileNotFoundError) as exc:
+    except (UserError, RecipeError, StageConfigError, InputFormatError, FileNotFoundError, BeamOptionError,
+            OutputDirError) as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
 
