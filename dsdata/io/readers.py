@@ -19,6 +19,7 @@ from typing import IO, Any, Iterator
 
 from dsdata.document import Document, Rejected
 from dsdata.io.decompress import Damage, compression_of, decoded_chunks
+from dsdata.io.encodings import bom_encoding, decode, encoding_for_label, meta_encoding
 
 READ_STAGE = "read"
 FORMATS = ("jsonl", "parquet", "html", "warc")
@@ -299,22 +300,35 @@ def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: 
             row += 1
 
 
-_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?([A-Za-z0-9_\-]+)""", re.I)
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:\-]+)""", re.I)
 
 
 def decode_html(data: bytes, declared: str | None = None) -> str | None:
-    """Bytes of an HTML page → str: declared charset, then <meta charset>, then UTF-8; None if none fit."""
+    """Bytes of an HTML page → str, as browsers decode it (the WHATWG Encoding Standard): a UTF-8 or
+    UTF-16 byte-order mark first, then the declared (HTTP) charset, then <meta charset>, then UTF-8,
+    each label mapped to the standard's encoding (gb2312 → GBK, shift_jis → windows-31j,
+    iso-8859-1 → windows-1252, …); None if no candidate decodes the page."""
+    bom = bom_encoding(data)
+    if bom is not None:
+        name, length = bom
+        try:
+            return decode(data[length:], name)
+        except UnicodeDecodeError:
+            return None
     candidates = []
-    if declared:
-        candidates.append(declared)
+    name = encoding_for_label(declared)
+    if name:
+        candidates.append(name)
     m = _META_CHARSET.search(data[:4096])
     if m:
-        candidates.append(m.group(1).decode("ascii"))
-    candidates.append("utf-8")
-    for enc in candidates:
+        name = meta_encoding(m.group(1).decode("ascii"))
+        if name:
+            candidates.append(name)
+    candidates.append("UTF-8")
+    for name in dict.fromkeys(candidates):
         try:
-            return data.decode(enc)
-        except (UnicodeDecodeError, LookupError):
+            return decode(data, name)
+        except UnicodeDecodeError:
             continue
     return None
 
