@@ -133,7 +133,7 @@ def test_output_on_a_read_only_file_system_is_one_line(tmp_path):
 def test_multi_threading_mode_is_refused_with_the_reason(tmp_path):
     work = _workdir(tmp_path)
     line = _one_error_line(_cli(["run", "r.yaml", "--direct_running_mode=multi_threading"], cwd=work))
-    assert "multi_threading is refused" in line and "exact_duplicate" in line
+    assert "multi_threading is refused" in line and "loses records" in line
 
 
 # ----------------------------------------------------------------------------------- the lock
