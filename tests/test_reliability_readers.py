@@ -179,3 +179,16 @@ def test_extract_recipe_reads_warc_records(tmp_path, monkeypatch):
     assert stats["input"] == 4 and stats["kept"] == 4
     texts = sorted(r["text"] for f in (out / "kept").glob("*.parquet") for r in pq.read_table(f).to_pylist())
     assert texts == [f"page {i} words" for i in range(4)]
+
+
+@pytest.mark.parametrize("long_size", [5_000, 300_000])  # inside one 64 KiB read, and across several
+def test_overlong_line_is_one_row_and_reading_resumes(tmp_path, monkeypatch, long_size):
+    import dsdata.io.readers as readers
+
+    monkeypatch.setattr(readers, "_MAX_LINE", 1_000)  # the real limit is 256 MiB; same code path
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(_line(0) + b'{"text": "' + b"x" * long_size + b'"}\n' + _line(2))
+    results = read_local(str(path))
+    assert _kept_ids(results) == ["d0", "d2"]
+    (row,) = [r for r in results if isinstance(r, Rejected)]
+    assert row.reason == "line_too_long" and row.doc.id == f"{path}:2"

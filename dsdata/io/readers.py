@@ -6,8 +6,13 @@ invalid UTF-8, a record without text, a binary file or a truncated compressed st
 one rejected row, so the ledger (input == kept + Σ rejected) counts them.  Blank lines in JSONL are
 not records and are not counted.
 
+Compressed input is decoded member by member (dsdata/io/decompress.py): every complete record before
+damage is kept, and reading resumes at the next gzip member / zstd frame after it.  Every text that
+leaves a reader is valid Unicode (lone surrogate escapes in JSON become U+FFFD).
+
 Reason codes (stage `read`): bad_json, not_an_object, invalid_utf8, missing_text, empty_text,
-binary_file, truncated_compression, bad_parquet, bad_warc, undecodable_payload, unreadable_file.
+binary_file, line_too_long, truncated_compression, corrupt_compression, bad_parquet, bad_warc,
+truncated_record, undecodable_payload, unreadable_file.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import re
 from typing import IO, Any, Iterator
 
 from dsdata.document import Document, Rejected
-from dsdata.io.decompress import Damage, compression_of, decoded_chunks
+from dsdata.io.decompress import Damage, decoded_chunks
 from dsdata.io.encodings import bom_encoding, decode, encoding_for_label, meta_encoding
 
 READ_STAGE = "read"
@@ -53,10 +58,6 @@ def detect_format(path: str) -> str:
         f"cannot tell the format of '{path}' from its name; set input.format in the recipe "
         f"or pass --format ({', '.join(FORMATS)})"
     )
-
-
-def _compression(path: str) -> str | None:
-    return compression_of(path)
 
 
 def _file_rejection(path: str, reason: str, detail: str, text: str = "") -> Rejected:
@@ -99,7 +100,6 @@ def record_to_document(
     return Document(id=doc_id, text=text, metadata=metadata)
 
 
-_CHUNK = 1 << 16
 _BOM = b"\xef\xbb\xbf"
 
 
