@@ -176,7 +176,7 @@ def _members(raw: IO[bytes], kind: str) -> Iterator[bytes | Damage]:
             del buf[:len(piece)]
             pos += len(piece)
             history.extend(piece)
-            if len(history) > _RESYNC_WINDOW:
+            if len(history) > 2 * _RESYNC_WINDOW:  # trim in big steps: amortised O(1) per byte
                 cut = len(history) - _RESYNC_WINDOW
                 del history[:cut]
                 history_start += cut

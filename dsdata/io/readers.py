@@ -122,31 +122,28 @@ def _iter_lines(chunks: Iterator[bytes | Damage]) -> Iterator[bytes | Damage | _
             parts, size, overlong = [], 0, 0
             yield chunk
             continue
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                rest = chunk[start:]
-                if overlong:
-                    overlong += len(rest)
-                elif size + len(rest) > _MAX_LINE:
-                    overlong = size + len(rest)
-                    parts, size = [], 0
-                elif rest:
-                    parts.append(rest)
-                    size += len(rest)
-                break
+        pieces = chunk.split(b"\n")
+        last = pieces.pop()
+        if pieces:
+            head = pieces[0]
             if overlong:
-                yield _LineTooLong(overlong + nl - start)
-                overlong = 0
+                yield _LineTooLong(overlong + len(head))
+            elif size + len(head) > _MAX_LINE:
+                yield _LineTooLong(size + len(head))
             else:
-                piece = chunk[start:nl]
-                if size + len(piece) > _MAX_LINE:
-                    yield _LineTooLong(size + len(piece))
-                else:
-                    yield b"".join(parts) + piece if parts else piece
-                parts, size = [], 0
-            start = nl + 1
+                yield b"".join(parts) + head if parts else head
+            overlong = 0
+            parts, size = [], 0
+            for line in pieces[1:]:
+                yield line if len(line) <= _MAX_LINE else _LineTooLong(len(line))
+        if overlong:
+            overlong += len(last)
+        elif size + len(last) > _MAX_LINE:
+            overlong = size + len(last)
+            parts, size = [], 0
+        elif last:
+            parts.append(last)
+            size += len(last)
     if overlong:
         yield _LineTooLong(overlong)
     elif parts:
@@ -374,17 +371,17 @@ class _ChunkReader(io.RawIOBase):
 
     def __init__(self, chunks: Iterator[bytes]):
         self._chunks = chunks
-        self._rest = b""
+        self._rest = memoryview(b"")  # a view, so handing out a large chunk piecewise copies it once
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        while not self._rest:
+        while not len(self._rest):
             chunk = next(self._chunks, None)
             if chunk is None:
                 return 0
-            self._rest = chunk
+            self._rest = memoryview(chunk)
         n = min(len(buffer), len(self._rest))
         buffer[:n] = self._rest[:n]
         self._rest = self._rest[n:]
