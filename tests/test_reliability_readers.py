@@ -192,3 +192,24 @@ def test_overlong_line_is_one_row_and_reading_resumes(tmp_path, monkeypatch, lon
     assert _kept_ids(results) == ["d0", "d2"]
     (row,) = [r for r in results if isinstance(r, Rejected)]
     assert row.reason == "line_too_long" and row.doc.id == f"{path}:2"
+
+
+def test_decompression_bomb_html_is_one_too_large_row(tmp_path, monkeypatch):
+    import dsdata.io.readers as readers
+
+    monkeypatch.setattr(readers, "_MAX_LINE", 1 << 20)  # the real bound is 256 MiB; same code path
+    path = tmp_path / "bomb.html.gz"
+    path.write_bytes(gzip.compress(b"<p>" + b"a" * (8 << 20)))
+    (row,) = read_local(str(path))
+    assert isinstance(row, Rejected) and row.reason == "too_large"
+    members = _warc_members(2)
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=True)
+    headers = StatusAndHeaders("200 OK", [("Content-Type", "text/html")], protocol="HTTP/1.0")
+    writer.write_record(writer.create_warc_record("http://x.example/bomb", "response",
+                                                  payload=io.BytesIO(b"a" * (4 << 20)), http_headers=headers))
+    warc = tmp_path / "bomb.warc.gz"
+    warc.write_bytes(members[0] + buf.getvalue() + members[1])
+    results = read_local(str(warc))
+    assert _kept_ids(results)[:1] and len(_kept_ids(results)) == 2
+    assert _reasons(results) == ["too_large"]

@@ -11,7 +11,7 @@ damage is kept, and reading resumes at the next gzip member / zstd frame after i
 leaves a reader is valid Unicode (lone surrogate escapes in JSON become U+FFFD).
 
 Reason codes (stage `read`): bad_json, not_an_object, invalid_utf8, missing_text, empty_text,
-binary_file, line_too_long, truncated_compression, corrupt_compression, bad_parquet, bad_warc,
+binary_file, line_too_long, too_large, truncated_compression, corrupt_compression, bad_parquet, bad_warc,
 truncated_record, undecodable_payload, unreadable_file.
 """
 from __future__ import annotations
@@ -330,13 +330,22 @@ def decode_html(data: bytes, declared: str | None = None) -> str | None:
     return None
 
 
+class _TooLarge(Exception):
+    pass
+
+
 def _whole(path: str, raw: IO[bytes]) -> tuple[bytes, Damage | None]:
-    """The decoded content of a one-record file, and the first damage in it (None if intact)."""
+    """The decoded content of a one-record file, and the first damage in it (None if intact).
+    _TooLarge past _MAX_LINE bytes: a page that size is a decompression bomb, not a page."""
     parts = []
+    size = 0
     for chunk in decoded_chunks(path, raw):
         if isinstance(chunk, Damage):
             return b"".join(parts), chunk
         parts.append(chunk)
+        size += len(chunk)
+        if size > _MAX_LINE:
+            raise _TooLarge(size)
     return b"".join(parts), None
 
 
@@ -346,6 +355,9 @@ def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
         data, damage = _whole(path, raw)
     except OSError as exc:
         yield _file_rejection(path, "unreadable_file", f"{type(exc).__name__}: {exc}")
+        return
+    except _TooLarge:
+        yield _file_rejection(path, "too_large", f"over {_MAX_LINE} bytes decoded; not read further")
         return
     if damage is not None:
         # One file is one record: a page cut by damage is rejected whole, not served half.
@@ -451,7 +463,9 @@ def _warc_response(path: str, record: Any, count: int) -> Document | Rejected:
     }
     ctype = record.http_headers.get_header("Content-Type") if record.http_headers else None
     meta["content_type"] = (ctype or "").split(";")[0].strip().lower() or "application/octet-stream"
-    payload = record.content_stream().read()
+    payload = record.content_stream().read(_MAX_LINE + 1)
+    if len(payload) > _MAX_LINE:  # the iterator skips the rest of the record
+        return Rejected(Document(rec_id, "", meta), READ_STAGE, "too_large", f"payload over {_MAX_LINE} bytes")
     if getattr(record.raw_stream, "limit", 0):
         return Rejected(Document(rec_id, payload.decode("utf-8", "replace"), meta), READ_STAGE,
                         "truncated_record", f"{record.raw_stream.limit} bytes of the record are missing")
