@@ -213,3 +213,44 @@ def test_decompression_bomb_html_is_one_too_large_row(tmp_path, monkeypatch):
     results = read_local(str(warc))
     assert _kept_ids(results)[:1] and len(_kept_ids(results)) == 2
     assert _reasons(results) == ["too_large"]
+
+
+def _plain_warc_records(n):
+    records = []
+    for i in range(n):
+        buf = io.BytesIO()
+        writer = WARCWriter(buf, gzip=False)
+        headers = StatusAndHeaders("200 OK", [("Content-Type", "text/html")], protocol="HTTP/1.0")
+        writer.write_record(writer.create_warc_record(f"http://x.example/{i}", "response",
+                                                      payload=io.BytesIO(f"<p>page {i}</p>".encode()),
+                                                      http_headers=headers))
+        records.append(buf.getvalue())
+    return records
+
+
+def _garbled_header(rec):
+    return b"XXXX" + rec[4:]
+
+
+@pytest.mark.parametrize("damage, expected_urls, expected_reasons", [
+    (lambda r: _garbled_header(r), [0, 1, 3, 4], ["bad_warc"]),
+    (lambda r: r.replace(b"Content-Length: ", b"Content-Length: 9", 1), [0, 1, 3, 4], ["truncated_record"]),
+    (lambda r: r.replace(b"Content-Length: ", b"Content-Length: 1", 1), [0, 1, 2, 3, 4], ["bad_warc"]),
+    (lambda r: b"garbage\x00\x01" * 50 + r, [0, 1, 2, 3, 4], ["bad_warc"]),
+])
+def test_uncompressed_warc_resumes_at_the_next_record(tmp_path, damage, expected_urls, expected_reasons):
+    records = _plain_warc_records(5)
+    path = tmp_path / "crawl.warc"
+    path.write_bytes(b"".join(records[:2]) + damage(records[2]) + b"".join(records[3:]))
+    results = read_local(str(path))
+    urls = [r.metadata["url"] for r in results if isinstance(r, Document)]
+    assert urls == [f"http://x.example/{i}" for i in expected_urls]
+    assert _reasons(results) == expected_reasons
+
+
+def test_uncompressed_warc_cut_inside_a_header_is_one_row(tmp_path):
+    records = _plain_warc_records(3)
+    path = tmp_path / "cut.warc"
+    path.write_bytes(b"".join(records[:2]) + records[2][: len(records[2]) // 2])
+    results = read_local(str(path))
+    assert len(_kept_ids(results)) == 2 and _reasons(results) == ["truncated_record"]

@@ -23,7 +23,7 @@ import re
 from typing import IO, Any, Iterator
 
 from dsdata.document import Document, Rejected
-from dsdata.io.decompress import Damage, decoded_chunks
+from dsdata.io.decompress import Damage, compression_of, decoded_chunks
 from dsdata.io.encodings import bom_encoding, decode, encoding_for_label, meta_encoding
 
 READ_STAGE = "read"
@@ -432,6 +432,14 @@ def read_warc(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
     from warcio.archiveiterator import ArchiveIterator
 
     count = 0
+    if compression_of(path) is None and _seekable(raw):
+        for item in _plain_warc_records(raw):
+            if isinstance(item, Damage):
+                yield _file_rejection(f"{path}:after{count}", item.reason, f"after {count} response records: {item.detail}")
+            elif item.rec_type == "response":
+                count += 1
+                yield _warc_response(path, item, count)
+        return
     try:
         for chunks, ended in _stretches(path, raw):
             try:
@@ -452,6 +460,94 @@ def read_warc(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
                                       f"after {count} response records: {damage.detail}")
     except OSError as exc:
         yield _file_rejection(f"{path}:after{count}", "unreadable_file", f"{type(exc).__name__}: {exc}")
+
+
+def _seekable(raw: IO[bytes]) -> bool:
+    try:
+        return bool(raw.seekable())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+_WARC_LINE = re.compile(rb"WARC/1\.[0-9]\r?\n")
+
+
+def _next_warc_header(raw: IO[bytes], start: int) -> int | None:
+    """File offset of the next `WARC/1.x` version line at or after `start` (a record's first line;
+    searched for only after damage, so a payload quoting one costs at most an extra row)."""
+    raw.seek(start)
+    carry = b""
+    base = start
+    while True:
+        chunk = raw.read(1 << 20)
+        if not chunk:
+            return None
+        data = carry + chunk
+        m = _WARC_LINE.search(data)
+        if m is not None:
+            return base + m.start()
+        carry = data[-16:]
+        base += len(data) - len(carry)
+
+
+def _plain_warc_records(raw: IO[bytes]) -> Iterator[Any]:
+    """warcio records of an uncompressed (seekable) WARC.  Records are framed by their
+    Content-Length, so after damage (a record warcio cannot parse, a length running past the end
+    of the file) one Damage is reported and parsing starts again at the next `WARC/1.x` line after
+    the last record that was read — a length that overran swallowed records, which are found again
+    inside what it claimed.  Every restart point is new, so this ends."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    start = 0
+    last_read = -1  # file offset of the last record handed out
+    tried: set[int] = {0}
+
+    def restart_point() -> int | None:
+        candidate = _next_warc_header(raw, last_read + 1)
+        while candidate is not None and candidate in tried:
+            candidate = _next_warc_header(raw, candidate + 1)
+        if candidate is not None:
+            tried.add(candidate)
+        return candidate
+
+    while True:
+        raw.seek(start)
+        iterator = ArchiveIterator(raw, arc2warc=True)
+        at = start
+        try:
+            overran = False
+            for record in iterator:
+                at = iterator.offset
+                last_read = max(last_read, at)
+                yield record  # the caller reads its content before asking for the next one
+                if getattr(record.raw_stream, "limit", 0):
+                    overran = True  # reported by the caller as truncated_record
+                    break
+            if overran:
+                resume = restart_point()
+                if resume is None:
+                    return
+                start = resume
+                continue
+            tail_at = iterator.offset
+            raw.seek(tail_at)
+            if raw.read(1 << 16).strip():
+                # warcio ends quietly at a record cut inside its headers; that record is lost.
+                raw.seek(0, io.SEEK_END)
+                yield Damage("truncated_record", f"the file ends inside a record at offset {tail_at} "
+                             f"({raw.tell() - tail_at} bytes of it present)", tail_at)
+            return
+        except Exception as exc:  # noqa: BLE001 - warcio raises assorted errors on damaged input
+            failed_at = max(at, getattr(iterator, "offset", start))
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            resume = restart_point()
+            if resume is None:
+                yield Damage("bad_warc", f"{type(exc).__name__} at offset {failed_at}: {first}; no further "
+                             "record in the file", failed_at)
+                return
+            yield Damage("bad_warc", f"{type(exc).__name__} at offset {failed_at}: {first}; reading resumed "
+                         f"at the next record (offset {resume})", failed_at)
+            start = resume
 
 
 def _warc_response(path: str, record: Any, count: int) -> Document | Rejected:
