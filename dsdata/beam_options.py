@@ -70,8 +70,17 @@ def recipe_beam_args(cfg: Any, recipe_path: str) -> list[str]:
 
 
 def check_runner(name: str) -> None:
-    """Raise BeamOptionError unless `name` is one of Beam's runners or an importable PipelineRunner class."""
-    if _is_known_name(name):
+    """Raise BeamOptionError unless `name` is one of Beam's runners (whose module imports here) or an
+    importable PipelineRunner class."""
+    known = _known_runner_map()
+    path = known.get(name.lower()) or known.get(name.lower() + "runner")
+    if path is not None:
+        module_name = path.rpartition(".")[0]
+        try:
+            importlib.import_module(module_name)
+        except ImportError as exc:
+            raise BeamOptionError(f"--runner={name} needs a Beam extra that is not installed ({exc}); "
+                                  "e.g. pip install 'apache-beam[gcp]' or 'apache-beam[interactive]'") from None
         return
     from apache_beam.options.pipeline_options import StandardOptions
 

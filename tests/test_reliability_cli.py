@@ -1,5 +1,6 @@
 """Hostile recipes and user mistakes end in one line; a recipe cannot make Beam run a command; OUT
 is locked while a run writes it."""
+import importlib.util
 import json
 import os
 import shutil
@@ -101,6 +102,9 @@ def test_oversized_and_overdeep_yaml_is_one_line(tmp_path, body, needle):
     ("NoSuchRunner", "unknown --runner 'NoSuchRunner'"),
     ("no_such_pkg.mod.Runner", "cannot import no_such_pkg.mod"),
     ("json.JSONDecoder", "not a Beam PipelineRunner class"),
+    pytest.param("InteractiveRunner", "needs a Beam extra that is not installed",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("pandas") is not None,
+                                          reason="Beam's InteractiveRunner imports here (pandas installed)")),
 ])
 def test_unknown_runner_is_one_line(tmp_path, runner, needle):
     work = _workdir(tmp_path)
