@@ -65,6 +65,10 @@ def cmd_run(argv: list[str]) -> int:
         recipe.inputs = [p if "://" in p else os.path.abspath(p) for p in args.input]
     if args.format:
         recipe.input_format = args.format
+    from dsdata.recipe import INPUT_FORMATS
+
+    if recipe.input_format not in INPUT_FORMATS:  # --set input.format=... is only checked here
+        raise UserError(f"input format '{recipe.input_format}' is not one of {', '.join(INPUT_FORMATS)}")
     output = args.output or recipe.output
     _check_inputs(recipe.inputs, recipe.path)
     _check_beam_args(list(recipe.beam_args) + beam_args)

@@ -29,6 +29,7 @@ from dsdata.beam_options import BeamOptionError, recipe_beam_args
 from dsdata.safe_yaml import YamlBoundError, load_bounded
 from dsdata.stages import Stage, StageConfigError, stage_class
 
+INPUT_FORMATS = ("auto", "jsonl", "parquet", "html", "warc")
 # A recipe is a page of YAML; a bigger file is not a recipe (and bounds what a bad one costs).
 MAX_RECIPE_BYTES = 1 << 20
 
@@ -138,9 +139,18 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
     inp = raw.get("input") or {}
     if isinstance(inp, (str, list)):
         inp = {"paths": inp}
+    if not isinstance(inp, dict):
+        raise RecipeError(f"{path}: 'input' must be a mapping like {{paths: [data/*.jsonl]}}")
     paths = inp.get("paths") or []
     if isinstance(paths, str):
         paths = [paths]
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise RecipeError(f"{path}: input.paths must be a file pattern or a list of them")
+    for key in ("format", "text_field", "id_field"):
+        if key in inp and not isinstance(inp[key], str):
+            raise RecipeError(f"{path}: input.{key} must be a string, not {inp[key]!r}")
+    if inp.get("format", "auto") not in INPUT_FORMATS:
+        raise RecipeError(f"{path}: input.format '{inp['format']}' is not one of {', '.join(INPUT_FORMATS)}")
     inputs = [confine(base, p, "input path", path) for p in paths]
     output = raw.get("output", "out")
     if not isinstance(output, str) or is_remote(output) or os.path.isabs(output) or ".." in output.split("/"):

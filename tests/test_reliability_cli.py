@@ -168,3 +168,30 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
     assert main(["run", str(work / "r.yaml"), "--output", str(out), "--quiet"]) == 0
     assert json.loads((out / "stats.json").read_text())["kept"] == 3
     assert not (out / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("input: {paths: 5}\n", "input.paths must be"),
+    ("input: 7\n", "'input' must be a mapping"),
+    ("input: {paths: [[a.jsonl]]}\n", "input.paths must be"),
+    ("input: {paths: [a.jsonl], format: [1]}\n", "input.format must be a string"),
+    ("input: {paths: [a.jsonl], format: xml}\n", "input.format 'xml' is not one of"),
+    ("input: {paths: [a.jsonl], text_field: {a: 1}}\n", "input.text_field must be a string"),
+])
+def test_wrong_typed_recipe_input_is_one_line(tmp_path, body, needle):
+    (tmp_path / "r.yaml").write_text(body, encoding="utf-8")
+    with pytest.raises(RecipeError, match=needle):
+        load_recipe(str(tmp_path / "r.yaml"))
+
+
+def test_set_input_format_is_checked_before_the_run(tmp_path):
+    work = _workdir(tmp_path)
+    assert "is not one of" in _one_error_line(_cli(["run", "r.yaml", "--set", "input.format=xml"], cwd=work))
+
+
+def test_a_file_of_unknown_format_in_a_glob_is_a_row_not_a_crash(tmp_path):
+    from dsdata.io.readers import read_local
+
+    (tmp_path / "README.txt").write_text("not data")
+    (row,) = read_local(str(tmp_path / "README.txt"))
+    assert row.reason == "unknown_format" and "cannot tell the format" in row.detail

@@ -11,7 +11,7 @@ damage is kept, and reading resumes at the next gzip member / zstd frame after i
 leaves a reader is valid Unicode (lone surrogate escapes in JSON become U+FFFD).
 
 Reason codes (stage `read`): bad_json, not_an_object, invalid_utf8, missing_text, empty_text,
-binary_file, line_too_long, too_large, truncated_compression, corrupt_compression, bad_parquet, bad_warc,
+binary_file, unknown_format, line_too_long, too_large, truncated_compression, corrupt_compression, bad_parquet, bad_warc,
 truncated_record, undecodable_payload, unreadable_file.
 """
 from __future__ import annotations
@@ -586,7 +586,11 @@ READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "html": read_html, "war
 def read_file(path: str, raw: IO[bytes], fmt: str = "auto", text_field: str = "text", id_field: str = "id"):
     """Dispatch to the reader for `fmt` ('auto' = from the file name)."""
     if fmt == "auto":
-        fmt = detect_format(path)
+        try:
+            fmt = detect_format(path)
+        except InputFormatError as exc:
+            # One file a glob matched by accident (a README among the data) is a row, not a crash.
+            return iter([_file_rejection(path, "unknown_format", str(exc))])
     if fmt not in READERS:
         raise InputFormatError(f"unknown input format '{fmt}' (known: {', '.join(FORMATS)})")
     return READERS[fmt](path, raw, text_field=text_field, id_field=id_field)
