@@ -120,11 +120,7 @@ def test_shm_list_json_prints_only_json(tmp_path, capsys):
     assert [i["name"] for i in items] == ["corpus"]
 
 
-# The loader must refuse the tampered shard too.  It needs one call in dsdata/train/data.py
-# (_OpenShard: `values = check_shard_buffer(info.path, self.buffer, token_column, dtype, info.tokens)`
-# in place of its own partial checks), which the trainer's owner applies; strict, so this fails as
-# soon as the call is in and the marker must go.
-@pytest.mark.xfail(strict=True, reason="train/data.py does not call check_shard_buffer yet")
+# The loader refuses the tampered shard too (_OpenShard runs check_shard_buffer on every mapping).
 def test_loader_refuses_a_shard_claiming_more_tokens_than_it_holds(tmp_path):
     manifest = _write_set(tmp_path / "s")
     _tamper_token_count(str(tmp_path / "s"), manifest)
