@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 
 DEFAULT_RECIPE = os.path.join("pipelines", "pretrain.yaml")
 
@@ -17,6 +18,7 @@ SUBCOMMANDS = {
     "tokenizer": ("dsdata.commands.tokenizer", "train a byte-level BPE tokenizer"),
     "shards": ("dsdata.commands.shards", "inspect and verify training shards"),
     "shm": ("dsdata.commands.shm", "publish shards to shared memory (/dev/shm)"),
+    "doctor": ("dsdata.commands.doctor", "check this environment (fastText, models, Beam, torch, extras)"),
 }
 
 
@@ -65,9 +67,18 @@ def cmd_run(argv: list[str]) -> int:
         recipe.input_format = args.format
     output = args.output or recipe.output
     _check_inputs(recipe.inputs, recipe.path)
+    from dsdata.io.inputs import expand_directories
+
+    expanded = expand_directories(recipe.inputs, recipe.input_format)
+    if expanded.skipped and not args.quiet:
+        names = ", ".join(os.path.basename(p) for p in expanded.skipped[:3]) + (", …" if len(expanded.skipped) > 3 else "")
+        print(f"dsdata: {len(expanded.skipped)} file(s) in the input director(ies) have no known format in their "
+              f"name and are not read ({names}); pass --format FMT to read them", file=sys.stderr)
+    recipe.inputs = expanded.patterns
+    _check_fasttext(recipe)
     if not args.quiet:
         print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
-              f"on {len(recipe.inputs)} input pattern(s) → {output}", file=sys.stderr)
+              f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
     stats = run_recipe(recipe, output, beam_args)
     if not args.quiet:
         rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
@@ -87,6 +98,38 @@ def _check_inputs(patterns: list[str], recipe_path: str) -> None:
             continue
         if not glob.glob(pattern):
             raise UserError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
+
+
+def _fasttext_need(recipe) -> bool | None:
+    """None: the recipe does not use fastText; False: only to predict (lang); True: the relevance
+    fastText scorer, which needs fasttext-numpy2's full module."""
+    need = None
+    for spec in recipe.stages:
+        if spec.name == "lang" and spec.params.get("backend", "fasttext") == "fasttext":
+            need = bool(need)
+        elif spec.name == "relevance" and isinstance(spec.params.get("model"), str):
+            from dsdata.relevance.scorer import detect_backend
+
+            try:
+                backend = spec.params.get("backend", "auto")
+                backend = detect_backend(spec.params["model"]) if backend == "auto" else backend
+            except ValueError:
+                continue  # the stage's own validation says what is wrong with the model
+            if backend == "fasttext":
+                need = True
+    return need
+
+
+def _check_fasttext(recipe) -> None:
+    """A broken fastText install stops the run before Beam starts, in one line."""
+    need = _fasttext_need(recipe)
+    if need is None:
+        return
+    from dsdata.commands.doctor import fasttext_problem
+
+    problem = fasttext_problem(need_training=need)
+    if problem:
+        raise UserError(f"{problem} (details: dsdata doctor)")
 
 
 def cmd_stages(argv: list[str]) -> int:
@@ -114,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     # Beam's GCP I/O module warns at import time when Google's client libraries are absent, even
     # for runs that never touch GCP; that line only confuses users of local runs.
     logging.getLogger().addFilter(lambda record: "apitools not found" not in record.getMessage())
+    # A file name with [ is passed to Beam's matcher as `[[]` (its pattern syntax cannot quote);
+    # Python's re warns about that class, which is what it should be.
+    warnings.filterwarnings("ignore", message="Possible nested set", category=FutureWarning)
     commands = {"run": (cmd_run, "run a pipeline recipe (default: pipelines/pretrain.yaml)"),
                 "stages": (cmd_stages, "list stages and their parameters")}
     if not argv or argv[0] in ("-h", "--help"):
@@ -130,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_dispatch(commands, argv: list[str]) -> int:
+    from dsdata.io.inputs import InputPathError
     from dsdata.io.readers import InputFormatError
     from dsdata.recipe import RecipeError
     from dsdata.stages import StageConfigError
@@ -148,7 +195,7 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
         if name.startswith("-") or name.endswith((".yaml", ".yml")):
             return commands["run"][0](argv)
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")
-    except (UserError, RecipeError, StageConfigError, InputFormatError, FileNotFoundError) as exc:
+    except (UserError, RecipeError, StageConfigError, InputFormatError, InputPathError, FileNotFoundError) as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
 

@@ -157,3 +157,42 @@ def test_shipped_fasttext_model_on_held_out_dev_data(shared_data, tmp_path, caps
     # The Beam pipeline keeps exactly the documents `eval` predicts relevant at the same threshold.
     predicted = [json.loads(line) for line in predictions.open(encoding="utf-8")]
     assert stats["kept"] == sum(p["label"] for p in predicted)
+
+
+def _poison_freed_heap(nbytes: int = 7 << 20) -> None:
+    """Leave NaN bit patterns (0xFF bytes) in freed heap memory of this process, where the next
+    large allocations are served from: what other work (Beam, Arrow, an earlier model) leaves."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.free(libc.malloc(16 << 20))  # freeing an mmapped chunk raises glibc's dynamic mmap threshold
+    blocks = [libc.malloc(nbytes) for _ in range(2)]  # … so these come from the heap
+    for block in blocks:
+        ctypes.memset(block, 0xFF, nbytes)
+    for block in blocks:
+        libc.free(block)
+
+
+def test_fasttext_training_is_the_same_whatever_the_heap_held(tmp_path):
+    """fastText initialises only thread/10 of its input matrix and never zeroes the rest: trained
+    in-process after other work, 1-thread training differed run to run and, with NaN garbage,
+    stopped with 'Encountered NaN.' (issue 17).  Two trainings, one after poisoning the heap, must
+    give the same model bytes."""
+    pytest.importorskip("fasttext")
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("the heap poisoning uses glibc's allocator")
+    from dsdata.relevance.fasttext_backend import train_fasttext
+
+    rng = random.Random(1)
+    texts = [" ".join(rng.choice(RELEVANT if i % 2 else JUNK) for _ in range(rng.randint(3, 20))) for i in range(60)]
+    labels = [i % 2 for i in range(60)]
+    args = {"epoch": 10, "thread": 1, "seed": 0}
+    first = train_fasttext(texts, labels, str(tmp_path / "a"), quantize=False, **args)
+    _poison_freed_heap()
+    second = train_fasttext(texts, labels, str(tmp_path / "b"), quantize=False, **args)
+    assert Path(first).read_bytes() == Path(second).read_bytes()
