@@ -79,6 +79,7 @@ def cmd_run(argv: list[str]) -> int:
     if not args.quiet:
         print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
               f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
+    _say_what_is_replaced(output, recipe)
     stats = run_recipe(recipe, output, beam_args)
     if not args.quiet:
         rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
@@ -98,6 +99,24 @@ def _check_inputs(patterns: list[str], recipe_path: str) -> None:
             continue
         if not glob.glob(pattern):
             raise UserError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
+
+
+def _say_what_is_replaced(output: str, recipe) -> None:
+    """A run replaces OUT's kept/, rejected/, shards/ and *.json: when another recipe wrote them, say
+    so (the default job's shards/ and difficulty.json are what training reads)."""
+    stats_path = os.path.join(output, "stats.json")
+    if "://" in output or not os.path.isfile(stats_path):
+        return
+    try:
+        with open(stats_path, encoding="utf-8") as fh:
+            previous = json.load(fh).get("recipe")
+    except (OSError, ValueError, AttributeError):
+        return
+    if previous and previous != recipe.name:
+        present = [n for n in ("shards/", "difficulty.json", "augment.json", "kept/", "rejected/")
+                   if os.path.exists(os.path.join(output, n.rstrip("/")))]
+        print(f"dsdata: {output} holds the outputs of recipe '{previous}' ({', '.join(present + ['stats.json'])}); "
+              f"this run of '{recipe.name}' replaces them (pass --output DIR to keep them)", file=sys.stderr)
 
 
 def _fasttext_need(recipe) -> bool | None:
