@@ -189,9 +189,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<11} {help_}")
         print("\n`dsdata` with no command is `dsdata run` of the default recipe.")
         if not argv:
-            return cmd_dispatch(commands, ["run"])
+            return _dispatch_flushed(commands, ["run"])
         return 0
-    return cmd_dispatch(commands, argv)
+    return _dispatch_flushed(commands, argv)
+
+
+def _dispatch_flushed(commands, argv: list[str]) -> int:
+    try:
+        code = cmd_dispatch(commands, argv)
+        sys.stdout.flush()  # inside the try: a pipe's buffer is otherwise written at exit
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """`dsdata ... | head`: the reader left; stop quietly, as `cat` does, instead of a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
 
 
 def cmd_dispatch(commands, argv: list[str]) -> int:
