@@ -80,7 +80,7 @@ def cmd_run(argv: list[str]) -> int:
         print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
               f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
     _say_what_is_replaced(output, recipe)
-    stats = run_recipe(recipe, output, beam_args)
+    stats = run_recipe(recipe, output, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet))
     if not args.quiet:
         rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
         print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
@@ -99,6 +99,24 @@ def _check_inputs(patterns: list[str], recipe_path: str) -> None:
             continue
         if not glob.glob(pattern):
             raise UserError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
+
+
+def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info: bool) -> list[str]:
+    """Beam's SDK workers (multi_processing, portable runners, Dataflow) log at INFO by default: 120+
+    lines of harness chatter for a small job.  Unless the user set them, run workers at WARNING like
+    the in-process runner, silence the two warnings every worker prints about its own start-up
+    ('Discarding unparseable args' for the launcher's options, 'No semi_persistent_directory'), and
+    keep dsdata's own progress lines."""
+    given = {arg.split("=", 1)[0] for arg in [*recipe_args, *beam_args]}
+    extra = []
+    if "--default_sdk_harness_log_level" not in given:
+        extra.append("--default_sdk_harness_log_level=WARNING")
+    if "--sdk_harness_log_level_overrides" not in given:
+        overrides = {"apache_beam.options.pipeline_options": "ERROR", "__main__": "ERROR"}
+        if dsdata_info:
+            overrides["dsdata"] = "INFO"
+        extra.append(f"--sdk_harness_log_level_overrides={json.dumps(overrides)}")
+    return beam_args + extra
 
 
 def _say_what_is_replaced(output: str, recipe) -> None:
