@@ -145,7 +145,7 @@ def test_shipped_fasttext_model_on_held_out_dev_data(shared_data, tmp_path, caps
     assert classifier_main(["eval", "--model", str(model), "--data", str(dev), "--holdout", "0.2",
                             "--predictions", str(predictions)]) == 0
     report = last_json(capsys)
-    assert report["n"] == 448 and report["accuracy"] >= 0.89 and report["auc"] >= 0.95
+    assert report["n"] == 448 and report["accuracy"] >= 0.93 and report["auc"] >= 0.97
 
     held_out = tmp_path / "held-out.jsonl"
     assert classifier_main(["split", "--data", str(dev), "--holdout", "0.2", "--train-out",
@@ -196,3 +196,65 @@ def test_fasttext_training_is_the_same_whatever_the_heap_held(tmp_path):
     _poison_freed_heap()
     second = train_fasttext(texts, labels, str(tmp_path / "b"), quantize=False, **args)
     assert Path(first).read_bytes() == Path(second).read_bytes()
+
+
+@pytest.mark.slow
+def test_shipped_fasttext_model_per_language_and_the_pages_of_issue_17(shared_data):
+    """The relevance-dev-only model scored 0.8859 (en) / 0.9297 (zh) / 0.8684 (Traditional zh) on
+    the held-out split, rejected the Traditional-Chinese networking chapter of the Debian Reference
+    and kept the Chinese GPL preamble; neither page was trained on by the shipped model."""
+    pytest.importorskip("fasttext")
+    from dsdata.relevance.evaluation import classification_report
+    from dsdata.relevance.scorer import load_scorer
+    from dsdata.stages.lang import chinese_script
+
+    scorer = load_scorer(str(REPO / "pipelines" / "models" / "relevance-fasttext"))
+    dev = shared_data / "relevance-dev.jsonl"
+    lang = {json.loads(line)["id"]: json.loads(line)["lang"] for line in dev.open(encoding="utf-8")}
+    _, valid = split_grouped(load_labelled(str(dev)), 0.2, 0)
+    scores = scorer.score([r.text for r in valid])
+
+    def accuracy(keep) -> float:
+        idx = [i for i, r in enumerate(valid) if keep(r)]
+        return classification_report([scores[i] for i in idx], [valid[i].label for i in idx])["accuracy"]
+
+    assert accuracy(lambda r: lang[r.id] == "en") >= 0.91
+    assert accuracy(lambda r: lang[r.id] == "zh") >= 0.95
+    assert accuracy(lambda r: lang[r.id] == "zh" and chinese_script(r.text) == "Hant") >= 0.9
+
+    page = (shared_data / "html-dev" / "debref-zh-tw-ch05.gold.txt").read_text(encoding="utf-8")
+    gpl, = [json.loads(line)["text"] for line in (REPO / "pipelines" / "samples" / "docs.jsonl").open(encoding="utf-8")
+            if "installation-guide-amd64/zh_CN/apf.html" in line]
+    preamble = "\n\n".join(gpl.split("\n\n")[:2])
+    assert "GNU 通用公共授权" in preamble
+    page_score, preamble_score = scorer.score([page, preamble])
+    assert page_score >= 0.5 and preamble_score < 0.5
+
+
+@pytest.mark.slow
+def test_shipped_model_training_set_holds_nothing_of_the_held_out_pages(shared_data, tmp_path):
+    """build_training_data.py adds data from other sources: none of it may come from a held-out
+    page or copy a held-out text, or the held-out figures above would flatter the model."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "train.jsonl"
+    subprocess.run([sys.executable, str(REPO / "pipelines" / "models" / "relevance-fasttext" / "build_training_data.py"),
+                    "--shared", str(shared_data), "--out", str(out), "--exclude",
+                    str(shared_data / "html-dev" / "*.gold.txt"), "--prose-per-language", "200"],
+                   check=True, capture_output=True, timeout=600)
+    sys.path.insert(0, str(REPO / "pipelines" / "models" / "relevance-fasttext"))
+    from build_training_data import NearDuplicates
+
+    train = [json.loads(line) for line in out.open(encoding="utf-8")]
+    _, valid = split_grouped(load_labelled(str(shared_data / "relevance-dev.jsonl")), 0.2, 0)
+    held_groups = {r.group for r in valid}
+    assert not [r for r in train if group_key(r, r["id"]) in held_groups]
+    # (relevance-dev's own training part is as the data set splits it: templated navigation bars of
+    # different pages look alike on both sides.)
+    added = [r for r in train if r["origin"] != "relevance-dev"]
+    held = NearDuplicates([r.text for r in valid])
+    assert not [r for r in added if held.hit(r["text"])]
+    gold = NearDuplicates([(shared_data / "html-dev" / "debref-zh-tw-ch05.gold.txt").read_text(encoding="utf-8")])
+    assert not [r for r in added if gold.hit(r["text"])]
+    assert {r["label"] for r in train} == {0, 1} and {"prose", "langid-dev", "relevance-dev"} <= {r["origin"] for r in train}
