@@ -1,16 +1,17 @@
 """Supervised fastText relevance classifier (DCLM / FineWeb style): train, save (.ftz), load, score.
 
-Training runs in a child process whose allocator hands out fresh (kernel-zeroed) pages for every
-large allocation.  Why: fastText's `DenseMatrix::uniform` initialises only `thread`/10 of the input
-matrix (block i of 10 per thread; with thread=1 the first 10 %), and fasttext-numpy2 stores the
-matrix in an `intgemm::AlignedVector` (posix_memalign, not zeroed), so the other 90 % of the word
-and n-gram rows start as whatever the heap last held.  In a fresh process those pages come from
-mmap and are zero (upstream fastText's std::vector behaviour); after other work in the same process
-(a previous model, Beam, Arrow) they are reused garbage: training then differs run to run even with
-1 thread and a fixed seed, and when the garbage holds NaN bit patterns `fasttext.train` stops with
-"Encountered NaN." (the flaky test of issue 17).  `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=N`
-fixes the threshold from the child's first allocation on, so every allocation of N bytes or more is
-a new mmap; N is chosen no larger than the smallest input matrix the arguments allow.
+Training runs in a child process whose allocator hands out zeroed memory.  Why: fastText's
+`DenseMatrix::uniform` initialises only `thread`/10 of the input matrix (block i of 10 per thread;
+with thread=1 the first 10 %), and fasttext-numpy2 stores the matrix in an `intgemm::AlignedVector`
+(posix_memalign, not zeroed), so the other 90 % of the word and n-gram rows start as whatever the
+heap last held: zero pages in a fresh process (upstream fastText's std::vector behaviour), reused
+garbage after other work in the same process (a previous model, Beam, Arrow, Python objects).
+Training then differed run to run even with 1 thread and a fixed seed, and when the garbage held
+NaN bit patterns `fasttext.train` stopped with "Encountered NaN." (the flaky test of issue 17).
+`GLIBC_TUNABLES=glibc.malloc.perturb=255` makes glibc fill every allocation with the complement of
+0xFF, i.e. zero bytes (and freed memory with 0xFF), so the uninitialised rows are zero whatever the
+child did before; memory from mmap is zero pages anyway.  Elsewhere (no glibc) the child still
+starts with a fresh heap, and non-finite weights are refused.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 from typing import Sequence
 
 MODEL_FILE = "model.ftz"
@@ -36,12 +36,10 @@ DEFAULT_TRAIN_ARGS = {"epoch": 25, "lr": 0.5, "wordNgrams": 2, "minn": 2, "maxn"
 # Keep the 40k most useful rows (words + n-gram buckets) when quantizing: ~0.9 MB; retraining after
 # pruning took minutes on a loaded CPU and gained nothing measurable on the validation split.
 QUANTIZE_CUTOFF = 40_000
-# Allocations of at least this many bytes come from fresh mmap pages in the training child (lower
-# when the input matrix could be smaller).  64 KiB keeps small allocations on the heap: fast.
-_MMAP_THRESHOLD = 64 * 1024
+# glibc fills each allocation with ~perturb: 255 → zero bytes (see the module docstring).
+_ZEROING_TUNABLE = "glibc.malloc.perturb=255"
 
-# The child: train, optionally quantize, check the input matrix is finite, save.  Only `fasttext`
-# and `numpy` are imported there, so its heap holds nothing but fastText's own allocations.
+# The child: train, optionally quantize, check the weights are finite, save.
 _TRAIN_CHILD = r"""
 import json, sys
 import numpy as np
@@ -78,16 +76,6 @@ def normalise(text: str) -> str:
     return _LINE_BREAKS.sub(" ", text).strip().lower()
 
 
-def _smallest_input_matrix_bytes(lines: Sequence[str], args: dict) -> int:
-    """A lower bound on the bytes of fastText's input matrix: (words + n-gram buckets) × dim × 4."""
-    bucket = int(args.get("bucket", 2_000_000))
-    if int(args.get("wordNgrams", 1)) <= 1 and int(args.get("maxn", 0)) == 0:
-        bucket = 0  # fastText drops the buckets when there are neither word nor character n-grams
-    counts = Counter(tok for line in lines for tok in line.split(" ") if tok)
-    words = sum(1 for c in counts.values() if c >= int(args.get("minCount", 1)))
-    return (words + 1 + bucket) * int(args.get("dim", 100)) * 4  # + 1: the end-of-line word </s>
-
-
 def train_fasttext(texts: Sequence[str], labels: Sequence[int], out_dir: str, quantize: bool = True,
                    **overrides) -> str:
     """Train a supervised model on (text, 0/1) pairs and save it as OUT_DIR/model.ftz; returns the path.
@@ -98,16 +86,15 @@ def train_fasttext(texts: Sequence[str], labels: Sequence[int], out_dir: str, qu
     args = {**DEFAULT_TRAIN_ARGS, **overrides}
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, MODEL_FILE if quantize else "model.bin")
-    lines = [f"{normalise(text)}" for text in texts]
-    threshold = max(1, min(_MMAP_THRESHOLD, _smallest_input_matrix_bytes(lines, args)))
+    lines = [normalise(text) for text in texts]
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False) as fh:
         for line, label in zip(lines, labels):
             fh.write(f"__label__{int(label)} {line}\n")
         train_path = fh.name
     env = dict(os.environ)
     if platform.libc_ver()[0] == "glibc":
-        tunable = f"glibc.malloc.mmap_threshold={threshold}"
-        env["GLIBC_TUNABLES"] = f"{env['GLIBC_TUNABLES']}:{tunable}" if env.get("GLIBC_TUNABLES") else tunable
+        tunables = env.get("GLIBC_TUNABLES")
+        env["GLIBC_TUNABLES"] = f"{tunables}:{_ZEROING_TUNABLE}" if tunables else _ZEROING_TUNABLE
     # The child must import the same fasttext as this process.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     job = {"input": train_path, "output": path, "args": args, "quantize": quantize, "cutoff": QUANTIZE_CUTOFF}
