@@ -47,8 +47,15 @@ def test_lid_model_is_package_data_with_its_attribution():
 @pytest.mark.slow
 def test_built_wheel_carries_the_lid_model(tmp_path):
     """What `pip install dsdata` unpacks: the model, its LICENSE and README are in the wheel."""
+    import shutil
+
+    src = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside the sources
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    shutil.copytree(REPO / "dsdata", src / "dsdata", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(REPO)], check=True, capture_output=True, timeout=300)
+                    "-w", str(tmp_path), str(src)], check=True, capture_output=True, timeout=300)
     wheel, = tmp_path.glob("dsdata-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"dsdata/models/lid176/lid.176.ftz", "dsdata/models/lid176/LICENSE",
