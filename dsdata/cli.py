@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 
 DEFAULT_RECIPE = os.path.join("pipelines", "pretrain.yaml")
 
@@ -19,6 +20,7 @@ SUBCOMMANDS = {
     "shards": ("dsdata.commands.shards", "inspect and verify training shards"),
     "shm": ("dsdata.commands.shm", "publish shards to shared memory (/dev/shm)"),
     "report": ("dsdata.commands.report", "rebuild OUT/report.html from a run's output directory"),
+    "doctor": ("dsdata.commands.doctor", "check this environment (fastText, models, Beam, torch, extras)"),
 }
 
 
@@ -79,13 +81,24 @@ def cmd_run(argv: list[str]) -> int:
     local_output = "://" not in output
     if local_output:
         output = check_output_dir(output)
+    from dsdata.io.inputs import expand_directories
+
+    expanded = expand_directories(recipe.inputs, recipe.input_format)
+    if expanded.skipped and not args.quiet:
+        names = ", ".join(os.path.basename(p) for p in expanded.skipped[:3]) + (", …" if len(expanded.skipped) > 3 else "")
+        print(f"dsdata: {len(expanded.skipped)} file(s) in the input director(ies) have no known format in their "
+              f"name and are not read ({names}); pass --format FMT to read them", file=sys.stderr)
+    recipe.inputs = expanded.patterns
+    _check_fasttext(recipe)
     if not args.quiet:
         print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
-              f"on {len(recipe.inputs)} input pattern(s) → {output}", file=sys.stderr)
+              f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
+    _say_what_is_replaced(output, recipe)
     from dsdata.beam.progress import resolve_mode
 
     with output_lock(output) if local_output else contextlib.nullcontext():
-        stats = run_recipe(recipe, output, beam_args, progress=resolve_mode(args.progress, quiet=args.quiet))
+        stats = run_recipe(recipe, output, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
+                           progress=resolve_mode(args.progress, quiet=args.quiet))
     if not args.quiet:
         rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
         print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
@@ -132,6 +145,74 @@ def _check_inputs(patterns: list[str], recipe_path: str) -> None:
             raise UserError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
 
 
+def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info: bool) -> list[str]:
+    """Beam's SDK workers (multi_processing, portable runners, Dataflow) log at INFO by default: 120+
+    lines of harness chatter for a small job.  Unless the user set them, run workers at WARNING like
+    the in-process runner, silence the two warnings every worker prints about its own start-up
+    ('Discarding unparseable args' for the launcher's options, 'No semi_persistent_directory'), and
+    keep dsdata's own progress lines."""
+    given = {arg.split("=", 1)[0] for arg in [*recipe_args, *beam_args]}
+    extra = []
+    if "--default_sdk_harness_log_level" not in given:
+        extra.append("--default_sdk_harness_log_level=WARNING")
+    if "--sdk_harness_log_level_overrides" not in given:
+        overrides = {"apache_beam.options.pipeline_options": "ERROR", "__main__": "ERROR"}
+        if dsdata_info:
+            overrides["dsdata"] = "INFO"
+        extra.append(f"--sdk_harness_log_level_overrides={json.dumps(overrides)}")
+    return beam_args + extra
+
+
+def _say_what_is_replaced(output: str, recipe) -> None:
+    """A run replaces OUT's kept/, rejected/, shards/ and *.json: when another recipe wrote them, say
+    so (the default job's shards/ and difficulty.json are what training reads)."""
+    stats_path = os.path.join(output, "stats.json")
+    if "://" in output or not os.path.isfile(stats_path):
+        return
+    try:
+        with open(stats_path, encoding="utf-8") as fh:
+            previous = json.load(fh).get("recipe")
+    except (OSError, ValueError, AttributeError):
+        return
+    if previous and previous != recipe.name:
+        present = [n for n in ("shards/", "difficulty.json", "augment.json", "kept/", "rejected/")
+                   if os.path.exists(os.path.join(output, n.rstrip("/")))]
+        print(f"dsdata: {output} holds the outputs of recipe '{previous}' ({', '.join(present + ['stats.json'])}); "
+              f"this run of '{recipe.name}' replaces them (pass --output DIR to keep them)", file=sys.stderr)
+
+
+def _fasttext_need(recipe) -> bool | None:
+    """None: the recipe does not use fastText; False: only to predict (lang); True: the relevance
+    fastText scorer, which needs fasttext-numpy2's full module."""
+    need = None
+    for spec in recipe.stages:
+        if spec.name == "lang" and spec.params.get("backend", "fasttext") == "fasttext":
+            need = bool(need)
+        elif spec.name == "relevance" and isinstance(spec.params.get("model"), str):
+            from dsdata.relevance.scorer import detect_backend
+
+            try:
+                backend = spec.params.get("backend", "auto")
+                backend = detect_backend(spec.params["model"]) if backend == "auto" else backend
+            except ValueError:
+                continue  # the stage's own validation says what is wrong with the model
+            if backend == "fasttext":
+                need = True
+    return need
+
+
+def _check_fasttext(recipe) -> None:
+    """A broken fastText install stops the run before Beam starts, in one line."""
+    need = _fasttext_need(recipe)
+    if need is None:
+        return
+    from dsdata.commands.doctor import fasttext_problem
+
+    problem = fasttext_problem(need_training=need)
+    if problem:
+        raise UserError(f"{problem} (details: dsdata doctor)")
+
+
 def cmd_stages(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="dsdata stages", description="List stages and their parameters.")
     parser.add_argument("name", nargs="?", help="show one stage only")
@@ -157,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     # Beam's GCP I/O module warns at import time when Google's client libraries are absent, even
     # for runs that never touch GCP; that line only confuses users of local runs.
     logging.getLogger().addFilter(lambda record: "apitools not found" not in record.getMessage())
+    # A file name with [ is passed to Beam's matcher as `[[]` (its pattern syntax cannot quote);
+    # Python's re warns about that class, which is what it should be.
+    warnings.filterwarnings("ignore", message="Possible nested set", category=FutureWarning)
     commands = {"run": (cmd_run, "run a pipeline recipe (default: pipelines/pretrain.yaml)"),
                 "stages": (cmd_stages, "list stages and their parameters")}
     if not argv or argv[0] in ("-h", "--help"):
@@ -167,13 +251,30 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<11} {help_}")
         print("\n`dsdata` with no command is `dsdata run` of the default recipe.")
         if not argv:
-            return cmd_dispatch(commands, ["run"])
+            return _dispatch_flushed(commands, ["run"])
         return 0
-    return cmd_dispatch(commands, argv)
+    return _dispatch_flushed(commands, argv)
+
+
+def _dispatch_flushed(commands, argv: list[str]) -> int:
+    try:
+        code = cmd_dispatch(commands, argv)
+        sys.stdout.flush()  # inside the try: a pipe's buffer is otherwise written at exit
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """`dsdata ... | head`: the reader left; stop quietly, as `cat` does, instead of a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
 
 
 def cmd_dispatch(commands, argv: list[str]) -> int:
     from dsdata.beam_options import BeamOptionError
+    from dsdata.io.inputs import InputPathError
     from dsdata.io.outlock import OutputDirError
     from dsdata.io.readers import InputFormatError
     from dsdata.recipe import RecipeError
@@ -193,8 +294,8 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
         if name.startswith("-") or name.endswith((".yaml", ".yml")):
             return commands["run"][0](argv)
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")
-    except (UserError, RecipeError, StageConfigError, InputFormatError, FileNotFoundError, BeamOptionError,
-            OutputDirError) as exc:
+    except (UserError, RecipeError, StageConfigError, InputFormatError, InputPathError, FileNotFoundError,
+            BeamOptionError, OutputDirError) as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
 

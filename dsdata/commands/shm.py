@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from dsdata.io.shards import ShardError
+from dsdata.io.shards import ShardError, locate_shard_dir
 from dsdata.io.shm import ShmError, list_published, publish, remove, shm_root
 
 
@@ -16,7 +16,7 @@ def main(argv: list[str]) -> int:
                         "$DSDATA_SHM_ROOT or /dev/shm/dsdata)")
     sub = parser.add_subparsers(dest="command", required=True)
     p_pub = sub.add_parser("publish", help="copy + verify a shard directory into ROOT/NAME (atomic)")
-    p_pub.add_argument("shard_dir", help="directory holding manifest.json and its shards (e.g. out/shards)")
+    p_pub.add_argument("shard_dir", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")
     p_pub.add_argument("--name", required=True, help="dataset name under the root")
     p_list = sub.add_parser("list", help="list published datasets")
     p_list.add_argument("--verify", action="store_true", help="also check every shard's sha256")
@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "publish":
-            result = publish(args.shard_dir, args.name, args.root)
+            result = publish(locate_shard_dir(args.shard_dir), args.name, args.root)
             print(json.dumps(result))
             return 0
         if args.command == "list":

@@ -288,14 +288,31 @@ def resolve_shard_path(directory: str, name: Any) -> str:
     return resolved
 
 
+def locate_shard_dir(path: str) -> str:
+    """The shard directory itself, or the shards/ folder of a `dsdata run` output directory (as the
+    trainer's data.path accepts); anything else is returned unchanged for read_manifest to refuse."""
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        return path
+    nested = os.path.join(path, "shards")
+    if os.path.isfile(os.path.join(nested, MANIFEST)):
+        return nested
+    if os.path.isdir(nested):
+        raise ShardError(f"{os.path.join(nested, MANIFEST)} not found: the run that writes {path} did not finish "
+                         "writing its shards (the manifest is written last); run it again")
+    if os.path.isfile(os.path.join(path, "stats.json")):
+        raise ShardError(f"{path} is a `dsdata run` output without shards/ (its recipe has no shards stage); "
+                         "shards come from pipelines/pretrain.yaml or a recipe ending in tokenize → shards")
+    return path
+
+
 def read_manifest(directory: str) -> dict[str, Any]:
     """Load and sanity-check `directory/manifest.json` (format, dtype, shard entries, paths)."""
     path = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
         raise ShardError(f"shard directory '{directory}' does not exist")
     if not os.path.isfile(path):
-        raise ShardError(f"{path} not found: '{directory}' is not a complete shard set "
-                         "(a run that wrote it did not finish, or this is not a shard directory)")
+        raise ShardError(f"{path} not found: '{directory}' is not a shard set; give a `dsdata run` output "
+                         "directory (RUN_DIR, holding shards/) or its shards/ folder")
     try:
         with open(path, encoding="utf-8") as fh:
             manifest = json.load(fh)
