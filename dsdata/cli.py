@@ -77,6 +77,7 @@ def cmd_run(argv: list[str]) -> int:
         raise UserError(f"input format '{recipe.input_format}' is not one of {', '.join(INPUT_FORMATS)}")
     output = args.output or recipe.output
     _check_inputs(recipe.inputs, recipe.path)
+    _check_fasttext(recipe)
     _check_beam_args(list(recipe.beam_args) + beam_args)
     local_output = "://" not in output
     if local_output:
@@ -89,7 +90,6 @@ def cmd_run(argv: list[str]) -> int:
         print(f"dsdata: {len(expanded.skipped)} file(s) in the input director(ies) have no known format in their "
               f"name and are not read ({names}); pass --format FMT to read them", file=sys.stderr)
     recipe.inputs = expanded.patterns
-    _check_fasttext(recipe)
     if not args.quiet:
         print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
               f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
