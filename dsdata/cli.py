@@ -46,14 +46,24 @@ def cmd_run(argv: list[str]) -> int:
                         help="input format (default: from the recipe, else from file names)")
     parser.add_argument("--set", action="append", default=[], metavar="STAGE.PARAM=VALUE",
                         help="override a recipe parameter (repeatable), e.g. --set lang.min_score=0.6")
+    parser.add_argument("--max-errors", default=None, metavar="N|P%",
+                        help="records whose processing may raise before the run fails: a count (25) or a share "
+                        "of the input (0.5%%); such records are rejected with reason 'error' and the run goes "
+                        "on (default: 0.1%%). A missing model or module always stops the run")
     parser.add_argument("--quiet", action="store_true", help="print only the final JSON stats line")
     args, beam_args = parser.parse_known_args(argv)
     bad = [a for a in beam_args if not a.startswith("--")]
     if bad:
         raise UserError(f"unexpected argument(s) {' '.join(bad)}; Beam options must look like --name=value")
 
+    from dsdata.beam.errors import ErrorBudget
     from dsdata.beam.pipeline import run_recipe
     from dsdata.recipe import load_recipe
+
+    try:
+        budget = ErrorBudget.parse(args.max_errors)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
     if not args.quiet:
         logging.getLogger("dsdata").setLevel(logging.INFO)
@@ -68,7 +78,7 @@ def cmd_run(argv: list[str]) -> int:
     if not args.quiet:
         print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
               f"on {len(recipe.inputs)} input pattern(s) → {output}", file=sys.stderr)
-    stats = run_recipe(recipe, output, beam_args)
+    stats = run_recipe(recipe, output, beam_args, max_errors=budget)
     if not args.quiet:
         rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
         print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
@@ -130,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_dispatch(commands, argv: list[str]) -> int:
+    from dsdata.beam.errors import RunFailed
     from dsdata.io.readers import InputFormatError
     from dsdata.recipe import RecipeError
     from dsdata.stages import StageConfigError
@@ -151,6 +162,9 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
     except (UserError, RecipeError, StageConfigError, InputFormatError, FileNotFoundError) as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
+    except RunFailed as exc:  # the run started and cannot succeed: over the error budget, or a stage cannot run
+        print(f"dsdata: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
