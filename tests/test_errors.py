@@ -286,3 +286,24 @@ def test_stats_report_each_stages_cpu_time_and_input(tmp_path):
     for name, entry in times.items():
         assert entry["cpu_s"] > 0, name
         assert entry["docs_per_s"] == pytest.approx(entry["docs"] / entry["cpu_s"], rel=1e-3, abs=0.1)
+
+
+def test_lone_surrogate_reaching_fasttext_is_one_rejected_record_not_a_dead_run(tmp_path, capsys):
+    # "\ud800" is valid JSON; fastText's pybind layer raises TypeError on the unencodable string.  A
+    # reader that scrubs surrogates lets the document through instead: either way it is accounted for
+    # and its row is writable.
+    lines = [json.dumps({"id": f"d{i}", "text": f"Plain English sentence {i} about rivers and bridges."
+                         + (" \ud800 here" if i in (3, 8) else "")}) for i in range(12)]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    code, err = _cli([str(REPO / "pipelines" / "langid.yaml"), "--input", str(tmp_path / "in.jsonl"),
+                      "--output", str(out), "--max-errors", "2"], capsys)
+    assert code == 0 and err == []
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["ledger_ok"] and stats["input"] == 12
+    kept = {r["id"] for r in _rows(out, "kept")}
+    failed = {r["id"]: r for r in _rows(out, "rejected")}
+    assert kept | set(failed) == {f"d{i}" for i in range(12)} and not kept & set(failed)
+    for row in failed.values():
+        assert (row["stage"], row["reason"]) == ("lang", "error") and row["detail"].startswith("TypeError: ")
+        assert "\ufffd" in row["text"]

@@ -14,6 +14,7 @@ No Beam import here: the DoFns in dsdata/beam/ apply these rules, run_recipe app
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -66,7 +67,37 @@ def error_rejection(doc: Document, stage_name: str, exc: BaseException,
     """`doc` rejected by `stage_name` with reason `error`; raises instead for an environment error."""
     if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, declared):
         raise environment_failure(stage_name, exc) from exc
-    return Rejected(doc, stage_name, ERROR, first_line(exc))
+    return Rejected(_writable(doc), stage_name, ERROR, first_line(exc))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _scrub(value):
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _writable(doc: Document) -> Document:
+    """`doc`, or a copy whose lone surrogates are replaced: text that made a stage raise may be text no
+    UTF-8 encoder takes, and the rejected row must still be written (the error detail says why)."""
+    if not any(_unencodable(s) for s in (doc.id, doc.text)) and not _unencodable(
+            json.dumps([doc.metadata, doc.annotations], ensure_ascii=False, default=str)):
+        return doc
+    return Document(_scrub(doc.id), _scrub(doc.text), _scrub(doc.metadata), _scrub(doc.annotations), doc.derived_from)
 
 
 _WHILE_RUNNING = re.compile(r"\s*\[while running '[^']*'\]\s*$")

@@ -28,8 +28,8 @@ REJECTED = "rejected"
 # Per-stage CPU time: thread-local CPU seconds (correct when a worker runs bundles in several
 # threads) summed in the DoFn and added to this counter, in microseconds, once per bundle.
 CPU_COUNTER = "cpu_us"
-# Errors are logged with the document id for the first few records of each DoFn instance; the
-# rejected rows hold them all.
+# Errors are logged (INFO: shown unless --quiet) with the document id for the first few records of
+# each DoFn instance; the rejected rows hold them all.
 _LOGGED_ERRORS = 5
 
 
@@ -64,7 +64,7 @@ class StageCounters:
     def _failed(self, rejected: Rejected) -> Rejected:
         if self._errors_logged < _LOGGED_ERRORS:
             self._errors_logged += 1
-            log.warning("stage '%s': document %r rejected (%s)", self._stage_name, rejected.doc.id, rejected.detail)
+            log.info("stage %r: document %r rejected (%s)", self._stage_name, rejected.doc.id, rejected.detail)
         return rejected
 
     def _setup_stage(self, stage: Stage) -> None:
