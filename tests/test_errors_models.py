@@ -94,3 +94,59 @@ def test_relevance_runinference_rejects_only_the_document_whose_scoring_raises(t
         ("d013", "relevance", "TypeError: incompatible function arguments")]
     assert stats["kept"] + sum(stats["rejected"]["relevance"].values()) == 40
     assert stats["stage_time"]["relevance"]["cpu_s"] > 0
+
+
+def test_input_limit_is_the_smallest_of_positions_and_a_sane_tokenizer_limit():
+    from transformers import BertConfig, MarianConfig, RobertaConfig
+
+    from dsdata.model_limits import input_token_limit, output_token_limit
+
+    class Tok:
+        def __init__(self, limit):
+            self.model_max_length = limit
+
+    assert input_token_limit(BertConfig(max_position_embeddings=64)) == 64
+    assert input_token_limit(BertConfig(max_position_embeddings=64), Tok(32)) == 32
+    # transformers' "no limit" (int(1e30)) is not a limit.
+    assert input_token_limit(BertConfig(max_position_embeddings=64), Tok(int(1e30))) == 64
+    # RoBERTa numbers positions from padding_idx + 1: 514 rows hold 512 tokens.
+    assert input_token_limit(RobertaConfig(max_position_embeddings=514, pad_token_id=1)) == 512
+    assert output_token_limit(MarianConfig(max_position_embeddings=256)) == 255
+
+
+def test_bert_scorer_window_respects_the_tokenizers_model_max_length(tmp_path):
+    from test_relevance import build_tiny_bert
+    from transformers import AutoTokenizer
+
+    from dsdata.relevance.bert_backend import BertScorer
+
+    model_dir = build_tiny_bert(tmp_path / "bert")  # 64 positions
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer.model_max_length = 32
+    tokenizer.save_pretrained(str(model_dir))
+    scorer = BertScorer(str(model_dir), device="cpu", max_length=512)
+    assert scorer.windows.max_length == 32
+    (score,) = scorer.score([" ".join(["alpha", "beta", "gamma"] * 200)])
+    assert 0.0 <= score <= 1.0
+
+
+def test_a_translation_model_that_cannot_be_loaded_stops_the_run_in_one_line(short_models, tmp_path, capsys):
+    import shutil
+
+    from dsdata import cli
+
+    broken = tmp_path / "broken"
+    shutil.copytree(short_models["en_zh"], broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"id": "en-1", "text": "The data model is small. Open the file."}) + "\n",
+                      encoding="utf-8")
+    code = cli.main(["run", str(REPO / "pipelines" / "augment.yaml"), "--input", str(corpus), "--output",
+                     str(tmp_path / "out"), "--quiet", "--max-errors", "100%",
+                     "--set", f"augment.model_en_zh={broken}", "--set", f"augment.model_zh_en={short_models['zh_en']}",
+                     "--set", "augment.fraction=1.0"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dsdata:")]
+    assert code == 1
+    assert len(err) == 1 and err[0].startswith(
+        "dsdata: error: stage 'augment' cannot start: ModelNotFoundError: augment.model_en_zh: cannot load")

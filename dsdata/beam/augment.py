@@ -82,13 +82,16 @@ class TranslationHandler(ModelHandler):
             import torch
 
             torch.set_num_threads(self.config.threads)
-        return LoadedTranslators(
-            (direction, load_translator(
-                model_dir, f"model_{direction}", self.config.device,
-                self.config.target_tokens.get(direction.split("_")[1], ""),
-            ))
-            for direction, model_dir in self.config.model_dirs.items()
-        )
+        try:
+            return LoadedTranslators(
+                (direction, load_translator(
+                    model_dir, f"model_{direction}", self.config.device,
+                    self.config.target_tokens.get(direction.split("_")[1], ""),
+                ))
+                for direction, model_dir in self.config.model_dirs.items()
+            )
+        except Exception as exc:  # noqa: BLE001 - a model that cannot be loaded is no record's fault
+            raise environment_failure(STAGE_NAME, exc, " cannot start") from exc
 
     def run_inference(self, batch: Sequence[tuple[str, Any, int]], model, inference_args=None) -> Iterable[PredictionResult]:
         start = thread_time()

@@ -41,7 +41,10 @@ at a time; a document that raises alone gets a ScoringFailed inference (rejected
         self.min_batch_size, self.max_batch_size = min_batch_size, max_batch_size
 
     def load_model(self) -> Scorer:
-        return load_scorer(self.model, **self.load_options)
+        try:
+            return load_scorer(self.model, **self.load_options)
+        except Exception as exc:  # noqa: BLE001 - a model that cannot be loaded is no record's fault
+            raise environment_failure("relevance", exc, " cannot start") from exc
 
     def run_inference(self, batch: Sequence[Document], model: Scorer,
                       inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
