@@ -150,3 +150,33 @@ def test_a_translation_model_that_cannot_be_loaded_stops_the_run_in_one_line(sho
     assert code == 1
     assert len(err) == 1 and err[0].startswith(
         "dsdata: error: stage 'augment' cannot start: ModelNotFoundError: augment.model_en_zh: cannot load")
+
+
+def test_augment_copy_whose_making_raises_is_a_rejected_copy_and_the_original_stays(tmp_path, monkeypatch):
+    import dsdata.beam.augment as beam_augment
+
+    real_chrf = beam_augment.chrf
+
+    def chrf(hypothesis, reference):
+        if "POISON" in reference:
+            raise ZeroDivisionError("float division by zero")
+        return real_chrf(hypothesis, reference)
+
+    monkeypatch.setattr(beam_augment, "chrf", chrf)
+    (tmp_path / "syn.tsv").write_text("data\tinformation\nfile\tdocument\n", encoding="utf-8")
+    docs = [{"id": f"d{i}", "text": f"Open the data file number {i} and read the data."} for i in range(6)]
+    docs[2]["text"] += " POISON"
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    (tmp_path / "recipe.yaml").write_text(
+        "name: t\ninput: {paths: [\"*.jsonl\"]}\nstages:\n"
+        "  - augment: {method: synonym, synonyms: syn.tsv, fraction: 1.0, replace_prob: 1.0}\n", encoding="utf-8")
+    stats = run_recipe(load_recipe(str(tmp_path / "recipe.yaml")), str(tmp_path / "out"), max_errors="1")
+    assert stats["ledger_ok"] and stats["input"] == 6 and stats["augmented"] == 6
+    assert stats["kept"] == 11 and stats["rejected"] == {"augment": {"error": 1}}
+    (row,) = [r for f in sorted((tmp_path / "out" / "rejected").glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert row["detail"] == "synonym: ZeroDivisionError: float division by zero"
+    assert json.loads(row["annotations"])["source_id"] == "d2"
+    kept_ids = {r["id"] for f in (tmp_path / "out" / "kept").glob("*.parquet") for r in pq.read_table(f).to_pylist()}
+    assert {f"d{i}" for i in range(6)} <= kept_ids
+    report = json.loads((tmp_path / "out" / "augment.json").read_text())
+    assert report["synonym"]["dropped"] == {"error": 1} and report["synonym"]["kept"] == 5
