@@ -153,13 +153,13 @@ class PlanRoundTrips(_Errors, beam.DoFn):
         self.config = config
 
     def process(self, doc: Document):
-        start = thread_time()
+        start = self._clock_start()
         try:
             outputs = self._plan(doc)
         except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
             outputs = [_count("back_translation", "selected"), _count("back_translation", "dropped_error"),
                        self._failed_copy(doc, "back_translation", error_rejection(doc, STAGE_NAME, exc).detail)]
-        self._cpu += thread_time() - start
+        self._clock_stop(start)
         yield from outputs
 
     def _plan(self, doc: Document) -> list:
@@ -205,13 +205,13 @@ class AssembleRoundTrips(_Errors, beam.DoFn):
             missing = [i for i in range(len(plan.layout.sentences)) if i not in translated]
             if missing:
                 raise RuntimeError(f"augment: document {plan.doc.id!r} lost translations of sentences {missing[:5]}")
-            start = thread_time()
+            start = self._clock_start()
             try:
                 outputs = self._assemble(plan, [translated[i] for i in range(len(plan.layout.sentences))])
             except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
                 outputs = [_count("back_translation", "dropped_error"), self._failed_copy(
                     plan.doc, "back_translation", error_rejection(plan.doc, STAGE_NAME, exc).detail)]
-            self._cpu += thread_time() - start
+            self._clock_stop(start)
             yield from outputs
 
     def _assemble(self, plan: RoundTripPlan, sentences: list[Any]) -> list:
@@ -280,13 +280,13 @@ class ReplaceTerms(_Errors, beam.DoFn):
         if not is_selected(config.seed, config.method, doc.id, config.fraction):
             return
         yield _count(config.method, "selected")
-        start = thread_time()
+        start = self._clock_start()
         try:
             outputs = self._replace(doc)
         except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
             outputs = [_count(config.method, "dropped_error"),
                        self._failed_copy(doc, config.method, error_rejection(doc, STAGE_NAME, exc).detail)]
-        self._cpu += thread_time() - start
+        self._clock_stop(start)
         yield from outputs
 
     def _replace(self, doc: Document) -> list:

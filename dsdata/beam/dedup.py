@@ -134,7 +134,7 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
 
     def process(self, batch: list[Document]):
         docs = list(batch)
-        start = thread_time()
+        start = self._clock_start()
         try:
             outputs = self._outputs(docs)
         except Exception as exc:  # noqa: BLE001 - find the document(s) that raise
@@ -147,7 +147,7 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
                 except Exception as one:  # noqa: BLE001
                     self._in.inc()
                     outputs.append(self._route(self._error(doc, one)))
-        self._cpu += thread_time() - start
+        self._clock_stop(start)
         yield from outputs
 
     def _outputs(self, docs: list[Document]) -> list:
@@ -428,14 +428,14 @@ class _Decide(StageCounters, beam.DoFn):
         self._init_counters(self.stage_name)
 
     def process(self, item):
-        start = thread_time()
+        start = self._clock_start()
         node, grouped = item
         docs = [Document(*fields) for fields in grouped["docs"]]
         try:
             outputs = self._decide(node, docs, list(grouped["decision"]))
         except Exception as exc:  # noqa: BLE001 - the node's documents are rejected, not the run
             outputs = [self._error(doc, exc) for doc in docs]
-        self._cpu += thread_time() - start
+        self._clock_stop(start)
         for result in outputs:
             self._in.inc()
             yield self._route(result)

@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-from time import thread_time
 from typing import Any
 
 import apache_beam as beam
@@ -44,7 +43,7 @@ class _ScoreDoFn(StageCounters, beam.DoFn):
 
     def process(self, batch: list[Document]):
         docs = list(batch)
-        start = thread_time()
+        start = self._clock_start()
         declared = self.stage.environment_errors
         try:
             results: list[Document | Rejected] = list(self.stage.score_batch(docs))
@@ -57,7 +56,7 @@ class _ScoreDoFn(StageCounters, beam.DoFn):
                     results.extend(self.stage.score_batch([doc]))
                 except Exception as one:  # noqa: BLE001
                     results.append(self._error(doc, one, declared))
-        self._cpu += thread_time() - start
+        self._clock_stop(start)
         for result in results:
             if isinstance(result, Rejected):  # scored documents are counted when graded
                 self._in.inc()
@@ -90,7 +89,7 @@ class _GradeDoFn(StageCounters, beam.DoFn):
 
     def process(self, doc: Document, thresholds: dict[str, dict[str, Any]]):
         self._in.inc()
-        start = thread_time()
+        start = self._clock_start()
         try:
             group = self.stage.grouping_key(doc)
             found = thresholds.get(group) or {}
@@ -98,7 +97,7 @@ class _GradeDoFn(StageCounters, beam.DoFn):
             result = self.stage.grade(doc, cutoffs, found.get("outlier_threshold"))
         except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
             result = self._error(doc, exc, self.stage.environment_errors)
-        self._cpu += thread_time() - start
+        self._clock_stop(start)
         yield self._route(result)
 
 

@@ -91,7 +91,7 @@ class _RouteByScore(StageCounters, beam.DoFn):
 
     def process(self, result: PredictionResult):
         self._in.inc()
-        start = thread_time()
+        start = self._clock_start()
         doc = result.example
         if isinstance(result.inference, ScoringFailed):
             out = self._failed(Rejected(doc, self.stage.name, ERROR, result.inference.detail))
@@ -100,7 +100,7 @@ class _RouteByScore(StageCounters, beam.DoFn):
                 out = self.stage.judge(doc, float(result.inference))
             except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
                 out = self._error(doc, exc)
-        self._cpu += thread_time() - start
+        self._clock_stop(start)
         yield self._route(out)
 
 

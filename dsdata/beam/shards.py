@@ -77,15 +77,15 @@ class _ShardRecords(StageCounters, beam.DoFn):
 
     def process(self, doc):
         self._in.inc()
-        start = thread_time()
+        start = self._clock_start()
         try:
             record = shard_record(doc, self.default_difficulty)
         except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
             rejected = self._error(doc, exc)
-            self._cpu += thread_time() - start
+            self._clock_stop(start)
             yield self._route(rejected)
             return
-        self._cpu += thread_time() - start
+        self._clock_stop(start)
         yield beam.pvalue.TaggedOutput(_RECORDS, record)
         yield self._route(doc)
 
