@@ -25,7 +25,13 @@ from typing import Any
 
 import yaml
 
+from dsdata.beam_options import BeamOptionError, recipe_beam_args
+from dsdata.safe_yaml import YamlBoundError, load_bounded
 from dsdata.stages import Stage, StageConfigError, stage_class
+
+INPUT_FORMATS = ("auto", "jsonl", "parquet", "html", "warc")
+# A recipe is a page of YAML; a bigger file is not a recipe (and bounds what a bad one costs).
+MAX_RECIPE_BYTES = 1 << 20
 
 
 class RecipeError(ValueError):
@@ -118,8 +124,11 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
     if not os.path.isfile(path):
         raise RecipeError(f"recipe '{path}' not found; pass a YAML file such as pipelines/pretrain.yaml")
     try:
-        with open(path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh) or {}
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_RECIPE_BYTES + 1)
+        raw = load_bounded(data, path, max_bytes=MAX_RECIPE_BYTES) or {}
+    except (YamlBoundError, BeamOptionError) as exc:
+        raise RecipeError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise RecipeError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(raw, dict):
@@ -132,9 +141,18 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
     inp = raw.get("input") or {}
     if isinstance(inp, (str, list)):
         inp = {"paths": inp}
+    if not isinstance(inp, dict):
+        raise RecipeError(f"{path}: 'input' must be a mapping like {{paths: [data/*.jsonl]}}")
     paths = inp.get("paths") or []
     if isinstance(paths, str):
         paths = [paths]
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise RecipeError(f"{path}: input.paths must be a file pattern or a list of them")
+    for key in ("format", "text_field", "id_field"):
+        if key in inp and not isinstance(inp[key], str):
+            raise RecipeError(f"{path}: input.{key} must be a string, not {inp[key]!r}")
+    if inp.get("format", "auto") not in INPUT_FORMATS:
+        raise RecipeError(f"{path}: input.format '{inp['format']}' is not one of {', '.join(INPUT_FORMATS)}")
     inputs = [confine(base, p, "input path", path) for p in paths]
     output = raw.get("output", "out")
     if not isinstance(output, str) or is_remote(output) or os.path.isabs(output) or ".." in output.split("/"):
@@ -145,10 +163,10 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
         for key, spec in cls.params.items():
             if spec.is_path and isinstance(stage.params.get(key), str):
                 stage.params[key] = confine(base, stage.params[key], f"{stage.name}.{key}", path)
-    beam_cfg = raw.get("beam") or {}
-    if not isinstance(beam_cfg, dict):
-        raise RecipeError(f"{path}: 'beam' must be a mapping of pipeline options")
-    beam_args = [f"--{k}={v}" for k, v in beam_cfg.items()]
+    try:
+        beam_args = recipe_beam_args(raw.get("beam"), path)  # runner choice and tuning only
+    except BeamOptionError as exc:
+        raise RecipeError(str(exc)) from None
     recipe = Recipe(
         path=path,
         name=str(raw.get("name") or os.path.splitext(os.path.basename(path))[0]),

@@ -105,3 +105,53 @@ def test_causal_lm_backend_through_the_pipeline(tmp_path, tiny_model):
     summary = json.loads((out / "difficulty.json").read_text(encoding="utf-8"))
     assert summary["backend"] == "causal_lm" and set(summary["languages"]) == {"en", "zh"}
     assert all(e["cutoff_source"] == "percentiles" for e in summary["languages"].values())
+
+
+def test_logits_per_forward_pass_stay_within_the_budget_and_scores_do_not_change(tmp_path, caplog):
+    """Issue 17: batches were bounded by tokens only, so the logits (and logsumexp's fp32 copy)
+    grew with the vocabulary: 2.67 GB for 178 documents with a 1M-parameter model."""
+    import logging
+
+    from dsdata.lm import scorers
+    from transformers import LlamaForCausalLM
+
+    directory = _save_tiny_model(tmp_path / "m", "llama")
+    # A 4,096-entry output layer (the tokenizer uses the first 400): 16,384 tokens of logits per
+    # forward pass were 67M floats before the budget.
+    model = LlamaForCausalLM.from_pretrained(directory)
+    model.resize_token_embeddings(4096)
+    model.save_pretrained(directory)
+    texts = [f"{t} {i}" for i in range(30) for t in TEXTS[:2]]
+    seen: list[int] = []
+
+    def record(scorer):
+        scorer.model.register_forward_hook(lambda module, args, out: seen.append(out.logits.numel()))
+        return scorer
+
+    assert scorers.LOGITS_BUDGET * 4 <= 128 << 20  # the default: 128 MiB of fp32 logits per pass
+    budget = 128 * 4096  # 128 tokens' logits: a few forward passes for these texts
+    with caplog.at_level(logging.INFO, logger="dsdata.lm.scorers"):
+        bounded = record(CausalLMScorer(str(directory), device="cpu", max_length=32, logits_budget=budget))
+    assert bounded.vocab == 4096
+    assert "vocabulary 4096" in caplog.text and "per forward pass" in caplog.text
+    results = bounded.score_documents(texts)
+    assert len(seen) > 2 and max(seen) <= budget
+    seen.clear()
+    # One window per forward pass (the smallest budget) gives the same figures.
+    tiny = record(CausalLMScorer(str(directory), device="cpu", max_length=32, logits_budget=1))
+    again = tiny.score_documents(texts)
+    assert [n for _, n in again] == [n for _, n in results]
+    assert [s for s, _ in again] == pytest.approx([s for s, _ in results], rel=1e-5, abs=1e-5)
+    assert max(seen) <= 32 * 4096
+
+
+def test_scoring_logs_progress(tiny_model, caplog, monkeypatch):
+    import logging
+
+    from dsdata.lm import scorers
+
+    monkeypatch.setattr(scorers, "PROGRESS_EVERY_S", 0.0)
+    scorer = CausalLMScorer(str(tiny_model), device="cpu", max_length=32)
+    with caplog.at_level(logging.INFO, logger="dsdata.lm.scorers"):
+        scorer.score_documents(TEXTS)
+    assert "tokens scored in" in caplog.text and "documents done" in caplog.text

@@ -27,6 +27,42 @@ def test_dense_export_loads_as_llama_with_identical_logits(tmp_path, tied, kv_he
         torch.testing.assert_close(hf(tokens).logits, model(tokens), rtol=1e-4, atol=1e-4)
 
 
+def test_export_takes_special_ids_from_the_tokenizer_and_generation_stops_at_eos(tmp_path):
+    """LlamaConfig's defaults (bos 1, eos 2) are `!` and `"` in the shipped tokenizer, whose EOS is id 0."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer_dir = Path(__file__).resolve().parents[1] / "pipelines" / "models" / "tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    eos = tokenizer.eos_token_id
+    assert tokenizer.convert_ids_to_tokens([eos, 1, 2]) == ["<|endoftext|>", "!", '"']
+    args = ModelArgs(dim=32, n_layers=1, n_heads=2, vocab_size=len(tokenizer), max_seq_len=64)
+    state = Transformer(args).state_dict()
+    # Zero output weights: every logit is equal and greedy decoding picks the lowest id, the EOS (0).
+    # The control export names another end-of-document id (as a manifest may): the same model then
+    # generates id 0 until max_new_tokens.
+    state["output.weight"] = torch.zeros_like(state["output.weight"])
+    export_hf(state, args, str(tmp_path / "eos"), str(tokenizer_dir))
+    export_hf(state, args, str(tmp_path / "control"), str(tokenizer_dir), eos_id=7)
+    assert json.loads((tmp_path / "control" / "config.json").read_text())["eos_token_id"] == 7
+    for name in ("config.json", "generation_config.json"):
+        saved = json.loads((tmp_path / "eos" / name).read_text())
+        assert (saved["eos_token_id"], saved["bos_token_id"]) == (eos, tokenizer.bos_token_id), name
+    prompt = tokenizer("The guide explains", return_tensors="pt").input_ids
+    for name, expected in (("eos", [eos]), ("control", [eos] * 6)):
+        model = AutoModelForCausalLM.from_pretrained(str(tmp_path / name)).eval()
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False)
+        assert out[0, prompt.shape[1]:].tolist() == expected, name
+
+
+def test_export_without_a_tokenizer_names_no_special_ids(tmp_path):
+    args = ModelArgs(dim=32, n_layers=1, n_heads=2, vocab_size=50, max_seq_len=64)
+    export_hf(Transformer(args).state_dict(), args, str(tmp_path / "hf"))
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert saved.get("eos_token_id") is None and saved.get("bos_token_id") is None
+
+
 def test_sparse_or_moe_export_is_native_and_says_so(tmp_path):
     args = ModelArgs(dim=32, n_layers=1, n_heads=2, vocab_size=50, attention="lsh", moe_experts=2)
     kind = export_hf(Transformer(args).state_dict(), args, str(tmp_path / "x"))

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -22,8 +22,7 @@ import torch
 
 from dsdata.train.config import ConfigError, load_config
 from dsdata.train.parallel import MixedParallel, resolve_dims
-from dsdata.train.parallel.pipeline import (Action, balanced_split, check_schedule, schedule_actions, simulate,
-                                            theoretical_bubble)
+from dsdata.train.parallel.pipeline import balanced_split
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "models" / "tiny.toml")
@@ -31,6 +30,92 @@ STEPS = 10
 BASE = [f"training.steps={STEPS}", "checkpoint.interval=5", "checkpoint.keep=3", "logging.tensorboard=false",
         "logging.console_interval=0", "logging.histogram_interval=0", "export.enabled=false", "training.threads=1"]
 RTOL = 1e-5
+
+
+# ------------------------------------------------------------------ pure Python: a model of the schedules
+# The per-stage orders of torch's GPipe and 1F1B, checked for completeness and deadlock, and their
+# bubble on an idealised clock (docs/parallel.md quotes it next to the measured one).
+
+
+@dataclass(frozen=True)
+class Action:
+    stage: int
+    kind: str  # "F" or "B"
+    micro: int
+
+
+def schedule_actions(kind: str, stages: int, micro: int) -> list[list[Action]]:
+    """Per stage, the order in which it runs forward/backward of each micro-batch (as torch's schedules do)."""
+    order: list[list[Action]] = []
+    for s in range(stages):
+        if kind == "gpipe":
+            seq = [Action(s, "F", m) for m in range(micro)] + [Action(s, "B", m) for m in range(micro)]
+        elif kind == "1f1b":
+            warmup = min(micro, stages - s)
+            seq = [Action(s, "F", m) for m in range(warmup)]
+            next_f, next_b = warmup, 0
+            while next_b < micro:
+                seq.append(Action(s, "B", next_b))
+                next_b += 1
+                if next_f < micro:
+                    seq.append(Action(s, "F", next_f))
+                    next_f += 1
+        else:
+            raise ValueError(f"unknown schedule {kind!r}")
+        order.append(seq)
+    return order
+
+
+def check_schedule(order: list[list[Action]], micro: int) -> None:
+    """Raise AssertionError unless every stage runs F and B of every micro-batch exactly once, F before B,
+    and the cross-stage dependencies can be met (F(s,m) after F(s-1,m); B(s,m) after B(s+1,m))."""
+    stages = len(order)
+    for s, seq in enumerate(order):
+        for kind in "FB":
+            got = sorted(a.micro for a in seq if a.kind == kind)
+            assert got == list(range(micro)), f"stage {s}: {kind} of micro-batches {got}, expected each of 0..{micro - 1} once"
+        position = {(a.kind, a.micro): i for i, a in enumerate(seq)}
+        for m in range(micro):
+            assert position[("F", m)] < position[("B", m)], f"stage {s}: backward of micro-batch {m} before its forward"
+    simulate(order)  # raises on a dependency deadlock
+    assert stages >= 1
+
+
+def simulate(order: list[list[Action]], forward_cost: float = 1.0, backward_cost: float = 2.0) -> dict:
+    """Run the per-stage orders on an idealised clock; returns makespan, busy time and bubble fraction."""
+    stages = len(order)
+    done: dict[tuple[str, int, int], float] = {}
+    clock = [0.0] * stages
+    cursor = [0] * stages
+    remaining = sum(len(seq) for seq in order)
+    while remaining:
+        progressed = False
+        for s in range(stages):
+            if cursor[s] == len(order[s]):
+                continue
+            a = order[s][cursor[s]]
+            if a.kind == "F":
+                dep = ("F", s - 1, a.micro) if s > 0 else None
+            else:
+                dep = ("B", s + 1, a.micro) if s < stages - 1 else ("F", s, a.micro)
+            if dep is not None and dep not in done:
+                continue
+            start = max(clock[s], done.get(dep, 0.0) if dep else 0.0)
+            clock[s] = start + (forward_cost if a.kind == "F" else backward_cost)
+            done[(a.kind, s, a.micro)] = clock[s]
+            cursor[s] += 1
+            remaining -= 1
+            progressed = True
+        if not progressed:
+            raise AssertionError(f"schedule deadlocks: stages wait on each other at {cursor}")
+    makespan = max(clock)
+    per_stage_busy = len(order[0]) // 2 * (forward_cost + backward_cost)
+    return {"makespan": makespan, "busy_per_stage": per_stage_busy, "bubble_fraction": 1.0 - per_stage_busy / makespan}
+
+
+def theoretical_bubble(stages: int, micro: int) -> float:
+    """(p − 1) / (m + p − 1): the idle share of each stage in GPipe and 1F1B."""
+    return (stages - 1) / (micro + stages - 1)
 
 
 # ------------------------------------------------------------------ pure Python: schedules, split, sizes
@@ -116,6 +201,40 @@ def test_tensor_parallel_refuses_shapes_it_cannot_split():
     check_tensor_parallel(config.model, 2)  # an odd vocabulary is kept replicated, not refused
     with pytest.raises(ConfigError, match=r"model.n_heads \(4\)"):
         check_tensor_parallel(config.model, 8)
+
+
+def test_every_layout_implements_the_layout_protocol():
+    """A layout that leaves out a protocol method cannot be built: the trainer never probes with hasattr."""
+    from dsdata.train.distributed import DistEnv
+    from dsdata.train.parallel import DataParallelLayout, HybridLayout, Layout, build_layout
+
+    assert Layout in DataParallelLayout.__mro__ and Layout in HybridLayout.__mro__  # declared, not duck-typed
+    assert not DataParallelLayout.__abstractmethods__ and not HybridLayout.__abstractmethods__
+    env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
+    layout = build_layout(load_config(TINY, ["parallel.gradient_accumulation_steps=2"]), env)
+    assert isinstance(layout, DataParallelLayout)
+    assert (layout.dims.dp, layout.dims.micro_batch_size, layout.dims.accumulation) == (1, 8, 2)
+    assert layout.describe() == "one process, dp 1 × tp 1 × pp 1, 2 micro-batches of 8 per rank"
+
+    class Incomplete(Layout):
+        def __init__(self):
+            pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete()
+
+
+def test_process_start_up_does_not_import_the_layouts():
+    """No import circle: train/distributed.py is below parallel/, which imports it."""
+    code = ("import sys, dsdata.train.distributed; "
+            "assert not [m for m in sys.modules if m.startswith('dsdata.train.parallel')], 'imported'; "
+            "import dsdata.train.parallel.dims, dsdata.train.parallel.layout")
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+def test_unimplemented_schedule_is_refused_when_the_config_is_read():
+    with pytest.raises(ConfigError, match="pipeline_schedule = 'interleaved_1f1b'; choose gpipe or 1f1b"):
+        load_config(TINY, ["parallel.pipeline_schedule=interleaved_1f1b"])
 
 
 # ------------------------------------------------------------------ parity with one process (slow)
@@ -238,6 +357,20 @@ def test_layouts_match_one_process_and_checkpoints_load_across_layouts(single_pr
     _assert_close_losses(_losses(resumed, first_step=6), reference_losses[5:], "single_from_pp2")
     _assert_close_params(_checkpoint_params(resumed / "checkpoints" / f"step_{STEPS:08d}"), reference_params,
                          "single_from_pp2")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_three_pipeline_stages_with_a_tied_embedding_match_one_process(tmp_path):
+    """The middle stage holds neither copy of the tied embedding (it used to look for one and crash)."""
+    from dsdata.train.loop import train
+
+    sets = VARIANT_BASE + ["model.n_layers=3", "model.tie_embeddings=true", "training.global_batch_size=6"]
+    _torchrun(3, [{"run_dir": str(tmp_path / "pp3"), "overrides": sets + ["parallel.pipeline_parallel_size=3"]}],
+              tmp_path)
+    torch.set_num_threads(1)
+    train(load_config(TINY, sets), str(tmp_path / "single"))
+    _assert_close_losses(_losses(tmp_path / "pp3"), _losses(tmp_path / "single"), "pp3 tied")
 
 
 def _worker(plan_path: str) -> None:

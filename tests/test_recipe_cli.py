@@ -105,3 +105,22 @@ def test_stages_command_documents_every_parameter(tmp_path):
     assert res.returncode == 0, res.stderr
     for name in ("clean:", "lang:", "rules:", "min_score", "gopher", "adds columns"):
         assert name in res.stdout
+
+
+@pytest.mark.slow
+def test_multi_processing_run_is_as_quiet_as_in_process(tmp_path):
+    """Issue 17: --direct_running_mode=multi_processing printed 123 lines of SDK-worker INFO/WARN."""
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": str(i), "text": f"Document number {i} in English."}) + "\n"
+                                               for i in range(20)))
+    common = ["run", str(REPO / "pipelines" / "langid.yaml"), "--input", "in.jsonl"]
+    quiet = _dsdata(*common, "--output", "a", cwd=tmp_path)
+    multi = _dsdata(*common, "--output", "b", "--direct_running_mode=multi_processing", "--direct_num_workers=2",
+                    cwd=tmp_path)
+    assert quiet.returncode == 0 and multi.returncode == 0, multi.stderr
+    assert json.loads(multi.stdout.strip().splitlines()[-1])["kept"] == 20
+    lines = multi.stderr.strip().splitlines()
+    for noise in ("INFO:apache_beam", "Discarding unparseable args", "semi_persistent_directory", "Worker: severity"):
+        assert not [ln for ln in lines if noise in ln], (noise, multi.stderr)
+    # What is left from each worker is what it prints while importing Beam, before it reads its
+    # options (at most two lines each).
+    assert len(lines) <= len(quiet.stderr.strip().splitlines()) + 2 * 2, multi.stderr

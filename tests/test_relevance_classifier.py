@@ -145,7 +145,7 @@ def test_shipped_fasttext_model_on_held_out_dev_data(shared_data, tmp_path, caps
     assert classifier_main(["eval", "--model", str(model), "--data", str(dev), "--holdout", "0.2",
                             "--predictions", str(predictions)]) == 0
     report = last_json(capsys)
-    assert report["n"] == 448 and report["accuracy"] >= 0.89 and report["auc"] >= 0.95
+    assert report["n"] == 448 and report["accuracy"] >= 0.93 and report["auc"] >= 0.97
 
     held_out = tmp_path / "held-out.jsonl"
     assert classifier_main(["split", "--data", str(dev), "--holdout", "0.2", "--train-out",
@@ -157,3 +157,110 @@ def test_shipped_fasttext_model_on_held_out_dev_data(shared_data, tmp_path, caps
     # The Beam pipeline keeps exactly the documents `eval` predicts relevant at the same threshold.
     predicted = [json.loads(line) for line in predictions.open(encoding="utf-8")]
     assert stats["kept"] == sum(p["label"] for p in predicted)
+
+
+def _poison_freed_heap(nbytes: int = 7 << 20) -> None:
+    """Leave NaN bit patterns (0xFF bytes) in freed heap memory of this process, where the next
+    large allocations are served from: what other work (Beam, Arrow, an earlier model) leaves."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.free(libc.malloc(16 << 20))  # freeing an mmapped chunk raises glibc's dynamic mmap threshold
+    blocks = [libc.malloc(nbytes) for _ in range(2)]  # … so these come from the heap
+    for block in blocks:
+        ctypes.memset(block, 0xFF, nbytes)
+    for block in blocks:
+        libc.free(block)
+
+
+def test_fasttext_training_is_the_same_whatever_the_heap_held(tmp_path):
+    """fastText initialises only thread/10 of its input matrix and never zeroes the rest: trained
+    in-process after other work, 1-thread training differed run to run and, with NaN garbage,
+    stopped with 'Encountered NaN.' (issue 17).  Two trainings, one after poisoning the heap, must
+    give the same model bytes."""
+    pytest.importorskip("fasttext")
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("the heap poisoning uses glibc's allocator")
+    from dsdata.relevance.fasttext_backend import train_fasttext
+
+    rng = random.Random(1)
+    texts = [" ".join(rng.choice(RELEVANT if i % 2 else JUNK) for _ in range(rng.randint(3, 20))) for i in range(60)]
+    labels = [i % 2 for i in range(60)]
+    args = {"epoch": 10, "thread": 1, "seed": 0}
+    first = train_fasttext(texts, labels, str(tmp_path / "a"), quantize=False, **args)
+    _poison_freed_heap()
+    second = train_fasttext(texts, labels, str(tmp_path / "b"), quantize=False, **args)
+    assert Path(first).read_bytes() == Path(second).read_bytes()
+    # Without n-gram buckets the input matrix is a few hundred bytes, served from the heap of the
+    # training process itself (where Python's own freed objects lie): still identical, never NaN.
+    small = {**args, "bucket": 0, "wordNgrams": 1, "minn": 0, "maxn": 0}
+    models = [Path(train_fasttext(texts, labels, str(tmp_path / f"s{i}"), quantize=False, **small)).read_bytes()
+              for i in range(3)]
+    assert models[0] == models[1] == models[2]
+
+
+@pytest.mark.slow
+def test_shipped_fasttext_model_per_language_and_the_pages_of_issue_17(shared_data):
+    """The relevance-dev-only model scored 0.8859 (en) / 0.9297 (zh) / 0.8684 (Traditional zh) on
+    the held-out split, rejected the Traditional-Chinese networking chapter of the Debian Reference
+    and kept the Chinese GPL preamble; neither page was trained on by the shipped model."""
+    pytest.importorskip("fasttext")
+    from dsdata.relevance.evaluation import classification_report
+    from dsdata.relevance.scorer import load_scorer
+    from dsdata.stages.lang import chinese_script
+
+    scorer = load_scorer(str(REPO / "pipelines" / "models" / "relevance-fasttext"))
+    dev = shared_data / "relevance-dev.jsonl"
+    lang = {json.loads(line)["id"]: json.loads(line)["lang"] for line in dev.open(encoding="utf-8")}
+    _, valid = split_grouped(load_labelled(str(dev)), 0.2, 0)
+    scores = scorer.score([r.text for r in valid])
+
+    def accuracy(keep) -> float:
+        idx = [i for i, r in enumerate(valid) if keep(r)]
+        return classification_report([scores[i] for i in idx], [valid[i].label for i in idx])["accuracy"]
+
+    assert accuracy(lambda r: lang[r.id] == "en") >= 0.91
+    assert accuracy(lambda r: lang[r.id] == "zh") >= 0.95
+    assert accuracy(lambda r: lang[r.id] == "zh" and chinese_script(r.text) == "Hant") >= 0.9
+
+    page = (shared_data / "html-dev" / "debref-zh-tw-ch05.gold.txt").read_text(encoding="utf-8")
+    gpl, = [json.loads(line)["text"] for line in (REPO / "pipelines" / "samples" / "docs.jsonl").open(encoding="utf-8")
+            if "installation-guide-amd64/zh_CN/apf.html" in line]
+    preamble = "\n\n".join(gpl.split("\n\n")[:2])
+    assert "GNU 通用公共授权" in preamble
+    page_score, preamble_score = scorer.score([page, preamble])
+    assert page_score >= 0.5 and preamble_score < 0.5
+
+
+@pytest.mark.slow
+def test_shipped_model_training_set_holds_nothing_of_the_held_out_pages(shared_data, tmp_path):
+    """build_training_data.py adds data from other sources: none of it may come from a held-out
+    page or copy a held-out text, or the held-out figures above would flatter the model."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "train.jsonl"
+    subprocess.run([sys.executable, str(REPO / "pipelines" / "models" / "relevance-fasttext" / "build_training_data.py"),
+                    "--shared", str(shared_data), "--out", str(out), "--exclude",
+                    str(shared_data / "html-dev" / "*.gold.txt"), "--prose-per-language", "200"],
+                   check=True, capture_output=True, timeout=600)
+    sys.path.insert(0, str(REPO / "pipelines" / "models" / "relevance-fasttext"))
+    from build_training_data import NearDuplicates
+
+    train = [json.loads(line) for line in out.open(encoding="utf-8")]
+    _, valid = split_grouped(load_labelled(str(shared_data / "relevance-dev.jsonl")), 0.2, 0)
+    held_groups = {r.group for r in valid}
+    assert not [r for r in train if group_key(r, r["id"]) in held_groups]
+    # (relevance-dev's own training part is as the data set splits it: templated navigation bars of
+    # different pages look alike on both sides.)
+    added = [r for r in train if r["origin"] != "relevance-dev"]
+    held = NearDuplicates([r.text for r in valid])
+    assert not [r for r in added if held.hit(r["text"])]
+    gold = NearDuplicates([(shared_data / "html-dev" / "debref-zh-tw-ch05.gold.txt").read_text(encoding="utf-8")])
+    assert not [r for r in added if gold.hit(r["text"])]
+    assert {r["label"] for r in train} == {0, 1} and {"prose", "langid-dev", "relevance-dev"} <= {r["origin"] for r in train}

@@ -247,3 +247,36 @@ def test_sigkill_during_shard_writing_leaves_no_partial_shard_named(tmp_path):
     _small_set(directory)
     assert not any(".tmp-" in name for name in os.listdir(directory))
     assert verify_shards(str(directory))[1] == []
+
+
+def test_info_verify_and_publish_accept_the_run_directory(tmp_path, capsys, monkeypatch):
+    """`dsdata shards info out` / `dsdata shm publish out` take the run directory, as the trainer's
+    data.path does (issue 17: they said 'a run that wrote it did not finish')."""
+    _small_set(tmp_path / "run" / "shards")
+    (tmp_path / "run" / "stats.json").write_text("{}")
+    assert cli_main(["shards", "info", str(tmp_path / "run"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["totals"]["docs"] == 30
+    assert cli_main(["shards", "verify", str(tmp_path / "run")]) == 0
+    assert "every sha256 matches" in capsys.readouterr().out
+    monkeypatch.setenv("DSDATA_SHM_ROOT", str(tmp_path / "shm"))
+    assert cli_main(["shm", "publish", str(tmp_path / "run"), "--name", "corpus"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["shards"] > 1
+
+    # A run directory whose shards/ has no manifest yet, and one without shards/ at all: said plainly.
+    (tmp_path / "run" / "shards" / "manifest.json").unlink()
+    assert cli_main(["shards", "info", str(tmp_path / "run")]) == 2
+    assert "did not finish writing its shards" in capsys.readouterr().err
+    (tmp_path / "langid").mkdir()
+    (tmp_path / "langid" / "stats.json").write_text("{}")
+    assert cli_main(["shm", "publish", str(tmp_path / "langid"), "--name", "x"]) == 2
+    assert "without shards/ (its recipe has no shards stage)" in capsys.readouterr().err
+
+
+def test_piping_into_head_prints_no_traceback(tmp_path):
+    _small_set(tmp_path / "s", n_docs=1500, shard_size=40)  # --files: ~1500 lines, more than a pipe holds
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    for args in (["shards", "info", str(tmp_path / "s"), "--files"], ["shards", "info", str(tmp_path / "s"), "--json"]):
+        proc = subprocess.run(f"{sys.executable} -m dsdata.cli {' '.join(args)} | head -n 1", shell=True,
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert len(proc.stdout.splitlines()) == 1
+        assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr

@@ -54,4 +54,4 @@ def test_a_run_removes_every_declared_side_output_of_an_earlier_run(tmp_path):
     recipe.write_text("input: {paths: ['in.jsonl']}\nstages: []\n", encoding="utf-8")
     stats = run_recipe(load_recipe(str(recipe)), str(out))
     assert stats["kept"] == 3 and stats["ledger_ok"]
-    assert sorted(p.name for p in out.iterdir()) == ["kept", "rejected", "stats.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["kept", "rejected", "report.html", "run.json", "stats.json"]

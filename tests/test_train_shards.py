@@ -84,3 +84,8 @@ def test_loss_falls_on_pipeline_shards_and_the_run_resumes(pipeline_shards, tmp_
     tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
     ids = tokenizer("The installation guide explains how to", return_tensors="pt").input_ids
     assert model(ids).logits.shape[-1] == json.loads((hf_dir / "config.json").read_text())["vocab_size"] >= len(tokenizer)
+    # generate() stops at the id every training document ended with, which is the tokenizer's EOS.
+    manifest = json.loads((pipeline_shards / "shards" / "manifest.json").read_text())
+    for name in ("config.json", "generation_config.json"):
+        saved = json.loads((hf_dir / name).read_text())
+        assert saved["eos_token_id"] == manifest["tokenizer"]["eos_id"] == tokenizer.eos_token_id, name

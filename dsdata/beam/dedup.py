@@ -66,6 +66,7 @@ from dsdata.beam.transforms import CPU_COUNTER, StageCounters
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json
+from dsdata.beam.progress import stage_counter
 
 log = logging.getLogger("dsdata")
 

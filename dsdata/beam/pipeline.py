@@ -27,7 +27,9 @@ from dsdata.beam.kinds import ApplyStage, StageContext
 from dsdata.beam.transforms import CPU_COUNTER, KEPT, REJECTED, ReadDocuments
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_row, kept_schema, rejected_row
 from dsdata.io.readers import READ_STAGE
+from dsdata.beam.progress import watch as watch_progress
 from dsdata.recipe import Recipe
+from dsdata.beam.report import remove_report, write_report_safely
 from dsdata.stages import SideOutput, Stage, registered_side_outputs
 
 log = logging.getLogger("dsdata")
@@ -249,22 +251,29 @@ def stage_times(metrics, stats: dict[str, Any]) -> dict[str, dict[str, Any]] | N
 
 
 def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] | None = None,
-               max_errors: str | ErrorBudget | None = None) -> dict[str, Any]:
+               max_errors: str | ErrorBudget | None = None, progress: str = "off") -> dict[str, Any]:
     """Run a recipe to completion and return its stats (also written to OUTPUT/stats.json).
 
     max_errors: how many records may be rejected with reason `error` (their processing raised):
     a count ("25") or a share of the input ("0.1%", the default).  Over it the outputs are still
     written, then ErrorBudgetExceeded is raised.  An environment error (a stage's setup() fails, a
-    module or model is missing) raises StageEnvironmentError."""
+    module or model is missing) raises StageEnvironmentError.
+
+    progress: "lines" / "bar" print live progress every 10 s (see dsdata.beam.progress); "off" is silent.
+    OUTPUT/report.html and OUTPUT/run.json are written at the end (a report error only warns).
+    """
     output = output or recipe.output
     budget = ErrorBudget.parse(max_errors)
     stages = recipe.build_stages()
     _prepare_output(output)
+    remove_report(output)
     options = pipeline_options(list(recipe.beam_args) + list(beam_args or []))
     start = time.time()
     try:
-        with beam.Pipeline(options=options) as p:
-            build_pipeline(p, recipe, output, stages)
+        with watch_progress(progress, [READ_STAGE] + [s.name for s in stages]) as watcher:
+            with beam.Pipeline(options=options) as p:
+                build_pipeline(p, recipe, output, stages)
+                watcher.attach(p)
     except Exception as exc:  # noqa: BLE001 - only an environment error is turned into one line
         fatal = find_environment_error(exc)
         if fatal is None:
@@ -282,6 +291,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     with FileSystems.create(stats_path) as fh:
         fh.write(json.dumps(stats, indent=2, ensure_ascii=False).encode("utf-8"))
     stats["seconds"] = round(time.time() - start, 3)
+    write_report_safely(output, recipe, stages, options, stats["seconds"])
     if not stats["ledger_ok"]:
         raise LedgerError(
             f"ledger broken in {output}/stats.json: input {stats['input']} + augmented {stats['augmented']} "

@@ -17,6 +17,7 @@ from apache_beam.metrics import Metrics
 from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, is_environment_error
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import READ_STAGE, InputFormatError, read_file
+from dsdata.beam.progress import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage, Stage
 
 log = logging.getLogger("dsdata")
@@ -46,8 +47,8 @@ class StageCounters:
     def _init_counters(self, stage_name: str) -> None:
         self._stage_name = stage_name
         self._ns = f"dsdata.{stage_name}"
-        self._in = Metrics.counter(self._ns, "in")
-        self._kept = Metrics.counter(self._ns, "kept")
+        self._in = stage_counter(self._ns, "in")
+        self._kept = stage_counter(self._ns, "kept")
         self._reasons: dict[str, Any] = {}
         self._cpu_counter = Metrics.counter(self._ns, CPU_COUNTER)
         self._cpu = 0.0
@@ -76,7 +77,7 @@ class StageCounters:
         if isinstance(result, Rejected):
             counter = self._reasons.get(result.reason)
             if counter is None:
-                counter = self._reasons[result.reason] = Metrics.counter(self._ns, f"rejected.{result.reason}")
+                counter = self._reasons[result.reason] = stage_counter(self._ns, f"rejected.{result.reason}")
             counter.inc()
             return beam.pvalue.TaggedOutput(REJECTED, result)
         self._kept.inc()

@@ -169,20 +169,30 @@ def _visible_length(node: LexborNode) -> int:
 
 
 def _outermost(nodes: list[LexborNode]) -> list[LexborNode]:
-    """Drop nodes nested inside another node of the list (document order in, document order out)."""
+    """Drop nodes nested inside another node of the list (document order in, document order out).
+
+    Each ancestor's answer ("inside a chosen node or not") is remembered, so every element is
+    walked past once: walking each node's whole parent chain instead cost O(nodes × depth), the
+    quadratic term of cleaning deeply nested pages (issue 14).  The memo stays right because the
+    nodes come in document order: a chosen node precedes every node inside it."""
     chosen: list[LexborNode] = []
-    chosen_ids: set[int] = set()
+    inside: dict[int, bool] = {}  # mem_id → the element is, or lies inside, a chosen node
     for node in nodes:
+        path = []
         parent = node.parent
         nested = False
         while parent is not None:
-            if parent.mem_id in chosen_ids:
-                nested = True
+            known = inside.get(parent.mem_id)
+            if known is not None:
+                nested = known
                 break
+            path.append(parent.mem_id)
             parent = parent.parent
+        for mem_id in path:
+            inside[mem_id] = nested
+        inside[node.mem_id] = True
         if not nested:
             chosen.append(node)
-            chosen_ids.add(node.mem_id)
     return chosen
 
 
@@ -318,6 +328,86 @@ def _serialise(root: LexborNode) -> str:
     return text.strip()
 
 
+# Deeper elements are not nested further (Chromium's parser stops nesting at 512 too): the HTML
+# tree builder scans the stack of open elements at most start tags ("is there a <p> in button
+# scope?"), so parsing alone costs O(elements × depth) on a page of 100,000 nested <div>s.
+MAX_NESTING = 512
+_TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9:-]*)[^>]*?(/?)>")
+_RAW_TEXT = frozenset({"script", "style", "textarea", "title", "xmp", "noscript", "iframe", "noembed", "noframes",
+                       "plaintext"})
+# Elements that never open a nesting level: void elements, and those the tree builder closes by
+# itself when the next one starts (an unclosed <p>, <li> or <td> does not nest its successor).
+_NO_LEVEL = frozenset({
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr", "param",
+    "keygen", "p", "li", "dt", "dd", "option", "optgroup", "tr", "td", "th", "thead", "tbody", "tfoot", "rb", "rt",
+    "rp", "rtc", "colgroup", "caption", "html", "head", "body",
+})
+
+
+_RAW_TEXT_END: dict[str, re.Pattern] = {}
+
+
+def _raw_text_end(name: str) -> re.Pattern:
+    pattern = _RAW_TEXT_END.get(name)
+    if pattern is None:
+        pattern = _RAW_TEXT_END[name] = re.compile(f"</{name}", re.I)
+    return pattern
+
+
+def cap_nesting(html: str, max_depth: int = MAX_NESTING) -> str:
+    """The page rewritten so that no element nests deeper than `max_depth`: an element that would
+    go deeper becomes the next sibling of the element at the limit (that one is closed just before
+    it, and its own end tag, when it comes, is dropped) — as Chromium's parser does.  Every tag and
+    all text stay.  A page within the bound (every ordinary page) is returned unchanged."""
+    if html.count("<") <= max_depth:
+        return html
+    stack: list[str] = []
+    open_counts: dict[str, int] = {}
+    closed_early: dict[str, int] = {}  # end tags still to come for elements closed at the limit
+    edits: list[tuple[int, int, str]] = []
+    pos = 0
+    while True:
+        m = _TAG.search(html, pos)
+        if m is None:
+            break
+        pos = m.end()
+        closing, name, self_closing = m.group(1), m.group(2).lower(), m.group(3)
+        if not closing:
+            if name in _RAW_TEXT:
+                end = _raw_text_end(name).search(html, pos)
+                pos = len(html) if end is None else end.start()
+                continue
+            if name in _NO_LEVEL or self_closing:
+                continue
+            if len(stack) >= max_depth:
+                top = stack.pop()
+                open_counts[top] -= 1
+                closed_early[top] = closed_early.get(top, 0) + 1
+                edits.append((m.start(), m.start(), f"</{top}>"))
+            stack.append(name)
+            open_counts[name] = open_counts.get(name, 0) + 1
+        elif open_counts.get(name):
+            # An end tag closes its element and everything opened inside it.
+            while stack:
+                top = stack.pop()
+                open_counts[top] -= 1
+                if top == name:
+                    break
+        elif closed_early.get(name):
+            closed_early[name] -= 1
+            edits.append((m.start(), m.end(), ""))
+    if not edits:
+        return html
+    parts = []
+    last = 0
+    for start, end, replacement in edits:
+        parts.append(html[last:start])
+        parts.append(replacement)
+        last = end
+    parts.append(html[last:])
+    return "".join(parts)
+
+
 def _parse(html: str) -> LexborHTMLParser:
     try:
         tree = LexborHTMLParser(html)
@@ -332,7 +422,7 @@ def extract_dom(html: str) -> ExtractedPage:
     """The DOM heuristic described in the module docstring."""
     if any(m in html for m in _MARKERS):
         html = html.translate(_DROP_MARKERS)
-    tree = _parse(html)
+    tree = _parse(cap_nesting(html))
     title = page_title(tree)
     body = tree.body
     for node in _outermost(body.css(_INVISIBLE_SELECTOR)):

@@ -17,7 +17,7 @@ import sys
 import time
 
 from dsdata.relevance.data import LabelledDataError, load_labelled, split_grouped
-from dsdata.relevance.fasttext_backend import FastTextUnavailable
+from dsdata.relevance.fasttext_backend import FastTextTrainingFailed, FastTextUnavailable
 
 
 def _err(msg: str) -> None:
@@ -183,6 +183,6 @@ def main(argv: list[str]) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
         return commands[argv[0]](argv[1:])
-    except (LabelledDataError, ValueError, FastTextUnavailable, OSError) as exc:
+    except (LabelledDataError, ValueError, FastTextUnavailable, FastTextTrainingFailed, OSError) as exc:
         _err(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         return 2

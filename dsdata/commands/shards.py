@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from dsdata.io.shards import ShardError, read_manifest, verify_shards
+from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest, verify_shards
 
 
 def cmd_verify(args) -> int:
@@ -45,13 +45,14 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="dsdata shards", description="Inspect and verify training shards.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_verify = sub.add_parser("verify", help="check every shard against the manifest's sha256; exit 1 naming bad files")
-    p_verify.add_argument("dir", help="shard directory (holds manifest.json), e.g. out/shards")
+    p_verify.add_argument("dir", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")
     p_info = sub.add_parser("info", help="summarise a shard set")
-    p_info.add_argument("dir")
+    p_info.add_argument("dir", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")
     p_info.add_argument("--files", action="store_true", help="list every shard")
     p_info.add_argument("--json", action="store_true", help="print the manifest without the shard list as JSON")
     args = parser.parse_args(argv)
     try:
+        args.dir = locate_shard_dir(args.dir)
         return cmd_verify(args) if args.command == "verify" else cmd_info(args)
     except ShardError as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)

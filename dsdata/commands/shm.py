@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from dsdata.io.shards import ShardError
+from dsdata.io.shards import ShardError, locate_shard_dir
 from dsdata.io.shm import ShmError, list_published, publish, remove, shm_root
 
 
@@ -16,7 +16,7 @@ def main(argv: list[str]) -> int:
                         "$DSDATA_SHM_ROOT or /dev/shm/dsdata)")
     sub = parser.add_subparsers(dest="command", required=True)
     p_pub = sub.add_parser("publish", help="copy + verify a shard directory into ROOT/NAME (atomic)")
-    p_pub.add_argument("shard_dir", help="directory holding manifest.json and its shards (e.g. out/shards)")
+    p_pub.add_argument("shard_dir", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")
     p_pub.add_argument("--name", required=True, help="dataset name under the root")
     p_list = sub.add_parser("list", help="list published datasets")
     p_list.add_argument("--verify", action="store_true", help="also check every shard's sha256")
@@ -26,14 +26,17 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "publish":
-            result = publish(args.shard_dir, args.name, args.root)
+            result = publish(locate_shard_dir(args.shard_dir), args.name, args.root)
             print(json.dumps(result))
             return 0
         if args.command == "list":
             items = list_published(args.root, verify=args.verify)
+            broken = any("error" in i or not i.get("ok", True) for i in items)
             if args.json:
+                # stdout is one JSON document only, for scripts; problems are in the items themselves.
                 print(json.dumps(items))
-            elif not items:
+                return 1 if broken else 0
+            if not items:
                 print(f"no datasets published under {shm_root(args.root)}")
             for item in items:
                 if "error" in item:
@@ -42,7 +45,7 @@ def main(argv: list[str]) -> int:
                     flag = "" if item.get("ok", True) else "\tCORRUPT: " + "; ".join(item["problems"])
                     print(f"{item['name']}\t{item['shards']} shards\t{item['tokens']} tokens\t{item['bytes']} bytes\t"
                           f"{item['dtype']}\t{item['path']}{flag}")
-            return 1 if any("error" in i or not i.get("ok", True) for i in items) else 0
+            return 1 if broken else 0
         if args.command == "remove":
             if not remove(args.name, args.root):
                 print(f"dsdata: error: no dataset named '{args.name}' under {shm_root(args.root)}", file=sys.stderr)

@@ -6,19 +6,25 @@ invalid UTF-8, a record without text, a binary file or a truncated compressed st
 one rejected row, so the ledger (input == kept + Σ rejected) counts them.  Blank lines in JSONL are
 not records and are not counted.
 
+Compressed input is decoded member by member (dsdata/io/decompress.py): every complete record before
+damage is kept, and reading resumes at the next gzip member / zstd frame after it.  Every text that
+leaves a reader is valid Unicode (lone surrogate escapes in JSON become U+FFFD).
+
 Reason codes (stage `read`): bad_json, not_an_object, invalid_utf8, missing_text, empty_text,
-binary_file, truncated_compression, bad_parquet, bad_warc, undecodable_payload, unreadable_file.
+binary_file, unknown_format, line_too_long, too_large, truncated_compression, corrupt_compression, bad_parquet, bad_warc,
+truncated_record, undecodable_payload, unreadable_file.
 """
 from __future__ import annotations
 
-import gzip
+import io
 import json
 import os
 import re
-import zlib
 from typing import IO, Any, Iterator
 
 from dsdata.document import Document, Rejected
+from dsdata.io.decompress import Damage, compression_of, decoded_chunks
+from dsdata.io.encodings import bom_encoding, decode, encoding_for_label, meta_encoding
 
 READ_STAGE = "read"
 FORMATS = ("jsonl", "parquet", "html", "warc")
@@ -54,37 +60,6 @@ def detect_format(path: str) -> str:
     )
 
 
-def _compression(path: str) -> str | None:
-    name = path.lower()
-    if name.endswith(".gz"):
-        return "gzip"
-    if name.endswith((".zst", ".zstd")):
-        return "zstd"
-    return None
-
-
-def _decompressed(path: str, raw: IO[bytes]) -> IO[bytes]:
-    kind = _compression(path)
-    if kind == "gzip":
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    if kind == "zstd":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-    return raw
-
-
-def _read_errors():
-    errors: list[type[BaseException]] = [EOFError, zlib.error, gzip.BadGzipFile, OSError]
-    try:
-        import zstandard
-
-        errors.append(zstandard.ZstdError)
-    except ImportError:  # pragma: no cover - zstandard is a core dependency
-        pass
-    return tuple(errors)
-
-
 def _file_rejection(path: str, reason: str, detail: str, text: str = "") -> Rejected:
     return Rejected(
         doc=Document(id=path, text=text, metadata={"source": path}), stage=READ_STAGE, reason=reason, detail=detail
@@ -95,8 +70,7 @@ _CONTROL = bytes(range(0, 9)) + bytes(range(14, 27)) + bytes(range(28, 32))
 
 
 def _looks_binary(chunk: bytes) -> bool:
-    """A file is binary (one rejected row, not one per garbage "line") when over 10 % of its first
-    8 KiB are control bytes that text never holds; a stray NUL in a text line is rejected per line."""
+    """Over 10 % of the first 8 KiB are control bytes that text never holds."""
     if not chunk:
         return False
     return sum(chunk.count(b) for b in _CONTROL) > 0.1 * len(chunk)
@@ -126,46 +100,152 @@ def record_to_document(
     return Document(id=doc_id, text=text, metadata=metadata)
 
 
-_CHUNK = 1 << 16
+_BOM = b"\xef\xbb\xbf"
 
 
-def _iter_lines(stream: IO[bytes], pending: bytes = b"") -> Iterator[bytes]:
-    """Lines of a (decompressing) stream, read in 64 KiB chunks so that a truncated compressed
-    file still yields every complete line before the damage; the caller sees the read error."""
-    while True:
-        chunk = stream.read(_CHUNK)
-        if not chunk:
-            yield from (line for line in pending.split(b"\n") if line)
-            return
-        pending += chunk
-        lines = pending.split(b"\n")
-        pending = lines.pop()
-        for line in lines:
-            yield line
-        if len(pending) > _MAX_LINE:
-            raise ValueError(f"a line longer than {_MAX_LINE} bytes")
+class _LineTooLong:
+    def __init__(self, size: int):
+        self.size = size
+
+
+def _iter_lines(chunks: Iterator[bytes | Damage]) -> Iterator[bytes | Damage | _LineTooLong]:
+    """Lines of a decoded stream; a `Damage` passes through in its place, and the partial line
+    before it (a fragment of a record the damage cut) is counted in it.  A line over _MAX_LINE
+    bytes is one `_LineTooLong`; reading resumes after its newline."""
+    parts: list[bytes] = []
+    size = 0
+    overlong = 0  # > 0 while skipping the rest of an over-long line
+    for chunk in chunks:
+        if isinstance(chunk, Damage):
+            if parts or overlong:
+                chunk.detail += f"; the {size + overlong}-byte partial line before it is part of the loss"
+            parts, size, overlong = [], 0, 0
+            yield chunk
+            continue
+        pieces = chunk.split(b"\n")
+        last = pieces.pop()
+        if pieces:
+            head = pieces[0]
+            if overlong:
+                yield _LineTooLong(overlong + len(head))
+            elif size + len(head) > _MAX_LINE:
+                yield _LineTooLong(size + len(head))
+            else:
+                yield b"".join(parts) + head if parts else head
+            overlong = 0
+            parts, size = [], 0
+            for line in pieces[1:]:
+                yield line if len(line) <= _MAX_LINE else _LineTooLong(len(line))
+        if overlong:
+            overlong += len(last)
+        elif size + len(last) > _MAX_LINE:
+            overlong = size + len(last)
+            parts, size = [], 0
+        elif last:
+            parts.append(last)
+            size += len(last)
+    if overlong:
+        yield _LineTooLong(overlong)
+    elif parts:
+        yield b"".join(parts)
+
+
+# Rejections held back while a JSONL file has produced no JSON value yet: a binary file (an image
+# named .jsonl) becomes one `binary_file` row instead of thousands of garbage "lines", but only if no
+# line of it parses; a text file with one bad line keeps all its other lines.
+_HOLD_ROWS = 10_000
+_HOLD_BYTES = 16 << 20
 
 
 def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id") -> Iterator[Document | Rejected]:
     """JSON Lines, plain or .gz/.zst. Ids default to `PATH:LINE` (1-based)."""
-    errors = _read_errors() + (ValueError,)
+    head = bytearray()
+
+    def sniffed(chunks):
+        for chunk in chunks:
+            if isinstance(chunk, bytes) and len(head) < _BINARY_SNIFF:
+                head.extend(chunk[: _BINARY_SNIFF - len(head)])
+            yield chunk
+
+    held: list[Rejected] | None = []  # None once a line parsed: rows then pass straight through
+    held_bytes = 0
     lineno = 0
     try:
-        stream = _decompressed(path, raw)
-        head = stream.read(_BINARY_SNIFF)
-        if _looks_binary(head):
-            yield _file_rejection(path, "binary_file", "over 10 % control bytes in the first 8 KiB; not a text JSONL file")
-            return
-        for line in _iter_lines(stream, head):
-            lineno += 1
-            result = _jsonl_record(line, f"{path}:{lineno}", text_field, id_field)
-            if result is not None:
+        for line in _iter_lines(sniffed(decoded_chunks(path, raw))):
+            if isinstance(line, Damage):
+                result = _file_rejection(f"{path}:{lineno + 1}", line.reason, f"after line {lineno}: {line.detail}")
+            elif isinstance(line, _LineTooLong):
+                lineno += 1
+                result = Rejected(Document(f"{path}:{lineno}", "", {}), READ_STAGE, "line_too_long",
+                                  f"{line.size} bytes without a newline (at most {_MAX_LINE})")
+            else:
+                if lineno == 0 and line.startswith(_BOM):
+                    line = line[len(_BOM):]  # a UTF-8 BOM marks the encoding; it is not content
+                lineno += 1
+                result = _jsonl_record(line, f"{path}:{lineno}", text_field, id_field)
+                if result is None:
+                    continue
+            if held is None:
                 yield result
-    except errors as exc:
-        yield _file_rejection(
-            f"{path}:{lineno + 1}", "truncated_compression",
-            f"{type(exc).__name__} after line {lineno}: {exc}; the rest of the file is unreadable",
-        )
+                continue
+            if isinstance(result, Document) or result.reason not in _UNPARSED:
+                yield from held
+                held = None
+                yield result
+                continue
+            held.append(result)
+            held_bytes += len(result.doc.text)
+            if len(held) > _HOLD_ROWS or held_bytes > _HOLD_BYTES:
+                yield from held
+                held = None
+    except OSError as exc:  # the file system failed mid-read (a network file system, a vanished file)
+        if held:
+            yield from held
+        held = None
+        yield _file_rejection(f"{path}:{lineno + 1}", "unreadable_file",
+                              f"{type(exc).__name__} after line {lineno}: {exc}; the rest of the file is unreadable")
+    if held:
+        if _looks_binary(bytes(head)):
+            yield _file_rejection(path, "binary_file", f"no line of {len(held)} is JSON and over 10 % of the "
+                                  "first 8 KiB are control bytes; not a text JSONL file")
+        else:
+            yield from held
+
+
+# Reasons of lines that did not parse as JSON at all (the held-back kind, see _HOLD_ROWS).
+_UNPARSED = frozenset({"bad_json", "invalid_utf8", "line_too_long", "truncated_compression", "corrupt_compression"})
+# Records nested deeper than this are refused: the JSON decoder recurses (RecursionError near 1000
+# levels) and so would every later json.dumps of the metadata, at a depth no data set needs.
+MAX_JSON_DEPTH = 100
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in item)
+    return False
+
+
+def _scrub_surrogates(value: Any) -> Any:
+    """Replace unpaired UTF-16 surrogates (valid JSON escapes, not Unicode scalar values: no UTF-8
+    encoder accepts them) by U+FFFD, as browsers do; the JSON decoder already joined valid pairs."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_scrub_surrogates(k): _scrub_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_surrogates(v) for v in value]
+    return value
 
 
 def _jsonl_record(line: bytes, default_id: str, text_field: str, id_field: str) -> Document | Rejected | None:
@@ -176,11 +256,20 @@ def _jsonl_record(line: bytes, default_id: str, text_field: str, id_field: str) 
     except UnicodeDecodeError as exc:
         return Rejected(Document(id=default_id, text=line.decode("utf-8", "replace"), metadata={}),
                         READ_STAGE, "invalid_utf8", str(exc))
+    raw = text.rstrip("\r\n")
     try:
         record = json.loads(text)
-    except ValueError as exc:
-        return Rejected(Document(id=default_id, text=text.rstrip("\r\n"), metadata={}), READ_STAGE, "bad_json", str(exc))
-    return record_to_document(record, default_id, text_field, id_field, raw=text.rstrip("\r\n"))
+    except RecursionError:
+        return Rejected(Document(id=default_id, text=raw, metadata={}), READ_STAGE, "bad_json",
+                        f"nested deeper than the JSON decoder can follow (at most {MAX_JSON_DEPTH} levels are read)")
+    except ValueError as exc:  # also int() of over 4300 digits
+        return Rejected(Document(id=default_id, text=raw, metadata={}), READ_STAGE, "bad_json", str(exc))
+    if line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and _depth_exceeds(record, MAX_JSON_DEPTH):
+        return Rejected(Document(id=default_id, text=raw, metadata={}), READ_STAGE, "bad_json",
+                        f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if _SURROGATE_ESCAPE.search(line):
+        record = _scrub_surrogates(record)
+    return record_to_document(record, default_id, text_field, id_field, raw=raw)
 
 
 def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id") -> Iterator[Document | Rejected]:
@@ -208,33 +297,71 @@ def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: 
             row += 1
 
 
-_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?([A-Za-z0-9_\-]+)""", re.I)
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:\-]+)""", re.I)
 
 
 def decode_html(data: bytes, declared: str | None = None) -> str | None:
-    """Bytes of an HTML page → str: declared charset, then <meta charset>, then UTF-8; None if none fit."""
+    """Bytes of an HTML page → str, as browsers decode it (the WHATWG Encoding Standard): a UTF-8 or
+    UTF-16 byte-order mark first, then the declared (HTTP) charset, then <meta charset>, then UTF-8,
+    each label mapped to the standard's encoding (gb2312 → GBK, shift_jis → windows-31j,
+    iso-8859-1 → windows-1252, …); None if no candidate decodes the page."""
+    bom = bom_encoding(data)
+    if bom is not None:
+        name, length = bom
+        try:
+            return decode(data[length:], name)
+        except UnicodeDecodeError:
+            return None
     candidates = []
-    if declared:
-        candidates.append(declared)
+    name = encoding_for_label(declared)
+    if name:
+        candidates.append(name)
     m = _META_CHARSET.search(data[:4096])
     if m:
-        candidates.append(m.group(1).decode("ascii"))
-    candidates.append("utf-8")
-    for enc in candidates:
+        name = meta_encoding(m.group(1).decode("ascii"))
+        if name:
+            candidates.append(name)
+    candidates.append("UTF-8")
+    for name in dict.fromkeys(candidates):
         try:
-            return data.decode(enc)
-        except (UnicodeDecodeError, LookupError):
+            return decode(data, name)
+        except UnicodeDecodeError:
             continue
     return None
 
 
+class _TooLarge(Exception):
+    pass
+
+
+def _whole(path: str, raw: IO[bytes]) -> tuple[bytes, Damage | None]:
+    """The decoded content of a one-record file, and the first damage in it (None if intact).
+    _TooLarge past _MAX_LINE bytes: a page that size is a decompression bomb, not a page."""
+    parts = []
+    size = 0
+    for chunk in decoded_chunks(path, raw):
+        if isinstance(chunk, Damage):
+            return b"".join(parts), chunk
+        parts.append(chunk)
+        size += len(chunk)
+        if size > _MAX_LINE:
+            raise _TooLarge(size)
+    return b"".join(parts), None
+
+
 def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Rejected]:
     """One HTML file → one document whose id is the file's path."""
-    errors = _read_errors()
     try:
-        data = _decompressed(path, raw).read()
-    except errors as exc:
-        yield _file_rejection(path, "truncated_compression", f"{type(exc).__name__}: {exc}")
+        data, damage = _whole(path, raw)
+    except OSError as exc:
+        yield _file_rejection(path, "unreadable_file", f"{type(exc).__name__}: {exc}")
+        return
+    except _TooLarge:
+        yield _file_rejection(path, "too_large", f"over {_MAX_LINE} bytes decoded; not read further")
+        return
+    if damage is not None:
+        # One file is one record: a page cut by damage is rejected whole, not served half.
+        yield _file_rejection(path, damage.reason, damage.detail)
         return
     if _looks_binary(data[:_BINARY_SNIFF]):
         yield _file_rejection(path, "binary_file", "over 10 % control bytes in the first 8 KiB; not an HTML file")
@@ -251,87 +378,206 @@ def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
     yield Document(id=path, text=text, metadata=meta)
 
 
-def _gzip_intact(raw: IO[bytes]) -> bool | None:
-    """True if a multi-member gzip stream decompresses to its very end; None if it cannot be re-read.
-    warcio stops silently at a member cut off inside its header, so truncation is checked here."""
-    try:
-        raw.seek(0)
-    except (AttributeError, OSError, ValueError):
-        return None
-    decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    in_member = False
-    try:
-        while True:
-            chunk = raw.read(1 << 20)
-            if not chunk:
-                break
-            while chunk:
-                decomp.decompress(chunk)
-                in_member = not decomp.eof
-                if decomp.eof:
-                    chunk = decomp.unused_data
-                    decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                else:
-                    chunk = b""
-        ok = not in_member
-    except zlib.error:
-        ok = False
-    raw.seek(0)
-    return ok
+class _ChunkReader(io.RawIOBase):
+    """A read-only file over an iterator of byte chunks (one undamaged stretch of a WARC)."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self._chunks = chunks
+        self._rest = memoryview(b"")  # a view, so handing out a large chunk piecewise copies it once
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not len(self._rest):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._rest = memoryview(chunk)
+        n = min(len(buffer), len(self._rest))
+        buffer[:n] = self._rest[:n]
+        self._rest = self._rest[n:]
+        return n
+
+
+def _stretches(path: str, raw: IO[bytes]) -> Iterator[tuple[Iterator[bytes], list[Damage]]]:
+    """Split a decoded stream at its damages: (chunks of one undamaged stretch, [the damage that
+    ends it, if any]).  Each stretch must be consumed before the next is asked for."""
+    source = decoded_chunks(path, raw)
+    done = False
+    while not done:
+        ended: list[Damage] = []
+
+        def stretch():
+            nonlocal done
+            for chunk in source:
+                if isinstance(chunk, Damage):
+                    ended.append(chunk)
+                    return
+                yield chunk
+            done = True
+
+        gen = stretch()
+        yield gen, ended
+        for _ in gen:  # drain what the WARC parser left unread
+            pass
 
 
 def read_warc(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Rejected]:
     """WARC (gzipped or not): one document per `response` record; other record types (request,
-    metadata, warcinfo) describe the crawl and are not documents.  id = WARC-Record-ID."""
+    metadata, warcinfo) describe the crawl and are not documents.  id = WARC-Record-ID.
+
+    A gzipped WARC holds one gzip member per record: after a corrupt member, reading resumes at
+    the next one (the damage is one rejected row; a record it cut is one more)."""
     from warcio.archiveiterator import ArchiveIterator
 
-    intact = _gzip_intact(raw) if _compression(path) == "gzip" else None
     count = 0
-    try:
-        for record in ArchiveIterator(raw, arc2warc=True):
-            if record.rec_type != "response":
-                continue
-            count += 1
-            rec_id = record.rec_headers.get_header("WARC-Record-ID") or f"{path}:{count}"
-            meta = {
-                "url": record.rec_headers.get_header("WARC-Target-URI"),
-                "warc_date": record.rec_headers.get_header("WARC-Date"),
-                "source": path,
-            }
-            ctype = record.http_headers.get_header("Content-Type") if record.http_headers else None
-            meta["content_type"] = (ctype or "").split(";")[0].strip().lower() or "application/octet-stream"
-            payload = record.content_stream().read()
-            if getattr(record.raw_stream, "limit", 0):
-                yield Rejected(Document(rec_id, payload.decode("utf-8", "replace"), meta), READ_STAGE,
-                               "truncated_record", f"{record.raw_stream.limit} bytes of the record are missing")
-                continue
-            charset = None
-            if ctype and "charset=" in ctype.lower():
-                charset = ctype.lower().split("charset=")[-1].split(";")[0].strip(" \"'")
-            if _looks_binary(payload[:_BINARY_SNIFF]) or not meta["content_type"].startswith(("text/", "application/xhtml")):
-                yield Rejected(Document(rec_id, "", meta), READ_STAGE, "binary_file",
-                               f"payload is {meta['content_type']}, not text")
-                continue
-            text = decode_html(payload, charset)
-            if text is None:
-                yield Rejected(Document(rec_id, payload.decode("utf-8", "replace"), meta), READ_STAGE,
-                               "undecodable_payload", f"charset {charset!r} and UTF-8 both fail")
-                continue
-            if not text.strip():
-                yield Rejected(Document(rec_id, text, meta), READ_STAGE, "empty_text")
-                continue
-            yield Document(id=rec_id, text=text, metadata=meta)
-    except Exception as exc:  # noqa: BLE001 - warcio raises assorted errors on damaged input
-        yield _file_rejection(
-            f"{path}:after{count}", "bad_warc",
-            f"{type(exc).__name__} after {count} response records: {exc}; the rest of the file is unreadable",
-        )
+    if compression_of(path) is None and _seekable(raw):
+        for item in _plain_warc_records(raw):
+            if isinstance(item, Damage):
+                yield _file_rejection(f"{path}:after{count}", item.reason, f"after {count} response records: {item.detail}")
+            elif item.rec_type == "response":
+                count += 1
+                yield _warc_response(path, item, count)
         return
-    if intact is False:
-        yield _file_rejection(
-            f"{path}:after{count}", "truncated_compression",
-            f"the gzip stream ends mid-member after {count} response records; the rest of the file is lost",
-        )
+    try:
+        for chunks, ended in _stretches(path, raw):
+            try:
+                for record in ArchiveIterator(io.BufferedReader(_ChunkReader(chunks), 1 << 16), arc2warc=True):
+                    if record.rec_type != "response":
+                        continue
+                    count += 1
+                    yield _warc_response(path, record, count)
+            except Exception as exc:  # noqa: BLE001 - warcio raises assorted errors on damaged input
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                yield _file_rejection(
+                    f"{path}:after{count}", "bad_warc",
+                    f"{type(exc).__name__} after {count} response records: {first}; the rest of this "
+                    "undamaged stretch of the file is unreadable",
+                )
+            for damage in ended:
+                yield _file_rejection(f"{path}:after{count}", damage.reason,
+                                      f"after {count} response records: {damage.detail}")
+    except OSError as exc:
+        yield _file_rejection(f"{path}:after{count}", "unreadable_file", f"{type(exc).__name__}: {exc}")
+
+
+def _seekable(raw: IO[bytes]) -> bool:
+    try:
+        return bool(raw.seekable())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+_WARC_LINE = re.compile(rb"WARC/1\.[0-9]\r?\n")
+
+
+def _next_warc_header(raw: IO[bytes], start: int) -> int | None:
+    """File offset of the next `WARC/1.x` version line at or after `start` (a record's first line;
+    searched for only after damage, so a payload quoting one costs at most an extra row)."""
+    raw.seek(start)
+    carry = b""
+    base = start
+    while True:
+        chunk = raw.read(1 << 20)
+        if not chunk:
+            return None
+        data = carry + chunk
+        m = _WARC_LINE.search(data)
+        if m is not None:
+            return base + m.start()
+        carry = data[-16:]
+        base += len(data) - len(carry)
+
+
+def _plain_warc_records(raw: IO[bytes]) -> Iterator[Any]:
+    """warcio records of an uncompressed (seekable) WARC.  Records are framed by their
+    Content-Length, so after damage (a record warcio cannot parse, a length running past the end
+    of the file) one Damage is reported and parsing starts again at the next `WARC/1.x` line after
+    the last record that was read — a length that overran swallowed records, which are found again
+    inside what it claimed.  Every restart point is new, so this ends."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    start = 0
+    last_read = -1  # file offset of the last record handed out
+    tried: set[int] = {0}
+
+    def restart_point() -> int | None:
+        candidate = _next_warc_header(raw, last_read + 1)
+        while candidate is not None and candidate in tried:
+            candidate = _next_warc_header(raw, candidate + 1)
+        if candidate is not None:
+            tried.add(candidate)
+        return candidate
+
+    while True:
+        raw.seek(start)
+        iterator = ArchiveIterator(raw, arc2warc=True)
+        at = start
+        try:
+            overran = False
+            for record in iterator:
+                at = iterator.offset
+                last_read = max(last_read, at)
+                yield record  # the caller reads its content before asking for the next one
+                if getattr(record.raw_stream, "limit", 0):
+                    overran = True  # reported by the caller as truncated_record
+                    break
+            if overran:
+                resume = restart_point()
+                if resume is None:
+                    return
+                start = resume
+                continue
+            tail_at = iterator.offset
+            raw.seek(tail_at)
+            if raw.read(1 << 16).strip():
+                # warcio ends quietly at a record cut inside its headers; that record is lost.
+                raw.seek(0, io.SEEK_END)
+                yield Damage("truncated_record", f"the file ends inside a record at offset {tail_at} "
+                             f"({raw.tell() - tail_at} bytes of it present)", tail_at)
+            return
+        except Exception as exc:  # noqa: BLE001 - warcio raises assorted errors on damaged input
+            failed_at = max(at, getattr(iterator, "offset", start))
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            resume = restart_point()
+            if resume is None:
+                yield Damage("bad_warc", f"{type(exc).__name__} at offset {failed_at}: {first}; no further "
+                             "record in the file", failed_at)
+                return
+            yield Damage("bad_warc", f"{type(exc).__name__} at offset {failed_at}: {first}; reading resumed "
+                         f"at the next record (offset {resume})", failed_at)
+            start = resume
+
+
+def _warc_response(path: str, record: Any, count: int) -> Document | Rejected:
+    rec_id = record.rec_headers.get_header("WARC-Record-ID") or f"{path}:{count}"
+    meta = {
+        "url": record.rec_headers.get_header("WARC-Target-URI"),
+        "warc_date": record.rec_headers.get_header("WARC-Date"),
+        "source": path,
+    }
+    ctype = record.http_headers.get_header("Content-Type") if record.http_headers else None
+    meta["content_type"] = (ctype or "").split(";")[0].strip().lower() or "application/octet-stream"
+    payload = record.content_stream().read(_MAX_LINE + 1)
+    if len(payload) > _MAX_LINE:  # the iterator skips the rest of the record
+        return Rejected(Document(rec_id, "", meta), READ_STAGE, "too_large", f"payload over {_MAX_LINE} bytes")
+    if getattr(record.raw_stream, "limit", 0):
+        return Rejected(Document(rec_id, payload.decode("utf-8", "replace"), meta), READ_STAGE,
+                        "truncated_record", f"{record.raw_stream.limit} bytes of the record are missing")
+    charset = None
+    if ctype and "charset=" in ctype.lower():
+        charset = ctype.lower().split("charset=")[-1].split(";")[0].strip(" \"'")
+    if _looks_binary(payload[:_BINARY_SNIFF]) or not meta["content_type"].startswith(("text/", "application/xhtml")):
+        return Rejected(Document(rec_id, "", meta), READ_STAGE, "binary_file",
+                        f"payload is {meta['content_type']}, not text")
+    text = decode_html(payload, charset)
+    if text is None:
+        return Rejected(Document(rec_id, payload.decode("utf-8", "replace"), meta), READ_STAGE,
+                        "undecodable_payload", f"charset {charset!r} and UTF-8 both fail")
+    if not text.strip():
+        return Rejected(Document(rec_id, text, meta), READ_STAGE, "empty_text")
+    return Document(id=rec_id, text=text, metadata=meta)
 
 
 READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "html": read_html, "warc": read_warc}
@@ -340,7 +586,11 @@ READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "html": read_html, "war
 def read_file(path: str, raw: IO[bytes], fmt: str = "auto", text_field: str = "text", id_field: str = "id"):
     """Dispatch to the reader for `fmt` ('auto' = from the file name)."""
     if fmt == "auto":
-        fmt = detect_format(path)
+        try:
+            fmt = detect_format(path)
+        except InputFormatError as exc:
+            # One file a glob matched by accident (a README among the data) is a row, not a crash.
+            return iter([_file_rejection(path, "unknown_format", str(exc))])
     if fmt not in READERS:
         raise InputFormatError(f"unknown input format '{fmt}' (known: {', '.join(FORMATS)})")
     return READERS[fmt](path, raw, text_field=text_field, id_field=id_field)

@@ -32,7 +32,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -288,14 +288,31 @@ def resolve_shard_path(directory: str, name: Any) -> str:
     return resolved
 
 
+def locate_shard_dir(path: str) -> str:
+    """The shard directory itself, or the shards/ folder of a `dsdata run` output directory (as the
+    trainer's data.path accepts); anything else is returned unchanged for read_manifest to refuse."""
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        return path
+    nested = os.path.join(path, "shards")
+    if os.path.isfile(os.path.join(nested, MANIFEST)):
+        return nested
+    if os.path.isdir(nested):
+        raise ShardError(f"{os.path.join(nested, MANIFEST)} not found: the run that writes {path} did not finish "
+                         "writing its shards (the manifest is written last); run it again")
+    if os.path.isfile(os.path.join(path, "stats.json")):
+        raise ShardError(f"{path} is a `dsdata run` output without shards/ (its recipe has no shards stage); "
+                         "shards come from pipelines/pretrain.yaml or a recipe ending in tokenize → shards")
+    return path
+
+
 def read_manifest(directory: str) -> dict[str, Any]:
     """Load and sanity-check `directory/manifest.json` (format, dtype, shard entries, paths)."""
     path = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
         raise ShardError(f"shard directory '{directory}' does not exist")
     if not os.path.isfile(path):
-        raise ShardError(f"{path} not found: '{directory}' is not a complete shard set "
-                         "(a run that wrote it did not finish, or this is not a shard directory)")
+        raise ShardError(f"{path} not found: '{directory}' is not a shard set; give a `dsdata run` output "
+                         "directory (RUN_DIR, holding shards/) or its shards/ folder")
     try:
         with open(path, encoding="utf-8") as fh:
             manifest = json.load(fh)
@@ -310,15 +327,94 @@ def read_manifest(directory: str) -> dict[str, Any]:
     shards = manifest.get("shards")
     if not isinstance(shards, list):
         raise ShardError(f"{path}: 'shards' must be a list")
-    for shard in shards:
+    for i, shard in enumerate(shards):
         if not isinstance(shard, dict) or not {"file", "sha256", "bytes", "tokens", "docs"} <= set(shard):
             raise ShardError(f"{path}: every shard entry needs file, sha256, bytes, tokens and docs")
+        _check_entry_types(path, i, shard)
         resolve_shard_path(directory, shard["file"])
+    if "token_column" in manifest and not isinstance(manifest["token_column"], str):
+        raise ShardError(f"{path}: token_column must be a string, not {manifest['token_column']!r}")
     return manifest
 
 
-def verify_shard_file(directory: str, shard: dict[str, Any]) -> None:
-    """Raise ShardError naming the file when it is missing, of the wrong size, or fails its sha256."""
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_entry_types(path: str, index: int, shard: dict[str, Any]) -> None:
+    """Field types of one manifest entry, so a hand-edited manifest fails here in one line, not as a
+    TypeError deep in a loader."""
+    where = f"{path}: shards[{index}]"
+    for key in ("bytes", "tokens", "docs"):
+        if not _is_count(shard[key]):
+            raise ShardError(f"{where}.{key} must be a non-negative integer, not {shard[key]!r}")
+    digest = shard["sha256"]
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        raise ShardError(f"{where}.sha256 must be 64 lower-case hex digits, not {digest!r}")
+    if shard.get("difficulty") is not None and not isinstance(shard["difficulty"], str):
+        raise ShardError(f"{where}.difficulty must be a string or null, not {shard['difficulty']!r}")
+
+
+def _buffers(array: pa.Array) -> Iterator[pa.Buffer]:
+    for buf in array.buffers():
+        if buf is not None:
+            yield buf
+
+
+def check_shard_buffer(path: str, buffer: pa.Buffer, token_column: str, dtype: np.dtype, tokens: int) -> np.ndarray:
+    """Open the Arrow IPC file held in `buffer` (a shard's whole mapping) and check it against its
+    manifest entry before any token is served; returns the token values as a zero-copy array.
+
+    The sha256 only proves the file is the one the manifest names, and whoever can write the file can
+    write the manifest too.  Arrow trusts a record batch's metadata (lengths, buffer offsets), so a
+    file claiming more tokens than it holds would be served from beyond its mapping (a million
+    windows from a 36 KB file, then a segfault).  Checked here: exactly one record batch; Arrow's
+    full validation (every buffer large enough for its array's length, offsets monotonic and inside
+    their child); every buffer of every column inside the mapped file; the token offsets start at 0
+    and end at the values' length; the values have the manifest's dtype and count."""
+    try:
+        reader = pa.ipc.open_file(pa.BufferReader(buffer))
+        if reader.num_record_batches != 1:
+            raise ShardError(f"{path}: {reader.num_record_batches} record batches; dsdata shards hold one")
+        batch = reader.get_batch(0)
+        batch.validate(full=True)
+        index = batch.schema.get_field_index(token_column)
+        if index < 0:
+            raise ShardError(f"{path}: no '{token_column}' column")
+        column = batch.column(index)
+    except (pa.ArrowException, OSError, ValueError) as exc:  # ArrowInvalid, ArrowIOError (an OSError), …
+        if isinstance(exc, ShardError):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ShardError(f"{path}: not a valid dsdata shard ({first})") from None
+    start, end = buffer.address, buffer.address + buffer.size
+    for position, array in enumerate(batch.columns):
+        stack = [array]
+        while stack:
+            arr = stack.pop()
+            for buf in _buffers(arr):
+                if buf.size and not (start <= buf.address and buf.address + buf.size <= end):
+                    raise ShardError(f"{path}: a buffer of column '{batch.schema.field(position).name}' "
+                                     "lies outside the file (tampered Arrow metadata)")
+            if isinstance(arr, (pa.ListArray, pa.LargeListArray)):
+                stack.append(arr.values)
+    if not isinstance(column, (pa.ListArray, pa.LargeListArray)):
+        raise ShardError(f"{path}: column '{token_column}' is {column.type}, not a list of token ids")
+    values = column.values
+    offsets = column.offsets
+    first = offsets[0].as_py() if len(offsets) else 0
+    last = offsets[-1].as_py() if len(offsets) else 0
+    if first != 0 or last != len(values):
+        raise ShardError(f"{path}: token offsets span {first}..{last}, the values buffer holds {len(values)}")
+    if len(values) != tokens or pa.from_numpy_dtype(dtype) != values.type:
+        raise ShardError(f"{path}: {len(values)} {values.type} tokens, the manifest says {tokens} {np.dtype(dtype).name}")
+    return values.to_numpy(zero_copy_only=True)
+
+
+def verify_shard_file(directory: str, shard: dict[str, Any], dtype: str | None = None,
+                      token_column: str = TOKEN_COLUMN) -> None:
+    """Raise ShardError naming the file when it is missing, of the wrong size, fails its sha256, or
+    (given the manifest's dtype) its Arrow content does not match its entry (`check_shard_buffer`)."""
     path = resolve_shard_path(directory, shard["file"])
     if not os.path.isfile(path):
         raise ShardError(f"{path}: shard named in the manifest is missing")
@@ -328,6 +424,9 @@ def verify_shard_file(directory: str, shard: dict[str, Any]) -> None:
     actual = file_sha256(path)
     if actual != shard["sha256"]:
         raise ShardError(f"{path}: sha256 {actual} does not match the manifest's {shard['sha256']} (corrupt shard)")
+    if dtype is not None:
+        with pa.memory_map(path, "r") as mapped:
+            check_shard_buffer(path, mapped.read_buffer(), token_column, np.dtype(dtype), shard["tokens"])
 
 
 def verify_shards(directory: str) -> tuple[dict[str, Any], list[str]]:
@@ -336,7 +435,7 @@ def verify_shards(directory: str) -> tuple[dict[str, Any], list[str]]:
     problems = []
     for shard in manifest["shards"]:
         try:
-            verify_shard_file(directory, shard)
+            verify_shard_file(directory, shard, manifest["dtype"], manifest.get("token_column", TOKEN_COLUMN))
         except ShardError as exc:
             problems.append(str(exc))
     return manifest, problems

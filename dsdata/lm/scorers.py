@@ -8,14 +8,23 @@ longer lines weigh more: the document perplexity is the token-weighted mean over
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import time
 from typing import Sequence
 
 from dsdata.lm.normalize import normalize_line
 from dsdata.lm.training import META_FILE, SP_FILE
 
 LN10 = math.log(10.0)
+log = logging.getLogger(__name__)
+# Elements of the [batch, tokens, vocabulary] logits tensor one forward pass may produce: 128 MiB in
+# fp32.  Batches used to be bounded by tokens alone (16,384), and the logits grow with the
+# vocabulary: 16,384 × 16,000 × 4 B = 1 GiB, plus as much again for logsumexp's temporary: 2.67 GB
+# to score 178 documents with a 1M-parameter model.  One window is always allowed, whatever its size.
+LOGITS_BUDGET = 1 << 25
+PROGRESS_EVERY_S = 10.0
 _ARPA_CANDIDATES = ("lm.binary", "lm.arpa.gz", "lm.arpa")
 
 
@@ -109,10 +118,14 @@ class CausalLMScorer:
 
     Each document is one token sequence: BOS (or EOS when the tokenizer has no BOS, GPT-2 style) +
     tokens + EOS; every token after the first is predicted once. Documents longer than
-    `max_length` are cut into consecutive windows that overlap by one token.
+    `max_length` are cut into consecutive windows that overlap by one token.  A forward pass holds
+    at most `logits_budget` logits (batch × tokens × vocabulary), and log-probabilities are taken one
+    window at a time, so memory does not grow with the vocabulary times the batch.  Progress is
+    logged (logger dsdata.lm.scorers) every PROGRESS_EVERY_S seconds of scoring.
     """
 
-    def __init__(self, model_dir: str, device: str = "auto", max_length: int = 1024, batch_tokens: int = 16384):
+    def __init__(self, model_dir: str, device: str = "auto", max_length: int = 1024, batch_tokens: int = 16384,
+                 logits_budget: int = LOGITS_BUDGET):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -132,11 +145,21 @@ class CausalLMScorer:
         self.torch = torch
         limit = getattr(self.model.config, "max_position_embeddings", None) or max_length
         self.max_length = max(2, min(max_length, int(limit)))
-        self.batch_tokens = batch_tokens
+        head = self.model.get_output_embeddings()
+        self.vocab = int(head.weight.shape[0]) if head is not None else int(self.model.config.vocab_size)
+        self.batch_tokens = max(1, min(batch_tokens, logits_budget // max(1, self.vocab)))
         tok = self.tokenizer
         self.start_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         self.end_id = tok.eos_token_id
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (self.end_id or 0)
+        self._docs = self._tokens = 0
+        self._seconds = 0.0
+        self._last_log = time.monotonic()
+        params = sum(p.numel() for p in self.model.parameters())
+        log.info("causal LM %s: %.1fM parameters, vocabulary %d, on %s; windows of %d tokens, up to %d tokens "
+                 "per forward pass (logits ≤ %d MiB)", model_dir, params / 1e6, self.vocab, self.device,
+                 self.max_length, max(self.batch_tokens, self.max_length),
+                 max(self.batch_tokens, self.max_length) * self.vocab * 4 >> 20)
 
     def _sequence(self, text: str) -> list[int]:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -145,18 +168,9 @@ class CausalLMScorer:
             seq.append(self.end_id)
         return seq
 
-    def score_documents(self, texts: Sequence[str]) -> list[tuple[float, int]]:
-        """(Σ log10 p, predicted tokens) per text."""
-        torch = self.torch
-        windows: list[tuple[int, list[int]]] = []
-        step = self.max_length - 1
-        for i, text in enumerate(texts):
-            seq = self._sequence(text) if text.strip() else []
-            for start in range(0, max(len(seq) - 1, 0), step):
-                windows.append((i, seq[start:start + self.max_length]))
-        totals = [[0.0, 0] for _ in texts]
-        # Longest first; a batch is bounded by its padded tokens and closed before a window shorter
-        # than half its width joins, so padding never exceeds the real tokens.
+    def _batches(self, windows: list[tuple[int, list[int]]]):
+        """Longest first; a batch is bounded by its padded tokens (at least one window) and closed
+        before a window shorter than half its width joins, so padding never exceeds the real tokens."""
         windows.sort(key=lambda w: -len(w[1]))
         at = 0
         while at < len(windows):
@@ -165,26 +179,63 @@ class CausalLMScorer:
             while (end < len(windows) and (end - at + 1) * width <= self.batch_tokens
                    and 2 * len(windows[end][1]) >= width):
                 end += 1
-            batch = windows[at:end]
+            yield windows[at:end]
             at = end
-            ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
+
+    def _window_logprobs(self, batch: list[tuple[int, list[int]]]):
+        """Σ ln p(token) and predicted tokens per window of one batch."""
+        torch = self.torch
+        width = len(batch[0][1])
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (_, seq) in enumerate(batch):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        sums, counts = [], []
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
             for row, (_, seq) in enumerate(batch):
-                ids[row, : len(seq)] = torch.tensor(seq)
-                mask[row, : len(seq)] = 1
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            with torch.inference_mode():
-                logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-                # log p(target) = logit(target) - logsumexp(logits): no second vocabulary-sized tensor.
-                target = logits.gather(-1, ids[:, 1:, None]).squeeze(-1).float()
-                logp = target - torch.logsumexp(logits.float(), dim=-1)
-            target_mask = mask[:, 1:].bool()
-            sums = (logp * target_mask).sum(dim=1).double().cpu().tolist()
-            counts = target_mask.sum(dim=1).cpu().tolist()
+                n = len(seq) - 1
+                # log p(target) = logit(target) - logsumexp(logits), one window at a time: the fp32
+                # temporary is one window's [tokens, vocabulary], not the batch's.
+                row_logits = logits[row, :n].float()
+                target = row_logits.gather(-1, ids[row, 1:n + 1, None]).squeeze(-1)
+                sums.append(float((target - torch.logsumexp(row_logits, dim=-1)).double().sum()))
+                counts.append(n)
+                del row_logits
+            del logits
+        return sums, counts
+
+    def score_documents(self, texts: Sequence[str]) -> list[tuple[float, int]]:
+        """(Σ log10 p, predicted tokens) per text."""
+        windows: list[tuple[int, list[int]]] = []
+        step = self.max_length - 1
+        for i, text in enumerate(texts):
+            seq = self._sequence(text) if text.strip() else []
+            for start in range(0, max(len(seq) - 1, 0), step):
+                windows.append((i, seq[start:start + self.max_length]))
+        totals = [[0.0, 0] for _ in texts]
+        started = time.monotonic()
+        for batch in self._batches(windows):
+            sums, counts = self._window_logprobs(batch)
             for (owner, _), s, n in zip(batch, sums, counts):
                 totals[owner][0] += s / LN10
                 totals[owner][1] += int(n)
+                self._tokens += int(n)
+            self._progress(started)
+        self._docs += len(texts)
+        self._progress(started)
+        self._seconds += time.monotonic() - started
         return [(s, n) for s, n in totals]
+
+    def _progress(self, started: float) -> None:
+        now = time.monotonic()
+        if now - self._last_log >= PROGRESS_EVERY_S:
+            self._last_log = now
+            seconds = self._seconds + now - started
+            log.info("causal LM: %d tokens scored in %.0f s (%.0f tokens/s), %d documents done", self._tokens,
+                     seconds, self._tokens / seconds if seconds > 0 else 0.0, self._docs)
 
 
 def language_model_dirs(model_dir: str, backend: str) -> dict[str, str]:

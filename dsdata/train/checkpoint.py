@@ -3,12 +3,23 @@ rest of the run's state (step, LR schedule, loss scaler, clipper history, loader
 one JSON file written last — a directory without it is incomplete and ignored.
 
 RUN_DIR/checkpoints/step_00000040/{__0_0.distcp, .metadata, trainer_state.json}
+
+Resume runs no code a checkpoint file could carry.  DCP writes `.metadata` with pickle and its
+non-tensor values (the optimizer's param groups) with torch.save, and reads both back with full
+unpickling (`pickle.load`, `torch.load(weights_only=False)`): whoever can write a run directory, or
+ships a checkpoint, would run code in the trainer.  Here `.metadata` is read by an unpickler that
+admits only DCP's own metadata classes and torch's dtype/layout/size objects, every file it names
+must lie in the checkpoint directory, and the non-tensor values are read with
+`torch.load(weights_only=True)` (plain numbers, strings, lists, dicts).  Anything else refuses the
+checkpoint with one line (`CheckpointError`).
 """
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
+import pickle
 import re
 import shutil
 import warnings
@@ -16,10 +27,92 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be trusted or read (printed as one line)."""
+
+
+# ---------------------------------------------------------------- reading DCP files without running code
+
+# What a DCP `.metadata` pickle refers to (torch 2.6-2.13): its dataclasses, and how torch pickles
+# sizes, layouts and the checkpoint path.  dtypes and memory formats are admitted by type below.
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.memory_format)):
+            return getattr(torch, name)
+        raise CheckpointError(f"refers to {module}.{name}, which DCP metadata never holds")
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """FileSystemReader whose `.metadata` is read by `_MetadataUnpickler` and checked to name only files
+    inside the checkpoint directory."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+        from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+        path = self._get_metadata_path(kwargs.get("rank"))
+        file_name = os.path.basename(path)  # the caller names the checkpoint directory
+        with open(path, "rb") as fh:
+            data = fh.read()
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+        except CheckpointError as exc:
+            raise CheckpointError(f"{file_name} {exc}; refusing to load it") from None
+        except Exception as exc:  # truncated or garbled: pickle raises many kinds
+            raise CheckpointError(f"{file_name} is not readable DCP metadata ({type(exc).__name__}: {exc})") from None
+        if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+            raise CheckpointError(f"{file_name} is not DCP metadata (it holds a {type(metadata).__name__})")
+        for info in metadata.storage_data.values():
+            name = getattr(info, "relative_path", None)
+            if (not isinstance(info, _StorageInfo) or not isinstance(name, str) or not name
+                    or name != os.path.basename(name) or name in (".", "..")):
+                raise CheckpointError(f"{file_name} names a data file outside its checkpoint directory ({name!r})")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner reading non-tensor values (param-group numbers, names) with weights_only=True."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except Exception as exc:
+            lines = str(exc).splitlines() or [type(exc).__name__]
+            # torch's message is a page of advice; its one fact is the "WeightsUnpickler error" line.
+            detail = next((line.split("error:", 1)[1] for line in lines if "WeightsUnpickler error:" in line), lines[0])
+            detail = detail.split(" was not an allowed global")[0].strip()
+            raise CheckpointError(f"the value of {read_item.dest_index.fqn} is not plain data ({detail}); "
+                                  "refusing to load it") from None
+        if self.flatten_state_dict:  # as DefaultLoadPlanner.load_bytes, with the value read safely
+            from torch.distributed.checkpoint._traverse import set_element
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
 
 
 def rng_state() -> dict[str, Any]:
@@ -33,6 +126,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
+
+
+class GlobalRng:
+    """torch's global generators (CPU, and CUDA when in use) as a checkpointable part of the trainer."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return rng_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_rng_state(state)
 
 
 class Checkpointer:
@@ -66,15 +169,12 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
         self.layout.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        if hasattr(self.layout, "complete_param_groups"):  # pipeline stages: each rank lists only its own params
-            optim_sd = self.layout.complete_param_groups(optim_sd)
+        optim_sd = self.layout.optimizer_state_to_save(optim_sd)
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
             warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
         self.layout.barrier()
-        names = _params_with_state(model, optimizer)
-        if hasattr(self.layout, "union_over_ranks"):  # pipeline stages own different parameters
-            names = self.layout.union_over_ranks(names)
+        names = self.layout.names_on_any_rank(_params_with_state(model, optimizer))
         if self.layout.writes_metrics:
             state = dict(state, optimizer_state_keys=names)
             with open(os.path.join(tmp, STATE_FILE + ".part"), "w") as fh:
@@ -90,25 +190,71 @@ class Checkpointer:
         return final
 
     def load(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Load model and optimizer; returns the trainer state (JSON).  Refuses an untrusted or damaged
+        checkpoint with a CheckpointError naming it."""
         path = self.path(step)
-        with open(os.path.join(path, STATE_FILE)) as fh:
-            state = json.load(fh)
+        try:
+            with open(os.path.join(path, STATE_FILE)) as fh:
+                state = json.load(fh)
+            if not isinstance(state, dict):
+                raise ValueError(f"{STATE_FILE} holds a {type(state).__name__}, not an object")
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {path}: {STATE_FILE} is unreadable ({exc}); delete the checkpoint "
+                                  "to resume from an earlier one") from None
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+        try:
+            self._load_dcp(path, model, optimizer, state)
+        except (Exception, CheckpointException) as exc:
+            cause = _checkpoint_error_in(exc)
+            if cause is not None:
+                raise CheckpointError(f"checkpoint {path}: {cause}") from None
+            # A shape that changed since the save, a truncated file: the user's to fix, in one line.
+            raise CheckpointError(f"checkpoint {path} does not load into this run ({_first_line(exc)}); it was "
+                                  "saved for another model, or is damaged: use another --run-dir, or delete it to "
+                                  "resume from an earlier checkpoint") from None
+        return state
+
+    def _load_dcp(self, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  state: dict[str, Any]) -> None:
         # get_state_dict gives every parameter optimizer state (a zero-lr step) so DCP has a target
         # for each saved tensor; parameters that had no state when saved (frozen, never stepped) may
         # be absent from the checkpoint, and their state is dropped again after loading.
+        # Checked here first: inside dcp.load a failed metadata read is retold as an AssertionError.
+        SafeFileSystemReader(path).read_metadata()
         model_sd, optim_sd = get_state_dict(model, optimizer)
         target = {"model": model_sd, "optim": optim_sd}
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-            dcp.load(target, checkpoint_id=path, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+            dcp.load(target, storage_reader=SafeFileSystemReader(path),
+                     planner=_WeightsOnlyLoadPlanner(allow_partial_load=True))
         set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
         keep = set(state.get("optimizer_state_keys", []))
-        if hasattr(self.layout, "after_checkpoint_load"):  # e.g. pipeline stages holding two copies of a tied weight
-            keep = self.layout.after_checkpoint_load(model, optimizer, keep)
+        keep = self.layout.after_checkpoint_load(model, optimizer, keep)
         for name, param in _named_parameters(model):
             if name not in keep:
                 optimizer.state.pop(param, None)
-        return state
+
+
+def _first_line(exc: BaseException) -> str:
+    """`Type: message` of what went wrong, taken from inside DCP's per-rank wrapper when there is one."""
+    for failure in (getattr(exc, "failures", None) or {}).values():
+        exc = failure[0] if isinstance(failure, tuple) else failure
+        break
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _checkpoint_error_in(exc: BaseException) -> CheckpointError | None:
+    """The CheckpointError behind `exc`: DCP wraps what a rank raised in a CheckpointException."""
+    if isinstance(exc, CheckpointError):
+        return exc
+    for failure in (getattr(exc, "failures", None) or {}).values():  # rank -> (exception, traceback)
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, CheckpointError):
+            return inner
+    context = exc.__cause__ or exc.__context__
+    return _checkpoint_error_in(context) if context is not None else None
 
 
 def _named_parameters(model: torch.nn.Module):

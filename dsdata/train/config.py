@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import copy
+import math
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, get_args, get_type_hints
 
 from dsdata.train.model import ModelArgs
 
@@ -132,8 +133,54 @@ class Config:
     export: ExportConfig
     source: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {name: asdict(getattr(self, name)) for name in SECTIONS}
+
+@dataclass(frozen=True)
+class Bound:
+    """A numeric key's allowed range: low (inclusive unless low_open), high (exclusive) or none."""
+
+    low: float
+    low_open: bool = False
+    high: float | None = None
+
+    def admits(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        return above and (self.high is None or value < self.high)
+
+    def __str__(self) -> str:
+        low = f"{'>' if self.low_open else '>='} {self.low:g}"
+        return low if self.high is None else f"{low} and < {self.high:g}"
+
+
+_POSITIVE, _SIZE, _COUNT, _FRACTION = Bound(0, low_open=True), Bound(1), Bound(0), Bound(0, high=1)
+
+# Every numeric key's range: a zero or negative size would otherwise end deep inside torch with a
+# traceback.  Keys not listed (seeds) take any integer.
+BOUNDS: dict[str, dict[str, Bound]] = {
+    "model": {"dim": _SIZE, "n_layers": _SIZE, "n_heads": _SIZE, "n_kv_heads": _SIZE, "vocab_size": _COUNT,
+              "ffn_hidden_dim": _COUNT, "multiple_of": _SIZE, "norm_eps": _POSITIVE, "rope_theta": _POSITIVE,
+              "max_seq_len": _SIZE, "sparse_top_k": _SIZE, "sparse_window": _SIZE, "sparse_block": _SIZE,
+              "sparse_gate_hidden": _SIZE, "sparse_refresh_steps": _SIZE, "lsh_chunk": _SIZE, "lsh_buckets": _COUNT,
+              "moe_experts": _COUNT, "moe_top_k": _SIZE, "moe_capacity_factor": _POSITIVE,
+              "moe_aux_loss_weight": _COUNT, "init_std": _COUNT},
+    "training": {"steps": _SIZE, "seq_len": _SIZE, "global_batch_size": _SIZE, "unfreeze_fraction": _FRACTION,
+                 "unfreeze_layers": _COUNT, "threads": _COUNT},
+    "optimizer": {"lr": _POSITIVE, "beta1": _FRACTION, "beta2": _FRACTION, "eps": _POSITIVE, "weight_decay": _COUNT,
+                  "beta2_final": _FRACTION, "schedule_steps": _COUNT},
+    "schedule": {"warmup_steps": _COUNT, "min_lr_ratio": Bound(0, high=1.000001), "decay_steps": _COUNT},
+    "precision": {"init_scale": _POSITIVE, "growth_factor": Bound(1), "backoff_factor": Bound(0, True, 1),
+                  "growth_interval": _SIZE},
+    "clipping": {"max_norm": _POSITIVE, "factor": _POSITIVE, "window": _SIZE, "min_history": _COUNT},
+    "data": {"synthetic_vocab": Bound(2)},
+    "checkpoint": {"interval": _COUNT, "keep": _SIZE},
+    "logging": {"console_interval": _COUNT, "histogram_interval": _COUNT, "anomaly_window": _SIZE,
+                "anomaly_sigma": _POSITIVE},
+    "parallel": {"data_parallel_size": _COUNT, "tensor_parallel_size": _SIZE, "pipeline_parallel_size": _SIZE,
+                 "micro_batch_size": _COUNT, "gradient_accumulation_steps": _COUNT, "powersgd_rank": _COUNT,
+                 "powersgd_start_step": _COUNT},
+}
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "a table", list: "an array"}
 
 
 def _parse_value(text: str) -> Any:
@@ -169,16 +216,22 @@ def _section(name: str, cls, values: dict[str, Any], source: str):
     if unknown:
         raise ConfigError(f"{source}: [{name}] has unknown key(s) {unknown}; known: {sorted(known)}")
     coerced = {}
+    hints = get_type_hints(cls)
     for key, value in values.items():
-        default = getattr(cls(), key) if name != "model" else getattr(ModelArgs(), key)
-        if isinstance(default, bool) and not isinstance(value, bool):
+        default = getattr(cls(), key)
+        # int | None keys (n_kv_heads, ffn_hidden_dim) default to None ("derived"): a given value is an int.
+        kind = type(default) if default is not None else next(t for t in get_args(hints[key]) if t is not type(None))
+        if kind is bool and not isinstance(value, bool):
             raise ConfigError(f"{source}: {name}.{key} must be true or false, got {value!r}")
-        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) and value.is_integer():
+        if kind is int and isinstance(value, float) and value.is_integer():
             value = int(value)
-        if default is not None and not isinstance(value, type(default)):
-            raise ConfigError(f"{source}: {name}.{key} must be a {type(default).__name__}, got {value!r}")
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ConfigError(f"{source}: {name}.{key} must be {_KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
+        bound = BOUNDS.get(name, {}).get(key)
+        if bound is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and bound.admits(value)):
+            raise ConfigError(f"{source}: {name}.{key} must be {bound}, got {value!r}")
         coerced[key] = value
     try:
         return ModelArgs.from_dict(coerced) if cls is ModelArgs else cls(**coerced)
@@ -223,5 +276,5 @@ def validate(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: optimizer.name = {config.optimizer.name!r}; choose adamw, deepopt or lambdaopt")
     if config.parallel.data_parallel not in ("ddp", "fsdp"):
         raise ConfigError(f"{source}: parallel.data_parallel = {config.parallel.data_parallel!r}; choose ddp or fsdp")
-    if config.parallel.pipeline_schedule not in ("gpipe", "1f1b", "interleaved_1f1b"):
-        raise ConfigError(f"{source}: parallel.pipeline_schedule must be gpipe, 1f1b or interleaved_1f1b")
+    if config.parallel.pipeline_schedule not in ("gpipe", "1f1b"):
+        raise ConfigError(f"{source}: parallel.pipeline_schedule = {config.parallel.pipeline_schedule!r}; choose gpipe or 1f1b")

@@ -64,7 +64,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from dsdata.io.shards import ShardError, buffer_sha256, read_manifest, resolve_shard_path
+from dsdata.io.shards import ShardError, buffer_sha256, check_shard_buffer, read_manifest, resolve_shard_path
 from dsdata.train.curriculum import CurriculumSampler, CurriculumSchedule, schedule_from_spec
 
 _STATE_FORMAT = "dsdata-loader"
@@ -106,21 +106,7 @@ class _OpenShard:
         else:
             # Fault the pages in now (on the prefetch thread) rather than during training.
             np.frombuffer(self.buffer, dtype=np.uint8)[::4096].sum()
-        try:
-            reader = pa.ipc.open_file(pa.BufferReader(self.buffer))
-            if reader.num_record_batches != 1:
-                raise ShardError(f"{info.path}: {reader.num_record_batches} record batches; dsdata shards hold one")
-            batch = reader.get_batch(0)
-            column = batch.column(batch.schema.get_field_index(token_column))
-        except (pa.ArrowInvalid, KeyError, IndexError) as exc:
-            raise ShardError(f"{info.path}: not a readable dsdata shard ({exc})") from None
-        offsets = column.offsets
-        if len(offsets) and offsets[0].as_py() != 0:
-            raise ShardError(f"{info.path}: token lists do not start at the values buffer's beginning")
-        values = column.values.to_numpy(zero_copy_only=True)
-        if values.dtype != dtype or len(values) != info.tokens:
-            raise ShardError(f"{info.path}: {len(values)} {values.dtype} tokens, the manifest says "
-                             f"{info.tokens} {dtype}")
+        values = check_shard_buffer(info.path, self.buffer, token_column, dtype, info.tokens)
         with warnings.catch_warnings():
             # The mapping is read-only; torch warns that it cannot mark tensors read-only.
             warnings.simplefilter("ignore", UserWarning)

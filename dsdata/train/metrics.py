@@ -8,7 +8,6 @@ import logging
 import math
 import os
 import statistics
-import sys
 from typing import Any
 
 log = logging.getLogger("dsdata.train")
@@ -88,11 +87,25 @@ class MetricsWriter:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and value is not None:
                     self.tb.add_scalar(f"train/{key}", value, step)
-        if self.console_interval and (step % self.console_interval == 0 or step == self.total_steps):
+        # Step 1 too: the first line shows the run is training long before step console_interval.
+        if self.console_interval and (step == 1 or step % self.console_interval == 0 or step == self.total_steps):
             loss, norm = record["loss"], record["grad_norm"]
-            print(f"step {step}/{self.total_steps} loss {loss if loss is None else f'{loss:.4f}'} lr {record['lr']:.2e} "
-                  f"grad_norm {norm if norm is None else f'{norm:.3f}'} clip {record['clip_threshold']:.3f} "
-                  f"scale {record['loss_scale']:g} {record['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
+            log.info("step %d/%d loss %s lr %.2e grad_norm %s clip %.3f scale %g %.0f tok/s", step, self.total_steps,
+                     loss if loss is None else f"{loss:.4f}", record["lr"], norm if norm is None else f"{norm:.3f}",
+                     record["clip_threshold"], record["loss_scale"], record["tokens_per_s"])
+
+    def last_record(self) -> dict[str, Any] | None:
+        """The last complete line of metrics.jsonl (None when there is none)."""
+        if not os.path.isfile(self.path):
+            return None
+        last = None
+        with open(self.path) as fh:
+            for line in fh:
+                try:
+                    last = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by a kill
+        return last
 
     def histograms(self, step: int, named: dict[str, Any]) -> None:
         if self.enabled and self.tb is not None:

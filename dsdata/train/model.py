@@ -259,13 +259,6 @@ class Transformer(nn.Module):
         losses = [m.aux_loss for m in self.modules() if isinstance(m, MoEFeedForward) and m.aux_loss is not None]
         return torch.stack(losses).sum() if losses else None
 
-    def num_params(self, exclude_embeddings: bool = False) -> int:
-        params = {id(p): p for p in self.parameters()}
-        total = sum(p.numel() for p in params.values())
-        if exclude_embeddings and self.tok_embeddings is not None:
-            total -= self.tok_embeddings.weight.numel()
-        return total
-
 
 def set_training_step(model: nn.Module, step: int) -> None:
     """Tell step-scheduled modules (the dynamic-sparse key selector) which optimizer step starts."""

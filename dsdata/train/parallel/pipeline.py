@@ -7,15 +7,12 @@ keeps global indices, so parameter names, checkpoints and exports are the same a
 
 With tied embeddings the first stage owns the embedding and the last stage a copy as its output
 projection; their gradients are summed across the two stages after backward (Megatron's
-"embedding group"), so both copies take the same optimizer step and stay equal.
-
-This module also holds a pure-Python model of the two schedules (`schedule_actions`,
-`check_schedule`, `simulate`) used by the tests and by the bubble-fraction benchmark.
+"embedding group", parallel/tied.py), so both copies take the same optimizer step and stay equal.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import torch
+import torch.distributed as dist
 from torch import nn
 
 from dsdata.train.config import ConfigError
@@ -85,84 +82,28 @@ def build_schedule(stage, kind: str, n_microbatches: int, loss_fn):
     return cls(stage, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True)
 
 
-# ------------------------------------------------------------------ pure-Python schedule model
+def gather_stages(mine: dict[str, torch.Tensor], model_args, dims, rank: int,
+                  device: torch.device) -> dict[str, torch.Tensor]:
+    """The whole model's state on rank 0 from the stages' states (`mine`: this rank's, CPU tensors);
+    the (dp 0, tp 0) rank of each later stage sends its tensors, other ranks return {}."""
+    from dsdata.train.model import Transformer
 
-@dataclass(frozen=True)
-class Action:
-    stage: int
-    kind: str  # "F" or "B"
-    micro: int
-
-
-def schedule_actions(kind: str, stages: int, micro: int) -> list[list[Action]]:
-    """Per stage, the order in which it runs forward/backward of each micro-batch (as torch's schedules do)."""
-    order: list[list[Action]] = []
-    for s in range(stages):
-        if kind == "gpipe":
-            seq = [Action(s, "F", m) for m in range(micro)] + [Action(s, "B", m) for m in range(micro)]
-        elif kind == "1f1b":
-            warmup = min(micro, stages - s)
-            seq = [Action(s, "F", m) for m in range(warmup)]
-            next_f, next_b = warmup, 0
-            while next_b < micro:
-                seq.append(Action(s, "B", next_b))
-                next_b += 1
-                if next_f < micro:
-                    seq.append(Action(s, "F", next_f))
-                    next_f += 1
-        else:
-            raise ValueError(f"unknown schedule {kind!r}")
-        order.append(seq)
-    return order
-
-
-def check_schedule(order: list[list[Action]], micro: int) -> None:
-    """Raise AssertionError unless every stage runs F and B of every micro-batch exactly once, F before B,
-    and the cross-stage dependencies can be met (F(s,m) after F(s-1,m); B(s,m) after B(s+1,m))."""
-    stages = len(order)
-    for s, seq in enumerate(order):
-        for kind in "FB":
-            got = sorted(a.micro for a in seq if a.kind == kind)
-            assert got == list(range(micro)), f"stage {s}: {kind} of micro-batches {got}, expected each of 0..{micro - 1} once"
-        position = {(a.kind, a.micro): i for i, a in enumerate(seq)}
-        for m in range(micro):
-            assert position[("F", m)] < position[("B", m)], f"stage {s}: backward of micro-batch {m} before its forward"
-    simulate(order)  # raises on a dependency deadlock
-    assert stages >= 1
-
-
-def simulate(order: list[list[Action]], forward_cost: float = 1.0, backward_cost: float = 2.0) -> dict:
-    """Run the per-stage orders on an idealised clock; returns makespan, busy time and bubble fraction."""
-    stages = len(order)
-    done: dict[tuple[str, int, int], float] = {}
-    clock = [0.0] * stages
-    cursor = [0] * stages
-    remaining = sum(len(seq) for seq in order)
-    while remaining:
-        progressed = False
-        for s in range(stages):
-            if cursor[s] == len(order[s]):
-                continue
-            a = order[s][cursor[s]]
-            if a.kind == "F":
-                dep = ("F", s - 1, a.micro) if s > 0 else None
-            else:
-                dep = ("B", s + 1, a.micro) if s < stages - 1 else ("F", s, a.micro)
-            if dep is not None and dep not in done:
-                continue
-            start = max(clock[s], done.get(dep, 0.0) if dep else 0.0)
-            clock[s] = start + (forward_cost if a.kind == "F" else backward_cost)
-            done[(a.kind, s, a.micro)] = clock[s]
-            cursor[s] += 1
-            remaining -= 1
-            progressed = True
-        if not progressed:
-            raise AssertionError(f"schedule deadlocks: stages wait on each other at {cursor}")
-    makespan = max(clock)
-    per_stage_busy = len(order[0]) // 2 * (forward_cost + backward_cost)
-    return {"makespan": makespan, "busy_per_stage": per_stage_busy, "bubble_fraction": 1.0 - per_stage_busy / makespan}
-
-
-def theoretical_bubble(stages: int, micro: int) -> float:
-    """(p − 1) / (m + p − 1): the idle share of each stage in GPipe and 1F1B."""
-    return (stages - 1) / (micro + stages - 1)
+    dp_rank, _, tp_rank = dims.coordinates(rank)
+    if (dp_rank, tp_rank) != (0, 0):
+        return {}
+    with torch.device("meta"):
+        reference = Transformer(model_args)
+    splits = balanced_split(*layer_parameter_counts(reference), dims.pp)
+    out = dict(mine) if rank == 0 else {}
+    for stage in range(1, dims.pp):
+        with torch.device("meta"):
+            shapes = prune_to_stage(Transformer(model_args), splits[stage], False, stage == dims.pp - 1).state_dict()
+        source = dims.rank_of(0, stage, 0)
+        for key in sorted(shapes):
+            if rank == source:  # nccl sends from the GPU, gloo from the CPU
+                dist.send(mine[key].to(device).contiguous(), dst=0)
+            elif rank == 0:
+                buffer = torch.empty(shapes[key].shape, dtype=shapes[key].dtype, device=device)
+                dist.recv(buffer, src=source)
+                out.setdefault(key, buffer.cpu())
+    return out

@@ -46,6 +46,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, vocab_parallel_loss: bool =
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    from dsdata.train.model import FeedForward
+
     tied = (model.tok_embeddings is not None and model.output is not None
             and model.output.weight is model.tok_embeddings.weight)
     # Without vocab_parallel_loss the embedding and output stay replicated: every tp rank computes the
@@ -70,7 +72,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, vocab_parallel_loss: bool =
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(),
         }
-        if hasattr(block.feed_forward, "w1"):
+        if isinstance(block.feed_forward, FeedForward):  # MoE experts stay replicated
             block_plan.update({"feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
                                "feed_forward.w2": RowwiseParallel()})
         parallelize_module(block, tp_mesh, block_plan)

@@ -1,0 +1,617 @@
+"""OUT/report.html: one self-contained page that shows a whole run.
+
+The funnel (documents after each stage), the rejection reasons per stage with a few rejected
+examples each, histograms of what was kept (length, language, lang_score, relevance, perplexity
+with the difficulty cut-offs, duplicate-cluster sizes), per-stage time when the run measured it,
+and the recipe as run.  Charts are matplotlib PNGs embedded as base64, so the file opens offline
+and can be mailed or archived on its own.
+
+Reading is bounded whatever the output's size: histograms read only the columns they plot from a
+spread of row groups (up to `SAMPLE_ROWS` rows), and examples read a row group's text only when
+it holds a reason that still lacks examples.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import io
+import json
+import logging
+import math
+import platform
+from typing import Any, Iterable
+
+from apache_beam.io.filesystems import FileSystems
+
+log = logging.getLogger("dsdata")
+
+REPORT_NAME = "report.html"
+RUN_INFO_NAME = "run.json"
+SAMPLE_ROWS = 100_000
+EXAMPLES_PER_REASON = 3
+EXAMPLE_TEXT_CHARS = 400
+# Scanning for examples of a rare reason stops after this many rejected rows.
+EXAMPLE_SCAN_ROWS = 2_000_000
+
+# Kept-column name → (element id, title, x label).  Only columns present in kept/*.parquet are drawn.
+NUMERIC_HISTOGRAMS = [
+    ("lang_score", "hist-lang-score", "Language-ID confidence (lang_score)", "lang_score"),
+    ("relevance_score", "hist-relevance", "Relevance score", "relevance_score"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Run information (written at run time, read by the report)
+
+
+def run_info(recipe, stages, options, seconds: float | None = None) -> dict[str, Any]:
+    """What the report shows as 'the recipe as run': stages with resolved parameters, runner, inputs, versions."""
+    import apache_beam
+
+    from dsdata import __version__
+
+    try:
+        from apache_beam.options.pipeline_options import StandardOptions
+
+        runner = options.view_as(StandardOptions).runner
+        flags = options.get_all_options(drop_default=True, retain_unknown_options=True)
+    except Exception:  # noqa: BLE001 - a custom options object: record what we can
+        runner, flags = None, {}
+    return {
+        "recipe": recipe.name,
+        "recipe_path": recipe.path,
+        "inputs": list(recipe.inputs),
+        "input_format": recipe.input_format,
+        "stages": [{"name": s.name, "params": _jsonable(s.parameter_values())} for s in stages],
+        "runner": str(runner) if runner is not None else None,
+        "pipeline_options": _jsonable({k: v for k, v in flags.items() if v is not None}),
+        "dsdata_version": __version__,
+        "beam_version": apache_beam.__version__,
+        "python_version": platform.python_version(),
+        "finished_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "seconds": seconds,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def write_run_info(output: str, info: dict[str, Any]) -> None:
+    with FileSystems.create(FileSystems.join(output, RUN_INFO_NAME)) as fh:
+        fh.write(json.dumps(info, indent=2, ensure_ascii=False).encode("utf-8"))
+
+
+def write_report_safely(output: str, recipe=None, stages=None, options=None, seconds: float | None = None) -> str | None:
+    """Write run.json (when the recipe is given) and report.html; on any error log ONE warning, never raise."""
+    try:
+        if recipe is not None:
+            write_run_info(output, run_info(recipe, stages or [], options, seconds))
+        return write_report(output)
+    except Exception as exc:  # noqa: BLE001 - the report must never fail a finished run
+        log.warning("warning: could not write %s: %s: %s (the run itself succeeded; "
+                    "retry with 'dsdata report %s')", FileSystems.join(output, REPORT_NAME),
+                    type(exc).__name__, exc, output)
+        return None
+
+
+def remove_report(output: str) -> None:
+    """Delete an earlier run's report.html and run.json, so a failed run leaves no stale report."""
+    try:
+        paths = [FileSystems.join(output, n) for n in (REPORT_NAME, RUN_INFO_NAME)]
+        existing = [p for p in paths if FileSystems.exists(p)]
+        if existing:
+            FileSystems.delete(existing)
+    except Exception as exc:  # noqa: BLE001 - cleaning up is best effort; the new run overwrites them
+        log.debug("could not remove an earlier report in %s: %s", output, exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the run's outputs
+
+
+def _read_json(output: str, name: str) -> dict[str, Any] | None:
+    path = FileSystems.join(output, name)
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path) as fh:
+        return json.loads(fh.read().decode("utf-8"))
+
+
+def _parquet_files(output: str, sub: str) -> list[str]:
+    pattern = FileSystems.join(output, sub, "*.parquet")
+    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+
+
+def _open_parquet(path: str):
+    import pyarrow.parquet as pq
+
+    if "://" in path:
+        from apache_beam.io.filesystem import CompressionTypes
+
+        # A seekable handle: pyarrow reads the footer and the column chunks it needs, not the file.
+        return pq.ParquetFile(FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED))
+    return pq.ParquetFile(path)
+
+
+class KeptSample:
+    """Columns of kept/*.parquet read from a spread of row groups: at most ~SAMPLE_ROWS rows."""
+
+    def __init__(self, output: str, sample_rows: int = SAMPLE_ROWS):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self.total_rows = 0
+        self.columns: dict[str, Any] = {}
+        files = [_open_parquet(p) for p in _parquet_files(output, "kept")]
+        groups = []
+        names: set[str] = set()
+        for f in files:
+            names.update(f.schema_arrow.names)
+            self.total_rows += f.metadata.num_rows
+            groups.extend((f, i, f.metadata.row_group(i).num_rows) for i in range(f.num_row_groups))
+        self.names = names
+        wanted = [c for c in ("lang", "lang_score", "relevance_score", "perplexity", "difficulty",
+                              "dup_cluster", "dup_cluster_size") if c in names]
+        # Evenly spaced row groups, not the first ones: the first files hold the first inputs.
+        step = max(1, self.total_rows // max(1, sample_rows))
+        chosen, rows = [], 0
+        for g in groups[::step]:
+            chosen.append(g)
+            rows += g[2]
+            if rows >= sample_rows:
+                break
+        tables = []
+        for f, i, _ in chosen:
+            cols = wanted + (["text"] if "text" in names else [])
+            t = f.read_row_group(i, columns=cols)
+            if "text" in cols:
+                t = t.append_column("text_length", pc.utf8_length(t.column("text"))).drop(["text"])
+            tables.append(t)
+        if tables:
+            table = pa.concat_tables(tables, promote_options="default")
+            self.columns = {name: table.column(name) for name in table.column_names}
+        self.sample_rows = sum(len(t) for t in tables)
+
+    def numbers(self, name: str):
+        import numpy as np
+
+        col = self.columns.get(name)
+        if col is None:
+            return None
+        values = col.to_numpy(zero_copy_only=False).astype("float64", copy=False)
+        values = values[np.isfinite(values)]
+        return values if len(values) else None
+
+    def strings(self, name: str) -> list[str | None] | None:
+        col = self.columns.get(name)
+        return None if col is None else col.to_pylist()
+
+
+def rejected_lengths(output: str, sample_rows: int = SAMPLE_ROWS):
+    """text_length of up to ~sample_rows rejected rows (the column costs nothing to read)."""
+    import numpy as np
+
+    values, n = [], 0
+    for path in _parquet_files(output, "rejected"):
+        f = _open_parquet(path)
+        if "text_length" not in f.schema_arrow.names:
+            continue
+        for i in range(f.num_row_groups):
+            arr = f.read_row_group(i, columns=["text_length"]).column(0).to_numpy()
+            values.append(arr)
+            n += len(arr)
+            if n >= sample_rows:
+                break
+        if n >= sample_rows:
+            break
+    return np.concatenate(values).astype("float64") if values else None
+
+
+def rejected_examples(output: str, wanted: Iterable[tuple[str, str]], per_reason: int = EXAMPLES_PER_REASON,
+                      scan_rows: int = EXAMPLE_SCAN_ROWS) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """A few rejected rows per (stage, reason): id, truncated text, detail (measured value vs threshold)."""
+    need = {key: per_reason for key in wanted}
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in need}
+    scanned = 0
+    for path in _parquet_files(output, "rejected"):
+        f = _open_parquet(path)
+        cols = [c for c in ("id", "text", "text_length", "detail") if c in f.schema_arrow.names]
+        for i in range(f.num_row_groups):
+            if not any(need.values()) or scanned >= scan_rows:
+                return found
+            keys = f.read_row_group(i, columns=["stage", "reason"])
+            scanned += len(keys)
+            stages, reasons = keys.column("stage").to_pylist(), keys.column("reason").to_pylist()
+            rows = []
+            for j, key in enumerate(zip(stages, reasons)):
+                if need.get(key, 0) > 0:
+                    need[key] -= 1
+                    rows.append((j, key))
+            if not rows:
+                continue
+            # Only now read the heavy text column, and only of this row group.
+            group = f.read_row_group(i, columns=cols).take([j for j, _ in rows]).to_pylist()
+            for row, (_, key) in zip(group, rows):
+                text = row.get("text") or ""
+                found.setdefault(key, []).append({
+                    "id": row.get("id"),
+                    "text": text[:EXAMPLE_TEXT_CHARS] + ("…" if len(text) > EXAMPLE_TEXT_CHARS else ""),
+                    "length": row.get("text_length", len(text)),
+                    "detail": row.get("detail") or "",
+                })
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Charts (matplotlib's object API: no pyplot global state, safe off the main thread)
+
+
+def _figure(width: float = 6.0, height: float = 3.2, *, left: float = 0.7, bottom: float = 0.6,
+            top: float = 0.35, right: float = 0.2, hspace: float = 0.0):
+    """A figure with fixed margins in inches: one draw per figure (a layout engine draws twice)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
+                        hspace=hspace)
+    return fig
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def funnel_chart(stats: dict[str, Any]) -> str:
+    stages = list(stats.get("stages", {}).items())
+    fig = _figure(7.0, max(2.0, 0.42 * len(stages) + 1.5), left=0.95, bottom=0.95)
+    ax = fig.add_subplot()
+    names = [s for s, _ in stages]
+    kept = [v["kept_after"] for _, v in stages]
+    rejected = [v["rejected"] for _, v in stages]
+    y = list(range(len(names)))[::-1]
+    ax.barh(y, kept, color="#4c78a8", label="documents after the stage")
+    ax.barh(y, rejected, left=kept, color="#e45756", label="rejected by the stage")
+    for yi, k, r in zip(y, kept, rejected):
+        ax.text(k + r, yi, f" {k}" + (f"  (−{r})" if r else ""), va="center", fontsize=8)
+    ax.set_yticks(y, names)
+    ax.set_xlabel("documents")
+    ax.set_xlim(0, max([k + r for k, r in zip(kept, rejected)] + [1]) * 1.18)
+    fig.legend(loc="lower center", ncol=2, fontsize=8)  # below the axes: never over a bar
+    ax.set_title("Funnel: documents after each stage")
+    return _png(fig)
+
+
+def histogram_chart(values, title: str, xlabel: str, *, lines: list[tuple[float, str, str]] = (),
+                    log_x: bool = False, overlay=None, labels: tuple[str, str] = ("kept", "rejected")) -> str:
+    import numpy as np
+
+    fig = _figure()
+    ax = fig.add_subplot()
+    data = [values] + ([overlay] if overlay is not None and len(overlay) else [])
+    if log_x:
+        lo = max(1.0, min(float(np.min(d)) for d in data))
+        hi = max(lo * 10, max(float(np.max(d)) for d in data))
+        bins = np.logspace(math.log10(lo), math.log10(hi), 40)
+        ax.set_xscale("log")
+        data = [np.clip(d, lo, None) for d in data]
+    else:
+        bins = 40
+    ax.hist(data[0], bins=bins, color="#4c78a8", alpha=0.85, label=labels[0])
+    if len(data) > 1:
+        ax.hist(data[1], bins=bins, color="#e45756", alpha=0.6, label=labels[1])
+    for x, label, color in lines:
+        ax.axvline(x, color=color, linestyle="--", linewidth=1.2, label=label)
+    if len(data) > 1 or lines:
+        ax.legend(fontsize=8)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("documents")
+    return _png(fig)
+
+
+def bar_chart(labels: list[str], counts: list[int], title: str, xlabel: str, ylabel: str = "documents") -> str:
+    fig = _figure(6.0, 3.2, bottom=0.75 if len(labels) > 8 else 0.6)
+    ax = fig.add_subplot()
+    ax.bar(range(len(labels)), counts, color="#4c78a8")
+    ax.set_xticks(range(len(labels)), labels, rotation=45 if len(labels) > 8 else 0, ha="right" if len(labels) > 8 else "center",
+                  fontsize=8)
+    if counts and max(counts) > 50 * max(1, min(c for c in counts if c > 0)):
+        ax.set_yscale("log")  # a long tail (cluster sizes, rare languages) stays visible
+        ylabel += " (log scale)"
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return _png(fig)
+
+
+def perplexity_chart(sample: KeptSample, difficulty: dict[str, Any] | None) -> str | None:
+    """Perplexity per language group (log scale) with that group's easy/medium/hard cut-offs."""
+    import numpy as np
+
+    ppl = sample.numbers("perplexity")
+    if ppl is None:
+        return None
+    col = sample.columns["perplexity"].to_numpy(zero_copy_only=False).astype("float64")
+    langs = sample.strings("lang") or [None] * len(col)
+    per_lang = (difficulty or {}).get("languages") or {}
+    groups: list[tuple[str, Any, dict]] = []
+    if per_lang:
+        arr_langs = np.array([str(x) for x in langs])
+        for lang, info in sorted(per_lang.items(), key=lambda kv: -kv[1].get("documents", 0))[:6]:
+            values = col[(arr_langs == lang) & np.isfinite(col)]
+            if len(values):
+                groups.append((lang, values, info.get("cutoffs") or {}))
+    if not groups:
+        groups = [("all", ppl, (difficulty or {}).get("cutoffs") or {})]
+    fig = _figure(6.0, 2.2 * len(groups) + 0.6, hspace=0.45)
+    axes = fig.subplots(len(groups), 1, squeeze=False)[:, 0]
+    for ax, (lang, values, cutoffs) in zip(axes, groups):
+        lo, hi = max(1e-3, float(values.min())), float(values.max())
+        bins = np.logspace(math.log10(lo), math.log10(max(hi, lo * 1.01)), 40)
+        ax.hist(values, bins=bins, color="#4c78a8")
+        ax.set_xscale("log")
+        if cutoffs.get("easy_below") is not None:
+            ax.axvline(cutoffs["easy_below"], color="#54a24b", linestyle="--", label=f"easy < {cutoffs['easy_below']:g}")
+        if cutoffs.get("hard_above") is not None:
+            ax.axvline(cutoffs["hard_above"], color="#e45756", linestyle="--", label=f"hard > {cutoffs['hard_above']:g}")
+        ax.set_title(f"perplexity, lang {lang} ({len(values)} documents)", fontsize=9)
+        ax.set_ylabel("documents")
+        if cutoffs:
+            ax.legend(fontsize=8)
+    axes[-1].set_xlabel("perplexity (log scale); between the lines: medium")
+    return _png(fig)
+
+
+def stage_time_chart(rows: list[tuple[str, float, float | None]]) -> str:
+    fig = _figure(7.0, 0.4 * len(rows) + 1.2, left=0.95)
+    ax = fig.add_subplot()
+    y = list(range(len(rows)))[::-1]
+    ax.barh(y, [r[1] for r in rows], color="#72b7b2")
+    for yi, (_, sec, rate) in zip(y, rows):
+        ax.text(sec, yi, f" {sec:.2f} s" + (f", {rate:.0f} docs/s" if rate else ""), va="center", fontsize=8)
+    ax.set_yticks(y, [r[0] for r in rows])
+    ax.set_xlim(0, max([r[1] for r in rows] + [1e-9]) * 1.35)
+    ax.set_xlabel("seconds")
+    ax.set_title("Time per stage")
+    return _png(fig)
+
+
+def stage_times(stats: dict[str, Any]) -> list[tuple[str, float, float | None]]:
+    """(stage, seconds, docs/s) from stats.json's per-stage timing, whichever shape it has; [] if absent.
+
+    Accepts {"stage_time": {stage: seconds}} or {stage: {"seconds": s, "docs_per_s": r, ...}}
+    (also under the keys "stage_seconds" / "timing").
+    """
+    timing = stats.get("stage_time") or stats.get("stage_seconds") or stats.get("timing") or {}
+    if not isinstance(timing, dict):
+        return []
+    rows = []
+    for stage, value in timing.items():
+        if isinstance(value, (int, float)):
+            sec, rate = float(value), None
+        elif isinstance(value, dict):
+            sec = value.get("seconds", value.get("wall_s", value.get("time_s")))
+            rate = value.get("docs_per_s", value.get("docs_per_second"))
+            if not isinstance(sec, (int, float)):
+                continue
+            sec = float(sec)
+        else:
+            continue
+        if rate is None and sec > 0:
+            n = (stats.get("stages", {}).get(stage) or {})
+            docs_in = n.get("kept_after", 0) + n.get("rejected", 0)
+            rate = docs_in / sec if docs_in else None
+        rows.append((str(stage), sec, float(rate) if rate else None))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The page
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}
+h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+h3{font-size:1em;margin:1em 0 .3em} table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
+td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top} th{background:#f5f5f5}
+td.n{text-align:right;font-variant-numeric:tabular-nums} img{max-width:100%;height:auto;display:block;margin:.5em 0}
+.ok{color:#2a7a2a;font-weight:bold} .bad{color:#b00;font-weight:bold} .muted{color:#777;font-size:.85em}
+pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.8em} .ex{font-size:.85em;white-space:pre-wrap;max-width:60em}
+nav a{margin-right:1em;font-size:.9em}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:.5em 1.5em}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _img(element_id: str, b64: str, alt: str) -> str:
+    return f'<img id="{element_id}" alt="{_e(alt)}" src="data:image/png;base64,{b64}">'
+
+
+def build_html(output: str) -> str:
+    stats = _read_json(output, "stats.json")
+    if stats is None:
+        raise FileNotFoundError(f"{FileSystems.join(output, 'stats.json')} not found: is {output} the output of a dsdata run?")
+    info = _read_json(output, RUN_INFO_NAME) or {}
+    difficulty = _read_json(output, "difficulty.json")
+    parts: list[str] = []
+    nav = [("summary", "Summary"), ("funnel-section", "Funnel"), ("reasons", "Rejections")]
+
+    # Summary
+    ok = stats.get("ledger_ok")
+    seconds = info.get("seconds", stats.get("seconds"))
+    parts.append('<section id="summary"><h2>Summary</h2><table>')
+    for label, value in [("recipe", info.get("recipe", stats.get("recipe"))), ("output", output),
+                         ("input documents", stats.get("input")), ("kept", stats.get("kept")),
+                         ("augmented", stats.get("augmented")), ("rejected", stats.get("rejected_total")),
+                         ("seconds", seconds), ("finished (UTC)", info.get("finished_utc"))]:
+        if value is not None:
+            parts.append(f"<tr><th>{_e(label)}</th><td>{_e(value)}</td></tr>")
+    ledger = '<span class="ok">ok</span>' if ok else '<span class="bad">BROKEN</span>'
+    parts.append(f"<tr><th>ledger (input + augmented = kept + rejected)</th><td>{ledger}</td></tr></table></section>")
+
+    # Funnel + reasons with examples
+    parts.append('<section id="funnel-section"><h2>Funnel</h2>')
+    if stats.get("stages"):
+        parts.append(_img("funnel", funnel_chart(stats), "documents after each stage"))
+    parts.append('<table id="funnel-table"><tr><th>stage</th><th>rejected</th><th>documents after</th></tr>')
+    for stage, v in stats.get("stages", {}).items():
+        parts.append(f'<tr><td>{_e(stage)}</td><td class="n">{v["rejected"]}</td><td class="n">{v["kept_after"]}</td></tr>')
+    parts.append("</table></section>")
+
+    rejected = stats.get("rejected", {})
+    order = [s for s in stats.get("stage_order", []) if s in rejected] + sorted(set(rejected) - set(stats.get("stage_order", [])))
+    wanted = [(s, r) for s in order for r in rejected[s]]
+    examples = rejected_examples(output, wanted) if wanted else {}
+    parts.append('<section id="reasons"><h2>Rejections by stage and reason</h2>')
+    if not wanted:
+        parts.append("<p>No document was rejected.</p>")
+    for stage in order:
+        parts.append(f'<h3 id="reasons-{_e(stage)}">{_e(stage)}: {sum(rejected[stage].values())} rejected</h3>')
+        parts.append('<table><tr><th>reason</th><th>count</th><th>examples (measured value vs threshold, text)</th></tr>')
+        for reason, count in sorted(rejected[stage].items(), key=lambda kv: -kv[1]):
+            cells = []
+            for ex in examples.get((stage, reason), []):
+                cells.append(f'<div class="ex"><b>{_e(ex["id"])}</b> ({_e(ex["length"])} chars) — '
+                             f'<i>{_e(ex["detail"] or "no detail")}</i><br>{_e(ex["text"])}</div>')
+            parts.append(f'<tr id="reason-{_e(stage)}-{_e(reason)}"><td>{_e(reason)}</td><td class="n">{count}</td>'
+                         f'<td>{"<hr>".join(cells) or "<span class=muted>no example found</span>"}</td></tr>')
+        parts.append("</table>")
+    parts.append("</section>")
+
+    # Distributions of what was kept
+    sample = KeptSample(output)
+    hists: list[str] = []
+    note = (f'<p class="muted">From {sample.sample_rows} of {sample.total_rows} kept documents '
+            f'(whole row groups spread over the output).</p>')
+    lengths = sample.numbers("text_length")
+    rej_lengths = rejected_lengths(output)
+    if lengths is not None or rej_lengths is not None:
+        main, over = (lengths, rej_lengths) if lengths is not None else (rej_lengths, None)
+        labels = ("kept", "rejected") if lengths is not None else ("rejected", "")
+        hists.append(_img("hist-length", histogram_chart(main, "Document length", "characters (log scale)",
+                                                         log_x=True, overlay=over, labels=labels), "document length"))
+    langs = sample.strings("lang")
+    if langs is not None:
+        counts: dict[str, int] = {}
+        for lang in langs:
+            counts[str(lang)] = counts.get(str(lang), 0) + 1
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:20]
+        hists.append(_img("hist-lang", bar_chart([k for k, _ in top], [v for _, v in top], "Language mix (kept)",
+                                                 "lang"), "language mix"))
+    params = {s["name"]: s.get("params", {}) for s in info.get("stages", [])}
+    for column, element_id, title, xlabel in NUMERIC_HISTOGRAMS:
+        values = sample.numbers(column)
+        if values is None:
+            continue
+        lines = []
+        if column == "relevance_score" and isinstance(params.get("relevance", {}).get("threshold"), (int, float)):
+            lines.append((params["relevance"]["threshold"], f"threshold {params['relevance']['threshold']:g}", "#e45756"))
+        if column == "lang_score" and isinstance(params.get("lang", {}).get("min_score"), (int, float)):
+            lines.append((params["lang"]["min_score"], f"min_score {params['lang']['min_score']:g}", "#e45756"))
+        hists.append(_img(element_id, histogram_chart(values, title, xlabel, lines=lines), title))
+    ppl = perplexity_chart(sample, difficulty)
+    if ppl is not None:
+        hists.append(_img("hist-perplexity", ppl, "perplexity with difficulty cut-offs") + _cutoff_caption(difficulty))
+    grades = sample.strings("difficulty")
+    if grades is not None and (difficulty or {}).get("counts"):
+        c = difficulty["counts"]
+        hists.append(_img("hist-difficulty", bar_chart(list(c), list(c.values()), "Difficulty grades (all kept)", "grade"),
+                          "difficulty grades"))
+    sizes = sample.numbers("dup_cluster_size")
+    if sizes is None and "dup_cluster" in sample.columns:
+        per_cluster: dict[str, int] = {}
+        for cluster in sample.strings("dup_cluster"):
+            per_cluster[cluster] = per_cluster.get(cluster, 0) + 1
+        import numpy as np
+
+        sizes = np.array(list(per_cluster.values()), dtype="float64") if per_cluster else None
+    if sizes is not None:
+        size_counts: dict[int, int] = {}
+        for s in sizes.astype(int):
+            size_counts[int(s)] = size_counts.get(int(s), 0) + 1
+        keys = sorted(size_counts)
+        if len(keys) > 30:  # long tail: bucket by powers of two
+            buckets: dict[str, int] = {}
+            for k in keys:
+                b = 2 ** int(math.log2(max(k, 1)))
+                buckets[f"{b}-{2 * b - 1}" if b > 1 else "1"] = buckets.get(f"{b}-{2 * b - 1}" if b > 1 else "1", 0) + size_counts[k]
+            labels_, values_ = list(buckets), list(buckets.values())
+        else:
+            labels_, values_ = [str(k) for k in keys], [size_counts[k] for k in keys]
+        hists.append(_img("hist-dup-cluster", bar_chart(labels_, values_, "Duplicate-cluster sizes (one kept document per cluster)",
+                                                        "cluster size (documents)", "clusters"), "duplicate cluster sizes"))
+    if hists:
+        nav.append(("histograms", "Distributions"))
+        parts.append('<section id="histograms"><h2>Distributions</h2>' + note + '<div class="grid">'
+                     + "".join(f"<div>{h}</div>" for h in hists) + "</div></section>")
+
+    # Per-stage time
+    times = stage_times(stats)
+    if times:
+        nav.append(("stage-time-section", "Time"))
+        parts.append('<section id="stage-time-section"><h2>Time per stage</h2>')
+        parts.append(_img("stage-time", stage_time_chart(times), "time per stage"))
+        parts.append('<table><tr><th>stage</th><th>seconds</th><th>docs/s</th></tr>' + "".join(
+            f'<tr><td>{_e(s)}</td><td class="n">{sec:.3f}</td><td class="n">{"" if r is None else f"{r:.0f}"}</td></tr>'
+            for s, sec, r in times) + "</table></section>")
+
+    # Recipe as run
+    nav.append(("recipe", "Recipe"))
+    parts.append('<section id="recipe"><h2>Recipe as run</h2>')
+    if info:
+        parts.append("<table>")
+        for label, key in [("recipe file", "recipe_path"), ("runner", "runner"), ("input format", "input_format"),
+                           ("dsdata", "dsdata_version"), ("Apache Beam", "beam_version"), ("Python", "python_version")]:
+            if info.get(key) is not None:
+                parts.append(f"<tr><th>{_e(label)}</th><td>{_e(info[key])}</td></tr>")
+        parts.append(f'<tr><th>inputs</th><td>{"<br>".join(_e(i) for i in info.get("inputs", []))}</td></tr></table>')
+        parts.append("<h3>Stages and parameters</h3><table><tr><th>stage</th><th>parameters</th></tr>")
+        for s in info.get("stages", []):
+            parts.append(f'<tr><td>{_e(s["name"])}</td><td><pre>{_e(json.dumps(s.get("params", {}), indent=1, ensure_ascii=False))}</pre></td></tr>')
+        parts.append("</table>")
+        if info.get("pipeline_options"):
+            parts.append(f'<h3>Pipeline options</h3><pre>{_e(json.dumps(info["pipeline_options"], indent=1))}</pre>')
+    else:
+        parts.append(f"<p>{_e(RUN_INFO_NAME)} is missing (a run by an older dsdata); stage order: "
+                     f"{_e(' → '.join(stats.get('stage_order', [])))}</p>")
+    parts.append("</section>")
+
+    title = f"dsdata run report: {info.get('recipe', stats.get('recipe', ''))}"
+    nav_html = "<nav>" + "".join(f'<a href="#{i}">{_e(t)}</a>' for i, t in nav) + "</nav>"
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{_e(title)}</title>"
+            f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>{nav_html}{''.join(parts)}"
+            f'<p class="muted">Written by dsdata {_e(info.get("dsdata_version", ""))}; rebuild with '
+            f"<code>dsdata report {_e(output)}</code>.</p></body></html>\n")
+
+
+def _cutoff_caption(difficulty: dict[str, Any] | None) -> str:
+    """The cut-offs drawn on the perplexity chart, as text (difficulty.json)."""
+    groups = dict((difficulty or {}).get("languages") or {})
+    if not groups and (difficulty or {}).get("cutoffs"):
+        groups = {"all": difficulty}
+    items = []
+    for lang, info in groups.items():
+        c = info.get("cutoffs") or {}
+        if c:
+            items.append(f"{_e(lang)}: easy &lt; {_e(c.get('easy_below'))}, hard &gt; {_e(c.get('hard_above'))}"
+                         f" ({_e(info.get('cutoff_source', 'cut-offs'))})")
+    if not items:
+        return ""
+    return f'<p id="perplexity-cutoffs" class="muted">Difficulty cut-offs (perplexity) — {"; ".join(items)}.</p>'
+
+
+def write_report(output: str) -> str:
+    """Build OUTPUT/report.html from the run's outputs and return its path."""
+    page = build_html(output)
+    path = FileSystems.join(output, REPORT_NAME)
+    with FileSystems.create(path) as fh:
+        fh.write(page.encode("utf-8"))
+    return path
+

@@ -1,0 +1,117 @@
+"""Which Beam pipeline options a recipe may carry, and checks of the runner a user names.
+
+A recipe is a file people share.  Beam options can make a runner execute commands
+(`environment_type: beam:env:harness_subprocess_python:v1` with an `environment_config` command,
+a `PROCESS` environment's `command`, a `sdk_location`/`setup_file`/`extra_packages` installed on
+workers, a container image, a job endpoint or job-server jar that is started): whoever writes the
+recipe would run code on the machine of whoever runs it.  So a recipe's `beam:` section takes only
+the options below — which runner and how many workers/threads — with scalar values; every other
+option is the user's own choice, given on the command line.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Runner choice and tuning: none of these names a program, a file, an image, a package or an endpoint.
+RECIPE_ALLOWED = frozenset({
+    "runner",
+    "direct_num_workers", "direct_running_mode",
+    "num_workers", "max_num_workers", "autoscaling_algorithm", "machine_type", "worker_machine_type",
+    "disk_size_gb", "number_of_worker_harness_threads",
+    "parallelism", "max_parallelism",
+    "streaming",
+})
+DIRECT_RUNNING_MODES = ("in_memory", "multi_threading", "multi_processing")
+
+
+class BeamOptionError(ValueError):
+    """A Beam option a recipe may not carry, or a runner that does not exist; one line."""
+
+
+def _known_runner_map() -> dict[str, str]:
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    return {path.rsplit(".", 1)[-1].lower(): path for path in StandardOptions.ALL_KNOWN_RUNNERS}
+
+
+def _is_known_name(name: str) -> bool:
+    known = _known_runner_map()
+    return name.lower() in known or name.lower() + "runner" in known
+
+
+def recipe_beam_args(cfg: Any, recipe_path: str) -> list[str]:
+    """A recipe's `beam:` mapping → `--name=value` arguments, refusing options outside RECIPE_ALLOWED."""
+    if cfg is None:
+        return []
+    if not isinstance(cfg, dict):
+        raise BeamOptionError(f"{recipe_path}: 'beam' must be a mapping of pipeline options")
+    args = []
+    for key, value in cfg.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        if name not in RECIPE_ALLOWED:
+            raise BeamOptionError(
+                f"{recipe_path}: beam option '{name}' may not be set in a recipe (a shared file may only "
+                f"choose the runner and its tuning: {', '.join(sorted(RECIPE_ALLOWED))}); "
+                f"pass --{name}=... on the command line"
+            )
+        if not isinstance(value, (str, int, float, bool)) or (isinstance(value, str) and "\n" in value):
+            raise BeamOptionError(f"{recipe_path}: beam option '{name}' must be a single scalar value")
+        if name == "runner" and not _is_known_name(str(value)):
+            # A dotted class path imports that module: the user's choice, on the command line.
+            raise BeamOptionError(
+                f"{recipe_path}: runner '{value}' is not one of Beam's runners by name; "
+                "a runner class path is given on the command line (--runner=package.module.Class)"
+            )
+        if name == "direct_running_mode" and value not in DIRECT_RUNNING_MODES:
+            raise BeamOptionError(f"{recipe_path}: direct_running_mode must be one of {', '.join(DIRECT_RUNNING_MODES)}")
+        args.append(f"--{name}={str(value).lower() if isinstance(value, bool) else value}")
+    return args
+
+
+def check_runner(name: str) -> None:
+    """Raise BeamOptionError unless `name` is one of Beam's runners (whose module imports here) or an
+    importable PipelineRunner class."""
+    known = _known_runner_map()
+    path = known.get(name.lower()) or known.get(name.lower() + "runner")
+    if path is not None:
+        module_name = path.rpartition(".")[0]
+        try:
+            importlib.import_module(module_name)
+        except ImportError as exc:
+            raise BeamOptionError(f"--runner={name} needs a Beam extra that is not installed ({exc}); "
+                                  "e.g. pip install 'apache-beam[gcp]' or 'apache-beam[interactive]'") from None
+        return
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    names = ", ".join(StandardOptions.KNOWN_RUNNER_NAMES)
+    if "." not in name:
+        raise BeamOptionError(f"unknown --runner '{name}' (Beam's runners: {names}; or a full class path "
+                              "package.module.RunnerClass)")
+    module_name, _, attr = name.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BeamOptionError(f"--runner '{name}': cannot import {module_name} ({exc})") from None
+    runner = getattr(module, attr, None)
+    from apache_beam.runners.runner import PipelineRunner
+
+    if not (isinstance(runner, type) and issubclass(runner, PipelineRunner)):
+        raise BeamOptionError(f"--runner '{name}': {attr} in {module_name} is not a Beam PipelineRunner class")
+
+
+def runner_in(args: list[str]) -> str | None:
+    """The last --runner=VALUE in a list of Beam arguments (Beam uses the last)."""
+    found = None
+    for arg in args:
+        if arg.startswith("--runner="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def direct_running_mode_in(args: list[str]) -> str | None:
+    found = None
+    for arg in args:
+        if arg.startswith("--direct_running_mode="):
+            found = arg.split("=", 1)[1]
+    return found

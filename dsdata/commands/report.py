@@ -1,0 +1,27 @@
+"""`dsdata report OUT`: (re)build OUT/report.html from a finished run's outputs."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dsdata report", description="Rebuild OUT/report.html (funnel, rejection "
+                                     "reasons with examples, histograms, recipe as run) from a run's output directory.")
+    parser.add_argument("output", help="the run's output directory (holds stats.json, kept/, rejected/)")
+    args = parser.parse_args(argv)
+    from apache_beam.io.filesystems import FileSystems
+
+    from dsdata.beam.report import write_report
+
+    if not FileSystems.exists(FileSystems.join(args.output, "stats.json")):
+        print(f"dsdata: error: {args.output} has no stats.json; pass the output directory of a 'dsdata run'",
+              file=sys.stderr)
+        return 2
+    try:
+        path = write_report(args.output)
+    except Exception as exc:  # noqa: BLE001 - a damaged output directory: one line, not a traceback
+        print(f"dsdata: error: could not build the report of {args.output}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0

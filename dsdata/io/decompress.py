@@ -1,0 +1,192 @@
+"""Decompress gzip and zstd input member by member (frame by frame), surviving damage.
+
+Python's `gzip.GzipFile` and zstandard's `stream_reader` raise on damage from inside a `read()` whose
+output they have already produced, so a reader loses the data decoded in that call (all of a small
+file, the last ~64 KiB of a large one), and they cannot continue past the damage.  Gzip members and
+zstd frames are independent: a multi-member file (WARC, concatenated or block-compressed JSONL) can
+be read again from the next member's start.  `decoded_chunks` yields decompressed bytes as soon as
+the decoder produces them, and at a damaged place one `Damage` naming what was lost; then it
+searches the compressed bytes for the next member header, checks that the candidate really decodes,
+and goes on from there.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import IO, Iterator
+
+GZIP_MAGIC = b"\x1f\x8b\x08"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_FEED = 1 << 16
+# How far back a resynchronisation search may look into a damaged member (its bytes are kept up to
+# this much; the decoder can notice the damage some way after it).
+_RESYNC_WINDOW = 8 << 20
+# A candidate member header counts as real when this much of what follows decodes without error.
+_PROBE = 1 << 14
+
+
+@dataclass
+class Damage:
+    """A damaged stretch of a compressed file: `reason` is truncated_compression (the file ends
+    inside a member) or corrupt_compression (undecodable bytes, skipped to the next member)."""
+
+    reason: str
+    detail: str
+    offset: int
+
+
+def compression_of(path: str) -> str | None:
+    name = path.lower()
+    if name.endswith(".gz"):
+        return "gzip"
+    if name.endswith((".zst", ".zstd")):
+        return "zstd"
+    return None
+
+
+def _decoder(kind: str):
+    if kind == "gzip":
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompressobj()
+
+
+def _decode_errors(kind: str) -> tuple[type[BaseException], ...]:
+    if kind == "gzip":
+        return (zlib.error,)
+    import zstandard
+
+    return (zstandard.ZstdError,)
+
+
+def _decodes(kind: str, data: bytes) -> bool:
+    try:
+        _decoder(kind).decompress(data[:_PROBE])
+    except _decode_errors(kind):
+        return False
+    return True
+
+
+def decoded_chunks(path: str, raw: IO[bytes]) -> Iterator[bytes | Damage]:
+    """The decompressed content of `raw` (compression from the file name) as byte chunks, with a
+    `Damage` at each place where bytes were lost.  Uncompressed files pass through."""
+    kind = compression_of(path)
+    if kind is None:
+        while chunk := raw.read(_FEED):
+            yield chunk
+        return
+    yield from _members(raw, kind)
+
+
+def _members(raw: IO[bytes], kind: str) -> Iterator[bytes | Damage]:
+    magic = GZIP_MAGIC if kind == "gzip" else ZSTD_MAGIC
+    errors = _decode_errors(kind)
+    buf = bytearray()  # compressed bytes not yet fed to a decoder; buf[0] is at file offset `pos`
+    pos = 0
+    exhausted = False
+
+    def fill(n: int) -> None:
+        nonlocal exhausted
+        while len(buf) < n and not exhausted:
+            chunk = raw.read(max(_FEED, n - len(buf)))
+            if chunk:
+                buf.extend(chunk)
+            else:
+                exhausted = True
+
+    def skip_to_member(search_from: int, begin: int, why: str) -> Iterator[Damage]:
+        """Drop bytes up to the next header that really decodes; one Damage for the gap."""
+        nonlocal pos
+        while True:
+            fill(search_from + _PROBE + len(magic))
+            found = buf.find(magic, search_from)
+            if found < 0:
+                if exhausted:
+                    lost = pos + len(buf) - begin
+                    pos += len(buf)
+                    buf.clear()
+                    yield Damage("corrupt_compression",
+                                 f"{why}; the remaining {lost} compressed bytes from offset {begin} hold no "
+                                 f"further {kind} member and are lost", begin)
+                    return
+                # Keep only a possible partial header at the end; everything before it is lost.
+                keep = max(search_from, len(buf) - len(magic) + 1)
+                del buf[:keep]
+                pos += keep
+                search_from = 0
+                continue
+            fill(found + _PROBE)
+            if _decodes(kind, bytes(buf[found:found + _PROBE])):
+                lost = pos + found - begin
+                del buf[:found]
+                pos += found
+                yield Damage("corrupt_compression",
+                             f"{why}; {lost} compressed bytes from offset {begin} skipped, "
+                             f"reading resumed at the next {kind} member (offset {pos})", begin)
+                return
+            search_from = found + 1
+
+    while True:
+        fill(len(magic))
+        if kind == "gzip":
+            # gzip allows zero padding after a member (tape blocks); Python's gzip skips it too.
+            while buf[:1] == b"\x00":
+                zeros = len(buf) - len(buf.lstrip(b"\x00"))
+                del buf[:zeros]
+                pos += zeros
+                fill(len(magic))
+        if not buf and exhausted:
+            return
+        if not buf.startswith(magic):
+            if exhausted and len(buf) < len(magic) and magic.startswith(bytes(buf)):
+                yield Damage("truncated_compression",
+                             f"the file ends {len(buf)} bytes into a {kind} header at offset {pos}", pos)
+                return
+            begin = pos
+            yield from skip_to_member(1, begin, f"bytes at offset {begin} are not a {kind} member")
+            continue
+        member_start = pos
+        decoder = _decoder(kind)
+        history = bytearray()  # the member's bytes already fed (the last _RESYNC_WINDOW of them)
+        history_start = pos
+        failure = None
+        while True:
+            if not buf:
+                fill(1)
+                if not buf:
+                    yield Damage("truncated_compression",
+                                 f"the file ends inside the {kind} member that starts at offset {member_start} "
+                                 f"({pos - member_start} compressed bytes of it present); its undecoded rest is lost",
+                                 member_start)
+                    return
+            piece = bytes(buf[:_FEED])
+            try:
+                out = decoder.decompress(piece)
+            except errors as exc:
+                failure = exc
+                break
+            if out:
+                yield out
+            if decoder.eof:
+                used = len(piece) - len(decoder.unused_data)
+                del buf[:used]
+                pos += used
+                break
+            del buf[:len(piece)]
+            pos += len(piece)
+            history.extend(piece)
+            if len(history) > 2 * _RESYNC_WINDOW:  # trim in big steps: amortised O(1) per byte
+                cut = len(history) - _RESYNC_WINDOW
+                del history[:cut]
+                history_start += cut
+        if failure is None:
+            continue
+        # Search for the next member from just after this member's header, through the bytes of
+        # this member already fed (the decoder may notice damage well after it) and onwards.
+        buf[:0] = history
+        pos = history_start
+        start = max(1, member_start + 1 - history_start)
+        first_line = str(failure).splitlines()[0] if str(failure) else type(failure).__name__
+        yield from skip_to_member(start, member_start,
+                                  f"corrupt {kind} data in the member at offset {member_start} ({first_line})")

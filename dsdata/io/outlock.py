@@ -1,0 +1,130 @@
+"""The output directory of a run: checked writable up front, and locked while a run writes it.
+
+Two runs writing one OUT interleave their part files and each deletes the other's outputs when it
+starts; both used to report success.  A run takes `OUT/.dsdata.lock`: a file holding the owner's
+pid, host and start time, with an exclusive `flock` on it for the run's lifetime.  The kernel drops
+the flock when its process dies (killed, crashed, the machine rebooted), so a lock left behind by a
+dead run is stale by construction and is taken over; a second live run is refused with one line
+naming the holder.  Where the file system has no flock, the pid decides: a lock whose pid is dead on
+this host is taken over, any other is respected.
+
+Remote outputs (gs://, s3://) are not locked: object stores have no exclusive create here.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+LOCK_NAME = ".dsdata.lock"
+
+
+class OutputDirError(ValueError):
+    """OUT cannot be created or written, or another run holds its lock; one line."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def check_output_dir(path: str) -> str:
+    """Create `path` if needed and make sure it is a writable directory; returns its absolute path."""
+    absolute = os.path.abspath(path)
+    if os.path.exists(absolute) and not os.path.isdir(absolute):
+        raise OutputDirError(f"--output {path} is a file, not a directory")
+    parent = absolute
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise OutputDirError(f"--output {path} cannot be created: {parent} is a file, not a directory")
+    try:
+        os.makedirs(absolute, exist_ok=True)
+    except OSError as exc:
+        raise OutputDirError(f"--output {path} cannot be created: {exc.strerror or exc}") from None
+    probe = os.path.join(absolute, f".dsdata-write-probe-{os.getpid()}")
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"x")
+        os.remove(probe)
+    except OSError as exc:
+        raise OutputDirError(f"--output {path} is not writable: {exc.strerror or exc}") from None
+    return absolute
+
+
+def _describe(holder: dict) -> str:
+    return (f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+            if holder else "an unreadable lock file")
+
+
+def _read_holder(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            holder = json.load(fh)
+        return holder if isinstance(holder, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+@contextmanager
+def output_lock(directory: str) -> Iterator[str]:
+    """Hold OUT's lock for the duration of the block; OutputDirError if a live run holds it."""
+    import fcntl
+
+    path = os.path.join(directory, LOCK_NAME)
+    me = {"pid": os.getpid(), "host": socket.gethostname(),
+          "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv[:8]}
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise OutputDirError(f"cannot create the lock {path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputDirError(
+                f"another run is writing {directory} ({_describe(_read_holder(path))}); wait for it to "
+                "finish or choose another --output"
+            ) from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                os.close(fd)
+                raise
+            holder = _read_holder(path)
+            live = holder and not (holder.get("host") == me["host"] and isinstance(holder.get("pid"), int)
+                                   and not _pid_alive(holder["pid"]))
+            if live and holder.get("pid") != me["pid"]:
+                os.close(fd)
+                raise OutputDirError(
+                    f"another run holds {path} ({_describe(holder)}); the file system has no flock, so "
+                    "remove the file if that run is gone"
+                ) from None
+        # The file we locked must still be the one at `path` (a releasing run unlinks it).
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(me) + "\n").encode("utf-8"))
+        yield path
+    finally:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        os.close(fd)

@@ -1,0 +1,89 @@
+"""The `Layout` protocol: everything the trainer asks of a parallel layout, and nothing optional.
+
+The trainer (dsdata/train/loop.py), the checkpointer and the export talk to a layout only through
+these methods, so loss, scaling, clipping, optimizer, checkpoints and metrics are one code path for
+every layout.  Two layouts implement it:
+
+- `DataParallelLayout` (parallel/data_parallel.py): DDP or FSDP2 over all ranks (tp = pp = 1);
+- `HybridLayout` (parallel/layout.py): data × pipeline × tensor parallel over one (dp, pp, tp) mesh.
+
+`build_layout` (parallel/layout.py) picks one.  A layout subclasses `Layout`: a method it leaves out
+is an abstract method, and the layout cannot be built (TypeError naming it), instead of a hook the
+trainer would have to look for with `hasattr`.
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Callable, Protocol
+
+import torch
+from torch import nn
+
+from dsdata.train.distributed import DistEnv
+from dsdata.train.parallel.dims import ParallelDims
+
+# loss_fn(logits, targets) -> (loss to differentiate, language-model loss to report)
+LossFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class Layout(Protocol):
+    env: DistEnv
+    dims: ParallelDims  # sizes and the global-batch split (dp × micro_batch_size × accumulation)
+
+    # ---------------------------------------------------------------- model and batches
+
+    @abstractmethod
+    def parallelize(self, model: nn.Module) -> nn.Module:
+        """Apply the layout to the plain model (in place where it can); returns the module to train."""
+
+    @abstractmethod
+    def local_micro_batches(self, global_batch: torch.Tensor) -> list[torch.Tensor]:
+        """This rank's micro-batches of the global batch (every rank draws the same global batch)."""
+
+    @abstractmethod
+    def forward_backward(self, model: nn.Module, micro_batches: list[torch.Tensor], loss_fn: LossFn,
+                         loss_multiplier: float, autocast_ctx: Callable) -> torch.Tensor:
+        """Backward of Σ loss · multiplier / micro-batches; afterwards every gradient is the one a single
+        process would hold (reduced over data parallel).  Returns this rank's mean LM loss (detached)."""
+
+    # ---------------------------------------------------------------- reductions
+
+    @abstractmethod
+    def mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
+        """The global mean of the per-rank loss, on every rank."""
+
+    @abstractmethod
+    def grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The global L2 norm of the gradients, every parameter counted once, on every rank."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Wait for every rank (nothing with one process)."""
+
+    @property
+    @abstractmethod
+    def writes_metrics(self) -> bool:
+        """True on the one rank that writes metrics.jsonl, TensorBoard, the export and checkpoint JSON."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line for the run's set-up message, e.g. 'ddp, dp 2 × tp 1 × pp 1, ...'."""
+
+    # ---------------------------------------------------------------- checkpoints and export
+
+    @abstractmethod
+    def optimizer_state_to_save(self, optim_state: dict) -> dict:
+        """The optimizer state dict to hand to DCP (a pipeline stage lists every stage's parameters)."""
+
+    @abstractmethod
+    def names_on_any_rank(self, names: list[str]) -> list[str]:
+        """The names any rank holds (the parameters with optimizer state, recorded in trainer_state.json)."""
+
+    @abstractmethod
+    def after_checkpoint_load(self, model: nn.Module, optimizer: torch.optim.Optimizer, keep: set[str]) -> set[str]:
+        """Finish a load (e.g. copy a tied weight to its second stage); returns the parameter names
+        whose optimizer state to keep."""
+
+    @abstractmethod
+    def full_model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's state (CPU tensors) on the metrics rank, {} elsewhere (all ranks call it)."""

@@ -1,0 +1,218 @@
+"""Fuzzing every reader (`read_file`, in-process) with arbitrary bytes, arbitrary JSON and damaged
+compression: nothing raises, every text is UTF-8-encodable, and every input record — found by its
+marker id — comes out exactly once, kept or rejected."""
+import gzip
+import io
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from warcio.statusandheaders import StatusAndHeaders
+from warcio.warcwriter import WARCWriter
+
+from dsdata.document import Document, Rejected
+from dsdata.io.readers import read_file
+
+def fuzz(n):
+    return settings(max_examples=n, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+# Per-test example counts; their sum is the case count reported for issue 14.
+N_BYTES, N_JSONL, N_COMPRESSED, N_PARQUET, N_HTML, N_WARC = 300, 200, 150, 60, 150, 80
+
+# Strings with lone surrogates too: valid JSON escapes (json.dumps writes "\\ud800"), not Unicode.
+json_text = st.text() | st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF) | st.characters(max_codepoint=0x7F))
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | json_text,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+junk_line = st.binary(max_size=60).map(lambda b: b.replace(b"\n", b" "))
+deep_json = st.integers(90, 3000).map(lambda d: b'{"text": "deep", "m": ' + b"[" * d + b"]" * d + b"}")
+
+
+def _all_rows(path: str, data: bytes):
+    rows = list(read_file(path, io.BytesIO(data)))
+    for row in rows:
+        doc = row.doc if isinstance(row, Rejected) else row
+        assert isinstance(row, (Document, Rejected))
+        if isinstance(row, Rejected):
+            assert row.stage == "read" and row.reason
+        doc.text.encode("utf-8")
+        doc.id.encode("utf-8")
+        json.dumps(doc.metadata, ensure_ascii=False, default=str).encode("utf-8")
+    return rows
+
+
+def _ids(rows):
+    return [(r.doc if isinstance(r, Rejected) else r).id for r in rows]
+
+
+@fuzz(N_BYTES)
+@given(data=st.binary(max_size=4096), name=st.sampled_from([
+    "x.jsonl", "x.jsonl.gz", "x.jsonl.zst", "x.parquet", "x.html", "x.html.gz", "x.warc", "x.warc.gz"]))
+def test_arbitrary_bytes_never_raise(data, name):
+    _all_rows(name, data)
+    # The same bytes behind a valid compression header exercise the decoders' damage paths.
+    if name.endswith(".gz"):
+        _all_rows(name, b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03" + data)
+    elif name.endswith(".zst"):
+        _all_rows(name, b"\x28\xb5\x2f\xfd" + data)
+
+
+def _jsonl_items(draw_items):
+    """(line bytes, marker id or None) → file bytes and the ids that must come out."""
+    lines, markers = [], []
+    for kind, value, k in draw_items:
+        if kind == "record":
+            mid = f"m{k}"
+            lines.append(json.dumps({"id": mid, "text": value, "extra": k}).encode())
+            markers.append(mid)
+        elif kind == "json":
+            mid = f"j{k}"
+            lines.append(json.dumps({"id": mid, "text": value}).encode())  # ensure_ascii: lone surrogates escaped
+            markers.append(mid)
+        else:
+            lines.append(value)
+    return lines, markers
+
+
+item = st.one_of(
+    st.tuples(st.just("record"), st.text(min_size=1).filter(str.strip), st.integers(0, 10**9)),
+    st.tuples(st.just("json"), json_values, st.integers(0, 10**9)),
+    st.tuples(st.just("json"), json_text, st.integers(0, 10**9)),
+    st.tuples(st.just("junk"), junk_line, st.just(0)),
+    st.tuples(st.just("junk"), deep_json, st.just(0)),
+)
+
+
+def _unique(items):
+    seen, out = set(), []
+    for kind, value, k in items:
+        if kind != "junk" and (kind, k) in seen:
+            continue
+        seen.add((kind, k))
+        out.append((kind, value, k))
+    return out
+
+
+@fuzz(N_JSONL)
+@given(items=st.lists(item, max_size=30).map(_unique), bom=st.booleans(), crlf=st.booleans())
+def test_jsonl_every_marked_record_comes_out_once(items, bom, crlf):
+    lines, markers = _jsonl_items(items)
+    data = (b"\xef\xbb\xbf" if bom else b"") + (b"\r\n" if crlf else b"\n").join(lines) + b"\n"
+    rows = _all_rows("f.jsonl", data)
+    ids = _ids(rows)
+    for mid in markers:
+        assert ids.count(mid) == 1, mid
+    for row in rows:
+        if isinstance(row, Document) and row.id.startswith("m"):
+            assert row.text.strip()
+
+
+@fuzz(N_COMPRESSED)
+@given(items=st.lists(st.tuples(st.just("record"), st.text(min_size=1).filter(str.strip), st.integers(0, 10**9)),
+                      min_size=3, max_size=40).map(_unique),
+       codec=st.sampled_from(["gz", "zst"]), members=st.integers(1, 4),
+       damage=st.sampled_from(["none", "truncate", "corrupt"]), where=st.floats(0.0, 1.0), seed=st.integers(0, 255))
+def test_compressed_jsonl_keeps_every_record_of_intact_members(items, codec, members, damage, where, seed):
+    lines, markers = _jsonl_items(items)
+    groups = [lines[i::members] for i in range(members)]
+    group_markers = [markers[i::members] for i in range(members)]
+    compress = gzip.compress if codec == "gz" else zstandard.ZstdCompressor(write_checksum=True).compress
+    blobs = [compress(b"\n".join(g) + b"\n") for g in groups if g]
+    group_markers = [m for g, m in zip(groups, group_markers) if g]
+    damaged = None
+    if damage != "none":
+        damaged = min(int(where * len(blobs)), len(blobs) - 1)
+        blob = bytearray(blobs[damaged])
+        if damage == "truncate":
+            blobs = blobs[:damaged] + [bytes(blob[: max(1, int(len(blob) * where))])]
+            group_markers = group_markers[: damaged + 1]
+        else:
+            header = 10 if codec == "gz" else 6
+            for k in range(header, len(blob), 5):
+                blob[k] ^= (seed | 1)
+            blobs[damaged] = bytes(blob)
+    rows = _all_rows(f"f.jsonl.{codec}", b"".join(blobs))
+    ids = _ids(rows)
+    for index, group in enumerate(group_markers):
+        for mid in group:
+            if index == damaged:
+                assert ids.count(mid) <= 1
+            else:
+                assert ids.count(mid) == 1, (mid, index, damaged)
+    reasons = [r.reason for r in rows if isinstance(r, Rejected)]
+    if damage == "none":
+        assert not reasons
+
+
+@fuzz(N_PARQUET)
+@given(texts=st.lists(st.one_of(st.none(), st.text().map(lambda s: s.encode("utf-8", "replace").decode("utf-8"))),
+                      max_size=30),
+       groups=st.integers(1, 4), cut=st.one_of(st.none(), st.floats(0.0, 1.0)))
+def test_parquet_rows_all_accounted(tmp_path_factory, texts, groups, cut):
+    table = pa.table({"id": [f"p{i}" for i in range(len(texts))], "text": pa.array(texts, type=pa.string())})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=max(1, len(texts) // groups))
+    data = sink.getvalue()
+    if cut is not None:
+        data = data[: int(len(data) * cut)]
+    rows = _all_rows("t.parquet", data)
+    if cut is None:
+        assert _ids(rows) == [f"p{i}" for i in range(len(texts))]
+
+
+@fuzz(N_HTML)
+@given(body=st.one_of(st.text(), st.binary(max_size=2000).map(lambda b: b.decode("latin-1"))),
+       label=st.sampled_from(["utf-8", "gb2312", "shift_jis", "iso-8859-1", "euc-kr", "utf-16", "bogus", ""]),
+       bom=st.sampled_from([b"", b"\xef\xbb\xbf", b"\xff\xfe"]))
+def test_html_page_is_exactly_one_row(body, label, bom):
+    html = f"<html><head><meta charset='{label}'></head><body><p>{body}</p></body></html>"
+    for enc in ("utf-8", "gbk", "cp932", "utf-16-le"):
+        try:
+            data = bom + html.encode(enc)
+        except UnicodeEncodeError:
+            continue
+        rows = _all_rows("page.html", data)
+        assert len(rows) == 1 and _ids(rows) == ["page.html"]
+
+
+@fuzz(N_WARC)
+@given(payloads=st.lists(st.tuples(st.binary(max_size=300), st.sampled_from(["text/html", "text/plain; charset=gb2312",
+                                                                            "image/png", "text/html; charset=bogus"])),
+                         min_size=1, max_size=8),
+       gz=st.booleans(), corrupt=st.one_of(st.none(), st.integers(0, 7)), where=st.floats(0.0, 1.0),
+       seed=st.integers(1, 255))
+def test_warc_records_of_intact_members_all_come_out(payloads, gz, corrupt, where, seed):
+    members = []
+    for i, (payload, ctype) in enumerate(payloads):
+        buf = io.BytesIO()
+        writer = WARCWriter(buf, gzip=gz)
+        headers = StatusAndHeaders("200 OK", [("Content-Type", ctype)], protocol="HTTP/1.0")
+        writer.write_record(writer.create_warc_record(f"http://x.example/r{i}", "response",
+                                                      payload=io.BytesIO(payload), http_headers=headers))
+        members.append(buf.getvalue())
+    damaged = None if corrupt is None else corrupt % len(members)
+    if damaged is not None:
+        bad = bytearray(members[damaged])
+        if gz:
+            bad[10:40] = b"\xff" * 30
+        else:  # flip a stretch of bytes anywhere in the record: its header, length or payload
+            begin = int(where * (len(bad) - 1))
+            for k in range(begin, min(len(bad), begin + 24)):
+                bad[k] ^= seed
+        members[damaged] = bytes(bad)
+    rows = _all_rows("c.warc.gz" if gz else "c.warc", b"".join(members))
+    urls = [(r.doc if isinstance(r, Rejected) else r).metadata.get("url") for r in rows]
+    for i in range(len(members)):
+        count = urls.count(f"http://x.example/r{i}")
+        if damaged is None or i < damaged or (gz and i > damaged):
+            assert count == 1, (i, damaged, urls)
+        elif gz:
+            assert count == 0
+        else:
+            assert count <= 1

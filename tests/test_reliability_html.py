@@ -1,0 +1,114 @@
+"""HTML is decoded as browsers decode it (WHATWG labels, BOMs), and deeply nested pages are cleaned
+completely, with a parse tree whose depth is bounded (the cost of the tree builder grows with it)."""
+import io
+
+import pytest
+from selectolax.lexbor import LexborHTMLParser
+from warcio.statusandheaders import StatusAndHeaders
+from warcio.warcwriter import WARCWriter
+
+from dsdata.clean.html import MAX_NESTING, _outermost, cap_nesting, extract_dom
+from dsdata.io.readers import decode_html, read_local
+
+
+def _page(body: str, meta: str = "") -> str:
+    head = f"<meta charset='{meta}'>" if meta else ""
+    return f"<html><head>{head}</head><body><p>{body}</p></body></html>"
+
+
+@pytest.mark.parametrize("label, text, codec", [
+    ("gb2312", "喆镕 中文", "gbk"),                # GBK characters outside GB2312: browsers decode gb2312 as GBK
+    ("GB_2312-80", "喆", "gbk"),
+    ("shift_jis", "①～㈱", "cp932"),            # NEC extensions and U+FF5E: windows-31j
+    ("x-sjis", "①", "cp932"),
+    ("euc-kr", "똠방각하", "cp949"),             # windows-949 syllables outside EUC-KR
+    ("big5", "嘅", "big5hkscs"),                # HKSCS
+    (" Latin1 ", "“quoted” – €5", "cp1252"),    # iso-8859-1 and friends are windows-1252
+    ("iso-8859-1", "naïve “x”", "cp1252"),
+    ("ascii", "€", "cp1252"),
+])
+def test_whatwg_labels(label, text, codec):
+    data = _page(text, label).encode(codec)
+    assert text in decode_html(data)
+
+
+def test_windows_1252_undefined_bytes_are_c1_controls():
+    data = b"<html><body><p>a\x81b\x9dc</p></body></html>"
+    assert "a\x81b\x9dc" in decode_html(data, "iso-8859-1")
+
+
+@pytest.mark.parametrize("bom, codec", [(b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"), (b"\xef\xbb\xbf", "utf-8")])
+def test_byte_order_mark_wins_over_any_label(bom, codec):
+    data = bom + _page("héllo 世界", "windows-1252").encode(codec)
+    text = decode_html(data, declared="iso-8859-1")
+    assert "héllo 世界" in text and not text.startswith("\ufeff")
+
+
+def test_meta_utf16_label_means_utf8():
+    data = _page("héllo", "utf-16").encode("utf-8")
+    assert "héllo" in decode_html(data)
+
+
+def test_html_file_and_warc_record_use_whatwg_labels(tmp_path):
+    (tmp_path / "page.html").write_bytes(_page("喆镕", "gb2312").encode("gbk"))
+    (doc,) = read_local(str(tmp_path / "page.html"))
+    assert "喆镕" in doc.text
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=True)
+    headers = StatusAndHeaders("200 OK", [("Content-Type", "text/html; charset=Shift_JIS")], protocol="HTTP/1.0")
+    writer.write_record(writer.create_warc_record("http://jp.example/", "response",
+                                                  payload=io.BytesIO(_page("①～").encode("cp932")),
+                                                  http_headers=headers))
+    (tmp_path / "c.warc.gz").write_bytes(buf.getvalue())
+    (rec,) = read_local(str(tmp_path / "c.warc.gz"))
+    assert "①～" in rec.text
+
+
+# ------------------------------------------------------------------------------------- nesting
+
+
+def _tree_depth(html: str) -> int:
+    tree = LexborHTMLParser(html)
+    deepest = 0
+    stack = [(tree.root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        child = node.child
+        while child is not None:
+            stack.append((child, depth + 1))
+            child = child.next
+    return deepest
+
+
+@pytest.mark.parametrize("open_tag, close_tag", [
+    ("<div>", "</div>"), ("<div class='sidebar-wrapper content'>", "</div>"),
+    ("<main><article>", "</article></main>"), ("<section id='related-work'><h2>related work</h2>", "</section>"),
+    ("<div hidden><script>var x = '<div>';</script>", "</div>"),
+])
+def test_depth_10k_extracts_every_word_with_a_bounded_tree(open_tag, close_tag):
+    depth = 10_000
+    words = [f"w{i}" for i in range(depth)]
+    html = "<html><body>" + "".join(f"{open_tag}<p>{w}</p>" for w in words) + close_tag * depth + "</body></html>"
+    capped = cap_nesting(html)
+    assert _tree_depth(capped) <= MAX_NESTING + 8
+    text = extract_dom(html).text
+    if "hidden" in open_tag or "sidebar" in open_tag:
+        # Hidden / furniture containers are dropped whole; the first one holds the whole nest.
+        assert "w0" not in text
+    else:
+        assert set(words) <= set(text.split())
+
+
+def test_ordinary_pages_are_not_rewritten():
+    html = _page("x" * 10) + "<ul>" + "<li><a href='/a'>a</a>" * 2000 + "</ul>" + "<p>para" * 3000
+    assert cap_nesting(html) is html
+
+
+def test_outermost_of_a_deep_chain_is_its_top():
+    depth = 5000
+    tree = LexborHTMLParser("<html><body>" + "<section>" * depth + "x" + "</section>" * depth + "</body></html>")
+    nodes = tree.css("section")
+    assert len(nodes) == depth
+    (top,) = _outermost(nodes)
+    assert top.mem_id == nodes[0].mem_id
