@@ -307,3 +307,26 @@ def test_lone_surrogate_reaching_fasttext_is_one_rejected_record_not_a_dead_run(
     for row in failed.values():
         assert (row["stage"], row["reason"]) == ("lang", "error") and row["detail"].startswith("TypeError: ")
         assert "\ufffd" in row["text"]
+
+
+def test_environment_error_from_a_worker_process_is_one_line(tmp_path):
+    # On multi_processing the worker's exception comes back as text inside the runner's error.
+    _corpus(tmp_path, n=5, poison=())
+    not_a_model = tmp_path / "model.ftz"
+    not_a_model.write_bytes(b"this is not a fastText model")
+    recipe = load_recipe(str(_recipe(tmp_path, "  - lang: {}")), [f"lang.model={not_a_model}"])
+    with pytest.raises(StageEnvironmentError) as caught:
+        run_recipe(recipe, str(tmp_path / "out"), ["--direct_running_mode=multi_processing", "--direct_num_workers=1"])
+    message = str(caught.value)
+    assert "\n" not in message and "[while running" not in message
+    assert message.startswith(f"lang: '{not_a_model}' is not a fastText model")
+
+
+def test_environment_error_is_found_in_a_remote_traceback():
+    from dsdata.beam.errors import find_environment_error
+
+    remote = RuntimeError("Pipeline failed:\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+                          "dsdata.beam.errors.StageEnvironmentError: stage 'lang' cannot start: OSError: gone "
+                          "[while running 'Run']\n\nmore lines")
+    assert str(find_environment_error(remote)) == "stage 'lang' cannot start: OSError: gone"
+    assert find_environment_error(RuntimeError("something else")) is None
