@@ -50,6 +50,10 @@ def cmd_run(argv: list[str]) -> int:
                         help="input format (default: from the recipe, else from file names)")
     parser.add_argument("--set", action="append", default=[], metavar="STAGE.PARAM=VALUE",
                         help="override a recipe parameter (repeatable), e.g. --set lang.min_score=0.6")
+    parser.add_argument("--max-errors", default=None, metavar="N|P%",
+                        help="records whose processing may raise before the run fails: a count (25) or a share "
+                        "of the input (0.5%%); such records are rejected with reason 'error' and the run goes "
+                        "on (default: 0.1%%). A missing model or module always stops the run")
     parser.add_argument("--quiet", action="store_true", help="print only the final JSON stats line")
     parser.add_argument("--progress", default="auto", choices=["auto", "bar", "lines", "off"],
                         help="live progress every 10 s on long runs: a bar on a terminal (auto), "
@@ -59,9 +63,15 @@ def cmd_run(argv: list[str]) -> int:
     if bad:
         raise UserError(f"unexpected argument(s) {' '.join(bad)}; Beam options must look like --name=value")
 
+    from dsdata.beam.errors import ErrorBudget
     from dsdata.beam.pipeline import run_recipe
     from dsdata.io.outlock import check_output_dir, output_lock
     from dsdata.recipe import load_recipe
+
+    try:
+        budget = ErrorBudget.parse(args.max_errors)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
     if not args.quiet:
         logging.getLogger("dsdata").setLevel(logging.INFO)
@@ -98,7 +108,7 @@ def cmd_run(argv: list[str]) -> int:
 
     with output_lock(output) if local_output else contextlib.nullcontext():
         stats = run_recipe(recipe, output, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
-                           progress=resolve_mode(args.progress, quiet=args.quiet))
+                           max_errors=budget, progress=resolve_mode(args.progress, quiet=args.quiet))
     if not args.quiet:
         rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
         print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
@@ -273,6 +283,7 @@ def _stdout_closed() -> int:
 
 
 def cmd_dispatch(commands, argv: list[str]) -> int:
+    from dsdata.beam.errors import RunFailed
     from dsdata.beam_options import BeamOptionError
     from dsdata.io.inputs import InputPathError
     from dsdata.io.outlock import OutputDirError
@@ -298,6 +309,9 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
             BeamOptionError, OutputDirError) as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
+    except RunFailed as exc:  # the run started and cannot succeed: over the error budget, or a stage cannot run
+        print(f"dsdata: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsdata.model_limits import input_token_limit, output_token_limit
+
 DEFAULT_MODELS = {"en_zh": "Helsinki-NLP/opus-mt-en-zh", "zh_en": "Helsinki-NLP/opus-mt-zh-en"}
 
 
@@ -128,6 +130,10 @@ class Seq2SeqTranslator:
         # only prepend it when this model's vocabulary has it.
         vocab = self.tokenizer.get_vocab()
         self.source_prefix = f"{source_prefix} " if source_prefix and source_prefix in vocab else ""
+        # The model's own limits cap the configured ones (a 256-position model given max_input_tokens
+        # 512 would index past its position table).
+        self.max_input_tokens = input_token_limit(self.model.config, self.tokenizer)
+        self.max_output_tokens = output_token_limit(self.model.config)
 
     def translate(self, texts: list[str], seeds: list[int], settings: GenerationSettings, batch_size: int) -> list[str]:
         import torch
@@ -135,6 +141,8 @@ class Seq2SeqTranslator:
 
         order = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
         out: list[str] = [""] * len(texts)
+        max_input = min(x for x in (settings.max_input_tokens, self.max_input_tokens) if x is not None)
+        max_new = min(x for x in (settings.max_new_tokens, self.max_output_tokens) if x is not None)
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             encoded = self.tokenizer(
@@ -142,10 +150,10 @@ class Seq2SeqTranslator:
                 return_tensors="pt",
                 padding=True,
                 truncation=True,
-                max_length=settings.max_input_tokens,
+                max_length=max_input,
             ).to(self.device)
             kwargs: dict[str, Any] = dict(settings.extra)
-            kwargs.update(max_new_tokens=settings.max_new_tokens, do_sample=False)
+            kwargs.update(max_new_tokens=max_new, do_sample=False)
             if settings.do_sample:
                 processors = []
                 if settings.temperature != 1.0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from dataclasses import dataclass
+from time import thread_time
 from typing import Any, Iterable, Sequence
 
 import apache_beam as beam
@@ -23,12 +24,14 @@ from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
 
 from dsdata.augment.language import document_language
-from dsdata.augment.records import augmented_copy, is_selected, stable_hash
+from dsdata.augment.records import STAGE_NAME, augmented_copy, is_selected, stable_hash
 from dsdata.augment.replace import EntityReplacer, SynonymReplacer
 from dsdata.augment.sentences import Layout, split_sentences
 from dsdata.augment.similarity import chrf
 from dsdata.augment.translate import load_translator
-from dsdata.document import Document
+from dsdata.beam.errors import ERROR, environment_failure, error_rejection, first_line, is_environment_error
+from dsdata.beam.transforms import CPU_COUNTER, REJECTED, StageCounters
+from dsdata.document import Document, Rejected
 from dsdata.stages.augment import REPORT_NAME, AugmentConfig, BackTranslationConfig, ReplacementConfig
 
 METRICS_NAMESPACE = "dsdata.augment"
@@ -39,6 +42,25 @@ _OUTCOME = "outcome"
 def _count(method: str, outcome: str, n: int = 1):
     Metrics.counter(METRICS_NAMESPACE, f"{method}.{outcome}").inc(n)
     return beam.pvalue.TaggedOutput(_OUTCOME, (method, outcome, n))
+
+
+@dataclass(frozen=True)
+class TranslationFailed:
+    """The translation of a sentence whose model call raised."""
+
+    detail: str
+
+
+class _Errors(StageCounters):
+    """The augment DoFns' CPU time and their one way to fail: the copy they were making is rejected
+    (reason `error`); the original document always passes through the stage unchanged."""
+
+    def setup(self):
+        self._init_counters(STAGE_NAME)
+
+    def _failed_copy(self, doc: Document, method: str, detail: str):
+        copy = augmented_copy(doc, method, doc.text, None)
+        return self._route(self._failed(Rejected(copy, STAGE_NAME, ERROR, f"{method}: {detail}")))
 
 
 class LoadedTranslators(dict):
@@ -60,31 +82,56 @@ class TranslationHandler(ModelHandler):
             import torch
 
             torch.set_num_threads(self.config.threads)
-        return LoadedTranslators(
-            (direction, load_translator(
-                model_dir, f"model_{direction}", self.config.device,
-                self.config.target_tokens.get(direction.split("_")[1], ""),
-            ))
-            for direction, model_dir in self.config.model_dirs.items()
-        )
+        try:
+            return LoadedTranslators(
+                (direction, load_translator(
+                    model_dir, f"model_{direction}", self.config.device,
+                    self.config.target_tokens.get(direction.split("_")[1], ""),
+                ))
+                for direction, model_dir in self.config.model_dirs.items()
+            )
+        except Exception as exc:  # noqa: BLE001 - a model that cannot be loaded is no record's fault
+            raise environment_failure(STAGE_NAME, exc, " cannot start") from exc
 
-    def run_inference(self, batch: Sequence[tuple[str, str, int]], model, inference_args=None) -> Iterable[PredictionResult]:
-        translations: list[str] = [""] * len(batch)
+    def run_inference(self, batch: Sequence[tuple[str, Any, int]], model, inference_args=None) -> Iterable[PredictionResult]:
+        start = thread_time()
+        translations: list[Any] = [""] * len(batch)
         rows_by_direction: dict[str, list[int]] = defaultdict(list)
         for row, (direction, text, _seed) in enumerate(batch):
-            if text.strip():  # an empty pivot stays empty instead of becoming model noise
+            if isinstance(text, TranslationFailed):  # pass 1 failed: nothing to translate back
+                translations[row] = text
+            elif text.strip():  # an empty pivot stays empty instead of becoming model noise
                 rows_by_direction[direction].append(row)
         for direction, rows in rows_by_direction.items():
-            out = model[direction].translate(
-                [batch[r][1] for r in rows], [batch[r][2] for r in rows], self.config.settings, self.config.batch_size
-            )
-            for row, text in zip(rows, out):
+            for row, text in zip(rows, self._translate(model[direction], [batch[r] for r in rows])):
                 translations[row] = text
         Metrics.counter(METRICS_NAMESPACE, "back_translation.sentences_translated").inc(len(batch))
+        # Counted per batch (one counter lookup for many sentences), like the DoFns' per-bundle flush.
+        Metrics.counter(METRICS_NAMESPACE, CPU_COUNTER).inc(round((thread_time() - start) * 1e6))
         return [PredictionResult(example, translation) for example, translation in zip(batch, translations)]
 
-    def get_num_bytes(self, batch: Sequence[tuple[str, str, int]]) -> int:
-        return sum(len(text.encode("utf-8")) for _direction, text, _seed in batch)
+    def _translate(self, translator, examples: list[tuple[str, str, int]]) -> list[Any]:
+        """Translations of `examples`; when the batch raises, each sentence alone, and a sentence that
+        raises alone becomes a TranslationFailed (its document's copy is rejected, reason `error`)."""
+        config = self.config
+        try:
+            return translator.translate([e[1] for e in examples], [e[2] for e in examples],
+                                        config.settings, config.batch_size)
+        except Exception as exc:  # noqa: BLE001 - find the sentence(s) that raise
+            if is_environment_error(exc):
+                raise environment_failure(STAGE_NAME, exc) from exc
+        out: list[Any] = []
+        for _direction, text, seed in examples:
+            try:
+                out.extend(translator.translate([text], [seed], config.settings, 1))
+            except Exception as exc:  # noqa: BLE001
+                if is_environment_error(exc):
+                    raise environment_failure(STAGE_NAME, exc) from exc
+                out.append(TranslationFailed(first_line(exc)))
+        return out
+
+    def get_num_bytes(self, batch: Sequence[tuple[str, Any, int]]) -> int:
+        return sum(len(text.encode("utf-8")) for _direction, text, _seed in batch if isinstance(text, str))
 
     def get_metrics_namespace(self) -> str:
         return METRICS_NAMESPACE
@@ -97,7 +144,7 @@ class RoundTripPlan:
     layout: Layout
 
 
-class PlanRoundTrips(beam.DoFn):
+class PlanRoundTrips(_Errors, beam.DoFn):
     """Chosen zh/en documents → a plan (main output) and one pass-1 example per sentence."""
 
     SENTENCES = "sentences"
@@ -106,22 +153,31 @@ class PlanRoundTrips(beam.DoFn):
         self.config = config
 
     def process(self, doc: Document):
+        start = self._clock_start()
+        try:
+            outputs = self._plan(doc)
+        except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+            outputs = [_count("back_translation", "selected"), _count("back_translation", "dropped_error"),
+                       self._failed_copy(doc, "back_translation", error_rejection(doc, STAGE_NAME, exc).detail)]
+        self._clock_stop(start)
+        yield from outputs
+
+    def _plan(self, doc: Document) -> list:
         config = self.config
         lang = document_language(doc)
         if lang not in config.languages or not is_selected(config.seed, "back_translation", doc.id, config.fraction):
-            return
-        yield _count("back_translation", "selected")
+            return []
         layout = split_sentences(doc.text, config.max_sentence_chars)
         if not layout.sentences:
-            yield _count("back_translation", "skipped_no_text")
-            return
+            return [_count("back_translation", "selected"), _count("back_translation", "skipped_no_text")]
         # Duplicate ids with different texts must not share sentences: key by id and text.
         doc_key = f"{doc.id}\x1f{stable_hash(doc.text)}"
         direction = f"{lang}_{PIVOT[lang]}"
-        yield (doc_key, RoundTripPlan(doc, lang, layout))
+        out = [_count("back_translation", "selected"), (doc_key, RoundTripPlan(doc, lang, layout))]
         for index, sentence in enumerate(layout.sentences):
             seed = stable_hash(config.seed, "pass1", doc.id, index)
-            yield beam.pvalue.TaggedOutput(self.SENTENCES, ((doc_key, index), (direction, sentence, seed)))
+            out.append(beam.pvalue.TaggedOutput(self.SENTENCES, ((doc_key, index), (direction, sentence, seed))))
+        return out
 
 
 def _second_pass(keyed: tuple[tuple[str, int], PredictionResult], seed: int):
@@ -136,7 +192,7 @@ def _by_document(keyed: tuple[tuple[str, int], PredictionResult]):
     return doc_key, (index, result.inference)
 
 
-class AssembleRoundTrips(beam.DoFn):
+class AssembleRoundTrips(_Errors, beam.DoFn):
     """Plan + translated sentences → the augmented copy, if its chrF lies in the window."""
 
     def __init__(self, config: BackTranslationConfig):
@@ -149,21 +205,34 @@ class AssembleRoundTrips(beam.DoFn):
             missing = [i for i in range(len(plan.layout.sentences)) if i not in translated]
             if missing:
                 raise RuntimeError(f"augment: document {plan.doc.id!r} lost translations of sentences {missing[:5]}")
-            text = plan.layout.join([translated[i] for i in range(len(plan.layout.sentences))])
-            yield _count("back_translation", "made")
-            if not text.strip():
-                yield _count("back_translation", "dropped_empty")
-                continue
-            similarity = chrf(text, plan.doc.text)
-            if not self.config.min_sim <= similarity <= self.config.max_sim:
-                yield _count("back_translation", "dropped_out_of_window")
-                continue
-            yield _count("back_translation", "kept")
-            yield augmented_copy(plan.doc, "back_translation", text, round(similarity, 6))
+            start = self._clock_start()
+            try:
+                outputs = self._assemble(plan, [translated[i] for i in range(len(plan.layout.sentences))])
+            except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+                outputs = [_count("back_translation", "dropped_error"), self._failed_copy(
+                    plan.doc, "back_translation", error_rejection(plan.doc, STAGE_NAME, exc).detail)]
+            self._clock_stop(start)
+            yield from outputs
+
+    def _assemble(self, plan: RoundTripPlan, sentences: list[Any]) -> list:
+        failed = [s for s in sentences if isinstance(s, TranslationFailed)]
+        if failed:
+            return [_count("back_translation", "dropped_error"),
+                    self._failed_copy(plan.doc, "back_translation", failed[0].detail)]
+        text = plan.layout.join(sentences)
+        out = [_count("back_translation", "made")]
+        if not text.strip():
+            return out + [_count("back_translation", "dropped_empty")]
+        similarity = chrf(text, plan.doc.text)
+        if not self.config.min_sim <= similarity <= self.config.max_sim:
+            return out + [_count("back_translation", "dropped_out_of_window")]
+        return out + [_count("back_translation", "kept"),
+                      augmented_copy(plan.doc, "back_translation", text, round(similarity, 6))]
 
 
 class BackTranslate(beam.PTransform):
-    """PCollection[Document] → ({"docs": augmented copies, "outcomes": (method, outcome, n)})."""
+    """PCollection[Document] → {"docs": augmented copies, "outcomes": (method, outcome, n),
+    "rejected": the copies whose making raised}."""
 
     def __init__(self, config: BackTranslationConfig):
         super().__init__()
@@ -172,7 +241,7 @@ class BackTranslate(beam.PTransform):
     def expand(self, docs):
         handler = KeyedModelHandler(TranslationHandler(self.config))
         planned = docs | "Plan" >> beam.ParDo(PlanRoundTrips(self.config)).with_outputs(
-            PlanRoundTrips.SENTENCES, _OUTCOME, main="plans"
+            PlanRoundTrips.SENTENCES, _OUTCOME, REJECTED, main="plans"
         )
         back = (
             planned[PlanRoundTrips.SENTENCES]
@@ -184,36 +253,50 @@ class BackTranslate(beam.PTransform):
         assembled = (
             {"plan": planned["plans"], "back": back}
             | "Join" >> beam.CoGroupByKey()
-            | "Assemble" >> beam.ParDo(AssembleRoundTrips(self.config)).with_outputs(_OUTCOME, main="docs")
+            | "Assemble" >> beam.ParDo(AssembleRoundTrips(self.config)).with_outputs(_OUTCOME, REJECTED, main="docs")
         )
         outcomes = (planned[_OUTCOME], assembled[_OUTCOME]) | "Outcomes" >> beam.Flatten()
-        return {"docs": assembled["docs"], "outcomes": outcomes}
+        rejected = (planned[REJECTED], assembled[REJECTED]) | "Failed" >> beam.Flatten()
+        return {"docs": assembled["docs"], "outcomes": outcomes, REJECTED: rejected}
 
 
-class ReplaceTerms(beam.DoFn):
+class ReplaceTerms(_Errors, beam.DoFn):
     """Chosen documents → a copy with dictionary terms replaced (none if nothing matched)."""
 
     def __init__(self, config: ReplacementConfig):
         self.config = config
 
     def setup(self):
+        super().setup()
         replacer = SynonymReplacer if self.config.method == "synonym" else EntityReplacer
         param = "synonyms" if self.config.method == "synonym" else "entities"
-        self.replacer = replacer(self.config.path, param)
+        try:
+            self.replacer = replacer(self.config.path, param)
+        except Exception as exc:  # noqa: BLE001 - a dictionary that cannot be loaded is no record's fault
+            raise environment_failure(STAGE_NAME, exc, " cannot start") from exc
 
     def process(self, doc: Document):
         config = self.config
         if not is_selected(config.seed, config.method, doc.id, config.fraction):
             return
         yield _count(config.method, "selected")
+        start = self._clock_start()
+        try:
+            outputs = self._replace(doc)
+        except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+            outputs = [_count(config.method, "dropped_error"),
+                       self._failed_copy(doc, config.method, error_rejection(doc, STAGE_NAME, exc).detail)]
+        self._clock_stop(start)
+        yield from outputs
+
+    def _replace(self, doc: Document) -> list:
+        config = self.config
         rng = random.Random(stable_hash(config.seed, config.method, "rng", doc.id))
         result = self.replacer.apply(doc.text, rng, config.replace_prob)
         if result.replaced == 0:
-            yield _count(config.method, "skipped_no_match")
-            return
-        yield _count(config.method, "made")
-        yield _count(config.method, "kept")
-        yield augmented_copy(doc, config.method, result.text, round(chrf(result.text, doc.text), 6))
+            return [_count(config.method, "skipped_no_match")]
+        return [_count(config.method, "made"), _count(config.method, "kept"),
+                augmented_copy(doc, config.method, result.text, round(chrf(result.text, doc.text), 6))]
 
 
 def report_from_counts(counts: Iterable[tuple[tuple[str, str], int]], methods: Sequence[str]) -> dict[str, Any]:
@@ -239,8 +322,8 @@ def report_from_counts(counts: Iterable[tuple[tuple[str, str], int]], methods: S
 
 
 class Augment(beam.PTransform):
-    """The whole stage: originals plus every method's copies as "kept", nothing rejected, and the
-    outcome counts as the report (augment.json)."""
+    """The whole stage: originals plus every method's copies as "kept", the copies whose making raised
+    as "rejected", and the outcome counts as the report (augment.json)."""
 
     def __init__(self, config: AugmentConfig):
         super().__init__()
@@ -248,15 +331,18 @@ class Augment(beam.PTransform):
 
     def expand(self, docs):
         kept = [docs]
-        outcomes = []
+        outcomes, failed = [], []
         if self.config.back_translation is not None:
             out = docs | "BackTranslation" >> BackTranslate(self.config.back_translation)
             kept.append(out["docs"])
             outcomes.append(out["outcomes"])
+            failed.append(out[REJECTED])
         for config in self.config.replacements:
-            out = docs | f"Replace_{config.method}" >> beam.ParDo(ReplaceTerms(config)).with_outputs(_OUTCOME, main="docs")
+            out = docs | f"Replace_{config.method}" >> beam.ParDo(ReplaceTerms(config)).with_outputs(
+                _OUTCOME, REJECTED, main="docs")
             kept.append(out["docs"])
             outcomes.append(out[_OUTCOME])
+            failed.append(out[REJECTED])
         report = (
             outcomes
             | "AllOutcomes" >> beam.Flatten(pipeline=docs.pipeline)
@@ -265,7 +351,9 @@ class Augment(beam.PTransform):
             | "GatherOutcomes" >> beam.combiners.ToList()
             | "Report" >> beam.Map(report_from_counts, self.config.methods)
         )
-        rejected = docs | "NothingRejected" >> beam.FlatMap(lambda _doc: ())
+        # Originals are never rejected; a copy whose making raised is (reason `error`), and counts as
+        # augmented in the ledger like every derived document.
+        rejected = failed | "AllFailed" >> beam.Flatten(pipeline=docs.pipeline)
         return {"kept": kept | "AllKept" >> beam.Flatten(), "rejected": rejected, REPORT_NAME: report}
 
 

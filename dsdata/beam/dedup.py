@@ -54,12 +54,15 @@ from __future__ import annotations
 
 import logging
 import struct
+from time import thread_time
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from dsdata.beam.errors import environment_failure, is_environment_error
+from dsdata.beam.transforms import CPU_COUNTER, StageCounters
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json
@@ -115,20 +118,43 @@ def _node_hash(node: str) -> str:
     return node[-_HASH_HEX:]
 
 
-class _SignatureDoFn(beam.DoFn):
-    """Batch of documents → (node, doc), exact records and (when verifying) verification data."""
+class _SignatureDoFn(StageCounters, beam.DoFn):
+    """Batch of documents → (node, doc), exact records and (when verifying) verification data.
+
+    A batch that raises is run again one document at a time; a document that raises alone is
+    rejected (reason `error`) and takes no part in deduplication."""
 
     def __init__(self, cfg: dict[str, Any]):
         self.cfg = cfg
 
     def setup(self):
         c = self.cfg
+        self._init_counters(c["stage_name"])
         self.hasher = MinHasher(c["num_perm"], c["ngram"], c["char_ngram"], c["seed"])
         self.no_shingles = Metrics.counter("dsdata.dedup", "docs_without_shingles")
 
     def process(self, batch: list[Document]):
-        c = self.cfg
         docs = list(batch)
+        start = self._clock_start()
+        try:
+            outputs = self._outputs(docs)
+        except Exception as exc:  # noqa: BLE001 - find the document(s) that raise
+            if is_environment_error(exc):
+                raise environment_failure(self.cfg["stage_name"], exc) from exc
+            outputs = []
+            for doc in docs:
+                try:
+                    outputs.extend(self._outputs([doc]))
+                except Exception as one:  # noqa: BLE001
+                    self._in.inc()
+                    outputs.append(self._route(self._error(doc, one)))
+        self._clock_stop(start)
+        yield from outputs
+
+    def _outputs(self, docs: list[Document]) -> list:
+        """Every output of the batch, built before any is emitted so a failure emits nothing."""
+        c = self.cfg
+        out: list = []
         sigs = has = keys = shingled = distinct = None
         folded = [fold(d.text) for d in docs]
         if c["near"]:
@@ -137,24 +163,28 @@ class _SignatureDoFn(beam.DoFn):
             keys = band_keys(sigs, c["bands"], c["rows"])
             if c["verify"] == "exact":
                 distinct = self.hasher.distinct_top32(shingled)
+        no_shingles = 0
         for i, doc in enumerate(docs):
             digest = exact_hash(doc.text, folded[i])
             node = node_key(doc, digest, c["score_field"])
-            yield node, _doc_fields(doc)
+            out.append((node, _doc_fields(doc)))
             bands = None
             if c["near"] and has[i]:
                 bands = keys[i].tobytes()
                 if c["verify"] == "signature":
-                    yield beam.pvalue.TaggedOutput(_SIGNATURES, (node, (bands, sigs[i].tobytes())))
+                    out.append(beam.pvalue.TaggedOutput(_SIGNATURES, (node, (bands, sigs[i].tobytes()))))
                 elif c["verify"] == "exact":
                     # Top 32 bits of each distinct shingle hash: a chance collision inside one
                     # pair (p ≈ n²/2^33) moves its Jaccard by 1/n at most.
-                    yield beam.pvalue.TaggedOutput(_SIGNATURES, (node, (bands, distinct[i].tobytes())))
+                    out.append(beam.pvalue.TaggedOutput(_SIGNATURES, (node, (bands, distinct[i].tobytes()))))
             elif c["near"]:
-                self.no_shingles.inc()
+                no_shingles += 1
             # Without exact dedup every node is its own group: key it by the node itself.
             group = digest if c["exact"] else node.encode("utf-8")
-            yield beam.pvalue.TaggedOutput(_RECORDS, (group, (node, bands)))
+            out.append(beam.pvalue.TaggedOutput(_RECORDS, (group, (node, bands))))
+        if no_shingles:
+            self.no_shingles.inc(no_shingles)
+        return out
 
 
 class _ExactGroups(beam.DoFn):
@@ -218,21 +248,34 @@ class _VerifyComponent(beam.DoFn):
     a failed star edge), larger ones a star from their smallest node.  A pair whose set sizes alone
     rule out the threshold (J ≤ min/max) is dropped without an intersection."""
 
-    def __init__(self, threshold: float, mode: str):
-        self.threshold, self.mode = threshold, mode
+    def __init__(self, threshold: float, mode: str, stage_name: str = "dedup"):
+        self.threshold, self.mode, self.stage_name = threshold, mode, stage_name
 
     def setup(self):
+        self._cpu_counter = Metrics.counter(f"dsdata.{self.stage_name}", CPU_COUNTER)
+        self._cpu = 0.0
         self.kept = Metrics.counter("dsdata.dedup", "pairs_verified")
         self.dropped = Metrics.counter("dsdata.dedup", "pairs_below_threshold")
         self.sizes = Metrics.distribution("dsdata.dedup", "candidate_component_size")
 
+    def finish_bundle(self):
+        if self._cpu:
+            self._cpu_counter.inc(round(self._cpu * 1e6))
+            self._cpu = 0.0
+
     def process(self, item):
+        start = thread_time()
+        labels = self._verify(item)
+        self._cpu += thread_time() - start
+        yield from labels
+
+    def _verify(self, item) -> list[tuple[str, str]]:
         _, members = item
         members = sorted(members, key=lambda m: m[0])
         n = len(members)
         self.sizes.update(n)
         if n < 2:
-            return
+            return []
         nodes = [m[0] for m in members]
         data = [np.frombuffer(m[2], dtype=np.uint32) for m in members]
         sizes = [len(d) for d in data]
@@ -278,9 +321,7 @@ class _VerifyComponent(beam.DoFn):
         counts: dict[int, int] = {}
         for r in roots:
             counts[r] = counts.get(r, 0) + 1
-        for i, r in enumerate(roots):
-            if counts[r] > 1:
-                yield nodes[i], nodes[r]
+        return [(nodes[i], nodes[r]) for i, r in enumerate(roots) if counts[r] > 1]
 
 
 def _merge_exact(item):
@@ -378,48 +419,50 @@ def _cluster_sizes(item):
         yield node, (label, len(members))
 
 
-class _Decide(beam.DoFn):
+class _Decide(StageCounters, beam.DoFn):
     """Join a node's documents with its cluster decision: keep the label node, reject the rest."""
 
     def __init__(self, stage_name: str, prefix_len: int):
         self.stage_name, self.prefix_len = stage_name, prefix_len
 
     def setup(self):
-        self.ns = f"dsdata.{self.stage_name}"
-        self.n_in = stage_counter(self.ns, "in")
-        self.n_kept = stage_counter(self.ns, "kept")
-        self.n_exact = stage_counter(self.ns, "rejected.exact_duplicate")
-        self.n_near = stage_counter(self.ns, "rejected.near_duplicate")
-
-    def _reject(self, doc: Document, reason: str, detail: str):
-        (self.n_exact if reason == "exact_duplicate" else self.n_near).inc()
-        return beam.pvalue.TaggedOutput(REJECTED, Rejected(doc, self.stage_name, reason, detail))
+        self._init_counters(self.stage_name)
 
     def process(self, item):
+        start = self._clock_start()
         node, grouped = item
         docs = [Document(*fields) for fields in grouped["docs"]]
+        try:
+            outputs = self._decide(node, docs, list(grouped["decision"]))
+        except Exception as exc:  # noqa: BLE001 - the node's documents are rejected, not the run
+            outputs = [self._error(doc, exc) for doc in docs]
+        self._clock_stop(start)
+        for result in outputs:
+            self._in.inc()
+            yield self._route(result)
+
+    def _decide(self, node: str, docs: list[Document], decisions: list) -> list[Document | Rejected]:
         if not docs:
-            return
+            return []
         # Several documents can share a node key only with the same id and the same text; the
         # order among them is made deterministic so reruns keep the same one.
         docs.sort(key=lambda d: (metadata_json(d.metadata), metadata_json(d.annotations)))
-        decisions = list(grouped["decision"])
         label, size = decisions[0] if decisions else (node, 1)
         size += len(docs) - 1
         kept_id = node_id(label, self.prefix_len)
+        out: list[Document | Rejected] = []
         for i, doc in enumerate(docs):
-            self.n_in.inc()
             doc.annotations["dup_cluster"] = kept_id
             doc.annotations["dup_cluster_size"] = size
             if i == 0 and label == node:
-                self.n_kept.inc()
-                yield doc
+                out.append(doc)
             elif i > 0 or _node_hash(node) == _node_hash(label):
-                yield self._reject(doc, "exact_duplicate", f"same normalised text as kept document '{kept_id}'")
+                out.append(Rejected(doc, self.stage_name, "exact_duplicate",
+                                    f"same normalised text as kept document '{kept_id}'"))
             else:
-                yield self._reject(
-                    doc, "near_duplicate", f"near-duplicate cluster of {size} kept as document '{kept_id}'"
-                )
+                out.append(Rejected(doc, self.stage_name, "near_duplicate",
+                                    f"near-duplicate cluster of {size} kept as document '{kept_id}'"))
+        return out
 
 
 class DedupTransform(beam.PTransform):
@@ -439,7 +482,7 @@ class DedupTransform(beam.PTransform):
         out = (
             docs
             | "Batch" >> beam.BatchElements(min_batch_size=min(16, c["batch_size"]), max_batch_size=c["batch_size"])
-            | "Signatures" >> beam.ParDo(_SignatureDoFn(c)).with_outputs(_RECORDS, _SIGNATURES, main="docs")
+            | "Signatures" >> beam.ParDo(_SignatureDoFn(c)).with_outputs(_RECORDS, _SIGNATURES, REJECTED, main="docs")
         )
         exact = (
             out[_RECORDS]
@@ -463,7 +506,7 @@ class DedupTransform(beam.PTransform):
                     | "JoinComponentData" >> beam.CoGroupByKey()
                     | "ToComponent" >> beam.FlatMap(_to_component)
                     | "ComponentGroup" >> beam.GroupByKey()
-                    | "VerifyComponent" >> beam.ParDo(_VerifyComponent(c["threshold"], c["verify"]))
+                    | "VerifyComponent" >> beam.ParDo(_VerifyComponent(c["threshold"], c["verify"], c["stage_name"]))
                 )
             labels = (
                 {"near": near_labels, "members": exact["edges"] | "ByRepresentative" >> beam.Map(lambda e: (e[1], e[0]))}
@@ -484,7 +527,8 @@ class DedupTransform(beam.PTransform):
             | "JoinDocs" >> beam.CoGroupByKey()
             | "Decide" >> beam.ParDo(_Decide(c["stage_name"], prefix_len)).with_outputs(REJECTED, main=KEPT)
         )
-        return {KEPT: decided[KEPT], REJECTED: decided[REJECTED]}
+        rejected = (decided[REJECTED], out[REJECTED]) | "AllRejected" >> beam.Flatten()
+        return {KEPT: decided[KEPT], REJECTED: rejected}
 
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.transforms.stats import ApproximateQuantiles
 
+from dsdata.beam.errors import environment_failure, is_environment_error
 from dsdata.beam.transforms import KEPT, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
 from dsdata.stages.difficulty import GRADES, SUMMARY_FILE, DifficultyStage
@@ -29,15 +30,39 @@ def quantile_at(quantiles: list[float], percentile: float) -> float:
     return quantiles[lo] + (quantiles[hi] - quantiles[lo]) * (pos - lo)
 
 
-class _ScoreDoFn(beam.DoFn):
+class _ScoreDoFn(StageCounters, beam.DoFn):
+    """Batches → scored documents; a batch that raises is scored again one document at a time, and a
+    document that raises alone is rejected (reason `error`)."""
+
     def __init__(self, stage: DifficultyStage):
         self.stage = stage
 
     def setup(self):
-        self.stage.setup()
+        self._init_counters(self.stage.name)
+        self._setup_stage(self.stage)
 
     def process(self, batch: list[Document]):
-        yield from self.stage.score_batch(list(batch))
+        docs = list(batch)
+        start = self._clock_start()
+        declared = self.stage.environment_errors
+        try:
+            results: list[Document | Rejected] = list(self.stage.score_batch(docs))
+        except Exception as exc:  # noqa: BLE001 - find the document(s) that raise
+            if is_environment_error(exc, declared):
+                raise environment_failure(self.stage.name, exc) from exc
+            results = []
+            for doc in docs:
+                try:
+                    results.extend(self.stage.score_batch([doc]))
+                except Exception as one:  # noqa: BLE001
+                    results.append(self._error(doc, one, declared))
+        self._clock_stop(start)
+        for result in results:
+            if isinstance(result, Rejected):  # scored documents are counted when graded
+                self._in.inc()
+                yield self._route(result)
+            else:
+                yield result
 
 
 def _thresholds(stage: DifficultyStage):
@@ -60,14 +85,20 @@ class _GradeDoFn(StageCounters, beam.DoFn):
 
     def setup(self):
         self._init_counters(self.stage.name)
-        self.stage.setup()
+        self._setup_stage(self.stage)
 
     def process(self, doc: Document, thresholds: dict[str, dict[str, Any]]):
         self._in.inc()
-        group = self.stage.grouping_key(doc)
-        found = thresholds.get(group) or {}
-        cutoffs = self.stage.fixed_cutoffs(group) or found.get("percentile_cutoffs")
-        yield self._route(self.stage.grade(doc, cutoffs, found.get("outlier_threshold")))
+        start = self._clock_start()
+        try:
+            group = self.stage.grouping_key(doc)
+            found = thresholds.get(group) or {}
+            cutoffs = self.stage.fixed_cutoffs(group) or found.get("percentile_cutoffs")
+            result = self.stage.grade(doc, cutoffs, found.get("outlier_threshold"))
+        except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            result = self._error(doc, exc, self.stage.environment_errors)
+        self._clock_stop(start)
+        yield self._route(result)
 
 
 def _count_key(stage: DifficultyStage):
@@ -139,8 +170,9 @@ class GradeByPerplexity(beam.PTransform):
         scored = (
             docs
             | "Batch" >> beam.BatchElements(min_batch_size=min(8, stage.batch_size), max_batch_size=stage.batch_size)
-            | "Score" >> beam.ParDo(_ScoreDoFn(stage))
+            | "Score" >> beam.ParDo(_ScoreDoFn(stage)).with_outputs(REJECTED, main=KEPT)
         )
+        failed, scored = scored[REJECTED], scored[KEPT]
         thresholds = (
             scored
             | "ScoredByLang" >> beam.FlatMap(
@@ -151,15 +183,16 @@ class GradeByPerplexity(beam.PTransform):
         )
         graded = scored | "Grade" >> beam.ParDo(_GradeDoFn(stage), beam.pvalue.AsDict(thresholds)).with_outputs(
             REJECTED, main=KEPT)
+        rejected = (graded[REJECTED], failed) | "AllRejected" >> beam.Flatten()
         summary = (
-            (graded[KEPT], graded[REJECTED])
+            (graded[KEPT], rejected)
             | "Everything" >> beam.Flatten()
             | "CountKeys" >> beam.Map(_count_key(stage))
             | "Count" >> beam.combiners.Count.PerElement()
             | "Gather" >> beam.combiners.ToList()
             | "Summary" >> beam.Map(lambda counts, found: summarize(stage, counts, found), beam.pvalue.AsDict(thresholds))
         )
-        return {KEPT: graded[KEPT], REJECTED: graded[REJECTED], "stats": summary, SUMMARY_FILE: summary}
+        return {KEPT: graded[KEPT], REJECTED: rejected, "stats": summary, SUMMARY_FILE: summary}
 
 
 def composite(stage: DifficultyStage, context) -> GradeByPerplexity:

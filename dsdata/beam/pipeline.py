@@ -4,7 +4,9 @@ Output layout (other stages and the trainer build on it):
   DIR/kept/part-*.parquet       id, text, metadata (JSON), one typed column per annotation
   DIR/rejected/part-*.parquet   id, text, text_length, metadata, stage, reason, detail, annotations
   DIR/stats.json                {"input", "kept", "augmented", "rejected": {stage: {reason: n}},
-                                 "stages": {stage: {"rejected": n, "kept_after": n}}, "ledger_ok"}
+                                 "stages": {stage: {"rejected": n, "kept_after": n}}, "ledger_ok",
+                                 "errors": {"count", "by_stage", "budget", "over_budget"},
+                                 "stage_time": {stage: {"cpu_s", "docs", "docs_per_s"}}}
 """
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from dsdata.beam.errors import ErrorBudget, find_environment_error
 from dsdata.beam.kinds import ApplyStage, StageContext
-from dsdata.beam.transforms import KEPT, REJECTED, ReadDocuments
+from dsdata.beam.transforms import CPU_COUNTER, KEPT, REJECTED, ReadDocuments
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_row, kept_schema, rejected_row
 from dsdata.io.readers import READ_STAGE
 from dsdata.beam.progress import watch as watch_progress
@@ -218,25 +222,74 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     )
 
 
+def stage_times(metrics, stats: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """stats.json's "stage_time": each stage's CPU seconds (the `cpu_us` counters its DoFns flush per
+    bundle), its input documents (from the ledger) and docs per CPU-second; None when the runner
+    returned no such metrics (some runners report none), so stats.json never shows invented zeros."""
+    try:
+        counters = metrics.query(MetricsFilter().with_name(CPU_COUNTER))["counters"]
+    except Exception:  # noqa: BLE001 - a runner without metrics support
+        return None
+    cpu_us: dict[str, int] = {}
+    for item in counters:
+        namespace = item.key.metric.namespace
+        if not namespace.startswith("dsdata."):
+            continue
+        value = item.committed if item.committed is not None else item.attempted
+        stage = namespace[len("dsdata."):]
+        cpu_us[stage] = cpu_us.get(stage, 0) + int(value or 0)
+    if not cpu_us:
+        return None
+    times: dict[str, dict[str, Any]] = {}
+    docs_in = stats["input"]
+    for name in stats["stage_order"]:
+        cpu_s = cpu_us.get(name, 0) / 1e6
+        times[name] = {"cpu_s": round(cpu_s, 6), "docs": docs_in,
+                       "docs_per_s": round(docs_in / cpu_s, 1) if cpu_s > 0 else None}
+        docs_in = stats["stages"][name]["kept_after"]
+    return times
+
+
 def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] | None = None,
-               progress: str = "off") -> dict[str, Any]:
+               max_errors: str | ErrorBudget | None = None, progress: str = "off") -> dict[str, Any]:
     """Run a recipe to completion and return its stats (also written to OUTPUT/stats.json).
+
+    max_errors: how many records may be rejected with reason `error` (their processing raised):
+    a count ("25") or a share of the input ("0.1%", the default).  Over it the outputs are still
+    written, then ErrorBudgetExceeded is raised.  An environment error (a stage's setup() fails, a
+    module or model is missing) raises StageEnvironmentError.
 
     progress: "lines" / "bar" print live progress every 10 s (see dsdata.beam.progress); "off" is silent.
     OUTPUT/report.html and OUTPUT/run.json are written at the end (a report error only warns).
     """
     output = output or recipe.output
+    budget = ErrorBudget.parse(max_errors)
     stages = recipe.build_stages()
     _prepare_output(output)
     remove_report(output)
     options = pipeline_options(list(recipe.beam_args) + list(beam_args or []))
     start = time.time()
-    with watch_progress(progress, [READ_STAGE] + [s.name for s in stages]) as watcher:
-        with beam.Pipeline(options=options) as p:
-            build_pipeline(p, recipe, output, stages)
-            watcher.attach(p)
-    with FileSystems.open(FileSystems.join(output, "stats.json")) as fh:
+    try:
+        with watch_progress(progress, [READ_STAGE] + [s.name for s in stages]) as watcher:
+            with beam.Pipeline(options=options) as p:
+                build_pipeline(p, recipe, output, stages)
+                watcher.attach(p)
+    except Exception as exc:  # noqa: BLE001 - only an environment error is turned into one line
+        fatal = find_environment_error(exc)
+        if fatal is None:
+            raise
+        raise fatal from None
+    stats_path = FileSystems.join(output, "stats.json")
+    with FileSystems.open(stats_path) as fh:
         stats = json.loads(fh.read().decode("utf-8"))
+    times = stage_times(p.result.metrics(), stats)
+    if times is None:
+        stats["stage_time_unavailable"] = f"the runner ({type(p.result).__name__}) returned no metrics"
+    else:
+        stats["stage_time"] = times
+    stats["errors"] = budget.summary(stats)
+    with FileSystems.create(stats_path) as fh:
+        fh.write(json.dumps(stats, indent=2, ensure_ascii=False).encode("utf-8"))
     stats["seconds"] = round(time.time() - start, 3)
     write_report_safely(output, recipe, stages, options, stats["seconds"])
     if not stats["ledger_ok"]:
@@ -244,4 +297,5 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
             f"ledger broken in {output}/stats.json: input {stats['input']} + augmented {stats['augmented']} "
             f"!= kept {stats['kept']} + rejected {stats['rejected_total']}"
         )
+    budget.check(stats, output)
     return stats

@@ -5,19 +5,31 @@ The stage is a batched model stage; Beam runs it through RunInference rather tha
 BatchElements + DoFn so the model is shared by the threads of a worker process."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from time import thread_time
 from typing import Any, Iterable, Sequence
 
 import apache_beam as beam
+from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
-from dsdata.beam.transforms import KEPT, REJECTED, StageCounters
-from dsdata.document import Document
+from dsdata.beam.errors import ERROR, environment_failure, first_line, is_environment_error
+from dsdata.beam.transforms import CPU_COUNTER, KEPT, REJECTED, StageCounters
+from dsdata.document import Document, Rejected
 from dsdata.relevance.scorer import Scorer, load_scorer
+
+
+@dataclass(frozen=True)
+class ScoringFailed:
+    """The inference of a document whose scoring raised: _RouteByScore rejects it (reason `error`)."""
+
+    detail: str
 
 
 class RelevanceModelHandler(ModelHandler[Document, PredictionResult, Scorer]):
     """Loads the relevance model once per worker process (RunInference shares it across threads and
-    bundles) and scores whole batches of documents."""
+    bundles) and scores whole batches of documents.  A batch that raises is scored again one document
+at a time; a document that raises alone gets a ScoringFailed inference (rejected, reason `error`)."""
 
     def __init__(self, model: str, backend: str = "auto", device: str = "auto", batch_size: int = 32,
                  max_length: int | None = None, long_documents: str = "head_tail",
@@ -29,12 +41,32 @@ class RelevanceModelHandler(ModelHandler[Document, PredictionResult, Scorer]):
         self.min_batch_size, self.max_batch_size = min_batch_size, max_batch_size
 
     def load_model(self) -> Scorer:
-        return load_scorer(self.model, **self.load_options)
+        try:
+            return load_scorer(self.model, **self.load_options)
+        except Exception as exc:  # noqa: BLE001 - a model that cannot be loaded is no record's fault
+            raise environment_failure("relevance", exc, " cannot start") from exc
 
     def run_inference(self, batch: Sequence[Document], model: Scorer,
                       inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
-        scores = model.score([doc.text for doc in batch])
+        start = thread_time()
+        try:
+            scores: list[Any] = list(model.score([doc.text for doc in batch]))
+        except Exception as exc:  # noqa: BLE001 - find the document(s) that raise, one at a time
+            if is_environment_error(exc):
+                raise environment_failure("relevance", exc) from exc
+            scores = [self._score_one(model, doc) for doc in batch]
+        # Counted per batch (one counter lookup for many documents), like the DoFns' per-bundle flush.
+        Metrics.counter("dsdata.relevance", CPU_COUNTER).inc(round((thread_time() - start) * 1e6))
         return [PredictionResult(doc, score, self.model) for doc, score in zip(batch, scores)]
+
+    @staticmethod
+    def _score_one(model: Scorer, doc: Document) -> "float | ScoringFailed":
+        try:
+            return model.score([doc.text])[0]
+        except Exception as exc:  # noqa: BLE001 - this document alone raises: it is rejected, not the run
+            if is_environment_error(exc):
+                raise environment_failure("relevance", exc) from exc
+            return ScoringFailed(first_line(exc))
 
     def get_num_bytes(self, batch: Sequence[Document]) -> int:
         return sum(len(doc.text.encode("utf-8")) for doc in batch)
@@ -59,7 +91,17 @@ class _RouteByScore(StageCounters, beam.DoFn):
 
     def process(self, result: PredictionResult):
         self._in.inc()
-        yield self._route(self.stage.judge(result.example, float(result.inference)))
+        start = self._clock_start()
+        doc = result.example
+        if isinstance(result.inference, ScoringFailed):
+            out = self._failed(Rejected(doc, self.stage.name, ERROR, result.inference.detail))
+        else:
+            try:
+                out = self.stage.judge(doc, float(result.inference))
+            except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+                out = self._error(doc, exc)
+        self._clock_stop(start)
+        yield self._route(out)
 
 
 def composite(stage, context) -> "RelevanceFilter":

@@ -11,10 +11,14 @@ dsdata/stages/shards.py; the file layout: dsdata/io/shards.py.
 from __future__ import annotations
 
 import os
+from time import thread_time
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.metrics import Metrics
+
+from dsdata.beam.transforms import CPU_COUNTER, KEPT, REJECTED, StageCounters
 
 from dsdata.io import shards as shard_io
 from dsdata.stages.base import StageConfigError
@@ -58,30 +62,82 @@ def tokenizer_info(config: dict[str, Any], upstream) -> dict[str, Any]:
                            "(or set shards.tokenizer if documents already carry token ids)")
 
 
-class WriteShards(beam.PTransform):
-    """PCollection[Document] → {"kept": the same documents, "rejected": none}; writes `directory`."""
+_RECORDS = "records"
 
-    def __init__(self, config: dict[str, Any], directory: str, tokenizer: dict[str, Any]):
+
+class _ShardRecords(StageCounters, beam.DoFn):
+    """Each document stays kept and yields its shard record; one whose record cannot be made (it
+    raises) is rejected (reason `error`) and is in no shard."""
+
+    def __init__(self, default_difficulty: str, stage_name: str):
+        self.default_difficulty, self.stage_name = default_difficulty, stage_name
+
+    def setup(self):
+        self._init_counters(self.stage_name)
+
+    def process(self, doc):
+        self._in.inc()
+        start = self._clock_start()
+        try:
+            record = shard_record(doc, self.default_difficulty)
+        except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            rejected = self._error(doc, exc)
+            self._clock_stop(start)
+            yield self._route(rejected)
+            return
+        self._clock_stop(start)
+        yield beam.pvalue.TaggedOutput(_RECORDS, record)
+        yield self._route(doc)
+
+
+class _WriteShard(beam.DoFn):
+    """One shard group → its file and manifest entry; a write error (disk, permissions) stops the run."""
+
+    def __init__(self, directory: str, dtype_name: str, vocab_size: int | None, stage_name: str):
+        self.directory, self.dtype_name, self.vocab_size, self.stage_name = directory, dtype_name, vocab_size, stage_name
+
+    def setup(self):
+        self._cpu_counter = Metrics.counter(f"dsdata.{self.stage_name}", CPU_COUNTER)
+        self._cpu = 0.0
+
+    def process(self, keyed):
+        start = thread_time()
+        entry = write_shard_group(keyed, self.directory, self.dtype_name, self.vocab_size)
+        self._cpu += thread_time() - start
+        yield entry
+
+    def finish_bundle(self):
+        if self._cpu:
+            self._cpu_counter.inc(round(self._cpu * 1e6))
+            self._cpu = 0.0
+
+
+class WriteShards(beam.PTransform):
+    """PCollection[Document] → {"kept": the same documents, "rejected": those whose shard record
+    raised}; writes `directory`."""
+
+    def __init__(self, config: dict[str, Any], directory: str, tokenizer: dict[str, Any], stage_name: str = "shards"):
         super().__init__()
-        self.config, self.directory, self.tokenizer = config, directory, tokenizer
+        self.config, self.directory, self.tokenizer, self.stage_name = config, directory, tokenizer, stage_name
 
     def expand(self, docs):
         config, directory, info = self.config, self.directory, self.tokenizer
         dtype_name = shard_io.token_dtype(info["vocab_size"]).name
         extra = {"shard_size": config["shard_size"], "default_difficulty": config["default_difficulty"]}
-        records = docs | "Records" >> beam.Map(shard_record, config["default_difficulty"])
+        split = docs | "Records" >> beam.ParDo(_ShardRecords(config["default_difficulty"], self.stage_name)).with_outputs(
+            _RECORDS, REJECTED, main=KEPT)
+        records = split[_RECORDS]
         totals = (records
                   | "BucketTokens" >> beam.Map(bucket_tokens)
                   | "SumPerBucket" >> beam.CombinePerKey(sum))
         written = (records
                    | "AssignShard" >> beam.Map(assign_shard, beam.pvalue.AsDict(totals), config["shard_size"])
                    | "GroupShards" >> beam.GroupByKey()
-                   | "WriteShard" >> beam.Map(write_shard_group, directory, dtype_name, info["vocab_size"]))
+                   | "WriteShard" >> beam.ParDo(_WriteShard(directory, dtype_name, info["vocab_size"], self.stage_name)))
         (written
          | "GatherShards" >> beam.combiners.ToList()
          | "WriteManifest" >> beam.Map(write_manifest_from, directory, dtype_name, info, extra))
-        rejected = docs.pipeline | "NoRejections" >> beam.Create([])
-        return {"kept": docs, "rejected": rejected}
+        return {KEPT: split[KEPT], REJECTED: split[REJECTED]}
 
 
 def composite(stage, context) -> WriteShards:
@@ -91,4 +147,5 @@ def composite(stage, context) -> WriteShards:
         raise StageConfigError(f"shards: output '{context.run_dir}' is remote; shards are written to a local "
                                "directory (run with a local --output, then copy OUT/shards)")
     config = stage.transform_config()
-    return WriteShards(config, os.path.join(context.run_dir, SHARDS_DIR), tokenizer_info(config, context.upstream))
+    return WriteShards(config, os.path.join(context.run_dir, SHARDS_DIR), tokenizer_info(config, context.upstream),
+                       stage.name)

@@ -1,20 +1,24 @@
 """Generic Beam wrappers around the stage contract: one DoFn runs any per-document stage, another any
-batched stage, each with two tagged outputs (kept, rejected) and Beam Metrics counters per stage and
-reason; and the reader.  Which wrapper runs which stage: dsdata/beam/kinds.py."""
+batched stage, each with two tagged outputs (kept, rejected), Beam Metrics counters per stage and
+reason and the stage's CPU time; and the reader.  A record whose processing raises is rejected with
+reason `error` (dsdata/beam/errors.py).  Which wrapper runs which stage: dsdata/beam/kinds.py."""
 from __future__ import annotations
 
 import logging
+from time import thread_time
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
 
+from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, is_environment_error
 from dsdata.document import Document, Rejected
-from dsdata.io.readers import READ_STAGE, read_file
+from dsdata.io.readers import READ_STAGE, InputFormatError, read_file
 from dsdata.beam.progress import stage_counter
-from dsdata.stages.base import BatchStage, DocumentStage
+from dsdata.stages.base import BatchStage, DocumentStage, Stage
 
 log = logging.getLogger("dsdata")
 
@@ -22,14 +26,52 @@ KEPT = "kept"
 REJECTED = "rejected"
 
 
+# Per-stage CPU time: thread-local CPU seconds (correct when a worker runs bundles in several
+# threads) summed in the DoFn and added to this counter, in microseconds, once per bundle.
+CPU_COUNTER = "cpu_us"
+# One thread_time() read is a system call (~1.5 µs here, benchmarks/stage_timing.py): elements that
+# cost more than _EXACT_ABOVE_S on average are all timed; cheaper ones one in _SAMPLE_STRIDE, each
+# timed one standing for the untimed ones before it (so a stage's CPU seconds stay an unbiased
+# estimate while the clock costs a tenth of a microsecond per element).
+_EXACT_ABOVE_S = 100e-6
+_SAMPLE_STRIDE = 16
+# Errors are logged (INFO: shown unless --quiet) with the document id for the first few records of
+# each DoFn instance; the rejected rows hold them all.
+_LOGGED_ERRORS = 5
+
+
 class StageCounters:
-    """Per-stage Metrics: documents in, kept, and rejected per reason (created lazily)."""
+    """Per-stage Metrics (documents in, kept, rejected per reason), the stage's CPU time, and the
+    per-record error rule of dsdata/beam/errors.py for the DoFns that run a stage."""
 
     def _init_counters(self, stage_name: str) -> None:
+        self._stage_name = stage_name
         self._ns = f"dsdata.{stage_name}"
         self._in = stage_counter(self._ns, "in")
         self._kept = stage_counter(self._ns, "kept")
         self._reasons: dict[str, Any] = {}
+        self._cpu_counter = Metrics.counter(self._ns, CPU_COUNTER)
+        self._cpu = 0.0
+        self._untimed = 0  # elements since the last timed one, that one included
+        self._stride = 1
+        self._timed_n = 0
+        self._timed_s = 0.0
+        self._errors_logged = 0
+
+    def _clock_start(self) -> float | None:
+        """thread_time() when this element is to be timed, else None."""
+        self._untimed += 1
+        return thread_time() if self._untimed >= self._stride else None
+
+    def _clock_stop(self, start: float | None) -> None:
+        if start is None:
+            return
+        seconds = thread_time() - start
+        self._cpu += seconds * self._untimed
+        self._untimed = 0
+        self._timed_n += 1
+        self._timed_s += seconds
+        self._stride = 1 if self._timed_s > _EXACT_ABOVE_S * self._timed_n else _SAMPLE_STRIDE
 
     def _route(self, result: Document | Rejected):
         if isinstance(result, Rejected):
@@ -41,6 +83,30 @@ class StageCounters:
         self._kept.inc()
         return result
 
+    def _error(self, doc: Document, exc: BaseException, declared: tuple[type[BaseException], ...] = ()) -> Rejected:
+        """`doc` rejected with reason `error` (or StageEnvironmentError raised for an environment error)."""
+        return self._failed(error_rejection(doc, self._stage_name, exc, declared))
+
+    def _failed(self, rejected: Rejected) -> Rejected:
+        if self._errors_logged < _LOGGED_ERRORS:
+            self._errors_logged += 1
+            log.info("stage %r: document %r rejected (%s)", self._stage_name, rejected.doc.id, rejected.detail)
+        return rejected
+
+    def _setup_stage(self, stage: Stage) -> None:
+        try:
+            stage.setup()
+        except Exception as exc:  # noqa: BLE001 - whatever setup() raises, no record can be blamed
+            raise environment_failure(stage.name, exc, " cannot start") from exc
+
+    def finish_bundle(self):
+        if self._untimed and self._timed_n:  # the elements after the last timed one, at the mean cost
+            self._cpu += self._untimed * self._timed_s / self._timed_n
+        self._untimed = 0
+        if self._cpu:
+            self._cpu_counter.inc(round(self._cpu * 1e6))
+            self._cpu = 0.0
+
 
 class StageDoFn(StageCounters, beam.DoFn):
     """Runs a per-document stage (`process(doc)`): kept docs on the main output, rejections tagged."""
@@ -50,37 +116,65 @@ class StageDoFn(StageCounters, beam.DoFn):
 
     def setup(self):
         self._init_counters(self.stage.name)
-        self.stage.setup()
+        self._setup_stage(self.stage)
 
     def process(self, doc: Document):
         self._in.inc()
-        yield self._route(self.stage.process(doc))
+        start = self._clock_start()
+        try:
+            result = self.stage.process(doc)
+        except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            result = self._error(doc, exc, self.stage.environment_errors)
+        self._clock_stop(start)
+        yield self._route(result)
 
 
 class BatchStageDoFn(StageCounters, beam.DoFn):
-    """Runs a model stage (`process_batch(docs)`) over batches made by BatchElements."""
+    """Runs a model stage (`process_batch(docs)`) over batches made by BatchElements; a batch that
+    raises is run again one document at a time, so only the documents that raise alone are rejected."""
 
     def __init__(self, stage: BatchStage):
         self.stage = stage
 
     def setup(self):
         self._init_counters(self.stage.name)
-        self.stage.setup()
+        self._setup_stage(self.stage)
 
-    def process(self, batch: list[Document]):
-        self._in.inc(len(batch))
-        results = self.stage.process_batch(list(batch))
-        if len(results) != len(batch):
-            raise RuntimeError(
-                f"stage '{self.stage.name}' returned {len(results)} results for a batch of {len(batch)}: "
+    def _checked(self, docs: list[Document]) -> list[Document | Rejected]:
+        results = self.stage.process_batch(docs)
+        if len(results) != len(docs):
+            raise StageEnvironmentError(
+                f"stage '{self.stage.name}' returned {len(results)} results for a batch of {len(docs)}: "
                 "process_batch must return exactly one Document or Rejected per input"
             )
+        return results
+
+    def process(self, batch: list[Document]):
+        docs = list(batch)
+        self._in.inc(len(docs))
+        start = self._clock_start()
+        declared = self.stage.environment_errors
+        try:
+            results = self._checked(docs)
+        except Exception as exc:  # noqa: BLE001 - find the record(s) that raise, one at a time
+            if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, declared):
+                raise environment_failure(self.stage.name, exc) from exc
+            results = []
+            for doc in docs:
+                try:
+                    results.extend(self._checked([doc]))
+                except Exception as one:  # noqa: BLE001
+                    results.append(self._error(doc, one, declared))
+        self._clock_stop(start)
         for result in results:
             yield self._route(result)
 
 
 class ReadFileDoFn(StageCounters, beam.DoFn):
-    """Reads one matched file into Documents; unreadable parts become rejections (never skipped)."""
+    """Reads one matched file into Documents; unreadable parts become rejections (never skipped).
+
+    If the reader itself raises part-way, the records it yielded stay and the rest of the file
+    becomes one rejected row (reason `error`, the exception and the byte offset reached)."""
 
     def __init__(self, fmt: str = "auto", text_field: str = "text", id_field: str = "id"):
         self.fmt, self.text_field, self.id_field = fmt, text_field, id_field
@@ -97,13 +191,48 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
             return
         n = bad = 0
         with fh:
-            for result in read_file(path, fh, self.fmt, self.text_field, self.id_field):
+            records = iter(read_file(path, fh, self.fmt, self.text_field, self.id_field))
+            while True:
+                # Time only the reader: a yield hands the record to the fused stages downstream.
+                start = self._clock_start()
+                try:
+                    result = next(records)
+                except StopIteration:
+                    self._clock_stop(start)
+                    break
+                except InputFormatError:
+                    raise  # the recipe names a format this file is not in: a user error, one line
+                except Exception as exc:  # noqa: BLE001 - the reader broke on this file's content
+                    self._clock_stop(start)
+                    self._in.inc()
+                    n += 1
+                    bad += 1
+                    yield self._route(self._error(_rest_of_file(path, n, fh), exc))
+                    break
+                self._clock_stop(start)
                 self._in.inc()
                 n += 1
                 bad += isinstance(result, Rejected)
                 yield self._route(result)
         # Progress for long runs: one line per input file (the `dsdata` logger is INFO under the CLI).
         log.info("read %s: %d records (%d rejected by the reader)", path, n, bad)
+
+    def _error(self, doc: Document, exc: BaseException, declared=()) -> Rejected:
+        rejected = super()._error(doc, exc, declared)
+        offset = doc.metadata.get("offset")
+        where = f" at byte {offset}" if offset is not None else ""
+        rejected.detail = f"{rejected.detail}; the rest of the file{where} is unread"
+        return rejected
+
+
+def _rest_of_file(path: str, n: int, fh) -> Document:
+    """The stand-in record for the part of a file a reader could not get through."""
+    metadata: dict[str, Any] = {"source": path}
+    try:
+        metadata["offset"] = int(fh.tell())
+    except Exception:  # noqa: BLE001 - not every stream knows its position
+        pass
+    return Document(f"{path}:after{n - 1}", "", metadata)
 
 
 class ReadDocuments(beam.PTransform):

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
+from dsdata.model_limits import input_token_limit
+
 META_FILE = "dsdata-relevance.json"
 LONG_POLICIES = ("head_tail", "head")
 # Characters kept from each end before tokenising a very long text: no token is longer than this
@@ -163,7 +165,7 @@ class BertScorer:
     """Loads a sequence-classification model once; `score(texts)` → P(relevant) per text.
 
     device: auto (GPU when torch sees one) | cpu | cuda[:N].  max_length: window in tokens; default the
-    model's training setting, capped by its position embeddings."""
+    model's training setting, capped by its position embeddings and its tokenizer's model_max_length."""
 
     backend = "bert"
 
@@ -187,7 +189,8 @@ class BertScorer:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"cannot load a sequence classifier from '{model_dir}': {first}") from None
         self.model = model.to(self.device).eval()
-        limit = int(getattr(model.config, "max_position_embeddings", 512) or 512)
+        # The window never exceeds what the model takes: its position table and its tokenizer's limit.
+        limit = input_token_limit(model.config, self.tokenizer) or 512
         wanted = max_length or self.meta.get("max_length") or min(256, limit)
         self.windows = WindowTokenizer(self.tokenizer, min(int(wanted), limit), long_policy)
         self.batch_size = batch_size

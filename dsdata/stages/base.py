@@ -86,6 +86,10 @@ class Stage:
     params: ClassVar[dict[str, Param]] = {}
     annotations: ClassVar[dict[str, pa.DataType]] = {}
     side_outputs: ClassVar[tuple[SideOutput, ...]] = ()
+    # Exceptions that mean "this stage cannot run here" rather than "this record is bad": they stop
+    # the run with one line instead of rejecting the record (ImportError, MemoryError and
+    # StageConfigError always do; see dsdata/beam/errors.py).
+    environment_errors: ClassVar[tuple[type[Exception], ...]] = ()
 
     def __init__(self, **kwargs: Any):
         self.__dict__.update(self.check_params(kwargs, defaults=True))

@@ -1,0 +1,177 @@
+"""What a run does when code raises for one record, and when a run as a whole fails.
+
+* An exception raised while one record is read or processed (a reader's generator, a stage's
+  `process`, a model batch, a DoFn inside a composite) rejects that record: stage, reason `error`,
+  detail = the exception's first line ("TypeError: ...").  A failing batch is retried record by
+  record, so one poison record does not take its batch-mates with it.  The run goes on.
+* An *environment* error is never blamed on a record: ImportError, MemoryError, StageConfigError
+  (a missing model or file), anything raised by a stage's `setup()`, and the classes a stage
+  declares in `environment_errors`.  It stops the run with one line (StageEnvironmentError).
+* After the run, the errors are held against a budget (`--max-errors`, default 0.1 % of the input):
+  over it, the run fails with one line (ErrorBudgetExceeded) — its outputs are written first.
+
+No Beam import here: the DoFns in dsdata/beam/ apply these rules, run_recipe applies the budget.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from dsdata.document import Document, Rejected
+from dsdata.stages.base import StageConfigError
+
+ERROR = "error"
+DEFAULT_MAX_ERRORS = "0.1%"
+# Never a record's fault: the next record would fail the same way.
+ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (ImportError, MemoryError, StageConfigError)
+_DETAIL_LIMIT = 500
+
+
+class RunFailed(RuntimeError):
+    """A run that cannot (or must not) succeed, for a reason one line states."""
+
+
+class StageEnvironmentError(RunFailed):
+    """A stage cannot run in this environment (missing model or module, out of memory)."""
+
+
+class ErrorBudgetExceeded(RunFailed):
+    """More records failed with an exception than the error budget allows."""
+
+
+def first_line(exc: BaseException) -> str:
+    """'TypeError: first line of the message' — printable as UTF-8 whatever the message holds (a lone
+    surrogate from the record is escaped, since rejected rows are written as UTF-8)."""
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else ""
+    out = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    return out.encode("utf-8", "backslashreplace").decode("utf-8")[:_DETAIL_LIMIT]
+
+
+def is_environment_error(exc: BaseException, declared: tuple[type[BaseException], ...] = ()) -> bool:
+    return isinstance(exc, ENVIRONMENT_ERRORS + tuple(declared))
+
+
+def environment_failure(stage_name: str, exc: BaseException, when: str = "") -> StageEnvironmentError:
+    """The fatal one-line error for `exc`; a StageConfigError's own message already names the stage."""
+    if isinstance(exc, StageEnvironmentError):
+        return exc
+    if isinstance(exc, StageConfigError):
+        return StageEnvironmentError(first_line(exc).removeprefix("StageConfigError: "))
+    return StageEnvironmentError(f"stage '{stage_name}'{when}: {first_line(exc)}")
+
+
+def error_rejection(doc: Document, stage_name: str, exc: BaseException,
+                    declared: tuple[type[BaseException], ...] = ()) -> Rejected:
+    """`doc` rejected by `stage_name` with reason `error`; raises instead for an environment error."""
+    if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, declared):
+        raise environment_failure(stage_name, exc) from exc
+    return Rejected(_writable(doc), stage_name, ERROR, first_line(exc))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _scrub(value):
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _writable(doc: Document) -> Document:
+    """`doc`, or a copy whose lone surrogates are replaced: text that made a stage raise may be text no
+    UTF-8 encoder takes, and the rejected row must still be written (the error detail says why)."""
+    if not any(_unencodable(s) for s in (doc.id, doc.text)) and not _unencodable(
+            json.dumps([doc.metadata, doc.annotations], ensure_ascii=False, default=str)):
+        return doc
+    return Document(_scrub(doc.id), _scrub(doc.text), _scrub(doc.metadata), _scrub(doc.annotations), doc.derived_from)
+
+
+_WHILE_RUNNING = re.compile(r"\s*\[while running '[^']*'\]\s*$")
+_NAMED = re.compile(r"StageEnvironmentError: (.+)")
+
+
+def find_environment_error(exc: BaseException) -> StageEnvironmentError | None:
+    """The StageEnvironmentError behind a runner's exception: the object itself on in-process runners
+    (Beam re-raises it with "[while running 'STEP']" appended), its text inside the traceback a remote
+    worker sent back on the others."""
+    seen = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, StageEnvironmentError):
+            return StageEnvironmentError(_WHILE_RUNNING.sub("", str(current).splitlines()[0] if str(current) else ""))
+        current = current.__cause__ or current.__context__
+    match = _NAMED.search(str(exc))
+    if match:
+        return StageEnvironmentError(_WHILE_RUNNING.sub("", match.group(1)))
+    return None
+
+
+@dataclass(frozen=True)
+class ErrorBudget:
+    """How many records may fail with an exception before a run fails: a share of the input
+    (`fraction`, from "0.1%") or a count (`count`, from "25")."""
+
+    text: str
+    fraction: float | None = None
+    count: int | None = None
+
+    @classmethod
+    def parse(cls, value: "str | int | ErrorBudget | None") -> "ErrorBudget":
+        if isinstance(value, ErrorBudget):
+            return value
+        text = DEFAULT_MAX_ERRORS if value is None else str(value).strip()
+        try:
+            if text.endswith("%"):
+                pct = float(text[:-1])
+                if not 0 <= pct <= 100:
+                    raise ValueError
+                return cls(text, fraction=pct / 100)
+            count = int(text)
+            if count < 0:
+                raise ValueError
+            return cls(text, count=count)
+        except ValueError:
+            raise ValueError(f"--max-errors must be a count (e.g. 25) or a percentage of the input "
+                             f"between 0% and 100% (e.g. 0.1%), got {text!r}") from None
+
+    def allowed(self, n_input: int) -> float:
+        return self.count if self.count is not None else self.fraction * n_input
+
+    def describe(self, n_input: int) -> str:
+        if self.count is not None:
+            return f"{self.count} record{'s' if self.count != 1 else ''}"
+        allowed = int(self.allowed(n_input))
+        return f"{self.text} of {n_input} input records ({allowed} record{'s' if allowed != 1 else ''})"
+
+    def check(self, stats: dict, output: str) -> None:
+        """Raise ErrorBudgetExceeded when stats' errors (reason `error`, every stage) exceed the budget."""
+        n_errors = stats["errors"]["count"]
+        n_input = stats["input"]
+        if n_errors > self.allowed(n_input):
+            share = 100.0 * n_errors / n_input if n_input else 100.0
+            raise ErrorBudgetExceeded(
+                f"{n_errors} record{'s' if n_errors != 1 else ''} ({share:.3g} %) failed with an exception, "
+                f"over the budget of {self.describe(n_input)}; see {output}/rejected (reason {ERROR})"
+            )
+
+    def summary(self, stats: dict) -> dict:
+        """stats.json's "errors": the count of records rejected with reason `error`, by stage, and the budget."""
+        by_stage = {stage: reasons[ERROR] for stage, reasons in stats["rejected"].items() if ERROR in reasons}
+        n_errors = sum(by_stage.values())
+        return {"count": n_errors, "by_stage": by_stage, "budget": self.text,
+                "over_budget": n_errors > self.allowed(stats["input"])}
