@@ -375,37 +375,23 @@ def stage_time_chart(rows: list[tuple[str, float, float | None]]) -> str:
         ax.text(sec, yi, f" {sec:.2f} s" + (f", {rate:.0f} docs/s" if rate else ""), va="center", fontsize=8)
     ax.set_yticks(y, [r[0] for r in rows])
     ax.set_xlim(0, max([r[1] for r in rows] + [1e-9]) * 1.35)
-    ax.set_xlabel("seconds")
-    ax.set_title("Time per stage")
+    ax.set_xlabel("CPU seconds (all workers)")
+    ax.set_title("CPU time per stage")
     return _png(fig)
 
 
 def stage_times(stats: dict[str, Any]) -> list[tuple[str, float, float | None]]:
-    """(stage, seconds, docs/s) from stats.json's per-stage timing, whichever shape it has; [] if absent.
-
-    Accepts {"stage_time": {stage: seconds}} or {stage: {"seconds": s, "docs_per_s": r, ...}}
-    (also under the keys "stage_seconds" / "timing").
-    """
-    timing = stats.get("stage_time") or stats.get("stage_seconds") or stats.get("timing") or {}
+    """(stage, CPU seconds, docs/s) from stats.json's "stage_time" ({stage: {"cpu_s", "docs",
+    "docs_per_s"}}, written by every run whose runner returns metrics); [] when absent."""
+    timing = stats.get("stage_time")
     if not isinstance(timing, dict):
         return []
     rows = []
     for stage, value in timing.items():
-        if isinstance(value, (int, float)):
-            sec, rate = float(value), None
-        elif isinstance(value, dict):
-            sec = value.get("seconds", value.get("wall_s", value.get("time_s")))
-            rate = value.get("docs_per_s", value.get("docs_per_second"))
-            if not isinstance(sec, (int, float)):
-                continue
-            sec = float(sec)
-        else:
+        if not isinstance(value, dict) or not isinstance(value.get("cpu_s"), (int, float)):
             continue
-        if rate is None and sec > 0:
-            n = (stats.get("stages", {}).get(stage) or {})
-            docs_in = n.get("kept_after", 0) + n.get("rejected", 0)
-            rate = docs_in / sec if docs_in else None
-        rows.append((str(stage), sec, float(rate) if rate else None))
+        rate = value.get("docs_per_s")
+        rows.append((str(stage), float(value["cpu_s"]), float(rate) if isinstance(rate, (int, float)) and rate else None))
     return rows
 
 
