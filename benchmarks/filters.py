@@ -6,7 +6,9 @@ real en+zh documents, with the language-ID model loaded from the same local lid.
              + FineWeb, CJK-aware)                        — `python3 -m dsdata.cli run`, 1 worker
   datatrove  JsonlReader → LanguageFilter(en, zh) → GopherRepetitionFilter → GopherQualityFilter
              → C4QualityFilter → FineWebQualityFilter → JsonlWriter (defaults; the same rule
-             families) — LocalPipelineExecutor, 1 task, in the peers' venv (benchmarks/peer_venv.py)
+             families as dsdata's rules stage) — LocalPipelineExecutor, 1 task, in the peers' venv
+             (benchmarks/peer_venv.py); --without-fineweb adds a run of the same chain without
+             FineWebQualityFilter (the chain issue 15 first measured)
 
 Documents: pipelines/samples/docs.jsonl (178 real articles, many languages) and the documents of
 ../shared/data/prose-en.txt and prose-zh.txt (blank-line separated; 5,528), 12 MB in all.  Both
@@ -16,7 +18,7 @@ a shared machine where wall time measures the neighbours.  Then dsdata's stages 
 in-process (each stage class's process()/process_batch() on the documents that reach it) for a
 per-stage breakdown; what is left of the end-to-end CPU time is start-up, reading, Beam and Parquet.
 
-usage: python3 benchmarks/filters.py [--repeat 1] [--limit N]
+usage: python3 benchmarks/filters.py [--repeat 1] [--limit N] [--without-fineweb]
 Last line: one JSON object.
 """
 from __future__ import annotations
@@ -48,15 +50,15 @@ from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import JsonlWriter
 import datatrove.utils.lid
 
-data_dir, out_dir, log_dir, model_path = sys.argv[1:5]
+data_dir, out_dir, log_dir, model_path, with_fineweb = sys.argv[1:6]
 # The same local lid.176.ftz as dsdata, never a download (the executor deep-copies the pipeline,
 # so the model is handed over by path, where datatrove would fetch it).
 datatrove.utils.lid.cached_asset_path_or_download = lambda *args, **kwargs: model_path
 lid = LanguageFilter(languages=["en", "zh"])
 executor = LocalPipelineExecutor(
     pipeline=[JsonlReader(data_dir, glob_pattern="docs.jsonl"), lid, GopherRepetitionFilter(),
-              GopherQualityFilter(), C4QualityFilter(), FineWebQualityFilter(),
-              JsonlWriter(out_dir, compression=None)],
+              GopherQualityFilter(), C4QualityFilter()] + ([FineWebQualityFilter()] if with_fineweb == "1" else [])
+             + [JsonlWriter(out_dir, compression=None)],
     tasks=1, workers=1, logging_dir=log_dir)
 executor.run()
 import glob, os
@@ -112,10 +114,10 @@ def run_dsdata(work: Path, model: str) -> tuple[set[str], float, float]:
     return kept, cpu, wall
 
 
-def run_datatrove(py: Path, work: Path, model: str, round_no: int) -> tuple[set[str], float, float, dict]:
-    out, logs = work / f"dt-out-{round_no}", work / f"dt-logs-{round_no}"
+def run_datatrove(py: Path, work: Path, model: str, run_name: str, fineweb: bool = True) -> tuple[set[str], float, float, dict]:
+    out, logs = work / f"dt-out-{run_name}", work / f"dt-logs-{run_name}"
     proc, cpu, wall = peer_venv.timed_child(
-        [str(py), "-c", DATATROVE_RUN, str(work), str(out), str(logs), model],
+        [str(py), "-c", DATATROVE_RUN, str(work), str(out), str(logs), model, "1" if fineweb else "0"],
         env={**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1"},
     )
     result = peer_venv.last_json(proc.stdout)
@@ -181,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1,
                     help="interleaved end-to-end runs of each, median (datatrove takes ~1 CPU-minute per run)")
     ap.add_argument("--limit", type=int, default=0, help="use the first N documents (default: all)")
+    ap.add_argument("--without-fineweb", action="store_true",
+                    help="also run datatrove without its FineWeb filter (the chain issue 15 measured)")
     args = ap.parse_args(argv)
     if not (SHARED / "prose-en.txt").is_file():
         print(f"error: shared data not found at {SHARED}", file=sys.stderr)
@@ -206,8 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         for round_no in range(max(1, args.repeat)):
             kept["dsdata"], cpu, wall = run_dsdata(work, model)
             runs["dsdata"].append((cpu, wall))
-            kept["datatrove"], cpu, wall, datatrove_steps = run_datatrove(py, work, model, round_no)
+            kept["datatrove"], cpu, wall, datatrove_steps = run_datatrove(py, work, model, str(round_no))
             runs["datatrove"].append((cpu, wall))
+            if args.without_fineweb:
+                kept["datatrove-no-fineweb"], cpu, wall, _ = run_datatrove(py, work, model, f"nf{round_no}", False)
+                runs.setdefault("datatrove-no-fineweb", []).append((cpu, wall))
             print(f"round {round_no + 1}: " + ", ".join(
                 f"{name} {runs[name][-1][0]:.1f} CPU-s / {runs[name][-1][1]:.1f} s wall" for name in runs))
         breakdown = stage_breakdown(recs, model)
@@ -228,10 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     peer["steps_wall_s"] = datatrove_steps
     ratio = {"per_core": round(ours["docs_per_cpu_s"] / peer["docs_per_cpu_s"], 2),
              "wall": round(ours["docs_per_s"] / peer["docs_per_s"], 2)}
-    print(f"{'':>10} {'CPU-s':>8} {'docs/CPU-s':>11} {'MB/CPU-s':>9} {'docs/s':>8} {'MB/s':>7}  kept (en / zh / other)")
+    if "datatrove-no-fineweb" in results:
+        ratio["per_core_vs_no_fineweb"] = round(ours["docs_per_cpu_s"] / results["datatrove-no-fineweb"]["docs_per_cpu_s"], 2)
+    print(f"{'':>20} {'CPU-s':>8} {'docs/CPU-s':>11} {'MB/CPU-s':>9} {'docs/s':>8} {'MB/s':>7}  kept (en / zh / other)")
     for name, r in results.items():
         k = r["kept_by_lang"]
-        print(f"{name:>10} {r['cpu_s']:8.2f} {r['docs_per_cpu_s']:11.1f} {r['mb_per_cpu_s']:9.3f} "
+        print(f"{name:>20} {r['cpu_s']:8.2f} {r['docs_per_cpu_s']:11.1f} {r['mb_per_cpu_s']:9.3f} "
               f"{r['docs_per_s']:8.1f} {r['mb_per_s']:7.3f}  {r['kept']} ({k['en']} / {k['zh']} / {k['other']})")
     print("dsdata per stage (in-process, CPU-s): " + ", ".join(
         f"{name} {row['cpu_s']}" + (f" ({row['docs_per_cpu_s']} docs/CPU-s)" if "docs_per_cpu_s" in row else "")
@@ -239,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     rules_row = breakdown["rules"]
     print(f"CJK documents at the rules stage: {rules_row['cjk_docs']}, verdicts equal to the pure-Python reference: "
           f"{rules_row['cjk_verdicts_equal_reference']}; datatrove's own step times (wall s): {datatrove_steps}")
+    if "per_core_vs_no_fineweb" in ratio:
+        print(f"dsdata ÷ datatrove without FineWeb: {ratio['per_core_vs_no_fineweb']}x docs per CPU-second")
     print(f"dsdata ÷ datatrove: {ratio['per_core']}x docs per CPU-second (per core), {ratio['wall']}x docs/s wall "
           f"(target ≥ 5x per core: {'met' if ratio['per_core'] >= 5 else 'not met'})")
     print(json.dumps({"benchmark": "filters", "docs": len(recs), "mb": round(mb, 2), "repeat": args.repeat,

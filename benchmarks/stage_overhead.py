@@ -14,7 +14,10 @@ document), on the in-process FnApiRunner, four ways:
 
 and, for the write path, read → `beam.Map(kept_row, names)` (how pipeline.py builds Parquet rows:
 an extra positional argument makes Beam take its general invoker, which inspects the arguments of
-every call) against read → `beam.Map(partial)` of the same function (Beam's simple invoker).
+every call) against read → `beam.Map(partial)` of the same function (Beam's simple invoker); and
+the Parquet write itself: read → Map(kept_row) → WriteToParquet (row dicts, as pipeline.py writes
+kept/) against read → BatchElements → one pyarrow Table per batch → WriteToParquetBatched (same
+schema, same rows).
 
 Printed: CPU-seconds of each run, the wrapper's cost per document per stage in microseconds
 ((run − read-only) / N / K), and the ratios.  A cProfile of the `stagedofn` run (--profile) shows
@@ -41,12 +44,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import apache_beam as beam  # noqa: E402
+import pyarrow as pa  # noqa: E402
 from apache_beam.metrics import Metrics  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from dsdata.beam.pipeline import DEFAULT_RUNNER  # noqa: E402
 from dsdata.beam.transforms import KEPT, REJECTED, ReadDocuments, StageDoFn  # noqa: E402
-from dsdata.document import Document, Rejected, kept_row  # noqa: E402
+from dsdata.document import Document, Rejected, kept_row, kept_schema  # noqa: E402
 from dsdata.stages.base import Stage  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
@@ -106,6 +110,7 @@ def write_docs(path: Path, n: int) -> None:
 
 
 def run(kind: str, data: Path, k: int, profile: bool = False) -> tuple[float, int, str]:
+    out_dir = data.parent
     """CPU seconds of one pipeline run, the number of documents counted at the end, a profile."""
     prof = cProfile.Profile(time.process_time) if profile else None
     cpu = time.process_time()
@@ -129,6 +134,14 @@ def run(kind: str, data: Path, k: int, profile: bool = False) -> tuple[float, in
         docs = docs | "rows" >> beam.Map(kept_row, ["a", "b"])
     elif kind == "map-partial":
         docs = docs | "rows" >> beam.Map(functools.partial(kept_row, annotation_names=["a", "b"]))
+    elif kind == "parquet-rows":
+        rows = docs | "rows" >> beam.Map(kept_row, [])
+        rows | "write" >> beam.io.WriteToParquet(str(out_dir / "rows" / "part"), kept_schema({}), file_name_suffix=".parquet")
+    elif kind == "parquet-batched":
+        schema = kept_schema({})
+        tables = (docs | "batch" >> beam.BatchElements(min_batch_size=256, max_batch_size=4096)
+                  | "table" >> beam.Map(lambda batch: pa.Table.from_pylist([kept_row(d, []) for d in batch], schema=schema)))
+        tables | "write" >> beam.io.WriteToParquetBatched(str(out_dir / "batched" / "part"), schema, file_name_suffix=".parquet")
     counted = docs | beam.combiners.Count.Globally()
     counted | beam.Map(lambda n: Metrics.counter("bench", "counted").inc(n))
     result = p.run()
@@ -154,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="interleaved runs of each (best kept)")
     ap.add_argument("--profile", action="store_true", help="print a cProfile (CPU time) of the stagedofn run")
     args = ap.parse_args(argv)
-    kinds = ["read-only", "stagedofn", "per-bundle", "fused", "map-extra-arg", "map-partial"]
+    kinds = ["read-only", "stagedofn", "per-bundle", "fused", "map-extra-arg", "map-partial", "parquet-rows",
+             "parquet-batched"]
     best = {k: float("inf") for k in kinds}
     with tempfile.TemporaryDirectory(prefix="dsdata-overhead-") as tmp:
         data = Path(tmp) / "docs.jsonl"
@@ -174,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     print("wrapper cost per document per stage (µs): " + ", ".join(f"{kind} {v}" for kind, v in per_doc_stage.items()))
     ratio = {kind: round(per_doc_stage["stagedofn"] / max(per_doc_stage[kind], 1e-9), 2) for kind in ("per-bundle", "fused")}
     print(f"stagedofn cost ÷ variant cost: {ratio}")
-    print("Parquet-row Map cost per document (µs): " + ", ".join(f"{kind} {v}" for kind, v in per_doc_row.items()))
+    print("write-path cost per document (µs): " + ", ".join(f"{kind} {v}" for kind, v in per_doc_row.items()))
     print(json.dumps({"benchmark": "stage_overhead", "docs": n, "stages": k,
                       "cpu_s": {kind: round(v, 3) for kind, v in best.items()},
                       "us_per_doc_per_stage": per_doc_stage, "stagedofn_over_variant": ratio,
