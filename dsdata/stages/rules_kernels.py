@@ -15,8 +15,10 @@ so "the first of the most frequent n-grams" (what `Counter.most_common(1)` retur
 the smallest class with the highest count, and the fractions are the same integer ratios
 count·chars / total_chars, divided in Python as the reference does.
 
-Cost: one table pass per n-gram size in the plan (9 for the default Latin sizes 2…10, 11 for the CJK
-sizes 4, 6, …, 20 because each size reuses a shorter one), instead of building a tuple per n-gram.
+Cost: one pass per n-gram size in the plan (9 for the default Latin sizes 2…10, 11 for the CJK
+sizes 4, 6, …, 20 because each size reuses a shorter one), instead of building a tuple per n-gram;
+a position whose left or right part occurs once in the document is unique without a lookup, so in
+prose the table is only touched for the few n-grams that can repeat.
 `cache=True` keeps the machine code beside this file (or in numba's user cache when the package
 directory is read-only): the first run in a fresh environment compiles for a few seconds, later
 processes load it in a fraction of a second.
@@ -46,10 +48,12 @@ def _ngram_char_counts(tok, tok_len, plan, sizes, top_slots, dup_slots):
     for i in range(n_tok):
         prefix[i + 1] = prefix[i] + tok_len[i]
     classes = np.empty((n_slots, max(n_tok, 1)), np.int32)
+    freq = np.zeros((n_slots, max(n_tok, 1)), np.int32)  # occurrences of each class
     n_classes = np.zeros(n_slots, np.int64)
     vocab = 0
     for i in range(n_tok):
         classes[0, i] = tok[i]
+        freq[0, tok[i]] += 1
         if tok[i] >= vocab:
             vocab = tok[i] + 1
     n_classes[0] = vocab
@@ -73,17 +77,29 @@ def _ngram_char_counts(tok, tok_len, plan, sizes, top_slots, dup_slots):
         keys[:] = -1
         count = 0
         for i in range(width):
-            key = np.int64(classes[left, i]) * radix + classes[right, i + offset]
+            a = classes[left, i]
+            b = classes[right, i + offset]
+            if freq[left, a] == 1 or freq[right, b] == 1:
+                # A part that occurs once in the document makes the whole n-gram unique: a new
+                # class without a table lookup (in prose most n-grams of 3+ words take this path).
+                classes[out, i] = count
+                freq[out, count] = 1
+                count += 1
+                continue
+            key = np.int64(a) * radix + b
             h = np.int64((np.uint64(key) * _FIB) >> shift)
             while True:
                 k = keys[h]
                 if k == key:
-                    classes[out, i] = vals[h]
+                    c = vals[h]
+                    classes[out, i] = c
+                    freq[out, c] += 1
                     break
                 if k == -1:
                     keys[h] = key
                     vals[h] = count
                     classes[out, i] = count
+                    freq[out, count] = 1
                     count += 1
                     break
                 h = (h + 1) & mask
@@ -93,29 +109,23 @@ def _ngram_char_counts(tok, tok_len, plan, sizes, top_slots, dup_slots):
     for t in range(top_slots.shape[0]):
         slot = top_slots[t]
         n = sizes[slot]
-        width = n_tok - n + 1
-        if width <= 0:
+        if n_tok - n + 1 <= 0:
             continue
-        counts = np.zeros(n_classes[slot], np.int64)
-        first = np.empty(n_classes[slot], np.int64)
-        for i in range(width):
-            c = classes[slot, i]
-            if counts[c] == 0:
-                first[c] = i
-            counts[c] += 1
         best = 0
         for c in range(1, n_classes[slot]):
-            if counts[c] > counts[best]:  # strict: a tie keeps the earlier n-gram, as most_common does
+            if freq[slot, c] > freq[slot, best]:  # strict: a tie keeps the earlier n-gram, as most_common does
                 best = c
-        start = first[best]
-        top_chars[t] = counts[best] * (prefix[start + n] - prefix[start])
+        start = 0
+        while classes[slot, start] != best:  # its first occurrence
+            start += 1
+        top_chars[t] = np.int64(freq[slot, best]) * (prefix[start + n] - prefix[start])
 
     dup_chars = np.zeros(dup_slots.shape[0], np.int64)
     for t in range(dup_slots.shape[0]):
         slot = dup_slots[t]
         n = sizes[slot]
-        if n_tok - n + 1 <= 0:
-            continue
+        if n_tok - n + 1 <= 0 or n_classes[slot] == n_tok - n + 1:
+            continue  # no n-gram at all, or every one unique: nothing repeats
         seen = np.zeros(n_classes[slot], np.bool_)
         total = 0
         i = 0
