@@ -13,6 +13,7 @@ pytest.importorskip("numba")
 from dsdata.document import Document, Rejected  # noqa: E402
 from dsdata.stages import rules  # noqa: E402
 from dsdata.stages.rules import QualityRulesStage, _dup_ngram_char_frac, _top_ngram_char_frac  # noqa: E402
+from dsdata.stages import rules_kernels  # noqa: E402
 from dsdata.stages.rules_kernels import ngram_char_fractions  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[1] / "pipelines" / "samples" / "docs.jsonl"
@@ -23,17 +24,42 @@ def reference(tokens, top_ns, dup_ns):
 
 
 # Few distinct tokens so that n-grams repeat, overlap and tie; mixed lengths so a tie between two
-# n-grams of different character counts shows which one was picked; a token whose lower-case form
-# is longer (İ) and CJK characters as in the CJK path.
-VOCAB = ["a", "bb", "the", "ccc", "İstanbul", "of", "安", "装", "系统", "。", "x" * 13]
+# n-grams of different character counts shows which one was picked; tokens whose lower-case form
+# is longer (İ) or depends on the position in the word (final sigma), ones equal only after
+# lower-casing (The/the), and CJK characters as in the CJK path.
+VOCAB = ["a", "bb", "the", "The", "ccc", "İstanbul", "ΟΔΟΣ", "Σ", "ΣΑ", "of", "安", "装", "系统", "。", "x" * 13]
 tokens_st = st.lists(st.sampled_from(VOCAB), max_size=400)
 sizes_st = st.lists(st.integers(1, 22), max_size=8)
 
 
 @settings(max_examples=400, deadline=None)
-@given(tokens_st, sizes_st, sizes_st)
-def test_fractions_equal_reference_on_generated_tokens(tokens, top_ns, dup_ns):
-    assert ngram_char_fractions(tokens, top_ns, dup_ns) == reference(tokens, top_ns, dup_ns)
+@given(tokens_st, sizes_st, sizes_st, st.booleans())
+def test_fractions_equal_reference_on_generated_tokens(tokens, top_ns, dup_ns, lower):
+    expected = reference([t.lower() for t in tokens] if lower else tokens, top_ns, dup_ns)
+    assert ngram_char_fractions(tokens, top_ns, dup_ns, lower=lower) == expected
+
+
+# Any non-empty run of non-whitespace characters: what the rules stage's words are.
+word_st = st.text(min_size=1, max_size=6).filter(lambda w: not any(ch.isspace() for ch in w))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(word_st, max_size=30))
+def test_lowering_the_joined_tokens_lowers_each_token(tokens):
+    # Why the kernel may lower-case one space-joined string instead of every token: the space
+    # bounds the final-sigma context as a token's ends do, and nothing lower-cases to a space.
+    assert " ".join(tokens).lower().split(" ") == ([t.lower() for t in tokens] if tokens else [""])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(word_st, max_size=60), st.lists(st.integers(1, 6), min_size=1, max_size=4))
+def test_fractions_equal_reference_on_arbitrary_unicode_words(words_, sizes):
+    # Arbitrary code points (surrogates, combining marks, astral planes) through the code-point
+    # hashing of the tokens; repeats made by doubling the list.
+    tokens = words_ + words_[: len(words_) // 2]
+    for lower in (False, True):
+        expected = reference([t.lower() for t in tokens] if lower else tokens, sizes, sizes)
+        assert ngram_char_fractions(tokens, sizes, sizes, lower=lower) == expected
 
 
 @settings(max_examples=200, deadline=None)
@@ -52,6 +78,25 @@ def test_distinct_ngrams_never_merge():
     top, dup = ngram_char_fractions(tokens, [2, 3], [5, 10])
     assert dup == [0.0, 0.0]
     assert (top, dup) == reference(tokens, [2, 3], [5, 10])
+
+
+def fnv1a(word):
+    h = int(rules_kernels._FNV_OFFSET)
+    for ch in word:
+        h = ((h ^ ord(ch)) * int(rules_kernels._FNV_PRIME)) % 2**64
+    return h
+
+
+def test_tokens_with_the_same_64_bit_hash_stay_apart():
+    # Two different 3-character tokens with the same FNV-1a hash (found by a birthday search over
+    # 6 million 2-character prefixes, then a third character fixing the low bits).  Had the kernel
+    # trusted the hash, they would be one token and the duplicated fraction would not be 0.
+    a, b = "".join(map(chr, (906395, 615564, 0x100))), "".join(map(chr, (906398, 617134, 614079)))
+    assert a != b and fnv1a(a) == fnv1a(b)
+    tokens = [a, b, "x", "y", a, b, "z", "w"]
+    assert ngram_char_fractions(tokens, [1, 2], [2, 3]) == reference(tokens, [1, 2], [2, 3])
+    alternating = [a, b] * 10
+    assert ngram_char_fractions(alternating, [1], [1]) == reference(alternating, [1], [1]) == ([0.5], [0.9])
 
 
 def test_de_bruijn_tokens_distinguish_n_from_n_minus_1():

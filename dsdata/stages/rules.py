@@ -285,16 +285,16 @@ class QualityRulesStage(Stage):
         for limit, value, reason in checks:
             if limit is not None and value > limit:
                 return reason, f"{value:.3f} > {limit}"
-        toks = m.non_symbol if m.cjk else [w.lower() for w in m.non_symbol]
         scale = 2 if m.cjk else 1
         top = sorted(self.top_ngram_max_ratio.items())
         dup = sorted(self.dup_ngram_max_ratio.items())
         kernels = _repetition_kernels()
         if kernels is not None and all(n * scale >= 1 for n, _ in top + dup):
             top_values, dup_values = kernels.ngram_char_fractions(
-                toks, [n * scale for n, _ in top], [n * scale for n, _ in dup]
+                m.non_symbol, [n * scale for n, _ in top], [n * scale for n, _ in dup], lower=not m.cjk
             )
         else:  # the reference, lazily: a rejection at a small n skips the larger ones
+            toks = m.non_symbol if m.cjk else [w.lower() for w in m.non_symbol]
             top_values = (_top_ngram_char_frac(toks, n * scale) for n, _ in top)
             dup_values = (_dup_ngram_char_frac(toks, n * scale) for n, _ in dup)
         for (n, limit), value in zip(top, top_values):

@@ -165,16 +165,102 @@ def _plan(wanted: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, dict[int, in
     return np.array(rows, np.int64).reshape(-1, 2), sizes, slot_of
 
 
-def ngram_char_fractions(tokens: list[str], top_ns: list[int], dup_ns: list[int]) -> tuple[list[float], list[float]]:
-    """The rules stage's top n-gram and duplicated n-gram character fractions of `tokens`, for each
-    n in top_ns and dup_ns (every n ≥ 1) — equal to `_top_ngram_char_frac(tokens, n)` and
-    `_dup_ngram_char_frac(tokens, n)`."""
-    index: dict[str, int] = {}
-    ids = np.fromiter([index.setdefault(t, len(index)) for t in tokens], np.int32, len(tokens))
-    lengths = np.fromiter(map(len, index), np.int64, len(index))[ids] if tokens else np.zeros(0, np.int64)
+_SPACE = 32
+# FNV-1a over code points: the token hash (a match is always confirmed by comparing code points).
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _token_ids(cps):
+    """(dense token ids in first-occurrence order, characters per token) of code points holding
+    tokens separated by single spaces.  Tokens are hashed, and a hash match is confirmed by
+    comparing the code points, so equal ids ⇔ equal tokens (a collision only lengthens a probe)."""
+    n = cps.shape[0]
+    n_tok = 0
+    if n > 0:
+        n_tok = 1
+        for j in range(n):
+            if cps[j] == _SPACE:
+                n_tok += 1
+    starts = np.empty(n_tok, np.int64)
+    ends = np.empty(n_tok, np.int64)
+    t = 0
+    start = 0
+    for j in range(n + 1):
+        if j == n or cps[j] == _SPACE:
+            if n > 0:
+                starts[t] = start
+                ends[t] = j
+                t += 1
+            start = j + 1
+    bits = 1
+    while (1 << bits) < 2 * n_tok + 2:
+        bits += 1
+    mask = (1 << bits) - 1
+    shift = np.uint64(64 - bits)
+    slot_tok = np.full(1 << bits, -1, np.int64)  # the first token with this slot's hash
+    slot_hash = np.zeros(1 << bits, np.uint64)
+    ids = np.empty(n_tok, np.int32)
+    lengths = np.empty(n_tok, np.int64)
+    id_of_first = np.empty(n_tok, np.int32)
+    count = 0
+    for t in range(n_tok):
+        a = starts[t]
+        b = ends[t]
+        lengths[t] = b - a
+        h = _FNV_OFFSET
+        for j in range(a, b):
+            h = (h ^ np.uint64(cps[j])) * _FNV_PRIME
+        s = np.int64((h * _FIB) >> shift)
+        while True:
+            first = slot_tok[s]
+            if first == -1:
+                slot_tok[s] = t
+                slot_hash[s] = h
+                ids[t] = count
+                id_of_first[t] = count
+                count += 1
+                break
+            if slot_hash[s] == h and ends[first] - starts[first] == b - a:
+                fa = starts[first]
+                same = True
+                for j in range(b - a):
+                    if cps[fa + j] != cps[a + j]:
+                        same = False
+                        break
+                if same:
+                    ids[t] = id_of_first[first]
+                    break
+            s = (s + 1) & mask
+    return ids, lengths
+
+
+@njit(cache=True, nogil=True)
+def _ngram_char_counts_of_text(cps, plan, sizes, top_slots, dup_slots):
+    ids, lengths = _token_ids(cps)
+    return _ngram_char_counts(ids, lengths, plan, sizes, top_slots, dup_slots)
+
+
+def ngram_char_fractions(
+    tokens: list[str], top_ns: list[int], dup_ns: list[int], lower: bool = False
+) -> tuple[list[float], list[float]]:
+    """The rules stage's top n-gram and duplicated n-gram character fractions of `tokens` (lower-cased
+    first when `lower`), for each n in top_ns and dup_ns (every n ≥ 1) — equal to
+    `_top_ngram_char_frac(toks, n)` and `_dup_ngram_char_frac(toks, n)` of the same tokens.
+
+    Tokens must not contain a space (the rules stage's words never hold whitespace): they cross
+    into the kernel as one space-separated string of code points, so that no Python code runs per
+    token.  Lower-casing that string equals lower-casing each token: a space is neither cased nor
+    case-ignorable, so it bounds the context of the final-sigma rule exactly as a token's ends do,
+    and no character lower-cases to a space."""
+    joined = " ".join(tokens)
+    if lower:
+        joined = joined.lower()
+    cps = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), np.uint32)
     plan, sizes, slot_of = _plan(tuple(sorted(set(top_ns) | set(dup_ns))))
-    top, dup, total = _ngram_char_counts(
-        ids, lengths, plan, sizes,
+    top, dup, total = _ngram_char_counts_of_text(
+        cps, plan, sizes,
         np.array([slot_of[n] for n in top_ns], np.int64), np.array([slot_of[n] for n in dup_ns], np.int64),
     )
     # Python int / int, as the reference computes count * chars / total (correctly rounded).
