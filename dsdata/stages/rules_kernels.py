@@ -6,7 +6,10 @@ its pure-Python functions, which stay the reference — tests/test_rules_kernels
 give identical verdicts and details on real and generated text.
 
 Exact by construction, not by a hash that is "unlikely" to collide.  Tokens become dense integer ids
-(a dict: equal ids ⇔ equal strings).  The class of the n-gram at position i is then built from two
+in the kernel: an FNV-1a hash of their code points, every hash match confirmed by comparing the
+code points (equal ids ⇔ equal strings).  They cross into it as one space-joined string
+(`str.join`/`lower`/`encode` at C speed), because a Python dict lookup per token cost more than the
+whole n-gram kernel.  The class of the n-gram at position i is then built from two
 shorter ones: class_n[i] = id of the pair (class_p[i], class_g[i+p]) with p + g = n, looked up in an
 open-addressing table whose keys are the pair itself (class_p·K_g + class_g, an injective encoding),
 compared in full on every probe.  A hash collision only lengthens a probe; two n-grams get the
