@@ -1,10 +1,13 @@
-"""HTML main-text extraction: dsdata's extractor vs trafilatura vs selectolax body text, side by side.
+"""HTML main-text extraction: dsdata's extractor vs trafilatura vs resiliparse vs selectolax body text, side by side.
 
 Runs each extractor over every page of a gold set (default ../shared/data/html-dev), scores the
 predictions with the project's scorer (shared/tools/score_html.py: bag-of-tokens F1 per page, mean
 per language), and times extraction: pages per CPU-second of this process (best of --repeat passes,
 the extractors' passes interleaved), because wall time on a shared machine measures the neighbours.
 Also runs the whole `clean` stage (extraction + text cleaning) to show the cleaning costs no F1.
+resiliparse (`extract_plain_text(html, main_content=True)`, its defaults) runs in the peers' venv
+(benchmarks/peer_venv.py; its wheels do not share Beam's pins), timed there by CPU time per pass
+in the same way, best of --repeat.
 
 usage: python benchmarks/clean.py [--data DIR] [--scorer PATH] [--repeat N]
 Last line: one JSON object with the figures.
@@ -28,6 +31,24 @@ from dsdata.document import Document  # noqa: E402
 from dsdata.stages.clean import CleanStage  # noqa: E402
 
 SHARED = REPO.parent / "shared"
+
+RESILIPARSE_RUN = r"""
+import json, sys, time
+from pathlib import Path
+from resiliparse.extract.html2text import extract_plain_text
+data, out_dir, repeat = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+names = [json.loads(line)["name"] for line in open(data / "manifest.jsonl", encoding="utf-8") if line.strip()]
+pages = [(data / f"{n}.html").read_text(encoding="utf-8", errors="replace") for n in names]
+best_cpu = best_wall = float("inf")
+for _ in range(repeat):
+    cpu, wall = time.process_time(), time.perf_counter()
+    outputs = [extract_plain_text(html, main_content=True) for html in pages]
+    best_cpu = min(best_cpu, time.process_time() - cpu)
+    best_wall = min(best_wall, time.perf_counter() - wall)
+for name, text in zip(names, outputs):
+    (out_dir / f"{name}.txt").write_text(text, encoding="utf-8")
+print(json.dumps({"cpu_s": best_cpu, "wall_s": best_wall}))
+"""
 
 
 def load_pages(data: Path) -> list[dict]:
@@ -54,6 +75,19 @@ def timed_pass(fn, pages: list[dict]) -> tuple[list[str], float, float]:
     cpu, wall = time.process_time(), time.perf_counter()
     outputs = [fn(p["html"]) for p in pages]
     return outputs, time.process_time() - cpu, time.perf_counter() - wall
+
+
+def run_resiliparse(data: Path, pages: list[dict], repeat: int) -> tuple[list[str], float, float]:
+    """Outputs, best CPU seconds and best wall seconds of resiliparse over all pages (peers' venv)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import peer_venv
+
+    with tempfile.TemporaryDirectory(prefix="dsdata-clean-resiliparse-") as out_dir:
+        proc, _, _ = peer_venv.timed_child([str(peer_venv.python()), "-c", RESILIPARSE_RUN, str(data), out_dir, str(repeat)],
+                                           env={**os.environ, "PYTHONPATH": ""})
+        timing = peer_venv.last_json(proc.stdout)
+        outputs = [Path(out_dir, f"{p['name']}.txt").read_text(encoding="utf-8") for p in pages]
+    return outputs, timing["cpu_s"], timing["wall_s"]
 
 
 def score(scorer: Path, data: Path, pages: list[dict], outputs: list[str]) -> dict:
@@ -97,8 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             best_cpu[name] = min(best_cpu[name], cpu)
             best_wall[name] = min(best_wall[name], wall)
 
+    outputs["resiliparse"], best_cpu["resiliparse"], best_wall["resiliparse"] = run_resiliparse(
+        args.data, pages, max(1, args.repeat))
+
     results: dict[str, dict] = {}
-    for name in runners:
+    for name in [*runners, "resiliparse"]:
         scored = score(args.scorer, args.data, pages, outputs[name])
         per_lang = scored["per_lang"]
         results[name] = {
@@ -116,15 +153,22 @@ def main(argv: list[str] | None = None) -> int:
               f"({r['pages_per_wall_s']:.1f} pages/s wall)")
 
     ours, traf, body = results["dsdata"], results["trafilatura"], results["selectolax-body"]
+    resil = results["resiliparse"]
     ratios = {
         "speed_vs_trafilatura": round(ours["pages_per_cpu_s"] / traf["pages_per_cpu_s"], 1),
+        "speed_vs_resiliparse": round(ours["pages_per_cpu_s"] / resil["pages_per_cpu_s"], 2),
+        "f1_minus_resiliparse": round(ours["f1"] - resil["f1"], 4),
         "speed_vs_selectolax_body": round(ours["pages_per_cpu_s"] / body["pages_per_cpu_s"], 2),
         "f1_minus_trafilatura": round(ours["f1"] - traf["f1"], 4),
         "f1_minus_selectolax_body": round(ours["f1"] - body["f1"], 4),
     }
     print(f"dsdata vs trafilatura: {ratios['speed_vs_trafilatura']}x pages/CPU-s, F1 {ratios['f1_minus_trafilatura']:+.4f}; "
           f"vs selectolax-body: {ratios['speed_vs_selectolax_body']}x pages/CPU-s, F1 {ratios['f1_minus_selectolax_body']:+.4f}")
-    print(json.dumps({"benchmark": "clean", "pages": len(pages), "results": results, "ratios": ratios}))
+    target = ratios["speed_vs_resiliparse"] >= 1 and ours["f1"] >= 0.98
+    print(f"vs resiliparse: {ratios['speed_vs_resiliparse']}x pages/CPU-s, F1 {ratios['f1_minus_resiliparse']:+.4f} "
+          f"(target ≥ 1x with F1 ≥ 0.98: {'met' if target else 'not met'})")
+    print(json.dumps({"benchmark": "clean", "pages": len(pages), "results": results, "ratios": ratios,
+                      "target_resiliparse_met": target}))
     return 0
 
 

@@ -1,19 +1,55 @@
 #!/usr/bin/env python3
 """Language ID: dsdata's `lang` stage (fastText lid.176.ftz, and its langdetect backend) side by
 side with the plain `langdetect` library, on the shared dev set (real text, labels from the
-source package's language).
+source package's language); and the throughput of the whole `pipelines/langid.yaml` run against
+raw fastText `predict` and pycld2 on ≥ 100k paragraphs.
 
 usage: python3 benchmarks/langid.py [--data ../shared/data/langid-dev.jsonl] [--limit N]
+                                    [--part accuracy|throughput|all] [--paragraphs 100000]
 
-Prints accuracy (all languages; zh+en) and docs/s for each, the speed ratio, and as the last line
-one JSON object.  Norwegian is labelled `nb` in the data and `no` by lid.176: counted as equal.
+accuracy: accuracy (all languages; zh+en) and docs/s for each, and the speed ratio.  Norwegian is
+labelled `nb` in the data and `no` by lid.176: counted as equal.
+
+throughput: the paragraphs are the lines (≥ 20 characters) of ../shared/data/prose-en.txt and
+prose-zh.txt and the langid-dev paragraphs, cycled to --paragraphs.  Three ways over the same texts,
+paragraphs per CPU-second of one core:
+  pipeline   `python3 -m dsdata.cli run pipelines/langid.yaml` (1 worker, Parquet written), a child
+             process timed by RUSAGE_CHILDREN: start-up, reading, Beam, fastText, writing — all of it
+             (and, separately, the same with its start-up subtracted: a run on one paragraph);
+  fasttext   the same lid.176.ftz, `model.predict(texts, k=1)` on the list, in this process (the
+             model load not counted): the floor no pipeline can beat;
+  pycld2     `pycld2.detect(text)` per paragraph, in the peers' venv (benchmarks/peer_venv.py).
+The last line is one JSON object with both parts.
 """
 import argparse
 import json
 import os
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-from dsdata.stages.lang import LanguageStage
+from dsdata.stages.lang import LanguageStage, default_fasttext_model
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import peer_venv  # noqa: E402
+
+PYCLD2_RUN = r"""
+import json, sys, time
+import pycld2
+texts = [json.loads(line)["text"] for line in open(sys.argv[1], encoding="utf-8")]
+cpu = time.process_time()
+langs = []
+for t in texts:
+    try:
+        langs.append(pycld2.detect(t)[2][0][1])
+    except pycld2.error:
+        langs.append("un")
+cpu = time.process_time() - cpu
+print(json.dumps({"cpu_s": cpu, "langs": langs}))
+"""
 
 SAME = {("no", "nb"), ("nb", "no")}
 
@@ -32,11 +68,121 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=os.path.join(here, "..", "..", "shared", "data", "langid-dev.jsonl"))
     ap.add_argument("--limit", type=int, default=0, help="use the first N records (default: all)")
+    ap.add_argument("--part", choices=["accuracy", "throughput", "all"], default="all")
+    ap.add_argument("--paragraphs", type=int, default=100_000, help="paragraphs for the throughput part")
     args = ap.parse_args()
     with open(args.data, encoding="utf-8") as fh:
         recs = [json.loads(line) for line in fh]
     if args.limit:
         recs = recs[: args.limit]
+    out = {"benchmark": "langid"}
+    if args.part in ("accuracy", "all"):
+        out["accuracy"] = accuracy_part(recs, args.data)
+    if args.part in ("throughput", "all"):
+        out["throughput"] = throughput_part([r["text"] for r in recs], Path(args.data).parent, args.paragraphs)
+    print(json.dumps(out))
+
+
+def paragraphs(dev_texts: list[str], data_dir: Path, n: int) -> list[str]:
+    texts = []
+    for name in ("prose-en.txt", "prose-zh.txt"):
+        texts += [ln.strip() for ln in (data_dir / name).read_text(encoding="utf-8").split("\n") if len(ln.strip()) >= 20]
+    texts += dev_texts
+    return [texts[i % len(texts)] for i in range(max(n, 1))]
+
+
+def run_pipeline(work: Path, jsonl: Path, model: str) -> float:
+    """CPU seconds of `dsdata run pipelines/langid.yaml` on `jsonl`."""
+    _, cpu, _ = peer_venv.timed_child(
+        [sys.executable, "-m", "dsdata.cli", "run", str(REPO / "pipelines" / "langid.yaml"), "--input", str(jsonl),
+         "--output", str(work / "out"), "--set", f"lang.model={model}", "--quiet"],
+        cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    return cpu
+
+
+def pipeline_components(jsonl: Path, stage: LanguageStage) -> dict[str, float]:
+    """CPU seconds of the pipeline's own parts called directly: reading the JSONL into Documents,
+    the lang stage's process_batch (batches of its batch_max), building the kept rows, and writing
+    them with pyarrow in one table (not what the run does: what a batched Parquet writer would cost)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dsdata.document import kept_row, kept_schema
+    from dsdata.io.readers import read_jsonl
+
+    out = {}
+    cpu = time.process_time()
+    with open(jsonl, "rb") as fh:
+        docs = list(read_jsonl(str(jsonl), fh))
+    out["read_jsonl"] = time.process_time() - cpu
+    cpu = time.process_time()
+    kept = []
+    for i in range(0, len(docs), stage.batch_max):
+        kept += stage.process_batch(docs[i : i + stage.batch_max])
+    out["lang_stage"] = time.process_time() - cpu
+    cpu = time.process_time()
+    names = list(stage.annotations)
+    rows = [kept_row(d, names) for d in kept]
+    out["kept_rows"] = time.process_time() - cpu
+    cpu = time.process_time()
+    pq.write_table(pa.Table.from_pylist(rows, schema=kept_schema(stage.annotations)), str(jsonl) + ".parquet")
+    out["arrow_parquet_write"] = time.process_time() - cpu
+    return out
+
+
+def throughput_part(dev_texts: list[str], data_dir: Path, n: int) -> dict:
+    texts = paragraphs(dev_texts, data_dir, n)
+    model_path = default_fasttext_model()
+    with tempfile.TemporaryDirectory(prefix="dsdata-langid-bench-") as tmp:
+        work = Path(tmp)
+        jsonl, one = work / "paragraphs.jsonl", work / "one.jsonl"
+        with open(jsonl, "w", encoding="utf-8") as fh:
+            for i, t in enumerate(texts):
+                fh.write(json.dumps({"id": f"p{i}", "text": t}, ensure_ascii=False) + "\n")
+        one.write_text(json.dumps({"id": "p0", "text": texts[0]}, ensure_ascii=False) + "\n", encoding="utf-8")
+
+        stage = LanguageStage(backend="fasttext", model=model_path, keep=[], min_score=0)
+        stage.setup()
+        clean = [" ".join(t.split()) for t in texts]
+        cpu = time.process_time()
+        stage._model.predict(clean, k=1)
+        raw_cpu = time.process_time() - cpu
+
+        components = pipeline_components(jsonl, stage)
+        startup_cpu = run_pipeline(work, one, model_path)
+        pipeline_cpu = run_pipeline(work, jsonl, model_path)
+        proc, _, _ = peer_venv.timed_child([str(peer_venv.python()), "-c", PYCLD2_RUN, str(jsonl)],
+                                           env={**os.environ, "PYTHONPATH": ""})
+        cld2_cpu = peer_venv.last_json(proc.stdout)["cpu_s"]
+    rates = {
+        "pipeline": len(texts) / pipeline_cpu,
+        "pipeline_minus_startup": len(texts) / max(pipeline_cpu - startup_cpu, 1e-9),
+        "fasttext_predict": len(texts) / raw_cpu,
+        "pycld2": len(texts) / cld2_cpu,
+    }
+    print(f"throughput on {len(texts)} paragraphs ({sum(map(len, texts)) / 1e6:.1f} M characters), paragraphs per CPU-second:")
+    for name, rate in rates.items():
+        print(f"{name:>24} {rate:12.0f}")
+    # The one-table pyarrow write is what a batched writer would cost, not a part of today's run.
+    alternative = components.pop("arrow_parquet_write")
+    components["beam_parquet_and_rest"] = pipeline_cpu - startup_cpu - sum(components.values())
+    print("where the pipeline's CPU-s go (the parts timed in-process): start-up " f"{startup_cpu:.2f}, " +
+          ", ".join(f"{k} {v:.2f}" for k, v in components.items()) +
+          f"; the same rows written by pyarrow in one table: {alternative:.2f}")
+    ratio = rates["pipeline"] / rates["fasttext_predict"]
+    print(f"pipeline ÷ raw fastText predict: {ratio:.2f}x (target ≥ 0.5x: {'met' if ratio >= 0.5 else 'not met'}); "
+          f"start-up of a run: {startup_cpu:.2f} CPU-s")
+    return {"paragraphs": len(texts), "paragraphs_per_cpu_s": {k: round(v, 1) for k, v in rates.items()},
+            "startup_cpu_s": round(startup_cpu, 2), "pipeline_cpu_s": round(pipeline_cpu, 2),
+            "components_cpu_s": {k: round(v, 2) for k, v in components.items()},
+            "arrow_one_table_write_cpu_s": round(alternative, 2),
+            "ratio_pipeline_vs_fasttext": round(ratio, 3),
+            "ratio_pipeline_vs_pycld2": round(rates["pipeline"] / rates["pycld2"], 3),
+            "target_0.5x_met": ratio >= 0.5}
+
+
+def accuracy_part(recs: list[dict], data: str) -> dict:
     texts = [r["text"] for r in recs]
     results = {}
 
@@ -69,7 +215,7 @@ def main():
     preds = [plain(x) for x in texts]
     results["langdetect"] = (preds, time.perf_counter() - t)
 
-    print(f"{len(recs)} records, {len({r['lang'] for r in recs})} languages ({args.data})")
+    print(f"{len(recs)} records, {len({r['lang'] for r in recs})} languages ({data})")
     print(f"{'backend':<20} {'acc(all)':>9} {'acc(zh+en)':>11} {'docs/s':>10}")
     out = {"records": len(recs)}
     for name, (preds, secs) in results.items():
@@ -79,7 +225,7 @@ def main():
     ratio = out["dsdata_fasttext"]["docs_per_s"] / out["langdetect"]["docs_per_s"]
     print(f"speed: dsdata fasttext = {ratio:.1f}x plain langdetect")
     out["speedup_vs_langdetect"] = round(ratio, 1)
-    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":

@@ -95,6 +95,27 @@ def _dup_ngram_char_frac(tokens: list[str], n: int) -> float:
     return dup_chars / total if total else 0.0
 
 
+_kernels = None  # dsdata.stages.rules_kernels once imported; False when numba is missing or disabled
+
+
+def _repetition_kernels():
+    """dsdata.stages.rules_kernels (compiled n-gram statistics), or None without numba or with
+    DSDATA_NO_NUMBA=1.  Imported on first use: numba costs start-up a run without rules never pays."""
+    global _kernels
+    if _kernels is None:
+        import os
+
+        _kernels = False
+        if os.environ.get("DSDATA_NO_NUMBA", "") in ("", "0"):
+            try:
+                from dsdata.stages import rules_kernels
+            except ImportError:
+                pass
+            else:
+                _kernels = rules_kernels
+    return _kernels or None
+
+
 @dataclass
 class _Measures:
     """What the Gopher and FineWeb rules measure, computed once per document (after C4 filtering)."""
@@ -276,14 +297,22 @@ class QualityRulesStage(DocumentStage):
         for limit, value, reason in checks:
             if limit is not None and value > limit:
                 return reason, f"{value:.3f} > {limit}"
-        toks = m.non_symbol if m.cjk else [w.lower() for w in m.non_symbol]
         scale = 2 if m.cjk else 1
-        for n, limit in sorted(self.top_ngram_max_ratio.items()):
-            value = _top_ngram_char_frac(toks, n * scale)
+        top = sorted(self.top_ngram_max_ratio.items())
+        dup = sorted(self.dup_ngram_max_ratio.items())
+        kernels = _repetition_kernels()
+        if kernels is not None and all(n * scale >= 1 for n, _ in top + dup):
+            top_values, dup_values = kernels.ngram_char_fractions(
+                m.non_symbol, [n * scale for n, _ in top], [n * scale for n, _ in dup], lower=not m.cjk
+            )
+        else:  # the reference, lazily: a rejection at a small n skips the larger ones
+            toks = m.non_symbol if m.cjk else [w.lower() for w in m.non_symbol]
+            top_values = (_top_ngram_char_frac(toks, n * scale) for n, _ in top)
+            dup_values = (_dup_ngram_char_frac(toks, n * scale) for n, _ in dup)
+        for (n, limit), value in zip(top, top_values):
             if value > limit:
                 return f"gopher_top_{n}gram", f"{value:.3f} > {limit}"
-        for n, limit in sorted(self.dup_ngram_max_ratio.items()):
-            value = _dup_ngram_char_frac(toks, n * scale)
+        for (n, limit), value in zip(dup, dup_values):
             if value > limit:
                 return f"gopher_dup_{n}gram", f"{value:.3f} > {limit}"
         return None, ""
