@@ -116,14 +116,6 @@ class DataParallelLayout(Layout):
             norm = norm.full_tensor()  # each rank holds a shard of every gradient
         return norm
 
-    def barrier(self) -> None:
-        if self.env.world_size > 1:
-            dist.barrier()
-
-    @property
-    def writes_metrics(self) -> bool:
-        return self.env.rank == 0
-
     # ---------------------------------------------------------------- checkpoints and export
 
     def optimizer_state_to_save(self, optim_state: dict) -> dict:

@@ -205,14 +205,6 @@ class HybridLayout(Layout):
         return global_grad_norm(grads, duplicate, self.groups["tp"] if self.dims.tp > 1 else None,
                                 self.groups["pp"] if self.dims.pp > 1 else None, self.env.device)
 
-    def barrier(self) -> None:
-        if self.env.world_size > 1:
-            dist.barrier()
-
-    @property
-    def writes_metrics(self) -> bool:
-        return self.env.rank == 0
-
     # ---------------------------------------------------------------- checkpoints and export
 
     def optimizer_state_to_save(self, optim_state: dict) -> dict:

@@ -17,6 +17,7 @@ from abc import abstractmethod
 from typing import Callable, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from dsdata.train.distributed import DistEnv
@@ -56,14 +57,17 @@ class Layout(Protocol):
     def grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """The global L2 norm of the gradients, every parameter counted once, on every rank."""
 
-    @abstractmethod
+    # The same for every layout (they differ in how ranks are grouped, not in who is rank 0).
+
     def barrier(self) -> None:
         """Wait for every rank (nothing with one process)."""
+        if self.env.world_size > 1:
+            dist.barrier()
 
     @property
-    @abstractmethod
     def writes_metrics(self) -> bool:
         """True on the one rank that writes metrics.jsonl, TensorBoard, the export and checkpoint JSON."""
+        return self.env.rank == 0
 
     @abstractmethod
     def describe(self) -> str:
