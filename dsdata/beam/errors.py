@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from dsdata.document import Document, Rejected
+from dsdata.io.readers import scrub_surrogates
 from dsdata.stages.base import StageConfigError
 
 ERROR = "error"
@@ -70,19 +71,6 @@ def error_rejection(doc: Document, stage_name: str, exc: BaseException,
     return Rejected(_writable(doc), stage_name, ERROR, first_line(exc))
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _scrub(value):
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {_scrub(k): _scrub(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_scrub(v) for v in value]
-    return value
-
-
 def _unencodable(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -97,7 +85,8 @@ def _writable(doc: Document) -> Document:
     if not any(_unencodable(s) for s in (doc.id, doc.text)) and not _unencodable(
             json.dumps([doc.metadata, doc.annotations], ensure_ascii=False, default=str)):
         return doc
-    return Document(_scrub(doc.id), _scrub(doc.text), _scrub(doc.metadata), _scrub(doc.annotations), doc.derived_from)
+    return Document(scrub_surrogates(doc.id), scrub_surrogates(doc.text), scrub_surrogates(doc.metadata),
+                    scrub_surrogates(doc.annotations), doc.derived_from)
 
 
 _WHILE_RUNNING = re.compile(r"\s*\[while running '[^']*'\]\s*$")

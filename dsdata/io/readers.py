@@ -236,15 +236,15 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
-def _scrub_surrogates(value: Any) -> Any:
+def scrub_surrogates(value: Any) -> Any:
     """Replace unpaired UTF-16 surrogates (valid JSON escapes, not Unicode scalar values: no UTF-8
     encoder accepts them) by U+FFFD, as browsers do; the JSON decoder already joined valid pairs."""
     if isinstance(value, str):
         return _LONE_SURROGATE.sub("\ufffd", value)
     if isinstance(value, dict):
-        return {_scrub_surrogates(k): _scrub_surrogates(v) for k, v in value.items()}
+        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_scrub_surrogates(v) for v in value]
+        return [scrub_surrogates(v) for v in value]
     return value
 
 
@@ -268,7 +268,7 @@ def _jsonl_record(line: bytes, default_id: str, text_field: str, id_field: str) 
         return Rejected(Document(id=default_id, text=raw, metadata={}), READ_STAGE, "bad_json",
                         f"nested deeper than {MAX_JSON_DEPTH} levels")
     if _SURROGATE_ESCAPE.search(line):
-        record = _scrub_surrogates(record)
+        record = scrub_surrogates(record)
     return record_to_document(record, default_id, text_field, id_field, raw=raw)
 
 
