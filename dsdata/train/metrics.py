@@ -69,7 +69,6 @@ class ConsoleProgress:
         self.interval, self.total_steps = interval, total_steps
         self.started = time.time() if started is None else started
         self.mode = resolve_mode(mode, stream=self.stream) if interval else "off"
-        self.lines: list[str] = []
         self._bar = None
         self._log_redirect = None
 
@@ -83,9 +82,7 @@ class ConsoleProgress:
         if self.mode == "bar":
             self._update_bar(record)
         elif self.mode == "lines" and (step == 1 or step % self.interval == 0 or step == self.total_steps):
-            line = format_step_line(record, self.total_steps, time.time() - self.started)
-            self.lines.append(line)
-            print(line, file=self.stream, flush=True)
+            print(format_step_line(record, self.total_steps, time.time() - self.started), file=self.stream, flush=True)
 
     def _update_bar(self, record: dict[str, Any]) -> None:
         step = record["step"]
