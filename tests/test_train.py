@@ -186,6 +186,7 @@ def test_progressive_unfreezing_keeps_lower_layers_fixed(tmp_path):
     (["optimizer.name=sgd"], "optimizer.name"),
     (["training.global_batch_size=3", "parallel.gradient_accumulation_steps=2"], "gradient_accumulation_steps"),
     (["data.path=/nonexistent/shards"], "data.path"),
+    (["logging.progress=fancy"], "logging.progress"),
 ])
 def test_user_errors_are_one_line(tmp_path, capsys, sets, message):
     from dsdata.train.__main__ import main

@@ -23,10 +23,13 @@ import time
 
 from apache_beam.metrics import Metrics
 
+# The mode choice, the clock and the bar are shared with the trainer, which must not import Beam.
+from dsdata.progress_display import MODES, logging_above_bar, open_bar, resolve_mode  # noqa: F401 (re-exported)
+from dsdata.progress_display import clock as _clock
+
 log = logging.getLogger("dsdata")
 
 PROGRESS_DIR_ENV = "DSDATA_PROGRESS_DIR"
-MODES = ("auto", "bar", "lines", "off")
 NAMESPACE_PREFIX = "dsdata."
 _FLUSH_SECONDS = 1.0
 
@@ -169,29 +172,6 @@ def format_line(now: Progress, earlier: Progress | None, elapsed: float, dt: flo
             f"{rate}, busy: {busy}")
 
 
-def _clock(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def resolve_mode(mode: str, quiet: bool = False, stream=None) -> str:
-    """auto → bar on a terminal (when tqdm is installed), lines otherwise; off under --quiet."""
-    if mode not in MODES:
-        raise ValueError(f"progress mode must be one of {', '.join(MODES)}, not {mode!r}")
-    if quiet:
-        return "off"
-    if mode != "auto":
-        return mode
-    stream = stream or sys.stderr
-    if getattr(stream, "isatty", lambda: False)():
-        try:
-            import tqdm  # noqa: F401
-        except ImportError:
-            return "lines"
-        return "bar"
-    return "lines"
-
-
 class ProgressWatcher:
     """Context manager around a run: sets up the progress directory and reports every `interval` s.
 
@@ -233,9 +213,7 @@ class ProgressWatcher:
         if self.mode == "bar":
             # Log lines (e.g. "read FILE: N records") go through tqdm.write, above the bar, instead
             # of being printed into the middle of it.
-            from tqdm.contrib.logging import logging_redirect_tqdm
-
-            self._log_redirect = logging_redirect_tqdm()
+            self._log_redirect = logging_above_bar()
             self._log_redirect.__enter__()
         self._thread = threading.Thread(target=self._report_forever, name="dsdata-progress-watch", daemon=True)
         self._thread.start()
@@ -305,20 +283,7 @@ class ProgressWatcher:
         if elapsed < self.interval:
             return  # quiet on short runs: the bar appears once the first interval has passed
         if self._bar is None:
-            from tqdm import tqdm
-
-            try:
-                columns = os.get_terminal_size(self.stream.fileno()).columns
-            except (AttributeError, OSError, ValueError):
-                columns = 0
-            # A pty that reports a 0 x 0 size (docker -t, script(1), some CI consoles) makes tqdm
-            # hide the bar as "below the screen": give it the fallback size instead.
-            fallback = shutil.get_terminal_size()
-            width = {"dynamic_ncols": True} if columns else {"ncols": fallback.columns, "nrows": fallback.lines}
-            self._bar = tqdm(desc="dsdata", unit=" docs", file=self.stream, initial=0, mininterval=1.0, **width)
-            # Elapsed time and the average rate count from the start of the run, not from the moment
-            # the bar appeared (else the first update looks like millions of docs/s).
-            self._bar.start_t = self._bar.last_print_t = self._start
+            self._bar = open_bar(self.stream, desc="dsdata", unit=" docs", started=self._start)
         # The bar's own rate is the read rate; "busy" is the front stage, as in the progress lines.
         moved = now.moved_since(self._bar_earlier)
         self._bar_earlier = now

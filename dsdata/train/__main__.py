@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from dsdata.progress_display import MODES
+
 
 class _StderrHandler(logging.StreamHandler):
     """Writes to the sys.stderr of the moment (main() may run more than once in a process, e.g. in tests)."""
@@ -39,9 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=None,
                         help="metrics, TensorBoard, checkpoints, export (default runs/<config name>); "
                              "an existing run dir with checkpoints is resumed")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default=None, help="INFO (default), WARNING under --quiet")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print only warnings, errors and the final JSON summary (no set-up lines, no progress)")
+    parser.add_argument("--progress", default=None, choices=MODES,
+                        help="live progress, as `dsdata run --progress`: a bar on a terminal (auto, the default), "
+                        "lines (logs), or off; --quiet turns it off (config: logging.progress)")
     args = parser.parse_args(argv)
-    _configure_logging(args.log_level.upper())
+    _configure_logging((args.log_level or ("WARNING" if args.quiet else "INFO")).upper())
+    if args.quiet or args.progress:
+        # As an override, after the --set ones: the flag wins over the config file and --set.
+        args.set.append(f"logging.progress={'off' if args.quiet else args.progress}")
 
     from dsdata.train.config import ConfigError, load_config
 

@@ -7,6 +7,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
+from dsdata.progress_display import MODES
 from dsdata.train.model import ModelArgs
 
 
@@ -83,7 +84,8 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    console_interval: int = 10
+    console_interval: int = 10  # steps between progress lines (0: no progress lines or bar)
+    progress: str = "auto"  # auto | bar | lines | off, as `dsdata run --progress`; --progress overrides it
     tensorboard: bool = True
     histogram_interval: int = 100  # 0: no histograms
     anomaly_window: int = 100
@@ -274,6 +276,8 @@ def validate(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: training.unfreeze_fraction must be in [0, 1)")
     if config.optimizer.name not in ("adamw", "deepopt", "lambdaopt"):
         raise ConfigError(f"{source}: optimizer.name = {config.optimizer.name!r}; choose adamw, deepopt or lambdaopt")
+    if config.logging.progress not in MODES:
+        raise ConfigError(f"{source}: logging.progress = {config.logging.progress!r}; choose {', '.join(MODES)}")
     if config.parallel.data_parallel not in ("ddp", "fsdp"):
         raise ConfigError(f"{source}: parallel.data_parallel = {config.parallel.data_parallel!r}; choose ddp or fsdp")
     if config.parallel.pipeline_schedule not in ("gpipe", "1f1b"):

@@ -67,7 +67,7 @@ class Trainer:
         self.checkpointer = Checkpointer(config.checkpoint.dir or os.path.join(run_dir, "checkpoints"),
                                          config.checkpoint.keep, self.layout)
         self.metrics = MetricsWriter(run_dir, self.layout.writes_metrics, config.logging.tensorboard,
-                                     config.logging.console_interval, t.steps)
+                                     config.logging.console_interval, t.steps, config.logging.progress)
         self.step = 0
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.frozen = _lower_layer_parameters(self.model, config) if t.unfreeze_fraction > 0 else []

@@ -1,5 +1,6 @@
-"""Run monitoring: RUN_DIR/metrics.jsonl, TensorBoard scalars and histograms, a console line, and a
-warning when the loss jumps above mean + 3σ of the recent steps.  Only the metrics rank writes."""
+"""Run monitoring: RUN_DIR/metrics.jsonl, TensorBoard scalars and histograms, live progress on the
+console (a bar or lines, as `dsdata run` shows them), and a warning when the loss jumps above
+mean + 3σ of the recent steps.  Only the metrics rank writes."""
 from __future__ import annotations
 
 import collections
@@ -8,7 +9,11 @@ import logging
 import math
 import os
 import statistics
+import sys
+import time
 from typing import Any
+
+from dsdata.progress_display import clock, logging_above_bar, open_bar, resolve_mode
 
 log = logging.getLogger("dsdata.train")
 
@@ -41,12 +46,76 @@ class LossAnomalyDetector:
         self.history.extend(state["history"])
 
 
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)  # None: a skipped step has no loss or norm
+
+
+def format_step_line(record: dict[str, Any], total_steps: int, elapsed: float) -> str:
+    """One progress line, in the style of `dsdata run`'s (`dsdata: 0:00:10 read 64595, kept ...`)."""
+    return (f"dsdata-train: {clock(elapsed)} step {record['step']}/{total_steps}, "
+            f"loss {_number(record['loss'], '.4f')}, {record['tokens_per_s']:.0f} tok/s, lr {record['lr']:.2e}, "
+            f"grad_norm {_number(record['grad_norm'], '.3f')}, clip {record['clip_threshold']:.3f}, "
+            f"scale {record['loss_scale']:g}")
+
+
+class ConsoleProgress:
+    """Live progress on stderr, chosen as `dsdata run --progress` chooses (dsdata.progress_display):
+    a tqdm bar on a terminal (total = steps; loss and tok/s after it), else a line at step 1 (the
+    run is seen to train long before step `interval`), every `interval` steps and at the last step.
+    `interval` 0 shows nothing."""
+
+    def __init__(self, mode: str, interval: int, total_steps: int, started: float | None = None, stream=None):
+        self._fixed_stream = stream
+        self.interval, self.total_steps = interval, total_steps
+        self.started = time.time() if started is None else started
+        self.mode = resolve_mode(mode, stream=self.stream) if interval else "off"
+        self._bar = None
+        self._log_redirect = None
+
+    @property
+    def stream(self):
+        # The sys.stderr of the moment: train() may run more than once in a process (tests).
+        return self._fixed_stream if self._fixed_stream is not None else sys.stderr
+
+    def show(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        if self.mode == "bar":
+            self._update_bar(record)
+        elif self.mode == "lines" and (step == 1 or step % self.interval == 0 or step == self.total_steps):
+            print(format_step_line(record, self.total_steps, time.time() - self.started), file=self.stream, flush=True)
+
+    def _update_bar(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        if self._bar is None:
+            # A resumed run's bar starts at the checkpoint's step; its rate counts the new steps only.
+            self._bar = open_bar(self.stream, desc="dsdata-train", unit="step", started=self.started,
+                                 total=self.total_steps, initial=step - 1, mininterval=0.5)
+            # Set-up, warnings and export lines are printed above the bar, not into it.
+            self._log_redirect = logging_above_bar()
+            self._log_redirect.__enter__()
+        self._bar.set_postfix_str(f"loss {_number(record['loss'], '.4f')}, {record['tokens_per_s']:.0f} tok/s",
+                                  refresh=False)
+        self._bar.update(step - self._bar.n)
+        if step >= self.total_steps:
+            self.close()  # what follows (export, checkpoint) prints below the finished bar
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._log_redirect is not None:
+            self._log_redirect.__exit__(None, None, None)
+            self._log_redirect = None
+
+
 class MetricsWriter:
-    def __init__(self, run_dir: str, enabled: bool, tensorboard: bool, console_interval: int, total_steps: int):
+    def __init__(self, run_dir: str, enabled: bool, tensorboard: bool, console_interval: int, total_steps: int,
+                 progress: str = "auto"):
         self.enabled, self.console_interval, self.total_steps = enabled, console_interval, total_steps
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.tb = None
         self._fh = None
+        self.progress = ConsoleProgress(progress if enabled else "off", console_interval, total_steps)
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
@@ -87,12 +156,7 @@ class MetricsWriter:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and value is not None:
                     self.tb.add_scalar(f"train/{key}", value, step)
-        # Step 1 too: the first line shows the run is training long before step console_interval.
-        if self.console_interval and (step == 1 or step % self.console_interval == 0 or step == self.total_steps):
-            loss, norm = record["loss"], record["grad_norm"]
-            log.info("step %d/%d loss %s lr %.2e grad_norm %s clip %.3f scale %g %.0f tok/s", step, self.total_steps,
-                     loss if loss is None else f"{loss:.4f}", record["lr"], norm if norm is None else f"{norm:.3f}",
-                     record["clip_threshold"], record["loss_scale"], record["tokens_per_s"])
+        self.progress.show(record)
 
     def last_record(self) -> dict[str, Any] | None:
         """The last complete line of metrics.jsonl (None when there is none)."""
@@ -113,6 +177,7 @@ class MetricsWriter:
                 self.tb.add_histogram(name, tensor.detach().float().cpu(), step)
 
     def close(self) -> None:
+        self.progress.close()
         if self._fh is not None:
             self._fh.close()
             self._fh = None
