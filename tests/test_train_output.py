@@ -19,7 +19,8 @@ TINY = str(REPO / "models" / "tiny.toml")
 SMALL = ["model.dim=32", "model.n_heads=2", "training.seq_len=32", "data.synthetic_vocab=64",
          "training.global_batch_size=2", "logging.tensorboard=false", "logging.histogram_interval=0",
          "training.threads=1", "checkpoint.interval=0"]
-LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) [\w.]+: ")
+# A log line: the same prefix, no clock (warnings and errors say so; other libraries give their name).
+LINE = re.compile(r"^dsdata-train: (warning: |error: )?(\[[\w.]+\] )?(?!\d+:\d\d:\d\d step)\S")
 # A progress line, in the style of `dsdata run`'s "dsdata: 0:00:10 read 64595, kept 64183, ...".
 PROGRESS = re.compile(r"^dsdata-train: (\d+):(\d\d):(\d\d) step (\d+)/(\d+), loss (\d+\.\d{4}|-), (\d+) tok/s, "
                       r"lr (\d\.\d\de[-+]\d\d), grad_norm (\d+\.\d{3}|-), clip \d+\.\d{3}, scale \S+$")
@@ -93,7 +94,7 @@ def test_progress_lines_match_metrics_jsonl(tmp_path):
     run = tmp_path / "run"
     proc = _run(run, ["training.steps=12", "logging.console_interval=5"], ["--progress", "lines"])
     rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
-    progress = [PROGRESS.match(line) for line in proc.stderr.splitlines() if line.startswith("dsdata-train:")]
+    progress = [PROGRESS.match(line) for line in proc.stderr.splitlines() if re.match(r"dsdata-train: \d+:\d\d:\d\d step", line)]
     assert progress and all(progress), proc.stderr
     assert [int(m[4]) for m in progress] == [1, 5, 10, 12] and {int(m[5]) for m in progress} == {12}
     elapsed = [int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]) for m in progress]
@@ -121,7 +122,8 @@ def test_quiet_and_progress_off(tmp_path, capsys):
         assert quiet.err == "" and json.loads(quiet.out)["steps"] == 3
         assert main(base + ["--run-dir", str(tmp_path / "off"), "--progress", "off"]) == 0
         off = capsys.readouterr()
-        assert "dsdata-train:" not in off.err and "64 tokens per step, 3 steps" in off.err  # set-up lines stay
+        assert not re.search(r"^dsdata-train: \d+:\d\d:\d\d step", off.err, re.M)  # no progress lines
+        assert "64 tokens per step, 3 steps" in off.err  # set-up lines stay
         assert main(base + ["--run-dir", str(tmp_path / "lines"), "--set", "logging.progress=off",
                             "--progress", "lines"]) == 0  # the flag wins over the config
         shown = [int(m[4]) for m in map(PROGRESS.match, capsys.readouterr().err.splitlines()) if m]
@@ -169,9 +171,9 @@ def test_a_terminal_gets_a_tqdm_bar_with_log_lines_above_it(tmp_path):
     # Every log line starts a line of its own (tqdm.write clears the bar first), also those logged
     # while the bar was drawn; the export comes after the finished bar.
     lines = [segment.split("\r")[-1] for segment in drawn.split("\r\n")]
-    logged = [line for line in lines if "dsdata.train:" in line]
+    logged = [line for line in lines if line.startswith("dsdata-train:") and "%|" not in line]
     assert logged and all(LINE.match(line) for line in logged), logged
-    warned = [int(n) for line in logged for n in re.findall(r"WARNING dsdata.train: step (\d+) skipped", line)]
+    warned = [int(n) for line in logged for n in re.findall(r"dsdata-train: warning: step (\d+) skipped", line)]
     assert warned == [1, 2, 3]
     assert "exported llama model" in logged[-1]
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 8

@@ -19,7 +19,20 @@ class _StderrHandler(logging.StreamHandler):
 
 
 _HANDLER = _StderrHandler()
-_HANDLER.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+
+class _LineFormat(logging.Formatter):
+    """Every line the trainer prints as `dsdata run` prints its own: `dsdata-train: MESSAGE`, with
+    `warning: ` / `error: ` for those levels and the logger's name for lines from other libraries."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        origin = "" if record.name.startswith("dsdata") else f"[{record.name}] "
+        return f"dsdata-train: {level}{origin}{text}"
+
+
+_HANDLER.setFormatter(_LineFormat("%(message)s"))
 
 
 def _configure_logging(level: str) -> None:
