@@ -139,7 +139,7 @@ UNSAFE_RUNNING_MODES = {
 
 
 def _check_beam_args(beam_args: list[str]) -> None:
-    from dsdata.beam_options import check_runner, direct_running_mode_in, runner_in
+    from dsdata.beam.options import check_runner, direct_running_mode_in, runner_in
 
     runner = runner_in(beam_args)
     if runner is not None:
@@ -290,7 +290,7 @@ def _stdout_closed() -> int:
 
 def cmd_dispatch(commands, argv: list[str]) -> int:
     from dsdata.beam.errors import RunFailed
-    from dsdata.beam_options import BeamOptionError
+    from dsdata.beam.options import BeamOptionError
     from dsdata.io.inputs import InputPathError
     from dsdata.io.outlock import OutputDirError
     from dsdata.io.readers import InputFormatError

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from dsdata.beam_options import BeamOptionError, recipe_beam_args
+from dsdata.beam.options import BeamOptionError, recipe_beam_args
 from dsdata.safe_yaml import YamlBoundError, load_bounded
 from dsdata.stages import Stage, StageConfigError, stage_class
 

@@ -83,6 +83,11 @@ def write_run_info(output: str, info: dict[str, Any]) -> None:
         fh.write(json.dumps(info, indent=2, ensure_ascii=False).encode("utf-8"))
 
 
+def is_run_output(output: str) -> bool:
+    """Whether `output` (local or remote) holds a finished run's stats.json."""
+    return FileSystems.exists(FileSystems.join(output, "stats.json"))
+
+
 def write_report_safely(output: str, recipe=None, stages=None, options=None, seconds: float | None = None) -> str | None:
     """Write run.json (when the recipe is given) and report.html; on any error log ONE warning, never raise."""
     try:

@@ -10,11 +10,9 @@ def main(argv: list[str]) -> int:
                                      "reasons with examples, histograms, recipe as run) from a run's output directory.")
     parser.add_argument("output", help="the run's output directory (holds stats.json, kept/, rejected/)")
     args = parser.parse_args(argv)
-    from apache_beam.io.filesystems import FileSystems
+    from dsdata.beam.report import is_run_output, write_report
 
-    from dsdata.beam.report import write_report
-
-    if not FileSystems.exists(FileSystems.join(args.output, "stats.json")):
+    if not is_run_output(args.output):
         print(f"dsdata: error: {args.output} has no stats.json; pass the output directory of a 'dsdata run'",
               file=sys.stderr)
         return 2
