@@ -36,7 +36,8 @@ def cmd_run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="dsdata run",
         description="Run a pipeline recipe. Unknown --flags are Beam pipeline options "
-        "(--runner, --direct_num_workers, --direct_running_mode, Dataflow/Flink options) and pass through.",
+        "(--runner, --direct_num_workers, --direct_running_mode, Dataflow/Flink options) and pass through; "
+        "--runner=dask runs on a dask.distributed cluster (--dask_client_address=HOST:PORT, see docs/engines.md).",
     )
     parser.add_argument("recipe", nargs="?", default=None, help=f"recipe YAML (default: {DEFAULT_RECIPE})")
     parser.add_argument("--input", action="append", default=None, metavar="GLOB",
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_dispatch(commands, argv: list[str]) -> int:
+    from dsdata.beam.engines import EngineError
     from dsdata.io.readers import InputFormatError
     from dsdata.recipe import RecipeError
     from dsdata.stages import StageConfigError
@@ -148,7 +150,7 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
         if name.startswith("-") or name.endswith((".yaml", ".yml")):
             return commands["run"][0](argv)
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")
-    except (UserError, RecipeError, StageConfigError, InputFormatError, FileNotFoundError) as exc:
+    except (UserError, RecipeError, StageConfigError, InputFormatError, EngineError, FileNotFoundError) as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
 

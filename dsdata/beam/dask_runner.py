@@ -58,6 +58,8 @@ from apache_beam.typehints import trivial_inference
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
+from dsdata.beam.engines import EngineError
+
 log = logging.getLogger("dsdata")
 
 MAIN_TAG = None  # the tag Beam gives a ParDo's main output in AppliedPTransform.outputs
@@ -405,7 +407,7 @@ class DistributedDaskRunner(BeamDaskRunner):
         dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True, current_only=True)
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
         if bag_kwargs.get("partition_size"):
-            raise ValueError("--dask_partition_size is not supported by the dask runner; use --dask_npartitions")
+            raise EngineError("--dask_partition_size is not supported by the dask runner; use --dask_npartitions")
         cluster = None
         if not dask_options.get("address") and not dask_options.get("scheduler_file"):
             # No scheduler given: start one on this machine, reachable from this machine only.
@@ -415,7 +417,13 @@ class DistributedDaskRunner(BeamDaskRunner):
                 dashboard_address="127.0.0.1:0", worker_dashboard_address="127.0.0.1:0",
                 memory_limit=local.dask_memory_limit, local_directory=local.dask_local_directory)
             dask_options["address"] = cluster
-        client = ddist.Client(**dask_options)
+        try:
+            client = ddist.Client(**dask_options)
+        except (OSError, ValueError) as exc:  # TimeoutError is an OSError
+            if cluster is not None:
+                cluster.close()
+            where = dask_options.get("scheduler_file") or dask_options.get("address")
+            raise EngineError(f"cannot reach the dask scheduler at {where}: {exc}") from None
         try:
             npartitions = bag_kwargs.get("npartitions") or 2 * max(1, sum(client.nthreads().values()))
             pipeline.replace_all(dask_overrides())
