@@ -28,7 +28,6 @@ from dsdata.recipe import load_recipe
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "pipelines" / "pretrain.yaml"
 
-distributed = pytest.importorskip("dask.distributed", reason="dask.distributed missing: pip install -e '.[dist]'")
 psutil = pytest.importorskip("psutil")
 
 
@@ -95,10 +94,14 @@ def _free_port() -> int:
 
 # --- Dask ------------------------------------------------------------------------------------------------
 
+def _distributed():
+    return pytest.importorskip("dask.distributed", reason="dask.distributed missing: pip install -e '.[dist]'")
+
+
 @pytest.fixture(scope="module")
 def dask_cluster():
     # Started inside the test run: a long-lived cluster's workers would keep modules imported earlier.
-    cluster = distributed.LocalCluster(
+    cluster = _distributed().LocalCluster(
         processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1",
         dashboard_address="127.0.0.1:0", worker_dashboard_address="127.0.0.1:0")
     try:
@@ -146,6 +149,9 @@ def test_dask_runner_semantics_beam_runner_got_wrong(dask_cluster, tmp_path):
         def setup(self):
             _marker(marks, "setup")
 
+        def teardown(self):
+            _marker(marks, "teardown")
+
         def start_bundle(self):
             self.bundle = f"{os.getpid()}-{time.monotonic_ns()}"
 
@@ -190,6 +196,8 @@ def test_dask_runner_semantics_beam_runner_got_wrong(dask_cluster, tmp_path):
     # (6) setup once per DoFn instance per worker process (one thread each here), not per bundle
     setups = _markers(marks, "setup")
     assert 1 <= len(setups) <= 2 and len({s.split("-")[1] for s in setups}) == len(setups)
+    # (7) at the end of the run the cluster (which outlives it) tears down and drops its instances
+    assert len(_markers(marks, "teardown")) == len(setups)
     # (8) WriteImpl's one-time initialisation ran once per sink: no temp directory left behind
     assert not [p for p in out.iterdir() if p.name.startswith("beam-temp")]
 
@@ -213,6 +221,8 @@ def test_dask_runner_reraises_a_dofn_error(dask_cluster):
 def test_dask_runner_without_address_starts_and_stops_a_loopback_cluster(tmp_path):
     """No --dask_client_address: the runner starts its own cluster on 127.0.0.1 and stops it after."""
     import apache_beam as beam
+
+    _distributed()
 
     from dsdata.beam.pipeline import pipeline_options
 
@@ -240,6 +250,7 @@ def test_dask_runner_without_address_starts_and_stops_a_loopback_cluster(tmp_pat
 
 
 def test_dask_runner_unreachable_scheduler_is_one_line(tmp_path, capsys):
+    _distributed()
     (tmp_path / "a.jsonl").write_text('{"id": "1", "text": "hello"}\n', encoding="utf-8")
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: t\ninput: {paths: ['*.jsonl']}\nstages: []\n", encoding="utf-8")

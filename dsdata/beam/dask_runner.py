@@ -122,6 +122,24 @@ def _give_back_dofn(token: str, fn: beam.DoFn) -> None:
         _dofn_pool[token].append(fn)
 
 
+def _release_run(run_id: str) -> int:
+    """Tear down and drop this process's DoFn instances of one pipeline run (called on every worker).
+
+    Without this a long-lived cluster would keep every run's set-up DoFns, models included.
+    """
+    with _pool_lock:
+        tokens = [t for t in _dofn_pool if t.startswith(run_id + "/")]
+        instances = [fn for t in tokens for fn in _dofn_pool.pop(t)]
+        for fn in instances:
+            _all_instances.remove(fn)
+    for fn in instances:
+        try:
+            fn.teardown()
+        except Exception:  # noqa: BLE001 - one failing teardown must not keep the others alive
+            log.debug("teardown of %r failed", fn, exc_info=True)
+    return len(instances)
+
+
 def _discard_dofn(fn: beam.DoFn) -> None:
     # After an exception Beam discards the instance (its state is unknown); so do we.
     with _pool_lock:
@@ -240,8 +258,8 @@ class _KeyHash:
 class _BagBuilder(PipelineVisitor):
     """Visits primitive transforms in topological order; maps every output PCollection to a bag."""
 
-    def __init__(self, npartitions: int):
-        self.npartitions = npartitions
+    def __init__(self, npartitions: int, run_id: str):
+        self.npartitions, self.run_id = npartitions, run_id
         self.bags: dict[pvalue.PCollection, t.Any] = {}
         self.consumed: set[int] = set()
 
@@ -302,7 +320,7 @@ class _BagBuilder(PipelineVisitor):
             # ran WriteImpl's initialize_write once per consumer).
             side_items.append(self.bags[si.pvalue].reduction(_windowed, _concat, split_every=False)
                               .to_delayed(optimize_graph=False))
-        token = f"{node.full_label}-{uuid.uuid4().hex}"
+        token = f"{self.run_id}/{node.full_label}"
         # The pickled DoFn is one graph key (shipped once per worker), not a literal inside every task.
         pickled_fn = _delayed_value(pickler.dumps(transform.fn), f"dofn-{token}")
         pairs = input_bag.map_partitions(
@@ -353,9 +371,9 @@ def _delayed(fn):
 # --------------------------------------------------------------------------------------------------
 
 class DistributedDaskResult(PipelineResult):
-    def __init__(self, client, futures, cluster=None):
+    def __init__(self, client, futures, run_id: str, cluster=None):
         super().__init__(PipelineState.RUNNING)
-        self.client, self.futures, self.cluster = client, futures, cluster
+        self.client, self.futures, self.run_id, self.cluster = client, futures, run_id, cluster
 
     def wait_until_finish(self, duration=None):
         import dask.distributed as ddist
@@ -378,6 +396,11 @@ class DistributedDaskResult(PipelineResult):
     def _close(self) -> None:
         self.futures = []
         if self.client is not None:
+            if self.cluster is None:  # a cluster that outlives this run: free its workers' DoFns
+                try:
+                    self.client.run(_release_run, self.run_id)
+                except Exception:  # noqa: BLE001 - the run's outcome matters more than the cleanup
+                    log.warning("could not release the dask workers' DoFn instances", exc_info=True)
             self.client.close()
             self.client = None
         if self.cluster is not None:
@@ -427,7 +450,8 @@ class DistributedDaskRunner(BeamDaskRunner):
         try:
             npartitions = bag_kwargs.get("npartitions") or 2 * max(1, sum(client.nthreads().values()))
             pipeline.replace_all(dask_overrides())
-            builder = _BagBuilder(npartitions)
+            run_id = uuid.uuid4().hex
+            builder = _BagBuilder(npartitions, run_id)
             pipeline.visit(builder)
             sinks = [bag.map_partitions(_count) for bag in builder.sinks()]
             futures = client.compute(sinks, optimize_graph=False)
@@ -436,4 +460,4 @@ class DistributedDaskRunner(BeamDaskRunner):
             if cluster is not None:
                 cluster.close()
             raise
-        return DistributedDaskResult(client, futures, cluster)
+        return DistributedDaskResult(client, futures, run_id, cluster)
