@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, default=os.cpu_count())
     parser.add_argument("--dask-memory-limit", default="6GB", help="per dask worker")
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per runner")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take a runner's result from --work-dir when an earlier invocation finished it")
     args = parser.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="dsdata-million-"))
@@ -138,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     base_digest = None
     for name in [r for r in args.runners.split(",") if r]:
         out = work / name
+        saved = work / f"{name}.result.json"
+        if args.reuse and saved.is_file() and (out / "stats.json").is_file():
+            # A finished runner's result from an earlier invocation on the same corpus and work dir.
+            results[name] = json.loads(saved.read_text())
+            if name == "default":
+                base_digest = outputs_digest(out)
+            print(json.dumps({name: results[name], "reused": True}), flush=True)
+            continue
         spill = work / f"{name}-spill"
         spill.mkdir(parents=True, exist_ok=True)
         flags = runner_flags(name, args.cores, args.dask_memory_limit, str(spill))
@@ -148,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                "--output", str(out), "--quiet", *flags]
         if name == "prism":
             # Prism listens on every interface; a network namespace with only loopback keeps it local.
-            cli = ["unshare", "-n", "sh", "-c", "ip link set lo up && exec " + " ".join(cli)]
+            cli = ["unshare", "-n", "sh", "-c", "ip link set lo up && exec " + shlex.join(cli)]
         run = run_monitored(cli, args.timeout, env)
         finished = run["rc"] == 0 and not run["timed_out"]
         result = {k: run[k] for k in ("wall_s", "peak_rss_max_process_mb", "peak_rss_tree_mb", "processes")}
@@ -167,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             elif base_digest is not None:
                 result["same_outputs_as_default"] = digest == base_digest
         results[name] = result
+        saved.write_text(json.dumps(result))
         print(json.dumps({name: result}), flush=True)
         shutil.rmtree(spill, ignore_errors=True)
 

@@ -5,6 +5,7 @@ and every shard file byte for byte.  Everything a test starts binds 127.0.0.1 an
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import json
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -71,6 +73,14 @@ def baseline(tmp_path_factory) -> Path:
 
 # --- sockets -------------------------------------------------------------------------------------------
 
+def _is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip)
+    # Java listens on IPv6 sockets: 127.0.0.1 shows as ::ffff:127.0.0.1, which is_loopback calls False.
+    if addr.version == 6 and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
 def _non_loopback_sockets(pids: list[int]) -> list[str]:
     """Sockets of these processes bound (or connected) to anything but 127.0.0.0/8 or ::1."""
     bad = []
@@ -81,7 +91,7 @@ def _non_loopback_sockets(pids: list[int]) -> list[str]:
             continue
         for c in conns:
             for addr in (c.laddr, c.raddr):
-                if addr and not ipaddress.ip_address(addr.ip).is_loopback:
+                if addr and not _is_loopback(addr.ip):
                     bad.append(f"pid {pid}: {c.status} {addr.ip}:{addr.port}")
     return bad
 
@@ -319,15 +329,13 @@ def _flink_home_or_skip() -> Path:
     home = os.environ.get("FLINK_HOME") or os.path.join(engines.engines_cache_dir(), "flink", "pyflink")
     if not os.path.isfile(os.path.join(home, "bin", "jobmanager.sh")):
         pytest.skip(f"no Flink {engines.FLINK_VERSION} distribution at {home}: run .ci/engines-setup "
-                    f"(apache-flink-libraries=={engines.FLINK_VERSION}.*) or set FLINK_HOME")
+                    f"(apache-flink + apache-flink-libraries {engines.FLINK_DIST_VERSION}) or set FLINK_HOME")
     return Path(home)
 
 
-@pytest.fixture
-def flink_cluster(tmp_path):
+@contextlib.contextmanager
+def _flink_cluster(home: Path, tmp_path: Path):
     """A JobManager and a TaskManager on 127.0.0.1, run in the foreground so they are stopped by PID."""
-    jar = _flink_jar_or_skip()
-    home = _flink_home_or_skip()
     conf = tmp_path / "flink-conf"
     conf.mkdir()
     rest_port, rpc_port = _free_port(), _free_port()
@@ -344,26 +352,52 @@ def flink_cluster(tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
              for script in ("jobmanager.sh", "taskmanager.sh")]
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
+        deadline = time.time() + 180
+        while True:
             try:
-                with socket.create_connection(("127.0.0.1", rest_port), timeout=1):
+                # No proxy: the REST port is on this machine.
+                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+                body = json.loads(opener.open(f"http://127.0.0.1:{rest_port}/taskmanagers", timeout=2).read())
+                if body.get("taskmanagers"):
                     break
             except OSError:
-                time.sleep(1)
-        else:
-            pytest.fail("Flink's JobManager did not open its REST port within 120 s")
-        yield {"jar": jar, "master": f"127.0.0.1:{rest_port}", "pids": [p.pid for p in procs]}
+                pass
+            if time.time() > deadline or any(p.poll() is not None for p in procs):
+                pytest.fail("Flink's JobManager and TaskManager did not come up within 180 s")
+            time.sleep(1)
+        pids = [pid for p in procs for pid in [p.pid] + [c.pid for c in psutil.Process(p.pid).children(recursive=True)]]
+        yield {"master": f"127.0.0.1:{rest_port}", "pids": pids}
     finally:
         for proc in procs:
             # start-foreground execs java in a new session: signal that process group only.
             os.killpg(proc.pid, signal.SIGTERM)
         for proc in procs:
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+@pytest.mark.slow
+def test_flink_cluster_listens_on_loopback_only_and_stops_by_pid(tmp_path):
+    if shutil.which("java") is None:
+        pytest.skip("java not found: Flink is a Java program")
+    home = _flink_home_or_skip()
+    with _flink_cluster(home, tmp_path) as cluster:
+        pids = cluster["pids"]
+        listening = [c for pid in pids for c in psutil.Process(pid).net_connections(kind="inet") if c.status == "LISTEN"]
+        assert len(listening) >= 3  # RPC, REST, blob server, TaskManager data/RPC
+        assert _non_loopback_sockets(pids) == []
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+@pytest.fixture
+def flink_cluster(tmp_path):
+    jar = _flink_jar_or_skip()
+    home = _flink_home_or_skip()
+    with _flink_cluster(home, tmp_path) as cluster:
+        yield dict(cluster, jar=jar)
 
 
 @pytest.mark.slow
@@ -371,6 +405,4 @@ def test_flink_cluster_pretrain_identical_to_default_runner(baseline, flink_clus
     out = tmp_path / "flink-cluster"
     run_recipe(load_recipe(str(PRETRAIN)), str(out), _flink_args(flink_cluster["jar"], flink_cluster["master"]))
     assert_same_outputs(baseline, out)
-    pids = [pid for root in flink_cluster["pids"] for pid in
-            [root] + [c.pid for c in psutil.Process(root).children(recursive=True)]]
-    assert _non_loopback_sockets(pids) == []
+    assert _non_loopback_sockets(flink_cluster["pids"]) == []

@@ -14,6 +14,9 @@ BEAM_VERSION = version("apache-beam")
 # The Flink versions Beam 2.77's FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS lists; the jar must match
 # both the Beam SDK version and the Flink cluster's minor version.
 FLINK_VERSION = "1.20"
+# The Flink release whose distribution .ci/engines-setup assembles from PyPI: bin/ and conf/ from the
+# apache-flink wheel, lib/ opt/ plugins/ from the apache-flink-libraries sdist.
+FLINK_DIST_VERSION = "1.20.3"
 
 
 class EngineError(RuntimeError):
