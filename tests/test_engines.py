@@ -212,6 +212,22 @@ def test_dask_runner_semantics_beam_runner_got_wrong(dask_cluster, tmp_path):
     assert not [p for p in out.iterdir() if p.name.startswith("beam-temp")]
 
 
+def test_dask_runner_reads_bounded_sources_and_impulse(dask_cluster, tmp_path):
+    import apache_beam as beam
+
+    from dsdata.beam.pipeline import pipeline_options
+
+    (tmp_path / "in.txt").write_text("".join(f"line {i}\n" for i in range(30)), encoding="utf-8")
+    options = pipeline_options(["--runner=dask", f"--dask_client_address={dask_cluster.scheduler_address}"])
+    with beam.Pipeline(options=options) as p:
+        lines = p | "Text" >> beam.io.ReadFromText(str(tmp_path / "in.txt"))
+        pulse = p | "Impulse" >> beam.Impulse() | "Mark" >> beam.Map(lambda _: "impulse")
+        ((lines, pulse) | beam.Flatten() | beam.combiners.Count.PerElement()
+         | beam.MapTuple(lambda k, n: f"{k}\t{n}") | beam.io.WriteToText(str(tmp_path / "out")))
+    got = sorted(line for f in tmp_path.glob("out-*") for line in f.read_text().splitlines())
+    assert got == sorted([f"line {i}\t1" for i in range(30)] + ["impulse\t1"])
+
+
 def test_dask_runner_reraises_a_dofn_error(dask_cluster):
     import apache_beam as beam
 
