@@ -20,8 +20,10 @@ idea and its transform overrides and fixes them (docs/engines.md maps each fix t
   6. DoFn setup runs once per DoFn instance per worker process (a pool per process), not once per
      partition: model-loading stages (lang, relevance, difficulty, tokenize) load their model once.
   7. The client is closed when the pipeline finishes (and a cluster this runner started is stopped).
-  8. Sinks are computed with `optimize_graph=False`: dask's fusion inlines shared tasks into each
-     consumer, which ran WriteImpl's one-time `initialize_write` twice (two temp dirs, lost files).
+  8. Shared tasks run once: sinks are computed with `optimize_graph=False` (dask's fusion inlines
+     shared tasks into each consumer) and side inputs are passed as Delayed keys (a bag Item argument
+     is wrapped in a fresh "finalize" task per consumer that re-runs its whole subgraph).  Either way
+     WriteImpl's one-time `initialize_write` ran once per consumer: several temp dirs, lost files.
 
 Also: GroupByKey partitions keys by a hash of their deterministic Beam encoding (stable across
 worker processes, unlike Python's salted `hash`), elements stay WindowedValues end to end (so the
