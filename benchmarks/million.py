@@ -58,7 +58,10 @@ def runner_flags(name: str, cores: int, dask_memory_limit: str, spill_dir: str) 
         prism = prism_binary()
         if prism is None or shutil.which("unshare") is None:
             return None
-        return ["--runner=PrismRunner", f"--prism_location={prism}", "--environment_type=LOOPBACK"]
+        # Beam 2.77's PortableRunner opens the job's state and message streams with a gRPC deadline of
+        # --job_server_timeout (300 s by default): any job running longer fails with DEADLINE_EXCEEDED.
+        return ["--runner=PrismRunner", f"--prism_location={prism}", "--environment_type=LOOPBACK",
+                "--job_server_timeout=86400"]
     raise SystemExit(f"million: error: unknown runner {name!r}")
 
 

@@ -308,7 +308,7 @@ def test_prism_pretrain_identical_to_default_runner(baseline, tmp_path):
         pytest.skip("cannot create a network namespace (unshare -n) to keep Prism's ':PORT' listener on loopback")
     out = tmp_path / "prism"
     cmd = (f"ip link set lo up && exec {sys.executable} -m dsdata.cli run {PRETRAIN} --output {out} --quiet "
-           f"--runner=PrismRunner --prism_location={prism} --environment_type=LOOPBACK")
+           f"--runner=PrismRunner --prism_location={prism} --environment_type=LOOPBACK --job_server_timeout=3600")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(["unshare", "-n", "sh", "-c", cmd], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=900)
@@ -330,7 +330,9 @@ def _flink_jar_or_skip() -> str:
 
 def _flink_args(jar: str, master: str) -> list[str]:
     return ["--runner=FlinkRunner", f"--flink_job_server_jar={jar}", f"--flink_master={master}",
-            f"--flink_version={engines.FLINK_VERSION}", "--environment_type=LOOPBACK", "--parallelism=2"]
+            f"--flink_version={engines.FLINK_VERSION}", "--environment_type=LOOPBACK", "--parallelism=2",
+            # The job's state/message streams get this as a gRPC deadline (apache/beam#35867).
+            "--job_server_timeout=3600"]
 
 
 @pytest.mark.slow
