@@ -40,7 +40,8 @@ def cmd_run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="dsdata run",
         description="Run a pipeline recipe. Unknown --flags are Beam pipeline options "
-        "(--runner, --direct_num_workers, --direct_running_mode, Dataflow/Flink options) and pass through.",
+        "(--runner, --direct_num_workers, --direct_running_mode, Dataflow/Flink options) and pass through; "
+        "--runner=dask runs on a dask.distributed cluster (--dask_client_address=HOST:PORT, see docs/engines.md).",
     )
     parser.add_argument("recipe", nargs="?", default=None, help=f"recipe YAML (default: {DEFAULT_RECIPE})")
     parser.add_argument("--input", action="append", default=None, metavar="GLOB",
@@ -289,6 +290,7 @@ def _stdout_closed() -> int:
 
 
 def cmd_dispatch(commands, argv: list[str]) -> int:
+    from dsdata.beam.engines import EngineError
     from dsdata.beam.errors import RunFailed
     from dsdata.beam.options import BeamOptionError
     from dsdata.io.inputs import InputPathError
@@ -312,7 +314,7 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
             return commands["run"][0](argv)
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")
     except (UserError, RecipeError, StageConfigError, InputFormatError, InputPathError, FileNotFoundError,
-            BeamOptionError, OutputDirError) as exc:
+            BeamOptionError, OutputDirError, EngineError) as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
     except RunFailed as exc:  # the run started and cannot succeed: over the error budget, or a stage cannot run

@@ -47,6 +47,13 @@ class LedgerError(RuntimeError):
 
 def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     args = list(beam_args)
+    for i, arg in enumerate(args):
+        if arg.split("=", 1)[0] == "--runner" and arg.split("=", 1)[-1].lower() in ("dask", "daskrunner"):
+            # Beam's own DaskRunner loses outputs on a real cluster (docs/engines.md); `dask` means ours.
+            # Importing it here also registers its --dask_* options before Beam parses the arguments.
+            from dsdata.beam.dask_runner import DistributedDaskRunner
+
+            args[i] = f"--runner={DistributedDaskRunner.__module__}.{DistributedDaskRunner.__name__}"
     names = [a.split("=", 1)[0] for a in args]
     if "--runner" not in names:
         uses_direct_flags = any(n.startswith("--direct_") for n in names)

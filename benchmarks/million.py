@@ -1,0 +1,202 @@
+"""pipelines/pretrain.yaml on a generated corpus (default one million documents) on each runner.
+
+    python benchmarks/million.py --docs 20000                      # a check: ~10–20 min on 2 busy cores
+    python benchmarks/million.py --docs 1000000 --runners dask     # the full size (hours; ~3 GB input)
+
+The corpus comes from benchmarks/million_corpus.py (real text, varied by edits, with shares of other
+languages, junk, exact and near duplicates) and is generated into --corpus-dir once per size.  Each
+runner runs `dsdata run` in its own process tree, sampled every 0.5 s with psutil:
+
+  default           Beam's in-process FnApiRunner (dsdata's default; the peer the ratios divide by)
+  multiprocessing   --direct_running_mode=multi_processing --direct_num_workers=CORES
+  dask              --runner=dask: a local dask.distributed cluster of CORES workers, spilling to disk
+                    at 60 % of --dask-memory-limit per worker
+  prism             Beam's Prism runner (binary from .ci/engines-setup), in a loopback-only netns
+
+Per runner: finished (exit 0 within --timeout, ledger ok), wall seconds, docs/s, docs/s per core
+(input documents / wall / cores of the machine), peak RSS of the largest process and of the whole
+tree, per-stage counts (stats.json "stages"), and whether kept/rejected ids and stats equal the
+default runner's.  Per-stage *times* are not measured: Beam fuses stages into one bundle loop.
+The last line printed is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from million_corpus import generate  # noqa: E402
+
+from dsdata.beam.engines import prism_binary  # noqa: E402
+
+RECIPE = REPO / "pipelines" / "pretrain.yaml"
+
+
+def runner_flags(name: str, cores: int, dask_memory_limit: str, spill_dir: str) -> list[str] | None:
+    if name == "default":
+        return []
+    if name == "multiprocessing":
+        return ["--direct_running_mode=multi_processing", f"--direct_num_workers={cores}"]
+    if name == "dask":
+        return ["--runner=dask", f"--dask_n_workers={cores}", f"--dask_memory_limit={dask_memory_limit}",
+                f"--dask_local_directory={spill_dir}"]
+    if name == "prism":
+        prism = prism_binary()
+        if prism is None or shutil.which("unshare") is None:
+            return None
+        # Beam 2.77's PortableRunner opens the job's state and message streams with a gRPC deadline of
+        # --job_server_timeout (300 s by default): any job running longer fails with DEADLINE_EXCEEDED.
+        return ["--runner=PrismRunner", f"--prism_location={prism}", "--environment_type=LOOPBACK",
+                "--job_server_timeout=86400"]
+    raise SystemExit(f"million: error: unknown runner {name!r}")
+
+
+def run_monitored(cmd: list[str], timeout: float, env: dict) -> dict:
+    """Run cmd; sample its process tree's RSS every 0.5 s. Peak per process and of the whole tree."""
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    peak_by_pid: dict[int, int] = {}
+    peak_tree = 0
+    root = psutil.Process(proc.pid)
+    timed_out = False
+    while proc.poll() is None:
+        total = 0
+        try:
+            procs = [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        for p in procs:
+            try:
+                rss = p.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+            total += rss
+            peak_by_pid[p.pid] = max(peak_by_pid.get(p.pid, 0), rss)
+        peak_tree = max(peak_tree, total)
+        if time.time() - start > timeout:
+            timed_out = True
+            for p in reversed(procs):  # children first, then the CLI process, each by PID
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            break
+        time.sleep(0.5)
+    out, err = proc.communicate()
+    return {"rc": proc.returncode, "timed_out": timed_out, "wall_s": round(time.time() - start, 1),
+            "peak_rss_max_process_mb": round(max(peak_by_pid.values(), default=0) / 2**20),
+            "peak_rss_tree_mb": round(peak_tree / 2**20), "processes": len(peak_by_pid),
+            "stdout": out, "stderr": err}
+
+
+def outputs_digest(out: Path) -> dict:
+    ids = {}
+    for kind in ("kept", "rejected"):
+        rows = []
+        for f in sorted((out / kind).glob("*.parquet")):
+            rows.extend(pq.read_table(f, columns=["id"]).column("id").to_pylist())
+        ids[kind] = sorted(rows)
+    stats = json.loads((out / "stats.json").read_text())
+    stats.pop("seconds", None)
+    return {"ids": ids, "stats": stats}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--docs", type=int, default=1_000_000)
+    parser.add_argument("--runners", default="default,multiprocessing,dask,prism")
+    parser.add_argument("--corpus-dir", type=Path, default=None,
+                        help="where the corpus is generated (default: a temporary directory)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="outputs and spill (default: temporary)")
+    parser.add_argument("--cores", type=int, default=os.cpu_count())
+    parser.add_argument("--dask-memory-limit", default="6GB", help="per dask worker")
+    parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per runner")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take a runner's result from --work-dir when an earlier invocation finished it")
+    args = parser.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="dsdata-million-"))
+    corpus = args.corpus_dir or tmp / "corpus"
+    work = args.work_dir or tmp / "work"
+    summary_path = corpus / "corpus.json"
+    if summary_path.is_file() and json.loads(summary_path.read_text())["docs"] == args.docs:
+        corpus_summary = json.loads(summary_path.read_text())
+    else:
+        corpus_summary = generate(corpus, args.docs)
+    print(json.dumps({"corpus": corpus_summary}), flush=True)
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    results: dict[str, dict] = {}
+    base_digest = None
+    for name in [r for r in args.runners.split(",") if r]:
+        out = work / name
+        saved = work / f"{name}.result.json"
+        if args.reuse and saved.is_file() and (out / "stats.json").is_file():
+            # A finished runner's result from an earlier invocation on the same corpus and work dir.
+            results[name] = json.loads(saved.read_text())
+            if name == "default":
+                base_digest = outputs_digest(out)
+            print(json.dumps({name: results[name], "reused": True}), flush=True)
+            continue
+        spill = work / f"{name}-spill"
+        spill.mkdir(parents=True, exist_ok=True)
+        flags = runner_flags(name, args.cores, args.dask_memory_limit, str(spill))
+        if flags is None:
+            results[name] = {"finished": False, "skipped": "no prism binary or no unshare (run .ci/engines-setup)"}
+            continue
+        cli = [sys.executable, "-m", "dsdata.cli", "run", str(RECIPE), "--input", str(corpus / "part-*.jsonl"),
+               "--output", str(out), "--quiet", *flags]
+        if name == "prism":
+            # Prism listens on every interface; a network namespace with only loopback keeps it local.
+            cli = ["unshare", "-n", "sh", "-c", "ip link set lo up && exec " + shlex.join(cli)]
+        run = run_monitored(cli, args.timeout, env)
+        finished = run["rc"] == 0 and not run["timed_out"]
+        result = {k: run[k] for k in ("wall_s", "peak_rss_max_process_mb", "peak_rss_tree_mb", "processes")}
+        result["finished"] = finished
+        if not finished:
+            result["error"] = "timed out" if run["timed_out"] else run["stderr"].strip().splitlines()[-1:]
+        else:
+            stats = json.loads((out / "stats.json").read_text())
+            result["docs_per_s"] = round(stats["input"] / run["wall_s"], 1)
+            result["docs_per_s_per_core"] = round(stats["input"] / run["wall_s"] / args.cores, 1)
+            result["kept"], result["rejected"] = stats["kept"], stats["rejected_total"]
+            result["stages_kept_after"] = {s: v["kept_after"] for s, v in stats["stages"].items()}
+            digest = outputs_digest(out)
+            if name == "default":
+                base_digest = digest
+            elif base_digest is not None:
+                result["same_outputs_as_default"] = digest == base_digest
+        results[name] = result
+        saved.write_text(json.dumps(result))
+        print(json.dumps({name: result}), flush=True)
+        shutil.rmtree(spill, ignore_errors=True)
+
+    base = results.get("default", {})
+    ratios = {}
+    for name, r in results.items():
+        if name != "default" and r.get("finished") and base.get("finished"):
+            ratios[name] = {"wall_vs_default": round(r["wall_s"] / base["wall_s"], 2),
+                            "peak_tree_vs_default": round(r["peak_rss_tree_mb"] / base["peak_rss_tree_mb"], 2)}
+    if args.corpus_dir is None and args.work_dir is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"benchmark": "million", "docs": args.docs, "bytes": corpus_summary["bytes"],
+                      "cores": args.cores, "runners": results, "ratios": ratios}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

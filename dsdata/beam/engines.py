@@ -1,0 +1,58 @@
+"""Where the engine artifacts that are not Python packages live: Prism's binary, Flink's job-server jar.
+
+`.ci/engines-setup` fetches them into one cache directory (outside the git tree) and the tests, the
+benchmark and docs/engines.md look them up here, so all three agree on the places and the names.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from importlib.metadata import version
+
+# From the installed distribution's metadata: importing apache_beam here would slow every CLI command.
+BEAM_VERSION = version("apache-beam")
+# The Flink versions Beam 2.77's FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS lists; the jar must match
+# both the Beam SDK version and the Flink cluster's minor version.
+FLINK_VERSION = "1.20"
+# The Flink release whose distribution .ci/engines-setup assembles from PyPI: bin/ and conf/ from the
+# apache-flink wheel, lib/ opt/ plugins/ from the apache-flink-libraries sdist.
+FLINK_DIST_VERSION = "1.20.3"
+
+
+class EngineError(RuntimeError):
+    """An engine the user named cannot be used (scheduler unreachable, bad option): one line in the CLI."""
+
+
+def engines_cache_dir() -> str:
+    """$DSDATA_ENGINES_CACHE, else /work/.cache/engines where /work/.cache exists, else ~/.cache/dsdata/engines."""
+    explicit = os.environ.get("DSDATA_ENGINES_CACHE")
+    if explicit:
+        return explicit
+    if os.path.isdir("/work/.cache"):
+        return "/work/.cache/engines"
+    return os.path.join(os.path.expanduser("~"), ".cache", "dsdata", "engines")
+
+
+def prism_binary() -> str | None:
+    """The Prism runner binary built by `go install .../cmd/prism@v<beam version>`, if any."""
+    for candidate in (os.environ.get("DSDATA_PRISM"), os.path.join(engines_cache_dir(), "gobin", "prism"),
+                      shutil.which("prism")):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def flink_job_server_coordinates(flink_version: str = FLINK_VERSION, beam_version: str = BEAM_VERSION) -> str:
+    return f"org.apache.beam:beam-runners-flink-{flink_version}-job-server:{beam_version}"
+
+
+def flink_job_server_jar(flink_version: str = FLINK_VERSION, beam_version: str = BEAM_VERSION) -> str | None:
+    """The job-server jar in the engines cache's Maven repository (or $DSDATA_FLINK_JOB_SERVER_JAR)."""
+    explicit = os.environ.get("DSDATA_FLINK_JOB_SERVER_JAR")
+    artifact = f"beam-runners-flink-{flink_version}-job-server"
+    candidates = [explicit, os.path.join(engines_cache_dir(), "m2", "org", "apache", "beam", artifact, beam_version,
+                                         f"{artifact}-{beam_version}.jar")]
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate):
+            return candidate
+    return None
