@@ -29,10 +29,24 @@ class BeamOptionError(ValueError):
     """A Beam option a recipe may not carry, or a runner that does not exist; one line."""
 
 
+# dsdata's own runners, by the names users type (Beam's DaskRunner loses outputs on a real cluster:
+# `dask` means dsdata's fixed one, docs/engines.md).
+DSDATA_RUNNERS = {
+    "dask": "dsdata.beam.dask_runner.DistributedDaskRunner",
+    "daskrunner": "dsdata.beam.dask_runner.DistributedDaskRunner",
+}
+
+
+def runner_class_path(name: str) -> str:
+    """The class path Beam should load for --runner=NAME: dsdata's runner for its aliases, else NAME."""
+    return DSDATA_RUNNERS.get(name.lower(), name)
+
+
 def _known_runner_map() -> dict[str, str]:
     from apache_beam.options.pipeline_options import StandardOptions
 
-    return {path.rsplit(".", 1)[-1].lower(): path for path in StandardOptions.ALL_KNOWN_RUNNERS}
+    known = {path.rsplit(".", 1)[-1].lower(): path for path in StandardOptions.ALL_KNOWN_RUNNERS}
+    return {**known, **DSDATA_RUNNERS}
 
 
 def _is_known_name(name: str) -> bool:
@@ -79,8 +93,9 @@ def check_runner(name: str) -> None:
         try:
             importlib.import_module(module_name)
         except ImportError as exc:
-            raise BeamOptionError(f"--runner={name} needs a Beam extra that is not installed ({exc}); "
-                                  "e.g. pip install 'apache-beam[gcp]' or 'apache-beam[interactive]'") from None
+            extra = "'dsdata[dist]'" if path in DSDATA_RUNNERS.values() else "'apache-beam[gcp]' or 'apache-beam[interactive]'"
+            raise BeamOptionError(f"--runner={name} needs an extra that is not installed ({exc}); "
+                                  f"e.g. pip install {extra}") from None
         return
     from apache_beam.options.pipeline_options import StandardOptions
 

@@ -24,6 +24,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from dsdata.beam.errors import ErrorBudget, find_environment_error
 from dsdata.beam.kinds import ApplyStage, StageContext
+from dsdata.beam.options import runner_class_path
 from dsdata.beam.transforms import CPU_COUNTER, KEPT, REJECTED, ReadDocuments
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_row, kept_schema, rejected_row
 from dsdata.io.readers import READ_STAGE
@@ -48,12 +49,12 @@ class LedgerError(RuntimeError):
 def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     args = list(beam_args)
     for i, arg in enumerate(args):
-        if arg.split("=", 1)[0] == "--runner" and arg.split("=", 1)[-1].lower() in ("dask", "daskrunner"):
-            # Beam's own DaskRunner loses outputs on a real cluster (docs/engines.md); `dask` means ours.
+        if arg.split("=", 1)[0] == "--runner" and runner_class_path(arg.split("=", 1)[-1]) != arg.split("=", 1)[-1]:
+            # `dask` means dsdata's runner (Beam's own loses outputs on a real cluster, docs/engines.md).
             # Importing it here also registers its --dask_* options before Beam parses the arguments.
-            from dsdata.beam.dask_runner import DistributedDaskRunner
+            import dsdata.beam.dask_runner  # noqa: F401
 
-            args[i] = f"--runner={DistributedDaskRunner.__module__}.{DistributedDaskRunner.__name__}"
+            args[i] = f"--runner={runner_class_path(arg.split('=', 1)[-1])}"
     names = [a.split("=", 1)[0] for a in args]
     if "--runner" not in names:
         uses_direct_flags = any(n.startswith("--direct_") for n in names)
@@ -229,12 +230,12 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     )
 
 
-def stage_times(metrics, stats: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+def stage_times(result, stats: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     """stats.json's "stage_time": each stage's CPU seconds (the `cpu_us` counters its DoFns flush per
     bundle), its input documents (from the ledger) and docs per CPU-second; None when the runner
     returned no such metrics (some runners report none), so stats.json never shows invented zeros."""
     try:
-        counters = metrics.query(MetricsFilter().with_name(CPU_COUNTER))["counters"]
+        counters = result.metrics().query(MetricsFilter().with_name(CPU_COUNTER))["counters"]
     except Exception:  # noqa: BLE001 - a runner without metrics support
         return None
     cpu_us: dict[str, int] = {}
@@ -289,7 +290,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     stats_path = FileSystems.join(output, "stats.json")
     with FileSystems.open(stats_path) as fh:
         stats = json.loads(fh.read().decode("utf-8"))
-    times = stage_times(p.result.metrics(), stats)
+    times = stage_times(p.result, stats)
     if times is None:
         stats["stage_time_unavailable"] = f"the runner ({type(p.result).__name__}) returned no metrics"
     else:
