@@ -225,3 +225,45 @@ def test_mean_f1_on_all_dev_pages_stays_above_the_measured_floor(html_dev, score
     assert len(per_lang["all"]) == 65
     for lang, floor in MIN_F1.items():
         assert means[lang] >= floor, (lang, means)
+
+
+def _nesting_cases() -> list[str]:
+    """Real dev pages and generated pages with raw-text elements, stray and unclosed tags, case
+    games and self-closing tags: everything the nesting scan treats specially."""
+    from pathlib import Path
+    import random
+
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "html-dev"
+    pages = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(data.glob("*.html"))[:12]]
+    rng = random.Random(15)
+    pieces = ["<div>", "</div>", "<DiV class=x>", "</DIV>", "<span>", "</span>", "<p>", "</p>", "<li>", "<br/>",
+              "<div/>", "<section>", "</section>", "</b>", "<b>", "<script>", "</script>", "<SCRIPT type=x>",
+              "<scripts>", "<script_x>", "</ſcript>", "<style>", "</style>", "<title>", "</title >", "<textarea>",
+              "</textarea>", "<plaintext>", "<a href='<div>'>", "</a>", "text ", "a<b ", "<!-- <div> -->",
+              "<\u212adiv>", "<x-y:z>", "</x-y:z>", "<", ">", "<div", "</div"]
+    for _ in range(300):
+        pages.append("".join(rng.choice(pieces) for _ in range(rng.randrange(5, 120))))
+    # End tags inside raw text close nothing; a check that counted them would miss the nesting after.
+    for raw in ("script", "STYLE", "title", "textarea", "xmp", "noscript", "iframe", "noembed", "noframes"):
+        for end in (f"</{raw}>", "", f"</{raw.upper()}x>"):
+            pages.append("<div>" * 6 + f"<{raw} a='1'>" + "</div>" * 6 + end + "<div>" * 6)
+    return pages
+
+
+def test_nesting_fast_check_never_passes_a_page_the_scan_would_rewrite():
+    """`cap_nesting` returns an ordinary page after one findall and a count per tag name; whenever
+    that check says "within", the scan that rewrites must make no edit, at every depth limit; and
+    on the real pages at the real limit the check must say "within" (it is the fast path)."""
+    from dsdata.clean.html import MAX_NESTING, _capped, _within_nesting
+
+    cases = _nesting_cases()
+    rewritten = passed = 0
+    for html in cases:
+        for depth in (1, 2, 3, 5, 8, 20, 60):
+            if _within_nesting(html, depth):
+                passed += 1
+                assert _capped(html, depth) == html, (depth, html[:300])
+            else:
+                rewritten += _capped(html, depth) != html
+    assert passed > 500 and rewritten > 300
+    assert all(_within_nesting(html, MAX_NESTING) for html in cases[:12])

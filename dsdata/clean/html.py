@@ -354,13 +354,68 @@ def _raw_text_end(name: str) -> re.Pattern:
     return pattern
 
 
+def _ascii_any_case(name: str) -> str:
+    return "".join(f"[{c}{c.upper()}]" if c.isalpha() else re.escape(c) for c in name)
+
+
+# `cap_nesting`'s scan needs a Python step per tag; this pattern lets one C-level `findall` feed a
+# cheaper check first.  A raw-text element's start tag together with its content up to its end tag
+# (what the scan skips) yields an empty string; any other tag yields its `/`-prefixed name.  The
+# raw-text names match ASCII letters in any case (the scan lowers `[A-Za-z]` names) and their end
+# is found as the scan finds it (a case-insensitive `</name`), so both see the same tags.
+_TAG_NAMES = re.compile(
+    "<(?:"
+    + "".join(
+        f"{_ascii_any_case(name)}(?![A-Za-z0-9:-])[^>]*>(?:.*?(?=(?i:</{name}))|.*)|" for name in sorted(_RAW_TEXT)
+    )
+    + r"(/?[A-Za-z][A-Za-z0-9:-]*)[^>]*>)",
+    re.S,
+)
+
+
+def _within_nesting(html: str, max_depth: int) -> bool:
+    """True only if `cap_nesting`'s scan never reaches `max_depth` on the page (False: it may).
+
+    Instead of the scan's stack, one open-element count per tag name: an end tag takes one off its
+    name's count when that is above zero, a start tag (self-closing ones too) adds one.  The sum of
+    the counts never falls below the scan's stack depth (an end tag the scan honours pops at least
+    the one element this takes off; one it ignores can only take off here what the scan already
+    popped or never pushed), so a sum that stays within the bound proves the scan makes no edit."""
+    counts: dict[str, int] = {}
+    get = counts.get
+    depth = 0
+    for tag in _TAG_NAMES.findall(html):
+        if not tag:
+            continue  # a raw-text element, skipped with its content
+        if tag[0] == "/":
+            name = tag[1:].lower()
+            count = get(name)
+            if count:
+                counts[name] = count - 1
+                depth -= 1
+        else:
+            name = tag.lower()
+            if name in _NO_LEVEL:
+                continue
+            counts[name] = get(name, 0) + 1
+            depth += 1
+            if depth > max_depth:
+                return False
+    return True
+
+
 def cap_nesting(html: str, max_depth: int = MAX_NESTING) -> str:
     """The page rewritten so that no element nests deeper than `max_depth`: an element that would
     go deeper becomes the next sibling of the element at the limit (that one is closed just before
     it, and its own end tag, when it comes, is dropped) — as Chromium's parser does.  Every tag and
     all text stay.  A page within the bound (every ordinary page) is returned unchanged."""
-    if html.count("<") <= max_depth:
+    if html.count("<") <= max_depth or _within_nesting(html, max_depth):
         return html
+    return _capped(html, max_depth)
+
+
+def _capped(html: str, max_depth: int) -> str:
+    """`cap_nesting`'s rewrite: the scan that finds where the page nests too deep, with positions."""
     stack: list[str] = []
     open_counts: dict[str, int] = {}
     closed_early: dict[str, int] = {}  # end tags still to come for elements closed at the limit
