@@ -271,7 +271,10 @@ _PARAGRAPH_SELECTOR = ", ".join(sorted(_PARAGRAPH_TAGS))
 _LINE_SELECTOR = ", ".join(sorted(_BLOCK_TAGS - _PARAGRAPH_TAGS - set(_PRE_TAGS)))
 # Fixed replacement strings and patterns that start with a marker (so the regex engine skips
 # ahead to the next marker): a Python callback per block boundary would cost more than the rest.
-_PARA_RUN = re.compile(f"(?:{_LINE} ?)*{_PARA}[ {_LINE}{_PARA}]*")
+# A run of markers (spaces between them) that holds a paragraph mark becomes a blank line, any other
+# run a line break: the part from the first paragraph mark on collapses into it, the line marks
+# before it into one, and that one is absorbed by the paragraph mark that follows it.
+_PARA_TAIL = re.compile(f"{_PARA}[ {_LINE}{_PARA}]*")
 _LINE_RUN = re.compile(f"{_LINE}[ {_LINE}]*")
 _CELL_MARK = re.compile(f"{_CELL} ?")
 # Cells emptied of icons leave tabs at line ends; a row starts with its first cell's tab.
@@ -318,8 +321,8 @@ def _serialise(root: LexborNode) -> str:
     # str.split() collapses every whitespace run (incl. NBSP and the ideographic space) in C; the
     # protected <pre> whitespace is not whitespace to it.
     text = " ".join(root.text(deep=True).split())
-    text = _PARA_RUN.sub("\n\n", text)
-    text = _LINE_RUN.sub("\n", text).replace(" \n", "\n")
+    text = _LINE_RUN.sub(_LINE, _PARA_TAIL.sub(_PARA, text)).replace(_LINE + _PARA, _PARA)
+    text = text.replace(_PARA, "\n\n").replace(_LINE, "\n").replace(" \n", "\n")
     if _CELL in text:
         text = _CELL_MARK.sub("\t", text).replace(" \t", "\t")
         text = _TABS_AFTER_NEWLINE.sub("\n", _TABS_BEFORE_NEWLINE.sub("\n", text))
