@@ -267,3 +267,24 @@ def test_nesting_fast_check_never_passes_a_page_the_scan_would_rewrite():
                 rewritten += _capped(html, depth) != html
     assert passed > 500 and rewritten > 300
     assert all(_within_nesting(html, MAX_NESTING) for html in cases[:12])
+
+
+@pytest.mark.parametrize("body", [
+    "<p>a</br>b</p><P>c<BR>d</P>",                                   # </br> makes a <br>
+    "<TABLE><TR><TD>x<TH>y</TABLE><p>after</p>",                       # upper case, made-up tbody
+    "<xmp>  keep   <b>this</b></xmp><p>z</p>", "<p>q</p><plaintext>  raw   text",
+    "<ARTICLE><p>" + "long article text " * 20 + "</p></ARTICLE><div>side</div>",
+    "<div>x<BUTTON>press</BUTTON><Select><option>o</Select><TEMPLATE>t</TEMPLATE></div>",
+    "<LISTING>  a\n   b</LISTING><DL><DT><A HREF='/a'>a</A><DD>d</DL>",
+    "<h2>T<a href='#t'>¶</a></h2><ul><li><a href=/1>1</a><li><a href=/2>2</a><li><a href=/3>3</a><li><a href=/4>4</a></ul>",
+])
+def test_skipping_queries_for_absent_tags_changes_nothing(body, monkeypatch):
+    """The extractor skips CSS queries for tags the page lacks; with every query run (no tag names
+    known) the text must be the same."""
+    import dsdata.clean.html as html_mod
+
+    html = page(body)
+    fast = dom(html)
+    monkeypatch.setattr(html_mod, "_tag_names", lambda text, depth: None)
+    assert dom(html) == fast
+    assert fast.strip()

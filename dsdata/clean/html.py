@@ -39,9 +39,8 @@ _NON_CONTENT_TAGS = (
     "script", "style", "noscript", "template", "svg", "canvas", "iframe", "object",
     "embed", "button", "select", "textarea", "datalist", "dialog", "map", "audio", "video",
 )
-_INVISIBLE_SELECTOR = ", ".join(_NON_CONTENT_TAGS) + (
-    ', [hidden], [aria-hidden="true"], [style*="display:none"], [style*="display: none"]'
-)
+_HIDDEN_SELECTOR = '[hidden], [aria-hidden="true"], [style*="display:none"], [style*="display: none"]'
+_INVISIBLE_SELECTOR = ", ".join(_NON_CONTENT_TAGS) + ", " + _HIDDEN_SELECTOR
 
 # ARIA landmark roles of page furniture.
 _BOILERPLATE_ROLES = frozenset(
@@ -196,10 +195,12 @@ def _outermost(nodes: list[LexborNode]) -> list[LexborNode]:
     return chosen
 
 
-def _content_root(tree: LexborHTMLParser, body: LexborNode) -> tuple[LexborNode, bool]:
+def _content_root(tree: LexborHTMLParser, body: LexborNode, names: set[str] | None = None) -> tuple[LexborNode, bool]:
     """The element holding the main content, and whether it is an explicit main region."""
     body_len = None
     for selector in ("main, [role=main]", "article"):
+        if selector == "article" and names is not None and "article" not in names:
+            continue
         outer = _outermost(tree.css(selector))
         if len(outer) != 1:
             continue
@@ -225,10 +226,12 @@ def _is_external(href: str | None) -> bool:
     return bool(href) and href.lstrip().lower().startswith(("http://", "https://", "//", "ftp://"))
 
 
-def _drop_link_lists(root: LexborNode) -> None:
+def _drop_link_lists(root: LexborNode, names: set[str] | None = None) -> None:
     """Drop lists whose items are nothing but links to the site's own pages: tables of contents,
     indexes, archives.  A list whose links mostly leave the site is a reference list ("Further
     reading: MDN Web Docs, …") and stays."""
+    if names is not None and names.isdisjoint(("ul", "ol", "dl", "menu")):
+        return
     doomed = []
     for block in root.css("ul, ol, dl, menu"):
         items = [c for c in block.iter() if c.tag in ("li", "dt", "dd")]
@@ -267,8 +270,7 @@ _PARAGRAPH_TAGS = frozenset(
     }
 )
 _PRE_TAGS = ("pre", "listing", "xmp", "plaintext")
-_PARAGRAPH_SELECTOR = ", ".join(sorted(_PARAGRAPH_TAGS))
-_LINE_SELECTOR = ", ".join(sorted(_BLOCK_TAGS - _PARAGRAPH_TAGS - set(_PRE_TAGS)))
+_LINE_TAGS = _BLOCK_TAGS - _PARAGRAPH_TAGS - set(_PRE_TAGS)
 # Fixed replacement strings and patterns that start with a marker (so the regex engine skips
 # ahead to the next marker): a Python callback per block boundary would cost more than the rest.
 # A run of markers (spaces between them) that holds a paragraph mark becomes a blank line, any other
@@ -282,16 +284,29 @@ _TABS_AFTER_NEWLINE = re.compile("\n\t+")
 _TABS_BEFORE_NEWLINE = re.compile("\t+\n")
 
 
-def _drop_permalinks(root: LexborNode) -> None:
+def _drop_permalinks(root: LexborNode, names: set[str] | None = None) -> None:
     """Drop heading permalinks: in-page links whose whole text is one symbol (¶ § # 🔗), as Sphinx,
     MkDocs and most static-site generators put after every heading."""
+    if names is not None and "a" not in names:
+        return
     for link in root.css('a[href^="#"]'):
         label = link.text(deep=True).strip()
         if len(label) == 1 and not label.isalnum():
             link.decompose()
 
 
-def _serialise(root: LexborNode) -> str:
+def _present(selector_tags: frozenset[str] | tuple[str, ...], names: set[str] | None) -> str:
+    """A selector for those of `selector_tags` the page has (all of them when `names` is None)."""
+    if names is not None:
+        selector_tags = [t for t in selector_tags if t in names or t in _MADE_UP]
+    return ", ".join(sorted(selector_tags))
+
+
+# Elements the tree builder makes without a tag for them in the page.
+_MADE_UP = frozenset({"html", "head", "body", "tbody"})
+
+
+def _serialise(root: LexborNode, names: set[str] | None = None) -> str:
     """Visible text: paragraphs apart by a blank line, other blocks on their own line, table cells
     separated by tabs, <pre> exactly as written.
 
@@ -300,24 +315,29 @@ def _serialise(root: LexborNode) -> str:
     root_id = root.mem_id
     if root.tag in _PRE_TAGS:
         return root.text(deep=True).strip("\n")
-    pres = _outermost(root.css(", ".join(_PRE_TAGS)))
+    pre_selector = _present(_PRE_TAGS, names)
+    pres = _outermost(root.css(pre_selector)) if pre_selector else []
     for pre in pres:
         protected = pre.text(deep=True).strip("\r\n").translate(_PROTECT_PRE)
         pre.insert_before(_PARA)
         pre.insert_after(_PARA)
         pre.replace_with(protected)
-    for block in root.css(_PARAGRAPH_SELECTOR):
+    # Only the tags the page has: each query walks the whole tree, and its cost grows with the
+    # number of selectors in it.
+    for block in root.css(_present(_PARAGRAPH_TAGS, names)):
         if block.mem_id != root_id:
             block.insert_before(_PARA)
             block.insert_after(_PARA)
-    for block in root.css(_LINE_SELECTOR):
+    for block in root.css(_present(_LINE_TAGS, names)):
         if block.mem_id != root_id:
             block.insert_before(_LINE)
             block.insert_after(_LINE)
-    for br in root.css("br"):
-        br.insert_before(_LINE)
-    for cell in root.css("td, th"):
-        cell.insert_before(_CELL)
+    if names is None or "br" in names:
+        for br in root.css("br"):
+            br.insert_before(_LINE)
+    if names is None or not names.isdisjoint(_CELL_TAGS):
+        for cell in root.css("td, th"):
+            cell.insert_before(_CELL)
     # str.split() collapses every whitespace run (incl. NBSP and the ideographic space) in C; the
     # protected <pre> whitespace is not whitespace to it.
     text = " ".join(root.text(deep=True).split())
@@ -376,14 +396,21 @@ _TAG_NAMES = re.compile(
 )
 
 
-def _within_nesting(html: str, max_depth: int) -> bool:
-    """True only if `cap_nesting`'s scan never reaches `max_depth` on the page (False: it may).
+def _tag_names(html: str, max_depth: int) -> set[str] | None:
+    """The lowercase names of the page's start and end tags outside raw-text elements, when
+    `cap_nesting`'s scan provably never reaches `max_depth` on it; None when it may.
 
     Instead of the scan's stack, one open-element count per tag name: an end tag takes one off its
     name's count when that is above zero, a start tag (self-closing ones too) adds one.  The sum of
     the counts never falls below the scan's stack depth (an end tag the scan honours pops at least
     the one element this takes off; one it ignores can only take off here what the scan already
-    popped or never pushed), so a sum that stays within the bound proves the scan makes no edit."""
+    popped or never pushed), so a sum that stays within the bound proves the scan makes no edit.
+
+    The names let the extractor skip a CSS query for elements the page does not have (every query
+    walks the whole tree): an element of the parsed page has its name here unless the tree builder
+    made it up (html, head, body, tbody) or it is a raw-text element."""
+    names: set[str] = set()
+    add = names.add
     counts: dict[str, int] = {}
     get = counts.get
     depth = 0
@@ -392,19 +419,26 @@ def _within_nesting(html: str, max_depth: int) -> bool:
             continue  # a raw-text element, skipped with its content
         if tag[0] == "/":
             name = tag[1:].lower()
+            add(name)  # `</br>` and `</p>` make elements too
             count = get(name)
             if count:
                 counts[name] = count - 1
                 depth -= 1
         else:
             name = tag.lower()
+            add(name)
             if name in _NO_LEVEL:
                 continue
             counts[name] = get(name, 0) + 1
             depth += 1
             if depth > max_depth:
-                return False
-    return True
+                return None
+    return names
+
+
+def _within_nesting(html: str, max_depth: int) -> bool:
+    """True only if `cap_nesting`'s scan never reaches `max_depth` on the page (False: it may)."""
+    return _tag_names(html, max_depth) is not None
 
 
 def cap_nesting(html: str, max_depth: int = MAX_NESTING) -> str:
@@ -480,16 +514,23 @@ def extract_dom(html: str) -> ExtractedPage:
     """The DOM heuristic described in the module docstring."""
     if any(m in html for m in _MARKERS):
         html = html.translate(_DROP_MARKERS)
-    tree = _parse(cap_nesting(html))
+    names = _tag_names(html, MAX_NESTING)
+    if names is None:
+        html = _capped(html, MAX_NESTING)
+    else:
+        # Raw-text elements are not among the names (their start tag yields none).
+        names.update(_RAW_TEXT)
+    tree = _parse(html)
     title = page_title(tree)
     body = tree.body
-    for node in _outermost(body.css(_INVISIBLE_SELECTOR)):
+    invisible = _INVISIBLE_SELECTOR if names is None else _present(_NON_CONTENT_TAGS, names) + ", " + _HIDDEN_SELECTOR
+    for node in _outermost(body.css(invisible.lstrip(", "))):
         node.decompose()
-    root, explicit_main = _content_root(tree, body)
+    root, explicit_main = _content_root(tree, body, names)
     _drop_boilerplate(root, explicit_main)
-    _drop_link_lists(root)
-    _drop_permalinks(root)
-    return ExtractedPage(title, _serialise(root))
+    _drop_link_lists(root, names)
+    _drop_permalinks(root, names)
+    return ExtractedPage(title, _serialise(root, names))
 
 
 def extract_selectolax_body(html: str) -> ExtractedPage:
