@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import filterfalse
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
@@ -386,14 +387,25 @@ def _ascii_any_case(name: str) -> str:
 # (what the scan skips) yields an empty string; any other tag yields its `/`-prefixed name.  The
 # raw-text names match ASCII letters in any case (the scan lowers `[A-Za-z]` names) and their end
 # is found as the scan finds it (a case-insensitive `</name`), so both see the same tags.
-_TAG_NAMES = re.compile(
-    "<(?:"
-    + "".join(
-        f"{_ascii_any_case(name)}(?![A-Za-z0-9:-])[^>]*>(?:.*?(?=(?i:</{name}))|.*)|" for name in sorted(_RAW_TEXT)
-    )
-    + r"(/?[A-Za-z][A-Za-z0-9:-]*)[^>]*>)",
-    re.S,
-)
+def _raw_text_alternatives() -> str:
+    """The raw-text alternatives of `_TAG_NAMES`, grouped by first letter (the regex engine tries
+    alternatives one by one at every `<`; one letter test rules out most of them)."""
+    by_letter: dict[str, list[str]] = {}
+    for name in sorted(_RAW_TEXT):
+        by_letter.setdefault(name[0], []).append(name)
+    groups = []
+    for letter, names in sorted(by_letter.items()):
+        rest = "|".join(
+            f"{_ascii_any_case(name[1:])}(?![A-Za-z0-9:-])[^>]*>(?:.*?(?=(?i:</{name}))|.*)" for name in names
+        )
+        groups.append(f"[{letter}{letter.upper()}](?:{rest})")
+    return "|".join(groups)
+
+
+_TAG_NAMES = re.compile("<(?:" + _raw_text_alternatives() + r"|(/?[A-Za-z][A-Za-z0-9:-]*)[^>]*>)", re.S)
+
+
+_NO_COUNT = frozenset({"", *_NO_LEVEL, *(f"/{name}" for name in _NO_LEVEL)})
 
 
 def _tag_names(html: str, max_depth: int) -> set[str] | None:
@@ -409,31 +421,26 @@ def _tag_names(html: str, max_depth: int) -> set[str] | None:
     The names let the extractor skip a CSS query for elements the page does not have (every query
     walks the whole tree): an element of the parsed page has its name here unless the tree builder
     made it up (html, head, body, tbody) or it is a raw-text element."""
-    names: set[str] = set()
-    add = names.add
+    tags = list(map(str.lower, _TAG_NAMES.findall(html)))
     counts: dict[str, int] = {}
     get = counts.get
     depth = 0
-    for tag in _TAG_NAMES.findall(html):
-        if not tag:
-            continue  # a raw-text element, skipped with its content
+    # Tags that never change a count (raw-text elements, elements that open no level, and their
+    # end tags, whose count is never above zero) are filtered out in C.
+    for tag in filterfalse(_NO_COUNT.__contains__, tags):
         if tag[0] == "/":
-            name = tag[1:].lower()
-            add(name)  # `</br>` and `</p>` make elements too
+            name = tag[1:]
             count = get(name)
             if count:
                 counts[name] = count - 1
                 depth -= 1
         else:
-            name = tag.lower()
-            add(name)
-            if name in _NO_LEVEL:
-                continue
-            counts[name] = get(name, 0) + 1
+            counts[tag] = get(tag, 0) + 1
             depth += 1
             if depth > max_depth:
                 return None
-    return names
+    # End tags count too: `</br>` and `</p>` make elements.
+    return {tag.lstrip("/") for tag in set(tags)}
 
 
 def _within_nesting(html: str, max_depth: int) -> bool:
