@@ -198,6 +198,7 @@ def _outermost(nodes: list[LexborNode]) -> list[LexborNode]:
 
 def _content_root(tree: LexborHTMLParser, body: LexborNode, names: set[str] | None = None) -> tuple[LexborNode, bool]:
     """The element holding the main content, and whether it is an explicit main region."""
+    body_text = None
     body_len = None
     for selector in ("main, [role=main]", "article"):
         if selector == "article" and names is not None and "article" not in names:
@@ -205,9 +206,16 @@ def _content_root(tree: LexborHTMLParser, body: LexborNode, names: set[str] | No
         outer = _outermost(tree.css(selector))
         if len(outer) != 1:
             continue
-        if body_len is None:  # only pages with a candidate pay for measuring the body
-            body_len = _visible_length(body) or 1
-        if _visible_length(outer[0]) >= MAIN_MIN_SHARE * body_len:
+        if body_text is None:  # only pages with a candidate pay for measuring the body
+            body_text = body.text(deep=True)
+        main_len = _visible_length(outer[0])
+        # The body's raw text length bounds its visible length from above: a region that holds
+        # enough of that needs no count of the body's words.
+        if main_len >= MAIN_MIN_SHARE * max(len(body_text), 1):
+            return outer[0], True
+        if body_len is None:
+            body_len = sum(map(len, body_text.split())) or 1
+        if main_len >= MAIN_MIN_SHARE * body_len:
             return outer[0], True
     return body, False
 
@@ -272,6 +280,12 @@ _PARAGRAPH_TAGS = frozenset(
 )
 _PRE_TAGS = ("pre", "listing", "xmp", "plaintext")
 _LINE_TAGS = _BLOCK_TAGS - _PARAGRAPH_TAGS - set(_PRE_TAGS)
+_BREAK = "br"  # a line mark before the element only
+_MARKER_OF = {
+    **{tag: _LINE for tag in _LINE_TAGS}, **{tag: _PARA for tag in _PARAGRAPH_TAGS},
+    **{tag: _CELL for tag in _CELL_TAGS}, "br": _BREAK,
+}
+_MARKED_TAGS = frozenset(_MARKER_OF)
 # Fixed replacement strings and patterns that start with a marker (so the regex engine skips
 # ahead to the next marker): a Python callback per block boundary would cost more than the rest.
 # A run of markers (spaces between them) that holds a paragraph mark becomes a blank line, any other
@@ -323,22 +337,18 @@ def _serialise(root: LexborNode, names: set[str] | None = None) -> str:
         pre.insert_before(_PARA)
         pre.insert_after(_PARA)
         pre.replace_with(protected)
-    # Only the tags the page has: each query walks the whole tree, and its cost grows with the
-    # number of selectors in it.
-    for block in root.css(_present(_PARAGRAPH_TAGS, names)):
-        if block.mem_id != root_id:
-            block.insert_before(_PARA)
-            block.insert_after(_PARA)
-    for block in root.css(_present(_LINE_TAGS, names)):
-        if block.mem_id != root_id:
-            block.insert_before(_LINE)
-            block.insert_after(_LINE)
-    if names is None or "br" in names:
-        for br in root.css("br"):
-            br.insert_before(_LINE)
-    if names is None or not names.isdisjoint(_CELL_TAGS):
-        for cell in root.css("td, th"):
-            cell.insert_before(_CELL)
+    # One query for every marked element (each query walks the whole tree, and its cost grows with
+    # the number of selectors in it: only the tags the page has).  Where a marker goes does not
+    # depend on the order the elements are marked in.
+    for node in root.css(_present(_MARKED_TAGS, names)):
+        marker = _MARKER_OF[node.tag]
+        if marker == _CELL:
+            node.insert_before(_CELL)
+        elif marker == _BREAK:
+            node.insert_before(_LINE)
+        elif node.mem_id != root_id:
+            node.insert_before(marker)
+            node.insert_after(marker)
     # str.split() collapses every whitespace run (incl. NBSP and the ideographic space) in C; the
     # protected <pre> whitespace is not whitespace to it.
     text = " ".join(root.text(deep=True).split())
