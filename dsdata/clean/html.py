@@ -246,8 +246,10 @@ def _drop_link_lists(root: LexborNode, names: set[str] | None = None) -> None:
         items = [c for c in block.iter() if c.tag in ("li", "dt", "dd")]
         if len(items) < LINK_LIST_MIN_ITEMS:
             continue
-        all_link = 0
         links = block.css("a")
+        if len(links) < LINK_LIST_MIN_SHARE * len(items):
+            continue  # an item without a link is not a link item: too few links to pass
+        all_link = 0
         for item in items:
             total = _visible_length(item)
             linked = sum(_visible_length(a) for a in item.css("a"))
