@@ -288,3 +288,14 @@ def test_skipping_queries_for_absent_tags_changes_nothing(body, monkeypatch):
     monkeypatch.setattr(html_mod, "_tag_names", lambda text, depth: None)
     assert dom(html) == fast
     assert fast.strip()
+
+
+def test_a_list_of_code_references_is_content_not_navigation():
+    api = "".join(f'<li><p><a href="time.html#time.{f}"><code><span>time.{f}()</span></code></a></p></li>'
+                  for f in ("clock_gettime_ns", "monotonic_ns", "perf_counter_ns", "time_ns"))
+    words = "".join(f'<li><a href="/{w}.html">{w.title()}</a></li>' for w in ("home", "about", "blog", "contact"))
+    mixed = "".join(f'<li><a href="/{w}.html"><code>{w}</code> module</a></li>' for w in ("os", "sys", "re", "io"))
+    text = dom(page(f"<main><p>{LONG}</p><p>New functions:</p><ul>{api}</ul><ul>{words}</ul><ul>{mixed}</ul></main>"))
+    assert "time.clock_gettime_ns()" in text and "time.time_ns()" in text
+    assert "Contact" not in text
+    assert "module" not in text  # code inside words is still a table of contents

@@ -94,6 +94,8 @@ LINK_LIST_MIN_SHARE = 0.9
 LINK_ITEM_MIN_SHARE = 0.9
 # ... and at most this share of its links leave the site (absolute http(s)/ftp URLs).
 LINK_LIST_MAX_EXTERNAL_SHARE = 0.5
+# ... and unless more than this share of its links are code references (API names).
+CODE_LIST_MIN_SHARE = 0.5
 
 
 class HtmlParseError(ValueError):
@@ -235,6 +237,18 @@ def _is_external(href: str | None) -> bool:
     return bool(href) and href.lstrip().lower().startswith(("http://", "https://", "//", "ftp://"))
 
 
+def _is_code_reference_list(links: list[LexborNode]) -> bool:
+    """Whether most links' whole text is code (`<code>`, `<tt>`, `<kbd>`, `<samp>`): a list of the
+    functions or constants the text is about ("New functions: time.clock_gettime_ns(), …"), not
+    navigation, whose labels are words."""
+    code_links = 0
+    for link in links:
+        code = link.css_first("code, tt, kbd, samp")
+        if code is not None and code.text(deep=True).strip() == link.text(deep=True).strip():
+            code_links += 1
+    return code_links > CODE_LIST_MIN_SHARE * len(links)
+
+
 def _drop_link_lists(root: LexborNode, names: set[str] | None = None) -> None:
     """Drop lists whose items are nothing but links to the site's own pages: tables of contents,
     indexes, archives.  A list whose links mostly leave the site is a reference list ("Further
@@ -258,7 +272,7 @@ def _drop_link_lists(root: LexborNode, names: set[str] | None = None) -> None:
         if all_link < LINK_LIST_MIN_SHARE * len(items):
             continue
         external = sum(1 for a in links if _is_external(a.attributes.get("href")))
-        if external <= LINK_LIST_MAX_EXTERNAL_SHARE * len(links):
+        if external <= LINK_LIST_MAX_EXTERNAL_SHARE * len(links) and not _is_code_reference_list(links):
             doomed.append(block)
     for node in _outermost(doomed):
         node.decompose()
