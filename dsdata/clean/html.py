@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import filterfalse
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
@@ -120,6 +121,12 @@ def _words(value: str | None) -> list[str]:
     return [w for w in _WORD_SPLIT.split(value.lower()) if w] if value else []
 
 
+@lru_cache(maxsize=4096)
+def _names_furniture(value: str | None) -> bool:
+    """Whether a class or id value holds a furniture word (cached: a page repeats its class values)."""
+    return any(w in _BOILERPLATE_WORDS for w in _words(value))
+
+
 def _slug(text: str) -> str:
     return _NON_WORD_RUN.sub("-", text.lower()).strip("-")
 
@@ -147,10 +154,10 @@ def _is_boilerplate(node: LexborNode, explicit_main: bool) -> bool:
     role = attrs.get("role")
     if role and role.strip().lower() in _BOILERPLATE_ROLES:
         return True
-    if any(w in _BOILERPLATE_WORDS for w in _words(attrs.get("class"))):
+    if _names_furniture(attrs.get("class")):
         return True
     ident = attrs.get("id")
-    return any(w in _BOILERPLATE_WORDS for w in _words(ident)) and not _is_heading_anchor(node, ident)
+    return _names_furniture(ident) and not _is_heading_anchor(node, ident)
 
 
 def _candidate_selector() -> str:
