@@ -16,8 +16,8 @@ The `dom` extractor (the default behind `auto`) works on one parse:
    a section name, not furniture;
 4. drop lists that are nothing but links to the site's own pages (4+ items, 90 % of them pure
    link text, at most half of the links absolute URLs: tables of contents, indexes, archives; a
-   reference list of outside links and a `<dt>link</dt><dd>description</dd>` list stay), and heading
-   permalinks (an in-page link whose whole text is one symbol such as ¶);
+   reference list of outside links, a `<dt>link</dt><dd>description</dd>` list and a list of code
+   references — API names — stay), and heading permalinks (an in-page link whose whole text is one symbol such as ¶);
 5. serialise: paragraph-like blocks apart by a blank line, other blocks (list items, rows, divs,
    `<br>`) on their own line, table cells separated by tabs, `<pre>` exactly as written, image
    alt text ignored.
