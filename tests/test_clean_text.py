@@ -95,3 +95,28 @@ def test_each_step_can_be_switched_off():
     assert TextCleaner(strip_tags=False).clean(raw) == "ab <b>x</b> & c d"
     assert TextCleaner(decode_entities=False).clean(raw) == "ab x &amp; c d"
     assert TextCleaner(symbol_runs=False).clean(raw) == "ab x & ▲▲▲ c d"
+
+
+def test_fast_space_passes_match_their_plain_patterns():
+    """Inner space runs are found from the run (not a look-behind tried at every character) and
+    line ends are stripped per line in C; on random text both equal the plain regex formulation."""
+    import random
+    import re
+
+    from dsdata.clean import text as text_mod
+
+    hspace = text_mod._HSPACE
+    inner_run = re.compile(
+        "(?<=[^\\n \t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])"
+        f"(?: (?={hspace})|[\t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]){hspace}*"
+    )
+    trailing = re.compile(f"{hspace}+$", re.M)
+    assert set(text_mod._HSPACE_CHARS) == {chr(c) for c in range(0x3100) if re.fullmatch(hspace, chr(c))}
+    rng = random.Random(7)
+    pieces = ["a", "字", " ", "  ", "\t", "\n", "\u3000", "\u00a0", "\u2003", "\u202f", "\f", "\v", "\r", "x y"]
+    for _ in range(5000):
+        sample = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 40)))
+        assert (text_mod._INNER_SPACE_RUN.sub(text_mod._space_run_replacement, sample)
+                == inner_run.sub(text_mod._space_run_replacement, sample)), repr(sample)
+        stripped = "\n".join([line.rstrip(text_mod._HSPACE_CHARS) for line in sample.split("\n")])
+        assert stripped == trailing.sub("", sample), repr(sample)

@@ -16,8 +16,8 @@ The `dom` extractor (the default behind `auto`) works on one parse:
    a section name, not furniture;
 4. drop lists that are nothing but links to the site's own pages (4+ items, 90 % of them pure
    link text, at most half of the links absolute URLs: tables of contents, indexes, archives; a
-   reference list of outside links and a `<dt>link</dt><dd>description</dd>` list stay), and heading
-   permalinks (an in-page link whose whole text is one symbol such as ¶);
+   reference list of outside links, a `<dt>link</dt><dd>description</dd>` list and a list of code
+   references — API names — stay), and heading permalinks (an in-page link whose whole text is one symbol such as ¶);
 5. serialise: paragraph-like blocks apart by a blank line, other blocks (list items, rows, divs,
    `<br>`) on their own line, table cells separated by tabs, `<pre>` exactly as written, image
    alt text ignored.
@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import filterfalse
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
@@ -39,9 +41,8 @@ _NON_CONTENT_TAGS = (
     "script", "style", "noscript", "template", "svg", "canvas", "iframe", "object",
     "embed", "button", "select", "textarea", "datalist", "dialog", "map", "audio", "video",
 )
-_INVISIBLE_SELECTOR = ", ".join(_NON_CONTENT_TAGS) + (
-    ', [hidden], [aria-hidden="true"], [style*="display:none"], [style*="display: none"]'
-)
+_HIDDEN_SELECTOR = '[hidden], [aria-hidden="true"], [style*="display:none"], [style*="display: none"]'
+_INVISIBLE_SELECTOR = ", ".join(_NON_CONTENT_TAGS) + ", " + _HIDDEN_SELECTOR
 
 # ARIA landmark roles of page furniture.
 _BOILERPLATE_ROLES = frozenset(
@@ -94,6 +95,8 @@ LINK_LIST_MIN_SHARE = 0.9
 LINK_ITEM_MIN_SHARE = 0.9
 # ... and at most this share of its links leave the site (absolute http(s)/ftp URLs).
 LINK_LIST_MAX_EXTERNAL_SHARE = 0.5
+# ... and unless more than this share of its links are code references (API names).
+CODE_LIST_MIN_SHARE = 0.5
 
 
 class HtmlParseError(ValueError):
@@ -116,6 +119,12 @@ def page_title(tree: LexborHTMLParser) -> str | None:
 
 def _words(value: str | None) -> list[str]:
     return [w for w in _WORD_SPLIT.split(value.lower()) if w] if value else []
+
+
+@lru_cache(maxsize=4096)
+def _names_furniture(value: str | None) -> bool:
+    """Whether a class or id value holds a furniture word (cached: a page repeats its class values)."""
+    return any(w in _BOILERPLATE_WORDS for w in _words(value))
 
 
 def _slug(text: str) -> str:
@@ -145,10 +154,10 @@ def _is_boilerplate(node: LexborNode, explicit_main: bool) -> bool:
     role = attrs.get("role")
     if role and role.strip().lower() in _BOILERPLATE_ROLES:
         return True
-    if any(w in _BOILERPLATE_WORDS for w in _words(attrs.get("class"))):
+    if _names_furniture(attrs.get("class")):
         return True
     ident = attrs.get("id")
-    return any(w in _BOILERPLATE_WORDS for w in _words(ident)) and not _is_heading_anchor(node, ident)
+    return _names_furniture(ident) and not _is_heading_anchor(node, ident)
 
 
 def _candidate_selector() -> str:
@@ -196,16 +205,26 @@ def _outermost(nodes: list[LexborNode]) -> list[LexborNode]:
     return chosen
 
 
-def _content_root(tree: LexborHTMLParser, body: LexborNode) -> tuple[LexborNode, bool]:
+def _content_root(tree: LexborHTMLParser, body: LexborNode, names: set[str] | None = None) -> tuple[LexborNode, bool]:
     """The element holding the main content, and whether it is an explicit main region."""
+    body_text = None
     body_len = None
     for selector in ("main, [role=main]", "article"):
+        if selector == "article" and names is not None and "article" not in names:
+            continue
         outer = _outermost(tree.css(selector))
         if len(outer) != 1:
             continue
-        if body_len is None:  # only pages with a candidate pay for measuring the body
-            body_len = _visible_length(body) or 1
-        if _visible_length(outer[0]) >= MAIN_MIN_SHARE * body_len:
+        if body_text is None:  # only pages with a candidate pay for measuring the body
+            body_text = body.text(deep=True)
+        main_len = _visible_length(outer[0])
+        # The body's raw text length bounds its visible length from above: a region that holds
+        # enough of that needs no count of the body's words.
+        if main_len >= MAIN_MIN_SHARE * max(len(body_text), 1):
+            return outer[0], True
+        if body_len is None:
+            body_len = sum(map(len, body_text.split())) or 1
+        if main_len >= MAIN_MIN_SHARE * body_len:
             return outer[0], True
     return body, False
 
@@ -225,17 +244,33 @@ def _is_external(href: str | None) -> bool:
     return bool(href) and href.lstrip().lower().startswith(("http://", "https://", "//", "ftp://"))
 
 
-def _drop_link_lists(root: LexborNode) -> None:
+def _is_code_reference_list(links: list[LexborNode]) -> bool:
+    """Whether most links' whole text is code (`<code>`, `<tt>`, `<kbd>`, `<samp>`): a list of the
+    functions or constants the text is about ("New functions: time.clock_gettime_ns(), …"), not
+    navigation, whose labels are words."""
+    code_links = 0
+    for link in links:
+        code = link.css_first("code, tt, kbd, samp")
+        if code is not None and code.text(deep=True).strip() == link.text(deep=True).strip():
+            code_links += 1
+    return code_links > CODE_LIST_MIN_SHARE * len(links)
+
+
+def _drop_link_lists(root: LexborNode, names: set[str] | None = None) -> None:
     """Drop lists whose items are nothing but links to the site's own pages: tables of contents,
     indexes, archives.  A list whose links mostly leave the site is a reference list ("Further
     reading: MDN Web Docs, …") and stays."""
+    if names is not None and names.isdisjoint(("ul", "ol", "dl", "menu")):
+        return
     doomed = []
     for block in root.css("ul, ol, dl, menu"):
         items = [c for c in block.iter() if c.tag in ("li", "dt", "dd")]
         if len(items) < LINK_LIST_MIN_ITEMS:
             continue
-        all_link = 0
         links = block.css("a")
+        if len(links) < LINK_LIST_MIN_SHARE * len(items):
+            continue  # an item without a link is not a link item: too few links to pass
+        all_link = 0
         for item in items:
             total = _visible_length(item)
             linked = sum(_visible_length(a) for a in item.css("a"))
@@ -244,7 +279,7 @@ def _drop_link_lists(root: LexborNode) -> None:
         if all_link < LINK_LIST_MIN_SHARE * len(items):
             continue
         external = sum(1 for a in links if _is_external(a.attributes.get("href")))
-        if external <= LINK_LIST_MAX_EXTERNAL_SHARE * len(links):
+        if external <= LINK_LIST_MAX_EXTERNAL_SHARE * len(links) and not _is_code_reference_list(links):
             doomed.append(block)
     for node in _outermost(doomed):
         node.decompose()
@@ -267,11 +302,19 @@ _PARAGRAPH_TAGS = frozenset(
     }
 )
 _PRE_TAGS = ("pre", "listing", "xmp", "plaintext")
-_PARAGRAPH_SELECTOR = ", ".join(sorted(_PARAGRAPH_TAGS))
-_LINE_SELECTOR = ", ".join(sorted(_BLOCK_TAGS - _PARAGRAPH_TAGS - set(_PRE_TAGS)))
+_LINE_TAGS = _BLOCK_TAGS - _PARAGRAPH_TAGS - set(_PRE_TAGS)
+_BREAK = "br"  # a line mark before the element only
+_MARKER_OF = {
+    **{tag: _LINE for tag in _LINE_TAGS}, **{tag: _PARA for tag in _PARAGRAPH_TAGS},
+    **{tag: _CELL for tag in _CELL_TAGS}, "br": _BREAK,
+}
+_MARKED_TAGS = frozenset(_MARKER_OF)
 # Fixed replacement strings and patterns that start with a marker (so the regex engine skips
 # ahead to the next marker): a Python callback per block boundary would cost more than the rest.
-_PARA_RUN = re.compile(f"(?:{_LINE} ?)*{_PARA}[ {_LINE}{_PARA}]*")
+# A run of markers (spaces between them) that holds a paragraph mark becomes a blank line, any other
+# run a line break: the part from the first paragraph mark on collapses into it, the line marks
+# before it into one, and that one is absorbed by the paragraph mark that follows it.
+_PARA_TAIL = re.compile(f"{_PARA}[ {_LINE}{_PARA}]*")
 _LINE_RUN = re.compile(f"{_LINE}[ {_LINE}]*")
 _CELL_MARK = re.compile(f"{_CELL} ?")
 # Cells emptied of icons leave tabs at line ends; a row starts with its first cell's tab.
@@ -279,16 +322,29 @@ _TABS_AFTER_NEWLINE = re.compile("\n\t+")
 _TABS_BEFORE_NEWLINE = re.compile("\t+\n")
 
 
-def _drop_permalinks(root: LexborNode) -> None:
+def _drop_permalinks(root: LexborNode, names: set[str] | None = None) -> None:
     """Drop heading permalinks: in-page links whose whole text is one symbol (¶ § # 🔗), as Sphinx,
     MkDocs and most static-site generators put after every heading."""
+    if names is not None and "a" not in names:
+        return
     for link in root.css('a[href^="#"]'):
         label = link.text(deep=True).strip()
         if len(label) == 1 and not label.isalnum():
             link.decompose()
 
 
-def _serialise(root: LexborNode) -> str:
+def _present(selector_tags: frozenset[str] | tuple[str, ...], names: set[str] | None) -> str:
+    """A selector for those of `selector_tags` the page has (all of them when `names` is None)."""
+    if names is not None:
+        selector_tags = [t for t in selector_tags if t in names or t in _MADE_UP]
+    return ", ".join(sorted(selector_tags))
+
+
+# Elements the tree builder makes without a tag for them in the page.
+_MADE_UP = frozenset({"html", "head", "body", "tbody"})
+
+
+def _serialise(root: LexborNode, names: set[str] | None = None) -> str:
     """Visible text: paragraphs apart by a blank line, other blocks on their own line, table cells
     separated by tabs, <pre> exactly as written.
 
@@ -297,29 +353,28 @@ def _serialise(root: LexborNode) -> str:
     root_id = root.mem_id
     if root.tag in _PRE_TAGS:
         return root.text(deep=True).strip("\n")
-    pres = _outermost(root.css(", ".join(_PRE_TAGS)))
+    pre_selector = _present(_PRE_TAGS, names)
+    pres = _outermost(root.css(pre_selector)) if pre_selector else []
     for pre in pres:
-        protected = pre.text(deep=True).strip("\r\n").translate(_PROTECT_PRE)
-        pre.insert_before(_PARA)
-        pre.insert_after(_PARA)
-        pre.replace_with(protected)
-    for block in root.css(_PARAGRAPH_SELECTOR):
-        if block.mem_id != root_id:
-            block.insert_before(_PARA)
-            block.insert_after(_PARA)
-    for block in root.css(_LINE_SELECTOR):
-        if block.mem_id != root_id:
-            block.insert_before(_LINE)
-            block.insert_after(_LINE)
-    for br in root.css("br"):
-        br.insert_before(_LINE)
-    for cell in root.css("td, th"):
-        cell.insert_before(_CELL)
+        # One text node in place of the block and its two marks (one DOM call, not three).
+        pre.replace_with(_PARA + pre.text(deep=True).strip("\r\n").translate(_PROTECT_PRE) + _PARA)
+    # One query for every marked element (each query walks the whole tree, and its cost grows with
+    # the number of selectors in it: only the tags the page has).  Where a marker goes does not
+    # depend on the order the elements are marked in.
+    for node in root.css(_present(_MARKED_TAGS, names)):
+        marker = _MARKER_OF[node.tag]
+        if marker == _CELL:
+            node.insert_before(_CELL)
+        elif marker == _BREAK:
+            node.insert_before(_LINE)
+        elif node.mem_id != root_id:
+            node.insert_before(marker)
+            node.insert_after(marker)
     # str.split() collapses every whitespace run (incl. NBSP and the ideographic space) in C; the
     # protected <pre> whitespace is not whitespace to it.
     text = " ".join(root.text(deep=True).split())
-    text = _PARA_RUN.sub("\n\n", text)
-    text = _LINE_RUN.sub("\n", text).replace(" \n", "\n")
+    text = _LINE_RUN.sub(_LINE, _PARA_TAIL.sub(_PARA, text)).replace(_LINE + _PARA, _PARA)
+    text = text.replace(_PARA, "\n\n").replace(_LINE, "\n").replace(" \n", "\n")
     if _CELL in text:
         text = _CELL_MARK.sub("\t", text).replace(" \t", "\t")
         text = _TABS_AFTER_NEWLINE.sub("\n", _TABS_BEFORE_NEWLINE.sub("\n", text))
@@ -354,13 +409,88 @@ def _raw_text_end(name: str) -> re.Pattern:
     return pattern
 
 
+def _ascii_any_case(name: str) -> str:
+    return "".join(f"[{c}{c.upper()}]" if c.isalpha() else re.escape(c) for c in name)
+
+
+# `cap_nesting`'s scan needs a Python step per tag; this pattern lets one C-level `findall` feed a
+# cheaper check first.  A raw-text element's start tag together with its content up to its end tag
+# (what the scan skips) yields an empty string; any other tag yields its `/`-prefixed name.  The
+# raw-text names match ASCII letters in any case (the scan lowers `[A-Za-z]` names) and their end
+# is found as the scan finds it (a case-insensitive `</name`), so both see the same tags.
+def _raw_text_alternatives() -> str:
+    """The raw-text alternatives of `_TAG_NAMES`, grouped by first letter (the regex engine tries
+    alternatives one by one at every `<`; one letter test rules out most of them)."""
+    by_letter: dict[str, list[str]] = {}
+    for name in sorted(_RAW_TEXT):
+        by_letter.setdefault(name[0], []).append(name)
+    groups = []
+    for letter, names in sorted(by_letter.items()):
+        rest = "|".join(
+            f"{_ascii_any_case(name[1:])}(?![A-Za-z0-9:-])[^>]*>(?:.*?(?=(?i:</{name}))|.*)" for name in names
+        )
+        groups.append(f"[{letter}{letter.upper()}](?:{rest})")
+    return "|".join(groups)
+
+
+_TAG_NAMES = re.compile("<(?:" + _raw_text_alternatives() + r"|(/?[A-Za-z][A-Za-z0-9:-]*)[^>]*>)", re.S)
+
+
+_NO_COUNT = frozenset({"", *_NO_LEVEL, *(f"/{name}" for name in _NO_LEVEL)})
+
+
+def _tag_names(html: str, max_depth: int) -> set[str] | None:
+    """The lowercase names of the page's start and end tags outside raw-text elements, when
+    `cap_nesting`'s scan provably never reaches `max_depth` on it; None when it may.
+
+    Instead of the scan's stack, one open-element count per tag name: an end tag takes one off its
+    name's count when that is above zero, a start tag (self-closing ones too) adds one.  The sum of
+    the counts never falls below the scan's stack depth (an end tag the scan honours pops at least
+    the one element this takes off; one it ignores can only take off here what the scan already
+    popped or never pushed), so a sum that stays within the bound proves the scan makes no edit.
+
+    The names let the extractor skip a CSS query for elements the page does not have (every query
+    walks the whole tree): an element of the parsed page has its name here unless the tree builder
+    made it up (html, head, body, tbody) or it is a raw-text element."""
+    tags = list(map(str.lower, _TAG_NAMES.findall(html)))
+    counts: dict[str, int] = {}
+    get = counts.get
+    depth = 0
+    # Tags that never change a count (raw-text elements, elements that open no level, and their
+    # end tags, whose count is never above zero) are filtered out in C.
+    for tag in filterfalse(_NO_COUNT.__contains__, tags):
+        if tag[0] == "/":
+            name = tag[1:]
+            count = get(name)
+            if count:
+                counts[name] = count - 1
+                depth -= 1
+        else:
+            counts[tag] = get(tag, 0) + 1
+            depth += 1
+            if depth > max_depth:
+                return None
+    # End tags count too: `</br>` and `</p>` make elements.
+    return {tag.lstrip("/") for tag in set(tags)}
+
+
+def _within_nesting(html: str, max_depth: int) -> bool:
+    """True only if `cap_nesting`'s scan never reaches `max_depth` on the page (False: it may)."""
+    return _tag_names(html, max_depth) is not None
+
+
 def cap_nesting(html: str, max_depth: int = MAX_NESTING) -> str:
     """The page rewritten so that no element nests deeper than `max_depth`: an element that would
     go deeper becomes the next sibling of the element at the limit (that one is closed just before
     it, and its own end tag, when it comes, is dropped) — as Chromium's parser does.  Every tag and
     all text stay.  A page within the bound (every ordinary page) is returned unchanged."""
-    if html.count("<") <= max_depth:
+    if html.count("<") <= max_depth or _within_nesting(html, max_depth):
         return html
+    return _capped(html, max_depth)
+
+
+def _capped(html: str, max_depth: int) -> str:
+    """`cap_nesting`'s rewrite: the scan that finds where the page nests too deep, with positions."""
     stack: list[str] = []
     open_counts: dict[str, int] = {}
     closed_early: dict[str, int] = {}  # end tags still to come for elements closed at the limit
@@ -422,16 +552,23 @@ def extract_dom(html: str) -> ExtractedPage:
     """The DOM heuristic described in the module docstring."""
     if any(m in html for m in _MARKERS):
         html = html.translate(_DROP_MARKERS)
-    tree = _parse(cap_nesting(html))
+    names = _tag_names(html, MAX_NESTING)
+    if names is None:
+        html = _capped(html, MAX_NESTING)
+    else:
+        # Raw-text elements are not among the names (their start tag yields none).
+        names.update(_RAW_TEXT)
+    tree = _parse(html)
     title = page_title(tree)
     body = tree.body
-    for node in _outermost(body.css(_INVISIBLE_SELECTOR)):
+    invisible = _INVISIBLE_SELECTOR if names is None else _present(_NON_CONTENT_TAGS, names) + ", " + _HIDDEN_SELECTOR
+    for node in _outermost(body.css(invisible.lstrip(", "))):
         node.decompose()
-    root, explicit_main = _content_root(tree, body)
+    root, explicit_main = _content_root(tree, body, names)
     _drop_boilerplate(root, explicit_main)
-    _drop_link_lists(root)
-    _drop_permalinks(root)
-    return ExtractedPage(title, _serialise(root))
+    _drop_link_lists(root, names)
+    _drop_permalinks(root, names)
+    return ExtractedPage(title, _serialise(root, names))
 
 
 def extract_selectolax_body(html: str) -> ExtractedPage:

@@ -71,11 +71,15 @@ _HSPACE = "[ \t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]"
 # (leading space) is not touched by this pattern.
 # Only runs that change are matched (two or more characters, or one that is not a plain space):
 # a callback per single space between words would cost more than the rest of the cleaning.
+# The pattern starts with the run itself (the regex engine then skips to the next space quickly; a
+# leading look-behind was tried at every character); the callback leaves a run at a line start
+# alone.  A run is matched whole or not at all, so the outcome is as with the look-behind.
 _INNER_SPACE_RUN = re.compile(
-    f"(?<=[^\\n \t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])"
     f"(?: (?={_HSPACE})|[\t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]){_HSPACE}*"
 )
-_TRAILING_SPACE = re.compile(f"{_HSPACE}+$", re.M)
+# The characters of _HSPACE.
+_HSPACE_CHARS = " \t\f\v\u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u202f\u205f\u3000"
+_SPACE_OR_LINE_START = frozenset("\n" + _HSPACE_CHARS)
 _LEADING_SPACE = re.compile(f"^{_HSPACE}+", re.M)
 _BLANK_LINES = re.compile(r"\n{3,}")
 
@@ -106,6 +110,9 @@ def _symbol_run_replacement(match: re.Match[str]) -> str:
 
 def _space_run_replacement(match: re.Match[str]) -> str:
     run = match.group(0)
+    start = match.start()
+    if start == 0 or match.string[start - 1] in _SPACE_OR_LINE_START:
+        return run  # indentation (or the end of a run already looked at): not an inner run
     if "\t" in run:
         return "\t"  # a tab separates table cells; keep one
     if run.strip("\u3000") == "":
@@ -173,11 +180,14 @@ class TextCleaner:
             if _DECORATIVE_CHAR.search(text):  # most texts have none: skip the slower pattern
                 text = _SYMBOL_RUN.sub(_symbol_run_replacement, text)
         if self.normalize_whitespace:
-            text = _TRAILING_SPACE.sub("", text)
+            # Per line in C (str.rstrip): the pattern was tried at every space between words.
+            text = "\n".join([line.rstrip(_HSPACE_CHARS) for line in text.split("\n")])
             if not self.keep_indent:
                 text = _LEADING_SPACE.sub("", text)
             text = _INNER_SPACE_RUN.sub(_space_run_replacement, text)
-            text = _BLANK_LINES.sub("\n\n", text).strip("\n")
+            if "\n\n\n" in text:
+                text = _BLANK_LINES.sub("\n\n", text)
+            text = text.strip("\n")
             if not self.keep_indent:
                 text = text.strip()
         return text
