@@ -42,6 +42,9 @@ def _configure_logging(level: str) -> None:
     if _HANDLER not in root.handlers:
         root.addHandler(_HANDLER)
     root.setLevel(level)
+    # The handler filters too: a `dsdata` logger set to INFO elsewhere in the process (an in-process
+    # `dsdata run`) would otherwise still reach it under --quiet.
+    _HANDLER.setLevel(level)
     logging.captureWarnings(True)
 
 
