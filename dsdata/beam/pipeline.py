@@ -21,7 +21,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from dsdata.beam.errors import ErrorBudget, find_environment_error
 from dsdata.beam.kinds import ApplyStage, ApplyStageChain, StageContext, fusable
@@ -214,9 +214,21 @@ def _write_rows(docs, all_rejected, stages: list[Stage], output: str) -> None:
     )
 
 
+def runs_on_several_workers(options: PipelineOptions) -> bool:
+    """False only for the in-process runner with one worker (dsdata's default); True for
+    --direct_num_workers other than 1 under multi_processing, and for every other runner (Prism,
+    Flink, Dataflow: they spread work across workers)."""
+    runner = options.view_as(StandardOptions).runner
+    if runner not in (None, "DirectRunner", DEFAULT_RUNNER, "FnApiRunner", "BundleBasedDirectRunner"):
+        return True
+    direct = options.view_as(DirectOptions)
+    return direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1
+
+
 def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage]) -> None:
     """Add the recipe's read → stages → write graph to pipeline `p`."""
-    read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field)
+    read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
+                                       spread_documents=runs_on_several_workers(p.options))
     counted_input = read[KEPT]
     docs, stage_rejected, stage_stats = _apply_stages(read[KEPT], stages, output)
     all_rejected = [read[REJECTED], *stage_rejected] | "AllRejected" >> beam.Flatten()

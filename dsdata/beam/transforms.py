@@ -268,11 +268,18 @@ def _rest_of_file(path: str, n: int, fh) -> Document:
 
 
 class ReadDocuments(beam.PTransform):
-    """File patterns (local, gs://, s3://, …) → {"kept": docs, "rejected": unreadable records}."""
+    """File patterns (local, gs://, s3://, …) → {"kept": docs, "rejected": unreadable records}.
 
-    def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id"):
+    spread_documents: reshuffle the documents read, so that the stages after the reader run on every
+    worker even when one file holds the whole input (each file is read by one worker, and the
+    runner fuses the stages into the reading step); worth its cost (each document encoded and
+    grouped once) only when more than one worker runs."""
+
+    def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id",
+                 spread_documents: bool = False):
         super().__init__()
         self.patterns, self.fmt, self.text_field, self.id_field = patterns, fmt, text_field, id_field
+        self.spread_documents = spread_documents
 
     def expand(self, pbegin):
         files = (
@@ -285,4 +292,7 @@ class ReadDocuments(beam.PTransform):
         out = files | "Read" >> beam.ParDo(ReadFileDoFn(self.fmt, self.text_field, self.id_field)).with_outputs(
             REJECTED, main=KEPT
         )
-        return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
+        kept = out[KEPT]
+        if self.spread_documents:
+            kept = kept | "SpreadDocuments" >> beam.Reshuffle()
+        return {KEPT: kept, REJECTED: out[REJECTED]}
