@@ -21,6 +21,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.transforms.window import GlobalWindows
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from dsdata.beam.errors import ErrorBudget, find_environment_error
@@ -71,6 +72,38 @@ def _count_keys(kind: str):
             yield ("augmented", doc.annotations.get("derived_by") or "augment")
 
     return keys
+
+
+class _TallyKeys(beam.DoFn):
+    """The ledger's keys of each record (see _count_keys), summed in a dict per bundle and emitted as
+    (key, n) pairs when the bundle ends: one dict update per record instead of a generator and a
+    (key, 1) element per key through the runner (~2 µs per record on the 100k-paragraph run)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def setup(self):
+        self._keys = _count_keys(self.kind)
+        self._plain_key = ("kept",) if self.kind == KEPT else ("input",)
+
+    def start_bundle(self):
+        self._tally: dict[tuple, int] = {}
+        self._plain = 0  # records whose only key is _plain_key (a document not derived from another)
+
+    def process(self, item: Document | Rejected):
+        if type(item) is Document and item.derived_from is None and self.kind != REJECTED:
+            self._plain += 1
+            return
+        tally = self._tally
+        for key in self._keys(item):
+            tally[key] = tally.get(key, 0) + 1
+
+    def finish_bundle(self):
+        if self._plain:
+            self._tally[self._plain_key] = self._tally.get(self._plain_key, 0) + self._plain
+        for key, n in self._tally.items():
+            yield GlobalWindows.windowed_value((key, n))
+        self._tally, self._plain = {}, 0
 
 
 def stats_from_counts(counts: dict[tuple, int], stage_order: list[str]) -> dict[str, Any]:
@@ -234,9 +267,9 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     all_rejected = [read[REJECTED], *stage_rejected] | "AllRejected" >> beam.Flatten()
     _write_rows(docs, all_rejected, stages, output)
     keys = (
-        (counted_input | "InputKeys" >> beam.FlatMap(_count_keys("input"))),
-        (docs | "KeptKeys" >> beam.FlatMap(_count_keys(KEPT))),
-        (all_rejected | "RejectedKeys" >> beam.FlatMap(_count_keys(REJECTED))),
+        (counted_input | "InputKeys" >> beam.ParDo(_TallyKeys("input"))),
+        (docs | "KeptKeys" >> beam.ParDo(_TallyKeys(KEPT))),
+        (all_rejected | "RejectedKeys" >> beam.ParDo(_TallyKeys(REJECTED))),
     )
     stage_stats_pc = (stage_stats | "StageStats" >> beam.Flatten()) if stage_stats else (
         p | "NoStageStats" >> beam.Create([]))
@@ -244,7 +277,7 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     (
         keys
         | "AllKeys" >> beam.Flatten()
-        | "Count" >> beam.combiners.Count.PerElement()
+        | "Count" >> beam.CombinePerKey(sum)
         | "Gather" >> beam.combiners.ToList()
         | "WriteStats" >> beam.ParDo(_WriteStats(FileSystems.join(output, "stats.json"), [s.name for s in stages], extra),
                                      beam.pvalue.AsDict(stage_stats_pc))
