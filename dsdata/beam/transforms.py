@@ -142,7 +142,7 @@ class StageDoFn(beam.DoFn):
     per-stage DoFn invocation and output routing (~0.9 µs per document per stage)."""
 
     def __init__(self, stages: DocumentStage | list[DocumentStage]):
-        self.stages = [stages] if isinstance(stages, DocumentStage) else list(stages)
+        self.stages = list(stages) if isinstance(stages, (list, tuple)) else [stages]
 
     def setup(self):
         self._runs = [_DocumentStageRun(stage) for stage in self.stages]
