@@ -18,7 +18,10 @@ a shared machine where wall time measures the neighbours.  Then dsdata's stages 
 in-process (each stage class's process()/process_batch() on the documents that reach it) for a
 per-stage breakdown; what is left of the end-to-end CPU time is start-up, reading, Beam and Parquet.
 
-usage: python3 benchmarks/filters.py [--repeat 1] [--limit N] [--without-fineweb]
+--scaling also runs dsdata under --direct_running_mode=multi_processing with 1 and with 2 workers
+(issue 15 item 3): the ratio of their wall times, and the kept ids must be the same.
+
+usage: python3 benchmarks/filters.py [--repeat 1] [--limit N] [--without-fineweb] [--scaling]
 Last line: one JSON object.
 """
 from __future__ import annotations
@@ -98,12 +101,15 @@ def lid_model() -> str:
     return default_fasttext_model()
 
 
-def run_dsdata(work: Path, model: str) -> tuple[set[str], float, float]:
+MULTI_PROCESSING = ["--direct_running_mode=multi_processing"]
+
+
+def run_dsdata(work: Path, model: str, beam_args: tuple[str, ...] = ()) -> tuple[set[str], float, float]:
     recipe = work / "filters.yaml"
     out = work / "dsdata-out"
     proc, cpu, wall = peer_venv.timed_child(
         [sys.executable, "-m", "dsdata.cli", "run", str(recipe), "--input", str(work / "docs.jsonl"),
-         "--output", str(out), "--set", f"lang.model={model}", "--quiet"],
+         "--output", str(out), "--set", f"lang.model={model}", "--quiet", *beam_args],
         cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     import pyarrow.parquet as pq
@@ -189,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="use the first N documents (default: all)")
     ap.add_argument("--without-fineweb", action="store_true",
                     help="also run datatrove without its FineWeb filter (the chain issue 15 measured)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="also run dsdata with --direct_running_mode=multi_processing on 1 and on 2 workers "
+                         "(wall-clock ratio: meaningful only on a machine with 2 idle cores)")
     args = ap.parse_args(argv)
     if not (SHARED / "prose-en.txt").is_file():
         print(f"error: shared data not found at {SHARED}", file=sys.stderr)
@@ -219,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.without_fineweb:
                 kept["datatrove-no-fineweb"], cpu, wall, _ = run_datatrove(py, work, model, f"nf{round_no}", False)
                 runs.setdefault("datatrove-no-fineweb", []).append((cpu, wall))
+            if args.scaling:
+                for workers in (1, 2):
+                    name = f"dsdata-mp{workers}"
+                    kept[name], cpu, wall = run_dsdata(work, model, (*MULTI_PROCESSING, f"--direct_num_workers={workers}"))
+                    runs.setdefault(name, []).append((cpu, wall))
             print(f"round {round_no + 1}: " + ", ".join(
                 f"{name} {runs[name][-1][0]:.1f} CPU-s / {runs[name][-1][1]:.1f} s wall" for name in runs))
         breakdown = stage_breakdown(recs, model)
@@ -239,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     peer["steps_wall_s"] = datatrove_steps
     ratio = {"per_core": round(ours["docs_per_cpu_s"] / peer["docs_per_cpu_s"], 2),
              "wall": round(ours["docs_per_s"] / peer["docs_per_s"], 2)}
+    if args.scaling:
+        ratio["two_workers_vs_one_wall"] = round(results["dsdata-mp1"]["wall_s"] / results["dsdata-mp2"]["wall_s"], 2)
+        assert kept["dsdata-mp2"] == kept["dsdata-mp1"] == kept["dsdata"], "worker count changed the kept documents"
+        print(f"multi_processing, 2 workers ÷ 1 worker: {ratio['two_workers_vs_one_wall']}x docs/s wall "
+              f"(CPU-s {results['dsdata-mp1']['cpu_s']} and {results['dsdata-mp2']['cpu_s']}; target ≥ 1.7x)")
     if "datatrove-no-fineweb" in results:
         ratio["per_core_vs_no_fineweb"] = round(ours["docs_per_cpu_s"] / results["datatrove-no-fineweb"]["docs_per_cpu_s"], 2)
     print(f"{'':>20} {'CPU-s':>8} {'docs/CPU-s':>11} {'MB/CPU-s':>9} {'docs/s':>8} {'MB/s':>7}  kept (en / zh / other)")

@@ -11,6 +11,8 @@ document), on the in-process FnApiRunner, four ways:
               per bundle (finish_bundle), and returns a list instead of yielding
   fused       read → one such DoFn running the K stages in turn (rejections tagged with the stage
               that made them, so the ledger and per-reason counts stay exact)
+  stagedofn-fused  read → one StageDoFn over the K stages: what dsdata/beam/kinds.py ApplyStageChain
+              now runs for consecutive per-document stages (per-stage Metrics, CPU clock, error rule)
 
 and, for the write path, read → `beam.Map(kept_row, names)` (how pipeline.py builds Parquet rows:
 an extra positional argument makes Beam take its general invoker, which inspects the arguments of
@@ -118,7 +120,10 @@ def run(kind: str, data: Path, k: int, profile: bool = False) -> tuple[float, in
         prof.enable()
     p = beam.Pipeline(options=PipelineOptions([f"--runner={DEFAULT_RUNNER}"]))
     docs = (p | ReadDocuments([str(data)], "jsonl"))[KEPT]
-    if kind == "stagedofn":
+    if kind == "stagedofn-fused":
+        docs = docs | "fused" >> beam.ParDo(StageDoFn([NoopStage() for _ in range(k)])).with_outputs(REJECTED, main=KEPT)
+        docs = docs[KEPT]
+    elif kind == "stagedofn":
         for i in range(k):
             docs = docs | f"stage{i}" >> beam.ParDo(StageDoFn(NoopStage())).with_outputs(REJECTED, main=KEPT)
             docs = docs[KEPT]
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="interleaved runs of each (best kept)")
     ap.add_argument("--profile", action="store_true", help="print a cProfile (CPU time) of the stagedofn run")
     args = ap.parse_args(argv)
-    kinds = ["read-only", "stagedofn", "per-bundle", "fused", "map-extra-arg", "map-partial", "parquet-rows",
+    kinds = ["read-only", "stagedofn", "per-bundle", "fused", "stagedofn-fused", "map-extra-arg", "map-partial", "parquet-rows",
              "parquet-batched"]
     best = {k: float("inf") for k in kinds}
     with tempfile.TemporaryDirectory(prefix="dsdata-overhead-") as tmp:
@@ -182,11 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             print(run("stagedofn", data, args.stages, profile=True)[2])
     n, k = args.docs, args.stages
-    per_doc_stage = {kind: round((best[kind] - best["read-only"]) / n / k * 1e6, 2) for kind in kinds[1:4]}
-    per_doc_row = {kind: round((best[kind] - best["read-only"]) / n * 1e6, 2) for kind in kinds[4:]}
+    per_doc_stage = {kind: round((best[kind] - best["read-only"]) / n / k * 1e6, 2) for kind in kinds[1:5]}
+    per_doc_row = {kind: round((best[kind] - best["read-only"]) / n * 1e6, 2) for kind in kinds[5:]}
     print(f"{n} documents, {k} no-op stages; CPU-s: " + ", ".join(f"{kind} {best[kind]:.2f}" for kind in kinds))
     print("wrapper cost per document per stage (µs): " + ", ".join(f"{kind} {v}" for kind, v in per_doc_stage.items()))
-    ratio = {kind: round(per_doc_stage["stagedofn"] / max(per_doc_stage[kind], 1e-9), 2) for kind in ("per-bundle", "fused")}
+    ratio = {kind: round(per_doc_stage["stagedofn"] / max(per_doc_stage[kind], 1e-9), 2) for kind in ("per-bundle", "fused", "stagedofn-fused")}
     print(f"stagedofn cost ÷ variant cost: {ratio}")
     print("write-path cost per document (µs): " + ", ".join(f"{kind} {v}" for kind, v in per_doc_row.items()))
     print(json.dumps({"benchmark": "stage_overhead", "docs": n, "stages": k,

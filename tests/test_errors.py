@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import apache_beam as beam
+
 import dsdata.beam.dedup as beam_dedup
+import dsdata.beam.pipeline as beam_pipeline
 import dsdata.io.readers as readers
 from dsdata import cli
 from dsdata.beam.errors import ErrorBudget, ErrorBudgetExceeded, StageEnvironmentError
@@ -55,6 +59,23 @@ class PoisonBatchStage(BatchStage):
         for doc in docs:
             doc.metadata["batch_size_seen"] = len(docs)
         return docs
+
+
+class TagDocStage(DocumentStage):
+    """Rejects documents holding REJECTME (reason `tagged`), raises on BOOM, annotates the rest: the
+    second link of a fused chain of per-document stages."""
+
+    name = "tag_doc"
+    description = "test-only"
+    annotations = {"tag_seen": pa.int64()}
+
+    def process(self, doc: Document):
+        if "BOOM" in doc.text:
+            raise ValueError("tag_doc exploded")
+        if "REJECTME" in doc.text:
+            return self.reject(doc, "tagged", f"{doc.id} holds the marker")
+        doc.annotations["tag_seen"] = len(doc.text)
+        return doc
 
 
 class BrokenSetupStage(DocumentStage):
@@ -104,7 +125,7 @@ class PoisonDifficultyStage(DifficultyStage):
 
 @pytest.fixture(autouse=True)
 def test_stages(monkeypatch):
-    for cls in (PoisonDocStage, PoisonBatchStage, BrokenSetupStage, MissingModuleStage, DeclaredErrorStage):
+    for cls in (PoisonDocStage, TagDocStage, PoisonBatchStage, BrokenSetupStage, MissingModuleStage, DeclaredErrorStage):
         monkeypatch.setitem(REGISTRY, cls.name, f"{__name__}:{cls.__name__}")
 
 
@@ -330,3 +351,58 @@ def test_environment_error_is_found_in_a_remote_traceback():
                           "[while running 'Run']\n\nmore lines")
     assert str(find_environment_error(remote)) == "stage 'lang' cannot start: OSError: gone"
     assert find_environment_error(RuntimeError("something else")) is None
+
+
+def test_consecutive_document_stages_run_fused_with_every_stage_counted_as_if_alone(tmp_path, monkeypatch):
+    # Real documents (the rules keep most of them), four of them marked for the test stages.
+    records = [json.loads(line) for line in
+               (REPO / "pipelines" / "samples" / "docs.jsonl").read_text(encoding="utf-8").splitlines()[:60]]
+    for i, marker in ((7, POISON), (30, POISON), (11, "REJECTME"), (12, "BOOM"), (40, "REJECTME"), (30, "BOOM")):
+        records[i]["text"] += f" {marker}"
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    ids = [r["id"] for r in records]
+    recipe = load_recipe(str(_recipe(tmp_path, "  - poison_doc: {}\n  - tag_doc: {}\n  - rules: {}\n  - lang: {}")))
+    stages = recipe.build_stages()
+    graph = beam.Pipeline()  # built, never run: which steps the stages became
+    beam_pipeline.build_pipeline(graph, recipe, str(tmp_path / "graph"), stages)
+    labels = [t.unique_name for t in graph.to_runner_api().components.transforms.values()]
+    runs = sorted(label for label in labels if label.endswith("/Run"))
+    assert runs == ["00_poison_doc+tag_doc+rules/Run", "03_lang/Run"], runs
+
+    def run(name):
+        """The run's stats.json, its stage_time and its Beam counters other than CPU time."""
+        p = beam.Pipeline(options=beam_pipeline.pipeline_options([]))
+        beam_pipeline.build_pipeline(p, recipe, str(tmp_path / name), recipe.build_stages())
+        result = p.run()
+        result.wait_until_finish()
+        stats = json.loads((tmp_path / name / "stats.json").read_text(encoding="utf-8"))
+        counters = {(c.key.metric.namespace, c.key.metric.name): c.committed
+                    for c in result.metrics().query()["counters"] if c.key.metric.name != "cpu_us"}
+        return stats, beam_pipeline.stage_times(result.metrics(), stats), counters
+
+    fused, fused_time, fused_counters = run("fused")
+    monkeypatch.setattr(beam_pipeline, "fusable", lambda stage: False)
+    alone, alone_time, alone_counters = run("alone")
+
+    def rows(name, kind):
+        return sorted(_rows(tmp_path / name, kind), key=lambda r: r["id"])
+
+    assert rows("fused", "kept") == rows("alone", "kept") and len(rows("fused", "kept")) > 0
+    assert rows("fused", "rejected") == rows("alone", "rejected")
+    why = {r["id"]: (r["stage"], r["reason"], r["detail"]) for r in rows("fused", "rejected")}
+    assert why[ids[7]] == ("poison_doc", "error", "TypeError: incompatible function arguments")
+    assert why[ids[30]][:2] == ("poison_doc", "error")  # the first stage's error: the second never sees it
+    assert why[ids[11]] == ("tag_doc", "tagged", f"{ids[11]} holds the marker")
+    assert why[ids[12]] == ("tag_doc", "error", "ValueError: tag_doc exploded")
+    assert {r["stage"] for r in rows("fused", "rejected")} >= {"poison_doc", "tag_doc", "rules"}
+    for key in ("input", "kept", "rejected", "stages", "ledger_ok"):
+        assert fused[key] == alone[key], key
+    assert fused["rejected"]["tag_doc"] == {"error": 1, "tagged": 2}
+    # The per-stage Metrics (progress line, in / kept / rejected per reason) as if each ran alone.
+    assert fused_counters == alone_counters
+    assert fused_counters[("dsdata.tag_doc", "in")] == 58
+    assert fused_counters[("dsdata.tag_doc", "rejected.tagged")] == 2
+    assert fused_counters[("dsdata.rules", "in")] == 55
+    for name in ("poison_doc", "tag_doc", "rules", "lang"):
+        assert fused_time[name]["docs"] == alone_time[name]["docs"]
+        assert fused_time[name]["cpu_s"] > 0, name

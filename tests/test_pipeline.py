@@ -128,3 +128,39 @@ def test_stats_fold_counts_augmented_and_per_stage():
     assert stats["input"] == 11 and stats["augmented"] == 2 and stats["ledger_ok"]
     assert stats["stages"] == {"read": {"rejected": 1, "kept_after": 10}, "rules": {"rejected": 2, "kept_after": 8},
                                "augment": {"rejected": 0, "kept_after": 10}}
+
+
+def _step_names(recipe, flags):
+    import apache_beam as beam
+
+    from dsdata.beam.pipeline import build_pipeline, pipeline_options
+
+    graph = beam.Pipeline(options=pipeline_options(flags))  # built, never run
+    build_pipeline(graph, recipe, "unused-out", recipe.build_stages())
+    return {t.unique_name for t in graph.to_runner_api().components.transforms.values()}
+
+
+def test_documents_are_reshuffled_after_reading_only_when_several_workers_run(tmp_path):
+    (tmp_path / "one.jsonl").write_text('{"id": "a", "text": "one document"}\n', encoding="utf-8")
+    recipe = load_recipe(str(_write_recipe(tmp_path, "  - rules: {}")))
+    spread = "Read/SpreadDocuments"
+    assert spread not in _step_names(recipe, [])
+    assert spread not in _step_names(recipe, ["--direct_running_mode=multi_processing", "--direct_num_workers=1"])
+    assert spread in _step_names(recipe, ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    assert spread in _step_names(recipe, ["--direct_running_mode=multi_processing", "--direct_num_workers=0"])
+
+
+@pytest.mark.slow
+def test_one_input_file_on_two_workers_gives_the_rows_of_one_worker(tmp_path):
+    # One file: before the documents were reshuffled after reading, one worker ran every stage.
+    samples = (REPO / "pipelines/samples/docs.jsonl").read_text(encoding="utf-8")
+    (tmp_path / "all.jsonl").write_text(samples + '{"id": "x", "text": "\\ud800 lone"}\n{broken\n', encoding="utf-8")
+    recipe = load_recipe(str(_write_recipe(tmp_path, "  - lang: {keep: [zh, en]}\n  - rules: {}")))
+    one = run_recipe(recipe, str(tmp_path / "one"))
+    two = run_recipe(recipe, str(tmp_path / "two"), ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    for key in ("input", "kept", "rejected", "stages", "ledger_ok"):
+        assert two[key] == one[key], key
+    for kind in ("kept", "rejected"):
+        by_id = lambda rows: sorted(rows, key=lambda r: (r["id"], r.get("stage") or ""))  # noqa: E731
+        assert by_id(_rows(tmp_path / "two", kind)) == by_id(_rows(tmp_path / "one", kind)), kind
+    assert one["rejected"]["read"] == {"bad_json": 1} and two["stage_time"]["rules"]["cpu_s"] > 0

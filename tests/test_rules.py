@@ -1,12 +1,15 @@
 """Heuristic quality rules on real zh and en documentation, and on junk they must catch."""
 import json
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsdata.document import Document, Rejected
 from dsdata.stages import StageConfigError
-from dsdata.stages.rules import QualityRulesStage, cjk_ratio, words
+from dsdata.stages.rules import CJK_CHARS, QualityRulesStage, cjk_ratio, words
 
 SAMPLES = Path(__file__).resolve().parents[1] / "pipelines" / "samples" / "docs.jsonl"
 
@@ -38,6 +41,31 @@ def test_chinese_article_on_shared_prose(shared_data):
 def test_cjk_word_model():
     assert words("安装 Debian 系统。") == ["安", "装", "Debian", "系", "统", "。"]
     assert cjk_ratio("安装 Debian 系统") == pytest.approx(4 / 10)
+
+
+def _cjk_ratio_reference(text):
+    """The per-letter definition cjk_ratio's two findall's must equal exactly."""
+    letters = re.findall(r"[^\W\d_]", text)
+    if not letters:
+        return 0.0
+    return sum(1 for ch in letters if re.match(f"[{CJK_CHARS}]", ch)) / len(letters)
+
+
+def test_cjk_ratio_equals_per_letter_reference_on_real_text(shared_data):
+    texts = [r["text"] for r in _samples("zh") + _samples("en")]
+    for name in ("prose-zh.txt", "prose-en.txt"):
+        texts += (shared_data / name).read_text(encoding="utf-8").split("\n\n")[::7]
+    assert len(texts) > 500
+    ratios = [cjk_ratio(t) for t in texts]
+    assert ratios == [_cjk_ratio_reference(t) for t in texts]
+    assert any(0 < r < 1 for r in ratios) and 1.0 in ratios and 0.0 in ratios
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="aZé9_ -。安装系统あアㄱ가豈\u3400\u4dbf\u30fb\u30fc\u3007\uff21\u309b", max_size=40)
+       | st.text(max_size=40))
+def test_cjk_ratio_equals_per_letter_reference_on_generated_text(text):
+    assert cjk_ratio(text) == _cjk_ratio_reference(text)
 
 
 def _reason(text, **params):

@@ -1,6 +1,7 @@
 """Stage kind → PTransform: the one place that decides how Beam runs a stage.
 
-  DocumentStage  → ParDo(StageDoFn)                        kept on the main output, rejections tagged
+  DocumentStage  → ParDo(StageDoFn)                        kept on the main output, rejections tagged;
+                                                           consecutive ones share one StageDoFn (ApplyStageChain)
   BatchStage     → BatchElements → ParDo(BatchStageDoFn)   unless a composite is registered below
   CorpusStage    → its composite from COMPOSITES           (dedup, difficulty, augment, shards)
 
@@ -61,4 +62,25 @@ class ApplyStage(beam.PTransform):
             out = docs | "Run" >> beam.ParDo(StageDoFn(stage)).with_outputs(REJECTED, main=KEPT)
         else:
             raise TypeError(f"stage '{stage.name}' is none of DocumentStage, BatchStage, CorpusStage")
+        return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
+
+
+def fusable(stage: Stage) -> bool:
+    """A per-document stage with no composite and no side outputs: it can share a StageDoFn with its
+    per-document neighbours."""
+    return isinstance(stage, DocumentStage) and stage.name not in COMPOSITES and not stage.side_outputs
+
+
+class ApplyStageChain(beam.PTransform):
+    """Consecutive per-document stages as ONE ParDo (StageDoFn runs them in turn): {"kept", "rejected"},
+    each rejection still carrying its own stage and reason, each stage its own counters and CPU time."""
+
+    def __init__(self, stages: list[DocumentStage]):
+        super().__init__(label="stages:" + "+".join(s.name for s in stages))
+        if not stages or not all(fusable(s) for s in stages):
+            raise TypeError("ApplyStageChain runs only per-document stages without a composite or side outputs")
+        self.stages = list(stages)
+
+    def expand(self, docs):
+        out = docs | "Run" >> beam.ParDo(StageDoFn(self.stages)).with_outputs(REJECTED, main=KEPT)
         return {KEPT: out[KEPT], REJECTED: out[REJECTED]}

@@ -74,14 +74,20 @@ class StageCounters:
         self._stride = 1 if self._timed_s > _EXACT_ABOVE_S * self._timed_n else _SAMPLE_STRIDE
 
     def _route(self, result: Document | Rejected):
+        if self._counted_rejected(result):
+            return beam.pvalue.TaggedOutput(REJECTED, result)
+        return result
+
+    def _counted_rejected(self, result: Document | Rejected) -> bool:
+        """Count `result` as kept or rejected (per reason); True when it is a rejection."""
         if isinstance(result, Rejected):
             counter = self._reasons.get(result.reason)
             if counter is None:
                 counter = self._reasons[result.reason] = stage_counter(self._ns, f"rejected.{result.reason}")
             counter.inc()
-            return beam.pvalue.TaggedOutput(REJECTED, result)
+            return True
         self._kept.inc()
-        return result
+        return False
 
     def _error(self, doc: Document, exc: BaseException, declared: tuple[type[BaseException], ...] = ()) -> Rejected:
         """`doc` rejected with reason `error` (or StageEnvironmentError raised for an environment error)."""
@@ -108,25 +114,51 @@ class StageCounters:
             self._cpu = 0.0
 
 
-class StageDoFn(StageCounters, beam.DoFn):
-    """Runs a per-document stage (`process(doc)`): kept docs on the main output, rejections tagged."""
+class _DocumentStageRun(StageCounters):
+    """One per-document stage inside a StageDoFn: its own counters, CPU clock and error rule."""
 
     def __init__(self, stage: DocumentStage):
         self.stage = stage
+        self._declared = stage.environment_errors
+        self._init_counters(stage.name)
+        self._setup_stage(stage)
 
-    def setup(self):
-        self._init_counters(self.stage.name)
-        self._setup_stage(self.stage)
-
-    def process(self, doc: Document):
+    def run(self, doc: Document) -> Document | Rejected:
         self._in.inc()
         start = self._clock_start()
         try:
             result = self.stage.process(doc)
         except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
-            result = self._error(doc, exc, self.stage.environment_errors)
+            result = self._error(doc, exc, self._declared)
         self._clock_stop(start)
-        yield self._route(result)
+        return result
+
+
+class StageDoFn(beam.DoFn):
+    """Runs a chain of consecutive per-document stages (`process(doc)`) in one step: a document goes
+    through them in turn until one rejects it; kept docs on the main output, rejections tagged with
+    the stage that made them.  Each stage keeps its own Metrics (in, kept, rejected per reason), CPU
+    time and per-record error rule, exactly as if it ran in a ParDo of its own — fusing saves the
+    per-stage DoFn invocation and output routing (~0.9 µs per document per stage)."""
+
+    def __init__(self, stages: DocumentStage | list[DocumentStage]):
+        self.stages = list(stages) if isinstance(stages, (list, tuple)) else [stages]
+
+    def setup(self):
+        self._runs = [_DocumentStageRun(stage) for stage in self.stages]
+
+    def process(self, doc: Document):
+        result = doc
+        for run in self._runs:
+            result = run.run(result)
+            if run._counted_rejected(result):
+                yield beam.pvalue.TaggedOutput(REJECTED, result)
+                return
+        yield result
+
+    def finish_bundle(self):
+        for run in self._runs:
+            run.finish_bundle()
 
 
 class BatchStageDoFn(StageCounters, beam.DoFn):
@@ -236,11 +268,18 @@ def _rest_of_file(path: str, n: int, fh) -> Document:
 
 
 class ReadDocuments(beam.PTransform):
-    """File patterns (local, gs://, s3://, …) → {"kept": docs, "rejected": unreadable records}."""
+    """File patterns (local, gs://, s3://, …) → {"kept": docs, "rejected": unreadable records}.
 
-    def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id"):
+    spread_documents: reshuffle the documents read, so that the stages after the reader run on every
+    worker even when one file holds the whole input (each file is read by one worker, and the
+    runner fuses the stages into the reading step); worth its cost (each document encoded and
+    grouped once) only when more than one worker runs."""
+
+    def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id",
+                 spread_documents: bool = False):
         super().__init__()
         self.patterns, self.fmt, self.text_field, self.id_field = patterns, fmt, text_field, id_field
+        self.spread_documents = spread_documents
 
     def expand(self, pbegin):
         files = (
@@ -253,4 +292,7 @@ class ReadDocuments(beam.PTransform):
         out = files | "Read" >> beam.ParDo(ReadFileDoFn(self.fmt, self.text_field, self.id_field)).with_outputs(
             REJECTED, main=KEPT
         )
-        return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
+        kept = out[KEPT]
+        if self.spread_documents:
+            kept = kept | "SpreadDocuments" >> beam.Reshuffle()
+        return {KEPT: kept, REJECTED: out[REJECTED]}

@@ -27,6 +27,9 @@ CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _CJK_RE = re.compile(f"[{CJK_CHARS}]")
 _WORD_RE = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")
 _LETTER_RE = re.compile(r"[^\W\d_]")
+# A letter that is also a CJK character: counted by one findall at C speed, where a regex match per
+# letter from a generator cost twice as much (docs/throughput.md).
+_CJK_LETTER_RE = re.compile(f"(?=[{CJK_CHARS}])[^\\W\\d_]")
 _PUNCT_ONLY = re.compile(r"^[\W_]+$")
 TERMINAL_PUNCT = (".", "!", "?", '"', "'", "”", "’", "。", "！", "？", "」", "』", "…", "．", "：", ":", ";", "；")
 _SENTENCE_END = re.compile(r"[.!?。！？]+(?=\s|$|[\"'”’」』）)])|[。！？]")
@@ -45,10 +48,10 @@ def words(text: str) -> list[str]:
 
 def cjk_ratio(text: str) -> float:
     """Share of CJK characters among letters."""
-    letters = _LETTER_RE.findall(text)
-    if not letters:
+    n_letters = len(_LETTER_RE.findall(text))
+    if not n_letters:
         return 0.0
-    return sum(1 for ch in letters if _CJK_RE.match(ch)) / len(letters)
+    return len(_CJK_LETTER_RE.findall(text)) / n_letters
 
 
 def _dup_stats(items: list[str]) -> tuple[float, float]:
