@@ -36,7 +36,7 @@ def _default_recipe() -> str:
     return here
 
 
-def cmd_run(argv: list[str]) -> int:
+def _run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dsdata run",
         description="Run a pipeline recipe. Unknown --flags are Beam pipeline options "
@@ -59,7 +59,11 @@ def cmd_run(argv: list[str]) -> int:
     parser.add_argument("--progress", default="auto", choices=["auto", "bar", "lines", "off"],
                         help="live progress every 10 s on long runs: a bar on a terminal (auto), "
                         "lines (logs), or off; --quiet turns it off")
-    args, beam_args = parser.parse_known_args(argv)
+    return parser
+
+
+def cmd_run(argv: list[str]) -> int:
+    args, beam_args = _run_parser().parse_known_args(argv)
     bad = [a for a in beam_args if not a.startswith("--")]
     if bad:
         raise UserError(f"unexpected argument(s) {' '.join(bad)}; Beam options must look like --name=value")
@@ -72,8 +76,8 @@ def cmd_run(argv: list[str]) -> int:
     sys.modules.setdefault("IPython", None)
     from dsdata.beam.errors import ErrorBudget
     from dsdata.beam.pipeline import run_recipe
-    from dsdata.io.outlock import check_output_dir, output_lock
-    from dsdata.recipe import load_recipe
+    from dsdata.beam.progress import resolve_mode
+    from dsdata.io.outlock import output_lock
 
     try:
         budget = ErrorBudget.parse(args.max_errors)
@@ -83,48 +87,56 @@ def cmd_run(argv: list[str]) -> int:
     if not args.quiet:
         logging.getLogger("dsdata").setLevel(logging.INFO)
 
+    recipe, output = _prepare_run(args, beam_args)
+    if not args.quiet:
+        print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
+              f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
+    _say_what_is_replaced(output, recipe)
+    with output_lock(output) if "://" not in output else contextlib.nullcontext():
+        stats = run_recipe(recipe, output, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
+                           max_errors=budget, progress=resolve_mode(args.progress, quiet=args.quiet))
+    if not args.quiet:
+        _print_summary(stats, output)
+    print(json.dumps({k: stats[k] for k in ("input", "kept", "augmented", "rejected_total", "seconds")}))
+    return 0
+
+
+def _prepare_run(args: argparse.Namespace, beam_args: list[str]):
+    """The recipe with the command line applied and every check made before anything is written;
+    returns (recipe, output directory)."""
+    from dsdata.io.inputs import expand_directories
+    from dsdata.io.outlock import check_output_dir
+    from dsdata.recipe import INPUT_FORMATS, load_recipe
+
     recipe = load_recipe(args.recipe or _default_recipe(), args.set)
     if args.input:
         recipe.inputs = [p if "://" in p else os.path.abspath(p) for p in args.input]
     if args.format:
         recipe.input_format = args.format
-    from dsdata.recipe import INPUT_FORMATS
-
     if recipe.input_format not in INPUT_FORMATS:  # --set input.format=... is only checked here
         raise UserError(f"input format '{recipe.input_format}' is not one of {', '.join(INPUT_FORMATS)}")
     output = args.output or recipe.output
     _check_inputs(recipe.inputs, recipe.path)
     _check_fasttext(recipe)
     _check_beam_args(list(recipe.beam_args) + beam_args)
-    local_output = "://" not in output
-    if local_output:
+    if "://" not in output:
         output = check_output_dir(output)
-    from dsdata.io.inputs import expand_directories
-
     expanded = expand_directories(recipe.inputs, recipe.input_format)
     if expanded.skipped and not args.quiet:
         names = ", ".join(os.path.basename(p) for p in expanded.skipped[:3]) + (", …" if len(expanded.skipped) > 3 else "")
         print(f"dsdata: {len(expanded.skipped)} file(s) in the input director(ies) have no known format in their "
               f"name and are not read ({names}); pass --format FMT to read them", file=sys.stderr)
     recipe.inputs = expanded.patterns
-    if not args.quiet:
-        print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
-              f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
-    _say_what_is_replaced(output, recipe)
-    from dsdata.beam.progress import resolve_mode
+    return recipe, output
 
-    with output_lock(output) if local_output else contextlib.nullcontext():
-        stats = run_recipe(recipe, output, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
-                           max_errors=budget, progress=resolve_mode(args.progress, quiet=args.quiet))
-    if not args.quiet:
-        rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
-        print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
-              f"rejected {stats['rejected_total']} ({rej}) in {stats['seconds']} s; ledger ok", file=sys.stderr)
-        report = os.path.join(output, "report.html")
-        if "://" not in output and os.path.isfile(report):
-            print(f"dsdata: report: {report} (open it in a browser)", file=sys.stderr)
-    print(json.dumps({k: stats[k] for k in ("input", "kept", "augmented", "rejected_total", "seconds")}))
-    return 0
+
+def _print_summary(stats: dict, output: str) -> None:
+    rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
+    print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
+          f"rejected {stats['rejected_total']} ({rej}) in {stats['seconds']} s; ledger ok", file=sys.stderr)
+    report = os.path.join(output, "report.html")
+    if "://" not in output and os.path.isfile(report):
+        print(f"dsdata: report: {report} (open it in a browser)", file=sys.stderr)
 
 
 # Beam's multi-threaded in-process worker (EmbeddedPythonGrpcEnvironment) drops elements between

@@ -378,7 +378,7 @@ def test_consecutive_document_stages_run_fused_with_every_stage_counted_as_if_al
         stats = json.loads((tmp_path / name / "stats.json").read_text(encoding="utf-8"))
         counters = {(c.key.metric.namespace, c.key.metric.name): c.committed
                     for c in result.metrics().query()["counters"] if c.key.metric.name != "cpu_us"}
-        return stats, beam_pipeline.stage_times(result.metrics(), stats), counters
+        return stats, beam_pipeline.stage_times(result, stats), counters
 
     fused, fused_time, fused_counters = run("fused")
     monkeypatch.setattr(beam_pipeline, "fusable", lambda stage: False)

@@ -93,9 +93,11 @@ def check_runner(name: str) -> None:
         try:
             importlib.import_module(module_name)
         except ImportError as exc:
-            extra = "'dsdata[dist]'" if path in DSDATA_RUNNERS.values() else "'apache-beam[gcp]' or 'apache-beam[interactive]'"
-            raise BeamOptionError(f"--runner={name} needs an extra that is not installed ({exc}); "
-                                  f"e.g. pip install {extra}") from None
+            if path in DSDATA_RUNNERS.values():
+                raise BeamOptionError(f"--runner={name} needs dsdata's 'dist' extra, which is not installed "
+                                      f"({exc}); pip install 'dsdata[dist]'") from None
+            raise BeamOptionError(f"--runner={name} needs a Beam extra that is not installed ({exc}); "
+                                  "e.g. pip install 'apache-beam[gcp]' or 'apache-beam[interactive]'") from None
         return
     from apache_beam.options.pipeline_options import StandardOptions
 

@@ -36,11 +36,12 @@ is about sqrt(J·(1 − J)/num_perm) (0.035 at J = 0.8 with 128 permutations).
 from __future__ import annotations
 
 import hashlib
-import os
 import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
+
+from dsdata.compiled import import_compiled
 
 # Scripts written without spaces between words: word shingles would see one giant "word".
 _NO_SPACE_RANGES = (
@@ -172,14 +173,7 @@ def numba_kernels():
     """dsdata.dedup.numba_kernels, or None when numba is not installed (or DSDATA_NO_NUMBA=1)."""
     global _numba_kernels
     if _numba_kernels is None:
-        _numba_kernels = False
-        if os.environ.get("DSDATA_NO_NUMBA", "") in ("", "0"):
-            try:
-                from dsdata.dedup import numba_kernels as kernels
-            except ImportError:
-                pass
-            else:
-                _numba_kernels = kernels
+        _numba_kernels = import_compiled("dsdata.dedup.numba_kernels")
     return _numba_kernels or None
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from dsdata.compiled import import_compiled
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import DocumentStage, Param
 from dsdata.stages.params import Boolean, Integer, MappingOf, Number
@@ -106,16 +107,7 @@ def _repetition_kernels():
     DSDATA_NO_NUMBA=1.  Imported on first use: numba costs start-up a run without rules never pays."""
     global _kernels
     if _kernels is None:
-        import os
-
-        _kernels = False
-        if os.environ.get("DSDATA_NO_NUMBA", "") in ("", "0"):
-            try:
-                from dsdata.stages import rules_kernels
-            except ImportError:
-                pass
-            else:
-                _kernels = rules_kernels
+        _kernels = import_compiled("dsdata.stages.rules_kernels")
     return _kernels or None
 
 
