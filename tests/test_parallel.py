@@ -280,8 +280,15 @@ def _torchrun(nproc: int, plan: list[dict], tmp: Path) -> None:
     spec = tmp / f"plan_{nproc}.json"
     spec.write_text(json.dumps(plan))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           __file__, str(spec)], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=600)
+    for attempt in range(2):
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                               __file__, str(spec)], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=600)
+        # Once in a full CI run (3 ranks on 2 loaded cores) a rank aborted in C++ ("terminate called
+        # without an active exception") 1.7 s after launch, before any step; alone it passed every time.
+        # Only that abort is retried, once; any other failure (a loss or parameter mismatch, a Python
+        # error) fails at once.
+        if proc.returncode == 0 or attempt or "terminate called without an active exception" not in proc.stderr:
+            break
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
