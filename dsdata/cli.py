@@ -152,12 +152,12 @@ UNSAFE_RUNNING_MODES = {
 
 
 def _check_beam_args(beam_args: list[str]) -> None:
-    from dsdata.beam.options import check_runner, direct_running_mode_in, runner_in
+    from dsdata.beam.options import check_runner, last_option
 
-    runner = runner_in(beam_args)
+    runner = last_option(beam_args, "runner")
     if runner is not None:
         check_runner(runner)
-    mode = direct_running_mode_in(beam_args)
+    mode = last_option(beam_args, "direct_running_mode")
     if mode in UNSAFE_RUNNING_MODES:
         raise UserError(f"--direct_running_mode={mode} is refused: {UNSAFE_RUNNING_MODES[mode]}")
 
@@ -204,8 +204,14 @@ def _say_what_is_replaced(output: str, recipe) -> None:
     except (OSError, ValueError, AttributeError):
         return
     if previous and previous != recipe.name:
-        present = [n for n in ("shards/", "difficulty.json", "augment.json", "kept/", "rejected/")
-                   if os.path.exists(os.path.join(output, n.rstrip("/")))]
+        from dsdata.stages import registered_side_outputs
+
+        # What the run will remove (beam/pipeline.py _prepare_output): the stages' declared side outputs,
+        # kept/ and rejected/.
+        sides = registered_side_outputs()
+        names = ([f"{s.name}/" for s in sides if s.directory] + [s.name for s in sides if not s.directory]
+                 + ["kept/", "rejected/"])
+        present = [n for n in names if os.path.exists(os.path.join(output, n.rstrip("/")))]
         print(f"dsdata: {output} holds the outputs of recipe '{previous}' ({', '.join(present + ['stats.json'])}); "
               f"this run of '{recipe.name}' replaces them (pass --output DIR to keep them)", file=sys.stderr)
 

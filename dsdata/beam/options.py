@@ -117,18 +117,10 @@ def check_runner(name: str) -> None:
         raise BeamOptionError(f"--runner '{name}': {attr} in {module_name} is not a Beam PipelineRunner class")
 
 
-def runner_in(args: list[str]) -> str | None:
-    """The last --runner=VALUE in a list of Beam arguments (Beam uses the last)."""
+def last_option(args: list[str], name: str) -> str | None:
+    """The value of the last --NAME=VALUE in a list of Beam arguments (Beam uses the last)."""
     found = None
     for arg in args:
-        if arg.startswith("--runner="):
-            found = arg.split("=", 1)[1]
-    return found
-
-
-def direct_running_mode_in(args: list[str]) -> str | None:
-    found = None
-    for arg in args:
-        if arg.startswith("--direct_running_mode="):
+        if arg.startswith(f"--{name}="):
             found = arg.split("=", 1)[1]
     return found
