@@ -182,11 +182,6 @@ class CorpusReader:
                 f"{self.without_field} without the field, not used")
 
 
-def read_corpus_lines(path: str, lang: str, text_field: str = "text", lang_field: str = "lang") -> Iterator[str]:
-    """Normalised non-empty lines of `lang` in a .txt, .jsonl or .parquet corpus (see CorpusReader)."""
-    yield from CorpusReader(path, lang, text_field, lang_field)
-
-
 def train_model(corpus: str, lang: str, out_dir: str, options: TrainOptions, log=print) -> dict:
     """Train SentencePiece + n-gram model on `corpus` into `out_dir`; returns the metadata written."""
     import sentencepiece as spm
