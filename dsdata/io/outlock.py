@@ -21,21 +21,13 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from dsdata.io.shm import pid_alive
+
 LOCK_NAME = ".dsdata.lock"
 
 
 class OutputDirError(ValueError):
     """OUT cannot be created or written, or another run holds its lock; one line."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def check_output_dir(path: str) -> str:
@@ -103,7 +95,7 @@ def output_lock(directory: str) -> Iterator[str]:
                 raise
             holder = _read_holder(path)
             live = holder and not (holder.get("host") == me["host"] and isinstance(holder.get("pid"), int)
-                                   and not _pid_alive(holder["pid"]))
+                                   and not pid_alive(holder["pid"]))
             if live and holder.get("pid") != me["pid"]:
                 os.close(fd)
                 raise OutputDirError(

@@ -65,7 +65,8 @@ def ensure_root(root: str) -> str:
     return root
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (another user's counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -90,7 +91,7 @@ def clean_stale(root: str) -> list[str]:
             age = time.time() - os.lstat(path).st_mtime
         except FileNotFoundError:
             continue
-        if pid != os.getpid() and (not _pid_alive(pid) or age > _STALE_AGE_S):
+        if pid != os.getpid() and (not pid_alive(pid) or age > _STALE_AGE_S):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(entry)
     return removed
