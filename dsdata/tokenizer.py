@@ -9,13 +9,14 @@ any character a merge table has not seen falls back to its UTF-8 bytes.
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
+
+from dsdata.io.shards import file_sha256
 
 EOS_TOKEN = "<|endoftext|>"
 # Tried in this order when a tokenizer's config does not name its EOS token.
@@ -24,14 +25,6 @@ _EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>", 
 
 class TokenizerError(ValueError):
     """A tokenizer path or file a user gave cannot be used; the message says what to do."""
-
-
-def file_sha256(path: str, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------- training

@@ -13,7 +13,6 @@ are installed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import importlib.metadata as metadata
 import importlib.util
@@ -89,8 +88,9 @@ def _check_lid_model() -> tuple[str, str, str]:
         path = lid176_path()
     except ShippedModelMissing as exc:
         return FAIL, "lid.176.ftz", str(exc)
-    with open(path, "rb") as fh:
-        digest = hashlib.sha256(fh.read()).hexdigest()
+    from dsdata.io.shards import file_sha256
+
+    digest = file_sha256(path)
     if digest != LID176_SHA256:
         return FAIL, "lid.176.ftz", f"{path} has sha256 {digest[:12]}…, not the shipped file's {LID176_SHA256[:12]}…; reinstall dsdata"
     if fasttext_problem(need_training=False):
