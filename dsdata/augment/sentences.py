@@ -14,7 +14,7 @@ from dataclasses import dataclass
 # Latin ones only before whitespace, so "3.14", "e.g.x" and URLs stay whole; a line break always.
 _BOUNDARY = re.compile(
     r"""[。！？]+[」』”’）)\]"']*
-      | [.!?]+["'”’)\]]*(?=\s)
+      | (?<![.!?])[.!?]+["'”’)\]]*(?=\s)   # from a run's first mark only: O(n) on "....…"
       | \n""",
     re.X,
 )
@@ -22,6 +22,7 @@ _BOUNDARY = re.compile(
 _ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof sr jr st vs etc e.g i.e cf fig no vol ch sec approx inc ltd co".split()
 )
+_LONGEST_ABBREVIATION = max(map(len, _ABBREVIATIONS))
 # Inside an over-long sentence, cut after a clause mark (Chinese marks need no following space).
 _CLAUSE = re.compile(r"[，；：、]|[,;:](?=\s)")
 # List markers and quote marks at the start of a line stay outside the translation ("* ", "- ",
@@ -48,13 +49,19 @@ class Layout:
 
 
 def _is_abbreviation(text: str, dot: int) -> bool:
+    # Both look-backs are bounded: walked to the start of the word or line, "a.a.a.a…" or a long line
+    # of dots made the splitter O(n²).
+    floor = max(0, dot - _LONGEST_ABBREVIATION - 1)
     start = dot
-    while start > 0 and (text[start - 1].isalpha() or text[start - 1] == "."):
+    while start > floor and (text[start - 1].isalpha() or text[start - 1] == "."):
         start -= 1
-    word = text[start:dot].lower()
-    line_start = text.rfind("\n", 0, dot) + 1
-    if text[line_start:dot].strip().isdigit() and dot - line_start <= 4:
+    newline = text.rfind("\n", max(0, dot - 5), dot)
+    line_start = newline + 1 if newline >= 0 else (0 if dot <= 4 else -1)
+    if line_start >= 0 and text[line_start:dot].strip().isdigit():
         return True  # "1. " numbering a list item
+    if start == floor and start > 0 and (text[start - 1].isalpha() or text[start - 1] == "."):
+        return False  # a longer word than any abbreviation
+    word = text[start:dot].lower()
     return word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())
 
 

@@ -5,7 +5,7 @@ reason `error` (dsdata/beam/errors.py).  Which wrapper runs which stage: dsdata/
 from __future__ import annotations
 
 import logging
-from time import thread_time
+from time import perf_counter, thread_time
 from typing import Any
 
 import apache_beam as beam
@@ -35,6 +35,10 @@ CPU_COUNTER = "cpu_us"
 # estimate while the clock costs a tenth of a microsecond per element).
 _EXACT_ABOVE_S = 100e-6
 _SAMPLE_STRIDE = 16
+# An untimed element whose wall time (perf_counter: no system call) passes this is counted by that
+# wall time: one pathological document between two samples (a regex stuck for minutes) would
+# otherwise vanish from the stage's CPU seconds.
+_OUTLIER_S = 10e-3
 # Errors are logged (INFO: shown unless --quiet) with the document id for the first few records of
 # each DoFn instance; the rejected rows hold them all.
 _LOGGED_ERRORS = 5
@@ -53,6 +57,7 @@ class StageCounters:
         self._cpu_counter = Metrics.counter(self._ns, CPU_COUNTER)
         self._cpu = 0.0
         self._untimed = 0  # elements since the last timed one, that one included
+        self._wall_start = 0.0
         self._stride = 1
         self._timed_n = 0
         self._timed_s = 0.0
@@ -61,10 +66,15 @@ class StageCounters:
     def _clock_start(self) -> float | None:
         """thread_time() when this element is to be timed, else None."""
         self._untimed += 1
+        self._wall_start = perf_counter()
         return thread_time() if self._untimed >= self._stride else None
 
     def _clock_stop(self, start: float | None) -> None:
         if start is None:
+            wall = perf_counter() - self._wall_start
+            if wall > _OUTLIER_S:
+                self._cpu += wall
+                self._untimed -= 1  # counted itself, not through the next sample
             return
         seconds = thread_time() - start
         self._cpu += seconds * self._untimed

@@ -452,7 +452,8 @@ def _tag_names(html: str, max_depth: int) -> set[str] | None:
     The names let the extractor skip a CSS query for elements the page does not have (every query
     walks the whole tree): an element of the parsed page has its name here unless the tree builder
     made it up (html, head, body, tbody) or it is a raw-text element."""
-    tags = list(map(str.lower, _TAG_NAMES.findall(html)))
+    # No tag ends after the last ">"; without the bound every "<" of "<a<a<a…" scans to the end: O(n²).
+    tags = list(map(str.lower, _TAG_NAMES.findall(html, 0, html.rfind(">") + 1)))
     counts: dict[str, int] = {}
     get = counts.get
     depth = 0
@@ -496,8 +497,11 @@ def _capped(html: str, max_depth: int) -> str:
     closed_early: dict[str, int] = {}  # end tags still to come for elements closed at the limit
     edits: list[tuple[int, int, str]] = []
     pos = 0
+    # No tag ends after the page's last ">": searching past it from every "<" is O(n²) on a page of
+    # "<a<a<a…" that never closes.
+    tags_end = html.rfind(">") + 1
     while True:
-        m = _TAG.search(html, pos)
+        m = _TAG.search(html, pos, tags_end)
         if m is None:
             break
         pos = m.end()

@@ -32,9 +32,13 @@ _HTML_TAG_NAMES = (
     "select|small|source|span|strike|strong|style|sub|summary|sup|table|tbody|td|textarea|tfoot|th|thead|"
     "title|tr|tt|u|ul|var|wbr"
 )
-_SCRIPT_STYLE = re.compile(r"<(script|style)\b[^>]*>.*?</\1\s*>", re.I | re.S)
+# Spaces before a match, taken only from where a run of them starts: a leading "[ \t]*" is tried at
+# every space of a run and rescans the rest of it each time, O(n²) on a long run of spaces or tabs.
+_LEADING_BLANKS = r"(?:(?<![ \t])[ \t]+)?"
+_SCRIPT_STYLE = re.compile(r"<(script|style)\b[^<>]*>.*?</\1\s*>", re.I | re.S)
+_SCRIPT_STYLE_END = re.compile(r"</(?:script|style)\s*>", re.I)
 _COMMENT = re.compile(r"<!--.*?-->", re.S)
-_TAG = re.compile(rf"([ \t]*)<(/?)({_HTML_TAG_NAMES})(\s[^<>]*)?/?>([ \t]*)", re.I)
+_TAG = re.compile(rf"({_LEADING_BLANKS})<(/?)({_HTML_TAG_NAMES})(\s[^<>]*)?/?>([ \t]*)", re.I)
 # A bare opening tag (no attributes) of these names is markup; of other names it is as likely a
 # placeholder in prose ("man<section> directories", "<title> of the page") and stays.
 _BARE_MARKUP_TAGS = frozenset(
@@ -61,9 +65,12 @@ _DECORATIVE_CHAR = re.compile(_DECORATIVE)
 
 # ASCII rules and dividers: only a line made of nothing but =*#~_-+^|\/ runs (4+), so code such
 # as "-----BEGIN PGP SIGNATURE-----", print('====') or "x === y" is untouched.
-_ASCII_RULE_LINE = re.compile(r"^[ \t]*(?:[=*#~_\-+^|\\/]{4,}[ \t]*)+$", re.M)
+# Written so that a run splits into groups one way only (runs are separated by spaces): the pattern
+# "(?:[=-]{4,}[ \t]*)+$" it replaces tried every split of a run of N symbols not at a line's end,
+# 2^(N/4) ways — one line of 80 dashes and a letter held a run for hours.
+_ASCII_RULE_LINE = re.compile(r"^[ \t]*[=*#~_\-+^|\\/]{4,}(?:[ \t]+[=*#~_\-+^|\\/]{4,})*[ \t]*$", re.M)
 # Non-ASCII decorative symbols: a run of 3+ of the same one anywhere (▲▲▲, ★★★★★).
-_SYMBOL_RUN = re.compile(rf"[ \t]*({_DECORATIVE})\1{{2,}}[ \t]*")
+_SYMBOL_RUN = re.compile(rf"{_LEADING_BLANKS}({_DECORATIVE})\1{{2,}}[ \t]*")
 
 
 _HSPACE = "[ \t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]"
@@ -97,6 +104,15 @@ def _tag_replacement(match: re.Match[str]) -> str:
     if name in _LINE_BREAKING_TAGS:
         return "\n"  # with the spaces around it: they would indent the next line
     return before + after
+
+
+def _sub_before(pattern: re.Pattern[str], last_end: int, text: str) -> str:
+    """pattern.sub("", ·) where every match ends with a closing mark and the text's last one ends at
+    `last_end` (≤ 0: none).  Same result, but an opening whose closing never comes is not scanned to
+    the text's end once per opening (O(n²) on a text of many "<!--" and no "-->")."""
+    if last_end <= 0:
+        return text
+    return pattern.sub("", text[:last_end]) + text[last_end:]
 
 
 def _symbol_run_replacement(match: re.Match[str]) -> str:
@@ -167,8 +183,11 @@ class TextCleaner:
         if self.remove_zero_width:
             text = _ZERO_WIDTH.sub("", text)
         if self.strip_tags and markup_possible and "<" in text:
-            text = _SCRIPT_STYLE.sub("", text)
-            text = _COMMENT.sub("", text)
+            last_end = 0
+            for last_end_match in _SCRIPT_STYLE_END.finditer(text):
+                last_end = last_end_match.end()
+            text = _sub_before(_SCRIPT_STYLE, last_end, text)
+            text = _sub_before(_COMMENT, text.rfind("-->") + 3, text)
             text = _TAG.sub(_tag_replacement, text)
         if self.decode_entities and "&" in text:
             text = _ENTITY.sub(lambda m: html.unescape(m.group(0)), text)

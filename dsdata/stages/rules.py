@@ -33,7 +33,10 @@ _LETTER_RE = re.compile(r"[^\W\d_]")
 _CJK_LETTER_RE = re.compile(f"(?=[{CJK_CHARS}])[^\\W\\d_]")
 _PUNCT_ONLY = re.compile(r"^[\W_]+$")
 TERMINAL_PUNCT = (".", "!", "?", '"', "'", "”", "’", "。", "！", "？", "」", "』", "…", "．", "：", ":", ";", "；")
-_SENTENCE_END = re.compile(r"[.!?。！？]+(?=\s|$|[\"'”’」』）)])|[。！？]")
+# A run of terminators is tried from its first one only (the lookbehind): tried from each, a long run
+# not followed by a space was rescanned to its end from every position, O(n²).  A run that fails from
+# its start fails from every later position too (same end), so the matches are the same.
+_SENTENCE_END = re.compile(r"(?<![.!?。！？])[.!?。！？]+(?=\s|$|[\"'”’」』）)])|[。！？]")
 _BULLET = ("•", "●", "○", "■", "□", "▪", "▫", "*", "-", "–", "‣", "⁃", "◦")
 _ELLIPSIS = ("...", "…", "。。。")
 
