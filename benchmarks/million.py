@@ -13,10 +13,11 @@ runner runs `dsdata run` in its own process tree, sampled every 0.5 s with psuti
                     at 60 % of --dask-memory-limit per worker
   prism             Beam's Prism runner (binary from .ci/engines-setup), in a loopback-only netns
 
-Per runner: finished (exit 0 within --timeout, ledger ok), wall seconds, docs/s, docs/s per core
-(input documents / wall / cores of the machine), peak RSS of the largest process and of the whole
-tree, per-stage counts (stats.json "stages"), and whether kept/rejected ids and stats equal the
-default runner's.  Per-stage *times* are not measured: Beam fuses stages into one bundle loop.
+Per runner: finished (exit 0 within --timeout and under --max-rss-gb, ledger ok), wall seconds,
+docs/s, docs/s per core (input documents / wall / cores of the machine), peak RSS of the largest
+process and of the whole tree, the tree's RSS once a minute, per-stage counts (stats.json "stages")
+and CPU seconds (stats.json "stage_time"; none on dask, which has no Beam metrics), and whether
+kept/rejected ids and stats equal the default runner's.
 The last line printed is one JSON object.
 """
 from __future__ import annotations
@@ -46,14 +47,16 @@ from dsdata.beam.engines import prism_binary  # noqa: E402
 RECIPE = REPO / "pipelines" / "pretrain.yaml"
 
 
-def runner_flags(name: str, cores: int, dask_memory_limit: str, spill_dir: str) -> list[str] | None:
+def runner_flags(name: str, cores: int, dask_memory_limit: str, spill_dir: str,
+                 dask_npartitions: int = 0) -> list[str] | None:
     if name == "default":
         return []
     if name == "multiprocessing":
         return ["--direct_running_mode=multi_processing", f"--direct_num_workers={cores}"]
     if name == "dask":
         return ["--runner=dask", f"--dask_n_workers={cores}", f"--dask_memory_limit={dask_memory_limit}",
-                f"--dask_local_directory={spill_dir}"]
+                f"--dask_local_directory={spill_dir}"] + (
+                    [f"--dask_npartitions={dask_npartitions}"] if dask_npartitions else [])
     if name == "prism":
         prism = prism_binary()
         if prism is None or shutil.which("unshare") is None:
@@ -65,14 +68,20 @@ def runner_flags(name: str, cores: int, dask_memory_limit: str, spill_dir: str) 
     raise SystemExit(f"million: error: unknown runner {name!r}")
 
 
-def run_monitored(cmd: list[str], timeout: float, env: dict) -> dict:
-    """Run cmd; sample its process tree's RSS every 0.5 s. Peak per process and of the whole tree."""
+def run_monitored(cmd: list[str], timeout: float, env: dict, log_dir: Path, max_rss: float = float("inf")) -> dict:
+    """Run cmd; sample its process tree's RSS every 0.5 s. Peak per process and of the whole tree,
+    and the tree's RSS once a minute (how memory grows as the run goes).  The tree is killed (by PID)
+    past `timeout` seconds or past `max_rss` bytes.  Output goes to files: a pipe nobody reads
+    would stop an hours-long run once it fills."""
     start = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "stdout.txt", "w") as out_fh, open(log_dir / "stderr.txt", "w") as err_fh:
+        proc = subprocess.Popen(cmd, stdout=out_fh, stderr=err_fh, text=True, env=env, cwd=REPO)
     peak_by_pid: dict[int, int] = {}
     peak_tree = 0
+    timeline: list[tuple[int, int]] = []  # (seconds since start, tree RSS in MiB), once a minute
     root = psutil.Process(proc.pid)
-    timed_out = False
+    timed_out = over_memory = False
     while proc.poll() is None:
         total = 0
         try:
@@ -87,8 +96,12 @@ def run_monitored(cmd: list[str], timeout: float, env: dict) -> dict:
             total += rss
             peak_by_pid[p.pid] = max(peak_by_pid.get(p.pid, 0), rss)
         peak_tree = max(peak_tree, total)
-        if time.time() - start > timeout:
-            timed_out = True
+        elapsed = time.time() - start
+        if not timeline or elapsed - timeline[-1][0] >= 60:
+            timeline.append((round(elapsed), round(total / 2**20)))
+        over_memory = total > max_rss
+        if elapsed > timeout or over_memory:
+            timed_out = not over_memory
             for p in reversed(procs):  # children first, then the CLI process, each by PID
                 try:
                     p.kill()
@@ -96,11 +109,14 @@ def run_monitored(cmd: list[str], timeout: float, env: dict) -> dict:
                     pass
             break
         time.sleep(0.5)
-    out, err = proc.communicate()
-    return {"rc": proc.returncode, "timed_out": timed_out, "wall_s": round(time.time() - start, 1),
+    proc.wait()
+    return {"rc": proc.returncode, "timed_out": timed_out, "over_memory": over_memory,
+            "wall_s": round(time.time() - start, 1),
             "peak_rss_max_process_mb": round(max(peak_by_pid.values(), default=0) / 2**20),
             "peak_rss_tree_mb": round(peak_tree / 2**20), "processes": len(peak_by_pid),
-            "stdout": out, "stderr": err}
+            "rss_tree_mb_by_minute": timeline,
+            "stdout": (log_dir / "stdout.txt").read_text(errors="replace"),
+            "stderr": (log_dir / "stderr.txt").read_text(errors="replace")}
 
 
 def outputs_digest(out: Path) -> dict:
@@ -112,6 +128,7 @@ def outputs_digest(out: Path) -> dict:
         ids[kind] = sorted(rows)
     stats = json.loads((out / "stats.json").read_text())
     stats.pop("seconds", None)
+    stats.pop("stage_time", None)  # CPU seconds: timing, not output
     return {"ids": ids, "stats": stats}
 
 
@@ -124,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=None, help="outputs and spill (default: temporary)")
     parser.add_argument("--cores", type=int, default=os.cpu_count())
     parser.add_argument("--dask-memory-limit", default="6GB", help="per dask worker")
+    parser.add_argument("--dask-npartitions", type=int, default=0,
+                        help="partitions of every dask bag (0: the runner's default, 2 per worker thread); "
+                             "a partition is one task's data, so more partitions = less memory per task")
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per runner")
+    parser.add_argument("--max-rss-gb", type=float, default=20.0,
+                        help="stop a runner whose process tree passes this (the machine's memory is finite)")
     parser.add_argument("--reuse", action="store_true",
                         help="take a runner's result from --work-dir when an earlier invocation finished it")
     args = parser.parse_args(argv)
@@ -154,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         spill = work / f"{name}-spill"
         spill.mkdir(parents=True, exist_ok=True)
-        flags = runner_flags(name, args.cores, args.dask_memory_limit, str(spill))
+        flags = runner_flags(name, args.cores, args.dask_memory_limit, str(spill), args.dask_npartitions)
         if flags is None:
             results[name] = {"finished": False, "skipped": "no prism binary or no unshare (run .ci/engines-setup)"}
             continue
@@ -163,18 +185,22 @@ def main(argv: list[str] | None = None) -> int:
         if name == "prism":
             # Prism listens on every interface; a network namespace with only loopback keeps it local.
             cli = ["unshare", "-n", "sh", "-c", "ip link set lo up && exec " + shlex.join(cli)]
-        run = run_monitored(cli, args.timeout, env)
-        finished = run["rc"] == 0 and not run["timed_out"]
-        result = {k: run[k] for k in ("wall_s", "peak_rss_max_process_mb", "peak_rss_tree_mb", "processes")}
+        run = run_monitored(cli, args.timeout, env, work / f"{name}-logs", args.max_rss_gb * 2**30)
+        finished = run["rc"] == 0 and not run["timed_out"] and not run["over_memory"]
+        result = {k: run[k] for k in ("wall_s", "peak_rss_max_process_mb", "peak_rss_tree_mb", "processes",
+                                      "rss_tree_mb_by_minute")}
         result["finished"] = finished
         if not finished:
-            result["error"] = "timed out" if run["timed_out"] else run["stderr"].strip().splitlines()[-1:]
+            result["error"] = ("timed out" if run["timed_out"] else
+                               f"stopped: process tree over {args.max_rss_gb} GB" if run["over_memory"] else
+                               run["stderr"].strip().splitlines()[-1:])
         else:
             stats = json.loads((out / "stats.json").read_text())
             result["docs_per_s"] = round(stats["input"] / run["wall_s"], 1)
             result["docs_per_s_per_core"] = round(stats["input"] / run["wall_s"] / args.cores, 1)
             result["kept"], result["rejected"] = stats["kept"], stats["rejected_total"]
             result["stages_kept_after"] = {s: v["kept_after"] for s, v in stats["stages"].items()}
+            result["stage_cpu_s"] = {s: v.get("cpu_s") for s, v in (stats.get("stage_time") or {}).items()}
             digest = outputs_digest(out)
             if name == "default":
                 base_digest = digest

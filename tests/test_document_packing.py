@@ -1,0 +1,36 @@
+"""A Document crosses stage boundaries (Beam's coders pickle it) with its text compressed, and comes
+back equal: long and short texts, CJK, lone surrogates, metadata and annotations."""
+import pickle
+
+from apache_beam.coders import registry
+
+from dsdata.beam.dedup import _doc_fields, _fields_doc
+from dsdata.document import Document, Rejected
+
+PROSE = ("The quick brown fox jumps over the lazy dog; 敏捷的棕色狐狸跳过了懒狗。\n" * 60)
+
+
+def _docs():
+    return [
+        Document("long", PROSE, {"source": "x", "n": 3}, {"lang": "en", "lang_score": 0.98}),
+        Document("short", "a few words", {}, {}),
+        Document("surrogate", "bad \ud800 half" * 100),
+        Document("derived", PROSE, derived_from="long"),
+        Document("empty", ""),
+    ]
+
+
+def test_documents_round_trip_through_beams_coder_and_pickle():
+    coder = registry.get_coder(Document)
+    for doc in _docs():
+        assert coder.decode(coder.encode(doc)) == doc
+        assert pickle.loads(pickle.dumps(doc)) == doc
+        rejected = Rejected(doc, "rules", "too_short", "detail")
+        assert coder.decode(coder.encode(rejected)) == rejected
+        assert _fields_doc(_doc_fields(doc)) == doc
+
+
+def test_long_texts_are_shipped_compressed():
+    coder = registry.get_coder(Document)
+    doc = _docs()[0]
+    assert len(coder.encode(doc)) < len(doc.text.encode("utf-8")) / 2
