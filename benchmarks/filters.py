@@ -19,9 +19,13 @@ in-process (each stage class's process()/process_batch() on the documents that r
 per-stage breakdown; what is left of the end-to-end CPU time is start-up, reading, Beam and Parquet.
 
 --scaling also runs dsdata under --direct_running_mode=multi_processing with 1 and with 2 workers
-(issue 15 item 3): the ratio of their wall times, and the kept ids must be the same.
+(issue 15 item 3): the ratio of their wall times, and the kept ids must be the same.  The same two
+runs on a one-document input give each one's fixed cost (Beam's import, pipeline construction,
+worker start-up, the report), so the JSON also says how the work beyond that scales.
+--scaling-copies K runs the scaling pair on the documents K times over (new ids, K files): a
+larger input, where the fixed cost weighs less.
 
-usage: python3 benchmarks/filters.py [--repeat 1] [--limit N] [--without-fineweb] [--scaling]
+usage: python3 benchmarks/filters.py [--repeat 1] [--limit N] [--without-fineweb] [--scaling [--scaling-copies K]]
 Last line: one JSON object.
 """
 from __future__ import annotations
@@ -104,11 +108,12 @@ def lid_model() -> str:
 MULTI_PROCESSING = ["--direct_running_mode=multi_processing"]
 
 
-def run_dsdata(work: Path, model: str, beam_args: tuple[str, ...] = ()) -> tuple[set[str], float, float]:
+def run_dsdata(work: Path, model: str, beam_args: tuple[str, ...] = (),
+               inputs: str = "docs.jsonl") -> tuple[set[str], float, float]:
     recipe = work / "filters.yaml"
     out = work / "dsdata-out"
     proc, cpu, wall = peer_venv.timed_child(
-        [sys.executable, "-m", "dsdata.cli", "run", str(recipe), "--input", str(work / "docs.jsonl"),
+        [sys.executable, "-m", "dsdata.cli", "run", str(recipe), "--input", str(work / inputs),
          "--output", str(out), "--set", f"lang.model={model}", "--quiet", *beam_args],
         cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)},
     )
@@ -198,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scaling", action="store_true",
                     help="also run dsdata with --direct_running_mode=multi_processing on 1 and on 2 workers "
                          "(wall-clock ratio: meaningful only on a machine with 2 idle cores)")
+    ap.add_argument("--scaling-copies", type=int, default=1,
+                    help="the scaling runs read the documents this many times over (new ids, one file per copy)")
     args = ap.parse_args(argv)
     if not (SHARED / "prose-en.txt").is_file():
         print(f"error: shared data not found at {SHARED}", file=sys.stderr)
@@ -215,6 +222,15 @@ def main(argv: list[str] | None = None) -> int:
         with open(work / "docs.jsonl", "w", encoding="utf-8") as fh:
             for r in recs:
                 fh.write(json.dumps({"id": r["id"], "text": r["text"]}, ensure_ascii=False) + "\n")
+        (work / "one").mkdir()
+        with open(work / "one" / "doc.jsonl", "w", encoding="utf-8") as fh:
+            fh.write(json.dumps({"id": recs[0]["id"], "text": recs[0]["text"]}, ensure_ascii=False) + "\n")
+        (work / "copies").mkdir()
+        for copy in range(max(1, args.scaling_copies)):
+            with open(work / "copies" / f"docs-{copy:03d}.jsonl", "w", encoding="utf-8") as fh:
+                for r in recs:
+                    doc_id = r["id"] if args.scaling_copies <= 1 else f"{r['id']}#copy{copy}"
+                    fh.write(json.dumps({"id": doc_id, "text": r["text"]}, ensure_ascii=False) + "\n")
         (work / "filters.yaml").write_text(
             "name: filters-bench\ninput:\n  paths: [docs.jsonl]\noutput: dsdata-out\nstages:\n"
             "  - lang: {backend: fasttext, keep: [zh, en], min_score: 0.5}\n  - rules: {}\n", encoding="utf-8")
@@ -230,23 +246,32 @@ def main(argv: list[str] | None = None) -> int:
                 runs.setdefault("datatrove-no-fineweb", []).append((cpu, wall))
             if args.scaling:
                 for workers in (1, 2):
+                    flags = (*MULTI_PROCESSING, f"--direct_num_workers={workers}")
                     name = f"dsdata-mp{workers}"
-                    kept[name], cpu, wall = run_dsdata(work, model, (*MULTI_PROCESSING, f"--direct_num_workers={workers}"))
+                    kept[name], cpu, wall = run_dsdata(work, model, flags, "copies/*.jsonl")
                     runs.setdefault(name, []).append((cpu, wall))
+                    _, cpu, wall = run_dsdata(work, model, flags, "one/doc.jsonl")
+                    runs.setdefault(f"{name}-fixed", []).append((cpu, wall))
             print(f"round {round_no + 1}: " + ", ".join(
                 f"{name} {runs[name][-1][0]:.1f} CPU-s / {runs[name][-1][1]:.1f} s wall" for name in runs))
         breakdown = stage_breakdown(recs, model)
 
     results = {}
+    n_docs = {name: len(recs) * max(1, args.scaling_copies) if name in ("dsdata-mp1", "dsdata-mp2") else
+              1 if name.endswith("-fixed") else len(recs) for name in runs}
     for name, rows in runs.items():
         cpu = statistics.median(c for c, _ in rows)
         wall = statistics.median(w for _, w in rows)
         results[name] = {
             "cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
-            "docs_per_cpu_s": round(len(recs) / cpu, 1), "docs_per_s": round(len(recs) / wall, 1),
-            "mb_per_cpu_s": round(mb / cpu, 3), "mb_per_s": round(mb / wall, 3),
-            "kept": len(kept[name]), "kept_by_lang": kept_by_lang(kept[name], recs),
+            "docs_per_cpu_s": round(n_docs[name] / cpu, 1), "docs_per_s": round(n_docs[name] / wall, 1),
         }
+        if name in kept:
+            copies = n_docs[name] // len(recs)
+            results[name].update({"mb_per_cpu_s": round(mb * copies / cpu, 3), "mb_per_s": round(mb * copies / wall, 3),
+                                  "kept": len(kept[name])})
+            if copies == 1:
+                results[name]["kept_by_lang"] = kept_by_lang(kept[name], recs)
     ours, peer = results["dsdata"], results["datatrove"]
     stage_cpu = sum(row["cpu_s"] for row in breakdown.values())
     breakdown["startup_io_beam_parquet"] = {"cpu_s": round(ours["cpu_s"] - stage_cpu, 2)}
@@ -254,17 +279,29 @@ def main(argv: list[str] | None = None) -> int:
     ratio = {"per_core": round(ours["docs_per_cpu_s"] / peer["docs_per_cpu_s"], 2),
              "wall": round(ours["docs_per_s"] / peer["docs_per_s"], 2)}
     if args.scaling:
-        ratio["two_workers_vs_one_wall"] = round(results["dsdata-mp1"]["wall_s"] / results["dsdata-mp2"]["wall_s"], 2)
-        assert kept["dsdata-mp2"] == kept["dsdata-mp1"] == kept["dsdata"], "worker count changed the kept documents"
+        one, two = results["dsdata-mp1"], results["dsdata-mp2"]
+        ratio["two_workers_vs_one_wall"] = round(one["wall_s"] / two["wall_s"], 2)
+        # The same runs less their one-document run: how the work itself scales.
+        ratio["two_workers_vs_one_wall_beyond_fixed"] = round(
+            (one["wall_s"] - results["dsdata-mp1-fixed"]["wall_s"]) /
+            max(two["wall_s"] - results["dsdata-mp2-fixed"]["wall_s"], 1e-9), 2)
+        ratio["scaling_docs"] = n_docs["dsdata-mp1"]
+        assert kept["dsdata-mp2"] == kept["dsdata-mp1"], "worker count changed the kept documents"
+        if args.scaling_copies <= 1:
+            assert kept["dsdata-mp1"] == kept["dsdata"], "multi_processing changed the kept documents"
         print(f"multi_processing, 2 workers ÷ 1 worker: {ratio['two_workers_vs_one_wall']}x docs/s wall "
               f"(CPU-s {results['dsdata-mp1']['cpu_s']} and {results['dsdata-mp2']['cpu_s']}; target ≥ 1.7x)")
     if "datatrove-no-fineweb" in results:
         ratio["per_core_vs_no_fineweb"] = round(ours["docs_per_cpu_s"] / results["datatrove-no-fineweb"]["docs_per_cpu_s"], 2)
     print(f"{'':>20} {'CPU-s':>8} {'docs/CPU-s':>11} {'MB/CPU-s':>9} {'docs/s':>8} {'MB/s':>7}  kept (en / zh / other)")
     for name, r in results.items():
-        k = r["kept_by_lang"]
+        if "kept" not in r:  # a one-document run: its fixed cost only
+            print(f"{name:>20} {r['cpu_s']:8.2f} {'':>11} {'':>9} {'':>8} {'':>7}  (one document, {r['wall_s']} s wall)")
+            continue
+        k = r.get("kept_by_lang")
+        by_lang = f" ({k['en']} / {k['zh']} / {k['other']})" if k else f" ({args.scaling_copies} copies)"
         print(f"{name:>20} {r['cpu_s']:8.2f} {r['docs_per_cpu_s']:11.1f} {r['mb_per_cpu_s']:9.3f} "
-              f"{r['docs_per_s']:8.1f} {r['mb_per_s']:7.3f}  {r['kept']} ({k['en']} / {k['zh']} / {k['other']})")
+              f"{r['docs_per_s']:8.1f} {r['mb_per_s']:7.3f}  {r['kept']}{by_lang}")
     print("dsdata per stage (in-process, CPU-s): " + ", ".join(
         f"{name} {row['cpu_s']}" + (f" ({row['docs_per_cpu_s']} docs/CPU-s)" if "docs_per_cpu_s" in row else "")
         for name, row in breakdown.items()))
