@@ -115,7 +115,6 @@ def run_monitored(cmd: list[str], timeout: float, env: dict, log_dir: Path, max_
             "peak_rss_max_process_mb": round(max(peak_by_pid.values(), default=0) / 2**20),
             "peak_rss_tree_mb": round(peak_tree / 2**20), "processes": len(peak_by_pid),
             "rss_tree_mb_by_minute": timeline,
-            "stdout": (log_dir / "stdout.txt").read_text(errors="replace"),
             "stderr": (log_dir / "stderr.txt").read_text(errors="replace")}
 
 

@@ -35,7 +35,7 @@ class Document:
         # How a runner stores and ships a document between stages (Beam's coders pickle it): the
         # text zlib-compressed (level 1, ~2.5x on prose).  The in-process runner keeps every
         # PCollection between stages in memory, so this is most of what a large run holds.
-        return _unpack_document, (self.id, pack_text(self.text), self.metadata, self.annotations, self.derived_from)
+        return unpack_document, (pack_document(self),)
 
 
 # Texts shorter than this are shipped as they are: compressing a few words saves nothing.
@@ -53,7 +53,13 @@ def unpack_text(packed: str | bytes) -> str:
     return packed if isinstance(packed, str) else zlib.decompress(packed).decode("utf-8", "surrogatepass")
 
 
-def _unpack_document(doc_id, packed, metadata, annotations, derived_from) -> Document:
+def pack_document(doc: Document) -> tuple:
+    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships)."""
+    return doc.id, pack_text(doc.text), doc.metadata, doc.annotations, doc.derived_from
+
+
+def unpack_document(fields: tuple) -> Document:
+    doc_id, packed, metadata, annotations, derived_from = fields
     return Document(doc_id, unpack_text(packed), metadata, annotations, derived_from)
 
 

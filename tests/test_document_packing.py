@@ -4,8 +4,7 @@ import pickle
 
 from apache_beam.coders import registry
 
-from dsdata.beam.dedup import _doc_fields, _fields_doc
-from dsdata.document import Document, Rejected
+from dsdata.document import Document, Rejected, pack_document, unpack_document
 
 PROSE = ("The quick brown fox jumps over the lazy dog; 敏捷的棕色狐狸跳过了懒狗。\n" * 60)
 
@@ -27,7 +26,7 @@ def test_documents_round_trip_through_beams_coder_and_pickle():
         assert pickle.loads(pickle.dumps(doc)) == doc
         rejected = Rejected(doc, "rules", "too_short", "detail")
         assert coder.decode(coder.encode(rejected)) == rejected
-        assert _fields_doc(_doc_fields(doc)) == doc
+        assert unpack_document(pack_document(doc)) == doc
 
 
 def test_long_texts_are_shipped_compressed():

@@ -65,7 +65,7 @@ from dsdata.beam.errors import environment_failure, is_environment_error
 from dsdata.beam.transforms import CPU_COUNTER, StageCounters
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
-from dsdata.document import Document, Rejected, metadata_json, pack_text, unpack_text
+from dsdata.document import Document, Rejected, metadata_json, pack_document, unpack_document
 from dsdata.beam.progress import stage_counter
 
 log = logging.getLogger("dsdata")
@@ -102,19 +102,6 @@ def node_key(doc: Document, digest: bytes, score_field: str | None) -> str:
     """The document's node key; string order = keep order."""
     prefix = _descending_score_prefix(_score_of(doc, score_field)) if score_field else ""
     return f"{prefix}{doc.id}{_SEP}{digest[: _HASH_HEX // 2].hex()}"
-
-
-def _doc_fields(doc: Document) -> tuple:
-    """A Document as a tuple of primitives: Beam's fast coder encodes these natively, whereas a
-    dataclass falls back to pickling — the difference is most of the cost of the final join.  The
-    text is packed (compressed): the in-process runner holds the final join's table as decoded
-    values, every document of the corpus at once."""
-    return doc.id, pack_text(doc.text), doc.metadata, doc.annotations, doc.derived_from
-
-
-def _fields_doc(fields: tuple) -> Document:
-    doc_id, packed, metadata, annotations, derived_from = fields
-    return Document(doc_id, unpack_text(packed), metadata, annotations, derived_from)
 
 
 def node_id(node: str, prefix_len: int) -> str:
@@ -174,7 +161,11 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
         for i, doc in enumerate(docs):
             digest = exact_hash(doc.text, folded[i])
             node = node_key(doc, digest, c["score_field"])
-            out.append((node, _doc_fields(doc)))
+            # A tuple of primitives (pack_document), not the Document: Beam's fast coder encodes
+            # these natively, whereas a dataclass falls back to pickling — most of the cost of the
+            # final join.  Its text packed: the in-process runner holds the join's table as decoded
+            # values, every document of the corpus at once.
+            out.append((node, pack_document(doc)))
             bands = None
             if c["near"] and has[i]:
                 bands = keys[i].tobytes()
@@ -438,7 +429,7 @@ class _Decide(StageCounters, beam.DoFn):
     def process(self, item):
         start = self._clock_start()
         node, grouped = item
-        docs = [_fields_doc(fields) for fields in grouped["docs"]]
+        docs = [unpack_document(fields) for fields in grouped["docs"]]
         try:
             outputs = self._decide(node, docs, list(grouped["decision"]))
         except Exception as exc:  # noqa: BLE001 - the node's documents are rejected, not the run

@@ -183,9 +183,7 @@ class TextCleaner:
         if self.remove_zero_width:
             text = _ZERO_WIDTH.sub("", text)
         if self.strip_tags and markup_possible and "<" in text:
-            last_end = 0
-            for last_end_match in _SCRIPT_STYLE_END.finditer(text):
-                last_end = last_end_match.end()
+            last_end = max((m.end() for m in _SCRIPT_STYLE_END.finditer(text)), default=0)
             text = _sub_before(_SCRIPT_STYLE, last_end, text)
             text = _sub_before(_COMMENT, text.rfind("-->") + 3, text)
             text = _TAG.sub(_tag_replacement, text)
