@@ -32,9 +32,16 @@ Steps (each a Beam shuffle; no step ever holds the corpus in one process):
    travels once (an earlier version joined both documents' data onto every candidate pair: a cluster
    of k near-copies then shuffled ~k² shingle sets, and 200,000 documents did not fit in 24 GB).
 6. **Decide** — exact duplicates take their representative's cluster label; nodes are grouped by
-   label for the cluster size, then joined back to their documents (`CoGroupByKey` on node): the
-   label node is kept, the others are rejected as `exact_duplicate` (same normalised text as the
-   kept one) or `near_duplicate`.
+   label for the cluster size.  With a spill directory (the stage's default, `spill: true`) the
+   documents never entered the shuffles: step 1 parked each bundle's documents in one spill file
+   under RUN_DIR/.spill (dsdata/io/spill.py) and emitted only a `where` record (node → file).  A
+   `CoGroupByKey` on node routes each cluster member's decision to its file, and each file is then
+   read once with its (few) decisions: the label node is kept, the others are rejected as
+   `exact_duplicate` (same normalised text as the kept one) or `near_duplicate`; a document without
+   a decision is a singleton and kept.  A node with several documents (same id and text, possibly
+   in several files) and a document whose metadata the spill format cannot carry go the other way:
+   joined with their decisions in a shuffle, as with `spill: false`, where every document travels
+   through a final `CoGroupByKey` on node.
 
 Memory: per worker, one signature batch (`batch_size` × num_perm × 4 bytes plus the batch's text)
 and one group at a time — an exact-duplicate group, a band bucket or a node's neighbourhood in the
@@ -44,21 +51,25 @@ worker therefore needs memory proportional to the largest candidate component (c
 distribution `dsdata.dedup/candidate_component_size`), not to the corpus; a corpus where chance
 band collisions chain most documents into one component (extremely templated pages) would make that
 group large — raise `threshold` or the rows per band there.  Shuffled volume grows linearly with the
-corpus: per document one exact record, `bands` bucket entries (~50 bytes each), its verification
-data once, and the document itself once for the final join; candidate links exist only for
-colliding documents.  On the in-process DirectRunner the runner process itself holds those
-shuffles, so its memory grows with the corpus (docs/dedup.md has measured peaks); distributed
-runners spill them to disk.
+corpus: per document one exact record, one `where` record, `bands` bucket entries (~50 bytes each)
+and its verification data once; candidate links exist only for colliding documents.  The documents
+themselves are written once and read once (spill files; with `spill: false` they are shuffled once
+more, for the final join).  On the in-process DirectRunner the runner process itself holds the
+shuffles, so its memory still grows with the corpus, but by the keys, not by the text
+(docs/engines.md has measured peaks); distributed runners spill their shuffles to disk.  Spill files
+must be reachable from every worker: on a cluster the run directory is a shared or object-store path
+anyway, since every worker writes the outputs there.
 """
 from __future__ import annotations
 
 import logging
 import struct
 from time import thread_time
-from typing import Any
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dsdata.beam.errors import environment_failure, is_environment_error
@@ -66,6 +77,9 @@ from dsdata.beam.transforms import CPU_COUNTER, StageCounters
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json, pack_document, unpack_document
+from dsdata.io.spill import (SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
+                             spill_directory, spill_name)
+from dsdata.io.spill import encode as spill_encode
 from dsdata.beam.progress import stage_counter
 
 log = logging.getLogger("dsdata")
@@ -74,6 +88,9 @@ KEPT = "kept"
 REJECTED = "rejected"
 _RECORDS = "records"
 _SIGNATURES = "signatures"
+_WHERE = "where"
+_FILES = "files"
+_REGROUP = "regroup"
 _SEP = "\x1f"
 _HASH_HEX = 16  # node keys carry the first 8 bytes of the exact hash, as hex
 _SCORE_HEX = 16
@@ -126,6 +143,60 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
         self._init_counters(c["stage_name"])
         self.hasher = MinHasher(c["num_perm"], c["ngram"], c["char_ngram"], c["seed"])
         self.no_shingles = Metrics.counter("dsdata.dedup", "docs_without_shingles")
+        self.spilled = Metrics.counter("dsdata.dedup", "docs_spilled")
+        self._bundle = self._docs_file = self._verify_file = None
+        if c.get("spill_dir"):
+            make_private_dir(c["spill_dir"])
+
+    def finish_bundle(self):
+        # The bundle's spill files are complete before any reader runs (readers wait for shuffles).
+        if self._docs_file is not None:
+            self.spilled.inc(self._docs_file.records)
+        for writer in (self._docs_file, self._verify_file):
+            if writer is not None:
+                writer.close()
+        self._bundle = self._docs_file = self._verify_file = None
+
+    def _spill_to(self, kind: str) -> SpillWriter:
+        """This bundle's spill file of `kind` (docs or verify), opened on first use."""
+        if self._bundle is None:
+            self._bundle = new_bundle_id()
+        attr = f"_{kind}_file"
+        writer = getattr(self, attr)
+        if writer is None:
+            writer = SpillWriter(self.cfg["spill_dir"], spill_name(self._bundle, kind))
+            setattr(self, attr, writer)
+            if kind == "docs":  # every docs file is read once, decisions or not
+                self._new_bundles.append(self._bundle)
+        return writer
+
+    def _park(self, item: "_Park") -> list:
+        """Where a document waits for its decision and its verification data for its component.
+
+        With a spill directory: both go to this bundle's spill files and only a `where` record
+        (node → bundle, and whether the document is in its file) is emitted; a document with a value
+        the spill format cannot carry goes into the shuffle instead (its verification data, plain
+        bytes, is still spilled).  Without one: both are emitted into the shuffles."""
+        node, fields, verification = item
+        if not self.cfg.get("spill_dir"):
+            out = [(node, fields)]
+            if verification is not None:
+                out.append(beam.pvalue.TaggedOutput(_SIGNATURES, (node, verification)))
+            return out
+        try:
+            record = spill_encode((node, fields))
+        except Unspillable:
+            record = None
+        out = []
+        if record is not None:
+            self._spill_to("docs").write_encoded(record)
+        else:
+            out.append((node, fields))
+        if verification is not None:
+            self._spill_to("verify").write((node, *verification))
+        # A document neither spilled nor with verification data names no file (in_file False).
+        out.append(beam.pvalue.TaggedOutput(_WHERE, (node, (self._bundle, record is not None))))
+        return out
 
     def process(self, batch: list[Document]):
         docs = list(batch)
@@ -143,7 +214,14 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
                     self._in.inc()
                     outputs.append(self._route(self._error(doc, one)))
         self._clock_stop(start)
-        yield from outputs
+        self._new_bundles = []
+        for item in outputs:
+            if type(item) is _Park:
+                yield from self._park(item)
+            else:
+                yield item
+        for bundle in self._new_bundles:
+            yield beam.pvalue.TaggedOutput(_FILES, bundle)
 
     def _outputs(self, docs: list[Document]) -> list:
         """Every output of the batch, built before any is emitted so a failure emits nothing."""
@@ -161,28 +239,35 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
         for i, doc in enumerate(docs):
             digest = exact_hash(doc.text, folded[i])
             node = node_key(doc, digest, c["score_field"])
-            # A tuple of primitives (pack_document), not the Document: Beam's fast coder encodes
-            # these natively, whereas a dataclass falls back to pickling — most of the cost of the
-            # final join.  Its text packed: the in-process runner holds the join's table as decoded
-            # values, every document of the corpus at once.
-            out.append((node, pack_document(doc)))
-            bands = None
+            bands = verification = None
             if c["near"] and has[i]:
                 bands = keys[i].tobytes()
                 if c["verify"] == "signature":
-                    out.append(beam.pvalue.TaggedOutput(_SIGNATURES, (node, (bands, sigs[i].tobytes()))))
+                    verification = (bands, sigs[i].tobytes())
                 elif c["verify"] == "exact":
                     # Top 32 bits of each distinct shingle hash: a chance collision inside one
                     # pair (p ≈ n²/2^33) moves its Jaccard by 1/n at most.
-                    out.append(beam.pvalue.TaggedOutput(_SIGNATURES, (node, (bands, distinct[i].tobytes()))))
+                    verification = (bands, distinct[i].tobytes())
             elif c["near"]:
                 no_shingles += 1
             # Without exact dedup every node is its own group: key it by the node itself.
             group = digest if c["exact"] else node.encode("utf-8")
             out.append(beam.pvalue.TaggedOutput(_RECORDS, (group, (node, bands))))
+            # The document as a tuple of primitives (pack_document), not the Document: Beam's fast
+            # coder encodes these natively, whereas a dataclass falls back to pickling.  Its text
+            # packed.  Parked (see _park) once the whole batch has succeeded.
+            out.append(_Park(node, pack_document(doc), verification))
         if no_shingles:
             self.no_shingles.inc(no_shingles)
         return out
+
+
+class _Park(NamedTuple):
+    """A document waiting for its decision (internal to _SignatureDoFn.process)."""
+
+    node: str
+    fields: tuple
+    verification: tuple | None  # (band keys, verification data) of a document with shingles
 
 
 class _ExactGroups(beam.DoFn):
@@ -427,11 +512,14 @@ class _Decide(StageCounters, beam.DoFn):
         self._init_counters(self.stage_name)
 
     def process(self, item):
-        start = self._clock_start()
         node, grouped = item
         docs = [unpack_document(fields) for fields in grouped["docs"]]
+        yield from self._emit(node, docs, list(grouped["decision"]))
+
+    def _emit(self, node: str, docs: list[Document], decisions: list):
+        start = self._clock_start()
         try:
-            outputs = self._decide(node, docs, list(grouped["decision"]))
+            outputs = self._decide(node, docs, decisions)
         except Exception as exc:  # noqa: BLE001 - the node's documents are rejected, not the run
             outputs = [self._error(doc, exc) for doc in docs]
         self._clock_stop(start)
@@ -463,6 +551,70 @@ class _Decide(StageCounters, beam.DoFn):
         return out
 
 
+def _route_decision(item):
+    """(node, {where, decision}) → what the reader of the node's spill file needs: (bundle, (node,
+    decision)) for a spilled node in a cluster, nothing for a spilled singleton (the reader keeps it).
+    A node with several documents (same id and text) or one that waits in the shuffle is decided
+    by _Decide with all its documents together, as without spilling: its files are told to hand
+    it back (decision None) and its decision goes to the regroup join."""
+    node, grouped = item
+    wheres, decisions = list(grouped["where"]), list(grouped["decision"])
+    decision = decisions[0] if decisions else None
+    if len(wheres) == 1 and wheres[0][1]:
+        if decision is not None:
+            yield wheres[0][0], (node, decision)
+        return
+    for bundle in {bundle for bundle, in_file in wheres if in_file}:
+        yield bundle, (node, None)
+    if decision is not None:
+        yield beam.pvalue.TaggedOutput(_REGROUP, (node, decision))
+
+
+def _route_verification(item):
+    """(node, {label, where}) → (bundle, (node, component label)) for a node of a candidate
+    component: the bundle whose verify file holds its data (one of them if the node has several
+    documents: the same text, the same data)."""
+    node, grouped = item
+    labels = list(grouped["label"])
+    bundles = [bundle for bundle, _ in grouped["where"] if bundle is not None]
+    if labels and bundles:
+        yield min(bundles), (node, labels[0])
+
+
+class _ReadVerification(beam.DoFn):
+    """One bundle's verify file and the component labels of its candidate nodes → (label, (node,
+    band keys, verification data)) for each of them, as _to_component gives without spilling."""
+
+    def __init__(self, spill_dir: str):
+        self.spill_dir = spill_dir
+
+    def process(self, item):
+        bundle, nodes = item
+        labels = dict(nodes)
+        for node, bands, payload in read_spill(FileSystems.join(self.spill_dir, spill_name(bundle, "verify"))):
+            label = labels.pop(node, None)
+            if label is not None:
+                yield label, (node, bands, payload)
+
+
+class _DecideSpilled(_Decide):
+    """One bundle's docs file with the decisions for its nodes → its documents decided, one at a time."""
+
+    def __init__(self, stage_name: str, prefix_len: int, spill_dir: str):
+        super().__init__(stage_name, prefix_len)
+        self.spill_dir = spill_dir
+
+    def process(self, item):
+        bundle, grouped = item
+        table = dict(grouped["nodes"])
+        for node, fields in read_spill(FileSystems.join(self.spill_dir, spill_name(bundle, "docs"))):
+            decision = table.get(node)
+            if decision is None and node in table:
+                yield beam.pvalue.TaggedOutput(_REGROUP, (node, fields))
+                continue
+            yield from self._emit(node, [unpack_document(fields)], [decision] if decision else [])
+
+
 class DedupTransform(beam.PTransform):
     """PCollection[Document] → {"kept": …, "rejected": …}: exact + MinHash-LSH near deduplication.
 
@@ -480,7 +632,8 @@ class DedupTransform(beam.PTransform):
         out = (
             docs
             | "Batch" >> beam.BatchElements(min_batch_size=min(16, c["batch_size"]), max_batch_size=c["batch_size"])
-            | "Signatures" >> beam.ParDo(_SignatureDoFn(c)).with_outputs(_RECORDS, _SIGNATURES, REJECTED, main="docs")
+            | "Signatures" >> beam.ParDo(_SignatureDoFn(c)).with_outputs(
+                _RECORDS, _SIGNATURES, _WHERE, _FILES, REJECTED, main="docs")
         )
         exact = (
             out[_RECORDS]
@@ -499,10 +652,23 @@ class DedupTransform(beam.PTransform):
             if c["verify"] == "none":
                 near_labels = candidate_labels
             else:
+                if c.get("spill_dir"):
+                    # Only candidate nodes' data is read back, from the bundles' verify files.
+                    members = (
+                        {"label": candidate_labels, "where": out[_WHERE]}
+                        | "LocateComponentData" >> beam.CoGroupByKey()
+                        | "RouteComponentData" >> beam.FlatMap(_route_verification)
+                        | "ByVerifyFile" >> beam.GroupByKey()
+                        | "ReadComponentData" >> beam.ParDo(_ReadVerification(c["spill_dir"]))
+                    )
+                else:
+                    members = (
+                        {"label": candidate_labels, "data": out[_SIGNATURES]}
+                        | "JoinComponentData" >> beam.CoGroupByKey()
+                        | "ToComponent" >> beam.FlatMap(_to_component)
+                    )
                 near_labels = (
-                    {"label": candidate_labels, "data": out[_SIGNATURES]}
-                    | "JoinComponentData" >> beam.CoGroupByKey()
-                    | "ToComponent" >> beam.FlatMap(_to_component)
+                    members
                     | "ComponentGroup" >> beam.GroupByKey()
                     | "VerifyComponent" >> beam.ParDo(_VerifyComponent(c["threshold"], c["verify"], c["stage_name"]))
                 )
@@ -520,16 +686,44 @@ class DedupTransform(beam.PTransform):
             | "ClusterGroup" >> beam.GroupByKey()
             | "ClusterSizes" >> beam.FlatMap(_cluster_sizes)
         )
+        kept, rejected = [], [out[REJECTED]]
+        if c.get("spill_dir"):
+            # Documents wait in spill files; only node keys and decisions meet here (see _park).
+            routed = (
+                {"where": out[_WHERE], "decision": decisions}
+                | "JoinWhere" >> beam.CoGroupByKey()
+                | "Route" >> beam.FlatMap(_route_decision).with_outputs(_REGROUP, main="to_files")
+            )
+            from_files = (
+                {"file": out[_FILES] | "FileKeys" >> beam.Map(lambda name: (name, None)),
+                 "nodes": routed["to_files"]}
+                | "JoinFiles" >> beam.CoGroupByKey()
+                | "DecideSpilled" >> beam.ParDo(_DecideSpilled(c["stage_name"], prefix_len, c["spill_dir"]))
+                .with_outputs(REJECTED, _REGROUP, main=KEPT)
+            )
+            kept.append(from_files[KEPT])
+            rejected.append(from_files[REJECTED])
+            shuffled = (out["docs"], from_files[_REGROUP]) | "RegroupDocs" >> beam.Flatten()
+            join = {"docs": shuffled, "decision": routed[_REGROUP]}
+        else:
+            join = {"docs": out["docs"], "decision": decisions}
         decided = (
-            {"docs": out["docs"], "decision": decisions}
+            join
             | "JoinDocs" >> beam.CoGroupByKey()
             | "Decide" >> beam.ParDo(_Decide(c["stage_name"], prefix_len)).with_outputs(REJECTED, main=KEPT)
         )
-        rejected = (decided[REJECTED], out[REJECTED]) | "AllRejected" >> beam.Flatten()
-        return {KEPT: decided[KEPT], REJECTED: rejected}
+        kept.append(decided[KEPT])
+        rejected.append(decided[REJECTED])
+        kept = kept[0] if len(kept) == 1 else tuple(kept) | "AllKept" >> beam.Flatten()
+        rejected = tuple(rejected) | "AllRejected" >> beam.Flatten()
+        return {KEPT: kept, REJECTED: rejected}
 
 
 
 def composite(stage, context) -> DedupTransform:
-    """The dedup stage's transform (registered in dsdata/beam/kinds.py)."""
-    return DedupTransform(stage.transform_config())
+    """The dedup stage's transform (registered in dsdata/beam/kinds.py); documents are spilled
+    under the run directory unless the stage says `spill: false`."""
+    cfg = stage.transform_config()
+    if stage.spill:
+        cfg["spill_dir"] = spill_directory(context.run_dir, stage.name)
+    return DedupTransform(cfg)

@@ -30,6 +30,7 @@ from dsdata.beam.options import runner_class_path
 from dsdata.beam.transforms import CPU_COUNTER, KEPT, REJECTED, ReadDocuments
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_row, kept_schema, rejected_row
 from dsdata.io.readers import READ_STAGE
+from dsdata.io.spill import remove_spill
 from dsdata.beam.progress import watch as watch_progress
 from dsdata.recipe import Recipe
 from dsdata.beam.report import remove_report, write_report_safely
@@ -167,10 +168,11 @@ class _WriteStats(beam.DoFn):
 
 def _prepare_output(output: str) -> None:
     """Remove the outputs of an earlier run in DIR (only the files this tool writes: kept/, rejected/,
-    stats.json and the side outputs every stage declares)."""
+    stats.json, the side outputs every stage declares, and .spill/ left by a run that was killed)."""
     sides = registered_side_outputs()
     folders = ["kept", "rejected", *(s.name for s in sides if s.directory)]
     files = ["stats.json", *(s.name for s in sides if not s.directory)]
+    remove_spill(output)
     if "://" in output:
         for sub in folders:
             matches = FileSystems.match([FileSystems.join(output, sub, "*")])[0].metadata_list
@@ -349,6 +351,8 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
         if fatal is None:
             raise
         raise fatal from None
+    finally:
+        remove_spill(output)  # documents parked by whole-corpus stages (dsdata/io/spill.py)
     stats_path = FileSystems.join(output, "stats.json")
     with FileSystems.open(stats_path) as fh:
         stats = json.loads(fh.read().decode("utf-8"))

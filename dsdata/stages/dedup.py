@@ -42,6 +42,9 @@ class DedupStage(CorpusStage):
         "seed": Param(1, "selects the MinHash permutations; runs compared with each other must share it", Integer(min=0)),
         "cc_rounds": Param(8, "large-star/small-star rounds of the connected-components step", Integer(min=1)),
         "batch_size": Param(256, "documents per signature batch", Integer(min=1)),
+        "spill": Param(True, "park documents in files under RUN_DIR/.spill while only keys and decisions shuffle "
+                       "(bounded memory on the in-process runner); false: documents travel through the shuffles",
+                       Boolean()),
     }
     annotations = {"dup_cluster": pa.string(), "dup_cluster_size": pa.int64()}
 

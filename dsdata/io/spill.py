@@ -1,0 +1,227 @@
+"""Spill files: a whole-corpus stage parks its documents on disk while only small keys shuffle.
+
+A spill file is a sequence of records, each `u32 length` + one encoded value.  The encoding is a
+small tagged binary form of the values a packed Document holds (None, bool, int, float, str, bytes,
+list, tuple, dict, and dates/times without a named time zone, Decimal); decoding builds only those
+types — nothing read back can run code, unlike pickle, which the runner's own shuffles use.  A value
+of any other type raises `Unspillable`: its document then travels through the shuffle instead.
+
+Files are written through Beam's FileSystems (so a run directory on GCS or S3 works too) and
+named by a random id, so a bundle that a runner retries writes a new file and the old one, which
+no surviving record refers to, is never read.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import struct
+import uuid
+from decimal import Decimal
+from typing import Any, Iterator
+
+from apache_beam.io.filesystems import FileSystems
+
+SPILL_DIR = ".spill"
+_LEN = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class Unspillable(TypeError):
+    """A value the spill format does not carry exactly."""
+
+
+class SpillFormatError(ValueError):
+    """A spill file that does not decode (truncated or not written by this module)."""
+
+
+def _put_bytes(out: bytearray, tag: bytes, data: bytes) -> None:
+    out += tag
+    out += _LEN.pack(len(data))
+    out += data
+
+
+def _encode(value: Any, out: bytearray) -> None:
+    kind = type(value)
+    if value is None:
+        out += b"N"
+    elif kind is bool:
+        out += b"T" if value else b"F"
+    elif kind is int:
+        if _I64_MIN <= value <= _I64_MAX:
+            out += b"i"
+            out += _I64.pack(value)
+        else:
+            _put_bytes(out, b"I", str(value).encode("ascii"))
+    elif kind is float:
+        out += b"f"
+        out += _F64.pack(value)
+    elif kind is str:
+        _put_bytes(out, b"s", value.encode("utf-8", "surrogatepass"))
+    elif kind is bytes:
+        _put_bytes(out, b"b", value)
+    elif kind is list or kind is tuple:
+        out += b"l" if kind is list else b"t"
+        out += _LEN.pack(len(value))
+        for item in value:
+            _encode(item, out)
+    elif kind is dict:
+        out += b"d"
+        out += _LEN.pack(len(value))
+        for key, item in value.items():
+            _encode(key, out)
+            _encode(item, out)
+    elif kind in (_dt.datetime, _dt.time) and (value.tzinfo is None or type(value.tzinfo) is _dt.timezone):
+        # isoformat round-trips naive and fixed-offset values exactly (microseconds, fold aside).
+        if value.fold:
+            raise Unspillable(f"{kind.__name__} with fold=1")
+        _put_bytes(out, b"D" if kind is _dt.datetime else b"H", value.isoformat().encode("ascii"))
+    elif kind is _dt.date:
+        _put_bytes(out, b"Y", value.isoformat().encode("ascii"))
+    elif kind is Decimal:
+        _put_bytes(out, b"M", str(value).encode("ascii"))
+    else:
+        raise Unspillable(f"a value of type {kind.__module__}.{kind.__qualname__}")
+
+
+def encode(value: Any) -> bytes:
+    out = bytearray()
+    _encode(value, out)
+    return bytes(out)
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.data):
+            raise SpillFormatError("record ends early")
+        chunk = self.data[self.pos:end]
+        self.pos = end
+        return chunk
+
+    def length(self) -> int:
+        return _LEN.unpack(self.take(4))[0]
+
+    def value(self) -> Any:
+        tag = self.take(1)
+        if tag == b"N":
+            return None
+        if tag == b"T":
+            return True
+        if tag == b"F":
+            return False
+        if tag == b"i":
+            return _I64.unpack(self.take(8))[0]
+        if tag == b"f":
+            return _F64.unpack(self.take(8))[0]
+        if tag in (b"l", b"t"):
+            items = [self.value() for _ in range(self.length())]
+            return items if tag == b"l" else tuple(items)
+        if tag == b"d":
+            out = {}
+            for _ in range(self.length()):
+                key = self.value()
+                out[key] = self.value()
+            return out
+        data = self.take(self.length())
+        if tag == b"s":
+            return data.decode("utf-8", "surrogatepass")
+        if tag == b"b":
+            return data
+        text = data.decode("ascii")
+        if tag == b"I":
+            return int(text)
+        if tag == b"D":
+            return _dt.datetime.fromisoformat(text)
+        if tag == b"H":
+            return _dt.time.fromisoformat(text)
+        if tag == b"Y":
+            return _dt.date.fromisoformat(text)
+        if tag == b"M":
+            return Decimal(text)
+        raise SpillFormatError(f"unknown tag {tag!r}")
+
+
+def decode(data: bytes) -> Any:
+    reader = _Reader(data)
+    value = reader.value()
+    if reader.pos != len(data):
+        raise SpillFormatError("trailing bytes after a record")
+    return value
+
+
+def spill_directory(run_dir: str, name: str) -> str:
+    return FileSystems.join(run_dir, SPILL_DIR, name)
+
+
+def make_private_dir(path: str) -> None:
+    """Create `path` (local: mode 0700, the documents' text is in there)."""
+    if "://" in path:
+        return  # object stores have no directories; FileSystems.create makes what it needs
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(os.path.join(path, os.pardir), 0o700)
+
+
+def new_bundle_id() -> str:
+    """A fresh id for one bundle's spill files (random: a retried bundle writes new files)."""
+    return uuid.uuid4().hex
+
+
+def spill_name(bundle: str, kind: str) -> str:
+    """The file name of a bundle's spill file of one kind (docs, verify, …)."""
+    return f"{bundle}.{kind}.spill"
+
+
+class SpillWriter:
+    """Appends records to a new file `name` (default: a random one) under `directory`."""
+
+    def __init__(self, directory: str, name: str | None = None):
+        self.name = name or spill_name(new_bundle_id(), "data")
+        self.path = FileSystems.join(directory, self.name)
+        self._fh = FileSystems.create(self.path)
+        self.records = 0
+
+    def write(self, value: Any) -> None:
+        self.write_encoded(encode(value))
+
+    def write_encoded(self, data: bytes) -> None:
+        self._fh.write(_LEN.pack(len(data)) + data)
+        self.records += 1
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_spill(path: str) -> Iterator[Any]:
+    """The records of one spill file, in the order written."""
+    with FileSystems.open(path) as fh:
+        while True:
+            head = fh.read(4)
+            if not head:
+                return
+            if len(head) < 4:
+                raise SpillFormatError(f"{path}: record header cut short")
+            (n,) = _LEN.unpack(head)
+            data = fh.read(n)
+            if len(data) < n:
+                raise SpillFormatError(f"{path}: record cut short")
+            yield decode(data)
+
+
+def remove_spill(run_dir: str) -> None:
+    """Delete RUN_DIR/.spill (every stage's files), if there."""
+    path = FileSystems.join(run_dir, SPILL_DIR)
+    if "://" not in path:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    matches = FileSystems.match([FileSystems.join(path, "**")])[0].metadata_list
+    if matches:
+        FileSystems.delete([m.path for m in matches])
