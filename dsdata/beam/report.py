@@ -3,8 +3,8 @@
 The funnel (documents after each stage), the rejection reasons per stage with a few rejected
 examples each, histograms of what was kept (length, language, lang_score, relevance, perplexity
 with the difficulty cut-offs, duplicate-cluster sizes), per-stage time when the run measured it,
-and the recipe as run.  Charts are matplotlib PNGs embedded as base64, so the file opens offline
-and can be mailed or archived on its own.
+and the recipe as run.  Charts are hand-written SVG (dsdata.beam.svgchart: no plotting library)
+embedded as base64 data URIs, so the file opens offline and can be mailed or archived on its own.
 
 Reading is bounded whatever the output's size: histograms read only the columns they plot from a
 spread of row groups (up to `SAMPLE_ROWS` rows), and examples read a row group's text only when
@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-import io
 import json
 import logging
 import math
@@ -23,6 +22,8 @@ import platform
 from typing import Any, Iterable
 
 from apache_beam.io.filesystems import FileSystems
+
+from dsdata.beam import svgchart
 
 log = logging.getLogger("dsdata")
 
@@ -250,87 +251,65 @@ def rejected_examples(output: str, wanted: Iterable[tuple[str, str]], per_reason
 
 
 # ---------------------------------------------------------------------------------------------
-# Charts (matplotlib's object API: no pyplot global state, safe off the main thread)
+# Charts (hand-written SVG from svgchart: no plotting library, a few milliseconds per chart).
+# Each returns the SVG document as text; _img embeds it as a base64 data URI.
 
 
-def _figure(width: float = 6.0, height: float = 3.2, *, left: float = 0.7, bottom: float = 0.6,
-            top: float = 0.35, right: float = 0.2, hspace: float = 0.0):
-    """A figure with fixed margins in inches: one draw per figure (a layout engine draws twice)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height,
-                        hspace=hspace)
-    return fig
-
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+def _count(value: Any) -> int | float:
+    """A count from stats.json as a number to draw (0 for a missing or non-finite one)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value  # exact, however large
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return 0
+    if not math.isfinite(f):
+        return 0
+    return int(f) if f.is_integer() else f
 
 
 def funnel_chart(stats: dict[str, Any]) -> str:
-    stages = list(stats.get("stages", {}).items())
-    fig = _figure(7.0, max(2.0, 0.42 * len(stages) + 1.5), left=0.95, bottom=0.95)
-    ax = fig.add_subplot()
-    names = [s for s, _ in stages]
-    kept = [v["kept_after"] for _, v in stages]
-    rejected = [v["rejected"] for _, v in stages]
-    y = list(range(len(names)))[::-1]
-    ax.barh(y, kept, color="#4c78a8", label="documents after the stage")
-    ax.barh(y, rejected, left=kept, color="#e45756", label="rejected by the stage")
-    for yi, k, r in zip(y, kept, rejected):
-        ax.text(k + r, yi, f" {k}" + (f"  (−{r})" if r else ""), va="center", fontsize=8)
-    ax.set_yticks(y, names)
-    ax.set_xlabel("documents")
-    ax.set_xlim(0, max([k + r for k, r in zip(kept, rejected)] + [1]) * 1.18)
-    fig.legend(loc="lower center", ncol=2, fontsize=8)  # below the axes: never over a bar
-    ax.set_title("Funnel: documents after each stage")
-    return _png(fig)
+    rows = []
+    for name, v in (stats.get("stages") or {}).items():
+        v = v if isinstance(v, dict) else {}
+        k, r = _count(v.get("kept_after")), _count(v.get("rejected"))
+        rows.append((str(name), [(k, svgchart.BLUE, "kept"), (r, svgchart.RED, "rejected")],
+                     f" {k}" + (f"  (−{r})" if r else "")))
+    return svgchart.hbar_chart(rows, title="Funnel: documents after each stage", xlabel="documents", width=700,
+                               legend=[("documents after the stage", svgchart.BLUE),
+                                       ("rejected by the stage", svgchart.RED)])
 
 
 def histogram_chart(values, title: str, xlabel: str, *, lines: list[tuple[float, str, str]] = (),
                     log_x: bool = False, overlay=None, labels: tuple[str, str] = ("kept", "rejected")) -> str:
     import numpy as np
 
-    fig = _figure()
-    ax = fig.add_subplot()
-    data = [values] + ([overlay] if overlay is not None and len(overlay) else [])
+    data = [svgchart.finite_values(values)]
+    if overlay is not None and len(overlay):
+        data.append(svgchart.finite_values(overlay))
+    present = [d for d in data if len(d)]
     if log_x:
-        lo = max(1.0, min(float(np.min(d)) for d in data))
-        hi = max(lo * 10, max(float(np.max(d)) for d in data))
-        bins = np.logspace(math.log10(lo), math.log10(hi), 40)
-        ax.set_xscale("log")
-        data = [np.clip(d, lo, None) for d in data]
+        lo = max(1.0, min([float(np.min(d)) for d in present] + [math.inf]))
+        lo = 1.0 if not math.isfinite(lo) else lo
+        hi = max(lo * 10, max([float(np.max(d)) for d in present] + [0.0]))
+        edges = svgchart.log_edges(lo, hi, 40)  # values below lo are counted in the first bin
     else:
-        bins = 40
-    ax.hist(data[0], bins=bins, color="#4c78a8", alpha=0.85, label=labels[0])
+        edges = svgchart.linear_edges(data, 40)
+    series = [(data[0], labels[0], svgchart.BLUE, 0.85)]
     if len(data) > 1:
-        ax.hist(data[1], bins=bins, color="#e45756", alpha=0.6, label=labels[1])
-    for x, label, color in lines:
-        ax.axvline(x, color=color, linestyle="--", linewidth=1.2, label=label)
-    if len(data) > 1 or lines:
-        ax.legend(fontsize=8)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("documents")
-    return _png(fig)
+        series.append((data[1], labels[1], svgchart.RED, 0.6))
+    panel = {"title": title, "edges": edges, "series": series, "ylabel": "documents",
+             "lines": [(x, label, color) for x, label, color in lines], "legend": len(data) > 1 or bool(lines)}
+    return svgchart.histogram_panels([panel], xlabel=xlabel, log_x=log_x)
 
 
 def bar_chart(labels: list[str], counts: list[int], title: str, xlabel: str, ylabel: str = "documents") -> str:
-    fig = _figure(6.0, 3.2, bottom=0.75 if len(labels) > 8 else 0.6)
-    ax = fig.add_subplot()
-    ax.bar(range(len(labels)), counts, color="#4c78a8")
-    ax.set_xticks(range(len(labels)), labels, rotation=45 if len(labels) > 8 else 0, ha="right" if len(labels) > 8 else "center",
-                  fontsize=8)
-    if counts and max(counts) > 50 * max(1, min(c for c in counts if c > 0)):
-        ax.set_yscale("log")  # a long tail (cluster sizes, rare languages) stays visible
-        ylabel += " (log scale)"
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    return _png(fig)
+    # A long tail (cluster sizes, rare languages) turns the y axis logarithmic: counts spanning > 50×.
+    return svgchart.bar_chart(labels, counts, title=title, xlabel=xlabel, ylabel=ylabel, color=svgchart.BLUE)
+
+
+def _cutoff_label(kind: str, sign: str, value: Any) -> str:
+    return f"{kind} {sign} {value:g}" if isinstance(value, (int, float)) else f"{kind} {sign} {value}"
 
 
 def perplexity_chart(sample: KeptSample, difficulty: dict[str, Any] | None) -> str | None:
@@ -352,37 +331,30 @@ def perplexity_chart(sample: KeptSample, difficulty: dict[str, Any] | None) -> s
                 groups.append((lang, values, info.get("cutoffs") or {}))
     if not groups:
         groups = [("all", ppl, (difficulty or {}).get("cutoffs") or {})]
-    fig = _figure(6.0, 2.2 * len(groups) + 0.6, hspace=0.45)
-    axes = fig.subplots(len(groups), 1, squeeze=False)[:, 0]
-    for ax, (lang, values, cutoffs) in zip(axes, groups):
+    panels = []
+    for lang, values, cutoffs in groups:
         lo, hi = max(1e-3, float(values.min())), float(values.max())
-        bins = np.logspace(math.log10(lo), math.log10(max(hi, lo * 1.01)), 40)
-        ax.hist(values, bins=bins, color="#4c78a8")
-        ax.set_xscale("log")
+        lines = []
         if cutoffs.get("easy_below") is not None:
-            ax.axvline(cutoffs["easy_below"], color="#54a24b", linestyle="--", label=f"easy < {cutoffs['easy_below']:g}")
+            lines.append((cutoffs["easy_below"], _cutoff_label("easy", "<", cutoffs["easy_below"]), svgchart.GREEN))
         if cutoffs.get("hard_above") is not None:
-            ax.axvline(cutoffs["hard_above"], color="#e45756", linestyle="--", label=f"hard > {cutoffs['hard_above']:g}")
-        ax.set_title(f"perplexity, lang {lang} ({len(values)} documents)", fontsize=9)
-        ax.set_ylabel("documents")
-        if cutoffs:
-            ax.legend(fontsize=8)
-    axes[-1].set_xlabel("perplexity (log scale); between the lines: medium")
-    return _png(fig)
+            lines.append((cutoffs["hard_above"], _cutoff_label("hard", ">", cutoffs["hard_above"]), svgchart.RED))
+        panels.append({"title": f"perplexity, lang {lang} ({len(values)} documents)", "title_size": 12,
+                       "edges": svgchart.log_edges(lo, max(hi, lo * 1.01), 40),  # values below lo: first bin
+                       "series": [(values, "kept", svgchart.BLUE, 1.0)], "lines": lines, "ylabel": "documents",
+                       "legend": bool(cutoffs)})
+    return svgchart.histogram_panels(panels, xlabel="perplexity (log scale); between the lines: medium", log_x=True,
+                                     plot_height=140)
 
 
 def stage_time_chart(rows: list[tuple[str, float, float | None]]) -> str:
-    fig = _figure(7.0, 0.4 * len(rows) + 1.2, left=0.95)
-    ax = fig.add_subplot()
-    y = list(range(len(rows)))[::-1]
-    ax.barh(y, [r[1] for r in rows], color="#72b7b2")
-    for yi, (_, sec, rate) in zip(y, rows):
-        ax.text(sec, yi, f" {sec:.2f} s" + (f", {rate:.0f} docs/s" if rate else ""), va="center", fontsize=8)
-    ax.set_yticks(y, [r[0] for r in rows])
-    ax.set_xlim(0, max([r[1] for r in rows] + [1e-9]) * 1.35)
-    ax.set_xlabel("CPU seconds (all workers)")
-    ax.set_title("CPU time per stage")
-    return _png(fig)
+    bars = []
+    for name, sec, rate in rows:
+        ok = isinstance(sec, (int, float)) and math.isfinite(sec)
+        label = (f" {sec:.2f} s" if ok else " ? s") + (f", {rate:.0f} docs/s" if rate and math.isfinite(rate) else "")
+        bars.append((str(name), [(sec if ok else 0.0, svgchart.TEAL, "time")], label))
+    return svgchart.hbar_chart(bars, title="CPU time per stage", xlabel="CPU seconds (all workers)", width=700,
+                               row_height=24)
 
 
 def stage_times(stats: dict[str, Any]) -> list[tuple[str, float, float | None]]:
@@ -420,8 +392,10 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _img(element_id: str, b64: str, alt: str) -> str:
-    return f'<img id="{element_id}" alt="{_e(alt)}" src="data:image/png;base64,{b64}">'
+def _img(element_id: str, svg: str, alt: str) -> str:
+    """An SVG chart as an <img> with a base64 data URI (its natural size is the SVG's width/height)."""
+    b64 = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return f'<img id="{element_id}" alt="{_e(alt)}" src="data:image/svg+xml;base64,{b64}">'
 
 
 def build_html(output: str) -> str:
