@@ -72,6 +72,21 @@ def test_binary_file_is_one_rejection(tmp_path):
     assert results[0].doc.id == str(path)
 
 
+def test_a_truncated_binary_archive_keeps_its_truncation_row(tmp_path):
+    """Found by test_ledger_fuzz: control-byte lines in a cut gzip became one binary_file row and
+    the truncated_compression row was folded into it, so the damage went unreported."""
+    data = gzip.compress(b"{\x00\n{\x00\n")
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(data[:20])
+    assert _reasons(read_local(str(cut))) == ["binary_file", "truncated_compression"]
+    nothing_whole = tmp_path / "head.jsonl.gz"
+    nothing_whole.write_bytes(data[:13])  # no complete line: only the truncation to report
+    assert _reasons(read_local(str(nothing_whole))) == ["truncated_compression"]
+    whole = tmp_path / "whole.jsonl.gz"
+    whole.write_bytes(data)
+    assert _reasons(read_local(str(whole))) == ["binary_file"]
+
+
 def test_parquet_rows_and_missing_text(tmp_path):
     table = pa.table({"id": ["x", None, "z"], "text": ["hello", "no id", None], "score": [1.0, 2.0, 3.0]})
     path = tmp_path / "in.parquet"

@@ -206,14 +206,19 @@ def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: st
                               f"{type(exc).__name__} after line {lineno}: {exc}; the rest of the file is unreadable")
     if held:
         if _looks_binary(bytes(head)):
-            yield _file_rejection(path, "binary_file", f"no line of {len(held)} is JSON and over 10 % of the "
-                                  "first 8 KiB are control bytes; not a text JSONL file")
+            # A damaged archive stays its own row (where the readable bytes end), binary or not.
+            damage = [r for r in held if r.reason in _COMPRESSION_DAMAGE]
+            if len(held) > len(damage):
+                yield _file_rejection(path, "binary_file", f"no line of {len(held) - len(damage)} is JSON and over "
+                                      "10 % of the first 8 KiB are control bytes; not a text JSONL file")
+            yield from damage
         else:
             yield from held
 
 
 # Reasons of lines that did not parse as JSON at all (the held-back kind, see _HOLD_ROWS).
 _UNPARSED = frozenset({"bad_json", "invalid_utf8", "line_too_long", "truncated_compression", "corrupt_compression"})
+_COMPRESSION_DAMAGE = frozenset({"truncated_compression", "corrupt_compression"})
 # Records nested deeper than this are refused: the JSON decoder recurses (RecursionError near 1000
 # levels) and so would every later json.dumps of the metadata, at a depth no data set needs.
 MAX_JSON_DEPTH = 100
