@@ -149,6 +149,7 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
             make_private_dir(c["spill_dir"])
 
     def finish_bundle(self):
+        super().finish_bundle()  # the stage's CPU time (StageCounters)
         # The bundle's spill files are complete before any reader runs (readers wait for shuffles).
         if self._docs_file is not None:
             self.spilled.inc(self._docs_file.records)
@@ -213,13 +214,15 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
                 except Exception as one:  # noqa: BLE001
                     self._in.inc()
                     outputs.append(self._route(self._error(doc, one)))
-        self._clock_stop(start)
         self._new_bundles = []
+        emitted = []
         for item in outputs:
             if type(item) is _Park:
-                yield from self._park(item)
+                emitted.extend(self._park(item))  # spilling is the stage's work: inside its clock
             else:
-                yield item
+                emitted.append(item)
+        self._clock_stop(start)
+        yield from emitted
         for bundle in self._new_bundles:
             yield beam.pvalue.TaggedOutput(_FILES, bundle)
 
@@ -551,6 +554,25 @@ class _Decide(StageCounters, beam.DoFn):
         return out
 
 
+def _timed(records, counter):
+    """The records of a spill file, the CPU time of reading and decoding them added to `counter`
+    (the stage's CPU time; what the consumer does between records is not counted)."""
+    spent = 0.0
+    try:
+        while True:
+            start = thread_time()
+            try:
+                record = next(records)
+            except StopIteration:
+                return
+            finally:
+                spent += thread_time() - start
+            yield record
+    finally:
+        if spent:
+            counter.inc(round(spent * 1e6))
+
+
 def _route_decision(item):
     """(node, {where, decision}) → what the reader of the node's spill file needs: (bundle, (node,
     decision)) for a spilled node in a cluster, nothing for a spilled singleton (the reader keeps it).
@@ -585,13 +607,17 @@ class _ReadVerification(beam.DoFn):
     """One bundle's verify file and the component labels of its candidate nodes → (label, (node,
     band keys, verification data)) for each of them, as _to_component gives without spilling."""
 
-    def __init__(self, spill_dir: str):
-        self.spill_dir = spill_dir
+    def __init__(self, spill_dir: str, stage_name: str):
+        self.spill_dir, self.stage_name = spill_dir, stage_name
+
+    def setup(self):
+        self._cpu_counter = Metrics.counter(f"dsdata.{self.stage_name}", CPU_COUNTER)
 
     def process(self, item):
         bundle, nodes = item
         labels = dict(nodes)
-        for node, bands, payload in read_spill(FileSystems.join(self.spill_dir, spill_name(bundle, "verify"))):
+        records = read_spill(FileSystems.join(self.spill_dir, spill_name(bundle, "verify")))
+        for node, bands, payload in _timed(records, self._cpu_counter):
             label = labels.pop(node, None)
             if label is not None:
                 yield label, (node, bands, payload)
@@ -607,7 +633,8 @@ class _DecideSpilled(_Decide):
     def process(self, item):
         bundle, grouped = item
         table = dict(grouped["nodes"])
-        for node, fields in read_spill(FileSystems.join(self.spill_dir, spill_name(bundle, "docs"))):
+        records = read_spill(FileSystems.join(self.spill_dir, spill_name(bundle, "docs")))
+        for node, fields in _timed(records, self._cpu_counter):
             decision = table.get(node)
             if decision is None and node in table:
                 yield beam.pvalue.TaggedOutput(_REGROUP, (node, fields))
@@ -659,7 +686,7 @@ class DedupTransform(beam.PTransform):
                         | "LocateComponentData" >> beam.CoGroupByKey()
                         | "RouteComponentData" >> beam.FlatMap(_route_verification)
                         | "ByVerifyFile" >> beam.GroupByKey()
-                        | "ReadComponentData" >> beam.ParDo(_ReadVerification(c["spill_dir"]))
+                        | "ReadComponentData" >> beam.ParDo(_ReadVerification(c["spill_dir"], c["stage_name"]))
                     )
                 else:
                     members = (
