@@ -144,29 +144,26 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
         self.hasher = MinHasher(c["num_perm"], c["ngram"], c["char_ngram"], c["seed"])
         self.no_shingles = Metrics.counter("dsdata.dedup", "docs_without_shingles")
         self.spilled = Metrics.counter("dsdata.dedup", "docs_spilled")
-        self._bundle = self._docs_file = self._verify_file = None
+        self._bundle, self._writers = None, {}  # this bundle's id and its spill files by kind
         if c.get("spill_dir"):
             make_private_dir(c["spill_dir"])
 
     def finish_bundle(self):
         super().finish_bundle()  # the stage's CPU time (StageCounters)
         # The bundle's spill files are complete before any reader runs (readers wait for shuffles).
-        if self._docs_file is not None:
-            self.spilled.inc(self._docs_file.records)
-        for writer in (self._docs_file, self._verify_file):
-            if writer is not None:
-                writer.close()
-        self._bundle = self._docs_file = self._verify_file = None
+        if "docs" in self._writers:
+            self.spilled.inc(self._writers["docs"].records)
+        for writer in self._writers.values():
+            writer.close()
+        self._bundle, self._writers = None, {}
 
     def _spill_to(self, kind: str) -> SpillWriter:
         """This bundle's spill file of `kind` (docs or verify), opened on first use."""
         if self._bundle is None:
             self._bundle = new_bundle_id()
-        attr = f"_{kind}_file"
-        writer = getattr(self, attr)
+        writer = self._writers.get(kind)
         if writer is None:
-            writer = SpillWriter(self.cfg["spill_dir"], spill_name(self._bundle, kind))
-            setattr(self, attr, writer)
+            writer = self._writers[kind] = SpillWriter(self.cfg["spill_dir"], spill_name(self._bundle, kind))
             if kind == "docs":  # every docs file is read once, decisions or not
                 self._new_bundles.append(self._bundle)
         return writer

@@ -289,9 +289,8 @@ def histogram_chart(values, title: str, xlabel: str, *, lines: list[tuple[float,
         data.append(svgchart.finite_values(overlay))
     present = [d for d in data if len(d)]
     if log_x:
-        lo = max(1.0, min([float(np.min(d)) for d in present] + [math.inf]))
-        lo = 1.0 if not math.isfinite(lo) else lo
-        hi = max(lo * 10, max([float(np.max(d)) for d in present] + [0.0]))
+        lo = max(1.0, min((float(np.min(d)) for d in present), default=1.0))
+        hi = max(lo * 10, max((float(np.max(d)) for d in present), default=0.0))
         edges = svgchart.log_edges(lo, hi, 40)  # values below lo are counted in the first bin
     else:
         edges = svgchart.linear_edges(data, 40)
