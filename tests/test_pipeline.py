@@ -140,14 +140,23 @@ def _step_names(recipe, flags):
     return {t.unique_name for t in graph.to_runner_api().components.transforms.values()}
 
 
-def test_documents_are_reshuffled_after_reading_only_when_several_workers_run(tmp_path):
+def test_input_is_cut_or_documents_reshuffled_only_when_several_workers_run(tmp_path):
+    """Several workers: plain JSON Lines input is cut into byte ranges (no document moves between
+    workers); a big file that cannot be cut (gzip) makes the documents be reshuffled instead."""
     (tmp_path / "one.jsonl").write_text('{"id": "a", "text": "one document"}\n', encoding="utf-8")
     recipe = load_recipe(str(_write_recipe(tmp_path, "  - rules: {}")))
-    spread = "Read/SpreadDocuments"
-    assert spread not in _step_names(recipe, [])
-    assert spread not in _step_names(recipe, ["--direct_running_mode=multi_processing", "--direct_num_workers=1"])
-    assert spread in _step_names(recipe, ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
-    assert spread in _step_names(recipe, ["--direct_running_mode=multi_processing", "--direct_num_workers=0"])
+    spread, cut = "Read/SpreadDocuments", "Read/PlanRanges"
+    for flags in ([], ["--direct_running_mode=multi_processing", "--direct_num_workers=1"]):
+        assert not {spread, cut} & _step_names(recipe, flags)
+    for workers in (2, 0):
+        steps = _step_names(recipe, ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"])
+        assert cut in steps and spread not in steps
+    import random
+
+    (tmp_path / "big.jsonl.gz").write_bytes(gzip.compress(random.Random(0).randbytes(3 << 20)))  # 3 MB, incompressible
+    recipe = load_recipe(str(_write_recipe(tmp_path, "  - rules: {}", '["*.jsonl", "*.jsonl.gz"]')))
+    steps = _step_names(recipe, ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    assert spread in steps and cut not in steps
 
 
 @pytest.mark.slow

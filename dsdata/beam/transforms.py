@@ -5,6 +5,7 @@ reason `error` (dsdata/beam/errors.py).  Which wrapper runs which stage: dsdata/
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from time import perf_counter, thread_time
 from typing import Any
 
@@ -16,7 +17,9 @@ from apache_beam.metrics import Metrics
 
 from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, is_environment_error
 from dsdata.document import Document, Rejected
-from dsdata.io.readers import READ_STAGE, InputFormatError, read_file
+from dsdata.io.readers import (
+    READ_STAGE, InputFormatError, RangeReader, jsonl_ranges, range_bytes_for, read_file, read_jsonl, splittable_jsonl,
+)
 from dsdata.beam.progress import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage, Stage
 
@@ -224,16 +227,24 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
     def setup(self):
         self._init_counters(READ_STAGE)
 
-    def process(self, metadata: fileio.FileMetadata):
-        path = metadata.path
+    def process(self, element: fileio.FileMetadata | FileRange):
+        path = element.path
+        part = element if isinstance(element, FileRange) else None
         try:
             fh = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+            if part is not None:
+                fh.seek(part.start)
         except Exception as exc:  # noqa: BLE001 - any filesystem error means this file is unreadable
             yield self._route(Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file", str(exc)))
             return
         n = bad = 0
         with fh:
-            records = iter(read_file(path, fh, self.fmt, self.text_field, self.id_field))
+            if part is None:
+                records = iter(read_file(path, fh, self.fmt, self.text_field, self.id_field))
+            else:
+                length = None if part.end is None else part.end - part.start
+                records = iter(read_jsonl(path, RangeReader(fh, length), self.text_field, self.id_field,
+                                          first_line=part.first_line))
             while True:
                 # Time only the reader: a yield hands the record to the fused stages downstream.
                 start = self._clock_start()
@@ -249,15 +260,16 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
                     self._in.inc()
                     n += 1
                     bad += 1
-                    yield self._route(self._error(_rest_of_file(path, n, fh), exc))
+                    yield self._route(self._error(_rest_of_file(path, n, fh, part), exc))
                     break
                 self._clock_stop(start)
                 self._in.inc()
                 n += 1
                 bad += isinstance(result, Rejected)
                 yield self._route(result)
-        # Progress for long runs: one line per input file (the `dsdata` logger is INFO under the CLI).
-        log.info("read %s: %d records (%d rejected by the reader)", path, n, bad)
+        # Progress for long runs: one line per input file or range (the `dsdata` logger is INFO under the CLI).
+        where = "" if part is None else f" bytes {part.start}-{'end' if part.end is None else part.end}"
+        log.info("read %s%s: %d records (%d rejected by the reader)", path, where, n, bad)
 
     def _error(self, doc: Document, exc: BaseException, declared=()) -> Rejected:
         rejected = super()._error(doc, exc, declared)
@@ -267,29 +279,89 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
         return rejected
 
 
-def _rest_of_file(path: str, n: int, fh) -> Document:
-    """The stand-in record for the part of a file a reader could not get through."""
+def _rest_of_file(path: str, n: int, fh, part: FileRange | None = None) -> Document:
+    """The stand-in record for the part of a file (or of a range of it) a reader could not get through."""
     metadata: dict[str, Any] = {"source": path}
     try:
         metadata["offset"] = int(fh.tell())
     except Exception:  # noqa: BLE001 - not every stream knows its position
         pass
-    return Document(f"{path}:after{n - 1}", "", metadata)
+    if part is None:
+        return Document(f"{path}:after{n - 1}", "", metadata)
+    # Each range has its own: "after the n-th record of the range starting at byte B".
+    return Document(f"{path}:after{n - 1}@{part.start}", "", metadata)
+
+
+@dataclass(frozen=True)
+class FileRange:
+    """A line-aligned byte range of a plain JSON Lines file (readers.jsonl_ranges): bytes start to
+    end (None: to the end of the file), after first_line lines."""
+
+    path: str
+    start: int
+    end: int | None
+    first_line: int
+
+
+class PlanRanges(beam.DoFn):
+    """Matched files → what the workers read: a plain JSON Lines file over `range_bytes_for` its size
+    as line-aligned ranges, any other file whole (one that cannot be cut: a binary head, no line
+    break past the first cut)."""
+
+    def __init__(self, fmt: str = "auto", range_bytes: int | None = None):
+        self.fmt, self.range_bytes = fmt, range_bytes
+
+    def process(self, metadata: fileio.FileMetadata):
+        path, size = metadata.path, metadata.size_in_bytes
+        range_bytes = self.range_bytes or range_bytes_for(size)
+        ranges = None
+        if size > range_bytes and splittable_jsonl(path, self.fmt):
+            try:
+                with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+                    ranges = jsonl_ranges(fh, range_bytes)
+            except Exception as exc:  # noqa: BLE001 - the reader then meets the same problem and reports it
+                log.info("read %s: not cut into ranges (%s: %s); read whole", path, type(exc).__name__, exc)
+        if ranges is None:
+            yield metadata
+            return
+        for start, end, first_line in ranges:
+            yield FileRange(path, start, end, first_line)
+
+
+def all_cuttable(patterns: list[str], fmt: str = "auto", range_bytes: int | None = None) -> bool:
+    """Whether every file the patterns match now is small (one range) or plain JSON Lines that
+    PlanRanges can cut; False when they cannot be listed here (the launcher may not see a
+    worker's file system)."""
+    try:
+        matched = FileSystems.match(list(patterns))
+    except Exception:  # noqa: BLE001 - unknown: take the way that works for every file
+        return False
+    for result in matched:
+        for metadata in result.metadata_list:
+            size = metadata.size_in_bytes
+            if size > (range_bytes or range_bytes_for(size)) and not splittable_jsonl(metadata.path, fmt):
+                return False
+    return True
 
 
 class ReadDocuments(beam.PTransform):
     """File patterns (local, gs://, s3://, …) → {"kept": docs, "rejected": unreadable records}.
 
-    spread_documents: reshuffle the documents read, so that the stages after the reader run on every
-    worker even when one file holds the whole input (each file is read by one worker, and the
-    runner fuses the stages into the reading step); worth its cost (each document encoded and
-    grouped once) only when more than one worker runs."""
+    spread_documents (for a run on several workers): each worker runs the stages after the reader on
+    what it read (the runner fuses them into the reading step), so one big file must not be read by
+    one worker.  When every big input file is plain JSON Lines (all_cuttable, checked when the
+    pipeline is built), the files are cut into line-aligned byte ranges that the workers read apart
+    (PlanRanges; ids and rows as reading them whole gives) and no document moves between workers.
+    Otherwise (a big compressed, Parquet or WARC file) the documents are reshuffled after reading,
+    which costs encoding and grouping each of them once.  (The two cannot be mixed: the in-process
+    runner materialises a Flatten of two steps' outputs, which would cost every document a copy
+    through the launcher.)  Without spread_documents (one worker) every file is read whole."""
 
     def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id",
-                 spread_documents: bool = False):
+                 spread_documents: bool = False, range_bytes: int | None = None):
         super().__init__()
         self.patterns, self.fmt, self.text_field, self.id_field = patterns, fmt, text_field, id_field
-        self.spread_documents = spread_documents
+        self.spread_documents, self.range_bytes = spread_documents, range_bytes
 
     def expand(self, pbegin):
         files = (
@@ -299,10 +371,14 @@ class ReadDocuments(beam.PTransform):
             # One pattern can match thousands of files: spread reading across workers.
             | "Spread" >> beam.Reshuffle()
         )
+        cut = self.spread_documents and all_cuttable(self.patterns, self.fmt, self.range_bytes)
+        if cut:
+            files = (files | "PlanRanges" >> beam.ParDo(PlanRanges(self.fmt, self.range_bytes))
+                     | "SpreadRanges" >> beam.Reshuffle())
         out = files | "Read" >> beam.ParDo(ReadFileDoFn(self.fmt, self.text_field, self.id_field)).with_outputs(
             REJECTED, main=KEPT
         )
         kept = out[KEPT]
-        if self.spread_documents:
+        if self.spread_documents and not cut:
             kept = kept | "SpreadDocuments" >> beam.Reshuffle()
         return {KEPT: kept, REJECTED: out[REJECTED]}

@@ -157,8 +157,13 @@ _HOLD_ROWS = 10_000
 _HOLD_BYTES = 16 << 20
 
 
-def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id") -> Iterator[Document | Rejected]:
-    """JSON Lines, plain or .gz/.zst. Ids default to `PATH:LINE` (1-based)."""
+def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id",
+               first_line: int | None = None) -> Iterator[Document | Rejected]:
+    """JSON Lines, plain or .gz/.zst. Ids default to `PATH:LINE` (1-based).
+
+    first_line: `raw` is one of `jsonl_ranges`' ranges of a plain file, starting after that many
+    lines; ids count from there, and nothing is held back for the binary-file rule (the ranges
+    are only made for a file whose head is text, where that rule never applies)."""
     head = bytearray()
 
     def sniffed(chunks):
@@ -167,9 +172,9 @@ def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: st
                 head.extend(chunk[: _BINARY_SNIFF - len(head)])
             yield chunk
 
-    held: list[Rejected] | None = []  # None once a line parsed: rows then pass straight through
+    held: list[Rejected] | None = [] if first_line is None else None  # None: rows pass straight through
     held_bytes = 0
-    lineno = 0
+    lineno = first_line or 0
     try:
         for line in _iter_lines(sniffed(decoded_chunks(path, raw))):
             if isinstance(line, Damage):
@@ -214,6 +219,98 @@ def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: st
             yield from damage
         else:
             yield from held
+
+
+# A plain JSON Lines file is read in line-aligned byte ranges of about this size when a run has
+# several workers (see jsonl_ranges): at least RANGE_MIN_BYTES, at most RANGE_MAX_BYTES, and a file
+# cut into at most RANGES_PER_FILE of them.
+RANGE_MIN_BYTES = 512 << 10
+RANGE_MAX_BYTES = 64 << 20
+RANGES_PER_FILE = 64
+_SCAN_BLOCK = 1 << 20
+
+
+def range_bytes_for(size: int) -> int:
+    """The byte-range size `jsonl_ranges` aims at for a file of `size` bytes."""
+    return min(RANGE_MAX_BYTES, max(RANGE_MIN_BYTES, -(-size // RANGES_PER_FILE)))
+
+
+def splittable_jsonl(path: str, fmt: str = "auto") -> bool:
+    """Whether `path` is read as plain (uncompressed) JSON Lines, which `jsonl_ranges` can cut."""
+    if fmt == "auto":
+        try:
+            fmt = detect_format(path)
+        except InputFormatError:
+            return False
+    return fmt == "jsonl" and compression_of(path) is None
+
+
+def jsonl_ranges(raw: IO[bytes], range_bytes: int) -> list[tuple[int, int | None, int]] | None:
+    """Line-aligned byte ranges covering a plain JSON Lines file, for several workers to read
+    apart: (start, end, lines before start) each, end None for the last (to the end of the file,
+    as reading it whole would).  Each range after the first starts just after a newline, so
+    `read_jsonl(..., first_line=lines)` on each gives the ids and rows reading the file whole
+    gives.  None when the file must be read whole: its head looks binary (the binary-file rule
+    judges the file as one), or it has no line break past `range_bytes` (one range)."""
+    head = raw.read(_BINARY_SNIFF)
+    if _looks_binary(head):
+        return None
+    ranges: list[tuple[int, int | None, int]] = []
+    start = start_line = 0
+    target = range_bytes
+    lines = 0  # newlines before block[offset]
+    pos = 0  # file offset of block[0]
+    block = head
+    while block:
+        offset = 0
+        while target - pos < len(block):
+            newline = block.find(b"\n", max(target - pos, offset))
+            if newline < 0:
+                break  # no line ends in the rest of this block: the cut moves on to the next line end
+            lines += block.count(b"\n", offset, newline + 1)
+            offset = newline + 1
+            end = pos + offset
+            ranges.append((start, end, start_line))
+            start, start_line = end, lines
+            target = end + range_bytes
+        lines += block.count(b"\n", offset)
+        pos += len(block)
+        block = raw.read(_SCAN_BLOCK)
+    if not ranges:
+        return None
+    if pos > start:
+        ranges.append((start, None, start_line))
+    else:  # the file ends with the last cut's newline
+        last_start, _, last_line = ranges.pop()
+        ranges.append((last_start, None, last_line))
+    return ranges
+
+
+class RangeReader(io.RawIOBase):
+    """At most `length` bytes of `raw` from where it stands (all of it when length is None)."""
+
+    def __init__(self, raw: IO[bytes], length: int | None):
+        self._raw, self._left = raw, length
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left is None:
+            return self._raw.read(n)
+        if n is None or n < 0 or n > self._left:
+            n = self._left
+        data = self._raw.read(n) if n else b""
+        self._left -= len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def tell(self) -> int:
+        return self._raw.tell()
 
 
 # Reasons of lines that did not parse as JSON at all (the held-back kind, see _HOLD_ROWS).
