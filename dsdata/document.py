@@ -108,22 +108,37 @@ REJECTED_SCHEMA = pa.schema(
 )
 
 
-def kept_row(doc: Document, annotation_names: list[str]) -> dict[str, Any]:
-    row = {"id": doc.id, "text": doc.text, "metadata": metadata_json(doc.metadata)}
+def kept_columns(docs: list[Document], annotation_names: list[str]) -> list[list[Any]]:
+    """The columns of kept_schema for `docs`: id, text, metadata (JSON), then each annotation (None
+    where a document lacks it)."""
+    columns = [[d.id for d in docs], [d.text for d in docs], [metadata_json(d.metadata) for d in docs]]
     for name in annotation_names:
-        row[name] = doc.annotations.get(name)
-    return row
+        columns.append([d.annotations.get(name) for d in docs])
+    return columns
+
+
+def kept_row(doc: Document, annotation_names: list[str]) -> dict[str, Any]:
+    """One document's kept row as a dict (the columns of kept_columns)."""
+    names = ["id", "text", "metadata", *annotation_names]
+    return {name: column[0] for name, column in zip(names, kept_columns([doc], annotation_names))}
+
+
+def rejected_columns(rejected: list[Rejected]) -> list[list[Any]]:
+    """The columns of REJECTED_SCHEMA: the text cut to REJECTED_TEXT_LIMIT (text_length is the
+    whole text's), the detail to 2,000 characters, metadata and annotations as JSON."""
+    texts = [r.doc.text or "" for r in rejected]
+    return [
+        [r.doc.id for r in rejected],
+        [t[:REJECTED_TEXT_LIMIT] for t in texts],
+        [len(t) for t in texts],
+        [metadata_json(r.doc.metadata) for r in rejected],
+        [r.stage for r in rejected],
+        [r.reason for r in rejected],
+        [r.detail[:2000] for r in rejected],
+        [metadata_json(r.doc.annotations) for r in rejected],
+    ]
 
 
 def rejected_row(rej: Rejected) -> dict[str, Any]:
-    text = rej.doc.text or ""
-    return {
-        "id": rej.doc.id,
-        "text": text[:REJECTED_TEXT_LIMIT],
-        "text_length": len(text),
-        "metadata": metadata_json(rej.doc.metadata),
-        "stage": rej.stage,
-        "reason": rej.reason,
-        "detail": rej.detail[:2000],
-        "annotations": metadata_json(rej.doc.annotations),
-    }
+    """One rejected row as a dict (the columns of rejected_columns)."""
+    return {name: column[0] for name, column in zip(REJECTED_SCHEMA.names, rejected_columns([rej]))}

@@ -173,3 +173,58 @@ def test_one_input_file_on_two_workers_gives_the_rows_of_one_worker(tmp_path):
         by_id = lambda rows: sorted(rows, key=lambda r: (r["id"], r.get("stage") or ""))  # noqa: E731
         assert by_id(_rows(tmp_path / "two", kind)) == by_id(_rows(tmp_path / "one", kind)), kind
     assert one["rejected"]["read"] == {"bad_json": 1} and two["stage_time"]["rules"]["cpu_s"] > 0
+
+
+def test_arrow_batches_write_the_rows_beams_row_dict_writer_wrote(tmp_path):
+    """kept/ and rejected/ are written as Arrow record batches built a column at a time; the files
+    must hold exactly what Beam's WriteToParquet wrote from one row dict per record (kept_row,
+    rejected_row): every annotation type the stages declare, missing annotations, metadata that is
+    not JSON, long texts cut in rejected rows, and more records than one batch."""
+    import datetime
+    import random
+
+    import apache_beam as beam
+    import pyarrow as pa
+
+    from dsdata.beam.pipeline import ARROW_BATCH_ROWS, _ArrowTables
+    from dsdata.document import (REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_row, kept_schema,
+                                 rejected_columns, rejected_row)
+
+    types = {"lang": pa.string(), "lang_score": pa.float64(), "rules_cjk": pa.bool_(), "dup_cluster_size": pa.int64(),
+             "tokens": pa.list_(pa.uint32())}
+    rng = random.Random(3)
+    docs, rejected = [], []
+    for i in range(2 * ARROW_BATCH_ROWS + 37):
+        ann = {"lang": rng.choice(["en", "zh", None]), "lang_score": rng.random(), "rules_cjk": rng.random() < 0.5,
+               "dup_cluster_size": rng.randrange(1, 9), "tokens": [rng.randrange(2 ** 32) for _ in range(rng.randrange(4))]}
+        for name in list(ann):
+            if rng.random() < 0.2:
+                del ann[name]
+        meta = {} if i % 3 else {"when": datetime.datetime(2026, 1, 1, i % 24), "n": i, "tags": ["a", "段"]}
+        doc = Document(f"d{i}", "文本 text " * rng.randrange(1, 40), meta, ann)
+        docs.append(doc)
+        rejected.append(Rejected(doc, "rules", "too_short", "detail " * rng.randrange(0, 600)))
+    names = list(types)
+    schema = kept_schema(types)
+
+    def written(folder):
+        return pq.read_table(str(tmp_path / folder)).to_pylist()
+
+    with beam.Pipeline() as p:
+        kept = p | "Docs" >> beam.Create(docs)
+        rej = p | "Rejected" >> beam.Create(rejected)
+        kept | "Rows" >> beam.Map(kept_row, names) | "Dicts" >> beam.io.WriteToParquet(
+            str(tmp_path / "dicts" / "part"), schema, file_name_suffix=".parquet")
+        (kept | "Tables" >> beam.ParDo(_ArrowTables(schema, lambda d: kept_columns(d, names)))
+         | "Batched" >> beam.io.WriteToParquetBatched(str(tmp_path / "arrow" / "part"), schema, file_name_suffix=".parquet"))
+        rej | "RRows" >> beam.Map(rejected_row) | "RDicts" >> beam.io.WriteToParquet(
+            str(tmp_path / "rdicts" / "part"), REJECTED_SCHEMA, file_name_suffix=".parquet")
+        (rej | "RTables" >> beam.ParDo(_ArrowTables(REJECTED_SCHEMA, rejected_columns))
+         | "RBatched" >> beam.io.WriteToParquetBatched(str(tmp_path / "rarrow" / "part"), REJECTED_SCHEMA,
+                                                       file_name_suffix=".parquet"))
+    by_id = lambda rows: sorted(rows, key=lambda r: r["id"])  # noqa: E731
+    assert by_id(written("arrow")) == by_id(written("dicts")) and len(written("arrow")) == len(docs)
+    assert by_id(written("rarrow")) == by_id(written("rdicts")) and len(written("rarrow")) == len(rejected)
+    assert pq.read_schema(next((tmp_path / "arrow").glob("*.parquet"))) == pq.read_schema(
+        next((tmp_path / "dicts").glob("*.parquet")))
+    assert by_id(written("arrow"))[0] == kept_row(docs[0], names)
