@@ -18,8 +18,10 @@ and, for the write path, read → `beam.Map(kept_row, names)` (how pipeline.py b
 an extra positional argument makes Beam take its general invoker, which inspects the arguments of
 every call) against read → `beam.Map(partial)` of the same function (Beam's simple invoker); and
 the Parquet write itself: read → Map(kept_row) → WriteToParquet (row dicts, as pipeline.py writes
-kept/) against read → BatchElements → one pyarrow Table per batch → WriteToParquetBatched (same
-schema, same rows).
+kept/ until 2026-12) against read → BatchElements → one pyarrow Table per batch → WriteToParquetBatched
+(same schema, same rows), and against what pipeline.py writes kept/ and rejected/ with now:
+read → `_ArrowTables` (record batches built a column at a time from the Documents) →
+WriteToParquetBatched (`parquet-arrow`).
 
 Printed: CPU-seconds of each run, the wrapper's cost per document per stage in microseconds
 ((run − read-only) / N / K), and the ratios.  A cProfile of the `stagedofn` run (--profile) shows
@@ -52,7 +54,8 @@ from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from dsdata.beam.pipeline import DEFAULT_RUNNER  # noqa: E402
 from dsdata.beam.transforms import KEPT, REJECTED, ReadDocuments, StageDoFn  # noqa: E402
-from dsdata.document import Document, Rejected, kept_row, kept_schema  # noqa: E402
+from dsdata.beam.pipeline import _ArrowTables  # noqa: E402
+from dsdata.document import Document, Rejected, kept_columns, kept_row, kept_schema  # noqa: E402
 from dsdata.stages.base import Stage  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
@@ -147,6 +150,10 @@ def run(kind: str, data: Path, k: int, profile: bool = False) -> tuple[float, in
         tables = (docs | "batch" >> beam.BatchElements(min_batch_size=256, max_batch_size=4096)
                   | "table" >> beam.Map(lambda batch: pa.Table.from_pylist([kept_row(d, []) for d in batch], schema=schema)))
         tables | "write" >> beam.io.WriteToParquetBatched(str(out_dir / "batched" / "part"), schema, file_name_suffix=".parquet")
+    elif kind == "parquet-arrow":
+        schema = kept_schema({})
+        tables = docs | "tables" >> beam.ParDo(_ArrowTables(schema, functools.partial(kept_columns, annotation_names=[])))
+        tables | "write" >> beam.io.WriteToParquetBatched(str(out_dir / "arrow" / "part"), schema, file_name_suffix=".parquet")
     counted = docs | beam.combiners.Count.Globally()
     counted | beam.Map(lambda n: Metrics.counter("bench", "counted").inc(n))
     result = p.run()
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="print a cProfile (CPU time) of the stagedofn run")
     args = ap.parse_args(argv)
     kinds = ["read-only", "stagedofn", "per-bundle", "fused", "stagedofn-fused", "map-extra-arg", "map-partial", "parquet-rows",
-             "parquet-batched"]
+             "parquet-batched", "parquet-arrow"]
     best = {k: float("inf") for k in kinds}
     with tempfile.TemporaryDirectory(prefix="dsdata-overhead-") as tmp:
         data = Path(tmp) / "docs.jsonl"
