@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsdata.io.readers import (
-    RANGE_MAX_BYTES, RANGE_MIN_BYTES, RangeReader, jsonl_ranges, range_bytes_for, read_jsonl, splittable_jsonl,
+    RANGE_MAX_BYTES, RANGE_MIN_BYTES, RangeReader, cuttable_format, jsonl_ranges, parquet_ranges, range_bytes_for,
+    read_jsonl, read_parquet,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,13 +124,44 @@ def test_a_line_longer_than_a_range_stays_one_line():
 
 
 def test_what_can_be_cut_and_how_fine():
-    assert splittable_jsonl("a/b.jsonl") and splittable_jsonl("x.ndjson") and splittable_jsonl("x.txt", "jsonl")
-    for name in ("b.jsonl.gz", "b.jsonl.zst", "b.parquet", "b.warc.gz", "b.html", "README"):
-        assert not splittable_jsonl(name)
-    assert not splittable_jsonl("b.jsonl", "parquet")
+    assert cuttable_format("a/b.jsonl") == "jsonl" == cuttable_format("x.ndjson") == cuttable_format("x.txt", "jsonl")
+    assert cuttable_format("b.parquet") == "parquet" == cuttable_format("b.dat", "parquet")
+    for name in ("b.jsonl.gz", "b.jsonl.zst", "b.warc.gz", "b.html", "README", "b.parquet.gz"):
+        assert cuttable_format(name) is None
+    assert cuttable_format("b.jsonl", "warc") is None
     assert range_bytes_for(10) == RANGE_MIN_BYTES
     assert range_bytes_for(1 << 40) == RANGE_MAX_BYTES
     assert RANGE_MIN_BYTES < range_bytes_for(100 << 20) < RANGE_MAX_BYTES
+
+
+def _parquet(path: Path, rows: list[dict], row_group_size: int) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), str(path), row_group_size=row_group_size)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("range_bytes", [1, 500, 3000])
+def test_parquet_row_group_ranges_give_the_rows_of_the_whole_file(tmp_path, range_bytes):
+    rows = [{"id": None if i % 4 else f"p{i}", "text": "" if i % 11 == 0 else f"row {i} " * (i % 7 + 1), "n": i}
+            for i in range(230)]
+    data = _parquet(tmp_path / "f.parquet", rows, 17)
+    ranges = parquet_ranges(io.BytesIO(data), range_bytes)
+    assert ranges is not None and len(ranges) > 1
+    assert ranges[0][:1] == (0,) and ranges[-1][1] == 14  # 230 rows in groups of 17
+    for (_, e0, _), (s1, _, _) in zip(ranges, ranges[1:]):
+        assert e0 == s1
+    whole = [_key(r) for r in read_parquet("f.parquet", io.BytesIO(data))]
+    parts = [_key(r) for first, end, row in ranges
+             for r in read_parquet("f.parquet", io.BytesIO(data), groups=(first, end, row))]
+    assert parts == whole and "f.parquet:229" in {k[1] for k in parts}
+
+
+def test_a_parquet_file_of_one_row_group_or_no_footer_is_not_cut(tmp_path):
+    data = _parquet(tmp_path / "one.parquet", [{"text": f"t{i}"} for i in range(50)], 1000)
+    assert parquet_ranges(io.BytesIO(data), 1) is None
+    assert parquet_ranges(io.BytesIO(b"PAR1 not really"), 1) is None
 
 
 def test_range_reader_stops_at_its_end():
@@ -165,19 +197,21 @@ def test_read_documents_on_several_workers_reads_ranges_and_whole_files_alike(tm
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "big.jsonl").write_bytes(data)
     (tmp_path / "cut" / "small.jsonl.gz").write_bytes(gzip.compress(b'{"text": "tiny"}\n'))  # under one range
+    _parquet(tmp_path / "cut" / "rows.parquet", [{"text": f"parquet row {i}"} for i in range(120)], 10)
     (tmp_path / "gz").mkdir()
     (tmp_path / "gz" / "big.jsonl.gz").write_bytes(gzip.compress(data.replace(b'"d', b'"z')))  # cannot be cut
     (tmp_path / "gz" / "big.jsonl").write_bytes(data)
     assert len(jsonl_ranges(io.BytesIO(data), 500)) > 10
     for folder, cuttable in (("cut", True), ("gz", False)):
-        patterns = [str(tmp_path / folder / "*.jsonl"), str(tmp_path / folder / "*.jsonl.gz")]
+        patterns = [str(tmp_path / folder / "*.jsonl"), str(tmp_path / folder / "*.jsonl.gz"),
+                    str(tmp_path / folder / "*.parquet")]
         assert all_cuttable(patterns, range_bytes=500) is cuttable
         expected = sorted(json.dumps(_key(r)) for f in sorted((tmp_path / folder).iterdir()) for r in read_local(str(f)))
         got = _pipeline_rows(tmp_path, patterns, 500, f"rows-{folder}")
         assert got == expected, folder
         # every line but the blank ones (and the tiny file's one)
         records = sum(1 for i in range(300) if i % 9 != 1)
-        assert len(got) == records + (1 if cuttable else records)
+        assert len(got) == records + (1 + 120 if cuttable else records)
 
 
 @pytest.mark.slow

@@ -18,7 +18,8 @@ from apache_beam.metrics import Metrics
 from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, is_environment_error
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import (
-    READ_STAGE, InputFormatError, RangeReader, jsonl_ranges, range_bytes_for, read_file, read_jsonl, splittable_jsonl,
+    READ_STAGE, InputFormatError, RangeReader, cuttable_format, jsonl_ranges, parquet_ranges, range_bytes_for,
+    read_file, read_jsonl, read_parquet,
 )
 from dsdata.beam.progress import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage, Stage
@@ -232,7 +233,7 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
         part = element if isinstance(element, FileRange) else None
         try:
             fh = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-            if part is not None:
+            if part is not None and part.fmt == "jsonl":
                 fh.seek(part.start)
         except Exception as exc:  # noqa: BLE001 - any filesystem error means this file is unreadable
             yield self._route(Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file", str(exc)))
@@ -241,10 +242,13 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
         with fh:
             if part is None:
                 records = iter(read_file(path, fh, self.fmt, self.text_field, self.id_field))
-            else:
+            elif part.fmt == "jsonl":
                 length = None if part.end is None else part.end - part.start
                 records = iter(read_jsonl(path, RangeReader(fh, length), self.text_field, self.id_field,
                                           first_line=part.first_line))
+            else:
+                records = iter(read_parquet(path, fh, self.text_field, self.id_field,
+                                            groups=(part.start, part.end, part.first_line)))
             while True:
                 # Time only the reader: a yield hands the record to the fused stages downstream.
                 start = self._clock_start()
@@ -268,7 +272,8 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
                 bad += isinstance(result, Rejected)
                 yield self._route(result)
         # Progress for long runs: one line per input file or range (the `dsdata` logger is INFO under the CLI).
-        where = "" if part is None else f" bytes {part.start}-{'end' if part.end is None else part.end}"
+        unit = "bytes" if part is None or part.fmt == "jsonl" else "row groups"
+        where = "" if part is None else f" {unit} {part.start}-{'end' if part.end is None else part.end}"
         log.info("read %s%s: %d records (%d rejected by the reader)", path, where, n, bad)
 
     def _error(self, doc: Document, exc: BaseException, declared=()) -> Rejected:
@@ -294,19 +299,21 @@ def _rest_of_file(path: str, n: int, fh, part: FileRange | None = None) -> Docum
 
 @dataclass(frozen=True)
 class FileRange:
-    """A line-aligned byte range of a plain JSON Lines file (readers.jsonl_ranges): bytes start to
-    end (None: to the end of the file), after first_line lines."""
+    """A part of a file that one worker reads: for fmt "jsonl" a line-aligned byte range
+    (readers.jsonl_ranges), bytes start to end (None: to the end of the file) after first_line
+    lines; for "parquet" row groups start to end - 1 (readers.parquet_ranges) after first_line rows."""
 
     path: str
     start: int
     end: int | None
     first_line: int
+    fmt: str = "jsonl"
 
 
 class PlanRanges(beam.DoFn):
-    """Matched files → what the workers read: a plain JSON Lines file over `range_bytes_for` its size
-    as line-aligned ranges, any other file whole (one that cannot be cut: a binary head, no line
-    break past the first cut)."""
+    """Matched files → what the workers read: a plain JSON Lines or a Parquet file over
+    `range_bytes_for` its size as ranges (of lines, of row groups), any other file whole (also one
+    that cannot be cut: a binary head, one row group, an unreadable footer)."""
 
     def __init__(self, fmt: str = "auto", range_bytes: int | None = None):
         self.fmt, self.range_bytes = fmt, range_bytes
@@ -314,24 +321,25 @@ class PlanRanges(beam.DoFn):
     def process(self, metadata: fileio.FileMetadata):
         path, size = metadata.path, metadata.size_in_bytes
         range_bytes = self.range_bytes or range_bytes_for(size)
+        kind = cuttable_format(path, self.fmt)
         ranges = None
-        if size > range_bytes and splittable_jsonl(path, self.fmt):
+        if size > range_bytes and kind is not None:
             try:
                 with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-                    ranges = jsonl_ranges(fh, range_bytes)
+                    ranges = (jsonl_ranges if kind == "jsonl" else parquet_ranges)(fh, range_bytes)
             except Exception as exc:  # noqa: BLE001 - the reader then meets the same problem and reports it
                 log.info("read %s: not cut into ranges (%s: %s); read whole", path, type(exc).__name__, exc)
         if ranges is None:
             yield metadata
             return
-        for start, end, first_line in ranges:
-            yield FileRange(path, start, end, first_line)
+        for start, end, first in ranges:
+            yield FileRange(path, start, end, first, kind)
 
 
 def all_cuttable(patterns: list[str], fmt: str = "auto", range_bytes: int | None = None) -> bool:
-    """Whether every file the patterns match now is small (one range) or plain JSON Lines that
-    PlanRanges can cut; False when they cannot be listed here (the launcher may not see a
-    worker's file system)."""
+    """Whether every file the patterns match now is small (one range) or in a format PlanRanges can
+    cut (plain JSON Lines, Parquet); False when they cannot be listed here (the launcher may not
+    see a worker's file system)."""
     try:
         matched = FileSystems.match(list(patterns))
     except Exception:  # noqa: BLE001 - unknown: take the way that works for every file
@@ -339,7 +347,7 @@ def all_cuttable(patterns: list[str], fmt: str = "auto", range_bytes: int | None
     for result in matched:
         for metadata in result.metadata_list:
             size = metadata.size_in_bytes
-            if size > (range_bytes or range_bytes_for(size)) and not splittable_jsonl(metadata.path, fmt):
+            if size > (range_bytes or range_bytes_for(size)) and cuttable_format(metadata.path, fmt) is None:
                 return False
     return True
 
@@ -349,10 +357,10 @@ class ReadDocuments(beam.PTransform):
 
     spread_documents (for a run on several workers): each worker runs the stages after the reader on
     what it read (the runner fuses them into the reading step), so one big file must not be read by
-    one worker.  When every big input file is plain JSON Lines (all_cuttable, checked when the
-    pipeline is built), the files are cut into line-aligned byte ranges that the workers read apart
-    (PlanRanges; ids and rows as reading them whole gives) and no document moves between workers.
-    Otherwise (a big compressed, Parquet or WARC file) the documents are reshuffled after reading,
+    one worker.  When every big input file is plain JSON Lines or Parquet (all_cuttable, checked when
+    the pipeline is built), the files are cut into line-aligned byte ranges or runs of row groups
+    that the workers read apart (PlanRanges; ids and rows as reading them whole gives) and no
+    document moves between workers.  Otherwise (a big compressed JSONL, WARC or HTML file) the documents are reshuffled after reading,
     which costs encoding and grouping each of them once.  (The two cannot be mixed: the in-process
     runner materialises a Flatten of two steps' outputs, which would cost every document a copy
     through the launcher.)  Without spread_documents (one worker) every file is read whole."""

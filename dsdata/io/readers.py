@@ -235,14 +235,40 @@ def range_bytes_for(size: int) -> int:
     return min(RANGE_MAX_BYTES, max(RANGE_MIN_BYTES, -(-size // RANGES_PER_FILE)))
 
 
-def splittable_jsonl(path: str, fmt: str = "auto") -> bool:
-    """Whether `path` is read as plain (uncompressed) JSON Lines, which `jsonl_ranges` can cut."""
+def cuttable_format(path: str, fmt: str = "auto") -> str | None:
+    """"jsonl" or "parquet" when `path` is read in a format that can be cut into ranges read apart
+    (uncompressed JSON Lines: `jsonl_ranges`; Parquet: `parquet_ranges`), else None."""
     if fmt == "auto":
         try:
             fmt = detect_format(path)
         except InputFormatError:
-            return False
-    return fmt == "jsonl" and compression_of(path) is None
+            return None
+    return fmt if fmt in ("jsonl", "parquet") and compression_of(path) is None else None
+
+
+def parquet_ranges(raw: IO[bytes], range_bytes: int) -> list[tuple[int, int, int]] | None:
+    """Runs of consecutive row groups of a Parquet file of about `range_bytes` (uncompressed) each:
+    (first group, end group, rows before first).  None when the footer cannot be read (the reader
+    then reports the file whole) or there would be one range."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(raw).metadata
+    except Exception:  # noqa: BLE001 - not readable as Parquet: read whole, which rejects it once
+        return None
+    ranges: list[tuple[int, int, int]] = []
+    first = row = first_row = size = 0
+    for group in range(meta.num_row_groups):
+        info = meta.row_group(group)
+        size += info.total_byte_size
+        row += info.num_rows
+        if size >= range_bytes and group + 1 < meta.num_row_groups:
+            ranges.append((first, group + 1, first_row))
+            first, first_row, size = group + 1, row, 0
+    if not ranges:
+        return None
+    ranges.append((first, meta.num_row_groups, first_row))
+    return ranges
 
 
 def jsonl_ranges(raw: IO[bytes], range_bytes: int) -> list[tuple[int, int | None, int]] | None:
@@ -374,17 +400,22 @@ def _jsonl_record(line: bytes, default_id: str, text_field: str, id_field: str) 
     return record_to_document(record, default_id, text_field, id_field, raw=raw)
 
 
-def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id") -> Iterator[Document | Rejected]:
-    """Parquet, row group by row group. Ids default to `PATH:ROW` (0-based)."""
+def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id",
+                 groups: tuple[int, int, int] | None = None) -> Iterator[Document | Rejected]:
+    """Parquet, row group by row group. Ids default to `PATH:ROW` (0-based).
+
+    groups: (first, end, rows before first) — one of `parquet_ranges`' ranges: only row groups
+    first..end-1 are read, their rows numbered as reading the whole file numbers them."""
     import pyarrow.parquet as pq
 
     try:
         pf = pq.ParquetFile(raw)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for a non-Parquet file
-        yield _file_rejection(path, "bad_parquet", f"{type(exc).__name__}: {exc}")
+        where = path if groups is None else f"{path}:groups{groups[0]}-{groups[1]}"
+        yield _file_rejection(where, "bad_parquet", f"{type(exc).__name__}: {exc}")
         return
-    row = 0
-    for group in range(pf.num_row_groups):
+    first, end, row = (0, pf.num_row_groups, 0) if groups is None else groups
+    for group in range(first, min(end, pf.num_row_groups)):
         try:
             table = pf.read_row_group(group)
         except Exception as exc:  # noqa: BLE001
