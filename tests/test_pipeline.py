@@ -228,3 +228,18 @@ def test_arrow_batches_write_the_rows_beams_row_dict_writer_wrote(tmp_path):
     assert pq.read_schema(next((tmp_path / "arrow").glob("*.parquet"))) == pq.read_schema(
         next((tmp_path / "dicts").glob("*.parquet")))
     assert by_id(written("arrow"))[0] == kept_row(docs[0], names)
+
+
+def test_the_arrow_table_dofn_draws_no_beam_warning(caplog):
+    """Beam reads a ParDo's `process` source and warns about a literal "return None" (every run's
+    output would carry that line twice)."""
+    import logging
+
+    import apache_beam as beam
+
+    from dsdata.beam.pipeline import _ArrowTables
+    from dsdata.document import REJECTED_SCHEMA, rejected_columns
+
+    with caplog.at_level(logging.WARNING):
+        beam.ParDo(_ArrowTables(REJECTED_SCHEMA, rejected_columns))
+    assert not [r for r in caplog.records if "returned None" in r.getMessage()]

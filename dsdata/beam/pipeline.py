@@ -258,10 +258,11 @@ class _ArrowTables(beam.DoFn):
     def process(self, record):
         records = self._records
         records.append(record)
+        # Empty tuples, not None: Beam warns about a `process` whose source says "return None".
         if len(records) < ARROW_BATCH_ROWS:
-            return None
+            return ()
         self._flush()
-        return [self._table()] if self._bytes >= ARROW_TABLE_BYTES else None
+        return (self._table(),) if self._bytes >= ARROW_TABLE_BYTES else ()
 
     def finish_bundle(self):
         if self._records:
