@@ -149,7 +149,7 @@ def test_parquet_row_group_ranges_give_the_rows_of_the_whole_file(tmp_path, rang
     data = _parquet(tmp_path / "f.parquet", rows, 17)
     ranges = parquet_ranges(io.BytesIO(data), range_bytes)
     assert ranges is not None and len(ranges) > 1
-    assert ranges[0][:1] == (0,) and ranges[-1][1] == 14  # 230 rows in groups of 17
+    assert ranges[0][:1] == (0,) and ranges[-1][1] is None and ranges[-2][1] < 14  # 230 rows in groups of 17
     for (_, e0, _), (s1, _, _) in zip(ranges, ranges[1:]):
         assert e0 == s1
     whole = [_key(r) for r in read_parquet("f.parquet", io.BytesIO(data))]

@@ -271,10 +271,16 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
                 n += 1
                 bad += isinstance(result, Rejected)
                 yield self._route(result)
-        # Progress for long runs: one line per input file or range (the `dsdata` logger is INFO under the CLI).
-        unit = "bytes" if part is None or part.fmt == "jsonl" else "row groups"
-        where = "" if part is None else f" {unit} {part.start}-{'end' if part.end is None else part.end}"
-        log.info("read %s%s: %d records (%d rejected by the reader)", path, where, n, bad)
+        # Progress for long runs: one line per input file (the `dsdata` logger is INFO under the CLI);
+        # a file cut into ranges (up to 64 of them) logs each at DEBUG, its last at INFO.
+        if part is None:
+            log.info("read %s: %d records (%d rejected by the reader)", path, n, bad)
+        else:
+            unit = "bytes" if part.fmt == "jsonl" else "row groups"
+            last = part.end is None
+            log.log(logging.INFO if last else logging.DEBUG,
+                    "read %s, %srange (%s %d-%s): %d records (%d rejected by the reader)",
+                    path, "last " if last else "", unit, part.start, "end" if last else part.end, n, bad)
 
     def _error(self, doc: Document, exc: BaseException, declared=()) -> Rejected:
         rejected = super()._error(doc, exc, declared)
@@ -301,7 +307,8 @@ def _rest_of_file(path: str, n: int, fh, part: FileRange | None = None) -> Docum
 class FileRange:
     """A part of a file that one worker reads: for fmt "jsonl" a line-aligned byte range
     (readers.jsonl_ranges), bytes start to end (None: to the end of the file) after first_line
-    lines; for "parquet" row groups start to end - 1 (readers.parquet_ranges) after first_line rows."""
+    lines; for "parquet" row groups start to end - 1 (None: to the last; readers.parquet_ranges)
+    after first_line rows."""
 
     path: str
     start: int
@@ -360,10 +367,11 @@ class ReadDocuments(beam.PTransform):
     one worker.  When every big input file is plain JSON Lines or Parquet (all_cuttable, checked when
     the pipeline is built), the files are cut into line-aligned byte ranges or runs of row groups
     that the workers read apart (PlanRanges; ids and rows as reading them whole gives) and no
-    document moves between workers.  Otherwise (a big compressed JSONL, WARC or HTML file) the documents are reshuffled after reading,
-    which costs encoding and grouping each of them once.  (The two cannot be mixed: the in-process
-    runner materialises a Flatten of two steps' outputs, which would cost every document a copy
-    through the launcher.)  Without spread_documents (one worker) every file is read whole."""
+    document moves between workers.  Otherwise (a big compressed JSONL, WARC or HTML file) the
+    documents are reshuffled after reading, which costs encoding and grouping each of them once.
+    (The two cannot be mixed: the in-process runner materialises a Flatten of two steps' outputs,
+    which would cost every document a copy through the launcher.)  Without spread_documents (one
+    worker) every file is read whole."""
 
     def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id",
                  spread_documents: bool = False, range_bytes: int | None = None):

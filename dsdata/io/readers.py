@@ -246,17 +246,18 @@ def cuttable_format(path: str, fmt: str = "auto") -> str | None:
     return fmt if fmt in ("jsonl", "parquet") and compression_of(path) is None else None
 
 
-def parquet_ranges(raw: IO[bytes], range_bytes: int) -> list[tuple[int, int, int]] | None:
+def parquet_ranges(raw: IO[bytes], range_bytes: int) -> list[tuple[int, int | None, int]] | None:
     """Runs of consecutive row groups of a Parquet file of about `range_bytes` (uncompressed) each:
-    (first group, end group, rows before first).  None when the footer cannot be read (the reader
-    then reports the file whole) or there would be one range."""
+    (first group, end group, rows before first), end None for the last (to the last group).  None
+    when the footer cannot be read (the reader then reports the file whole) or there would be one
+    range."""
     import pyarrow.parquet as pq
 
     try:
         meta = pq.ParquetFile(raw).metadata
     except Exception:  # noqa: BLE001 - not readable as Parquet: read whole, which rejects it once
         return None
-    ranges: list[tuple[int, int, int]] = []
+    ranges: list[tuple[int, int | None, int]] = []
     first = row = first_row = size = 0
     for group in range(meta.num_row_groups):
         info = meta.row_group(group)
@@ -267,7 +268,7 @@ def parquet_ranges(raw: IO[bytes], range_bytes: int) -> list[tuple[int, int, int
             first, first_row, size = group + 1, row, 0
     if not ranges:
         return None
-    ranges.append((first, meta.num_row_groups, first_row))
+    ranges.append((first, None, first_row))
     return ranges
 
 
@@ -414,8 +415,9 @@ def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: 
         where = path if groups is None else f"{path}:groups{groups[0]}-{groups[1]}"
         yield _file_rejection(where, "bad_parquet", f"{type(exc).__name__}: {exc}")
         return
-    first, end, row = (0, pf.num_row_groups, 0) if groups is None else groups
-    for group in range(first, min(end, pf.num_row_groups)):
+    first, end, row = (0, None, 0) if groups is None else groups
+    end = pf.num_row_groups if end is None else min(end, pf.num_row_groups)
+    for group in range(first, end):
         try:
             table = pf.read_row_group(group)
         except Exception as exc:  # noqa: BLE001
