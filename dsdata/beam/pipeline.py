@@ -245,7 +245,7 @@ class _ArrowTables(beam.DoFn):
     records becomes one record batch, a column at a time (`columns(records)` gives the Python lists,
     one pa.array each); a table is emitted per ARROW_TABLE_BYTES and at the end of the bundle.  What
     Beam's WriteToParquet does from row dicts, without a dict per record and a Python append per
-    field (~4 µs per kept row on the 100k-paragraph language-ID run, docs/throughput.md)."""
+    field (11.6 → 6.4 µs per written row, benchmarks/stage_overhead.py; docs/throughput.md)."""
 
     def __init__(self, schema, columns):
         self.schema, self.columns = schema, columns

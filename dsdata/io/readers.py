@@ -221,9 +221,9 @@ def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: st
             yield from held
 
 
-# A plain JSON Lines file is read in line-aligned byte ranges of about this size when a run has
-# several workers (see jsonl_ranges): at least RANGE_MIN_BYTES, at most RANGE_MAX_BYTES, and a file
-# cut into at most RANGES_PER_FILE of them.
+# When a run has several workers, a plain JSON Lines or Parquet file is read in ranges (of lines,
+# of row groups: jsonl_ranges, parquet_ranges) of about this size: at least RANGE_MIN_BYTES, at most
+# RANGE_MAX_BYTES, and a file cut into at most RANGES_PER_FILE of them.
 RANGE_MIN_BYTES = 512 << 10
 RANGE_MAX_BYTES = 64 << 20
 RANGES_PER_FILE = 64
@@ -231,7 +231,7 @@ _SCAN_BLOCK = 1 << 20
 
 
 def range_bytes_for(size: int) -> int:
-    """The byte-range size `jsonl_ranges` aims at for a file of `size` bytes."""
+    """The range size `jsonl_ranges` and `parquet_ranges` aim at for a file of `size` bytes."""
     return min(RANGE_MAX_BYTES, max(RANGE_MIN_BYTES, -(-size // RANGES_PER_FILE)))
 
 
@@ -402,11 +402,12 @@ def _jsonl_record(line: bytes, default_id: str, text_field: str, id_field: str) 
 
 
 def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id",
-                 groups: tuple[int, int, int] | None = None) -> Iterator[Document | Rejected]:
+                 groups: tuple[int, int | None, int] | None = None) -> Iterator[Document | Rejected]:
     """Parquet, row group by row group. Ids default to `PATH:ROW` (0-based).
 
     groups: (first, end, rows before first) — one of `parquet_ranges`' ranges: only row groups
-    first..end-1 are read, their rows numbered as reading the whole file numbers them."""
+    first..end-1 (end None: to the last) are read, their rows numbered as reading the whole file
+    numbers them."""
     import pyarrow.parquet as pq
 
     try:
