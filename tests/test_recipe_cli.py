@@ -1,5 +1,6 @@
 """Recipes (paths confined to their folder, --set overrides) and the `dsdata` command line."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,9 +119,16 @@ def test_multi_processing_run_is_as_quiet_as_in_process(tmp_path):
                     cwd=tmp_path)
     assert quiet.returncode == 0 and multi.returncode == 0, multi.stderr
     assert json.loads(multi.stdout.strip().splitlines()[-1])["kept"] == 20
-    lines = multi.stderr.strip().splitlines()
+    # The live progress line comes every 10 s of a run: how many a run prints depends on the
+    # machine's speed (a loaded CI machine took 12.8 s for this one), not on worker noise.
+    progress = re.compile(r"^dsdata: \d+:\d\d:\d\d ")
+
+    def lines_of(run):
+        return [ln for ln in run.stderr.strip().splitlines() if not progress.match(ln)]
+
+    lines = lines_of(multi)
     for noise in ("INFO:apache_beam", "Discarding unparseable args", "semi_persistent_directory", "Worker: severity"):
         assert not [ln for ln in lines if noise in ln], (noise, multi.stderr)
     # What is left from each worker is what it prints while importing Beam, before it reads its
     # options (at most two lines each).
-    assert len(lines) <= len(quiet.stderr.strip().splitlines()) + 2 * 2, multi.stderr
+    assert len(lines) <= len(lines_of(quiet)) + 2 * 2, multi.stderr
