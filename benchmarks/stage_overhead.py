@@ -23,6 +23,11 @@ kept/ until 2026-12) against read → BatchElements → one pyarrow Table per ba
 read → `_ArrowTables` (record batches built a column at a time from the Documents) →
 WriteToParquetBatched (`parquet-arrow`).
 
+And the whole read → K stages → kept/ path as pipeline.py built it until 2026-12 (`path-docs`: one
+runner element per document through the fused StageDoFn and _ArrowTables) against how it builds it
+now (`path-batches`: the reader's Batches through BatchChainDoFn and _ArrowTables; per-stage
+Metrics, CPU clock and error rule the same).
+
 Printed: CPU-seconds of each run, the wrapper's cost per document per stage in microseconds
 ((run − read-only) / N / K), and the ratios.  A cProfile of the `stagedofn` run (--profile) shows
 where that cost goes.  The variants are local experiments for docs/throughput.md; the project's
@@ -53,15 +58,16 @@ from apache_beam.metrics import Metrics  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from dsdata.beam.pipeline import DEFAULT_RUNNER  # noqa: E402
-from dsdata.beam.transforms import KEPT, REJECTED, ReadDocuments, StageDoFn  # noqa: E402
+from dsdata.beam.kinds import ApplyBatchChain  # noqa: E402
+from dsdata.beam.transforms import BATCH_DOCS, KEPT, REJECTED, ReadDocuments, StageDoFn  # noqa: E402
 from dsdata.beam.pipeline import _ArrowTables  # noqa: E402
 from dsdata.document import Document, Rejected, kept_columns, kept_row, kept_schema  # noqa: E402
-from dsdata.stages.base import Stage  # noqa: E402
+from dsdata.stages.base import DocumentStage  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
 
 
-class NoopStage(Stage):
+class NoopStage(DocumentStage):
     name = "noop"
 
     def process(self, doc: Document) -> Document | Rejected:
@@ -71,7 +77,7 @@ class NoopStage(Stage):
 class PerBundleCountsDoFn(beam.DoFn):
     """Runs stages in turn; counts in ints, flushed to Beam Metrics once per bundle."""
 
-    def __init__(self, stages: list[Stage]):
+    def __init__(self, stages: list[DocumentStage]):
         self.stages = stages
 
     def setup(self):
@@ -122,8 +128,19 @@ def run(kind: str, data: Path, k: int, profile: bool = False) -> tuple[float, in
     if prof:
         prof.enable()
     p = beam.Pipeline(options=PipelineOptions([f"--runner={DEFAULT_RUNNER}"]))
-    docs = (p | ReadDocuments([str(data)], "jsonl"))[KEPT]
-    if kind == "stagedofn-fused":
+    docs = (p | ReadDocuments([str(data)], "jsonl", batch_docs=BATCH_DOCS if kind == "path-batches" else None))[KEPT]
+    if kind in ("path-docs", "path-batches"):
+        schema = kept_schema({})
+        columns = functools.partial(kept_columns, annotation_names=[])
+        if kind == "path-docs":
+            docs = docs | "fused" >> beam.ParDo(StageDoFn([NoopStage() for _ in range(k)])).with_outputs(REJECTED, main=KEPT)
+            docs = docs[KEPT]
+            tables = docs | "tables" >> beam.ParDo(_ArrowTables(schema, columns))
+        else:
+            docs = docs | "chain" >> ApplyBatchChain([NoopStage() for _ in range(k)])
+            tables = docs | "tables" >> beam.ParDo(_ArrowTables(schema, columns, "docs"))
+        tables | "write" >> beam.io.WriteToParquetBatched(str(out_dir / kind / "part"), schema, file_name_suffix=".parquet")
+    elif kind == "stagedofn-fused":
         docs = docs | "fused" >> beam.ParDo(StageDoFn([NoopStage() for _ in range(k)])).with_outputs(REJECTED, main=KEPT)
         docs = docs[KEPT]
     elif kind == "stagedofn":
@@ -154,7 +171,10 @@ def run(kind: str, data: Path, k: int, profile: bool = False) -> tuple[float, in
         schema = kept_schema({})
         tables = docs | "tables" >> beam.ParDo(_ArrowTables(schema, functools.partial(kept_columns, annotation_names=[])))
         tables | "write" >> beam.io.WriteToParquetBatched(str(out_dir / "arrow" / "part"), schema, file_name_suffix=".parquet")
-    counted = docs | beam.combiners.Count.Globally()
+    if kind == "path-batches":
+        counted = docs | beam.Map(lambda batch: len(batch.docs)) | beam.CombineGlobally(sum)
+    else:
+        counted = docs | beam.combiners.Count.Globally()
     counted | beam.Map(lambda n: Metrics.counter("bench", "counted").inc(n))
     result = p.run()
     result.wait_until_finish()
@@ -180,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="print a cProfile (CPU time) of the stagedofn run")
     args = ap.parse_args(argv)
     kinds = ["read-only", "stagedofn", "per-bundle", "fused", "stagedofn-fused", "map-extra-arg", "map-partial", "parquet-rows",
-             "parquet-batched", "parquet-arrow"]
+             "parquet-batched", "parquet-arrow", "path-docs", "path-batches"]
     best = {k: float("inf") for k in kinds}
     with tempfile.TemporaryDirectory(prefix="dsdata-overhead-") as tmp:
         data = Path(tmp) / "docs.jsonl"
@@ -195,16 +215,21 @@ def main(argv: list[str] | None = None) -> int:
             print(run("stagedofn", data, args.stages, profile=True)[2])
     n, k = args.docs, args.stages
     per_doc_stage = {kind: round((best[kind] - best["read-only"]) / n / k * 1e6, 2) for kind in kinds[1:5]}
-    per_doc_row = {kind: round((best[kind] - best["read-only"]) / n * 1e6, 2) for kind in kinds[5:]}
+    per_doc_row = {kind: round((best[kind] - best["read-only"]) / n * 1e6, 2) for kind in kinds[5:10]}
+    path = {kind: round(best[kind] / n * 1e6, 2) for kind in kinds[10:]}
     print(f"{n} documents, {k} no-op stages; CPU-s: " + ", ".join(f"{kind} {best[kind]:.2f}" for kind in kinds))
     print("wrapper cost per document per stage (µs): " + ", ".join(f"{kind} {v}" for kind, v in per_doc_stage.items()))
     ratio = {kind: round(per_doc_stage["stagedofn"] / max(per_doc_stage[kind], 1e-9), 2) for kind in ("per-bundle", "fused", "stagedofn-fused")}
     print(f"stagedofn cost ÷ variant cost: {ratio}")
     print("write-path cost per document (µs): " + ", ".join(f"{kind} {v}" for kind, v in per_doc_row.items()))
+    path_ratio = round(best["path-docs"] / best["path-batches"], 2)
+    print("read → stages → kept/, CPU µs per document (start-up included): " +
+          ", ".join(f"{kind} {v}" for kind, v in path.items()) + f"; documents ÷ batches: {path_ratio}x")
     print(json.dumps({"benchmark": "stage_overhead", "docs": n, "stages": k,
                       "cpu_s": {kind: round(v, 3) for kind, v in best.items()},
                       "us_per_doc_per_stage": per_doc_stage, "stagedofn_over_variant": ratio,
-                      "us_per_doc_rows_map": per_doc_row}))
+                      "us_per_doc_rows_map": per_doc_row, "us_per_doc_path": path,
+                      "path_docs_over_batches": path_ratio}))
     return 0
 
 

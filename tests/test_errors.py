@@ -353,7 +353,10 @@ def test_environment_error_is_found_in_a_remote_traceback():
     assert find_environment_error(RuntimeError("something else")) is None
 
 
-def test_consecutive_document_stages_run_fused_with_every_stage_counted_as_if_alone(tmp_path, monkeypatch):
+def test_stages_run_on_batches_or_fused_with_every_stage_counted_as_if_alone(tmp_path, monkeypatch):
+    """The same recipe three ways: its stages on the reader's Batches in one step (the default), as
+    one fused per-document step plus the batched lang stage, and each stage alone: the same rows,
+    stats and per-stage counters."""
     # Real documents (the rules keep most of them), four of them marked for the test stages.
     records = [json.loads(line) for line in
                (REPO / "pipelines" / "samples" / "docs.jsonl").read_text(encoding="utf-8").splitlines()[:60]]
@@ -367,7 +370,8 @@ def test_consecutive_document_stages_run_fused_with_every_stage_counted_as_if_al
     beam_pipeline.build_pipeline(graph, recipe, str(tmp_path / "graph"), stages)
     labels = [t.unique_name for t in graph.to_runner_api().components.transforms.values()]
     runs = sorted(label for label in labels if label.endswith("/Run"))
-    assert runs == ["00_poison_doc+tag_doc+rules/Run", "03_lang/Run"], runs
+    assert runs == ["00_poison_doc+tag_doc+rules+lang/Run"], runs
+    assert "AllRejected" not in labels and "Unbatch" not in labels
 
     def run(name):
         """The run's stats.json, its stage_time and its Beam counters other than CPU time."""
@@ -380,6 +384,8 @@ def test_consecutive_document_stages_run_fused_with_every_stage_counted_as_if_al
                     for c in result.metrics().query()["counters"] if c.key.metric.name != "cpu_us"}
         return stats, beam_pipeline.stage_times(result, stats), counters
 
+    batched, batched_time, batched_counters = run("batched")
+    monkeypatch.setattr(beam_pipeline, "batchable", lambda stage: False)
     fused, fused_time, fused_counters = run("fused")
     monkeypatch.setattr(beam_pipeline, "fusable", lambda stage: False)
     alone, alone_time, alone_counters = run("alone")
@@ -389,6 +395,8 @@ def test_consecutive_document_stages_run_fused_with_every_stage_counted_as_if_al
 
     assert rows("fused", "kept") == rows("alone", "kept") and len(rows("fused", "kept")) > 0
     assert rows("fused", "rejected") == rows("alone", "rejected")
+    assert rows("batched", "kept") == rows("alone", "kept")
+    assert rows("batched", "rejected") == rows("alone", "rejected")
     why = {r["id"]: (r["stage"], r["reason"], r["detail"]) for r in rows("fused", "rejected")}
     assert why[ids[7]] == ("poison_doc", "error", "TypeError: incompatible function arguments")
     assert why[ids[30]][:2] == ("poison_doc", "error")  # the first stage's error: the second never sees it
@@ -397,12 +405,67 @@ def test_consecutive_document_stages_run_fused_with_every_stage_counted_as_if_al
     assert {r["stage"] for r in rows("fused", "rejected")} >= {"poison_doc", "tag_doc", "rules"}
     for key in ("input", "kept", "rejected", "stages", "ledger_ok"):
         assert fused[key] == alone[key], key
+        assert batched[key] == alone[key], key
     assert fused["rejected"]["tag_doc"] == {"error": 1, "tagged": 2}
     # The per-stage Metrics (progress line, in / kept / rejected per reason) as if each ran alone.
     assert fused_counters == alone_counters
+    assert batched_counters == alone_counters
     assert fused_counters[("dsdata.tag_doc", "in")] == 58
     assert fused_counters[("dsdata.tag_doc", "rejected.tagged")] == 2
     assert fused_counters[("dsdata.rules", "in")] == 55
     for name in ("poison_doc", "tag_doc", "rules", "lang"):
-        assert fused_time[name]["docs"] == alone_time[name]["docs"]
-        assert fused_time[name]["cpu_s"] > 0, name
+        assert fused_time[name]["docs"] == alone_time[name]["docs"] == batched_time[name]["docs"]
+        assert fused_time[name]["cpu_s"] > 0 and batched_time[name]["cpu_s"] > 0, name
+
+
+@pytest.mark.parametrize("batch_docs,batch_chars", [(1, 1 << 20), (7, 1 << 20), (1000, 300), (1000, 16 << 20)])
+def test_batch_boundaries_change_nothing(tmp_path, monkeypatch, batch_docs, batch_chars):
+    """Batches of 1 and 7 records, and batches cut by text size (300 characters: a document or two),
+    give the rows, stats and counters of the per-document graph; a batched stage still sees its
+    batch_max chunks and its poison record takes no batch mate with it; unreadable lines are rejected
+    by the reader inside the batches."""
+    import dsdata.beam.transforms as transforms
+
+    path = _corpus(tmp_path, n=130, poison=(7, 12, 31))  # all in the first chunk of 50
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write('{broken\n{"id": "nt"}\n' + json.dumps({"id": "rej", "text": "REJECTME now"}) + "\n")
+    recipe = load_recipe(str(_recipe(tmp_path, "  - poison_batch: {}\n  - tag_doc: {}\n  - rules: {}")))
+
+    def run(name):
+        p = beam.Pipeline(options=beam_pipeline.pipeline_options([]))
+        beam_pipeline.build_pipeline(p, recipe, str(tmp_path / name), recipe.build_stages())
+        result = p.run()
+        result.wait_until_finish()
+        stats = json.loads((tmp_path / name / "stats.json").read_text(encoding="utf-8"))
+        counters = {(c.key.metric.namespace, c.key.metric.name): c.committed
+                    for c in result.metrics().query()["counters"] if c.key.metric.name != "cpu_us"}
+        rows = {kind: sorted(_rows(tmp_path / name, kind), key=lambda r: (r["id"], r.get("stage") or ""))
+                for kind in ("kept", "rejected")}
+        return stats, counters, rows
+
+    monkeypatch.setattr(beam_pipeline, "BATCH_DOCS", batch_docs)
+    monkeypatch.setattr(transforms, "BATCH_CHARS", batch_chars)
+    batched = run("batched")
+    monkeypatch.setattr(beam_pipeline, "batchable", lambda stage: False)
+    single = run("single")
+    assert batched[1] == single[1]
+
+    def without_batch_size(rows):  # which batch a record was in is all that may differ
+        out = {}
+        for kind, kind_rows in rows.items():
+            out[kind] = [{**r, "metadata": json.dumps({k: v for k, v in json.loads(r["metadata"]).items()
+                                                       if k != "batch_size_seen"})} for r in kind_rows]
+        return out
+
+    assert without_batch_size(batched[2]) == without_batch_size(single[2])
+    for key in ("input", "kept", "rejected", "stages", "ledger_ok"):
+        assert batched[0][key] == single[0][key], key
+    stats = batched[0]
+    assert stats["input"] == 133 and stats["rejected"]["read"] == {"bad_json": 1, "missing_text": 1}
+    assert stats["rejected"]["poison_batch"] == {"error": 3}
+    assert stats["rejected"]["tag_doc"] == {"tagged": 1}
+    # The rules reject these short texts: what the batched stage saw is in the rejected rows' metadata.
+    seen = {json.loads(r["metadata"]).get("batch_size_seen") for r in batched[2]["rejected"] if r["stage"] == "rules"}
+    assert None not in seen and max(seen) <= 50 and len(batched[2]["rejected"]) == 133
+    if batch_chars > 1000:
+        assert max(seen) == min(batch_docs, 50)

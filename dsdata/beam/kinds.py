@@ -5,6 +5,10 @@
   BatchStage     → BatchElements → ParDo(BatchStageDoFn)   unless a composite is registered below
   CorpusStage    → its composite from COMPOSITES           (dedup, difficulty, augment, shards)
 
+The recipe's leading run of per-document and batched stages without a composite or side outputs
+(`batchable`) runs instead on Batches straight from the reader: ParDo(BatchChainDoFn), one runner
+element per batch of records (dsdata/beam/pipeline.py build_pipeline).
+
 Every transform returns {"kept", "rejected"}; a composite may add "stats" (one JSON-able dict,
 written into stats.json[stage name]) and one dict per side output the stage declares (written by
 the builder under the run directory).
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 
-from dsdata.beam.transforms import KEPT, REJECTED, BatchStageDoFn, StageDoFn
+from dsdata.beam.transforms import KEPT, REJECTED, Batch, BatchChainDoFn, BatchStageDoFn, StageDoFn
 from dsdata.stages.base import BatchStage, CorpusStage, DocumentStage, Stage
 
 # Stage name → module whose `composite(stage, context)` builds the stage's transform.  Whole-corpus
@@ -84,3 +88,25 @@ class ApplyStageChain(beam.PTransform):
     def expand(self, docs):
         out = docs | "Run" >> beam.ParDo(StageDoFn(self.stages)).with_outputs(REJECTED, main=KEPT)
         return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
+
+
+def batchable(stage: Stage) -> bool:
+    """A per-document or batched stage with no composite and no side outputs: it can run inside
+    BatchChainDoFn on Batches of records."""
+    return (isinstance(stage, (DocumentStage, BatchStage)) and stage.name not in COMPOSITES
+            and not stage.side_outputs)
+
+
+class ApplyBatchChain(beam.PTransform):
+    """PCollection[Batch] → PCollection[Batch]: consecutive batchable stages as ONE ParDo over batches
+    (BatchChainDoFn); each rejection joins its batch's, with its own stage and reason."""
+
+    def __init__(self, stages: list[Stage]):
+        super().__init__(label="batch:" + "+".join(s.name for s in stages))
+        if not stages or not all(batchable(s) for s in stages):
+            raise TypeError("ApplyBatchChain runs only per-document and batched stages without a composite "
+                            "or side outputs")
+        self.stages = list(stages)
+
+    def expand(self, batches):
+        return batches | "Run" >> beam.ParDo(BatchChainDoFn(self.stages)).with_output_types(Batch)

@@ -26,9 +26,9 @@ from apache_beam.transforms.window import GlobalWindows
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from dsdata.beam.errors import ErrorBudget, find_environment_error
-from dsdata.beam.kinds import ApplyStage, ApplyStageChain, StageContext, fusable
+from dsdata.beam.kinds import ApplyBatchChain, ApplyStage, ApplyStageChain, StageContext, batchable, fusable
 from dsdata.beam.options import runner_class_path
-from dsdata.beam.transforms import CPU_COUNTER, KEPT, REJECTED, ReadDocuments
+from dsdata.beam.transforms import BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, ReadDocuments, Unbatch
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_schema, rejected_columns
 from dsdata.io.readers import READ_STAGE
 from dsdata.io.spill import remove_spill
@@ -87,10 +87,11 @@ def _count_keys(kind: str):
 class _TallyKeys(beam.DoFn):
     """The ledger's keys of each record (see _count_keys), summed in a dict per bundle and emitted as
     (key, n) pairs when the bundle ends: one dict update per record instead of a generator and a
-    (key, 1) element per key through the runner (~2 µs per record on the 100k-paragraph run)."""
+    (key, 1) element per key through the runner (~2 µs per record on the 100k-paragraph run).
+    With `part` ("docs", "rejected") the elements are Batches and their records in that list count."""
 
-    def __init__(self, kind: str):
-        self.kind = kind
+    def __init__(self, kind: str, part: str | None = None):
+        self.kind, self.part = kind, part
 
     def setup(self):
         self._keys = _count_keys(self.kind)
@@ -100,19 +101,22 @@ class _TallyKeys(beam.DoFn):
         self._tally: dict[tuple, int] = {}
         self._plain = 0  # records whose only key is _plain_key (a document not derived from another)
 
-    def process(self, item: Document | Rejected):
-        if type(item) is Document and item.derived_from is None and self.kind != REJECTED:
-            self._plain += 1
-            return
+    def process(self, element):
+        items = (element,) if self.part is None else getattr(element, self.part)
+        plain_kind = self.kind != REJECTED
         tally = self._tally
-        for key in self._keys(item):
-            tally[key] = tally.get(key, 0) + 1
+        for item in items:
+            if plain_kind and type(item) is Document and item.derived_from is None:
+                self._plain += 1
+                continue
+            for key in self._keys(item):
+                tally[key] = tally.get(key, 0) + 1
 
     def finish_bundle(self):
         if self._plain:
             self._tally[self._plain_key] = self._tally.get(self._plain_key, 0) + self._plain
         for key, n in self._tally.items():
-            yield GlobalWindows.windowed_value((key, n))
+            yield GlobalWindows.windowed_value((LEDGER_KEY, ("count", key, n)))
         self._tally, self._plain = {}, 0
 
 
@@ -153,12 +157,26 @@ def stats_from_counts(counts: dict[tuple, int], stage_order: list[str]) -> dict[
     }
 
 
+# The ledger's counts and the composites' stats reach _WriteStats as ("ledger", (kind, key, value))
+# pairs through one GroupByKey: `count` values are summed per key, `stats` values are one stage's
+# stats dict.  (Count.PerKey + ToList + a side input built the same from ~20 more transforms and
+# three more runner stages: docs/throughput.md §4.)
+LEDGER_KEY = "ledger"
+
+
 class _WriteStats(beam.DoFn):
     def __init__(self, path: str, stage_order: list[str], extra: dict[str, Any]):
         self.path, self.stage_order, self.extra = path, stage_order, extra
 
-    def process(self, counts: list[tuple[tuple, int]], stage_stats: dict[str, Any]):
-        stats = stats_from_counts(dict(counts), self.stage_order)
+    def process(self, grouped: tuple[str, Any]):
+        counts: dict[tuple, int] = {}
+        stage_stats: dict[str, Any] = {}
+        for kind, key, value in grouped[1]:
+            if kind == "count":
+                counts[key] = counts.get(key, 0) + value
+            else:
+                stage_stats[key] = value
+        stats = stats_from_counts(counts, self.stage_order)
         stats.update(self.extra)
         if stage_stats:
             stats["stage_stats"] = dict(sorted(stage_stats.items()))
@@ -202,12 +220,12 @@ class _WriteSideOutput(beam.DoFn):
             fh.write(text.encode("utf-8"))
 
 
-def _apply_stages(docs, stages: list[Stage], output: str):
-    """Run the stages in order: (kept docs, [rejected PCollections], [(stage name, stats)]); a stage's
-    declared side-output files are written under `output` as their composite produces them.
+def _apply_stages(docs, stages: list[Stage], output: str, start: int = 0):
+    """Run stages[start:] in order: (kept docs, [rejected PCollections], [(stage name, stats)]); a
+    stage's declared side-output files are written under `output` as their composite produces them.
     Consecutive per-document stages run as one fused step (ApplyStageChain)."""
     rejected, stage_stats = [], []
-    i = 0
+    i = start
     while i < len(stages):
         stage = stages[i]
         j = i
@@ -224,7 +242,8 @@ def _apply_stages(docs, stages: list[Stage], output: str):
         docs = out[KEPT]
         rejected.append(out[REJECTED])
         if "stats" in out:
-            stage_stats.append(out["stats"] | f"{i:02d}_{stage.name}_Stats" >> beam.Map(lambda s, n=stage.name: (n, s)))
+            stage_stats.append(out["stats"] | f"{i:02d}_{stage.name}_Stats" >> beam.Map(
+                lambda s, n=stage.name: (LEDGER_KEY, ("stats", n, s))))
         for side in stage.side_outputs:
             if not side.directory:
                 (out[side.name]
@@ -245,19 +264,23 @@ class _ArrowTables(beam.DoFn):
     records becomes one record batch, a column at a time (`columns(records)` gives the Python lists,
     one pa.array each); a table is emitted per ARROW_TABLE_BYTES and at the end of the bundle.  What
     Beam's WriteToParquet does from row dicts, without a dict per record and a Python append per
-    field (11.6 → 6.4 µs per written row, benchmarks/stage_overhead.py; docs/throughput.md)."""
+    field (11.6 → 6.4 µs per written row, benchmarks/stage_overhead.py; docs/throughput.md).
+    With `part` ("docs", "rejected") the elements are Batches and their records in that list are written."""
 
-    def __init__(self, schema, columns):
-        self.schema, self.columns = schema, columns
+    def __init__(self, schema, columns, part: str | None = None):
+        self.schema, self.columns, self.part = schema, columns, part
 
     def start_bundle(self):
         self._records: list = []
         self._batches: list = []
         self._bytes = 0
 
-    def process(self, record):
+    def process(self, element):
         records = self._records
-        records.append(record)
+        if self.part is None:
+            records.append(element)
+        else:
+            records.extend(getattr(element, self.part))
         # Empty tuples, not None: Beam warns about a `process` whose source says "return None".
         if len(records) < ARROW_BATCH_ROWS:
             return ()
@@ -283,8 +306,9 @@ class _ArrowTables(beam.DoFn):
         return table
 
 
-def _write_rows(docs, all_rejected, stages: list[Stage], output: str) -> None:
-    """kept/*.parquet (one typed column per annotation of any stage) and rejected/*.parquet."""
+def _write_rows(docs, all_rejected, stages: list[Stage], output: str, batched: bool = False) -> None:
+    """kept/*.parquet (one typed column per annotation of any stage) and rejected/*.parquet; `batched`:
+    both PCollections are the same one of Batches (their docs and their rejections are written)."""
     annotation_types: dict[str, Any] = {}
     for stage in stages:
         annotation_types.update(stage.annotations)
@@ -292,14 +316,16 @@ def _write_rows(docs, all_rejected, stages: list[Stage], output: str) -> None:
     schema = kept_schema(annotation_types)
     (
         docs
-        | "KeptRows" >> beam.ParDo(_ArrowTables(schema, functools.partial(kept_columns, annotation_names=names)))
+        | "KeptRows" >> beam.ParDo(_ArrowTables(schema, functools.partial(kept_columns, annotation_names=names),
+                                                     "docs" if batched else None))
         | "WriteKept" >> beam.io.WriteToParquetBatched(
             FileSystems.join(output, "kept", "part"), schema, file_name_suffix=".parquet"
         )
     )
     (
         all_rejected
-        | "RejectedRows" >> beam.ParDo(_ArrowTables(REJECTED_SCHEMA, rejected_columns))
+        | "RejectedRows" >> beam.ParDo(_ArrowTables(REJECTED_SCHEMA, rejected_columns,
+                                                             "rejected" if batched else None))
         | "WriteRejected" >> beam.io.WriteToParquetBatched(
             FileSystems.join(output, "rejected", "part"), REJECTED_SCHEMA, file_name_suffix=".parquet"
         )
@@ -318,28 +344,44 @@ def runs_on_several_workers(options: PipelineOptions) -> bool:
 
 
 def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage]) -> None:
-    """Add the recipe's read → stages → write graph to pipeline `p`."""
+    """Add the recipe's read → stages → write graph to pipeline `p`.
+
+    The reader emits Batches of records (transforms.Batch); the leading stages that need no runner
+    step of their own (kinds.batchable: per-document and batched stages without a composite) run on
+    them in one ParDo, and when they are all the recipe's stages the writers and the ledger take the
+    batches too.  From the first composite stage on (dedup, difficulty, …) records go one per
+    element, and the rejections of all steps meet in one Flatten."""
     read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
-                                       spread_documents=runs_on_several_workers(p.options))
-    counted_input = read[KEPT]
-    docs, stage_rejected, stage_stats = _apply_stages(read[KEPT], stages, output)
-    all_rejected = [read[REJECTED], *stage_rejected] | "AllRejected" >> beam.Flatten()
-    _write_rows(docs, all_rejected, stages, output)
-    keys = (
-        (counted_input | "InputKeys" >> beam.ParDo(_TallyKeys("input"))),
-        (docs | "KeptKeys" >> beam.ParDo(_TallyKeys(KEPT))),
-        (all_rejected | "RejectedKeys" >> beam.ParDo(_TallyKeys(REJECTED))),
-    )
-    stage_stats_pc = (stage_stats | "StageStats" >> beam.Flatten()) if stage_stats else (
-        p | "NoStageStats" >> beam.Create([]))
+                                       spread_documents=runs_on_several_workers(p.options), batch_docs=BATCH_DOCS)
+    batches = read[KEPT]
+    input_keys = batches | "InputKeys" >> beam.ParDo(_TallyKeys("input", "docs"))
+    lead = 0
+    while lead < len(stages) and batchable(stages[lead]):
+        lead += 1
+    if lead:
+        batches = batches | f"00_{'+'.join(s.name for s in stages[:lead])}" >> ApplyBatchChain(stages[:lead])
+    stage_stats = []
+    if lead == len(stages):
+        _write_rows(batches, batches, stages, output, batched=True)
+        keys = (input_keys,
+                batches | "KeptKeys" >> beam.ParDo(_TallyKeys(KEPT, "docs")),
+                batches | "RejectedKeys" >> beam.ParDo(_TallyKeys(REJECTED, "rejected")))
+    else:
+        split = batches | "Unbatch" >> beam.ParDo(Unbatch()).with_outputs(REJECTED, main=KEPT)
+        docs, stage_rejected, stage_stats = _apply_stages(split[KEPT], stages, output, start=lead)
+        all_rejected = [split[REJECTED], *stage_rejected] | "AllRejected" >> beam.Flatten()
+        _write_rows(docs, all_rejected, stages, output)
+        keys = (input_keys,
+                docs | "KeptKeys" >> beam.ParDo(_TallyKeys(KEPT)),
+                all_rejected | "RejectedKeys" >> beam.ParDo(_TallyKeys(REJECTED)))
+    # One zero count makes the group exist (and stats.json be written) when there is no record at all.
+    nothing = p | "LedgerStart" >> beam.Create([(LEDGER_KEY, ("count", ("input",), 0))])
     extra = {"recipe": recipe.name, "stage_order": [READ_STAGE] + [s.name for s in stages]}
     (
-        keys
+        (nothing, *keys, *stage_stats)
         | "AllKeys" >> beam.Flatten()
-        | "Count" >> beam.CombinePerKey(sum)
-        | "Gather" >> beam.combiners.ToList()
-        | "WriteStats" >> beam.ParDo(_WriteStats(FileSystems.join(output, "stats.json"), [s.name for s in stages], extra),
-                                     beam.pvalue.AsDict(stage_stats_pc))
+        | "Gather" >> beam.GroupByKey()
+        | "WriteStats" >> beam.ParDo(_WriteStats(FileSystems.join(output, "stats.json"), [s.name for s in stages], extra))
     )
 
 

@@ -5,6 +5,7 @@ reason `error` (dsdata/beam/errors.py).  Which wrapper runs which stage: dsdata/
 from __future__ import annotations
 
 import logging
+import pickle
 from dataclasses import dataclass
 from time import perf_counter, thread_time
 from typing import Any
@@ -15,6 +16,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from dsdata.beam import speedups
 from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, is_environment_error
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import (
@@ -25,6 +27,7 @@ from dsdata.beam.progress import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage, Stage
 
 log = logging.getLogger("dsdata")
+speedups.install()  # here: every launcher and worker that runs dsdata's DoFns imports this module
 
 KEPT = "kept"
 REJECTED = "rejected"
@@ -43,6 +46,8 @@ _SAMPLE_STRIDE = 16
 # wall time: one pathological document between two samples (a regex stuck for minutes) would
 # otherwise vanish from the stage's CPU seconds.
 _OUTLIER_S = 10e-3
+# The reader adds to its `in` counter every this many records (and at the end of a file or range).
+_IN_EVERY = 256
 # Errors are logged (INFO: shown unless --quiet) with the document id for the first few records of
 # each DoFn instance; the rejected rows hold them all.
 _LOGGED_ERRORS = 5
@@ -95,13 +100,16 @@ class StageCounters:
     def _counted_rejected(self, result: Document | Rejected) -> bool:
         """Count `result` as kept or rejected (per reason); True when it is a rejection."""
         if isinstance(result, Rejected):
-            counter = self._reasons.get(result.reason)
-            if counter is None:
-                counter = self._reasons[result.reason] = stage_counter(self._ns, f"rejected.{result.reason}")
-            counter.inc()
+            self._count_rejection(result)
             return True
         self._kept.inc()
         return False
+
+    def _count_rejection(self, result: Rejected) -> None:
+        counter = self._reasons.get(result.reason)
+        if counter is None:
+            counter = self._reasons[result.reason] = stage_counter(self._ns, f"rejected.{result.reason}")
+        counter.inc()
 
     def _error(self, doc: Document, exc: BaseException, declared: tuple[type[BaseException], ...] = ()) -> Rejected:
         """`doc` rejected with reason `error` (or StageEnvironmentError raised for an environment error)."""
@@ -175,16 +183,16 @@ class StageDoFn(beam.DoFn):
             run.finish_bundle()
 
 
-class BatchStageDoFn(StageCounters, beam.DoFn):
-    """Runs a model stage (`process_batch(docs)`) over batches made by BatchElements; a batch that
-    raises is run again one document at a time, so only the documents that raise alone are rejected."""
+class _BatchStageRun(StageCounters):
+    """One batched stage (`process_batch(docs)`): its own counters, CPU clock and error rule.  A batch
+    that raises is run again one document at a time, so only the documents that raise alone are
+    rejected."""
 
     def __init__(self, stage: BatchStage):
         self.stage = stage
-
-    def setup(self):
-        self._init_counters(self.stage.name)
-        self._setup_stage(self.stage)
+        self._declared = stage.environment_errors
+        self._init_counters(stage.name)
+        self._setup_stage(stage)
 
     def _checked(self, docs: list[Document]) -> list[Document | Rejected]:
         results = self.stage.process_batch(docs)
@@ -195,25 +203,161 @@ class BatchStageDoFn(StageCounters, beam.DoFn):
             )
         return results
 
-    def process(self, batch: list[Document]):
-        docs = list(batch)
+    def run(self, docs: list[Document]) -> list[Document | Rejected]:
         self._in.inc(len(docs))
         start = self._clock_start()
-        declared = self.stage.environment_errors
         try:
             results = self._checked(docs)
         except Exception as exc:  # noqa: BLE001 - find the record(s) that raise, one at a time
-            if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, declared):
+            if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, self._declared):
                 raise environment_failure(self.stage.name, exc) from exc
             results = []
             for doc in docs:
                 try:
                     results.extend(self._checked([doc]))
                 except Exception as one:  # noqa: BLE001
-                    results.append(self._error(doc, one, declared))
+                    results.append(self._error(doc, one, self._declared))
         self._clock_stop(start)
-        for result in results:
-            yield self._route(result)
+        return results
+
+    def run_batch(self, docs: list[Document], rejected: list[Rejected]) -> list[Document]:
+        """The kept ones of `docs` (in chunks of the stage's batch_max); rejections appended to `rejected`."""
+        kept: list[Document] = []
+        size = max(1, int(self.stage.batch_max))
+        for i in range(0, len(docs), size):
+            for result in self.run(docs[i:i + size]):
+                if isinstance(result, Rejected):
+                    self._count_rejection(result)
+                    rejected.append(result)
+                else:
+                    kept.append(result)
+        if kept:
+            self._kept.inc(len(kept))
+        return kept
+
+
+class BatchStageDoFn(beam.DoFn):
+    """Runs a model stage (`process_batch(docs)`) over batches made by BatchElements (_BatchStageRun)."""
+
+    def __init__(self, stage: BatchStage):
+        self.stage = stage
+
+    def setup(self):
+        self._run = _BatchStageRun(self.stage)
+
+    def process(self, batch: list[Document]):
+        run = self._run
+        for result in run.run(list(batch)):
+            yield run._route(result)
+
+    def finish_bundle(self):
+        self._run.finish_bundle()
+
+
+# Between the reader and the writers, documents travel as Batches of up to BATCH_DOCS records (or
+# BATCH_CHARS characters of text) where the recipe allows (dsdata/beam/pipeline.py): one runner
+# element per batch instead of several per document (~2 µs per DoFn a record passes, and a
+# record passes 4-6 of them; benchmarks/stage_overhead.py).
+BATCH_DOCS = 1000
+BATCH_CHARS = 16 << 20
+
+
+@dataclass
+class Batch:
+    """Documents read together and still kept, with the rejections made of their records so far (by
+    the reader and by the stages run on the batch): both are written from it, so the rejected rows
+    need no Flatten (which the in-process runner materialises)."""
+
+    docs: list[Document]
+    rejected: list[Rejected]
+
+
+class BatchCoder(beam.coders.Coder):
+    """How a runner ships a Batch (pickle; each Document packs its own text, document.py) and what it
+    guesses its size to be.  Beam samples the elements of every PCollection for its size counters
+    (the first ten, then fewer: opcounters.py) by encoding them, which for whole batches cost ~1 CPU-s
+    on 100k paragraphs; the guess is the texts' lengths."""
+
+    def encode(self, batch: Batch) -> bytes:
+        return pickle.dumps((batch.docs, batch.rejected), pickle.HIGHEST_PROTOCOL)
+
+    def decode(self, encoded: bytes) -> Batch:
+        docs, rejected = pickle.loads(encoded)  # a runner's own buffer, never a file
+        return Batch(docs, rejected)
+
+    def estimate_size(self, batch: Batch) -> int:
+        return 64 + sum(len(d.text) + 32 for d in batch.docs) + sum(len(r.doc.text) + 64 for r in batch.rejected)
+
+    def is_deterministic(self) -> bool:
+        return False
+
+    def to_type_hint(self):
+        return Batch
+
+
+beam.coders.registry.register_coder(Batch, BatchCoder)
+
+
+class _DocumentStageBatchRun(_DocumentStageRun):
+    def run_batch(self, docs: list[Document], rejected: list[Rejected]) -> list[Document]:
+        """The kept ones of `docs`, rejections appended to `rejected`: what run() and _counted_rejected
+        do per document, with the in and kept counters added to once per batch."""
+        kept: list[Document] = []
+        process, declared = self.stage.process, self._declared
+        clock_start, clock_stop, count_rejection = self._clock_start, self._clock_stop, self._count_rejection
+        self._in.inc(len(docs))
+        for doc in docs:
+            start = clock_start()
+            try:
+                result = process(doc)
+            except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+                result = self._error(doc, exc, declared)
+            clock_stop(start)
+            if isinstance(result, Rejected):
+                count_rejection(result)
+                rejected.append(result)
+            else:
+                kept.append(result)
+        if kept:
+            self._kept.inc(len(kept))
+        return kept
+
+
+class BatchChainDoFn(beam.DoFn):
+    """Runs consecutive per-document and batched stages (no composite, no side outputs: `batchable`
+    in dsdata/beam/kinds.py) over Batches: each stage takes the documents the ones before it kept,
+    its rejections are added to the batch's.  Counters, CPU time and the per-record error rule are
+    each stage's own, exactly as in StageDoFn / BatchStageDoFn."""
+
+    def __init__(self, stages: list[Stage]):
+        self.stages = list(stages)
+
+    def setup(self):
+        self._runs = [_BatchStageRun(s) if isinstance(s, BatchStage) else _DocumentStageBatchRun(s)
+                      for s in self.stages]
+
+    def process(self, batch: Batch):
+        docs, rejected = batch.docs, list(batch.rejected)
+        for run in self._runs:
+            if not docs:
+                break
+            docs = run.run_batch(docs, rejected)
+        if docs or rejected:
+            yield Batch(docs, rejected)
+
+    def finish_bundle(self):
+        for run in self._runs:
+            run.finish_bundle()
+
+
+class Unbatch(beam.DoFn):
+    """Batches → documents (main output) and their rejections (tagged): for the stages that take
+    documents one at a time through the runner (composites: dedup, difficulty, …)."""
+
+    def process(self, batch: Batch):
+        yield from batch.docs
+        for rejected in batch.rejected:
+            yield beam.pvalue.TaggedOutput(REJECTED, rejected)
 
 
 class ReadFileDoFn(StageCounters, beam.DoFn):
@@ -222,13 +366,43 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
     If the reader itself raises part-way, the records it yielded stay and the rest of the file
     becomes one rejected row (reason `error`, the exception and the byte offset reached)."""
 
-    def __init__(self, fmt: str = "auto", text_field: str = "text", id_field: str = "id"):
+    def __init__(self, fmt: str = "auto", text_field: str = "text", id_field: str = "id",
+                 batch_docs: int | None = None):
         self.fmt, self.text_field, self.id_field = fmt, text_field, id_field
+        self.batch_docs = batch_docs
 
     def setup(self):
         self._init_counters(READ_STAGE)
 
     def process(self, element: fileio.FileMetadata | FileRange):
+        """Each record (kept on the main output, a rejection tagged), or with batch_docs Batches of up
+        to batch_docs records / BATCH_CHARS characters (main output only)."""
+        if not self.batch_docs:
+            for result in self._results(element):
+                yield self._route(result)
+            return
+        docs: list[Document] = []
+        rejected: list[Rejected] = []
+        chars, limit, count_rejection = 0, self.batch_docs, self._count_rejection
+        for result in self._results(element):
+            if isinstance(result, Rejected):
+                count_rejection(result)
+                rejected.append(result)
+            else:
+                docs.append(result)
+                chars += len(result.text)
+            if len(docs) + len(rejected) >= limit or chars >= BATCH_CHARS:
+                if docs:
+                    self._kept.inc(len(docs))
+                yield Batch(docs, rejected)
+                docs, rejected, chars = [], [], 0
+        if docs or rejected:
+            if docs:
+                self._kept.inc(len(docs))
+            yield Batch(docs, rejected)
+
+    def _results(self, element: fileio.FileMetadata | FileRange):
+        """The file's (or range's) records, Documents or Rejected, counted as read (`in`)."""
         path = element.path
         part = element if isinstance(element, FileRange) else None
         try:
@@ -236,7 +410,7 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
             if part is not None and part.fmt == "jsonl":
                 fh.seek(part.start)
         except Exception as exc:  # noqa: BLE001 - any filesystem error means this file is unreadable
-            yield self._route(Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file", str(exc)))
+            yield Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file", str(exc))
             return
         n = bad = 0
         with fh:
@@ -249,28 +423,34 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
             else:
                 records = iter(read_parquet(path, fh, self.text_field, self.id_field,
                                             groups=(part.start, part.end, part.first_line)))
-            while True:
-                # Time only the reader: a yield hands the record to the fused stages downstream.
-                start = self._clock_start()
-                try:
-                    result = next(records)
-                except StopIteration:
+            counted = 0  # records up to n added to the `in` counter (every _IN_EVERY, and at the end)
+            try:
+                while True:
+                    # Time only the reader: a yield hands the record on (to the fused stages downstream).
+                    start = self._clock_start()
+                    try:
+                        result = next(records)
+                    except StopIteration:
+                        self._clock_stop(start)
+                        break
+                    except InputFormatError:
+                        raise  # the recipe names a format this file is not in: a user error, one line
+                    except Exception as exc:  # noqa: BLE001 - the reader broke on this file's content
+                        self._clock_stop(start)
+                        n += 1
+                        bad += 1
+                        yield self._error(_rest_of_file(path, n, fh, part), exc)
+                        break
                     self._clock_stop(start)
-                    break
-                except InputFormatError:
-                    raise  # the recipe names a format this file is not in: a user error, one line
-                except Exception as exc:  # noqa: BLE001 - the reader broke on this file's content
-                    self._clock_stop(start)
-                    self._in.inc()
                     n += 1
-                    bad += 1
-                    yield self._route(self._error(_rest_of_file(path, n, fh, part), exc))
-                    break
-                self._clock_stop(start)
-                self._in.inc()
-                n += 1
-                bad += isinstance(result, Rejected)
-                yield self._route(result)
+                    if n - counted >= _IN_EVERY:
+                        self._in.inc(n - counted)
+                        counted = n
+                    bad += isinstance(result, Rejected)
+                    yield result
+            finally:
+                if n > counted:
+                    self._in.inc(n - counted)
         # Progress for long runs: one line per input file (the `dsdata` logger is INFO under the CLI);
         # a file cut into ranges (up to 64 of them) logs each at DEBUG, its last at INFO.
         if part is None:
@@ -371,13 +551,16 @@ class ReadDocuments(beam.PTransform):
     documents are reshuffled after reading, which costs encoding and grouping each of them once.
     (The two cannot be mixed: the in-process runner materialises a Flatten of two steps' outputs,
     which would cost every document a copy through the launcher.)  Without spread_documents (one
-    worker) every file is read whole."""
+    worker) every file is read whole.
+
+    batch_docs: "kept" holds Batches of up to that many records (the reader's rejections in them,
+    "rejected" stays empty) instead of one element per record."""
 
     def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id",
-                 spread_documents: bool = False, range_bytes: int | None = None):
+                 spread_documents: bool = False, range_bytes: int | None = None, batch_docs: int | None = None):
         super().__init__()
         self.patterns, self.fmt, self.text_field, self.id_field = patterns, fmt, text_field, id_field
-        self.spread_documents, self.range_bytes = spread_documents, range_bytes
+        self.spread_documents, self.range_bytes, self.batch_docs = spread_documents, range_bytes, batch_docs
 
     def expand(self, pbegin):
         files = (
@@ -391,9 +574,10 @@ class ReadDocuments(beam.PTransform):
         if cut:
             files = (files | "PlanRanges" >> beam.ParDo(PlanRanges(self.fmt, self.range_bytes))
                      | "SpreadRanges" >> beam.Reshuffle())
-        out = files | "Read" >> beam.ParDo(ReadFileDoFn(self.fmt, self.text_field, self.id_field)).with_outputs(
-            REJECTED, main=KEPT
-        )
+        read = beam.ParDo(ReadFileDoFn(self.fmt, self.text_field, self.id_field, self.batch_docs))
+        if self.batch_docs:
+            read = read.with_output_types(Batch)
+        out = files | "Read" >> read.with_outputs(REJECTED, main=KEPT)
         kept = out[KEPT]
         if self.spread_documents and not cut:
             kept = kept | "SpreadDocuments" >> beam.Reshuffle()
