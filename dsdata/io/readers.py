@@ -95,7 +95,7 @@ def record_to_document(
     if not isinstance(text, str):
         detail = f"field '{text_field}' is missing" if text is None else f"field '{text_field}' is {type(text).__name__}"
         return Rejected(Document(id=doc_id, text=raw, metadata=metadata), READ_STAGE, "missing_text", detail)
-    if not text.strip():
+    if not text or text.isspace():  # = not text.strip(), without copying the text
         return Rejected(Document(id=doc_id, text=text, metadata=metadata), READ_STAGE, "empty_text")
     return Document(id=doc_id, text=text, metadata=metadata)
 
@@ -378,7 +378,7 @@ def scrub_surrogates(value: Any) -> Any:
 
 
 def _jsonl_record(line: bytes, default_id: str, text_field: str, id_field: str) -> Document | Rejected | None:
-    if not line.strip():
+    if not line or line.isspace():  # = not line.strip(), without copying the line
         return None
     try:
         text = line.decode("utf-8")
