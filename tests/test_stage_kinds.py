@@ -55,3 +55,56 @@ def test_a_run_removes_every_declared_side_output_of_an_earlier_run(tmp_path):
     stats = run_recipe(load_recipe(str(recipe)), str(out))
     assert stats["kept"] == 3 and stats["ledger_ok"]
     assert sorted(p.name for p in out.iterdir()) == ["kept", "rejected", "report.html", "run.json", "stats.json"]
+
+
+def test_remembered_dofn_specs_equal_beams_for_every_dofn_of_a_real_graph():
+    """dsdata/beam/speedups.py keeps Beam's get_dofn_specs answer per DoFn instance: for every DoFn
+    of the pretrain graph (dedup, difficulty, shards composites and Beam's own IO DoFns), a DoFn
+    with state and a timer, and a Map of a plain function, it equals Beam's, and a second call
+    answers from memory with sets the caller may change."""
+    import apache_beam as beam
+    from apache_beam.coders import VarIntCoder
+    from apache_beam.transforms import userstate
+    from apache_beam.transforms.timeutil import TimeDomain
+
+    from dsdata.beam import speedups
+    from dsdata.beam.pipeline import build_pipeline, pipeline_options
+
+    assert userstate.get_dofn_specs is speedups.get_dofn_specs  # installed by importing dsdata.beam
+
+    class Stateful(beam.DoFn):
+        BAG = userstate.BagStateSpec("bag", VarIntCoder())
+        TIMER = userstate.TimerSpec("timer", TimeDomain.WATERMARK)
+
+        def process(self, kv, bag=beam.DoFn.StateParam(BAG), timer=beam.DoFn.TimerParam(TIMER)):
+            yield kv
+
+        @userstate.on_timer(TIMER)
+        def fire(self, bag=beam.DoFn.StateParam(BAG)):
+            yield 0
+
+    recipe = load_recipe(str(REPO / "pipelines" / "pretrain.yaml"))
+    p = beam.Pipeline(options=pipeline_options([]))
+    build_pipeline(p, recipe, "unused-out", recipe.build_stages())
+    (p | "Kv" >> beam.Create([("a", 1)]) | "Stateful" >> beam.ParDo(Stateful())
+     | "Plain" >> beam.Map(lambda x: x))
+    fns = []
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node):
+            fn = getattr(node.transform, "fn", None)
+            if isinstance(fn, beam.DoFn):
+                fns.append(fn)
+
+    p.visit(Visitor())
+    assert len(fns) > 30
+    stateful = 0
+    for fn in fns:
+        want = speedups._original(fn)
+        first, second = speedups.get_dofn_specs(fn), speedups.get_dofn_specs(fn)
+        assert first == second == want, fn
+        stateful += bool(want[0] or want[1])
+        first[0].add("caller's own")
+        assert speedups.get_dofn_specs(fn) == want
+    assert stateful >= 1
+    assert all(speedups._memo[id(fn)][0]() is fn for fn in fns)
