@@ -353,6 +353,18 @@ def test_environment_error_is_found_in_a_remote_traceback():
     assert find_environment_error(RuntimeError("something else")) is None
 
 
+def _graph_run(recipe, out: Path):
+    """build_pipeline's graph run in-process into `out`: (Beam result, stats.json, its counters but CPU time)."""
+    p = beam.Pipeline(options=beam_pipeline.pipeline_options([]))
+    beam_pipeline.build_pipeline(p, recipe, str(out), recipe.build_stages())
+    result = p.run()
+    result.wait_until_finish()
+    stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
+    counters = {(c.key.metric.namespace, c.key.metric.name): c.committed
+                for c in result.metrics().query()["counters"] if c.key.metric.name != "cpu_us"}
+    return result, stats, counters
+
+
 def test_stages_run_on_batches_or_fused_with_every_stage_counted_as_if_alone(tmp_path, monkeypatch):
     """The same recipe three ways: its stages on the reader's Batches in one step (the default), as
     one fused per-document step plus the batched lang stage, and each stage alone: the same rows,
@@ -375,13 +387,7 @@ def test_stages_run_on_batches_or_fused_with_every_stage_counted_as_if_alone(tmp
 
     def run(name):
         """The run's stats.json, its stage_time and its Beam counters other than CPU time."""
-        p = beam.Pipeline(options=beam_pipeline.pipeline_options([]))
-        beam_pipeline.build_pipeline(p, recipe, str(tmp_path / name), recipe.build_stages())
-        result = p.run()
-        result.wait_until_finish()
-        stats = json.loads((tmp_path / name / "stats.json").read_text(encoding="utf-8"))
-        counters = {(c.key.metric.namespace, c.key.metric.name): c.committed
-                    for c in result.metrics().query()["counters"] if c.key.metric.name != "cpu_us"}
+        result, stats, counters = _graph_run(recipe, tmp_path / name)
         return stats, beam_pipeline.stage_times(result, stats), counters
 
     batched, batched_time, batched_counters = run("batched")
@@ -432,13 +438,7 @@ def test_batch_boundaries_change_nothing(tmp_path, monkeypatch, batch_docs, batc
     recipe = load_recipe(str(_recipe(tmp_path, "  - poison_batch: {}\n  - tag_doc: {}\n  - rules: {}")))
 
     def run(name):
-        p = beam.Pipeline(options=beam_pipeline.pipeline_options([]))
-        beam_pipeline.build_pipeline(p, recipe, str(tmp_path / name), recipe.build_stages())
-        result = p.run()
-        result.wait_until_finish()
-        stats = json.loads((tmp_path / name / "stats.json").read_text(encoding="utf-8"))
-        counters = {(c.key.metric.namespace, c.key.metric.name): c.committed
-                    for c in result.metrics().query()["counters"] if c.key.metric.name != "cpu_us"}
+        _, stats, counters = _graph_run(recipe, tmp_path / name)
         rows = {kind: sorted(_rows(tmp_path / name, kind), key=lambda r: (r["id"], r.get("stage") or ""))
                 for kind in ("kept", "rejected")}
         return stats, counters, rows

@@ -105,6 +105,20 @@ class StageCounters:
         self._kept.inc()
         return False
 
+    def _collect(self, results, rejected: list[Rejected]) -> list[Document]:
+        """The kept ones of `results`; each rejection counted (per reason) and appended to `rejected`,
+        the kept ones counted at once."""
+        kept: list[Document] = []
+        for result in results:
+            if isinstance(result, Rejected):
+                self._count_rejection(result)
+                rejected.append(result)
+            else:
+                kept.append(result)
+        if kept:
+            self._kept.inc(len(kept))
+        return kept
+
     def _count_rejection(self, result: Rejected) -> None:
         counter = self._reasons.get(result.reason)
         if counter is None:
@@ -222,18 +236,9 @@ class _BatchStageRun(StageCounters):
 
     def run_batch(self, docs: list[Document], rejected: list[Rejected]) -> list[Document]:
         """The kept ones of `docs` (in chunks of the stage's batch_max); rejections appended to `rejected`."""
-        kept: list[Document] = []
         size = max(1, int(self.stage.batch_max))
-        for i in range(0, len(docs), size):
-            for result in self.run(docs[i:i + size]):
-                if isinstance(result, Rejected):
-                    self._count_rejection(result)
-                    rejected.append(result)
-                else:
-                    kept.append(result)
-        if kept:
-            self._kept.inc(len(kept))
-        return kept
+        return self._collect((result for i in range(0, len(docs), size) for result in self.run(docs[i:i + size])),
+                             rejected)
 
 
 class BatchStageDoFn(beam.DoFn):
@@ -302,25 +307,21 @@ class _DocumentStageBatchRun(_DocumentStageRun):
     def run_batch(self, docs: list[Document], rejected: list[Rejected]) -> list[Document]:
         """The kept ones of `docs`, rejections appended to `rejected`: what run() and _counted_rejected
         do per document, with the in and kept counters added to once per batch."""
-        kept: list[Document] = []
         process, declared = self.stage.process, self._declared
-        clock_start, clock_stop, count_rejection = self._clock_start, self._clock_stop, self._count_rejection
+        clock_start, clock_stop = self._clock_start, self._clock_stop
         self._in.inc(len(docs))
-        for doc in docs:
-            start = clock_start()
-            try:
-                result = process(doc)
-            except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
-                result = self._error(doc, exc, declared)
-            clock_stop(start)
-            if isinstance(result, Rejected):
-                count_rejection(result)
-                rejected.append(result)
-            else:
-                kept.append(result)
-        if kept:
-            self._kept.inc(len(kept))
-        return kept
+
+        def results():
+            for doc in docs:
+                start = clock_start()
+                try:
+                    result = process(doc)
+                except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+                    result = self._error(doc, exc, declared)
+                clock_stop(start)
+                yield result
+
+        return self._collect(results(), rejected)
 
 
 class BatchChainDoFn(beam.DoFn):
