@@ -161,6 +161,10 @@ class _DocumentStageRun(StageCounters):
 
     def run(self, doc: Document) -> Document | Rejected:
         self._in.inc()
+        return self._processed(doc)
+
+    def _processed(self, doc: Document) -> Document | Rejected:
+        """The stage's result for `doc`, timed; what it raises rejects `doc` (reason `error`)."""
         start = self._clock_start()
         try:
             result = self.stage.process(doc)
@@ -307,21 +311,8 @@ class _DocumentStageBatchRun(_DocumentStageRun):
     def run_batch(self, docs: list[Document], rejected: list[Rejected]) -> list[Document]:
         """The kept ones of `docs`, rejections appended to `rejected`: what run() and _counted_rejected
         do per document, with the in and kept counters added to once per batch."""
-        process, declared = self.stage.process, self._declared
-        clock_start, clock_stop = self._clock_start, self._clock_stop
         self._in.inc(len(docs))
-
-        def results():
-            for doc in docs:
-                start = clock_start()
-                try:
-                    result = process(doc)
-                except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
-                    result = self._error(doc, exc, declared)
-                clock_stop(start)
-                yield result
-
-        return self._collect(results(), rejected)
+        return self._collect(map(self._processed, docs), rejected)
 
 
 class BatchChainDoFn(beam.DoFn):
@@ -382,25 +373,21 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
             for result in self._results(element):
                 yield self._route(result)
             return
-        docs: list[Document] = []
-        rejected: list[Rejected] = []
-        chars, limit, count_rejection = 0, self.batch_docs, self._count_rejection
+        results: list[Document | Rejected] = []
+        chars = 0
         for result in self._results(element):
-            if isinstance(result, Rejected):
-                count_rejection(result)
-                rejected.append(result)
-            else:
-                docs.append(result)
+            results.append(result)
+            if not isinstance(result, Rejected):
                 chars += len(result.text)
-            if len(docs) + len(rejected) >= limit or chars >= BATCH_CHARS:
-                if docs:
-                    self._kept.inc(len(docs))
-                yield Batch(docs, rejected)
-                docs, rejected, chars = [], [], 0
-        if docs or rejected:
-            if docs:
-                self._kept.inc(len(docs))
-            yield Batch(docs, rejected)
+            if len(results) >= self.batch_docs or chars >= BATCH_CHARS:
+                yield self._batch(results)
+                results, chars = [], 0
+        if results:
+            yield self._batch(results)
+
+    def _batch(self, results: list[Document | Rejected]) -> Batch:
+        rejected: list[Rejected] = []
+        return Batch(self._collect(results, rejected), rejected)
 
     def _results(self, element: fileio.FileMetadata | FileRange):
         """The file's (or range's) records, Documents or Rejected, counted as read (`in`)."""
