@@ -68,12 +68,6 @@ def cmd_run(argv: list[str]) -> int:
     if bad:
         raise UserError(f"unexpected argument(s) {' '.join(bad)}; Beam options must look like --name=value")
 
-    # Beam's Pipeline.run() asks whether it runs inside IPython by importing it; where IPython is
-    # installed that import alone is ~0.35 CPU-s, a sixth of a small run's start-up (measured,
-    # docs/throughput.md).  A `dsdata run` process is never an IPython session, so the import is
-    # answered "not installed" here; a run started from a notebook (IPython already imported)
-    # keeps it.
-    sys.modules.setdefault("IPython", None)
     from dsdata.beam.errors import ErrorBudget
     from dsdata.beam.pipeline import run_recipe
     from dsdata.beam.progress import resolve_mode

@@ -1,6 +1,7 @@
 """End-to-end runs of recipes on Beam: output layout, ledger law, runners, overrides."""
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -88,6 +89,10 @@ def test_empty_input_still_writes_layout(tmp_path):
     stats = run_recipe(recipe, str(tmp_path / "out"))
     assert stats["input"] == 0 and stats["kept"] == 0 and stats["ledger_ok"]
     assert (tmp_path / "out" / "stats.json").exists()
+    # One empty part file with its schema in each folder, and nothing else (no temporary folder).
+    for sub in ("kept", "rejected"):
+        (only,) = (tmp_path / "out" / sub).iterdir()
+        assert only.name == "part-00000-of-00001.parquet" and pq.read_table(only).num_rows == 0
 
 
 def test_rerun_replaces_previous_outputs(tmp_path):
@@ -99,6 +104,7 @@ def test_rerun_replaces_previous_outputs(tmp_path):
     run_recipe(recipe, str(out))
     assert not (out / "kept" / "part-stale.parquet").exists()
     assert len(_rows(out, "kept")) == 1
+    assert [p.name for p in (out / "kept").iterdir()] == ["part-00000-of-00001.parquet"]
 
 
 @pytest.mark.slow
@@ -186,7 +192,7 @@ def test_arrow_batches_write_the_rows_beams_row_dict_writer_wrote(tmp_path):
     import apache_beam as beam
     import pyarrow as pa
 
-    from dsdata.beam.pipeline import ARROW_BATCH_ROWS, _ArrowTables
+    from dsdata.beam.pipeline import ARROW_BATCH_ROWS, ParquetParts, _ArrowTables, _ParquetPartFiles
     from dsdata.document import (REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_row, kept_schema,
                                  rejected_columns, rejected_row)
 
@@ -222,12 +228,68 @@ def test_arrow_batches_write_the_rows_beams_row_dict_writer_wrote(tmp_path):
         (rej | "RTables" >> beam.ParDo(_ArrowTables(REJECTED_SCHEMA, rejected_columns))
          | "RBatched" >> beam.io.WriteToParquetBatched(str(tmp_path / "rarrow" / "part"), REJECTED_SCHEMA,
                                                        file_name_suffix=".parquet"))
+        # What the pipeline writes with: one part file per bundle, committed after a GroupByKey.
+        for label, pcoll, parts, columns in (
+                ("K", kept, ParquetParts(str(tmp_path), "parts", schema, "run"), lambda d: kept_columns(d, names)),
+                ("R", rej, ParquetParts(str(tmp_path), "rparts", REJECTED_SCHEMA, "run"), rejected_columns)):
+            (pcoll | f"{label}Parts" >> beam.ParDo(_ParquetPartFiles(parts, columns))
+             | f"{label}Group" >> beam.GroupByKey()
+             | f"{label}Commit" >> beam.Map(lambda kv, parts=parts: parts.commit([v[2] for v in kv[1]])))
     by_id = lambda rows: sorted(rows, key=lambda r: r["id"])  # noqa: E731
     assert by_id(written("arrow")) == by_id(written("dicts")) and len(written("arrow")) == len(docs)
+    assert by_id(written("parts")) == by_id(written("arrow")) and by_id(written("rparts")) == by_id(written("rarrow"))
+    for ours, beams in (("parts", "arrow"), ("rparts", "rarrow")):
+        (mine,), (theirs,) = (tmp_path / ours).iterdir(), (tmp_path / beams).iterdir()
+        assert mine.name == "part-00000-of-00001.parquet" and theirs.name == mine.name
+        a, b = pq.ParquetFile(mine).metadata, pq.ParquetFile(theirs).metadata
+        assert a.schema == b.schema and a.num_row_groups == b.num_row_groups and a.num_rows == b.num_rows
+        assert [a.row_group(0).column(i).compression for i in range(a.num_columns)] == [
+            b.row_group(0).column(i).compression for i in range(b.num_columns)]
     assert by_id(written("rarrow")) == by_id(written("rdicts")) and len(written("rarrow")) == len(rejected)
     assert pq.read_schema(next((tmp_path / "arrow").glob("*.parquet"))) == pq.read_schema(
         next((tmp_path / "dicts").glob("*.parquet")))
     assert by_id(written("arrow"))[0] == kept_row(docs[0], names)
+
+
+def test_part_files_are_committed_once_in_name_order_and_what_failed_bundles_left_is_removed(tmp_path):
+    """ParquetParts.commit: the files the run reported become part-SSSSS-of-NNNNN.parquet in name
+    order; a file in the temporary folder that no bundle reported (a failed or retried attempt) is
+    not committed and is removed with the folder; a commit retried after its renames finds them
+    done; a report whose file is gone is an error, not a silent loss; no file at all still leaves
+    one empty Parquet file with the schema (as Beam's sink does)."""
+    import pyarrow as pa
+
+    from dsdata.beam.pipeline import ParquetParts
+
+    schema = pa.schema([("id", pa.string())])
+    parts = ParquetParts(str(tmp_path), "kept", schema, "r1")
+    os.makedirs(parts.temp)
+
+    def write(name, ids):
+        path = os.path.join(parts.temp, name)
+        fh, writer = parts.open(path)
+        writer.write_table(pa.table({"id": ids}, schema=schema))
+        writer.close()
+        fh.close()
+        return path
+
+    reported = [write("c.parquet", ["c"]), write("a.parquet", ["a1", "a2"]), write("b.parquet", [])]
+    write("failed-attempt.parquet", ["lost"])
+    parts.commit(reported)
+    names = sorted(p.name for p in (tmp_path / "kept").iterdir())
+    assert names == [f"part-0000{i}-of-00003.parquet" for i in range(3)]
+    assert [pq.read_table(tmp_path / "kept" / n).column("id").to_pylist() for n in names] == [["a1", "a2"], [], ["c"]]
+    parts.commit(reported)  # a retried commit
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == names
+    with pytest.raises(OSError, match="is gone"):
+        parts.commit(reported + [os.path.join(parts.temp, "d.parquet")])
+
+    empty = ParquetParts(str(tmp_path), "rejected", schema, "r1")
+    os.makedirs(empty.folder)
+    empty.commit([])
+    (only,) = (tmp_path / "rejected").iterdir()
+    assert only.name == "part-00000-of-00001.parquet" and pq.read_table(only).schema == schema
+    assert pq.read_table(only).num_rows == 0
 
 
 def test_the_arrow_table_dofn_draws_no_beam_warning(caplog):

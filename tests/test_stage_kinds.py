@@ -1,9 +1,12 @@
 """The stage contract: every stage is one of three kinds, stages import no Beam, and the builder
 owns the run directory (it removes every declared side output of an earlier run)."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from dsdata.beam.kinds import COMPOSITES
 from dsdata.beam.pipeline import run_recipe
@@ -108,3 +111,32 @@ def test_remembered_dofn_specs_equal_beams_for_every_dofn_of_a_real_graph():
         assert speedups.get_dofn_specs(fn) == want
     assert stateful >= 1
     assert all(speedups._memo[id(fn)][0]() is fn for fn in fns)
+
+
+def test_building_and_running_a_pipeline_leaves_ipython_unimported_but_a_running_shell_is_seen():
+    """speedups.is_in_ipython: Beam asks "in IPython?" for every top-level transform, and its own
+    answer imports IPython (0.7 s) where the package is installed.  A whole `dsdata run` in a fresh
+    process leaves IPython unimported; once an IPython shell exists, Beam's modules see it."""
+    pytest.importorskip("IPython")  # without the package there is nothing to import by mistake
+    recipe = REPO / "pipelines" / "langid.yaml"
+    code = f"""
+import json, sys, tempfile
+from dsdata.beam.pipeline import run_recipe
+from dsdata.recipe import load_recipe
+tmp = tempfile.mkdtemp()
+open(tmp + "/in.jsonl", "w").write(json.dumps({{"id": "a", "text": "A sentence in plain English words."}}) + "\\n")
+r = load_recipe({str(recipe)!r})
+r.inputs = [tmp + "/in.jsonl"]
+assert run_recipe(r, tmp + "/out")["kept"] == 1
+print("IPython" in sys.modules)
+import apache_beam.pipeline, apache_beam.runners.direct.direct_runner as direct
+from apache_beam.utils import interactive_utils
+answers = [m.is_in_ipython() for m in (interactive_utils, apache_beam.pipeline, direct)]
+from IPython.core.interactiveshell import InteractiveShell
+InteractiveShell.instance()
+print(answers, [m.is_in_ipython() for m in (interactive_utils, apache_beam.pipeline, direct)])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO),
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:2] == ["False", "[False, False, False] [True, True, True]"], out.stdout

@@ -16,10 +16,12 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.transforms.window import GlobalWindows
@@ -165,17 +167,25 @@ LEDGER_KEY = "ledger"
 
 
 class _WriteStats(beam.DoFn):
-    def __init__(self, path: str, stage_order: list[str], extra: dict[str, Any]):
-        self.path, self.stage_order, self.extra = path, stage_order, extra
+    """The run's last step: commits the Parquet part files (ParquetParts) and writes stats.json, so
+    that a stats.json on disk means a finished run."""
+
+    def __init__(self, path: str, stage_order: list[str], extra: dict[str, Any], parts: tuple = ()):
+        self.path, self.stage_order, self.extra, self.parts = path, stage_order, extra, parts
 
     def process(self, grouped: tuple[str, Any]):
         counts: dict[tuple, int] = {}
         stage_stats: dict[str, Any] = {}
+        files: dict[str, list[str]] = {parts.sub: [] for parts in self.parts}
         for kind, key, value in grouped[1]:
             if kind == "count":
                 counts[key] = counts.get(key, 0) + value
+            elif kind == "file":
+                files[key].append(value)
             else:
                 stage_stats[key] = value
+        for parts in self.parts:
+            parts.commit(files[parts.sub])
         stats = stats_from_counts(counts, self.stage_order)
         stats.update(self.extra)
         if stage_stats:
@@ -306,30 +316,107 @@ class _ArrowTables(beam.DoFn):
         return table
 
 
-def _write_rows(docs, all_rejected, stages: list[Stage], output: str, batched: bool = False) -> None:
+class ParquetParts:
+    """One output folder of Parquet part files (kept/, rejected/), written without Beam's file sink.
+
+    Beam's WriteToParquetBatched writes each bundle to a temporary file and renames them in steps of
+    their own (initialize, write, group, pre-finalize, finalize: five runner stages, a side input
+    and ~25 transforms per sink, ~1.5 s of a two-worker run in which only one process works:
+    docs/throughput.md §4).  Here the bundle's writer (`_ParquetPartFiles`, fused into the stage
+    that makes the rows) writes FOLDER/.temp-RUN/UUID.parquet and sends its name through the
+    ledger's GroupByKey, and `_WriteStats` commits: the files that reached it become
+    part-SSSSS-of-NNNNN.parquet (sorted by name, as Beam numbers its shards), one empty file with
+    the schema when there are none (Beam's min_shards=1), and the temporary folder with what failed
+    or retried bundles left in it is removed.  The files are Beam's: same schema, codec ('none'),
+    ParquetWriter options and row groups (one per table of up to ARROW_TABLE_BYTES)."""
+
+    def __init__(self, output: str, sub: str, schema: pa.Schema, run_id: str):
+        self.sub, self.schema = sub, schema
+        self.folder = FileSystems.join(output, sub)
+        self.temp = FileSystems.join(self.folder, f".temp-{run_id}")
+
+    def open(self, path: str):
+        from apache_beam.io.filesystem import CompressionTypes
+
+        fh = FileSystems.create(path, "application/x-parquet", CompressionTypes.UNCOMPRESSED)
+        writer = pq.ParquetWriter(fh, self.schema, compression="none", use_deprecated_int96_timestamps=False,
+                                  use_compliant_nested_type=False)
+        return fh, writer
+
+    def commit(self, temp_paths: list[str]) -> None:
+        if not temp_paths:
+            fh, writer = self.open(FileSystems.join(self.folder, "part-00000-of-00001.parquet"))
+            writer.close()
+            fh.close()
+        n = len(temp_paths)
+        for i, src in enumerate(sorted(temp_paths)):
+            dst = FileSystems.join(self.folder, f"part-{i:05d}-of-{n:05d}.parquet")
+            if FileSystems.exists(src):
+                FileSystems.rename([src], [dst])
+            elif not FileSystems.exists(dst):  # a retried commit finds its renames done
+                raise OSError(f"{self.sub}: the part file {src} written by the run is gone")
+        # What failed or retried bundles left (on object stores a "folder" is only its files' prefix).
+        left = [m.path for m in FileSystems.match([FileSystems.join(self.temp, "*")])[0].metadata_list]
+        if left:
+            FileSystems.delete(left)
+        if FileSystems.exists(self.temp):
+            FileSystems.delete([self.temp])
+
+
+class _ParquetPartFiles(_ArrowTables):
+    """_ArrowTables' tables written to one temporary Parquet file per bundle (ParquetParts); the
+    file's name goes to the ledger as ("file", sub, path) when the bundle ends."""
+
+    def __init__(self, parts: ParquetParts, columns, part: str | None = None):
+        super().__init__(parts.schema, columns, part)
+        self.parts = parts
+
+    def start_bundle(self):
+        super().start_bundle()
+        self._file = None
+
+    def process(self, element):
+        for table in super().process(element):
+            self._write(table)
+        return ()
+
+    def finish_bundle(self):
+        for table in super().finish_bundle():
+            self._write(table.value)
+        if self._file is not None:
+            path, fh, writer = self._file
+            self._file = None
+            writer.close()
+            fh.close()
+            yield GlobalWindows.windowed_value((LEDGER_KEY, ("file", self.parts.sub, path)))
+
+    def _write(self, table) -> None:
+        if self._file is None:
+            try:
+                FileSystems.mkdirs(self.parts.temp)
+            except OSError:  # made by another bundle (or a file system without folders)
+                pass
+            path = FileSystems.join(self.parts.temp, f"{uuid.uuid4().hex}.parquet")
+            self._file = (path, *self.parts.open(path))
+        self._file[2].write_table(table)
+
+
+def _write_rows(docs, all_rejected, stages: list[Stage], output: str, batched: bool = False) -> tuple:
     """kept/*.parquet (one typed column per annotation of any stage) and rejected/*.parquet; `batched`:
-    both PCollections are the same one of Batches (their docs and their rejections are written)."""
+    both PCollections are the same one of Batches (their docs and their rejections are written).
+    Returns the ParquetParts to commit and the PCollections of their part files' ledger entries."""
     annotation_types: dict[str, Any] = {}
     for stage in stages:
         annotation_types.update(stage.annotations)
     names = list(annotation_types)
-    schema = kept_schema(annotation_types)
-    (
-        docs
-        | "KeptRows" >> beam.ParDo(_ArrowTables(schema, functools.partial(kept_columns, annotation_names=names),
-                                                     "docs" if batched else None))
-        | "WriteKept" >> beam.io.WriteToParquetBatched(
-            FileSystems.join(output, "kept", "part"), schema, file_name_suffix=".parquet"
-        )
-    )
-    (
-        all_rejected
-        | "RejectedRows" >> beam.ParDo(_ArrowTables(REJECTED_SCHEMA, rejected_columns,
-                                                             "rejected" if batched else None))
-        | "WriteRejected" >> beam.io.WriteToParquetBatched(
-            FileSystems.join(output, "rejected", "part"), REJECTED_SCHEMA, file_name_suffix=".parquet"
-        )
-    )
+    run_id = uuid.uuid4().hex
+    kept = ParquetParts(output, "kept", kept_schema(annotation_types), run_id)
+    rejected = ParquetParts(output, "rejected", REJECTED_SCHEMA, run_id)
+    kept_files = docs | "WriteKept" >> beam.ParDo(_ParquetPartFiles(
+        kept, functools.partial(kept_columns, annotation_names=names), "docs" if batched else None))
+    rejected_files = all_rejected | "WriteRejected" >> beam.ParDo(_ParquetPartFiles(
+        rejected, rejected_columns, "rejected" if batched else None))
+    return (kept, rejected), (kept_files, rejected_files)
 
 
 def runs_on_several_workers(options: PipelineOptions) -> bool:
@@ -362,7 +449,7 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
         batches = batches | f"00_{'+'.join(s.name for s in stages[:lead])}" >> ApplyBatchChain(stages[:lead])
     stage_stats = []
     if lead == len(stages):
-        _write_rows(batches, batches, stages, output, batched=True)
+        parts, part_files = _write_rows(batches, batches, stages, output, batched=True)
         keys = (input_keys,
                 batches | "KeptKeys" >> beam.ParDo(_TallyKeys(KEPT, "docs")),
                 batches | "RejectedKeys" >> beam.ParDo(_TallyKeys(REJECTED, "rejected")))
@@ -370,7 +457,7 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
         split = batches | "Unbatch" >> beam.ParDo(Unbatch()).with_outputs(REJECTED, main=KEPT)
         docs, stage_rejected, stage_stats = _apply_stages(split[KEPT], stages, output, start=lead)
         all_rejected = [split[REJECTED], *stage_rejected] | "AllRejected" >> beam.Flatten()
-        _write_rows(docs, all_rejected, stages, output)
+        parts, part_files = _write_rows(docs, all_rejected, stages, output)
         keys = (input_keys,
                 docs | "KeptKeys" >> beam.ParDo(_TallyKeys(KEPT)),
                 all_rejected | "RejectedKeys" >> beam.ParDo(_TallyKeys(REJECTED)))
@@ -378,10 +465,11 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     nothing = p | "LedgerStart" >> beam.Create([(LEDGER_KEY, ("count", ("input",), 0))])
     extra = {"recipe": recipe.name, "stage_order": [READ_STAGE] + [s.name for s in stages]}
     (
-        (nothing, *keys, *stage_stats)
+        (nothing, *keys, *stage_stats, *part_files)
         | "AllKeys" >> beam.Flatten()
         | "Gather" >> beam.GroupByKey()
-        | "WriteStats" >> beam.ParDo(_WriteStats(FileSystems.join(output, "stats.json"), [s.name for s in stages], extra))
+        | "WriteStats" >> beam.ParDo(_WriteStats(FileSystems.join(output, "stats.json"), [s.name for s in stages], extra,
+                                                 parts))
     )
 
 

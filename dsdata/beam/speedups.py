@@ -1,4 +1,6 @@
-"""One start-up cost of Beam's, cut where it is paid: `userstate.get_dofn_specs` remembered per DoFn.
+"""Two start-up costs of Beam's, cut where they are paid.
+
+1. `userstate.get_dofn_specs` remembered per DoFn.
 
 Beam looks for state and timer parameters by calling `get_dofn_specs(dofn)`, which runs
 `inspect.signature` on every method of the DoFn (~30 with DoFn's own), several times for the
@@ -8,12 +10,22 @@ The answer depends only on the instance's methods, which do not change once it i
 kept per instance (by identity, dropped with the instance) and each caller gets its own sets.
 `install()` is idempotent; `tests/test_stage_kinds.py` checks the remembered answer against
 Beam's own for the DoFns of a real graph, stateful ones included.
+
+2. `interactive_utils.is_in_ipython` without importing IPython.  Beam asks it for every transform
+applied at the top of a pipeline (`alter_label_if_ipython`) and once when a pipeline runs; its answer
+is `from IPython import get_ipython; get_ipython() is not None`, so where IPython is installed but
+not running (a plain `dsdata run`, a worker) the first question imports all of IPython: 0.7 s of a
+3–4 s start-up (docs/throughput.md §4).  A running IPython shell has imported its package, so
+while `IPython` is not in `sys.modules` the answer is False without asking; once it is, Beam's own
+function answers.
 """
 from __future__ import annotations
 
+import sys
 import weakref
 
 from apache_beam.transforms import userstate
+from apache_beam.utils import interactive_utils
 
 _original = userstate.get_dofn_specs
 _memo: dict[int, tuple[weakref.ref, tuple[frozenset, frozenset]]] = {}
@@ -41,7 +53,29 @@ def get_dofn_specs(dofn):
     return set(states), set(timers)
 
 
+_original_is_in_ipython = interactive_utils.is_in_ipython
+
+
+def is_in_ipython() -> bool:
+    """Beam's `is_in_ipython()`, False at once while IPython has not been imported."""
+    if "IPython" not in sys.modules:
+        return False
+    return _original_is_in_ipython()
+
+
+# Modules that hold their own reference to Beam's function (`from … import is_in_ipython`).
+_IPYTHON_CALLERS = ("apache_beam.utils.interactive_utils", "apache_beam.pipeline",
+                    "apache_beam.runners.direct.direct_runner")
+
+
 def install() -> None:
-    """Point Beam's module attribute at the remembering version (its callers look it up per call)."""
+    """Point Beam's module attributes at these versions (their callers look them up per call)."""
     if userstate.get_dofn_specs is not get_dofn_specs:
         userstate.get_dofn_specs = get_dofn_specs
+    for name in _IPYTHON_CALLERS:
+        module = sys.modules.get(name)
+        if module is None:
+            __import__(name)
+            module = sys.modules[name]
+        if getattr(module, "is_in_ipython", None) is _original_is_in_ipython:
+            module.is_in_ipython = is_in_ipython
