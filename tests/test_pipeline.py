@@ -1,6 +1,7 @@
 """End-to-end runs of recipes on Beam: output layout, ledger law, runners, overrides."""
 import gzip
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -166,13 +167,18 @@ def test_input_is_cut_or_documents_reshuffled_only_when_several_workers_run(tmp_
 
 
 @pytest.mark.slow
-def test_one_input_file_on_two_workers_gives_the_rows_of_one_worker(tmp_path):
+def test_one_input_file_on_two_workers_gives_the_rows_of_one_worker(tmp_path, caplog):
     # One file: before the documents were reshuffled after reading, one worker ran every stage.
     samples = (REPO / "pipelines/samples/docs.jsonl").read_text(encoding="utf-8")
     (tmp_path / "all.jsonl").write_text(samples + '{"id": "x", "text": "\\ud800 lone"}\n{broken\n', encoding="utf-8")
     recipe = load_recipe(str(_write_recipe(tmp_path, "  - lang: {keep: [zh, en]}\n  - rules: {}")))
     one = run_recipe(recipe, str(tmp_path / "one"))
-    two = run_recipe(recipe, str(tmp_path / "two"), ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    with caplog.at_level(logging.INFO):
+        two = run_recipe(recipe, str(tmp_path / "two"), ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    # The --direct_* flags go to the FnApiRunner itself: Beam's DirectRunner would first try Prism
+    # (a download from GitHub, and a run that ignores the flags where the download works).
+    assert not [r for r in caplog.records if "prism" in r.getMessage().lower()]
+    assert not [r for r in caplog.records if r.name.startswith("apache_beam.runners.direct")]
     for key in ("input", "kept", "rejected", "stages", "ledger_ok"):
         assert two[key] == one[key], key
     for kind in ("kept", "rejected"):

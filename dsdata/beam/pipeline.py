@@ -43,8 +43,9 @@ log = logging.getLogger("dsdata")
 
 # The in-process FnApiRunner is the runner Beam's DirectRunner uses for batch pipelines.  Beam 2.77's
 # DirectRunner first tries to download the Prism runner, which logs a failure offline and adds
-# seconds; asking for the in-process runner by its own name skips that.  Users who want Prism,
-# Flink, Dataflow or a PortableRunner pass --runner explicitly.
+# seconds; asking for the in-process runner by its own name skips that (with --direct_* flags too:
+# pipeline_options).  Users who want Prism, Flink, Dataflow or a PortableRunner pass --runner
+# explicitly.
 DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
 
@@ -63,11 +64,27 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
             args[i] = f"--runner={runner_class_path(arg.split('=', 1)[-1])}"
     names = [a.split("=", 1)[0] for a in args]
     if "--runner" not in names:
-        uses_direct_flags = any(n.startswith("--direct_") for n in names)
-        # --direct_* flags are DirectRunner options: honour them through the DirectRunner, which
-        # hands batch work to the same FnApiRunner (with multi-process/threads when asked).
-        args.append("--runner=DirectRunner" if uses_direct_flags else f"--runner={DEFAULT_RUNNER}")
+        # The --direct_* flags (direct_running_mode, direct_num_workers) are read by the FnApiRunner
+        # itself.  Through Beam's DirectRunner they would first try the Prism runner, which downloads
+        # its binary from GitHub: offline a failed request, online a run on Prism that ignores them.
+        args.append(f"--runner={DEFAULT_RUNNER}")
     return PipelineOptions(args)
+
+
+def in_process_runner(options: PipelineOptions):
+    """For the default runner: the FnApiRunner with the run's options in its provision info, as
+    Beam's DirectRunner makes it when it hands a batch pipeline over (multi_processing workers
+    receive their pipeline options from there); None for any other runner (Beam builds the one
+    named)."""
+    if options.view_as(StandardOptions).runner != DEFAULT_RUNNER:
+        return None
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
 def _count_keys(kind: str):
@@ -522,7 +539,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     start = time.time()
     try:
         with watch_progress(progress, [READ_STAGE] + [s.name for s in stages]) as watcher:
-            with beam.Pipeline(options=options) as p:
+            with beam.Pipeline(runner=in_process_runner(options), options=options) as p:
                 build_pipeline(p, recipe, output, stages)
                 watcher.attach(p)
     except Exception as exc:  # noqa: BLE001 - only an environment error is turned into one line
