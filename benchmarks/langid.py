@@ -5,7 +5,7 @@ source package's language); and the throughput of the whole `pipelines/langid.ya
 raw fastText `predict` and pycld2 on ≥ 100k paragraphs.
 
 usage: python3 benchmarks/langid.py [--data ../shared/data/langid-dev.jsonl] [--limit N]
-                                    [--part accuracy|throughput|all] [--paragraphs 100000]
+                                    [--part accuracy|throughput|all] [--paragraphs 100000] [--repeat 3]
 
 accuracy: accuracy (all languages; zh+en) and docs/s for each, and the speed ratio.  Norwegian is
 labelled `nb` in the data and `no` by lid.176: counted as equal.
@@ -19,11 +19,14 @@ paragraphs per CPU-second of one core:
   fasttext   the same lid.176.ftz, `model.predict(texts, k=1)` on the list, in this process (the
              model load not counted): the floor no pipeline can beat;
   pycld2     `pycld2.detect(text)` per paragraph, in the peers' venv (benchmarks/peer_venv.py).
+Each of the three is measured once per round, the rounds interleaved (--repeat, default 3): medians,
+and the ratio is the median of the rounds' own ratios (the machine's speed drifts within minutes).
 The last line is one JSON object with both parts.
 """
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -70,6 +73,8 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="use the first N records (default: all)")
     ap.add_argument("--part", choices=["accuracy", "throughput", "all"], default="all")
     ap.add_argument("--paragraphs", type=int, default=100_000, help="paragraphs for the throughput part")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="interleaved rounds of the throughput part (medians; the ratio is the median of the rounds')")
     args = ap.parse_args()
     with open(args.data, encoding="utf-8") as fh:
         recs = [json.loads(line) for line in fh]
@@ -79,7 +84,8 @@ def main():
     if args.part in ("accuracy", "all"):
         out["accuracy"] = accuracy_part(recs, args.data)
     if args.part in ("throughput", "all"):
-        out["throughput"] = throughput_part([r["text"] for r in recs], Path(args.data).parent, args.paragraphs)
+        out["throughput"] = throughput_part([r["text"] for r in recs], Path(args.data).parent, args.paragraphs,
+                                           args.repeat)
     print(json.dumps(out))
 
 
@@ -131,7 +137,7 @@ def pipeline_components(jsonl: Path, stage: LanguageStage) -> dict[str, float]:
     return out
 
 
-def throughput_part(dev_texts: list[str], data_dir: Path, n: int) -> dict:
+def throughput_part(dev_texts: list[str], data_dir: Path, n: int, repeat: int = 3) -> dict:
     texts = paragraphs(dev_texts, data_dir, n)
     model_path = default_fasttext_model()
     with tempfile.TemporaryDirectory(prefix="dsdata-langid-bench-") as tmp:
@@ -145,16 +151,25 @@ def throughput_part(dev_texts: list[str], data_dir: Path, n: int) -> dict:
         stage = LanguageStage(backend="fasttext", model=model_path, keep=[], min_score=0)
         stage.setup()
         clean = [" ".join(t.split()) for t in texts]
-        cpu = time.process_time()
-        stage._model.predict(clean, k=1)
-        raw_cpu = time.process_time() - cpu
-
         components = pipeline_components(jsonl, stage)
-        startup_cpu = run_pipeline(work, one, model_path)
-        pipeline_cpu = run_pipeline(work, jsonl, model_path)
-        proc, _, _ = peer_venv.timed_child([str(peer_venv.python()), "-c", PYCLD2_RUN, str(jsonl)],
-                                           env={**os.environ, "PYTHONPATH": ""})
-        cld2_cpu = peer_venv.last_json(proc.stdout)["cpu_s"]
+        # Interleaved rounds: the machine's speed drifts by tens of percent within minutes, so each
+        # round measures every contender once, close together; the figures are medians, and the
+        # ratio is the median of the rounds' own ratios.
+        rounds = []
+        for _ in range(max(1, repeat)):
+            cpu = time.process_time()
+            stage._model.predict(clean, k=1)
+            raw = time.process_time() - cpu
+            startup = run_pipeline(work, one, model_path)
+            pipe = run_pipeline(work, jsonl, model_path)
+            proc, _, _ = peer_venv.timed_child([str(peer_venv.python()), "-c", PYCLD2_RUN, str(jsonl)],
+                                               env={**os.environ, "PYTHONPATH": ""})
+            rounds.append({"fasttext_cpu_s": raw, "startup_cpu_s": startup, "pipeline_cpu_s": pipe,
+                           "pycld2_cpu_s": peer_venv.last_json(proc.stdout)["cpu_s"]})
+            print(f"round {len(rounds)}: raw fastText {raw:.2f}, pipeline {pipe:.2f} (start-up {startup:.2f}), "
+                  f"pycld2 {rounds[-1]['pycld2_cpu_s']:.2f} CPU-s: pipeline ÷ fastText {raw / pipe:.3f}")
+    raw_cpu, startup_cpu, pipeline_cpu, cld2_cpu = (statistics.median(r[k] for r in rounds) for k in (
+        "fasttext_cpu_s", "startup_cpu_s", "pipeline_cpu_s", "pycld2_cpu_s"))
     rates = {
         "pipeline": len(texts) / pipeline_cpu,
         "pipeline_minus_startup": len(texts) / max(pipeline_cpu - startup_cpu, 1e-9),
@@ -170,7 +185,7 @@ def throughput_part(dev_texts: list[str], data_dir: Path, n: int) -> dict:
     print("where the pipeline's CPU-s go (the parts timed in-process): start-up " f"{startup_cpu:.2f}, " +
           ", ".join(f"{k} {v:.2f}" for k, v in components.items()) +
           f"; the same rows written by pyarrow in one table: {alternative:.2f}")
-    ratio = rates["pipeline"] / rates["fasttext_predict"]
+    ratio = statistics.median(r["fasttext_cpu_s"] / r["pipeline_cpu_s"] for r in rounds)
     print(f"pipeline ÷ raw fastText predict: {ratio:.2f}x (target ≥ 0.5x: {'met' if ratio >= 0.5 else 'not met'}); "
           f"start-up of a run: {startup_cpu:.2f} CPU-s")
     return {"paragraphs": len(texts), "paragraphs_per_cpu_s": {k: round(v, 1) for k, v in rates.items()},
@@ -178,7 +193,8 @@ def throughput_part(dev_texts: list[str], data_dir: Path, n: int) -> dict:
             "components_cpu_s": {k: round(v, 2) for k, v in components.items()},
             "arrow_one_table_write_cpu_s": round(alternative, 2),
             "ratio_pipeline_vs_fasttext": round(ratio, 3),
-            "ratio_pipeline_vs_pycld2": round(rates["pipeline"] / rates["pycld2"], 3),
+            "ratio_pipeline_vs_pycld2": round(statistics.median(r["pycld2_cpu_s"] / r["pipeline_cpu_s"] for r in rounds), 3),
+            "rounds": [{k: round(v, 2) for k, v in r.items()} for r in rounds],
             "target_0.5x_met": ratio >= 0.5}
 
 
