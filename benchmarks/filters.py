@@ -285,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         ratio["two_workers_vs_one_wall_beyond_fixed"] = round(
             (one["wall_s"] - results["dsdata-mp1-fixed"]["wall_s"]) /
             max(two["wall_s"] - results["dsdata-mp2-fixed"]["wall_s"], 1e-9), 2)
+        # Each round's own pair (the two runs minutes apart at most): the machine's drift moves
+        # both, so the spread of these shows how far one round's ratio can be trusted.
+        ratio["two_workers_vs_one_wall_rounds"] = [
+            round(a[1] / b[1], 2) for a, b in zip(runs["dsdata-mp1"], runs["dsdata-mp2"])]
         ratio["scaling_docs"] = n_docs["dsdata-mp1"]
         assert kept["dsdata-mp2"] == kept["dsdata-mp1"], "worker count changed the kept documents"
         if args.scaling_copies <= 1:
