@@ -19,14 +19,18 @@ an extra positional argument makes Beam take its general invoker, which inspects
 every call) against read → `beam.Map(partial)` of the same function (Beam's simple invoker); and
 the Parquet write itself: read → Map(kept_row) → WriteToParquet (row dicts, as pipeline.py writes
 kept/ until 2026-12) against read → BatchElements → one pyarrow Table per batch → WriteToParquetBatched
-(same schema, same rows), and against what pipeline.py writes kept/ and rejected/ with now:
+(same schema, same rows), and against how pipeline.py builds the rows of kept/ and rejected/:
 read → `_ArrowTables` (record batches built a column at a time from the Documents) →
 WriteToParquetBatched (`parquet-arrow`).
 
 And the whole read → K stages → kept/ path as pipeline.py built it until 2026-12 (`path-docs`: one
-runner element per document through the fused StageDoFn and _ArrowTables) against how it builds it
-now (`path-batches`: the reader's Batches through BatchChainDoFn and _ArrowTables; per-stage
-Metrics, CPU clock and error rule the same).
+runner element per document through the fused StageDoFn and _ArrowTables) against the batched path
+(`path-batches`: the reader's Batches through BatchChainDoFn and _ArrowTables; per-stage Metrics,
+CPU clock and error rule the same).
+
+Every variant writes through Beam's WriteToParquetBatched, as pipeline.py did until 2026-12-02; it
+now writes the same tables to its own part files (`pipeline.ParquetParts`, docs/throughput.md §4),
+which saves runner stages per run, not cost per document, so the figures stay comparable.
 
 Printed: CPU-seconds of each run, the wrapper's cost per document per stage in microseconds
 ((run − read-only) / N / K), and the ratios.  A cProfile of the `stagedofn` run (--profile) shows
