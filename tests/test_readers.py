@@ -166,3 +166,50 @@ def test_read_file_explicit_format(tmp_path):
     path.write_bytes(b'{"text": "x"}\n')
     with open(path, "rb") as fh:
         assert _reasons(list(read_file(str(path), fh, "jsonl"))) == ["kept"]
+
+
+def _outcome(fn, text):
+    try:
+        return "ok", fn(text)
+    except (ValueError, RecursionError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+def test_json_fast_path_equals_json_loads_on_every_kind_of_line():
+    """`_parse_json` (the C scanner straight, json.loads for the rest) gives json.loads' value or
+    json.loads' error, message included, on lines of every shape: whitespace around the value, a
+    BOM, extra data, nothing, NaN, huge integers, escapes, lone surrogates, deep nesting, truncation."""
+    import random
+
+    from dsdata.io.readers import _parse_json
+
+    rng = random.Random(7)
+    values = ['{"id": "a", "text": "x"}', '{"text":"\\ud800 lone"}', '{"text": "\\ud83d\\ude00"}', "[1, 2.5e3, -0.0]",
+              '{"n": NaN, "i": Infinity}', '{"big": ' + "9" * 5000 + "}", '{"f": 1e400}', '"str"', "17", "null",
+              '{"a": {"a": {"a": []}}}', '{"dup": 1, "dup": 2}', '{"t": "tab\\there", "u": "\\u00e9"}',
+              "[" * 3000 + "]" * 3000, '{"text": "ok"} {"text": "two"}', '{"text": "cut', "{", "]", "", "tru",
+              '{"x": 1,}', '{"text": "ctrl\x01char"}', '{"中文": "值"}']
+    lines = []
+    for v in values:
+        for pre, post in [("", ""), (" ", ""), ("", " "), ("\t", "\r"), ("\ufeff", ""), ("", "\r"), ("", "x"), ("\n", "")]:
+            lines.append(pre + v + post)
+    for _ in range(300):  # random cuts and splices of the valid ones
+        v = rng.choice(values)
+        i, j = sorted(rng.randrange(len(v) + 1) for _ in range(2))
+        lines.append(v[:i] + rng.choice(["", " ", '"', "}", "\\"]) + v[j:])
+    for line in lines:
+        fast, slow = _outcome(_parse_json, line), _outcome(json.loads, line)
+        assert fast[0] == slow[0], line[:80]
+        if fast[0] == "ok":
+            assert json.dumps(fast[1], allow_nan=True) == json.dumps(slow[1], allow_nan=True), line[:80]
+        else:
+            assert fast[1] == slow[1], line[:80]
+
+
+def test_metadata_keeps_every_other_field_in_order(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"z": 1, "text": "t", "a": [2], "id": "x", "m": {"k": null}}\n'
+                    '{"text": "same field", "id": "text"}\n', encoding="utf-8")
+    first, second = read_local(str(path))
+    assert list(first.metadata.items()) == [("z", 1), ("a", [2]), ("m", {"k": None})]
+    assert first.id == "x" and second.id == "text" and second.metadata == {}
