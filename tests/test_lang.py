@@ -109,7 +109,7 @@ def test_predict_equals_the_reference_on_real_paragraphs(shared_data):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(alphabet=st.sampled_from(list(" \t\n\r\x0b\x0c\x1c\x1d\x85\xa0\u2028\u3000\u200b\ufeffab中國这"))
+@given(st.lists(st.text(alphabet=st.sampled_from(list(" \t\n\r\x0b\x0c\x00\x1c\x1d\x85\xa0\u2028\u3000\u200b\ufeffab中國这"))
                         | st.characters(), max_size=30), min_size=1, max_size=8))
 def test_predict_equals_the_reference_on_generated_text(texts):
     stage = _GENERATED_STAGE
@@ -117,3 +117,14 @@ def test_predict_equals_the_reference_on_generated_text(texts):
 
 
 _GENERATED_STAGE = LanguageStage(max_chars=20)
+
+
+def test_texts_passed_as_they_are_are_exactly_those_fasttext_splits_alike():
+    """The stage re-spaces a text only when it holds a character of _REFLOW: the newline and every
+    character str.split() breaks on that fastText's tokenizer (space, \\t, \\v, \\f, \\r, \\0) does not."""
+    import sys
+
+    python_breaks = {c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace()}
+    expected = (python_breaks - set(" \t\x0b\x0c\r")) | {"\n"}
+    found = {c for c in map(chr, range(sys.maxunicode + 1)) if lang_module._REFLOW.match(c)}
+    assert found == expected and "\x00" not in found

@@ -18,6 +18,9 @@ from dsdata.stages.base import BatchStage, Param, StageConfigError
 from dsdata.stages.params import Choice, Integer, ListOf, Number, Path, Text
 
 _LABEL = "__label__"
+# The newline and the characters str.split() breaks on that fastText's tokenizer does not (its word
+# breaks are space, \t, \v, \f, \r and \0): a text containing none is passed to fastText as it is.
+_REFLOW = re.compile("[\n\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
 
 # Characters whose form differs between Simplified and Traditional Chinese and that are frequent
 # in running text; counting them decides the script of a zh document.
@@ -141,9 +144,14 @@ class LanguageStage(BatchStage):
         if self.backend == "fasttext":
             # fastText treats a newline as the end of its input: every run of whitespace becomes one
             # space (str.split() splits on exactly the characters `\s` matches, so this is the
-            # regex `\s+` → " " plus strip at C speed).  predict on a list: single-string predict
-            # breaks under numpy 2.
-            labels, scores = self._model.predict([" ".join(t[:limit].split()) for t in texts], k=1)
+            # regex `\s+` → " " plus strip at C speed).  fastText itself breaks words on runs of
+            # space, \t, \v, \f, \r and \0, so a text with none of _REFLOW's characters gives it
+            # the same words as its re-spaced copy: it goes as it is (one C scan, not a list of
+            # words and a join).  predict on a list: single-string predict breaks under numpy 2.
+            cut = [t[:limit] for t in texts]
+            search = _REFLOW.search
+            labels, scores = self._model.predict([t if search(t) is None else " ".join(t.split()) for t in cut],
+                                                 k=1)
             if all(len(sc) == 1 for sc in scores):
                 values = np.concatenate(scores).tolist() if scores else []  # the float32s as floats, at once
                 codes = [lab[0] for lab in labels]
