@@ -11,7 +11,7 @@ import pytest
 from dsdata.beam.kinds import COMPOSITES
 from dsdata.beam.pipeline import run_recipe
 from dsdata.recipe import load_recipe
-from dsdata.stages import REGISTRY, BatchStage, CorpusStage, DocumentStage, registered_side_outputs, stage_class
+from dsdata.stages import DECLARED_SIDE_OUTPUTS, REGISTRY, BatchStage, CorpusStage, DocumentStage, registered_side_outputs, stage_class
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,6 +38,19 @@ def test_stages_and_their_libraries_import_no_beam():
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "0"
+
+
+def test_the_side_output_table_is_what_each_stage_class_declares():
+    assert set(DECLARED_SIDE_OUTPUTS) == set(REGISTRY)
+    for name in REGISTRY:
+        assert DECLARED_SIDE_OUTPUTS[name] == stage_class(name).side_outputs, name
+
+
+def test_a_stage_missing_from_the_table_is_asked(monkeypatch):
+    monkeypatch.delitem(DECLARED_SIDE_OUTPUTS, "shards")
+    assert "shards" in {s.name for s in registered_side_outputs()}
+    monkeypatch.setitem(REGISTRY, "absent", "dsdata.stages.no_such_module:Absent")
+    assert {s.name for s in registered_side_outputs()} == {"difficulty.json", "augment.json", "shards"}
 
 
 def test_a_run_removes_every_declared_side_output_of_an_earlier_run(tmp_path):
@@ -153,3 +166,4 @@ def test_a_process_that_imported_dsdatas_beam_code_freezes_its_objects_before_th
                              env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split() == want.split(), (extra, out.stdout)
+
