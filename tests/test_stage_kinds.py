@@ -167,3 +167,40 @@ def test_a_process_that_imported_dsdatas_beam_code_freezes_its_objects_before_th
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split() == want.split(), (extra, out.stdout)
 
+
+def test_the_command_line_collects_nothing_while_starting_and_freezes_what_start_up_made(tmp_path):
+    """cli._collect_after_startup: `dsdata run` as its own process starts with the collector off
+    (Beam's and pyarrow's objects are not walked while they are made), freezes them once the
+    recipe is checked and runs with the collector on; main(argv) called from Python leaves the
+    caller's collector as it was, on or off, and freezes nothing."""
+    (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "a document of some words"}\n', encoding="utf-8")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("input: {paths: ['in.jsonl']}\nstages: []\n", encoding="utf-8")
+    run = ["run", str(recipe), "--output", str(tmp_path / "out"), "--quiet"]
+    code = f"""
+import gc, sys
+from dsdata import cli
+from dsdata.beam import pipeline
+seen = []
+real = pipeline.run_recipe
+def probe(*args, **kwargs):  # what the run starts with
+    seen.append((gc.isenabled(), gc.get_freeze_count() > 100_000))
+    return real(*args, **kwargs)
+pipeline.run_recipe = probe
+if sys.argv[1] == "own":
+    sys.argv = ["dsdata", *{run!r}]
+    rc = cli.main()
+else:
+    if sys.argv[1] == "off":
+        gc.disable()
+    rc = cli.main({run!r})
+print(rc, seen, gc.isenabled(), gc.get_freeze_count() > 0)
+"""
+    results = {}
+    for mode in ("own", "on", "off"):
+        out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=str(REPO),
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        results[mode] = out.stdout.split("\n")[-2]
+    assert results == {"own": "0 [(True, True)] True True", "on": "0 [(True, False)] True False",
+                       "off": "0 [(False, False)] False False"}
