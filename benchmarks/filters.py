@@ -12,7 +12,8 @@ real en+zh documents, with the language-ID model loaded from the same local lid.
 
 Documents: pipelines/samples/docs.jsonl (178 real articles, many languages) and the documents of
 ../shared/data/prose-en.txt and prose-zh.txt (blank-line separated; 5,528), 12 MB in all.  Both
-tools run as child processes, interleaved, --repeat times; the figures are medians.  CPU seconds
+tools run as child processes (dsdata's bytecode cached, as an installed copy has it:
+peer_venv.dsdata_env), interleaved, --repeat times; the figures are medians.  CPU seconds
 are the child's user+sys (RUSAGE_CHILDREN), so docs per CPU-second is the per-core throughput on
 a shared machine where wall time measures the neighbours.  Then dsdata's stages are timed
 in-process (each stage class's process()/process_batch() on the documents that reach it) for a
@@ -115,7 +116,7 @@ def run_dsdata(work: Path, model: str, beam_args: tuple[str, ...] = (),
     proc, cpu, wall = peer_venv.timed_child(
         [sys.executable, "-m", "dsdata.cli", "run", str(recipe), "--input", str(work / inputs),
          "--output", str(out), "--set", f"lang.model={model}", "--quiet", *beam_args],
-        cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=str(REPO), env=peer_venv.dsdata_env(),
     )
     import pyarrow.parquet as pq
 
