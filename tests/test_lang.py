@@ -128,3 +128,9 @@ def test_texts_passed_as_they_are_are_exactly_those_fasttext_splits_alike():
     expected = (python_breaks - set(" \t\x0b\x0c\r")) | {"\n"}
     found = {c for c in map(chr, range(sys.maxunicode + 1)) if lang_module._REFLOW.match(c)}
     assert found == expected and "\x00" not in found
+    # _fasttext_line's shortcuts (ASCII, printable) agree with the regex on every character, alone
+    # and inside ASCII and non-ASCII text.
+    for c in map(chr, range(sys.maxunicode + 1)):
+        for text in (c, f"ab {c} cd", f"中文{c}字", f"é{c}"):
+            want = text if lang_module._REFLOW.search(text) is None else " ".join(text.split())
+            assert lang_module._fasttext_line(text) == want, hex(ord(c))

@@ -22,6 +22,19 @@ _LABEL = "__label__"
 # breaks are space, \t, \v, \f, \r and \0): a text containing none is passed to fastText as it is.
 _REFLOW = re.compile("[\n\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
 
+
+def _fasttext_line(text: str) -> str:
+    """`text` as fastText's input: itself when it holds none of _REFLOW's characters, else every
+    run of whitespace made one space.  The checks that find none cost less than the regex's scan:
+    an ASCII text (str.isascii: a flag) can only hold the newline and \x1c-\x1f (memchr each);
+    a printable one none of them (each is a control or a separator other than the space)."""
+    if text.isascii():
+        if not ("\n" in text or "\x1c" in text or "\x1d" in text or "\x1e" in text or "\x1f" in text):
+            return text
+    elif text.isprintable() or _REFLOW.search(text) is None:
+        return text
+    return " ".join(text.split())
+
 # Characters whose form differs between Simplified and Traditional Chinese and that are frequent
 # in running text; counting them decides the script of a zh document.
 _SIMPLIFIED = set("这个们来时为说国会对经过还没与后发么样见从动将头实现区进关门问间长开车书东认")
@@ -146,12 +159,9 @@ class LanguageStage(BatchStage):
             # space (str.split() splits on exactly the characters `\s` matches, so this is the
             # regex `\s+` → " " plus strip at C speed).  fastText itself breaks words on runs of
             # space, \t, \v, \f, \r and \0, so a text with none of _REFLOW's characters gives it
-            # the same words as its re-spaced copy: it goes as it is (one C scan, not a list of
-            # words and a join).  predict on a list: single-string predict breaks under numpy 2.
-            cut = [t[:limit] for t in texts]
-            search = _REFLOW.search
-            labels, scores = self._model.predict([t if search(t) is None else " ".join(t.split()) for t in cut],
-                                                 k=1)
+            # the same words as its re-spaced copy: it goes as it is (_fasttext_line: a scan, not
+            # a list of words and a join).  predict on a list: single-string predict breaks under numpy 2.
+            labels, scores = self._model.predict([_fasttext_line(t[:limit]) for t in texts], k=1)
             if all(len(sc) == 1 for sc in scores):
                 values = np.concatenate(scores).tolist() if scores else []  # the float32s as floats, at once
                 codes = [lab[0] for lab in labels]
