@@ -73,6 +73,43 @@ def test_a_run_removes_every_declared_side_output_of_an_earlier_run(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["kept", "rejected", "report.html", "run.json", "stats.json"]
 
 
+def test_remembered_option_views_behave_as_beams_own():
+    """speedups.view_as: Beam makes ~160 option views while it builds and starts a run, each an
+    argparse parse of the flags; the first view of each class is kept per options object.  What
+    any view reads equals what Beam's own view_as gives, writes through one view are seen through
+    the others and the object, another object has views of its own, and they go with it."""
+    import gc
+
+    from apache_beam.options.pipeline_options import (
+        DebugOptions, DirectOptions, PipelineOptions, SetupOptions, StandardOptions, TypeOptions, WorkerOptions,
+    )
+
+    from dsdata.beam import speedups
+
+    assert PipelineOptions.view_as is speedups.view_as  # installed by importing dsdata.beam
+    flags = ["--runner=DirectRunner", "--direct_num_workers=2", "--experiments=a", "--experiments=b",
+             "--no_pipeline_type_check", "--unknown_flag=1"]
+    ours, beams = PipelineOptions(flags), PipelineOptions(flags)
+    for cls in (StandardOptions, TypeOptions, DebugOptions, DirectOptions, WorkerOptions, SetupOptions):
+        view = ours.view_as(cls)
+        assert view is ours.view_as(cls) and type(view) is cls
+        want = speedups._original_view_as(beams, cls)
+        assert view.get_all_options(retain_unknown_options=True) == want.get_all_options(retain_unknown_options=True)
+        assert {n: getattr(view, n) for n in view._visible_option_list()} == \
+            {n: getattr(want, n) for n in want._visible_option_list()}
+    ours.view_as(StandardOptions).streaming = True
+    ours.view_as(DebugOptions).add_experiment("c")
+    assert ours.view_as(StandardOptions).streaming and ours.get_all_options()["streaming"]
+    assert ours.view_as(DebugOptions).experiments == ["a", "b", "c"] == ours.get_all_options()["experiments"]
+    other = PipelineOptions(flags)
+    assert other.view_as(StandardOptions) is not ours.view_as(StandardOptions)
+    assert other.view_as(StandardOptions).streaming is False
+    held = len(speedups._views)
+    del other
+    gc.collect()
+    assert len(speedups._views) == held - 1
+
+
 def test_remembered_dofn_specs_equal_beams_for_every_dofn_of_a_real_graph():
     """dsdata/beam/speedups.py keeps Beam's get_dofn_specs answer per DoFn instance: for every DoFn
     of the pretrain graph (dedup, difficulty, shards composites and Beam's own IO DoFns), a DoFn
