@@ -241,3 +241,33 @@ print(rc, seen, gc.isenabled(), gc.get_freeze_count() > 0)
         results[mode] = out.stdout.split("\n")[-2]
     assert results == {"own": "0 [(True, True)] True True", "on": "0 [(True, False)] True False",
                        "off": "0 [(False, False)] False False"}
+
+
+def test_sdk_workers_freeze_their_start_up_objects_and_other_processes_do_not(tmp_path):
+    """speedups: a multi_processing worker freezes what its start-up made (Beam's modules) when
+    dsdata's Beam code is first imported there, so its collections while it works do not walk
+    them again; the launcher, and any process that is not a Beam SDK worker, is left alone."""
+    code = r"""
+import json, sys
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
+
+def probe(_):
+    import gc
+    import dsdata.beam.transforms  # what unpickling a dsdata DoFn imports first
+    from dsdata.beam import speedups
+    return (speedups.is_sdk_worker(), gc.get_freeze_count() > 10_000)
+
+from dsdata.beam.pipeline import in_process_runner
+opts = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+with beam.Pipeline(runner=in_process_runner(opts), options=opts) as p:
+    assert_that(p | beam.Create(list(range(8))) | beam.Map(probe), equal_to([(True, True)] * 8))
+import gc
+from dsdata.beam import speedups
+print(json.dumps([speedups.is_sdk_worker(), gc.get_freeze_count()]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path),
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, 0]
