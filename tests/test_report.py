@@ -429,3 +429,29 @@ def test_building_a_report_does_not_import_matplotlib(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_utf8_lengths_equal_pyarrow_compute_on_every_kind_of_string_column():
+    """report.utf8_lengths (numpy over the UTF-8 bytes, so a run does not import pyarrow.compute)
+    gives pyarrow.compute.utf8_length's answer: 1- to 4-byte characters, empty strings, nulls,
+    sliced arrays (an offset into the buffers), several chunks, large_string, no chunks."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from dsdata.beam.report import utf8_lengths
+
+    rng = random.Random(3)
+    alphabet = ["a", " ", "é", "ß", "中", "文", "\u3000", "😀", "\U0010fffd", "\x00", "\n"]
+    values = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(500)]
+    values[::7] = [None] * len(values[::7])
+    values[3] = ""
+    for typ in (pa.string(), pa.large_string()):
+        whole = pa.array(values, type=typ)
+        cases = [whole, whole.slice(13, 200), pa.chunked_array([whole.slice(0, 250), whole.slice(250)], type=typ),
+                 pa.array(["", ""], type=typ), pa.array([None, None], type=typ), pa.chunked_array([], type=typ)]
+        for column in cases:
+            want = pc.utf8_length(column)
+            want = want.combine_chunks() if isinstance(want, pa.ChunkedArray) else want
+            assert utf8_lengths(column).to_pylist() == want.to_pylist()
