@@ -4,6 +4,8 @@ import importlib.util
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsdata.clean.html import EXTRACTORS, extract_main_text
 
@@ -269,6 +271,70 @@ def test_nesting_fast_check_never_passes_a_page_the_scan_would_rewrite():
     assert all(_within_nesting(html, MAX_NESTING) for html in cases[:12])
 
 
+def _reference_and_compiled(html: str, depth: int):
+    from dsdata.clean import html as html_mod
+
+    kernels = html_mod._html_kernels()
+    assert kernels, "numba is a dependency: the compiled scan must be available"
+    return html_mod._tag_names_python(html, depth), html_mod._tag_names_compiled(kernels, html.encode("utf-8"), depth)
+
+
+def test_compiled_tag_scan_gives_the_reference_answer_on_real_and_generated_pages():
+    """dsdata/clean/html_kernels.py scans the UTF-8 bytes; `_tag_names_python` (one findall and a
+    count per name) is the reference: the same names, or None, on every page at every limit."""
+    within = over = 0
+    for html in _nesting_cases():
+        for depth in (1, 2, 3, 5, 8, 20, 60, 512):
+            want, got = _reference_and_compiled(html, depth)
+            assert got == want, (depth, html[:300])
+            within += want is not None
+            over += want is None
+    assert within > 500 and over > 300
+
+
+_TAG_PIECES = ["<", ">", "/", "<div>", "</div>", "<DIV a='>'>", "<p>", "</p>", "<br/>", "<script>", "</script>",
+               "</SCRIPT", "</ſcript>", "</ſCRİPT>", "</scrıpt>", "<\u212adiv>", "</\u212adiv>", "<style x>", "</style>",
+               "<title>", "</tıtle>", "<textarea>", "<plaintext>", "<xmp>", "</xmp>", "<noscript>", "</noscrİpt>",
+               "<iframe>", "</iframe>", "<a:b-c>", "</a:b-c>", "<x1>", "</X1>", "<li>", "<td>", "<!-- <div> -->",
+               "文字", "é", "\x00", " ", "\n", "<div", "</", "<1>", "<Ünicode>", "<aſ>", "</aſ>", "<b>", "</b>"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_TAG_PIECES), max_size=80), st.sampled_from([1, 2, 3, 6, 512]))
+def test_compiled_tag_scan_equals_the_reference_on_tag_soup(pieces, depth):
+    """Generated soup of the cases the scan treats specially: raw-text elements and the Unicode
+    letters Python's case-insensitive match takes for ASCII ones (ſ for s, İ ı for i; the Kelvin
+    sign is not a letter of any raw-text name), unclosed tags, `>` inside attributes, non-ASCII."""
+    html = "".join(pieces)
+    want, got = _reference_and_compiled(html, depth)
+    assert got == want
+
+
+def test_extraction_is_the_same_with_and_without_the_compiled_scan(monkeypatch):
+    """The compiled scan only decides what the Python path decides: every dev page extracts to the
+    same text with numba switched off (DSDATA_NO_NUMBA=1 takes that path)."""
+    from pathlib import Path
+
+    from dsdata.clean import html as html_mod
+
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "html-dev"
+    pages = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(data.glob("*.html"))]
+    assert len(pages) > 20
+    compiled = [dom(html) for html in pages]
+    monkeypatch.setattr(html_mod, "_kernels", False)
+    assert html_mod._html_kernels() is None
+    assert [dom(html) for html in pages] == compiled
+
+
+def test_a_page_with_a_lone_surrogate_extracts_as_the_parser_reads_it():
+    """A text with a lone surrogate cannot be encoded for the compiled scan; it takes the reference
+    scan, and the parser drops the surrogate as it always did."""
+    body = f"<main><p>{LONG}</p><p>before\ud800after</p></main><div class='sidebar'>side</div>"
+    text = dom(page(body))
+    assert "beforeafter" in text and "side" not in text
+    assert text == dom(page(body.replace("\ud800", "")))
+
+
 @pytest.mark.parametrize("body", [
     "<p>a</br>b</p>", "<P>c<BR>d</P>",                                # </br> makes a <br>
     "<TABLE><TR><TD>x<TH>y</TABLE><p>after</p>",                       # upper case, made-up tbody
@@ -285,7 +351,7 @@ def test_skipping_queries_for_absent_tags_changes_nothing(body, monkeypatch):
 
     html = page(body)
     fast = dom(html)
-    monkeypatch.setattr(html_mod, "_tag_names", lambda text, depth: None)
+    monkeypatch.setattr(html_mod, "_tag_names", lambda text, depth, data=None: None)
     assert dom(html) == fast
     assert fast.strip()
 

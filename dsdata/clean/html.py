@@ -33,6 +33,8 @@ from itertools import filterfalse
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from dsdata.compiled import import_compiled
+
 EXTRACTORS = ("auto", "dom", "trafilatura", "selectolax-body")
 
 # Elements whose content is never main text (void elements without text, such as <input> or
@@ -439,7 +441,62 @@ _TAG_NAMES = re.compile("<(?:" + _raw_text_alternatives() + r"|(/?[A-Za-z][A-Za-
 _NO_COUNT = frozenset({"", *_NO_LEVEL, *(f"/{name}" for name in _NO_LEVEL)})
 
 
-def _tag_names(html: str, max_depth: int) -> set[str] | None:
+def _tag_names(html: str, max_depth: int, data: bytes | None = None) -> set[str] | None:
+    """`_tag_names_python`'s answer; from the compiled scan of the page's UTF-8 bytes (`data`, or
+    encoded here) when numba is there and the text has no lone surrogates (the reference then)."""
+    kernels = _html_kernels()
+    if kernels:
+        if data is None:
+            try:
+                data = html.encode("utf-8")
+            except UnicodeEncodeError:
+                data = None
+        if data is not None:
+            return _tag_names_compiled(kernels, data, max_depth)
+    return _tag_names_python(html, max_depth)
+
+
+_kernels = None  # dsdata.clean.html_kernels once imported; False when numba is missing or disabled
+
+
+def _html_kernels():
+    """dsdata.clean.html_kernels, or None without numba or with DSDATA_NO_NUMBA=1 (imported on the
+    first page: numba costs start-up a run without HTML never pays)."""
+    global _kernels
+    if _kernels is None:
+        _kernels = import_compiled("dsdata.clean.html_kernels")
+    return _kernels or None
+
+
+@lru_cache(maxsize=1)
+def _known_names() -> tuple:
+    """The names `tag_scan` must know before it starts: those that open no level, the raw-text ones."""
+    import numpy as np
+
+    from dsdata.clean.html_kernels import _NO_LEVEL_FLAG, _RAW_FLAG
+
+    names = [(n, _NO_LEVEL_FLAG) for n in sorted(_NO_LEVEL)] + [(n, _RAW_FLAG) for n in sorted(_RAW_TEXT)]
+    blob = "".join(n for n, _ in names).encode("ascii")
+    offsets = np.cumsum([0] + [len(n) for n, _ in names]).astype(np.int64)
+    return np.frombuffer(blob, np.uint8), offsets, np.array([f for _, f in names], np.int64)
+
+
+def _tag_names_compiled(kernels, data: bytes, max_depth: int) -> set[str] | None:
+    import numpy as np
+
+    within, saw_raw, store, starts, lengths, seen = kernels.tag_scan(
+        np.frombuffer(data, np.uint8), data.rfind(b">") + 1, max_depth, *_known_names()
+    )
+    if not within:
+        return None
+    blob = store.tobytes()
+    names = {blob[s:s + n].decode("ascii") for s, n, hit in zip(starts.tolist(), lengths.tolist(), seen.tolist()) if hit}
+    if saw_raw:
+        names.add("")
+    return names
+
+
+def _tag_names_python(html: str, max_depth: int) -> set[str] | None:
     """The lowercase names of the page's start and end tags outside raw-text elements, when
     `cap_nesting`'s scan provably never reaches `max_depth` on it; None when it may.
 
@@ -542,7 +599,7 @@ def _capped(html: str, max_depth: int) -> str:
     return "".join(parts)
 
 
-def _parse(html: str) -> LexborHTMLParser:
+def _parse(html: str | bytes) -> LexborHTMLParser:
     try:
         tree = LexborHTMLParser(html)
     except Exception as exc:  # noqa: BLE001 - lexbor raises plain exceptions on hostile input
@@ -556,13 +613,19 @@ def extract_dom(html: str) -> ExtractedPage:
     """The DOM heuristic described in the module docstring."""
     if any(m in html for m in _MARKERS):
         html = html.translate(_DROP_MARKERS)
-    names = _tag_names(html, MAX_NESTING)
+    # The UTF-8 bytes selectolax would make of the text (it drops lone surrogates; such a text
+    # takes the reference scan and is encoded by the parser).
+    try:
+        data = html.encode("utf-8")
+    except UnicodeEncodeError:
+        data = None
+    names = _tag_names(html, MAX_NESTING, data)
     if names is None:
-        html = _capped(html, MAX_NESTING)
+        html, data = _capped(html, MAX_NESTING), None
     else:
         # Raw-text elements are not among the names (their start tag yields none).
         names.update(_RAW_TEXT)
-    tree = _parse(html)
+    tree = _parse(html if data is None else data)
     title = page_title(tree)
     body = tree.body
     invisible = _INVISIBLE_SELECTOR if names is None else _present(_NON_CONTENT_TAGS, names) + ", " + _HIDDEN_SELECTOR
