@@ -320,10 +320,36 @@ def test_extraction_is_the_same_with_and_without_the_compiled_scan(monkeypatch):
     data = Path(__file__).resolve().parents[2] / "shared" / "data" / "html-dev"
     pages = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(data.glob("*.html"))]
     assert len(pages) > 20
+    assert html_mod._html_kernels()  # loaded: used from the first page on
     compiled = [dom(html) for html in pages]
     monkeypatch.setattr(html_mod, "_kernels", False)
     assert html_mod._html_kernels() is None
     assert [dom(html) for html in pages] == compiled
+
+
+def test_the_compiled_scan_is_loaded_only_after_enough_html(monkeypatch):
+    """numba's import and machine-code load cost a process ~0.8 CPU-s: a process takes the Python
+    scan until it has scanned COMPILED_SCAN_AFTER_BYTES of HTML, then loads the kernel; a process
+    that has the kernel already uses it at once."""
+    from dsdata.clean import html as html_mod
+
+    kernels = html_mod._html_kernels()
+    assert kernels
+    monkeypatch.setattr(html_mod, "COMPILED_SCAN_AFTER_BYTES", 3000)
+    monkeypatch.setattr(html_mod, "_scanned_bytes", 0)
+    monkeypatch.setattr(html_mod, "_kernels", None)
+    html = page(f"<main><p>{LONG}</p></main>")  # ~400 bytes
+    want = dom(html)
+    for _ in range(3):
+        assert dom(html) == want
+    assert html_mod._kernels is None and 1000 < html_mod._scanned_bytes < 3000
+    while html_mod._scanned_bytes < 3000:
+        assert dom(html) == want
+    assert html_mod._kernels is None
+    assert dom(html) == want
+    assert html_mod._kernels is kernels
+    scanned = html_mod._scanned_bytes
+    assert dom(html) == want and html_mod._scanned_bytes == scanned
 
 
 def test_a_page_with_a_lone_surrogate_extracts_as_the_parser_reads_it():

@@ -443,7 +443,12 @@ _NO_COUNT = frozenset({"", *_NO_LEVEL, *(f"/{name}" for name in _NO_LEVEL)})
 
 def _tag_names(html: str, max_depth: int, data: bytes | None = None) -> set[str] | None:
     """`_tag_names_python`'s answer; from the compiled scan of the page's UTF-8 bytes (`data`, or
-    encoded here) when numba is there and the text has no lone surrogates (the reference then)."""
+    encoded here) when numba is there, this process has scanned COMPILED_SCAN_AFTER_BYTES of HTML,
+    and the text has no lone surrogates (the reference otherwise)."""
+    global _scanned_bytes
+    if _kernels is None and _scanned_bytes < COMPILED_SCAN_AFTER_BYTES:
+        _scanned_bytes += len(html) if data is None else len(data)
+        return _tag_names_python(html, max_depth)
     kernels = _html_kernels()
     if kernels:
         if data is None:
@@ -457,6 +462,12 @@ def _tag_names(html: str, max_depth: int, data: bytes | None = None) -> set[str]
 
 
 _kernels = None  # dsdata.clean.html_kernels once imported; False when numba is missing or disabled
+# The compiled scan costs a process ~0.8 CPU-s once (numba's import and loading its machine code:
+# measured 0.34-0.38 + 0.43-0.48) and saves ~17 ms per MB of HTML (19 → 2): it is taken once this
+# process has scanned this much HTML the Python way (~0.15 CPU-s), so a run of a few pages never
+# pays for numba and a long one loses little.  Where the kernel is loaded already, it is used.
+COMPILED_SCAN_AFTER_BYTES = 8 << 20
+_scanned_bytes = 0
 
 
 def _html_kernels():
