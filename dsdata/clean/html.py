@@ -452,13 +452,19 @@ def _tag_names(html: str, max_depth: int, data: bytes | None = None) -> set[str]
     kernels = _html_kernels()
     if kernels:
         if data is None:
-            try:
-                data = html.encode("utf-8")
-            except UnicodeEncodeError:
-                data = None
+            data = _utf8(html)
         if data is not None:
             return _tag_names_compiled(kernels, data, max_depth)
     return _tag_names_python(html, max_depth)
+
+
+def _utf8(html: str) -> bytes | None:
+    """The UTF-8 bytes selectolax would make of the text, or None for a text with lone surrogates
+    (selectolax drops them; such a text takes the reference scan and is encoded by the parser)."""
+    try:
+        return html.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
 
 
 _kernels = None  # dsdata.clean.html_kernels once imported; False when numba is missing or disabled
@@ -624,12 +630,7 @@ def extract_dom(html: str) -> ExtractedPage:
     """The DOM heuristic described in the module docstring."""
     if any(m in html for m in _MARKERS):
         html = html.translate(_DROP_MARKERS)
-    # The UTF-8 bytes selectolax would make of the text (it drops lone surrogates; such a text
-    # takes the reference scan and is encoded by the parser).
-    try:
-        data = html.encode("utf-8")
-    except UnicodeEncodeError:
-        data = None
+    data = _utf8(html)
     names = _tag_names(html, MAX_NESTING, data)
     if names is None:
         html, data = _capped(html, MAX_NESTING), None
