@@ -120,3 +120,68 @@ def test_fast_space_passes_match_their_plain_patterns():
                 == inner_run.sub(text_mod._space_run_replacement, sample)), repr(sample)
         stripped = "\n".join([line.rstrip(text_mod._HSPACE_CHARS) for line in sample.split("\n")])
         assert stripped == trailing.sub("", sample), repr(sample)
+
+
+def test_printable_but_cleaned_lists_every_printable_character_the_steps_act_on():
+    """The fast path skips the control, zero-width and space patterns when str.isprintable() says
+    a text has none of their characters; the few printable ones among them are checked by name."""
+    import re
+
+    from dsdata.clean import text as text_mod
+
+    acted_on = re.compile("|".join(p.pattern for p in (text_mod._CONTROL, text_mod._ZERO_WIDTH,
+                                                        text_mod._LINE_SEPARATORS)) + f"|{text_mod._HSPACE}")
+    every = "".join(map(chr, range(0x110000)))
+    found = {m.group(0) for m in acted_on.finditer(every)} - {"\n", "\t", " "}
+    assert len(found) > 80  # C0, C1, zero-width and the Unicode spaces really were found
+    assert {c for c in found if c.isprintable()} == set(text_mod._PRINTABLE_BUT_CLEANED)
+
+
+def _cleaners():
+    return [TextCleaner(), TextCleaner(keep_indent=False), TextCleaner(unicode_form="NFKC_CJK"),
+            TextCleaner(unicode_form="NFKC"), TextCleaner(remove_control=False),
+            TextCleaner(remove_zero_width=False), TextCleaner(symbol_runs=False),
+            TextCleaner(decode_entities=False, unicode_form="none")]
+
+
+def _same_with_and_without_fast_paths(monkeypatch, samples, markup_possible):
+    from dsdata.clean import text as text_mod
+
+    checked = changed = 0
+    for cleaner in _cleaners():
+        fast = [cleaner.clean(s, markup_possible) for s in samples]
+        monkeypatch.setattr(text_mod, "FAST_PATHS", False)
+        plain = [cleaner.clean(s, markup_possible) for s in samples]
+        monkeypatch.setattr(text_mod, "FAST_PATHS", True)
+        for sample, a, b in zip(samples, fast, plain):
+            assert a == b, (cleaner, sample[:200])
+            checked += 1
+            changed += a != sample
+    return checked, changed
+
+
+def test_fast_paths_equal_the_plain_patterns_on_generated_text(monkeypatch):
+    import random
+
+    rng = random.Random(11)
+    pieces = ["a", "字", "word", " ", "  ", "\t", "\n", "\n\n\n", "\r\n", "\r", "\u3000", "\u00a0", "\u2003",
+              "\u202f", "\f", "\v", "\x00", "\x85", "\u2028", "\u200b", "\u00ad", "\ufeff", "\u034f", "\u200d",
+              "----", "====", " ** ", "-", "=\u0338", "▲▲▲", "★", "&nbsp;", "&#0;", "&#8203;", "&amp;", "&#x3000;",
+              "<b>", "</p>", "<!--", "-->", "<br/>", "<script>", "</script>", "ｆｕｌｌ", "，", "e\u0301", "\ud800"]
+    samples = ["".join(rng.choice(pieces) for _ in range(rng.randrange(0, 30))) for _ in range(3000)]
+    for markup_possible in (True, False):
+        checked, changed = _same_with_and_without_fast_paths(monkeypatch, samples, markup_possible)
+        assert changed > checked // 2  # the samples really exercise the cleaning
+
+
+def test_fast_paths_equal_the_plain_patterns_on_real_text(monkeypatch, shared_data):
+    from dsdata.clean.html import extract_main_text
+
+    pages = sorted((shared_data / "html-dev").glob("*.html"))
+    raw = [p.read_text(encoding="utf-8", errors="replace") for p in pages]
+    extracted = [extract_main_text(h).text for h in raw]
+    prose = [(shared_data / name).read_text(encoding="utf-8") for name in ("prose-en.txt", "prose-zh.txt")]
+    assert len(extracted) >= 60
+    _same_with_and_without_fast_paths(monkeypatch, extracted + prose, False)
+    _, changed = _same_with_and_without_fast_paths(monkeypatch, raw[:20], True)
+    assert changed == 20 * len(_cleaners())

@@ -69,6 +69,11 @@ _DECORATIVE_CHAR = re.compile(_DECORATIVE)
 # "(?:[=-]{4,}[ \t]*)+$" it replaces tried every split of a run of N symbols not at a line's end,
 # 2^(N/4) ways — one line of 80 dashes and a letter held a run for hours.
 _ASCII_RULE_LINE = re.compile(r"^[ \t]*[=*#~_\-+^|\\/]{4,}(?:[ \t]+[=*#~_\-+^|\\/]{4,})*[ \t]*$", re.M)
+# The same lines found from their "\n" (a literal the regex engine skips to; "^" under re.M is tried
+# at every character), and the first line by itself.
+_RULE_LINE_BODY = r"[ \t]*[=*#~_\-+^|\\/]{4,}(?:[ \t]+[=*#~_\-+^|\\/]{4,})*[ \t]*(?=\n|\Z)"
+_RULE_LINE_AFTER_NEWLINE = re.compile("\n" + _RULE_LINE_BODY)
+_RULE_LINE_FIRST = re.compile(_RULE_LINE_BODY)
 # Non-ASCII decorative symbols: a run of 3+ of the same one anywhere (▲▲▲, ★★★★★).
 _SYMBOL_RUN = re.compile(rf"{_LEADING_BLANKS}({_DECORATIVE})\1{{2,}}[ \t]*")
 
@@ -88,7 +93,15 @@ _INNER_SPACE_RUN = re.compile(
 _HSPACE_CHARS = " \t\f\v\u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u202f\u205f\u3000"
 _SPACE_OR_LINE_START = frozenset("\n" + _HSPACE_CHARS)
 _LEADING_SPACE = re.compile(f"^{_HSPACE}+", re.M)
-_BLANK_LINES = re.compile(r"\n{3,}")
+# Runs of 2+ plain spaces: the only runs the whitespace step changes in a text whose horizontal
+# space is all plain spaces (a literal prefix the regex engine skips to).
+_PLAIN_SPACE_RUN = re.compile("  +")
+_BLANK_LINES = re.compile("\n\n\n+")  # \n{3,}, written with a literal prefix the engine skips to
+
+# Of the characters the control, zero-width and whitespace steps act on, the ones str.isprintable()
+# calls printable besides the space (the others are Cc, Cf, Zs, Zl or Zp: not printable).
+# tests/test_clean_text.py derives this from the patterns over every code point.
+_PRINTABLE_BUT_CLEANED = "\u034f"
 
 # Full-width punctuation (U+FF01–FF0F, FF1A–FF20, FF3B–FF40, FF5B–FF60) and the ideographic space:
 # what NFKC would turn into ASCII in Chinese and Japanese text.
@@ -136,6 +149,25 @@ def _space_run_replacement(match: re.Match[str]) -> str:
     return " "
 
 
+def _plain(text: str) -> bool:
+    """True when `text` holds none of the characters the control, zero-width and whitespace steps
+    act on other than the space, "\\n" and "\\t": those steps then skip their patterns (one C pass
+    instead of a regex scan per step; most extracted text has no such character)."""
+    return text.replace("\n", "").replace("\t", "").isprintable() and _PRINTABLE_BUT_CLEANED not in text
+
+
+def _remove_rule_lines(text: str) -> str:
+    """_ASCII_RULE_LINE.sub("", text), from each line's "\\n" rather than tried at every character."""
+    first = _RULE_LINE_FIRST.match(text)
+    if first:
+        text = text[first.end():]
+    return _RULE_LINE_AFTER_NEWLINE.sub("\n", text)
+
+
+# False: every step runs its plain pattern (the reference the fast paths are tested against).
+FAST_PATHS = True
+
+
 def normalize_unicode(text: str, form: str) -> str:
     """Apply a Unicode normal form; NFKC_CJK is NFKC that leaves full-width punctuation alone."""
     if form == "none":
@@ -176,36 +208,48 @@ class TextCleaner:
     def clean(self, text: str, markup_possible: bool = True) -> str:
         """Clean `text`.  `markup_possible=False` for text an HTML parser produced: any '<p>' left
         in it was written as '&lt;p&gt;' on the page (an HTML tutorial), so it is kept."""
-        if self.remove_control:
+        fast = FAST_PATHS
+        # plain: no control, zero-width or non-space horizontal-space character (None: not known)
+        plain = _plain(text) if fast else False
+        if self.remove_control and not plain:
             if "\r" in text or "\u2028" in text or "\u2029" in text or "\x85" in text:
                 text = _LINE_SEPARATORS.sub("\n", text)
             text = _CONTROL.sub("", text)
-        if self.remove_zero_width:
+        if self.remove_zero_width and not plain:
             text = _ZERO_WIDTH.sub("", text)
-        if self.strip_tags and markup_possible and "<" in text:
+        if self.strip_tags and markup_possible and "<" in text:  # removes text or adds "\n": plain holds
             last_end = max((m.end() for m in _SCRIPT_STYLE_END.finditer(text)), default=0)
             text = _sub_before(_SCRIPT_STYLE, last_end, text)
             text = _sub_before(_COMMENT, text.rfind("-->") + 3, text)
             text = _TAG.sub(_tag_replacement, text)
         if self.decode_entities and "&" in text:
-            text = _ENTITY.sub(lambda m: html.unescape(m.group(0)), text)
+            decoded = _ENTITY.sub(lambda m: html.unescape(m.group(0)), text)
             if self.remove_control:  # &#0; &#x7f; decode to controls
-                text = _CONTROL.sub("", text)
-        text = normalize_unicode(text, self.unicode_form)
+                decoded = _CONTROL.sub("", decoded)
+            if decoded != text:  # &nbsp; &#8203; …
+                text, plain = decoded, None
+        normalized = normalize_unicode(text, self.unicode_form)
+        if normalized is not text:
+            text, plain = normalized, None
         if self.symbol_runs:
-            text = _ASCII_RULE_LINE.sub("", text)
+            text = _remove_rule_lines(text) if fast else _ASCII_RULE_LINE.sub("", text)
             if _DECORATIVE_CHAR.search(text):  # most texts have none: skip the slower pattern
-                text = _SYMBOL_RUN.sub(_symbol_run_replacement, text)
+                text = _SYMBOL_RUN.sub(_symbol_run_replacement, text)  # removes text or adds " "
         if self.normalize_whitespace:
             # Per line in C (str.rstrip): the pattern was tried at every space between words.
             text = "\n".join([line.rstrip(_HSPACE_CHARS) for line in text.split("\n")])
             if not self.keep_indent:
                 text = _LEADING_SPACE.sub("", text)
-            text = _INNER_SPACE_RUN.sub(_space_run_replacement, text)
+            if plain is None and fast:
+                plain = _plain(text)
+            if plain and "\t" not in text:
+                if "  " in text:
+                    text = _PLAIN_SPACE_RUN.sub(_space_run_replacement, text)
+            else:
+                text = _INNER_SPACE_RUN.sub(_space_run_replacement, text)
             if "\n\n\n" in text:
                 text = _BLANK_LINES.sub("\n\n", text)
             text = text.strip("\n")
             if not self.keep_indent:
                 text = text.strip()
         return text
-
