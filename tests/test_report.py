@@ -450,7 +450,8 @@ def test_utf8_lengths_equal_pyarrow_compute_on_every_kind_of_string_column():
     for typ in (pa.string(), pa.large_string()):
         whole = pa.array(values, type=typ)
         cases = [whole, whole.slice(13, 200), pa.chunked_array([whole.slice(0, 250), whole.slice(250)], type=typ),
-                 pa.array(["", ""], type=typ), pa.array([None, None], type=typ), pa.chunked_array([], type=typ)]
+                 pa.array(["", ""], type=typ), pa.array([None, None], type=typ), pa.chunked_array([], type=typ),
+                 pa.array(["", "中a", "", "", "😀", ""], type=typ), pa.array(["é" * 70_000] * 3 + [""], type=typ)]
         for column in cases:
             want = pc.utf8_length(column)
             want = want.combine_chunks() if isinstance(want, pa.ChunkedArray) else want

@@ -158,13 +158,19 @@ def utf8_lengths(column) -> Any:
         offsets = np.frombuffer(offsets_buf, dtype=np.int64 if pa.types.is_large_string(chunk.type) else np.int32)
         offsets = offsets[chunk.offset: chunk.offset + n + 1]
         data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-        starts = np.zeros(len(data) + 1, dtype=np.int64)
-        np.cumsum((data & 0xC0) != 0x80, out=starts[1:])
+        # Characters = bytes - continuation bytes, the continuation bytes summed per string by
+        # reduceat (empty strings have no segment).  A per-byte prefix sum in int64 allocated 8
+        # bytes per text byte: on a fresh process 0.5-0.9 CPU-s for 16 MB of text, mostly page faults.
+        lengths = np.diff(offsets).astype(np.int64)
+        cont = (data[: offsets[-1]] & 0xC0) == 0x80
+        nonempty = lengths > 0
+        if nonempty.any():
+            lengths[nonempty] -= np.add.reduceat(cont, offsets[:-1][nonempty], dtype=np.int64)
         mask = None
         if chunk.null_count:
             bits = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")
             mask = bits[chunk.offset: chunk.offset + n] == 0
-        arrays.append(pa.array(starts[offsets[1:]] - starts[offsets[:-1]], type=pa.int64(), mask=mask))
+        arrays.append(pa.array(lengths, type=pa.int64(), mask=mask))
     return pa.concat_arrays(arrays) if arrays else pa.array([], type=pa.int64())
 
 
