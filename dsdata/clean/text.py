@@ -68,10 +68,11 @@ _DECORATIVE_CHAR = re.compile(_DECORATIVE)
 # Written so that a run splits into groups one way only (runs are separated by spaces): the pattern
 # "(?:[=-]{4,}[ \t]*)+$" it replaces tried every split of a run of N symbols not at a line's end,
 # 2^(N/4) ways — one line of 80 dashes and a letter held a run for hours.
-_ASCII_RULE_LINE = re.compile(r"^[ \t]*[=*#~_\-+^|\\/]{4,}(?:[ \t]+[=*#~_\-+^|\\/]{4,})*[ \t]*$", re.M)
+_RULE_LINE = r"[ \t]*[=*#~_\-+^|\\/]{4,}(?:[ \t]+[=*#~_\-+^|\\/]{4,})*[ \t]*"
+_ASCII_RULE_LINE = re.compile(f"^{_RULE_LINE}$", re.M)
 # The same lines found from their "\n" (a literal the regex engine skips to; "^" under re.M is tried
 # at every character), and the first line by itself.
-_RULE_LINE_BODY = r"[ \t]*[=*#~_\-+^|\\/]{4,}(?:[ \t]+[=*#~_\-+^|\\/]{4,})*[ \t]*(?=\n|\Z)"
+_RULE_LINE_BODY = _RULE_LINE + r"(?=\n|\Z)"
 _RULE_LINE_AFTER_NEWLINE = re.compile("\n" + _RULE_LINE_BODY)
 _RULE_LINE_FIRST = re.compile(_RULE_LINE_BODY)
 # Non-ASCII decorative symbols: a run of 3+ of the same one anywhere (▲▲▲, ★★★★★).
