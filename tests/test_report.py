@@ -432,9 +432,10 @@ def test_building_a_report_does_not_import_matplotlib(tmp_path):
 
 
 def test_utf8_lengths_equal_pyarrow_compute_on_every_kind_of_string_column():
-    """report.utf8_lengths (numpy over the UTF-8 bytes, so a run does not import pyarrow.compute)
-    gives pyarrow.compute.utf8_length's answer: 1- to 4-byte characters, empty strings, nulls,
-    sliced arrays (an offset into the buffers), several chunks, large_string, no chunks."""
+    """report.utf8_lengths gives pyarrow.compute.utf8_length's answer as int64, on both of its
+    paths (numpy over the UTF-8 bytes below compute_bytes, so a small run does not import
+    pyarrow.compute; pyarrow.compute itself from there): 1- to 4-byte characters, empty strings,
+    nulls, sliced arrays (an offset into the buffers), several chunks, large_string, no chunks."""
     import random
 
     import pyarrow as pa
@@ -455,4 +456,14 @@ def test_utf8_lengths_equal_pyarrow_compute_on_every_kind_of_string_column():
         for column in cases:
             want = pc.utf8_length(column)
             want = want.combine_chunks() if isinstance(want, pa.ChunkedArray) else want
-            assert utf8_lengths(column).to_pylist() == want.to_pylist()
+            for compute_bytes in (1 << 62, 0):
+                got = utf8_lengths(column, compute_bytes=compute_bytes)
+                assert got.type == pa.int64() and got.to_pylist() == want.to_pylist()
+    # The default switches by size: a small column stays on numpy.
+    code = ("import sys, pyarrow as pa; from dsdata.beam.report import utf8_lengths; "
+            "assert utf8_lengths(pa.array(['中文', None, 'ab'])).to_pylist() == [2, None, 2]; "
+            "print('pyarrow.compute' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"

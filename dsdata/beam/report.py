@@ -141,16 +141,31 @@ def _open_parquet(path: str):
     return pq.ParquetFile(path)
 
 
-def utf8_lengths(column) -> Any:
-    """Characters of each string of an Arrow string column (what pyarrow.compute.utf8_length
-    gives, nulls kept), counted with numpy from its UTF-8 bytes: every byte that does not continue
-    a character (0b10xxxxxx) starts one.  Importing pyarrow.compute costs ~0.05 CPU-s, a twentieth
-    of a small run's start-up, and the report is its only user in most runs."""
+# Text bytes from which utf8_lengths hands the column to pyarrow.compute: its import costs
+# ~0.05 CPU-s, and numpy's count costs about that for 2-4 MB of text (16 MB of a 100k-paragraph
+# run: 0.1 CPU-s warm, 0.4-0.5 on a fresh process, the page faults of its temporaries).
+UTF8_COMPUTE_BYTES = 2 << 20
+
+
+def utf8_lengths(column, compute_bytes: int | None = None) -> Any:
+    """Characters of each string of an Arrow string column, nulls kept: pyarrow.compute.utf8_length
+    from `compute_bytes` (UTF8_COMPUTE_BYTES) bytes of text; below that counted with numpy from the
+    UTF-8 bytes (every byte that does not continue a character, 0b10xxxxxx, starts one), so that a
+    small run does not import pyarrow.compute (~0.05 CPU-s, a twentieth of its start-up; the
+    report is its only user in most runs)."""
     import numpy as np
     import pyarrow as pa
 
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    limit = UTF8_COMPUTE_BYTES if compute_bytes is None else compute_bytes
+    if sum(c.nbytes for c in chunks) >= limit:
+        import pyarrow.compute as pc
+
+        lengths = pc.utf8_length(column)
+        lengths = lengths.combine_chunks() if isinstance(lengths, pa.ChunkedArray) else lengths
+        return lengths.cast(pa.int64())
     arrays = []
-    for chunk in (column.chunks if isinstance(column, pa.ChunkedArray) else [column]):
+    for chunk in chunks:
         n = len(chunk)
         if n == 0:
             continue
