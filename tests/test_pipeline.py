@@ -166,6 +166,27 @@ def test_input_is_cut_or_documents_reshuffled_only_when_several_workers_run(tmp_
     assert spread in steps and cut not in steps
 
 
+def test_matched_files_are_reshuffled_only_when_more_than_one_worker_reads(tmp_path):
+    """One in-process worker reads every file: no Reshuffle of the matched files (a runner stage
+    and bundle of start-up for nothing); several workers or threads, or another runner, get it."""
+    (tmp_path / "one.jsonl").write_text('{"id": "a", "text": "one document"}\n', encoding="utf-8")
+    recipe = load_recipe(str(_write_recipe(tmp_path, "  - rules: {}")))
+    files = "Read/Spread"
+    for flags in ([], ["--direct_num_workers=1"], ["--direct_running_mode=multi_processing", "--direct_num_workers=1"],
+                  ["--direct_running_mode=multi_threading"]):
+        assert not any(s == files or s.startswith(files + "/") for s in _step_names(recipe, flags)), flags
+    for flags in (["--direct_running_mode=multi_threading", "--direct_num_workers=2"],
+                  ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+                  ["--direct_running_mode=multi_processing", "--direct_num_workers=0"]):
+        assert files in _step_names(recipe, flags), flags
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from dsdata.beam.pipeline import runs_on_one_worker
+
+    assert not runs_on_one_worker(PipelineOptions(["--runner=FlinkRunner"]))
+    assert not runs_on_one_worker(PipelineOptions(["--runner=DataflowRunner"]))
+
+
 @pytest.mark.slow
 def test_one_input_file_on_two_workers_gives_the_rows_of_one_worker(tmp_path, caplog):
     # One file: before the documents were reshuffled after reading, one worker ran every stage.

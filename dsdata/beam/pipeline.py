@@ -436,15 +436,28 @@ def _write_rows(docs, all_rejected, stages: list[Stage], output: str, batched: b
     return (kept, rejected), (kept_files, rejected_files)
 
 
+# The runner names that run the pipeline in this process (Beam's FnApiRunner, dsdata's default).
+_IN_PROCESS_RUNNERS = (None, "DirectRunner", DEFAULT_RUNNER, "FnApiRunner", "BundleBasedDirectRunner")
+
+
 def runs_on_several_workers(options: PipelineOptions) -> bool:
     """False only for the in-process runner with one worker (dsdata's default); True for
     --direct_num_workers other than 1 under multi_processing, and for every other runner (Prism,
     Flink, Dataflow: they spread work across workers)."""
     runner = options.view_as(StandardOptions).runner
-    if runner not in (None, "DirectRunner", DEFAULT_RUNNER, "FnApiRunner", "BundleBasedDirectRunner"):
+    if runner not in _IN_PROCESS_RUNNERS:
         return True
     direct = options.view_as(DirectOptions)
     return direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1
+
+
+def runs_on_one_worker(options: PipelineOptions) -> bool:
+    """The in-process runner with --direct_num_workers=1 (the default, in any running mode): one
+    worker reads every file, so reading needs no Reshuffle of the matched files."""
+    runner = options.view_as(StandardOptions).runner
+    if runner not in _IN_PROCESS_RUNNERS:
+        return False
+    return options.view_as(DirectOptions).direct_num_workers == 1
 
 
 def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage]) -> None:
@@ -456,7 +469,8 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     batches too.  From the first composite stage on (dedup, difficulty, …) records go one per
     element, and the rejections of all steps meet in one Flatten."""
     read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
-                                       spread_documents=runs_on_several_workers(p.options), batch_docs=BATCH_DOCS)
+                                       spread_documents=runs_on_several_workers(p.options), batch_docs=BATCH_DOCS,
+                                       spread_files=not runs_on_one_worker(p.options))
     batches = read[KEPT]
     input_keys = batches | "InputKeys" >> beam.ParDo(_TallyKeys("input", "docs"))
     lead = 0
