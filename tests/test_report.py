@@ -433,9 +433,9 @@ def test_building_a_report_does_not_import_matplotlib(tmp_path):
 
 def test_utf8_lengths_equal_pyarrow_compute_on_every_kind_of_string_column():
     """report.utf8_lengths gives pyarrow.compute.utf8_length's answer as int64, on both of its
-    paths (numpy over the UTF-8 bytes below compute_bytes, so a small run does not import
-    pyarrow.compute; pyarrow.compute itself from there): 1- to 4-byte characters, empty strings,
-    nulls, sliced arrays (an offset into the buffers), several chunks, large_string, no chunks."""
+    paths (Python's len() below compute_bytes, so a small run does not import pyarrow.compute;
+    pyarrow.compute itself from there): 1- to 4-byte characters, empty strings, nulls, sliced
+    arrays (an offset into the buffers), several chunks, large_string, no chunks."""
     import random
 
     import pyarrow as pa

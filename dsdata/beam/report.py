@@ -142,18 +142,16 @@ def _open_parquet(path: str):
 
 
 # Text bytes from which utf8_lengths hands the column to pyarrow.compute: its import costs
-# ~0.05 CPU-s, and numpy's count costs about that for 2-4 MB of text (16 MB of a 100k-paragraph
-# run: 0.1 CPU-s warm, 0.4-0.5 on a fresh process, the page faults of its temporaries).
+# ~0.05 CPU-s; Python's len() over the decoded strings costs ~3 ms per MB (numpy's count over the
+# UTF-8 bytes cost 25 ms per MB on a fresh process, the page faults of its temporaries).
 UTF8_COMPUTE_BYTES = 2 << 20
 
 
 def utf8_lengths(column, compute_bytes: int | None = None) -> Any:
-    """Characters of each string of an Arrow string column, nulls kept: pyarrow.compute.utf8_length
-    from `compute_bytes` (UTF8_COMPUTE_BYTES) bytes of text; below that counted with numpy from the
-    UTF-8 bytes (every byte that does not continue a character, 0b10xxxxxx, starts one), so that a
-    small run does not import pyarrow.compute (~0.05 CPU-s, a twentieth of its start-up; the
-    report is its only user in most runs)."""
-    import numpy as np
+    """Characters of each string of an Arrow string column, nulls kept, as int64:
+    pyarrow.compute.utf8_length from `compute_bytes` (UTF8_COMPUTE_BYTES) bytes of text, Python's
+    len() of each string below that, so that a small run does not import pyarrow.compute (~0.05
+    CPU-s, a twentieth of its start-up; the report is its only user in most runs)."""
     import pyarrow as pa
 
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
@@ -164,29 +162,7 @@ def utf8_lengths(column, compute_bytes: int | None = None) -> Any:
         lengths = pc.utf8_length(column)
         lengths = lengths.combine_chunks() if isinstance(lengths, pa.ChunkedArray) else lengths
         return lengths.cast(pa.int64())
-    arrays = []
-    for chunk in chunks:
-        n = len(chunk)
-        if n == 0:
-            continue
-        validity, offsets_buf, data_buf = chunk.buffers()
-        offsets = np.frombuffer(offsets_buf, dtype=np.int64 if pa.types.is_large_string(chunk.type) else np.int32)
-        offsets = offsets[chunk.offset: chunk.offset + n + 1]
-        data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-        # Characters = bytes - continuation bytes, the continuation bytes summed per string by
-        # reduceat (empty strings have no segment).  A per-byte prefix sum in int64 allocated 8
-        # bytes per text byte: on a fresh process 0.5-0.9 CPU-s for 16 MB of text, mostly page faults.
-        lengths = np.diff(offsets).astype(np.int64)
-        cont = (data[: offsets[-1]] & 0xC0) == 0x80
-        nonempty = lengths > 0
-        if nonempty.any():
-            lengths[nonempty] -= np.add.reduceat(cont, offsets[:-1][nonempty], dtype=np.int64)
-        mask = None
-        if chunk.null_count:
-            bits = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")
-            mask = bits[chunk.offset: chunk.offset + n] == 0
-        arrays.append(pa.array(lengths, type=pa.int64(), mask=mask))
-    return pa.concat_arrays(arrays) if arrays else pa.array([], type=pa.int64())
+    return pa.array([None if s is None else len(s) for c in chunks for s in c.to_pylist()], type=pa.int64())
 
 
 class KeptSample:
