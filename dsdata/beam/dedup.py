@@ -73,7 +73,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dsdata.beam.errors import environment_failure, is_environment_error
-from dsdata.beam.transforms import CPU_COUNTER, StageCounters
+from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, StageCounters
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json, pack_document, unpack_document
@@ -320,6 +320,7 @@ def _similarity(x: np.ndarray, y: np.ndarray, mode: str) -> float:
     return inter / union if union else 1.0
 
 
+@ANY_OUTPUT
 class _VerifyComponent(beam.DoFn):
     """One candidate component → (node, cluster label) for every node of a verified cluster of ≥ 2.
 
@@ -502,6 +503,7 @@ def _cluster_sizes(item):
         yield node, (label, len(members))
 
 
+@ANY_OUTPUT
 class _Decide(StageCounters, beam.DoFn):
     """Join a node's documents with its cluster decision: keep the label node, reject the rest."""
 

@@ -30,7 +30,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from dsdata.beam.errors import ErrorBudget, find_environment_error
 from dsdata.beam.kinds import ApplyBatchChain, ApplyStage, ApplyStageChain, StageContext, batchable, fusable
 from dsdata.beam.options import runner_class_path
-from dsdata.beam.transforms import BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, ReadDocuments, Unbatch
+from dsdata.beam.transforms import ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, ReadDocuments, Unbatch
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_schema, rejected_columns
 from dsdata.io.readers import READ_STAGE
 from dsdata.io.spill import remove_spill
@@ -103,14 +103,7 @@ def _count_keys(kind: str):
     return keys
 
 
-# Declared output types (Any: the coder Beam's inference ends with for these, FastPrimitivesCoder):
-# without them Beam infers them from each process() method's bytecode when the graph is built,
-# ~1-3 ms for a _TallyKeys and ~20 ms for a _ParquetPartFiles (its inherited methods): ~45 ms of
-# each run's start-up.
-_ANY_OUTPUT = beam.typehints.with_output_types(Any)
-
-
-@_ANY_OUTPUT
+@ANY_OUTPUT
 class _TallyKeys(beam.DoFn):
     """The ledger's keys of each record (see _count_keys), summed in a dict per bundle and emitted as
     (key, n) pairs when the bundle ends: one dict update per record instead of a generator and a
@@ -388,7 +381,7 @@ class ParquetParts:
             FileSystems.delete([self.temp])
 
 
-@_ANY_OUTPUT
+@ANY_OUTPUT
 class _ParquetPartFiles(_ArrowTables):
     """_ArrowTables' tables written to one temporary Parquet file per bundle (ParquetParts); the
     file's name goes to the ledger as ("file", sub, path) when the bundle ends."""

@@ -18,7 +18,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from dsdata.beam.transforms import CPU_COUNTER, KEPT, REJECTED, StageCounters
+from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, KEPT, REJECTED, StageCounters
 
 from dsdata.io import shards as shard_io
 from dsdata.stages.base import StageConfigError
@@ -65,6 +65,7 @@ def tokenizer_info(config: dict[str, Any], upstream) -> dict[str, Any]:
 _RECORDS = "records"
 
 
+@ANY_OUTPUT
 class _ShardRecords(StageCounters, beam.DoFn):
     """Each document stays kept and yields its shard record; one whose record cannot be made (it
     raises) is rejected (reason `error`) and is in no shard."""
@@ -90,6 +91,7 @@ class _ShardRecords(StageCounters, beam.DoFn):
         yield self._route(doc)
 
 
+@ANY_OUTPUT
 class _WriteShard(beam.DoFn):
     """One shard group → its file and manifest entry; a write error (disk, permissions) stops the run."""
 

@@ -46,6 +46,12 @@ _SAMPLE_STRIDE = 16
 # wall time: one pathological document between two samples (a regex stuck for minutes) would
 # otherwise vanish from the stage's CPU seconds.
 _OUTLIER_S = 10e-3
+# A DoFn class decorator: its main output's element type is Any, declared.  Beam infers an
+# undeclared one from the process() method's bytecode when the graph is built (1-20 ms a DoFn:
+# ~45 ms of a langid run's start-up for the ledger's tallies and the Parquet writers).  Only for
+# DoFns whose inferred type is Any anyway (FastPrimitivesCoder either way), not for the ones that
+# feed a GroupByKey with tuples, whose inferred Tuple gives the key its coder.
+ANY_OUTPUT = beam.typehints.with_output_types(Any)
 # Without batch_docs the reader reads (and times, and adds to its `in` counter) this many records
 # at a time before handing them on one by one.
 _READ_CHUNK = 256
