@@ -459,7 +459,7 @@ def test_utf8_lengths_equal_pyarrow_compute_on_every_kind_of_string_column():
             for compute_bytes in (1 << 62, 0):
                 got = utf8_lengths(column, compute_bytes=compute_bytes)
                 assert got.type == pa.int64() and got.to_pylist() == want.to_pylist()
-    # The default switches by size: a small column stays on numpy.
+    # The default switches by size: a small column stays on Python's len().
     code = ("import sys, pyarrow as pa; from dsdata.beam.report import utf8_lengths; "
             "assert utf8_lengths(pa.array(['中文', None, 'ab'])).to_pylist() == [2, None, 2]; "
             "print('pyarrow.compute' in sys.modules)")
