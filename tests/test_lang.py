@@ -80,7 +80,8 @@ def test_zh_en_accuracy_on_dev_set(shared_data):
 def _predict_reference(stage, texts):
     import re
 
-    clean = [re.sub(r"\s+", " ", t[: stage.max_chars]).strip() for t in texts]
+    # A lone surrogate has no UTF-8 form for fastText's binding: the stage classifies it as U+FFFD.
+    clean = [re.sub(r"\s+", " ", re.sub("[\ud800-\udfff]", "\ufffd", t[: stage.max_chars])).strip() for t in texts]
     labels, scores = stage._model.predict(clean, k=1)
     out = []
     for text, lab, sc in zip(texts, labels, scores):
@@ -117,6 +118,20 @@ def test_predict_equals_the_reference_on_generated_text(texts):
 
 
 _GENERATED_STAGE = LanguageStage(max_chars=20)
+
+
+def test_the_binding_called_directly_equals_fasttexts_predict_and_a_lone_surrogate_is_classified():
+    stage = LanguageStage(max_chars=300)
+    stage.setup()
+    assert stage._predict_lines is not None  # fasttext-numpy2's binding: predict() calls it itself
+    texts = ["Das ist ein ganz normaler deutscher Satz.", "这是一个中文句子。", "x\ud800y and some English words",
+             "\udfff", "Ceci est une phrase française."]
+    direct = stage.predict(texts)
+    stage._predict_lines = None  # the model's own predict(list, k=1)
+    assert stage.predict([t for t in texts if not any("\ud800" <= c <= "\udfff" for c in t)]) == [
+        r for t, r in zip(texts, direct) if not any("\ud800" <= c <= "\udfff" for c in t)]
+    assert direct[2] == stage.predict(["x\ufffdy and some English words"])[0] and direct[2][0] == "en"
+    assert [r[0] for r in direct] == ["de", "zh", "en", direct[3][0], "fr"]
 
 
 def test_texts_passed_as_they_are_are_exactly_those_fasttext_splits_alike():

@@ -21,6 +21,8 @@ _LABEL = "__label__"
 # The newline and the characters str.split() breaks on that fastText's tokenizer does not (its word
 # breaks are space, \t, \v, \f, \r and \0): a text containing none is passed to fastText as it is.
 _REFLOW = re.compile("[\n\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+# Lone surrogates: a str holding one has no UTF-8 form, which fastText's binding needs.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _fasttext_line(text: str) -> str:
@@ -129,6 +131,7 @@ class LanguageStage(BatchStage):
     batch_max = 1024
 
     _model = None  # loaded per worker by setup()
+    _predict_lines = None  # the model's own multilinePredict (setup), when its binding has one
 
     def setup(self) -> None:
         # Backend label → (language, script the label names or None), filled as labels are met (a
@@ -136,6 +139,10 @@ class LanguageStage(BatchStage):
         self._codes_seen: dict[str, tuple[str, str | None]] = {}
         if self.backend == "fasttext":
             self._model = load_fasttext(self.model or default_fasttext_model())
+            # fastText's Python predict(list) checks each text for a newline, appends one and calls
+            # its binding's multilinePredict (~0.8 µs a text).  predict() below hands the binding
+            # exactly those lines itself: its texts hold no newline (_fasttext_line).
+            self._predict_lines = getattr(getattr(self._model, "f", None), "multilinePredict", None)
         else:
             from langdetect import detector_factory
 
@@ -146,7 +153,7 @@ class LanguageStage(BatchStage):
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_model"] = None  # models are loaded per worker in setup(), never pickled
+        state["_model"] = state["_predict_lines"] = None  # models are loaded per worker in setup(), never pickled
         return state
 
     def predict(self, texts: list[str]) -> list[tuple[str, float, str | None]]:
@@ -161,7 +168,13 @@ class LanguageStage(BatchStage):
             # space, \t, \v, \f, \r and \0, so a text with none of _REFLOW's characters gives it
             # the same words as its re-spaced copy: it goes as it is (_fasttext_line: a scan, not
             # a list of words and a join).  predict on a list: single-string predict breaks under numpy 2.
-            labels, scores = self._model.predict([_fasttext_line(t[:limit]) for t in texts], k=1)
+            lines = [_fasttext_line(t[:limit]) for t in texts]
+            try:
+                labels, scores = self._fasttext_predict(lines)
+            except (TypeError, UnicodeError):
+                # A lone surrogate (a str with no UTF-8 form) fails the binding's conversion of the
+                # whole list; such a character is classified as U+FFFD, the others as they are.
+                labels, scores = self._fasttext_predict([_SURROGATE.sub("\ufffd", t) for t in lines])
             if all(len(sc) == 1 for sc in scores):
                 values = np.concatenate(scores).tolist() if scores else []  # the float32s as floats, at once
                 codes = [lab[0] for lab in labels]
@@ -184,6 +197,11 @@ class LanguageStage(BatchStage):
                 script = chinese_script(text[:limit])
             out.append((lang, score if 0.0 <= score <= 1.0 else min(max(score, 0.0), 1.0), script))
         return out
+
+    def _fasttext_predict(self, lines: list[str]):
+        if self._predict_lines is not None:  # = model.predict(lines, k=1): threshold 0, strict UTF-8
+            return self._predict_lines([line + "\n" for line in lines], 1, 0.0, "strict")
+        return self._model.predict(lines, k=1)
 
     def _langdetect_one(self, text: str) -> tuple[str, float]:
         from langdetect.lang_detect_exception import LangDetectException
