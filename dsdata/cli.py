@@ -11,6 +11,8 @@ import os
 import sys
 import warnings
 
+from dsdata.collector import collect_young_less
+
 DEFAULT_RECIPE = os.path.join("pipelines", "pretrain.yaml")
 
 # Sub-commands implemented in their own modules (dsdata/commands/NAME.py, each with main(argv)).
@@ -69,10 +71,12 @@ def _collect_after_startup() -> None:
     CPU-s while starting, ~0.1 s more per 100k documents of a run (docs/throughput.md).  When the
     process is the command's own (`main()` without argv), nothing is collected while it starts and
     what start-up made is then frozen (gc.freeze: kept, never walked again) before the collector is
-    switched back on.  Called from Python, main(argv) leaves the caller's collector alone."""
+    switched back on, its young generation made larger (dsdata/collector.py).  Called from Python,
+    main(argv) leaves the caller's collector alone."""
     if _collect_after_startup.pending:
         _collect_after_startup.pending = False
         gc.freeze()
+        collect_young_less()
         gc.enable()
 
 

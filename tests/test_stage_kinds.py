@@ -228,10 +228,12 @@ from dsdata.beam import pipeline
 seen = []
 real = pipeline.run_recipe
 def probe(*args, **kwargs):  # what the run starts with
-    seen.append((gc.isenabled(), gc.get_freeze_count() > 100_000))
+    seen.append((gc.isenabled(), gc.get_freeze_count() > 100_000, gc.get_threshold()[0]))
     return real(*args, **kwargs)
 pipeline.run_recipe = probe
-if sys.argv[1] == "own":
+if sys.argv[1].startswith("own"):
+    if sys.argv[1] == "own-set":
+        gc.set_threshold(1234)  # the user's own threshold: kept
     sys.argv = ["dsdata", *{run!r}]
     rc = cli.main()
 else:
@@ -241,19 +243,22 @@ else:
 print(rc, seen, gc.isenabled(), gc.get_freeze_count() > 0)
 """
     results = {}
-    for mode in ("own", "on", "off"):
+    for mode in ("own", "own-set", "on", "off"):
         out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=str(REPO),
                              env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         results[mode] = out.stdout.split("\n")[-2]
-    assert results == {"own": "0 [(True, True)] True True", "on": "0 [(True, False)] True False",
-                       "off": "0 [(False, False)] False False"}
+    # The command's own process also collects its young generation every 10,000 objects, not 700
+    # (dsdata/collector.py), unless the user set a threshold.
+    assert results == {"own": "0 [(True, True, 10000)] True True", "own-set": "0 [(True, True, 1234)] True True",
+                       "on": "0 [(True, False, 700)] True False", "off": "0 [(False, False, 700)] False False"}
 
 
 def test_sdk_workers_freeze_their_start_up_objects_and_other_processes_do_not(tmp_path):
     """speedups: a multi_processing worker freezes what its start-up made (Beam's modules) when
     dsdata's Beam code is first imported there, so its collections while it works do not walk
-    them again; the launcher, and any process that is not a Beam SDK worker, is left alone."""
+    them again, and collects its young generation less often; the launcher, and any process that is
+    not a Beam SDK worker, is left alone."""
     code = r"""
 import json, sys
 import apache_beam as beam
@@ -264,17 +269,17 @@ def probe(_):
     import gc
     import dsdata.beam.transforms  # what unpickling a dsdata DoFn imports first
     from dsdata.beam import speedups
-    return (speedups.is_sdk_worker(), gc.get_freeze_count() > 10_000)
+    return (speedups.is_sdk_worker(), gc.get_freeze_count() > 10_000, gc.get_threshold()[0])
 
 from dsdata.beam.pipeline import in_process_runner
 opts = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
 with beam.Pipeline(runner=in_process_runner(opts), options=opts) as p:
-    assert_that(p | beam.Create(list(range(8))) | beam.Map(probe), equal_to([(True, True)] * 8))
+    assert_that(p | beam.Create(list(range(8))) | beam.Map(probe), equal_to([(True, True, 10_000)] * 8))
 import gc
 from dsdata.beam import speedups
-print(json.dumps([speedups.is_sdk_worker(), gc.get_freeze_count()]))
+print(json.dumps([speedups.is_sdk_worker(), gc.get_freeze_count(), gc.get_threshold()[0]]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path),
                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, 0]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, 0, 700]
