@@ -283,3 +283,53 @@ print(json.dumps([speedups.is_sdk_worker(), gc.get_freeze_count(), gc.get_thresh
                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, 0, 700]
+
+
+def test_runinference_is_imported_without_torch_and_scipy_and_the_model_manager_still_loads():
+    """dsdata/beam/mlimport.py: Beam's inference base imports its optional ModelManager (torch,
+    scipy.optimize: 2.5 CPU-s) at its top; dsdata's model stages import it without, and with
+    `resource` (base's memory metric) still set; the model manager stays importable after."""
+    code = r"""
+import importlib.util, json, resource, sys
+import dsdata.beam.relevance, dsdata.beam.augment
+import apache_beam.ml.inference.base as base
+seen = {"torch": "torch" in sys.modules, "scipy.optimize": "scipy.optimize" in sys.modules,
+        "model_manager": base.ModelManager is None, "resource": base.resource is resource,
+        "source": "class RunInference" in base.__loader__.get_source(base.__name__),
+        "memory": base._get_current_process_memory_in_bytes() > 0}
+if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("scipy") is not None:
+    from apache_beam.ml.inference.model_manager import ModelManager
+    seen["later"] = ModelManager.__module__ == "apache_beam.ml.inference.model_manager" and "torch" in sys.modules
+print(json.dumps(seen))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO),
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen.pop("later", True) is True
+    assert seen == {"torch": False, "scipy.optimize": False, "model_manager": True, "resource": True,
+                    "source": True, "memory": True}
+
+
+def test_a_relevance_run_imports_neither_torch_nor_scipy_in_the_launcher_or_its_workers(tmp_path):
+    """The fastText relevance stage on two multi_processing workers: Python's import log
+    (PYTHONPROFILEIMPORTTIME, inherited by the SDK workers) shows the stage's modules loaded in the
+    launcher and in the workers, and torch and scipy.optimize in none of them."""
+    lines = (REPO / "pipelines" / "samples" / "docs.jsonl").read_text(encoding="utf-8").splitlines()[:40]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "r.yaml").write_text("input: {paths: ['in.jsonl']}\nstages:\n  - relevance: {threshold: 0}\n",
+                                     encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, "-m", "dsdata.cli", "run", str(tmp_path / "r.yaml"), "--output", str(tmp_path / "out"),
+         "--quiet", "--set", f"relevance.model={REPO / 'pipelines' / 'models' / 'relevance-fasttext'}",
+         "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+        capture_output=True, text=True, cwd=str(tmp_path), timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONPROFILEIMPORTTIME": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["kept"] == 40
+    imported = [line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
+    # Each process logs a module once: dsdata's transforms and the relevance scorer in the launcher
+    # and in at least one worker (the log of the workers came through), Beam's inference base too.
+    assert imported.count("dsdata.beam.transforms") >= 2 and imported.count("dsdata.relevance.scorer") >= 2
+    assert "apache_beam.ml.inference.base" in imported
+    assert "torch" not in imported and "scipy.optimize" not in imported
