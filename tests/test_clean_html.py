@@ -377,7 +377,7 @@ def test_skipping_queries_for_absent_tags_changes_nothing(body, monkeypatch):
 
     html = page(body)
     fast = dom(html)
-    monkeypatch.setattr(html_mod, "_tag_names", lambda text, depth, data=None: None)
+    monkeypatch.setattr(html_mod, "_scan", lambda text, depth, data=None: (None, False))
     assert dom(html) == fast
     assert fast.strip()
 
@@ -391,3 +391,51 @@ def test_a_list_of_code_references_is_content_not_navigation():
     assert "time.clock_gettime_ns()" in text and "time.time_ns()" in text
     assert "Contact" not in text
     assert "module" not in text  # code inside words is still a table of contents
+
+
+def _attrs(k: int, start: int = 0) -> str:
+    return "".join(f' a{i}="v {i}/x"' if i % 3 == 0 else f" a{i}='{i}'" if i % 3 == 1 else f" a{i}={i}"
+                   for i in range(start, start + k))
+
+
+def test_a_tag_with_more_than_max_attributes_keeps_the_first_ones_and_nothing_else_changes():
+    """lexbor spends ~k² on a tag of k attributes (a 600 KB tag of 100k: 28 s): attributes past
+    MAX_ATTRIBUTES are dropped before parsing, the element keeps the first ones, the text is the
+    text of the page with only those."""
+    from selectolax.lexbor import LexborHTMLParser
+
+    from dsdata.clean import html as html_mod
+
+    cap = html_mod.MAX_ATTRIBUTES
+    for k, closing in ((cap + 1, ">"), (5 * cap, "/>"), (40_000, ">")):
+        hostile = page(f"<main><p id=x{_attrs(k)}{closing}{LONG}</p><p>{LONG} two</p></main>")
+        capped = html_mod._cap_attributes(hostile)
+        element = LexborHTMLParser(capped).css_first("p")
+        assert list(element.attributes) == ["id"] + [f"a{i}" for i in range(cap - 1)]
+        # (an unquoted last value takes the "/" of "/>", as in the page written with only these)
+        assert element.attributes["a0"] == "v 0/x" and element.attributes[f"a{cap - 2}"].rstrip("/") == str(cap - 2)
+        assert dom(hostile) == dom(page(f"<main><p id=x{_attrs(cap - 1)}{closing}{LONG}</p><p>{LONG} two</p></main>"))
+    # Up to MAX_ATTRIBUTES, and every tag of the dev pages: the page itself, unchanged.
+    exact = page(f"<main><p id=x{_attrs(cap - 1)}>{LONG}</p></main>")
+    assert html_mod._cap_attributes(exact) is exact
+    assert html_mod._cap_attributes(page(f"<p>{LONG}</p>")) == page(f"<p>{LONG}</p>")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["<p", ">", "</p>", " a=1", "x" * 700, "<script>", "</script>", "<b>", "<",
+                                 "<div " + "b=2 " * 300 + ">", "文字", "'", '"']), max_size=40))
+def test_the_compiled_scan_finds_every_long_tag_the_regex_finds(pieces):
+    """`_scan`'s long-tag flag: the kernel's longest tag (raw-text content skipped, as lexbor reads
+    it) is at least LONG_TAG_BYTES only where the regex also sees one; with no raw-text element
+    they agree exactly."""
+    from dsdata.clean import html as html_mod
+
+    html = "".join(pieces) + ">"
+    kernels = html_mod._html_kernels()
+    assert kernels, "numba is a dependency: the compiled scan must be available"
+    names, longest = html_mod._scan_compiled(kernels, html.encode("utf-8"), 512)
+    by_regex = html_mod._LONG_TAG.search(html) is not None
+    if longest >= html_mod.LONG_TAG_BYTES:
+        assert by_regex
+    if "<script>" not in pieces:
+        assert (longest >= html_mod.LONG_TAG_BYTES) == by_regex

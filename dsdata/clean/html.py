@@ -442,20 +442,63 @@ _NO_COUNT = frozenset({"", *_NO_LEVEL, *(f"/{name}" for name in _NO_LEVEL)})
 
 
 def _tag_names(html: str, max_depth: int, data: bytes | None = None) -> set[str] | None:
-    """`_tag_names_python`'s answer; from the compiled scan of the page's UTF-8 bytes (`data`, or
-    encoded here) when numba is there, this process has scanned COMPILED_SCAN_AFTER_BYTES of HTML,
-    and the text has no lone surrogates (the reference otherwise)."""
+    """`_tag_names_python`'s answer (see `_scan`)."""
+    return _scan(html, max_depth, data)[0]
+
+
+def _scan(html: str, max_depth: int, data: bytes | None = None) -> tuple[set[str] | None, bool]:
+    """(`_tag_names_python`'s answer, whether a tag may be LONG_TAG_BYTES long or longer); from the
+    compiled scan of the page's UTF-8 bytes (`data`, or encoded here) when numba is there, this
+    process has scanned COMPILED_SCAN_AFTER_BYTES of HTML, and the text has no lone surrogates (the
+    reference and a regex otherwise)."""
     global _scanned_bytes
     if _kernels is None and _scanned_bytes < COMPILED_SCAN_AFTER_BYTES:
         _scanned_bytes += len(html) if data is None else len(data)
-        return _tag_names_python(html, max_depth)
+        return _tag_names_python(html, max_depth), _LONG_TAG.search(html) is not None
     kernels = _html_kernels()
     if kernels:
         if data is None:
             data = _utf8(html)
         if data is not None:
-            return _tag_names_compiled(kernels, data, max_depth)
-    return _tag_names_python(html, max_depth)
+            names, longest = _scan_compiled(kernels, data, max_depth)
+            # A scan that stopped early (too deep) has not seen every tag: the regex looks.
+            long_tag = longest >= LONG_TAG_BYTES or (names is None and _LONG_TAG.search(html) is not None)
+            return names, long_tag
+    return _tag_names_python(html, max_depth), _LONG_TAG.search(html) is not None
+
+
+# lexbor's tree builder checks each attribute of an element against those before it: a tag of k
+# attributes costs ~k² (fuzzing: a 600 KB tag of 100k attributes, 28 s; a tag of 1,000, 2.7 ms; a page
+# of tags of 10 attributes, 0.08 s per MB).  A tag under LONG_TAG_BYTES holds fewer than half as many
+# attributes (0.2 s per MB at worst); a longer one, rare in real pages (inline SVG paths, data: URLs),
+# has its attributes past MAX_ATTRIBUTES dropped before the page is parsed (_cap_attributes).
+LONG_TAG_BYTES = 1024
+MAX_ATTRIBUTES = 256
+_LONG_TAG = re.compile(r"</?[A-Za-z][^>]{%d}" % (LONG_TAG_BYTES - 2))
+_LONG_TAG_SPAN = re.compile(r"<(/?[A-Za-z][A-Za-z0-9:-]*)([^>]{%d,})" % (LONG_TAG_BYTES - 2 - 1))
+# One attribute as the tokenizer reads it: a name (up to whitespace, /, >, =), then maybe = and a
+# quoted or unquoted value; a stray / between attributes is skipped.
+_ATTRIBUTE = re.compile(r"""[\s/]*([^\s/>="'][^\s/>=]*)(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s>]*))?""")
+
+
+def _cap_attributes(html: str) -> str:
+    """The page with every tag's attributes after its MAX_ATTRIBUTES-th dropped (lexbor keeps the
+    first of duplicated names, so the element keeps what it had up to there).  A tag ends at its
+    first `>`, as in the scans above.  The page itself when no tag has more."""
+    def cap(m: re.Match) -> str:
+        attrs = m.group(2)
+        count = 0
+        for a in _ATTRIBUTE.finditer(attrs):
+            count += 1
+            if count == MAX_ATTRIBUTES:
+                rest = attrs[a.end():]
+                if _ATTRIBUTE.search(rest) is None:
+                    return m.group(0)
+                return "<" + m.group(1) + attrs[:a.end()] + ("/" if attrs.rstrip().endswith("/") else "")
+        return m.group(0)
+
+    capped = _LONG_TAG_SPAN.sub(cap, html)
+    return html if capped == html else capped
 
 
 def _utf8(html: str) -> bytes | None:
@@ -499,18 +542,23 @@ def _known_names() -> tuple:
 
 
 def _tag_names_compiled(kernels, data: bytes, max_depth: int) -> set[str] | None:
+    return _scan_compiled(kernels, data, max_depth)[0]
+
+
+def _scan_compiled(kernels, data: bytes, max_depth: int) -> tuple[set[str] | None, int]:
+    """(the tag names or None, the longest tag's bytes) from the kernel."""
     import numpy as np
 
-    within, saw_raw, store, starts, lengths, seen = kernels.tag_scan(
+    within, saw_raw, store, starts, lengths, seen, longest = kernels.tag_scan(
         np.frombuffer(data, np.uint8), data.rfind(b">") + 1, max_depth, *_known_names()
     )
     if not within:
-        return None
+        return None, int(longest)
     blob = store.tobytes()
     names = {blob[s:s + n].decode("ascii") for s, n, hit in zip(starts.tolist(), lengths.tolist(), seen.tolist()) if hit}
     if saw_raw:
         names.add("")
-    return names
+    return names, int(longest)
 
 
 def _tag_names_python(html: str, max_depth: int) -> set[str] | None:
@@ -631,7 +679,11 @@ def extract_dom(html: str) -> ExtractedPage:
     if any(m in html for m in _MARKERS):
         html = html.translate(_DROP_MARKERS)
     data = _utf8(html)
-    names = _tag_names(html, MAX_NESTING, data)
+    names, long_tag = _scan(html, MAX_NESTING, data)
+    if long_tag:
+        capped = _cap_attributes(html)
+        if capped is not html:
+            html, data = capped, _utf8(capped)
     if names is None:
         html, data = _capped(html, MAX_NESTING), None
     else:

@@ -85,10 +85,11 @@ def tag_scan(b, end, max_depth, known, known_offsets, known_flags):
 
     known / known_offsets / known_flags: the names that open no level or are raw-text elements
     (lower-case ASCII, concatenated), with their flags.  Returns (within, saw_raw, store,
-    key_start, key_len, seen): within is False when the count sum went above max_depth (the scan
-    stops there); otherwise the names of every tag met (start or end, raw-text start tags
-    excepted) are the entries with seen == 1, their bytes store[key_start:key_start + key_len],
-    and saw_raw tells whether a raw-text start tag was met (the Python path's empty name)."""
+    key_start, key_len, seen, longest): within is False when the count sum went above max_depth
+    (the scan stops there); otherwise the names of every tag met (start or end, raw-text start
+    tags excepted) are the entries with seen == 1, their bytes store[key_start:key_start +
+    key_len], and saw_raw tells whether a raw-text start tag was met (the Python path's empty
+    name).  longest: the most bytes from a tag's `<` to its `>` (excluded) among the tags scanned."""
     # Every table is sized up front (a page cannot have more names than `<`, nor more name bytes
     # than bytes): arrays that may be swapped inside the loop cost a reference count per step.
     n_known = known_flags.shape[0]
@@ -129,6 +130,7 @@ def tag_scan(b, end, max_depth, known, known_offsets, known_flags):
     depth = 0
     saw_raw = False
     within = True
+    longest = 0
     i = 0
     while i < end:
         if b[i] != 60:  # '<'
@@ -150,6 +152,8 @@ def tag_scan(b, end, max_depth, known, known_offsets, known_flags):
         gt = j
         while gt < end and b[gt] != 62:
             gt += 1
+        if gt - i > longest:
+            longest = gt - i
         # Find or add the name.
         h = _hash(b, name_start, name_len)
         slot = np.int64(h & mask)
@@ -201,4 +205,4 @@ def tag_scan(b, end, max_depth, known, known_offsets, known_flags):
                     within = False
                     break
         i = gt + 1
-    return within, saw_raw, store[:store_len], key_start[:n_entries], key_len[:n_entries], seen[:n_entries]
+    return within, saw_raw, store[:store_len], key_start[:n_entries], key_len[:n_entries], seen[:n_entries], longest
