@@ -76,8 +76,28 @@ def _looks_binary(chunk: bytes) -> bool:
     return sum(chunk.count(b) for b in _CONTROL) > 0.1 * len(chunk)
 
 
+# The types json.dumps writes itself; any other id (a Parquet timestamp, date, decimal, binary or
+# a struct holding one) is made a string by _scalar_id.
+_JSON_TYPES = (int, float, bool, type(None), list, tuple, dict)
+
+
+def _scalar_id(value: Any) -> str:
+    """A non-JSON id value as a string: bytes as their UTF-8 text (else hex), anything else str()."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return data.hex()
+    return str(value)
+
+
 def _stringify_id(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, _JSON_TYPES):
+        return _scalar_id(value)
+    return json.dumps(value, ensure_ascii=False, default=_scalar_id)
 
 
 def record_to_document(
@@ -438,18 +458,69 @@ def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: 
     first, end, row = (0, None, 0) if groups is None else groups
     end = pf.num_row_groups if end is None else min(end, pf.num_row_groups)
     for group in range(first, end):
+        rows = pf.metadata.row_group(group).num_rows
         try:
-            table = pf.read_row_group(group)
-        except Exception as exc:  # noqa: BLE001
-            yield _file_rejection(
-                f"{path}:group{group}", "bad_parquet",
-                f"row group {group} of {pf.num_row_groups} unreadable ({type(exc).__name__}: {exc})",
-            )
-            row += pf.metadata.row_group(group).num_rows
+            records = _parquet_records(pf.read_row_group(group))
+        except Exception as exc:  # noqa: BLE001 - a damaged row group: its rows are lost, each one counted
+            detail = f"row group {group} of {pf.num_row_groups} unreadable ({type(exc).__name__}: {exc})"
+            if rows > _LOST_ROWS_LISTED:  # the footer's count; not millions of rows of nothing
+                yield _file_rejection(f"{path}:group{group}", "bad_parquet",
+                                      f"{detail}; its {rows} rows are lost (one row here, over {_LOST_ROWS_LISTED})")
+            else:
+                for lost in range(row, row + rows):
+                    yield _file_rejection(f"{path}:{lost}", "bad_parquet", detail)
+            row += rows
             continue
-        for record in table.to_pylist():
-            yield record_to_document(record, f"{path}:{row}", text_field, id_field)
+        for record in records:
+            doc_id = f"{path}:{row}"
             row += 1
+            if isinstance(record, _BadValue):
+                yield Rejected(Document(doc_id, "", {}), READ_STAGE, "bad_value", record.detail)
+                continue
+            try:
+                yield record_to_document(record, doc_id, text_field, id_field)
+            except Exception as exc:  # noqa: BLE001 - one record's failure rejects that record only
+                yield Rejected(Document(doc_id, "", {}), READ_STAGE, "bad_value", f"{type(exc).__name__}: {exc}")
+
+
+# A damaged row group up to this many rows (the footer says how many) gets one rejected row per row,
+# with the id a readable row there would have had; a larger one is one row saying how many are lost.
+_LOST_ROWS_LISTED = 1_000_000
+
+
+class _BadValue:
+    """A Parquet row one of whose values has no Python form (a timestamp past year 9999, ...)."""
+
+    def __init__(self, detail: str):
+        self.detail = detail
+
+
+def _parquet_records(table) -> list[dict[str, Any] | _BadValue]:
+    """The row group's rows as dicts; where pyarrow cannot convert the whole table, column by
+    column, and a row holding a value it cannot convert is a _BadValue naming the column."""
+    try:
+        return table.to_pylist()
+    except Exception:  # noqa: BLE001 - pyarrow raises ValueError, OverflowError, ArrowException...
+        pass
+    names = table.column_names
+    columns: list[list[Any]] = []
+    bad: dict[int, str] = {}
+    for name, column in zip(names, table.columns):
+        try:
+            columns.append(column.to_pylist())
+            continue
+        except Exception:  # noqa: BLE001
+            pass
+        values = []
+        for i in range(len(column)):
+            try:
+                values.append(column[i].as_py())
+            except Exception as exc:  # noqa: BLE001
+                values.append(None)
+                bad.setdefault(i, f"column '{name}': {type(exc).__name__}: {exc}")
+        columns.append(values)
+    return [_BadValue(bad[i]) if i in bad else dict(zip(names, values))
+            for i, values in enumerate(zip(*columns))]
 
 
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:\-]+)""", re.I)
@@ -518,10 +589,16 @@ def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
         # One file is one record: a page cut by damage is rejected whole, not served half.
         yield _file_rejection(path, damage.reason, damage.detail)
         return
-    if _looks_binary(data[:_BINARY_SNIFF]):
+    # A UTF-16 page (its byte-order mark says so) is half NUL bytes: it is checked once decoded.
+    marked = bom_encoding(data) is not None
+    if not marked and _looks_binary(data[:_BINARY_SNIFF]):
         yield _file_rejection(path, "binary_file", "over 10 % control bytes in the first 8 KiB; not an HTML file")
         return
     text = decode_html(data)
+    if marked and text is not None and _looks_binary(text[:_BINARY_SNIFF].encode("utf-8", "replace")):
+        yield _file_rejection(path, "binary_file", "over 10 % control characters in the first 8 KiB of its decoded "
+                              "text; not an HTML file")
+        return
     meta = {"source": path, "content_type": "text/html"}
     if text is None:
         yield Rejected(Document(path, data.decode("utf-8", "replace"), meta), READ_STAGE, "invalid_utf8",

@@ -1,0 +1,106 @@
+"""Parquet ids and values of every Arrow type, damaged row groups, UTF-16 HTML (found by fuzzing)."""
+import datetime as dt
+import decimal
+import json
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dsdata.beam.pipeline import run_recipe
+from dsdata.document import Document, Rejected
+from dsdata.io.readers import read_local
+from dsdata.recipe import load_recipe
+
+TEXT = "A plain English sentence about reading files, long enough to be a document."
+
+
+def _write(path, columns: dict, **kwargs):
+    pq.write_table(pa.table(columns), str(path), **kwargs)
+    return path
+
+
+@pytest.mark.parametrize("ids, want", [
+    ([dt.datetime(2020, 1, 1, 0, 0, s) for s in range(3)], ["2020-01-01 00:00:00", "2020-01-01 00:00:01",
+                                                            "2020-01-01 00:00:02"]),
+    ([dt.date(2021, 5, d) for d in (1, 2, 3)], ["2021-05-01", "2021-05-02", "2021-05-03"]),
+    ([decimal.Decimal("1.50"), decimal.Decimal("2"), None], ["1.50", "2.00", None]),
+    ([b"abc", b"\x00\xffbin", "文".encode("utf-8")], ["abc", "00ff62696e", "文"]),
+    ([{"x": dt.datetime(2020, 1, 1)}, {"x": None}, {"x": dt.datetime(2020, 1, 2)}],
+     ['{"x": "2020-01-01 00:00:00"}', '{"x": null}', '{"x": "2020-01-02 00:00:00"}']),
+    ([dt.timedelta(seconds=5), dt.timedelta(0), dt.timedelta(days=1)], ["0:00:05", "0:00:00", "1 day, 0:00:00"]),
+])
+def test_a_parquet_id_of_any_type_becomes_a_string_and_no_row_is_lost(tmp_path, ids, want):
+    path = _write(tmp_path / "ids.parquet", {"id": ids, "text": [TEXT] * 3})
+    got = read_local(str(path))
+    assert all(isinstance(d, Document) for d in got)
+    # A null id takes the default id, PATH:ROW.
+    assert [d.id for d in got] == [w if w is not None else f"{path}:{i}" for i, w in enumerate(want)]
+
+
+def test_a_value_with_no_python_form_rejects_its_row_only(tmp_path):
+    """A timestamp past year 9999 has no datetime: that row is `bad_value` naming the column; the
+    rows around it, and the rest of the file, are read."""
+    seconds = pa.array([0, 10**12, 86_400], type=pa.timestamp("s"))
+    path = _write(tmp_path / "ts.parquet", {"id": ["a", "b", "c"], "text": [TEXT] * 3, "seen": seconds})
+    got = read_local(str(path))
+    assert [type(r).__name__ for r in got] == ["Document", "Rejected", "Document"]
+    assert got[1].reason == "bad_value" and "'seen'" in got[1].detail and got[1].doc.id == f"{path}:1"
+    assert got[0].metadata["seen"] == dt.datetime(1970, 1, 1) and got[2].id == "c"
+
+
+def _corrupt_row_group(path, group: int) -> None:
+    meta = pq.ParquetFile(str(path)).metadata.row_group(group)
+    columns = [meta.column(c) for c in range(meta.num_columns)]
+    start = min(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in columns)
+    size = sum(c.total_compressed_size for c in columns)
+    data = bytearray(path.read_bytes())
+    rng = random.Random(7)
+    for i in range(start + 4, start + size - 4):
+        data[i] = rng.randrange(256)
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_row_group_rejects_each_of_its_rows_and_the_ledger_counts_them(tmp_path):
+    n, per_group = 400, 50
+    path = _write(tmp_path / "in.parquet", {"id": [f"r{i}" for i in range(n)], "text": [f"{TEXT} {i}" for i in range(n)]},
+                  row_group_size=per_group, compression="none")
+    _corrupt_row_group(path, 3)
+    got = read_local(str(path))
+    rejected = [r for r in got if isinstance(r, Rejected)]
+    assert len(got) == n and len(rejected) == per_group
+    assert [r.doc.id for r in rejected] == [f"{path}:{i}" for i in range(150, 200)]
+    assert {r.reason for r in rejected} == {"bad_parquet"} and "row group 3 of 8 unreadable" in rejected[0].detail
+    assert [d.id for d in got if isinstance(d, Document)] == [f"r{i}" for i in range(n) if not 150 <= i < 200]
+
+    (tmp_path / "r.yaml").write_text("input: {paths: ['in.parquet']}\nstages: []\n", encoding="utf-8")
+    stats = run_recipe(load_recipe(str(tmp_path / "r.yaml")), str(tmp_path / "out"))
+    assert (stats["input"], stats["kept"], stats["rejected"]) == (n, n - per_group, {"read": {"bad_parquet": per_group}})
+
+
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be"])
+def test_utf16_html_with_a_byte_order_mark_is_read_and_binary_behind_one_is_not(tmp_path, codec):
+    page = f"<html><head><title>Titre</title></head><body><main><p>{TEXT} Ça marche, 中文也是。</p></main></body></html>"
+    bom = b"\xff\xfe" if codec == "utf-16-le" else b"\xfe\xff"
+    (tmp_path / "page.html").write_bytes(bom + page.encode(codec))
+    (doc,) = read_local(str(tmp_path / "page.html"))
+    assert isinstance(doc, Document) and "Ça marche, 中文也是。" in doc.text
+    # Control characters once decoded: each code unit a byte under 32 and a zero byte.
+    units = [bytes([random.Random(i).randrange(1, 32), 0]) for i in range(4000)]
+    noise = b"".join(u if codec == "utf-16-le" else u[::-1] for u in units)
+    (tmp_path / "noise.html").write_bytes(bom + noise)
+    (rej,) = read_local(str(tmp_path / "noise.html"))
+    assert isinstance(rej, Rejected) and rej.reason == "binary_file" and "decoded" in rej.detail, rej
+
+
+def test_the_ledger_of_a_run_over_odd_parquet_ids_is_exact(tmp_path):
+    rows = 300
+    _write(tmp_path / "t.parquet", {"id": [dt.datetime(2020, 1, 1) + dt.timedelta(seconds=i) for i in range(rows)],
+                                    "text": [f"{TEXT} {i}" for i in range(rows)]})
+    (tmp_path / "r.yaml").write_text("input: {paths: ['t.parquet']}\nstages: []\n", encoding="utf-8")
+    stats = run_recipe(load_recipe(str(tmp_path / "r.yaml")), str(tmp_path / "out"))
+    assert (stats["input"], stats["kept"], stats["rejected_total"]) == (rows, rows, 0)
+    kept = pq.read_table(str(next((tmp_path / "out" / "kept").glob("*.parquet")))).to_pylist()
+    assert sorted(r["id"] for r in kept)[:2] == ["2020-01-01 00:00:00", "2020-01-01 00:00:01"]
+    assert json.loads(kept[0]["metadata"]) == {}
