@@ -104,3 +104,15 @@ def test_the_ledger_of_a_run_over_odd_parquet_ids_is_exact(tmp_path):
     kept = pq.read_table(str(next((tmp_path / "out" / "kept").glob("*.parquet")))).to_pylist()
     assert sorted(r["id"] for r in kept)[:2] == ["2020-01-01 00:00:00", "2020-01-01 00:00:01"]
     assert json.loads(kept[0]["metadata"]) == {}
+
+
+def test_a_page_in_the_replacement_encoding_is_rejected_not_kept_as_one_replacement_character(tmp_path):
+    """ISO-2022-KR (and HZ-GB-2312, ...) decode to a single U+FFFD by the Encoding Standard: nothing
+    of the page can be read, so it is a rejected row naming why, not a kept document of one character."""
+    body = f"<html><head><meta charset='iso-2022-kr'></head><body><p>{TEXT}</p></body></html>"
+    (tmp_path / "kr.html").write_bytes(body.encode("ascii"))
+    (got,) = read_local(str(tmp_path / "kr.html"))
+    assert isinstance(got, Rejected) and got.reason == "unreadable_encoding" and "replacement" in got.detail
+    (tmp_path / "ok.html").write_bytes(body.replace("iso-2022-kr", "utf-8").encode("ascii"))
+    (ok,) = read_local(str(tmp_path / "ok.html"))
+    assert isinstance(ok, Document) and TEXT in ok.text

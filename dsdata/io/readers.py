@@ -607,6 +607,11 @@ def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
     if not text.strip():
         yield Rejected(Document(path, text, meta), READ_STAGE, "empty_text")
         return
+    if text.strip() == "\ufffd" and len(data) > 3:
+        yield Rejected(Document(path, text, meta), READ_STAGE, "unreadable_encoding",
+                       "the page decodes to one U+FFFD: its charset is one the Encoding Standard maps to "
+                       "'replacement' (ISO-2022-KR, HZ-GB-2312, ...), whose text cannot be read")
+        return
     yield Document(id=path, text=text, metadata=meta)
 
 
