@@ -116,3 +116,16 @@ def test_a_page_in_the_replacement_encoding_is_rejected_not_kept_as_one_replacem
     (tmp_path / "ok.html").write_bytes(body.replace("iso-2022-kr", "utf-8").encode("ascii"))
     (ok,) = read_local(str(tmp_path / "ok.html"))
     assert isinstance(ok, Document) and TEXT in ok.text
+
+
+@pytest.mark.parametrize("typ", [pa.binary(), pa.large_binary()])
+def test_a_binary_text_column_is_read_as_utf8_and_a_value_that_is_not_is_rejected(tmp_path, typ):
+    """Writers that do not mark strings as UTF-8 (older Spark, Hive) store text as binary."""
+    good = [f"{TEXT} {i} 中文".encode("utf-8") for i in range(3)]
+    path = _write(tmp_path / "all.parquet", {"id": ["a", "b", "c"], "text": pa.array(good, type=typ)})
+    assert [d.text for d in read_local(str(path))] == [g.decode("utf-8") for g in good]
+    mixed = _write(tmp_path / "mixed.parquet", {"id": ["a", "b", "c"],
+                                                "text": pa.array([good[0], b"\xff\xfe bad", good[2]], type=typ)})
+    got = read_local(str(mixed))
+    assert [type(r).__name__ for r in got] == ["Document", "Rejected", "Document"]
+    assert got[1].reason == "invalid_utf8" and got[1].doc.id == f"{mixed}:1" and got[2].text == good[2].decode()

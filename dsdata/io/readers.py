@@ -460,7 +460,7 @@ def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: 
     for group in range(first, end):
         rows = pf.metadata.row_group(group).num_rows
         try:
-            records = _parquet_records(pf.read_row_group(group))
+            records = _parquet_records(_text_as_string(pf.read_row_group(group), text_field))
         except Exception as exc:  # noqa: BLE001 - a damaged row group: its rows are lost, each one counted
             detail = f"row group {group} of {pf.num_row_groups} unreadable ({type(exc).__name__}: {exc})"
             if rows > _LOST_ROWS_LISTED:  # the footer's count; not millions of rows of nothing
@@ -477,15 +477,42 @@ def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: 
             if isinstance(record, _BadValue):
                 yield Rejected(Document(doc_id, "", {}), READ_STAGE, "bad_value", record.detail)
                 continue
+            raw_text = record.get(text_field)
+            if isinstance(raw_text, bytes):  # a binary text column that is not all UTF-8 (_text_as_string)
+                try:
+                    record[text_field] = raw_text.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    yield Rejected(Document(doc_id, raw_text.decode("utf-8", "replace"), {}), READ_STAGE,
+                                   "invalid_utf8", f"field '{text_field}' is binary and this value is not UTF-8: {exc}")
+                    continue
             try:
-                yield record_to_document(record, doc_id, text_field, id_field)
+                result = record_to_document(record, doc_id, text_field, id_field)
             except Exception as exc:  # noqa: BLE001 - one record's failure rejects that record only
-                yield Rejected(Document(doc_id, "", {}), READ_STAGE, "bad_value", f"{type(exc).__name__}: {exc}")
+                result = Rejected(Document(doc_id, "", {}), READ_STAGE, "bad_value", f"{type(exc).__name__}: {exc}")
+            yield result
 
 
 # A damaged row group up to this many rows (the footer says how many) gets one rejected row per row,
 # with the id a readable row there would have had; a larger one is one row saying how many are lost.
 _LOST_ROWS_LISTED = 1_000_000
+
+
+def _text_as_string(table, text_field: str):
+    """A binary text column (what writers that do not mark strings as UTF-8 make: older Spark and
+    Hive) as strings when all of it is UTF-8; otherwise as it is, and each value is decoded on its
+    own in read_parquet (one that is not UTF-8 is rejected as invalid_utf8)."""
+    import pyarrow as pa
+
+    if text_field not in table.column_names:
+        return table
+    index = table.column_names.index(text_field)
+    column = table.column(index)
+    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+        return table
+    try:
+        return table.set_column(index, text_field, column.cast(pa.large_string()))
+    except pa.ArrowInvalid:
+        return table
 
 
 class _BadValue:
