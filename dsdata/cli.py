@@ -120,9 +120,9 @@ def cmd_run(argv: list[str]) -> int:
 def _prepare_run(args: argparse.Namespace, beam_args: list[str]):
     """The recipe with the command line applied and every check made before anything is written;
     returns (recipe, output directory)."""
-    from dsdata.io.inputs import expand_directories
+    from dsdata.io.inputs import expand_directories, input_notes
     from dsdata.io.outlock import check_output_dir
-    from dsdata.recipe import INPUT_FORMATS, load_recipe
+    from dsdata.recipe import INPUT_FORMATS, load_recipe, recipe_output
 
     recipe = load_recipe(args.recipe or _default_recipe(), args.set)
     if args.input:
@@ -131,17 +131,19 @@ def _prepare_run(args: argparse.Namespace, beam_args: list[str]):
         recipe.input_format = args.format
     if recipe.input_format not in INPUT_FORMATS:  # --set input.format=... is only checked here
         raise UserError(f"input format '{recipe.input_format}' is not one of {', '.join(INPUT_FORMATS)}")
-    output = args.output or recipe.output
+    output = args.output or recipe_output(recipe)  # --output may point anywhere; a recipe's may not leave ./
     _check_inputs(recipe.inputs, recipe.path)
     _check_fasttext(recipe)
     _check_beam_args(list(recipe.beam_args) + beam_args)
+    expanded = expand_directories(recipe.inputs, recipe.input_format)  # may refuse an input: before OUT is made
     if "://" not in output:
         output = check_output_dir(output)
-    expanded = expand_directories(recipe.inputs, recipe.input_format)
     if expanded.skipped and not args.quiet:
         names = ", ".join(os.path.basename(p) for p in expanded.skipped[:3]) + (", …" if len(expanded.skipped) > 3 else "")
         print(f"dsdata: {len(expanded.skipped)} file(s) in the input director(ies) have no known format in their "
               f"name and are not read ({names}); pass --format FMT to read them", file=sys.stderr)
+    for line in input_notes(expanded, quiet=args.quiet):
+        print(f"dsdata: {line}", file=sys.stderr)
     recipe.inputs = expanded.patterns
     return recipe, output
 

@@ -7,7 +7,7 @@ input:
   format: auto                 # jsonl | parquet | html | warc | auto (from the file name)
   text_field: text
   id_field: id
-output: out                    # relative to the working directory
+output: out                    # relative to the working directory; may not leave it
 stages:
   - clean: {}
   - lang: {keep: [zh, en]}
@@ -15,7 +15,10 @@ stages:
 
 Paths written in a recipe are resolved against the recipe's directory and must stay inside it
 (a shared recipe cannot make a run read or write elsewhere); absolute paths, other locations and
-remote URLs (gs://, s3://) are given on the command line (`--input`, `--output`, `--set`).
+remote URLs (gs://, s3://) are given on the command line (`--input`, `--output`, `--set`).  The
+recipe's `output` is the exception to "against the recipe's directory": it is a directory under the
+working directory (`dsdata run pipelines/pretrain.yaml` writes ./out), and it too must stay there
+with every symbolic link resolved (`recipe_output`).  Every check is one RecipeError line.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ from dsdata.safe_yaml import YamlBoundError, load_bounded
 from dsdata.stages import Stage, StageConfigError, stage_class
 
 INPUT_FORMATS = ("auto", "jsonl", "parquet", "html", "warc")
+RECIPE_KEYS = ("name", "description", "input", "output", "stages", "beam")
+INPUT_KEYS = ("paths", "format", "text_field", "id_field")
 # A recipe is a page of YAML; a bigger file is not a recipe (and bounds what a bad one costs).
 MAX_RECIPE_BYTES = 1 << 20
 
@@ -78,6 +83,8 @@ def is_remote(path: str) -> bool:
 
 def confine(base_dir: str, rel: str, what: str, recipe_path: str) -> str:
     """Resolve a recipe-relative path, refusing anything that escapes `base_dir`."""
+    if "\0" in rel:
+        raise RecipeError(f"{recipe_path}: {what} {rel!r} holds a NUL byte, which no file name can")
     if is_remote(rel) or os.path.isabs(rel):
         raise RecipeError(
             f"{recipe_path}: {what} '{rel}' is not relative to the recipe; recipes may only name paths "
@@ -133,16 +140,18 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
         raise RecipeError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: a recipe must be a mapping with 'input', 'output' and 'stages'")
-    known = {"name", "description", "input", "output", "stages", "beam"}
-    extra = sorted(set(raw) - known)
-    if extra:
-        raise RecipeError(f"{path}: unknown key(s) {', '.join(extra)} (known: {', '.join(sorted(known))})")
+    _refuse_unknown_keys(raw, RECIPE_KEYS, "", path)
+    for key in ("name", "description"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
+            raise RecipeError(f"{path}: '{key}' must be a string, not {_shown(value)}")
     base = os.path.dirname(os.path.abspath(path))
     inp = raw.get("input") or {}
     if isinstance(inp, (str, list)):
         inp = {"paths": inp}
     if not isinstance(inp, dict):
         raise RecipeError(f"{path}: 'input' must be a mapping like {{paths: [data/*.jsonl]}}")
+    _refuse_unknown_keys(inp, INPUT_KEYS, "input.", path)
     paths = inp.get("paths") or []
     if isinstance(paths, str):
         paths = [paths]
@@ -155,7 +164,8 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
         raise RecipeError(f"{path}: input.format '{inp['format']}' is not one of {', '.join(INPUT_FORMATS)}")
     inputs = [confine(base, p, "input path", path) for p in paths]
     output = raw.get("output", "out")
-    if not isinstance(output, str) or is_remote(output) or os.path.isabs(output) or ".." in output.split("/"):
+    if (not isinstance(output, str) or not output.strip() or "\0" in output or is_remote(output)
+            or os.path.isabs(output) or ".." in output.replace(os.sep, "/").split("/")):
         raise RecipeError(f"{path}: 'output' must be a plain relative directory name; pass other locations with --output")
     stages = _as_stage_list(raw.get("stages"), path)
     for stage in stages:
@@ -182,6 +192,31 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
         apply_override(recipe, item)
     check_parameters(recipe)
     return recipe
+
+
+def _shown(value: Any, most: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
+def _refuse_unknown_keys(mapping: dict, known: tuple[str, ...], prefix: str, path: str) -> None:
+    """One line naming the keys of `mapping` that are not `known` (YAML keys may be any scalar: 1, true, null)."""
+    extra = [key for key in mapping if not isinstance(key, str) or key not in known]
+    if extra:
+        names = ", ".join(prefix + (key if isinstance(key, str) else _shown(key)) for key in extra)
+        raise RecipeError(f"{path}: unknown key(s) {names} (known: {', '.join(prefix + k for k in sorted(known))})")
+
+
+def recipe_output(recipe: Recipe, cwd: str | None = None) -> str:
+    """The recipe's `output` as an absolute path under the working directory `cwd`: refused (one
+    RecipeError line) when, with symbolic links resolved, it would lie outside it (`out -> /elsewhere`).
+    Only for the recipe's own output: an --output given on the command line is the user's choice."""
+    base = os.path.realpath(cwd or os.getcwd())
+    resolved = os.path.realpath(os.path.join(base, recipe.output))
+    if os.path.commonpath([base, resolved]) != base:
+        raise RecipeError(f"{recipe.path}: 'output' '{recipe.output}' leads to {resolved}, outside the working "
+                          f"directory {base} (a symbolic link); pass --output DIR to write there")
+    return os.path.join(os.path.abspath(cwd or os.getcwd()), recipe.output)
 
 
 def check_parameters(recipe: Recipe) -> None:
@@ -225,6 +260,8 @@ def apply_override(recipe: Recipe, item: str) -> None:
         raise RecipeError(
             f"--set '{item}': stage '{target}' has no parameter '{param}' (it takes: {', '.join(sorted(cls.params))})"
         )
+    if isinstance(parsed, str) and "\0" in parsed:
+        raise RecipeError(f"--set '{key}=…': the value holds a NUL byte")
     if cls.params[param].is_path and isinstance(parsed, str) and not is_remote(parsed):
         # Paths given on the command line are the user's own: relative to the working directory.
         parsed = os.path.abspath(parsed)

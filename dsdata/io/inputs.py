@@ -6,30 +6,71 @@ the directory itself, which becomes one `unreadable_file` row, "Is a directory")
 LICENSE, .txt) are not inputs; they are counted in `skipped` for the caller to report.  Hidden files
 and directories (a leading '.', e.g. .git) are not inputs either.  A glob that matches directories
 is expanded the same way.  Remote paths (gs://, s3://) are passed to Beam unchanged.
+
+Each local file is read once: files are told apart by their real path (symbolic links resolved),
+and the first spelling met is kept.  A glob or `--input` that matches a file already matched
+(overlapping `--input` values, a link to a file or a directory already read) adds nothing; the
+repeats are listed in `duplicates`.  A link to a directory is expanded where a glob or `--input`
+names it, unless it leads to a directory already read or to one holding it (a cycle, such as
+`loop -> .`); inside a directory, links to directories are not followed (`not_followed`).  Only
+regular files are read: a FIFO, socket or device would block the reader or never end, and a
+dangling link names nothing.  Named by itself (`--input PATH`, no glob) such a path is an
+InputPathError (one line, like a path that does not exist); matched by a glob or found in a
+directory it is left out and listed in `not_read` with the reason, for the caller to warn about.
 """
 from __future__ import annotations
 
 import glob
 import os
+import stat
 from dataclasses import dataclass, field
 
 from dsdata.io.readers import InputFormatError, detect_format
 
 
 class InputPathError(ValueError):
-    """An input path that names nothing to read (an empty directory)."""
+    """An input path that names nothing to read (an empty directory, a dangling link, a FIFO)."""
 
 
 @dataclass
 class ExpandedInputs:
     patterns: list[str]
     skipped: list[str] = field(default_factory=list)  # files in given directories with no known format
+    # (path, why): matched paths that are not regular files (FIFO, socket, device, dangling link)
+    not_read: list[tuple[str, str]] = field(default_factory=list)
+    # (path, the spelling read): files and directories matched again under another name
+    duplicates: list[tuple[str, str]] = field(default_factory=list)
+    not_followed: list[str] = field(default_factory=list)  # links to directories inside input directories
 
 
-def _files_under(directory: str) -> list[str]:
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def _not_a_file(path: str) -> str | None:
+    """Why `path` (not a directory) is not a regular file to read, or None when it is one (or cannot be
+    examined: opening it then gives the reader's `unreadable_file` row with the system's reason)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+        return None
+    except OSError as exc:
+        if os.path.islink(path):  # a link cycle (ELOOP) and the like
+            return f"a symbolic link that cannot be followed ({exc.strerror or exc})"
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "of another kind")
+    return f"not a regular file but {kind}"
+
+
+def _files_under(directory: str, links: list[str]) -> list[str]:
     found = []
     for root, dirs, files in os.walk(directory, followlinks=False):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        links.extend(os.path.join(root, d) for d in dirs if os.path.islink(os.path.join(root, d)))
         found.extend(os.path.join(root, f) for f in sorted(files) if not f.startswith("."))
     return found
 
@@ -42,37 +83,127 @@ def _has_format(path: str) -> bool:
     return True
 
 
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(path)
+
+
 def expand_directories(patterns: list[str], fmt: str = "auto") -> ExpandedInputs:
-    """Replace every local directory (given, or matched by a glob) by the files under it."""
+    """Replace every local directory (given, or matched by a glob) by the files under it, each local
+    file once (see the module's docstring)."""
     out = ExpandedInputs([])
+    seen: dict[str, str] = {}  # real path of a file → the spelling read
+    walked: dict[str, str] = {}  # real path of a directory expanded → the spelling expanded
+
+    def take(path: str) -> bool:
+        """Whether `path` is a file to read now: a regular file not read under another name."""
+        why = _not_a_file(path)
+        if why is not None:
+            out.not_read.append((path, why))
+            return False
+        real = _real(path)
+        if real in seen:
+            out.duplicates.append((path, seen[real]))
+            return False
+        seen[real] = path
+        return True
+
     for pattern in patterns:
         if "://" in pattern:
             out.patterns.append(pattern)
             continue
-        if os.path.isdir(pattern):
+        if "\0" in pattern:
+            raise InputPathError(f"input path {pattern!r} holds a NUL byte; no file name can")
+        named = not glob.has_magic(pattern)
+        if named:
+            why = None if os.path.isdir(pattern) else _not_a_file(pattern)
+            if why is not None:
+                raise InputPathError(f"input '{pattern}' is {why}; pass regular files or directories "
+                                     "(write a stream to a file first)")
+            if not os.path.isdir(pattern):
+                if take(pattern) or not os.path.lexists(pattern):
+                    out.patterns.append(pattern)  # a missing path is the caller's to report
+                continue
             matches = [pattern]
-        elif glob.has_magic(pattern):
-            matches = sorted(glob.glob(pattern, recursive=True))
-            if not any(os.path.isdir(m) for m in matches):
-                out.patterns.append(pattern)  # plain file glob: Beam matches it
-                continue
         else:
-            out.patterns.append(pattern)
-            continue
-        for match in matches:
+            matches = sorted(glob.glob(pattern, recursive=True))
+        chosen: list[str] = []
+        clean = True  # the glob matched only new regular files: Beam may match it itself, as before
+        # Files before directories, and within each the links last: a link to a file or directory that
+        # the same glob also names is the repeat, not the file or directory itself.
+        for match in sorted(matches, key=lambda m: (os.path.isdir(m), os.path.islink(m))):
             if not os.path.isdir(match):
-                out.patterns.append(match)
+                if take(match):
+                    chosen.append(match)
+                else:
+                    clean = False
                 continue
-            files = _files_under(match)
-            readable = files if fmt != "auto" else [f for f in files if _has_format(f)]
-            if not readable:
-                what = "no files" if not files else f"no file whose name gives its format ({len(files)} other files)"
-                if match == pattern:
-                    raise InputPathError(f"input directory '{pattern}' holds {what}; "
-                                         "pass --format FMT to read files by content type, or another --input")
+            clean = False
+            real = _real(match)
+            holder = next((w for w in walked if _inside(real, w)), None)
+            if holder is not None:
+                out.duplicates.append((match, walked[holder]))
                 continue
-            # Beam matches every input as a pattern: a name with [, * or ? must not act as one.
-            out.patterns.extend(glob.escape(f) if glob.has_magic(f) else f for f in readable)
+            if not named and os.path.islink(match) and _inside(_real(os.path.dirname(os.path.abspath(match))), real):
+                out.not_followed.append(match)  # a link to a directory holding it: a cycle
+                continue
+            walked[real] = match
+            links: list[str] = []
+            files = _files_under(match, links)
+            out.not_followed.extend(links)
+            regular = [f for f in files if _not_a_file(f) is None]
+            readable = regular if fmt != "auto" else [f for f in regular if _has_format(f)]
+            if not readable and match == pattern:
+                what = ("no files" if not files else
+                        f"no regular file ({len(files)} other entries)" if not regular else
+                        f"no file whose name gives its format ({len(files)} other files)")
+                raise InputPathError(f"input directory '{pattern}' holds {what}; "
+                                     "pass --format FMT to read files by content type, or another --input")
             kept = set(readable)
-            out.skipped.extend(f for f in files if f not in kept)
+            out.skipped.extend(f for f in regular if f not in kept)
+            regular_set = set(regular)
+            for f in sorted(files, key=os.path.islink):
+                if f not in regular_set:
+                    take(f)  # records why it is not read
+                elif f in kept and take(f):
+                    chosen.append(f)
+        if clean and not named:
+            out.patterns.append(pattern)  # plain file glob: Beam matches it
+            continue
+        # Beam matches every input as a pattern: a name with [, * or ? must not act as one.
+        out.patterns.extend(glob.escape(f) if glob.has_magic(f) else f for f in chosen)
+    if not out.patterns and out.not_read:
+        raise InputPathError(f"no regular file to read among the inputs: {_listed(_why(out.not_read))}; "
+                             "pass regular files or directories")
     return out
+
+
+def _why(items: list[tuple[str, str]]) -> list[str]:
+    return [f"{path} is {why}" for path, why in items]
+
+
+def _listed(items: list[str], most: int = 3) -> str:
+    shown = "; ".join(items[:most])
+    return shown + (f"; and {len(items) - most} more" if len(items) > most else "")
+
+
+def input_notes(expanded: ExpandedInputs, quiet: bool = False) -> list[str]:
+    """The lines a caller prints about inputs left out: paths that are not regular files always
+    (they were matched and are not read), repeats and links not followed unless `quiet`."""
+    lines = []
+    if expanded.not_read:
+        lines.append(f"warning: {len(expanded.not_read)} matched path(s) are not read: {_listed(_why(expanded.not_read))}")
+    if quiet:
+        return lines
+    if expanded.duplicates:
+        lines.append(f"{len(expanded.duplicates)} input path(s) name a file or directory already read and add "
+                     "nothing: " + _listed([f"{p} (named twice)" if p == first else f"{p} (read as {first})"
+                                            for p, first in expanded.duplicates]))
+    if expanded.not_followed:
+        shown = ", ".join(expanded.not_followed[:3]) + (", …" if len(expanded.not_followed) > 3 else "")
+        lines.append(f"{len(expanded.not_followed)} link(s) to directories are not followed ({shown}): they lie "
+                     "inside an input directory or lead back to one holding them; pass a directory as --input to read it")
+    return lines

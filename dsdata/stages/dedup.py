@@ -26,7 +26,11 @@ class DedupStage(CorpusStage):
     params = {
         "threshold": Param(0.8, "Jaccard similarity of shingle sets at or above which documents are near-duplicates",
                            Number(0, 1, open_min=True, open_max=True)),
-        "num_perm": Param(128, "MinHash permutations (signature length)", Integer(min=1)),
+        # At most 4096: choosing bands × rows costs ~num_perm·ln(num_perm) S-curve integrals (2.6 s at
+        # 4096, 10^20 stalled the run) and each signature is num_perm 64-bit values per document
+        # (32 KiB at 4096); the estimate's error, ~1/sqrt(num_perm), is 1.6 % there.  MinHash
+        # libraries default to 128 (datasketch) or 256.
+        "num_perm": Param(128, "MinHash permutations (signature length)", Integer(min=1, max=4096)),
         "bands": Param(0, "LSH bands; 0 = chosen from threshold (bands × rows ≤ num_perm)", Integer(min=0)),
         "rows": Param(0, "LSH rows per band; 0 = chosen from threshold", Integer(min=0)),
         "ngram": Param(5, "words per shingle for space-separated text", Integer(min=1)),
