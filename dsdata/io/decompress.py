@@ -8,6 +8,13 @@ be read again from the next member's start.  `decoded_chunks` yields decompresse
 the decoder produces them, and at a damaged place one `Damage` naming what was lost; then it
 searches the compressed bytes for the next member header, checks that the candidate really decodes,
 and goes on from there.
+
+With `member_ends=True` it also yields `MEMBER_END` where a member (frame) ended and passed its
+check (gzip's CRC-32 and length, zstd's checksum when the frame has one): only there is what the
+member decoded known to be sound.  Deflate and zstd cannot resynchronise inside a member, so after
+damage the decoder may emit garbage for a long way (up to the member's end, where the check fails)
+before it raises; a reader that holds back doubtful lines until it sees `MEMBER_END` or a `Damage`
+can tell data from damage (readers.read_jsonl does).
 """
 from __future__ import annotations
 
@@ -23,6 +30,14 @@ _FEED = 1 << 16
 _RESYNC_WINDOW = 8 << 20
 # A candidate member header counts as real when this much of what follows decodes without error.
 _PROBE = 1 << 14
+
+
+class _MemberEnd:
+    def __repr__(self) -> str:
+        return "MEMBER_END"
+
+
+MEMBER_END = _MemberEnd()  # a member ended cleanly (only yielded with member_ends=True)
 
 
 @dataclass
@@ -68,18 +83,19 @@ def _decodes(kind: str, data: bytes) -> bool:
     return True
 
 
-def decoded_chunks(path: str, raw: IO[bytes]) -> Iterator[bytes | Damage]:
+def decoded_chunks(path: str, raw: IO[bytes], member_ends: bool = False) -> Iterator[bytes | Damage | _MemberEnd]:
     """The decompressed content of `raw` (compression from the file name) as byte chunks, with a
-    `Damage` at each place where bytes were lost.  Uncompressed files pass through."""
+    `Damage` at each place where bytes were lost, and with `member_ends` a `MEMBER_END` after each
+    member that passed its check.  Uncompressed files pass through."""
     kind = compression_of(path)
     if kind is None:
         while chunk := raw.read(_FEED):
             yield chunk
         return
-    yield from _members(raw, kind)
+    yield from _members(raw, kind, member_ends)
 
 
-def _members(raw: IO[bytes], kind: str) -> Iterator[bytes | Damage]:
+def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[bytes | Damage | _MemberEnd]:
     magic = GZIP_MAGIC if kind == "gzip" else ZSTD_MAGIC
     errors = _decode_errors(kind)
     buf = bytearray()  # compressed bytes not yet fed to a decoder; buf[0] is at file offset `pos`
@@ -107,8 +123,8 @@ def _members(raw: IO[bytes], kind: str) -> Iterator[bytes | Damage]:
                     pos += len(buf)
                     buf.clear()
                     yield Damage("corrupt_compression",
-                                 f"{why}; the remaining {lost} compressed bytes from offset {begin} hold no "
-                                 f"further {kind} member and are lost", begin)
+                                 f"{why}; the {lost} compressed bytes from offset {begin} to the end hold no "
+                                 f"further {kind} member: what did not decode from them is lost", begin)
                     return
                 # Keep only a possible partial header at the end; everything before it is lost.
                 keep = max(search_from, len(buf) - len(magic) + 1)
@@ -172,6 +188,8 @@ def _members(raw: IO[bytes], kind: str) -> Iterator[bytes | Damage]:
                 used = len(piece) - len(decoder.unused_data)
                 del buf[:used]
                 pos += used
+                if member_ends:
+                    yield MEMBER_END
                 break
             del buf[:len(piece)]
             pos += len(piece)

@@ -16,14 +16,16 @@ truncated_record, undecodable_payload, unreadable_file.
 """
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
 import re
+import tempfile
 from typing import IO, Any, Iterator
 
 from dsdata.document import Document, Rejected
-from dsdata.io.decompress import Damage, compression_of, decoded_chunks
+from dsdata.io.decompress import MEMBER_END, Damage, compression_of, decoded_chunks
 from dsdata.io.encodings import bom_encoding, decode, encoding_for_label, meta_encoding
 
 READ_STAGE = "read"
@@ -133,13 +135,16 @@ class _LineTooLong:
 
 
 def _iter_lines(chunks: Iterator[bytes | Damage]) -> Iterator[bytes | Damage | _LineTooLong]:
-    """Lines of a decoded stream; a `Damage` passes through in its place, and the partial line
-    before it (a fragment of a record the damage cut) is counted in it.  A line over _MAX_LINE
+    """Lines of a decoded stream; a `Damage` (and `MEMBER_END`) passes through in its place, and the partial line
+    before a `Damage` (a fragment of a record the damage cut) is counted in it.  A line over _MAX_LINE
     bytes is one `_LineTooLong`; reading resumes after its newline."""
     parts: list[bytes] = []
     size = 0
     overlong = 0  # > 0 while skipping the rest of an over-long line
     for chunk in chunks:
+        if chunk is MEMBER_END:  # passes through; a line may go on in the next member
+            yield chunk
+            continue
         if isinstance(chunk, Damage):
             if parts or overlong:
                 chunk.detail += f"; the {size + overlong}-byte partial line before it is part of the loss"
@@ -180,6 +185,85 @@ def _iter_lines(chunks: Iterator[bytes | Damage]) -> Iterator[bytes | Damage | _
 _HOLD_ROWS = 10_000
 _HOLD_BYTES = 16 << 20
 
+# Damage inside a gzip member / zstd frame: deflate and zstd cannot resynchronise, and the decoder
+# may emit garbage up to the member's end before its check (CRC-32, checksum) fails.  Garbage can
+# parse: a back-reference can copy a whole earlier line, so the visible sign of damage (the first
+# line that does not parse) may come a few lines after it begins (up to 12.7 KiB in 257 random
+# damages of a deflate stream).  So each row of a compressed member waits until _LOOKBEHIND bytes
+# (deflate's 32 KiB window) follow it, and from the first line that does not parse the rows, with
+# those still waiting, are held back until the member's fate is known: a clean end (MEMBER_END) or a truncation releases
+# them as they are (what decoded before a cut is sound); a decode or check error makes them part of
+# the one damage row.  A run of _RESUMED_BYTES in at least _RESUMED_LINES consecutive lines that
+# parse (twice deflate's 32 KiB window; the garbage after damage breaks the JSON far more often)
+# ends the doubt early, so a healthy file's bad line delays only that much.  Held rows beyond
+# _SUSPECT_MEMORY go to an anonymous temporary file, so memory stays bounded on huge members.
+_LOOKBEHIND = 32 << 10
+_RESUMED_BYTES = 64 << 10
+_RESUMED_LINES = 8
+_SUSPECT_MEMORY = 16 << 20
+
+
+def _held_line(result: Document | Rejected) -> bytes:
+    """A held row as one JSON line (a JSONL reader's rows hold only JSON values; no pickle)."""
+    doc = result.doc if isinstance(result, Rejected) else result
+    fields = [doc.id, doc.text, doc.metadata, doc.annotations, doc.derived_from]
+    if isinstance(result, Rejected):
+        fields += [result.stage, result.reason, result.detail]
+    return json.dumps(fields).encode("ascii") + b"\n"
+
+
+def _from_held_line(line: bytes) -> Document | Rejected:
+    fields = json.loads(line)
+    doc = Document(*fields[:5])
+    return Rejected(doc, *fields[5:]) if len(fields) > 5 else doc
+
+
+class _Suspect:
+    """The rows of a compressed member from its first line that does not parse on."""
+
+    def __init__(self, after_line: int, first_bad: int):
+        self.after_line = after_line  # the last line before the held ones
+        self.first_bad = first_bad  # the first line that does not parse
+        self.rows: list[Document | Rejected] = []
+        self.memory = 0
+        self.spill = None
+        self.bytes = 0
+        self.clean_bytes = 0
+        self.clean_lines = 0
+
+    def add(self, result: Document | Rejected, size: int) -> bool:
+        """Hold `result` (from a line of `size` bytes); True once the doubt is over."""
+        self.bytes += size
+        if isinstance(result, Document) or result.reason not in _UNPARSED:
+            self.clean_bytes += size
+            self.clean_lines += 1
+        else:
+            self.clean_bytes = self.clean_lines = 0
+        if self.spill is None and self.memory + size <= _SUSPECT_MEMORY:
+            self.rows.append(result)
+            self.memory += size
+        else:
+            if self.spill is None:
+                self.spill = tempfile.TemporaryFile(prefix="dsdata-held-")
+            self.spill.write(_held_line(result))
+        return self.clean_bytes >= _RESUMED_BYTES and self.clean_lines >= _RESUMED_LINES
+
+    def release(self) -> Iterator[Document | Rejected]:
+        rows, self.rows = self.rows, []
+        yield from rows
+        spill, self.spill = self.spill, None
+        if spill is not None:
+            with spill:
+                spill.seek(0)
+                for line in spill:
+                    yield _from_held_line(line)
+
+    def discard(self) -> None:
+        self.rows = []
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
+
 
 def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id",
                first_line: int | None = None) -> Iterator[Document | Rejected]:
@@ -198,41 +282,22 @@ def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: st
 
     held: list[Rejected] | None = [] if first_line is None else None  # None: rows pass straight through
     held_bytes = 0
-    lineno = first_line or 0
-    try:
-        for line in _iter_lines(sniffed(decoded_chunks(path, raw))):
-            if isinstance(line, Damage):
-                result = _file_rejection(f"{path}:{lineno + 1}", line.reason, f"after line {lineno}: {line.detail}")
-            elif isinstance(line, _LineTooLong):
-                lineno += 1
-                result = Rejected(Document(f"{path}:{lineno}", "", {}), READ_STAGE, "line_too_long",
-                                  f"{line.size} bytes without a newline (at most {_MAX_LINE})")
-            else:
-                if lineno == 0 and line.startswith(_BOM):
-                    line = line[len(_BOM):]  # a UTF-8 BOM marks the encoding; it is not content
-                lineno += 1
-                result = _jsonl_record(line, f"{path}:{lineno}", text_field, id_field)
-                if result is None:
-                    continue
-            if held is None:
-                yield result
-                continue
-            if isinstance(result, Document) or result.reason not in _UNPARSED:
-                yield from held
-                held = None
-                yield result
-                continue
-            held.append(result)
-            held_bytes += len(result.doc.text)
-            if len(held) > _HOLD_ROWS or held_bytes > _HOLD_BYTES:
-                yield from held
-                held = None
-    except OSError as exc:  # the file system failed mid-read (a network file system, a vanished file)
-        if held:
+    watch = compression_of(path) is not None
+    for result in _jsonl_rows(path, sniffed(decoded_chunks(path, raw, member_ends=watch)), text_field, id_field,
+                              first_line or 0, watch):
+        if held is None:
+            yield result
+            continue
+        if isinstance(result, Document) or result.reason not in _UNPARSED:
             yield from held
-        held = None
-        yield _file_rejection(f"{path}:{lineno + 1}", "unreadable_file",
-                              f"{type(exc).__name__} after line {lineno}: {exc}; the rest of the file is unreadable")
+            held = None
+            yield result
+            continue
+        held.append(result)
+        held_bytes += len(result.doc.text)
+        if len(held) > _HOLD_ROWS or held_bytes > _HOLD_BYTES:
+            yield from held
+            held = None
     if held:
         if _looks_binary(bytes(head)):
             # A damaged archive stays its own row (where the readable bytes end), binary or not.
@@ -243,6 +308,95 @@ def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: st
             yield from damage
         else:
             yield from held
+
+
+def _jsonl_rows(path: str, chunks, text_field: str, id_field: str, lineno: int,
+                watch: bool) -> Iterator[Document | Rejected]:
+    """read_jsonl's rows in file order, before the binary-file rule.  With `watch` (compressed
+    input) each row waits until _LOOKBEHIND decoded bytes follow it, and from a member's first line
+    that does not parse the rows (with those still waiting) are held (a `_Suspect`) until the
+    member's end says whether they are data."""
+    suspect: _Suspect | None = None
+    lag: collections.deque = collections.deque()  # (line number, row, size) of the rows still waiting
+    lag_bytes = 0
+
+    def flush() -> Iterator[Document | Rejected]:
+        nonlocal suspect, lag_bytes
+        if suspect is not None:
+            yield from suspect.release()
+            suspect = None
+        while lag:
+            yield lag.popleft()[1]
+        lag_bytes = 0
+
+    try:
+        for line in _iter_lines(chunks):
+            if line is MEMBER_END:
+                yield from flush()
+                continue
+            if isinstance(line, Damage):
+                detail = f"after line {lineno}: {line.detail}"
+                row_line = lineno + 1
+                if suspect is not None and line.reason == "corrupt_compression":
+                    row_line = suspect.after_line + 1
+                    detail = (f"after line {suspect.after_line}: {line.detail}; the {lineno - suspect.after_line} "
+                              f"lines ({suspect.bytes} bytes) this member decoded from line {row_line} on are part "
+                              f"of the loss: line {suspect.first_bad} is the first that does not parse, and the "
+                              f"decoder cannot resynchronise inside a member, so its output from shortly before "
+                              f"that line on is not data (the {_LOOKBEHIND} bytes before it go too: a back-reference "
+                              f"can copy a whole earlier line)")
+                    suspect.discard()
+                    suspect = None
+                # else a cut, or an error with no sign of garbage before it: what decoded is kept
+                yield from flush()
+                yield _file_rejection(f"{path}:{row_line}", line.reason, detail)
+                continue
+            if isinstance(line, _LineTooLong):
+                lineno += 1
+                size = line.size
+                result = Rejected(Document(f"{path}:{lineno}", "", {}), READ_STAGE, "line_too_long",
+                                  f"{line.size} bytes without a newline (at most {_MAX_LINE})")
+            else:
+                if lineno == 0 and line.startswith(_BOM):
+                    line = line[len(_BOM):]  # a UTF-8 BOM marks the encoding; it is not content
+                lineno += 1
+                size = len(line) + 1
+                result = _jsonl_record(line, f"{path}:{lineno}", text_field, id_field)
+                if result is None:
+                    if suspect is not None:
+                        suspect.bytes += size
+                    else:
+                        lag_bytes += size
+                    continue
+            if not watch:
+                yield result
+                continue
+            if suspect is not None:
+                if suspect.add(result, size):
+                    yield from suspect.release()
+                    suspect = None
+                continue
+            if type(result) is Rejected and result.reason in _UNPARSED:
+                suspect = _Suspect(lag[0][0] - 1 if lag else lineno - 1, lineno)
+                for _, row, row_size in lag:
+                    suspect.add(row, row_size)
+                lag.clear()
+                lag_bytes = 0
+                suspect.add(result, size)
+                continue
+            lag.append((lineno, result, size))
+            lag_bytes += size
+            while lag and lag_bytes - lag[0][2] >= _LOOKBEHIND:
+                lag_bytes -= lag[0][2]
+                yield lag.popleft()[1]
+            if not lag:
+                lag_bytes = 0
+    except OSError as exc:  # the file system failed mid-read (a network file system, a vanished file)
+        yield from flush()
+        yield _file_rejection(f"{path}:{lineno + 1}", "unreadable_file",
+                              f"{type(exc).__name__} after line {lineno}: {exc}; the rest of the file is unreadable")
+        return
+    yield from flush()
 
 
 # When a run has several workers, a plain JSON Lines or Parquet file is read in ranges (of lines,
