@@ -142,7 +142,7 @@ def test_band_choice_and_s_curve():
         ({"bands": 20, "rows": 8}, "exceeds num_perm"),
         ({"bands": 4}, "set both bands and rows"),
         ({"keep": "newest"}, "keep must be one of"),
-        ({"num_perm": 0}, "num_perm must be a positive integer"),
+        ({"num_perm": 0}, "num_perm must be an integer between 1 and 4096"),
         ({"exact": False, "near": False}, "at least one of exact and near"),
     ],
 )
