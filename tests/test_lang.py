@@ -82,7 +82,8 @@ def _predict_reference(stage, texts):
 
     # A lone surrogate has no UTF-8 form for fastText's binding: the stage classifies it as U+FFFD.
     clean = [re.sub(r"\s+", " ", re.sub("[\ud800-\udfff]", "\ufffd", t[: stage.max_chars])).strip() for t in texts]
-    labels, scores = stage._model.predict(clean, k=1)
+    # fastText's own binding: the stage's compiled predictor must give its labels and scores exactly.
+    labels, scores = lang_module.load_fasttext(stage.model or lang_module.default_fasttext_model()).predict(clean, k=1)
     out = []
     for text, lab, sc in zip(texts, labels, scores):
         code, score = (lab[0][len("__label__"):] if lab else "unknown", float(sc[0]) if len(sc) else 0.0)
@@ -120,7 +121,8 @@ def test_predict_equals_the_reference_on_generated_text(texts):
 _GENERATED_STAGE = LanguageStage(max_chars=20)
 
 
-def test_the_binding_called_directly_equals_fasttexts_predict_and_a_lone_surrogate_is_classified():
+def test_the_binding_called_directly_equals_fasttexts_predict_and_a_lone_surrogate_is_classified(monkeypatch):
+    monkeypatch.setattr(lang_module.fasttext_model, "load", lambda path: None)  # the binding's path, not the compiled one
     stage = LanguageStage(max_chars=300)
     stage.setup()
     assert stage._predict_lines is not None  # fasttext-numpy2's binding: predict() calls it itself
