@@ -3,7 +3,37 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from types import ModuleType
+
+_numba_ready = False
+
+
+def _load_numba_registries() -> None:
+    """Load numba's implementation registries now, with scipy unimportable while they load.
+
+    numba loads them on a process's first compile or cache load, and one of them
+    (numba.np.arraymath) imports scipy.linalg only to learn whether np.dot and np.linalg can be
+    compiled: ~0.35 CPU-s, a fifth of a short run's start-up, and again in every Beam worker.
+    dsdata's kernels use neither, so numba is told there is no BLAS: compiling np.dot in this
+    process then fails with numba's "scipy 0.16+ is required for linear algebra".  When scipy.linalg
+    is already imported, nothing is blocked."""
+    global _numba_ready
+    if _numba_ready:
+        return
+    _numba_ready = True
+    blocked = [name for name in ("scipy", "scipy.linalg") if name not in sys.modules][:1]
+    for name in blocked:
+        sys.modules[name] = None  # an import of it (or below it) raises ImportError
+    try:
+        from numba.core.registry import cpu_target
+
+        cpu_target.typing_context.refresh()
+        cpu_target.target_context.refresh()
+    finally:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
 
 
 def import_compiled(module_name: str) -> ModuleType | bool:
@@ -12,6 +42,8 @@ def import_compiled(module_name: str) -> ModuleType | bool:
     if os.environ.get("DSDATA_NO_NUMBA", "") not in ("", "0"):
         return False
     try:
-        return importlib.import_module(module_name)
+        module = importlib.import_module(module_name)
     except ImportError:
         return False
+    _load_numba_registries()
+    return module
