@@ -52,6 +52,14 @@ def _hash(buf, start, end):
 
 
 @njit(cache=True, nogil=True)
+def _same_bytes(x, xa, y, ya, n):
+    for k in range(n):
+        if x[xa + k] != y[ya + k]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
 def build_word_table(words, word_offsets):
     """fastText's word2int: open addressing, ceil(size / 0.7) slots, linear probing."""
     size = word_offsets.shape[0] - 1
@@ -63,14 +71,8 @@ def build_word_table(words, word_offsets):
         while table[slot] != -1:
             o = table[slot]
             oa, ob = word_offsets[o], word_offsets[o + 1]
-            same = ob - oa == b - a
-            if same:
-                for k in range(b - a):
-                    if words[oa + k] != words[a + k]:
-                        same = False
-                        break
-            if same:
-                break
+            if ob - oa == b - a and _same_bytes(words, oa, words, a, b - a):
+                break  # a word given twice: the later entry wins, as in fastText's load
             slot = (slot + 1) % table.shape[0]
         table[slot] = w
     return table
@@ -122,35 +124,19 @@ def _word_id(buf, a, b, h, words, word_offsets, table):
         if w == -1:
             return -1
         wa, wb = word_offsets[w], word_offsets[w + 1]
-        if wb - wa == b - a:
-            same = True
-            for k in range(b - a):
-                if words[wa + k] != buf[a + k]:
-                    same = False
-                    break
-            if same:
-                return w
+        if wb - wa == b - a and _same_bytes(words, wa, buf, a, b - a):
+            return w
         slot = (slot + 1) % table.shape[0]
 
 
 @njit(cache=True, nogil=True)
 def _matches(buf, a, b, lit):
-    if b - a != lit.shape[0]:
-        return False
-    for k in range(lit.shape[0]):
-        if buf[a + k] != lit[k]:
-            return False
-    return True
+    return b - a == lit.shape[0] and _same_bytes(buf, a, lit, 0, lit.shape[0])
 
 
 @njit(cache=True, nogil=True)
 def _starts_with(buf, a, b, lit):
-    if b - a < lit.shape[0]:
-        return False
-    for k in range(lit.shape[0]):
-        if buf[a + k] != lit[k]:
-            return False
-    return True
+    return b - a >= lit.shape[0] and _same_bytes(buf, a, lit, 0, lit.shape[0])
 
 
 @njit(cache=True, nogil=True)
