@@ -143,3 +143,31 @@ def test_truncated_member_releases_held_rows(tmp_path):
     reasons = [r.reason for r in _rejected(rows)]
     assert reasons == ["bad_json", "truncated_compression"]
     assert len(_docs(rows)) >= 390
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_output_decoded_before_the_damage_is_not_lost_with_its_feed(tmp_path, seed):
+    """zlib raises on a whole 64 KiB feed: what it decodes from that feed's bytes before the damage
+    comes out too, exactly the output of feeding the file byte by byte up to the error."""
+    import zlib
+
+    from dsdata.io.decompress import Damage, decoded_chunks
+
+    rng = random.Random(seed)
+    blob = bytearray(gzip.compress(b"".join(_lines(6000, seed))))
+    at = rng.randrange(len(blob) // 3, 2 * len(blob) // 3)
+    blob[at:at + 8] = b"\xff" * 8  # an invalid block or distance: zlib raises soon after
+    reference, d = [], zlib.decompressobj(16 + zlib.MAX_WBITS)
+    for i in range(len(blob)):
+        try:
+            reference.append(d.decompress(bytes(blob[i:i + 1])))
+        except zlib.error:
+            break
+    else:
+        pytest.skip("this damage decodes without an error")
+    path = tmp_path / "a.jsonl.gz"
+    path.write_bytes(bytes(blob))
+    with open(path, "rb") as fh:
+        chunks = list(decoded_chunks(str(path), fh))
+    first_damage = next(i for i, c in enumerate(chunks) if isinstance(c, Damage))
+    assert b"".join(chunks[:first_damage]) == b"".join(reference)

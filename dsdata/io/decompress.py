@@ -95,6 +95,29 @@ def decoded_chunks(path: str, raw: IO[bytes], member_ends: bool = False) -> Iter
     yield from _members(raw, kind, member_ends)
 
 
+def _sound_part(decoder, piece: bytes, errors) -> Iterator[bytes]:
+    """What `decoder` (a zlib snapshot from before `piece`) emits from `piece` before the error:
+    fed in small steps, then byte by byte, so the output of the bytes before the damage is not lost
+    with the rest of a 64 KiB feed.  zstd's decoder has no copy(); there the feed's output goes."""
+    step = 256
+    at = 0
+    while at < len(piece):
+        probe = decoder.copy()
+        try:
+            out = probe.decompress(piece[at:at + step])
+        except errors:
+            if step == 1:
+                return
+            step = 1
+            continue
+        decoder = probe
+        at += step
+        if out:
+            yield out
+        if decoder.eof:
+            return
+
+
 def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[bytes | Damage | _MemberEnd]:
     magic = GZIP_MAGIC if kind == "gzip" else ZSTD_MAGIC
     errors = _decode_errors(kind)
@@ -177,10 +200,13 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                                  member_start)
                     return
             piece = bytes(buf[:_FEED])
+            before = decoder.copy() if kind == "gzip" else None
             try:
                 out = decoder.decompress(piece)
             except errors as exc:
                 failure = exc
+                if before is not None:
+                    yield from _sound_part(before, piece, errors)
                 break
             if out:
                 yield out
