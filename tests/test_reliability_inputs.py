@@ -100,6 +100,18 @@ def test_a_link_to_a_file_in_the_same_directory_is_read_once(tmp_path, capsys):
     assert rc == 0 and stats["input"] == 2
 
 
+def test_hard_links_to_one_file_are_read_once(tmp_path, capsys):
+    data = tmp_path / "h"
+    _records(data / "a.jsonl", 3, "h")
+    os.link(data / "a.jsonl", data / "b.jsonl")
+    expanded = expand_directories([str(data)])
+    assert expanded.duplicates == [(str(data / "b.jsonl"), str(data / "a.jsonl"))]
+    rc, stats = _run(tmp_path, str(data))
+    assert rc == 0 and stats["input"] == 3
+    rc, stats = _run(tmp_path, str(data / "a.jsonl"), str(data / "b.jsonl"), output=tmp_path / "out2")
+    assert rc == 0 and stats["input"] == 3
+
+
 # ----------------------------------------------------------------- only regular files are opened
 
 def test_a_dangling_link_named_as_input_is_one_line(tmp_path, capsys):

@@ -7,9 +7,10 @@ LICENSE, .txt) are not inputs; they are counted in `skipped` for the caller to r
 and directories (a leading '.', e.g. .git) are not inputs either.  A glob that matches directories
 is expanded the same way.  Remote paths (gs://, s3://) are passed to Beam unchanged.
 
-Each local file is read once: files are told apart by their real path (symbolic links resolved),
-and the first spelling met is kept.  A glob or `--input` that matches a file already matched
-(overlapping `--input` values, a link to a file or a directory already read) adds nothing; the
+Each local file is read once: files are told apart by device and inode (symbolic links followed,
+hard links one file), and the first spelling met is kept.  A glob or `--input` that matches a file
+already matched (overlapping `--input` values, a link to a file or a directory already read, a hard
+link) adds nothing; the
 repeats are listed in `duplicates`.  A link to a directory is expanded where a glob or `--input`
 names it, unless it leads to a directory already read or to one holding it (a cycle, such as
 `loop -> .`); inside a directory, links to directories are not followed (`not_followed`).  Only
@@ -91,11 +92,20 @@ def _real(path: str) -> str:
     return os.path.realpath(path)
 
 
+def _identity(path: str) -> tuple[int, int] | str:
+    """The file itself: its device and inode (hard links to one file are one file), else its real path."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return _real(path)
+    return (st.st_dev, st.st_ino)
+
+
 def expand_directories(patterns: list[str], fmt: str = "auto") -> ExpandedInputs:
     """Replace every local directory (given, or matched by a glob) by the files under it, each local
     file once (see the module's docstring)."""
     out = ExpandedInputs([])
-    seen: dict[str, str] = {}  # real path of a file → the spelling read
+    seen: dict[tuple[int, int] | str, str] = {}  # a file (device, inode) → the spelling read
     walked: dict[str, str] = {}  # real path of a directory expanded → the spelling expanded
 
     def take(path: str) -> bool:
@@ -104,11 +114,11 @@ def expand_directories(patterns: list[str], fmt: str = "auto") -> ExpandedInputs
         if why is not None:
             out.not_read.append((path, why))
             return False
-        real = _real(path)
-        if real in seen:
-            out.duplicates.append((path, seen[real]))
+        key = _identity(path)
+        if key in seen:
+            out.duplicates.append((path, seen[key]))
             return False
-        seen[real] = path
+        seen[key] = path
         return True
 
     for pattern in patterns:
