@@ -120,7 +120,7 @@ def cmd_run(argv: list[str]) -> int:
 def _prepare_run(args: argparse.Namespace, beam_args: list[str]):
     """The recipe with the command line applied and every check made before anything is written;
     returns (recipe, output directory)."""
-    from dsdata.io.inputs import expand_directories, input_notes
+    from dsdata.io.inputs import expand_directories, input_notes, left_out
     from dsdata.io.outlock import check_output_dir
     from dsdata.recipe import INPUT_FORMATS, load_recipe, recipe_output
 
@@ -145,6 +145,7 @@ def _prepare_run(args: argparse.Namespace, beam_args: list[str]):
     for line in input_notes(expanded, quiet=args.quiet):
         print(f"dsdata: {line}", file=sys.stderr)
     recipe.inputs = expanded.patterns
+    recipe.inputs_left_out = left_out(expanded)
     return recipe, output
 
 

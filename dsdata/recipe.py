@@ -62,6 +62,8 @@ class Recipe:
     output: str = "out"
     stages: list[StageSpec] = field(default_factory=list)
     beam_args: list[str] = field(default_factory=list)
+    # Not from the recipe file: the matched paths that `dsdata run` left out (inputs.left_out), for stats.json.
+    inputs_left_out: dict[str, Any] = field(default_factory=dict)
 
     @property
     def directory(self) -> str:

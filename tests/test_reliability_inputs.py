@@ -110,6 +110,24 @@ def test_hard_links_to_one_file_are_read_once(tmp_path, capsys):
     assert rc == 0 and stats["input"] == 3
     rc, stats = _run(tmp_path, str(data / "a.jsonl"), str(data / "b.jsonl"), output=tmp_path / "out2")
     assert rc == 0 and stats["input"] == 3
+    assert stats["inputs_left_out"] == {"repeats": {"count": 1, "paths": [
+        {"path": str(data / "b.jsonl"), "same_as": str(data / "a.jsonl")}]}}
+
+
+def test_stats_json_lists_the_inputs_left_out(tmp_path, capsys):
+    data = tmp_path / "m"
+    _records(data / "a.jsonl", 2, "m")
+    os.mkfifo(data / "pipe.jsonl")
+    (data / "notes.xyz").write_text("no known format", encoding="utf-8")
+    (data / "loop").symlink_to(data)
+    rc, stats = _run(tmp_path, str(data))
+    assert rc == 0 and stats["input"] == 2
+    left = stats["inputs_left_out"]
+    assert left["not_regular_files"] == {"count": 1, "paths": [{"path": str(data / "pipe.jsonl"), "why": "not a regular file but a FIFO"}]}
+    assert left["no_known_format"] == {"count": 1, "paths": [str(data / "notes.xyz")]}
+    assert left["links_not_followed"] == {"count": 1, "paths": [str(data / "loop")]}
+    rc, clean = _run(tmp_path, str(data / "a.jsonl"), output=tmp_path / "out2")
+    assert rc == 0 and "inputs_left_out" not in clean
 
 
 # ----------------------------------------------------------------- only regular files are opened

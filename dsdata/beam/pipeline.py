@@ -497,6 +497,8 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     # One zero count makes the group exist (and stats.json be written) when there is no record at all.
     nothing = p | "LedgerStart" >> beam.Create([(LEDGER_KEY, ("count", ("input",), 0))])
     extra = {"recipe": recipe.name, "stage_order": [READ_STAGE] + [s.name for s in stages]}
+    if recipe.inputs_left_out:
+        extra["inputs_left_out"] = recipe.inputs_left_out
     (
         (nothing, *keys, *stage_stats, *part_files)
         | "AllKeys" >> beam.Flatten()

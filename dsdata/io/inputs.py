@@ -191,6 +191,22 @@ def expand_directories(patterns: list[str], fmt: str = "auto") -> ExpandedInputs
     return out
 
 
+_LEFT_OUT_LISTED = 1000  # paths listed per kind in stats.json; the count is always whole
+
+
+def left_out(expanded: ExpandedInputs) -> dict:
+    """stats.json's "inputs_left_out": each kind of matched path not read, as a count and (up to
+    _LEFT_OUT_LISTED) the paths, so a run's record of its inputs does not live on stderr only.
+    Empty when nothing was left out."""
+    kinds = {
+        "not_regular_files": [{"path": p, "why": why} for p, why in expanded.not_read],
+        "repeats": [{"path": p, "same_as": first} for p, first in expanded.duplicates],
+        "links_not_followed": list(expanded.not_followed),
+        "no_known_format": list(expanded.skipped),
+    }
+    return {kind: {"count": len(items), "paths": items[:_LEFT_OUT_LISTED]} for kind, items in kinds.items() if items}
+
+
 def _why(items: list[tuple[str, str]]) -> list[str]:
     return [f"{path} is {why}" for path, why in items]
 
