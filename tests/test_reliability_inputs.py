@@ -222,6 +222,16 @@ def test_recipe_output_behind_a_symbolic_link_is_refused(tmp_path, capsys, monke
     # a recipe output that is a plain new directory under the working directory still works
     recipe.write_text("input: {paths: [in.jsonl]}\noutput: sub/out\nstages: []\n", encoding="utf-8")
     assert main(["run", str(recipe), "--quiet"]) == 0 and (work / "sub" / "out" / "stats.json").is_file()
+    # run_recipe() from Python applies the same check to the recipe's own output
+    from dsdata.beam.pipeline import run_recipe
+    from dsdata.recipe import RecipeError, load_recipe
+
+    for f in elsewhere.iterdir():
+        f.unlink() if f.is_file() else None
+    recipe.write_text("input: {paths: [in.jsonl]}\noutput: escdir\nstages: []\n", encoding="utf-8")
+    with pytest.raises(RecipeError, match="outside the working directory"):
+        run_recipe(load_recipe(str(recipe)))
+    assert not any(p.is_file() for p in elsewhere.iterdir())
 
 
 @pytest.mark.parametrize("value", ["99999999999999999999", "4097"])

@@ -35,7 +35,7 @@ from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, k
 from dsdata.io.readers import READ_STAGE
 from dsdata.io.spill import remove_spill
 from dsdata.beam.progress import watch as watch_progress
-from dsdata.recipe import Recipe
+from dsdata.recipe import Recipe, is_remote, recipe_output
 from dsdata.beam.report import remove_report, write_report_safely
 from dsdata.stages import SideOutput, Stage, registered_side_outputs
 
@@ -548,7 +548,8 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     progress: "lines" / "bar" print live progress every 10 s (see dsdata.beam.progress); "off" is silent.
     OUTPUT/report.html and OUTPUT/run.json are written at the end (a report error only warns).
     """
-    output = output or recipe.output
+    if output is None:  # the recipe's own output may not leave the working directory (recipe_output)
+        output = recipe.output if is_remote(recipe.output) else recipe_output(recipe)
     budget = ErrorBudget.parse(max_errors)
     stages = recipe.build_stages()
     _prepare_output(output)
