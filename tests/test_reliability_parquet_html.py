@@ -129,3 +129,35 @@ def test_a_binary_text_column_is_read_as_utf8_and_a_value_that_is_not_is_rejecte
     got = read_local(str(mixed))
     assert [type(r).__name__ for r in got] == ["Document", "Rejected", "Document"]
     assert got[1].reason == "invalid_utf8" and got[1].doc.id == f"{mixed}:1" and got[2].text == good[2].decode()
+
+
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be"])
+def test_utf16_jsonl_with_a_byte_order_mark_is_read_plain_and_compressed(tmp_path, codec):
+    import gzip
+
+    from dsdata.io.readers import jsonl_ranges
+
+    lines = [json.dumps({"id": f"u{i}", "text": f"{TEXT} 记录 {i}，中文。"}, ensure_ascii=False) for i in range(400)]
+    # a lone surrogate (valid UTF-16 code units in no pair): that line only is rejected
+    lines[7] = '{"id": "u7", "text": "bad \ud800 unit"}'
+    data = ("\ufeff" + "\n".join(lines) + "\n").encode(codec, "surrogatepass")
+    (tmp_path / "a.jsonl").write_bytes(data)
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(data))
+    for name in ("a.jsonl", "b.jsonl.gz"):
+        rows = read_local(str(tmp_path / name))
+        assert len(rows) == 400
+        assert [r.id for r in rows if isinstance(r, Document)] == [f"u{i}" for i in range(400) if i != 7]
+        (bad,) = [r for r in rows if isinstance(r, Rejected)]
+        assert bad.reason == "invalid_utf8" and bad.doc.id.endswith(":8")
+        assert rows[0].text == f"{TEXT} 记录 0，中文。"
+    with open(tmp_path / "a.jsonl", "rb") as fh:
+        assert jsonl_ranges(fh, 1000) is None  # never split at a newline byte: UTF-16's is two bytes
+    # an odd byte at the end: the last line is rejected, the rest kept
+    (tmp_path / "odd.jsonl").write_bytes(data + b"x")
+    rows = read_local(str(tmp_path / "odd.jsonl"))
+    assert sum(isinstance(r, Document) for r in rows) == 399 and rows[-1].reason == "invalid_utf8"
+    # and a whole run over it, on 2 workers, keeps the same records
+    (tmp_path / "r.yaml").write_text("input: {paths: ['a.jsonl']}\nstages: []\n", encoding="utf-8")
+    stats = run_recipe(load_recipe(str(tmp_path / "r.yaml")), str(tmp_path / "out"),
+                       ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    assert (stats["input"], stats["kept"], stats["rejected_total"]) == (400, 399, 1)

@@ -16,8 +16,10 @@ truncated_record, undecodable_payload, unreadable_file.
 """
 from __future__ import annotations
 
+import codecs
 import collections
 import io
+import itertools
 import json
 import os
 import re
@@ -265,6 +267,37 @@ class _Suspect:
             self.spill = None
 
 
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _as_utf8(chunks):
+    """A JSONL stream as UTF-8: one that starts with a UTF-16 byte-order mark (JSON's older RFCs
+    allowed UTF-16; Windows tools still write it) is decoded and re-encoded as it goes.  A lone
+    surrogate stays one (surrogatepass both ways), so its line is rejected as invalid UTF-8 like any
+    other, and so is an odd byte at the end; damage markers pass through.  Other streams pass
+    unchanged."""
+    chunks = iter(chunks)
+    pending, first = [], b""  # what was taken to see the first two bytes
+    for item in chunks:
+        pending.append(item)
+        if not isinstance(item, bytes):
+            break
+        first += item
+        if len(first) >= 2:
+            break
+    if not first.startswith(_UTF16_BOMS):
+        yield from pending
+        yield from chunks
+        return
+    decoder = codecs.getincrementaldecoder("utf-16")(errors="surrogatepass")  # the BOM picks the byte order
+    for item in itertools.chain(pending, chunks):
+        yield decoder.decode(item).encode("utf-8", "surrogatepass") if isinstance(item, bytes) else item
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        yield b"\xff"  # half a UTF-16 unit at the end: not UTF-8, so that last line is rejected
+
+
 def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id",
                first_line: int | None = None) -> Iterator[Document | Rejected]:
     """JSON Lines, plain or .gz/.zst. Ids default to `PATH:LINE` (1-based).
@@ -283,8 +316,10 @@ def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: st
     held: list[Rejected] | None = [] if first_line is None else None  # None: rows pass straight through
     held_bytes = 0
     watch = compression_of(path) is not None
-    for result in _jsonl_rows(path, sniffed(decoded_chunks(path, raw, member_ends=watch)), text_field, id_field,
-                              first_line or 0, watch):
+    chunks = decoded_chunks(path, raw, member_ends=watch)
+    if first_line is None:
+        chunks = _as_utf8(chunks)
+    for result in _jsonl_rows(path, sniffed(chunks), text_field, id_field, first_line or 0, watch):
         if held is None:
             yield result
             continue
@@ -458,7 +493,7 @@ def jsonl_ranges(raw: IO[bytes], range_bytes: int) -> list[tuple[int, int | None
     gives.  None when the file must be read whole: its head looks binary (the binary-file rule
     judges the file as one), or it has no line break past `range_bytes` (one range)."""
     head = raw.read(_BINARY_SNIFF)
-    if _looks_binary(head):
+    if _looks_binary(head) or head.startswith(_UTF16_BOMS):  # UTF-16 lines do not end at a newline byte
         return None
     ranges: list[tuple[int, int | None, int]] = []
     start = start_line = 0
