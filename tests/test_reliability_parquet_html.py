@@ -161,3 +161,22 @@ def test_utf16_jsonl_with_a_byte_order_mark_is_read_plain_and_compressed(tmp_pat
     stats = run_recipe(load_recipe(str(tmp_path / "r.yaml")), str(tmp_path / "out"),
                        ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
     assert (stats["input"], stats["kept"], stats["rejected_total"]) == (400, 399, 1)
+
+
+def test_jsonl_with_lone_cr_line_endings_is_read_as_lines(tmp_path):
+    import gzip
+
+    from dsdata.io.readers import jsonl_ranges
+
+    lines = [json.dumps({"id": f"c{i}", "text": f"{TEXT} {i}"}) for i in range(3000)]
+    data = ("\r".join(lines) + "\r").encode()
+    (tmp_path / "mac.jsonl").write_bytes(data)
+    (tmp_path / "mac.jsonl.gz").write_bytes(gzip.compress(data))
+    for name in ("mac.jsonl", "mac.jsonl.gz"):
+        rows = read_local(str(tmp_path / name))
+        assert [r.id for r in rows] == [f"c{i}" for i in range(3000)] and all(isinstance(r, Document) for r in rows)
+    with open(tmp_path / "mac.jsonl", "rb") as fh:
+        assert jsonl_ranges(fh, 1000) is None
+    # CRLF files are unchanged: the CR goes with the line ending as before
+    (tmp_path / "dos.jsonl").write_bytes(("\r\n".join(lines[:5]) + "\r\n").encode())
+    assert [r.id for r in read_local(str(tmp_path / "dos.jsonl"))] == [f"c{i}" for i in range(5)]

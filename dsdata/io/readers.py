@@ -298,6 +298,30 @@ def _as_utf8(chunks):
         yield b"\xff"  # half a UTF-16 unit at the end: not UTF-8, so that last line is rejected
 
 
+_CR_SNIFF = 64 << 10
+
+
+def _cr_lines(chunks):
+    """A stream whose lines end with a lone CR (classic Mac OS, some exports): when its first
+    _CR_SNIFF bytes hold a CR and no LF, every CR becomes LF, so its records are lines and not one
+    bad line.  (A raw CR inside a JSON string is invalid JSON anyway.)  Other streams pass unchanged."""
+    chunks = iter(chunks)
+    pending, head = [], b""
+    for item in chunks:
+        pending.append(item)
+        if not isinstance(item, bytes):
+            break
+        head += item
+        if len(head) >= _CR_SNIFF:
+            break
+    if b"\n" in head or b"\r" not in head:
+        yield from pending
+        yield from chunks
+        return
+    for item in itertools.chain(pending, chunks):
+        yield item.replace(b"\r", b"\n") if isinstance(item, bytes) else item
+
+
 def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id",
                first_line: int | None = None) -> Iterator[Document | Rejected]:
     """JSON Lines, plain or .gz/.zst. Ids default to `PATH:LINE` (1-based).
@@ -318,7 +342,7 @@ def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: st
     watch = compression_of(path) is not None
     chunks = decoded_chunks(path, raw, member_ends=watch)
     if first_line is None:
-        chunks = _as_utf8(chunks)
+        chunks = _cr_lines(_as_utf8(chunks))
     for result in _jsonl_rows(path, sniffed(chunks), text_field, id_field, first_line or 0, watch):
         if held is None:
             yield result
@@ -495,6 +519,8 @@ def jsonl_ranges(raw: IO[bytes], range_bytes: int) -> list[tuple[int, int | None
     head = raw.read(_BINARY_SNIFF)
     if _looks_binary(head) or head.startswith(_UTF16_BOMS):  # UTF-16 lines do not end at a newline byte
         return None
+    if b"\n" not in head[:_CR_SNIFF] and b"\r" in head:
+        return None  # lines ending in a lone CR: read whole, where they are made lines (_cr_lines)
     ranges: list[tuple[int, int | None, int]] = []
     start = start_line = 0
     target = range_bytes
