@@ -954,42 +954,29 @@ class _Source:
             self.offset -= len(data)
 
     def read(self, n: int | None = -1) -> bytes:
-        if n is None or n < 0:
-            data = b"".join([f.read() for f in self._front] + [self._raw.read()])
-            self._front.clear()
-            self.offset += len(data)
-            return data
-        parts = []
-        want = n
-        while want and self._front:
-            part = self._front[0].read(want)
-            if not part:
-                self._front.pop(0)
-                continue
-            parts.append(part)
-            want -= len(part)
-        if want:
-            parts.append(self._raw.read(want))
-        data = parts[0] if len(parts) == 1 else b"".join(parts)
-        self.offset += len(data)
-        return data
+        return self._take(-1 if n is None else n, line=False)
 
     def readline(self, limit: int | None = -1) -> bytes:
-        limit = -1 if limit is None else limit
+        return self._take(-1 if limit is None else limit, line=True)
+
+    def _take(self, limit: int, line: bool) -> bytes:
+        """Up to `limit` bytes (all when negative), or with `line` up to and with the next newline:
+        the put-back bytes first, then the stream's."""
         parts = []
         while limit and self._front:
-            part = self._front[0].readline(limit)
+            front = self._front[0]
+            part = front.readline(limit) if line else front.read(limit)
             if not part:
                 self._front.pop(0)
                 continue
             parts.append(part)
-            if part.endswith(b"\n"):
+            if line and part.endswith(b"\n"):
                 limit = 0
                 break
             if limit > 0:
                 limit -= len(part)
         if limit:
-            parts.append(self._raw.readline(limit))
+            parts.append(self._raw.readline(limit) if line else self._raw.read(limit))
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         self.offset += len(data)
         return data
