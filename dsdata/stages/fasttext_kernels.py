@@ -271,8 +271,9 @@ def predict_lines(buf, words, word_offsets, word_is_label, table, word_row_offse
                 # </s>: in the vocabulary it adds its own row only (initNgrams gives it no n-grams).
                 if pos < n:
                     pos += 1
-                hashes[nhash] = _hash(_EOS, 0, 4)
-                nhash += 1
+                if eos_id != -2:  # -2: </s> is a label in this model
+                    hashes[nhash] = _hash(_EOS, 0, 4)
+                    nhash += 1
                 if eos_id >= 0:
                     _add_row(hidden, in_rows, eos_id)
                     count += 1

@@ -43,6 +43,10 @@ def kernels():
     return _kernels or None
 
 
+class UnusableModel(ValueError):
+    """A model file that fastText's own binding would crash on: refused with this message."""
+
+
 class _Reader:
     def __init__(self, data):
         self.data, self.pos = data, 0
@@ -159,6 +163,9 @@ class CompiledFastText:
             raise LookupError(f"loss {loss}, model {model}")
         if version == 11:
             maxn = 0  # as fastText: old supervised models have no character n-grams
+        if bucket == 0 and ((maxn > 0 and maxn >= minn) or word_ngrams > 1):
+            raise UnusableModel(f"{path}: bucket is 0 but the model hashes character or word n-grams into buckets "
+                                "(fastText would divide by zero); this file is damaged or was not written by fastText")
         size, nwords, nlabels = r.take("<iii")
         _ntokens, prune_size = r.take("<qq")
         if not (0 <= nwords <= size and nlabels == size - nwords and nlabels > 0 and bucket >= 0
@@ -213,6 +220,8 @@ class CompiledFastText:
         table = self._k.build_word_table(self._words, self._offsets)
         eos_bytes = np.frombuffer(b"</s>", np.uint8)
         eos = self._k._word_id(eos_bytes, 0, 4, self._k._hash(eos_bytes, 0, 4), self._words, self._offsets, table)
+        if eos >= 0 and is_label[eos]:
+            eos = -2  # "</s>" typed a label: fastText adds neither its row nor its hash
         row_offsets, rows = self._k.build_word_rows(self._words, self._offsets, is_label, int(nwords), prune_map,
                                                     prune_bits, pruned, int(bucket), int(minn), int(maxn))
         self._args = (self._words, self._offsets, is_label, table, row_offsets, rows, int(eos), int(nwords),
@@ -245,5 +254,7 @@ def load(path: str) -> CompiledFastText | None:
             size = os.fstat(fh.fileno()).st_size
             data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         return CompiledFastText(path, data, k)
+    except UnusableModel:
+        raise
     except (OSError, ValueError, LookupError, struct.error, IndexError, OverflowError, MemoryError):
         return None

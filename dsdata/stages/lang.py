@@ -144,7 +144,10 @@ class LanguageStage(BatchStage):
             # The compiled predictor gives the binding's labels and float32 scores bit for bit, ~3x
             # faster (fasttext_model's docstring); models it does not cover, numba missing, or
             # DSDATA_NO_NUMBA=1 use the binding.
-            self._engine = fasttext_model.load(path) if os.path.isfile(path) else None
+            try:
+                self._engine = fasttext_model.load(path) if os.path.isfile(path) else None
+            except fasttext_model.UnusableModel as exc:
+                raise StageConfigError(f"lang: {exc}") from None
             if self._engine is not None:
                 self._model = self._engine
                 return
