@@ -135,6 +135,9 @@ def test_arc_files_good_and_malformed(tmp_path):
     good = tmp_path / "good.arc"
     good.write_bytes(_ARC_HEAD + b"".join(_arc_record(i) for i in range(3)))
     assert _urls(read_local(str(good))) == [f"http://ex.com/{i}" for i in range(3)]
+    ids = [r.id for r in read_local(str(good))]
+    assert ids == [r.id for r in read_local(str(good))] and len(set(ids)) == 3  # the same ids on every read
+    assert all(i.startswith("<urn:uuid:") for i in ids)
     bad = tmp_path / "bad.arc"  # the file header's length is wrong: warcio stops on the next line
     bad.write_bytes(b"filedesc://x.arc 0.0.0.0 20200101000000 text/plain 10\n1 0 ex\n\n"
                     b"http://ex.com/ 1.2.3.4 20200101000000 text/html 20\n<p>hello world</p>\n\n")

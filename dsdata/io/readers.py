@@ -24,6 +24,7 @@ import json
 import os
 import re
 import tempfile
+import uuid
 from typing import IO, Any, Iterator
 
 from dsdata.document import Document, Rejected
@@ -1179,6 +1180,9 @@ def _header_value(head: list[bytes], name: bytes) -> bytes | None:
     return None
 
 
+_ARC_ID_NAMESPACE = uuid.UUID("6f1c1a9e-3d0b-5e8a-9f57-2c4b8d0e7a13")  # dsdata's, for ARC record ids
+
+
 def _arc_records(src: _Source, loader: Any) -> Iterator[Any]:
     """warcio records of an ARC stream (ARC records have no version line to resynchronise on:
     damage ends the file, as one bad_warc Damage naming the offset and the bytes left)."""
@@ -1186,7 +1190,14 @@ def _arc_records(src: _Source, loader: Any) -> Iterator[Any]:
 
     iterator = ArchiveIterator(src, arc2warc=True)
     try:
-        for record in iterator:
+        for n, record in enumerate(iterator):
+            # warcio gives a converted ARC record a random WARC-Record-ID: the same file read twice
+            # would give other ids.  Derived from the record's place in the file and what it says
+            # (its offset is only known once its content is read), it is stable.
+            headers = record.rec_headers
+            ident = uuid.uuid5(_ARC_ID_NAMESPACE, f"{n} {headers.get_header('WARC-Target-URI')} "
+                                                  f"{headers.get_header('WARC-Date')}")
+            headers.replace_header("WARC-Record-ID", f"<urn:uuid:{ident}>")
             yield record
     except Exception as exc:  # noqa: BLE001 - warcio raises assorted errors on damaged input
         failed_at = iterator.offset
