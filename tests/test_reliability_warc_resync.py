@@ -160,9 +160,23 @@ def test_extract_recipe_counts_the_malformed_record(tmp_path):
     assert row["reason"] == "bad_warc" and "not a 'Name: value' field" in row["detail"]
 
 
-def test_response_without_target_uri_is_one_row(tmp_path):
+def test_response_without_target_uri_is_read_with_a_null_url(tmp_path):
+    # The standard requires WARC-Target-URI on a response; warcio raises (AttributeError) without
+    # one, which lost the record.  Its payload is intact, so it is a document, url null, in place.
     good = [_record(i) for i in range(3)]
-    no_uri = _record(99).replace(b"WARC-Target-URI: ", b"X-Not-The-URI: ", 1)  # warcio raises on it
-    results = read_local(str(_write(tmp_path, good[:1] + [no_uri] + good[1:], "plain")))
-    assert _urls(results) == [f"http://x.example/{i}" for i in range(3)]
-    assert [r.reason for r in _rejected(results)] == ["bad_warc"]
+    no_uri = _record(99).replace(b"WARC-Target-URI: ", b"X-Not-The-URI: ", 1)
+    for packing in ("plain", "gzip_per_record", "gzip_one_member"):
+        results = read_local(str(_write(tmp_path, good[:1] + [no_uri] + good[1:], packing)))
+        assert _rejected(results) == []
+        assert _urls(results) == ["http://x.example/0", None, "http://x.example/1", "http://x.example/2"]
+        assert results[1].text == "<p>page 99 has words.</p>"
+        assert results[1].metadata["content_type"] == "text/html"
+
+
+def test_response_without_target_uri_and_no_http_head_is_one_row(tmp_path):
+    block = b"just some bytes, no HTTP status line"
+    no_uri = (b"WARC/1.0\r\nWARC-Type: response\r\nWARC-Record-ID: <urn:uuid:nohttp>\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(block)) + block + b"\r\n\r\n"
+    results = read_local(str(_write(tmp_path, [_record(0), no_uri, _record(1)], "plain")))
+    assert _urls(results) == ["http://x.example/0", "http://x.example/1"]
+    assert [(r.doc.id, r.stage) for r in _rejected(results)] == [("<urn:uuid:nohttp>", "read")]

@@ -1040,9 +1040,7 @@ def _warc_frames(src: _Source, arc_allowed: bool = False) -> Iterator[Any]:
     what the bad record claimed, when it claimed too much).  A block cut by the end of the
     stream is handed out (the caller reports it `truncated_record`) and the records it
     swallowed are read again.  A stream that starts like an ARC file is left to warcio."""
-    from warcio.recordloader import ArcWarcRecordLoader
-
-    loader = ArcWarcRecordLoader(verify_http=False, arc2warc=True)
+    loader = _record_loader()
     while True:
         line = src.readline(_LINE_CAP)
         while line and not line.strip():
@@ -1154,6 +1152,20 @@ def _warc_frames(src: _Source, arc_allowed: bool = False) -> Iterator[Any]:
                      f"the record (followed by {following[:30]!r} at offset {end}, not by the next record); "
                      + (f"{skipped} bytes skipped, reading resumed at the next record (offset {src.offset})"
                         if found else f"the {skipped} bytes after it hold no further record"), start)
+
+
+def _record_loader() -> Any:
+    """warcio's record loader, except that a response, request or revisit record without
+    WARC-Target-URI (the standard requires one) is still read: warcio asks the URI's scheme whether
+    the block starts with HTTP headers and fails on a missing one (AttributeError), which lost
+    the whole record; its block is taken as HTTP, as in every web crawl, and its url is null."""
+    from warcio.recordloader import ArcWarcRecordLoader
+
+    class Loader(ArcWarcRecordLoader):
+        def load_http_headers(self, rec_type, uri, stream, length):
+            return super().load_http_headers(rec_type, "http:" if uri is None else uri, stream, length)
+
+    return Loader(verify_http=False, arc2warc=True)
 
 
 def _parse_record(loader: Any, stream: Any, start: int) -> Any:
