@@ -50,8 +50,41 @@ def test_recipe_cannot_start_a_subprocess_environment(tmp_path):
             f"  environment_config: 'touch {marker}'\n")
     work = _workdir(tmp_path, beam)
     line = _one_error_line(_cli(["run", "r.yaml", "--quiet"], cwd=work, timeout=300))
+    assert "runner 'PortableRunner' starts programs" in line and "--runner=PortableRunner" in line
+    assert not marker.exists()
+    # Without the runner line the environment options are refused by name.
+    (work / "r.yaml").write_text((work / "r.yaml").read_text().replace("  runner: PortableRunner\n", ""))
+    line = _one_error_line(_cli(["run", "r.yaml", "--quiet"], cwd=work, timeout=300))
     assert "may not be set in a recipe" in line and "job_endpoint" in line
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("runner", ["PrismRunner", "prism", "FlinkRunner", "SparkRunner", "PortableRunner",
+                                    "DataflowRunner", "dask", "DaskRunner", "InteractiveRunner"])
+def test_recipe_cannot_choose_a_runner_that_starts_programs(tmp_path, runner):
+    # Prism runs a binary from Beam's download cache, Flink and Spark a job-server jar, dask a local
+    # cluster: a shared file may not start them; the command line may.
+    path = _workdir(tmp_path, f"beam:\n  runner: {runner}\n") / "r.yaml"
+    with pytest.raises(RecipeError, match=f"runner '{runner}' starts programs.*--runner={runner} on the command line"):
+        load_recipe(str(path))
+
+
+def test_recipe_cannot_start_worker_processes(tmp_path):
+    path = _workdir(tmp_path, "beam:\n  direct_running_mode: multi_processing\n  direct_num_workers: 2\n") / "r.yaml"
+    with pytest.raises(RecipeError, match="'multi_processing' starts worker processes"):
+        load_recipe(str(path))
+    path = _workdir(tmp_path, "beam:\n  direct_running_mode: in_memory\n") / "r.yaml"
+    assert load_recipe(str(path)).beam_args == ["--direct_running_mode=in_memory"]
+
+
+def test_recipe_direct_runner_runs_in_this_process(tmp_path):
+    # Beam's DirectRunner would try Prism first (a download, then a binary): a recipe's
+    # DirectRunner is the in-process FnApiRunner, and the run starts no process at all.
+    work = _workdir(tmp_path, "beam:\n  runner: DirectRunner\n")
+    proc = _cli(["run", "r.yaml", "--quiet"], cwd=work, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "prism" not in proc.stderr.lower()
+    assert json.loads((work / "out" / "stats.json").read_text())["input"] == 3
 
 
 @pytest.mark.parametrize("option, value", [
@@ -72,7 +105,8 @@ def test_recipe_runner_must_be_a_runner_name(tmp_path):
     with pytest.raises(RecipeError, match="not one of Beam's runners by name"):
         load_recipe(str(path))
     path = _workdir(tmp_path, "beam:\n  runner: DirectRunner\n  direct_num_workers: 2\n") / "r.yaml"
-    assert load_recipe(str(path)).beam_args == ["--runner=DirectRunner", "--direct_num_workers=2"]
+    assert load_recipe(str(path)).beam_args == [
+        "--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner", "--direct_num_workers=2"]
 
 
 def test_yaml_alias_bomb_is_refused_before_expansion(tmp_path):

@@ -7,6 +7,14 @@ workers, a container image, a job endpoint or job-server jar that is started): w
 recipe would run code on the machine of whoever runs it.  So a recipe's `beam:` section takes only
 the options below — which runner and how many workers/threads — with scalar values; every other
 option is the user's own choice, given on the command line.
+
+Nor may a recipe choose a runner or a running mode that starts processes: Prism runs a binary
+(downloaded to Beam's cache, where anything could have been put), Flink and Spark a job-server jar
+with `java`, Beam's DirectRunner tries Prism first, dask starts a local cluster, and
+`multi_processing` starts worker processes.  A recipe's `runner` is one of the in-process runners
+(DirectRunner, FnApiRunner, BundleBasedDirectRunner; the first two mean dsdata's default, Beam's
+FnApiRunner in this process) and its `direct_running_mode` is `in_memory`; the others are given on
+the command line.
 """
 from __future__ import annotations
 
@@ -23,6 +31,13 @@ RECIPE_ALLOWED = frozenset({
     "streaming",
 })
 DIRECT_RUNNING_MODES = ("in_memory", "multi_threading", "multi_processing")
+# Beam's FnApiRunner in this process: dsdata's default runner.
+IN_PROCESS_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+# The runners a recipe may name (lower case) → the class path it runs on; none starts a process.
+RECIPE_RUNNERS = {
+    "direct": IN_PROCESS_RUNNER, "directrunner": IN_PROCESS_RUNNER, "fnapirunner": IN_PROCESS_RUNNER,
+    "bundlebaseddirectrunner": "apache_beam.runners.direct.direct_runner.BundleBasedDirectRunner",
+}
 
 
 class BeamOptionError(ValueError):
@@ -71,14 +86,27 @@ def recipe_beam_args(cfg: Any, recipe_path: str) -> list[str]:
             )
         if not isinstance(value, (str, int, float, bool)) or (isinstance(value, str) and "\n" in value):
             raise BeamOptionError(f"{recipe_path}: beam option '{name}' must be a single scalar value")
-        if name == "runner" and not _is_known_name(str(value)):
-            # A dotted class path imports that module: the user's choice, on the command line.
-            raise BeamOptionError(
-                f"{recipe_path}: runner '{value}' is not one of Beam's runners by name; "
-                "a runner class path is given on the command line (--runner=package.module.Class)"
-            )
+        if name == "runner":
+            if not _is_known_name(str(value)):
+                # A dotted class path imports that module: the user's choice, on the command line.
+                raise BeamOptionError(
+                    f"{recipe_path}: runner '{value}' is not one of Beam's runners by name; "
+                    "a runner class path is given on the command line (--runner=package.module.Class)"
+                )
+            if str(value).lower() not in RECIPE_RUNNERS:
+                raise BeamOptionError(
+                    f"{recipe_path}: runner '{value}' starts programs (a job server, a cluster or workers), "
+                    "which a shared recipe may not do; a recipe may name DirectRunner, FnApiRunner or "
+                    f"BundleBasedDirectRunner: pass --runner={value} on the command line"
+                )
+            value = RECIPE_RUNNERS[str(value).lower()]
         if name == "direct_running_mode" and value not in DIRECT_RUNNING_MODES:
             raise BeamOptionError(f"{recipe_path}: direct_running_mode must be one of {', '.join(DIRECT_RUNNING_MODES)}")
+        if name == "direct_running_mode" and value != "in_memory":
+            raise BeamOptionError(
+                f"{recipe_path}: direct_running_mode '{value}' starts worker processes, which a shared recipe "
+                f"may not do; pass --direct_running_mode={value} on the command line"
+            )
         args.append(f"--{name}={str(value).lower() if isinstance(value, bool) else value}")
     return args
 

@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from dsdata.beam.errors import ErrorBudget, find_environment_error
 from dsdata.beam.kinds import ApplyBatchChain, ApplyStage, ApplyStageChain, StageContext, batchable, fusable
-from dsdata.beam.options import runner_class_path
+from dsdata.beam.options import IN_PROCESS_RUNNER, runner_class_path
 from dsdata.beam.transforms import ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, ReadDocuments, Unbatch
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_schema, rejected_columns
 from dsdata.io.readers import READ_STAGE
@@ -46,7 +46,7 @@ log = logging.getLogger("dsdata")
 # seconds; asking for the in-process runner by its own name skips that (with --direct_* flags too:
 # pipeline_options).  Users who want Prism, Flink, Dataflow or a PortableRunner pass --runner
 # explicitly.
-DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+DEFAULT_RUNNER = IN_PROCESS_RUNNER
 
 
 class LedgerError(RuntimeError):
