@@ -202,7 +202,7 @@ def load_tokenizer(path: str, eos_token: str | None = None) -> LoadedTokenizer:
     try:
         from transformers import AutoTokenizer
 
-        auto = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        auto = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad directory
         raise TokenizerError(f"'{path}' holds no tokenizer.json and AutoTokenizer cannot load it ({exc})") from None
     vocab = auto.get_vocab()

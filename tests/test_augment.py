@@ -187,6 +187,30 @@ def test_bad_parameters(kwargs, message, tiny_model):
         AugmentStage(**kwargs)
 
 
+def test_generate_kwargs_take_only_plain_search_settings(tiny_model, tmp_path):
+    # transformers' generate() imports custom_generate/generate.py from a folder the kwargs name
+    # (with trust_remote_code): a recipe must not reach that, nor any other non-setting argument.
+    code_dir = tmp_path / "evil" / "custom_generate"
+    code_dir.mkdir(parents=True)
+    marker = tmp_path / "RAN"
+    (code_dir / "generate.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    models = {"model_en_zh": tiny_model, "model_zh_en": tiny_model}
+    for bad, message in [
+        ({"custom_generate": str(tmp_path / "evil"), "trust_remote_code": True}, "'custom_generate' is not allowed"),
+        ({"trust_remote_code": True}, "'trust_remote_code' is not allowed"),
+        ({"assistant_model": tiny_model}, "'assistant_model' is not allowed"),
+        ({"generation_config": str(tmp_path)}, "'generation_config' is not allowed"),
+        ({"no_repeat_ngram_size": "3"}, "no_repeat_ngram_size: '3' is not a number"),
+        ({"repetition_penalty": [1.2]}, "not a number"),
+    ]:
+        with pytest.raises(StageConfigError, match=message):
+            AugmentStage(generate_kwargs=bad, **models)
+    assert not marker.exists()
+    stage = AugmentStage(generate_kwargs={"no_repeat_ngram_size": 3, "early_stopping": "never",
+                                          "repetition_penalty": 1.1, "use_cache": True}, **models)
+    assert dict(stage.transform_config().back_translation.settings.extra)["no_repeat_ngram_size"] == 3
+
+
 def test_missing_model_names_the_param_and_the_fix(tmp_path, monkeypatch):
     import huggingface_hub.constants
 

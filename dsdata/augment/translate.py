@@ -117,8 +117,8 @@ class Seq2SeqTranslator:
 
         hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker and model clutters run logs
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-            self.model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, local_files_only=True)
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
+            self.model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
         except Exception as exc:  # noqa: BLE001 - any loading failure is the same user-facing problem
             raise ModelNotFoundError(
                 f"augment.{param}: cannot load a seq2seq model and tokenizer from '{model_dir}' "

@@ -134,8 +134,8 @@ class CausalLMScorer:
             raise ModelLoadError(f"causal LM '{model_dir}' has no config.json; give a directory saved with "
                                  "save_pretrained (model + tokenizer)")
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-            self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadError(f"causal LM '{model_dir}' does not load ({str(exc).splitlines()[0]})") from None
         if device == "auto":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -183,9 +184,9 @@ class BertScorer:
             raise ValueError(f"'{model_dir}' holds a {architectures[0]}, not a sequence classifier; train a classifier "
                              f"from it with 'dsdata classifier train --backend bert --encoder {model_dir} ...'")
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-            model = AutoModelForSequenceClassification.from_pretrained(model_dir)
-        except (OSError, ValueError) as exc:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+            model = AutoModelForSequenceClassification.from_pretrained(model_dir, trust_remote_code=False)
+        except (OSError, ValueError, pickle.UnpicklingError) as exc:  # a pickle weights_only refuses
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"cannot load a sequence classifier from '{model_dir}': {first}") from None
         self.model = model.to(self.device).eval()

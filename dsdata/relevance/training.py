@@ -89,9 +89,9 @@ def train_bert_model(records: Sequence[LabelledText], out_dir: str, encoder: str
     device = resolve_device(device)
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    tokenizer = AutoTokenizer.from_pretrained(encoder)
+    tokenizer = AutoTokenizer.from_pretrained(encoder, trust_remote_code=False)
     model = AutoModelForSequenceClassification.from_pretrained(
-        encoder, num_labels=2, id2label={0: "irrelevant", 1: "relevant"}, label2id={"irrelevant": 0, "relevant": 1})
+        encoder, trust_remote_code=False, num_labels=2, id2label={0: "irrelevant", 1: "relevant"}, label2id={"irrelevant": 0, "relevant": 1})
     model.to(device)
     n_layers = int(model.config.num_hidden_layers)
     k = n_layers if train_layers < 0 or train_layers >= n_layers else train_layers

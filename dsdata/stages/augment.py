@@ -58,6 +58,17 @@ class AugmentConfig:
     methods: tuple[str, ...]
 
 
+# The generate() settings a recipe may add: numbers and switches of the search itself.  Anything
+# else is refused: transformers' generate() imports code named by `custom_generate` (with
+# `trust_remote_code`), loads `assistant_model`s and `generation_config`s, and calls `streamer`s.
+GENERATE_SETTINGS = frozenset({
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "repetition_penalty", "encoder_repetition_penalty",
+    "length_penalty", "min_new_tokens", "min_length", "early_stopping", "num_beam_groups", "diversity_penalty",
+    "typical_p", "epsilon_cutoff", "eta_cutoff", "min_p", "penalty_alpha", "renormalize_logits",
+    "remove_invalid_values", "use_cache", "forced_bos_token_id", "forced_eos_token_id",
+})
+
+
 class AugmentStage(CorpusStage):
     name = "augment"
     description = "add back-translated (zh↔en) and dictionary-replaced copies of a seeded fraction of documents"
@@ -84,7 +95,7 @@ class AugmentStage(CorpusStage):
         "top_k": Param(0, "sample among the k most likely tokens (0 = all)", Integer(min=0)),
         "top_p": Param(1.0, "nucleus sampling mass (1.0 = off)", Number(1e-6, 1.0)),
         "max_new_tokens": Param(256, "longest translation of one sentence, in tokens", Integer(min=1)),
-        "generate_kwargs": Param({}, "further model.generate arguments, e.g. {no_repeat_ngram_size: 3}",
+        "generate_kwargs": Param({}, "further generate() settings (numbers, true/false), e.g. {no_repeat_ngram_size: 3}",
                                  MappingOf(Text(nonempty=True), expect="a mapping of generate() argument names to values")),
         "batch_size": Param(16, "sentences per model call (RunInference batch)", Integer(min=1)),
         "max_sentence_chars": Param(400, "sentences longer than this are cut at clause marks / spaces", Integer(min=20)),
@@ -113,6 +124,14 @@ class AugmentStage(CorpusStage):
             raise StageConfigError(f"augment.method: unknown {unknown or 'empty list'} (choose from {', '.join(METHODS)})")
         if len(set(methods)) != len(methods):
             raise StageConfigError(f"augment.method: {methods} names a method twice")
+        for key, value in self.generate_kwargs.items():
+            if key not in GENERATE_SETTINGS:
+                raise StageConfigError(
+                    f"augment.generate_kwargs: '{key}' is not allowed (a recipe may add only these generate() "
+                    f"settings: {', '.join(sorted(GENERATE_SETTINGS))}); the stage's own parameters cover the rest")
+            if isinstance(value, bool) or isinstance(value, (int, float)) or (key == "early_stopping" and value == "never"):
+                continue
+            raise StageConfigError(f"augment.generate_kwargs.{key}: {value!r} is not a number or true/false")
         if self.min_sim > self.max_sim:
             raise StageConfigError(f"augment: min_sim {self.min_sim} is above max_sim {self.max_sim}; nothing could be kept")
         # Models and dictionaries are looked up now, so a missing one stops the run before the pipeline starts.

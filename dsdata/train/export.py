@@ -53,7 +53,7 @@ def special_token_ids(tokenizer_dir: str, eos_id: int | None = None) -> dict[str
     try:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=False)
         ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
                "pad_token_id": tokenizer.pad_token_id}
     except (OSError, ValueError, TypeError, KeyError) as exc:  # no tokenizer there, or one AutoTokenizer cannot read
