@@ -89,3 +89,36 @@ def test_loss_falls_on_pipeline_shards_and_the_run_resumes(pipeline_shards, tmp_
     for name in ("config.json", "generation_config.json"):
         saved = json.loads((hf_dir / name).read_text())
         assert saved["eos_token_id"] == manifest["tokenizer"]["eos_id"] == tokenizer.eos_token_id, name
+
+
+def test_export_takes_only_the_tokenizer_the_manifest_recorded(tmp_path):
+    # A shard manifest is untrusted, and the export copies its tokenizer into the model folder that
+    # people share: a manifest naming someone's credentials file must not get it copied.
+    from types import SimpleNamespace
+
+    from dsdata.io.shards import file_sha256
+    from dsdata.train.loop import _shard_tokenizer
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    secret = tmp_path / "credentials.json"
+    secret.write_text('{"private_key": "not for sharing"}')
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    (tok_dir / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes())
+    good_sha = file_sha256(str(tok_dir / "tokenizer.json"))
+
+    def named(path, sha):
+        manifest = {"tokenizer": {"path": path, "sha256": sha, "eos_id": 0}}
+        return _shard_tokenizer(SimpleNamespace(dataset=SimpleNamespace(manifest=manifest),
+                                                path=str(shards / "manifest.json")))
+
+    assert named(str(secret), "0" * 64) == (None, 0)
+    assert named(str(secret), None) == (None, 0)
+    assert named("../credentials.json", good_sha) == (None, 0)
+    assert named(str(tok_dir), good_sha) == (str(tok_dir), 0)
+    assert named("../tok", good_sha) == (str(shards / "../tok"), 0)
+    assert named(str(tok_dir / "tokenizer.json"), good_sha) == (str(tok_dir / "tokenizer.json"), 0)
+    (tok_dir / "tokenizer.json").write_text("{}")  # changed since the shards were written
+    assert named(str(tok_dir), good_sha) == (None, 0)
+    assert named(str(tmp_path / "nowhere"), good_sha) == (None, 0)

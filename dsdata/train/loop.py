@@ -303,16 +303,38 @@ def _lower_layer_parameters(model: torch.nn.Module, config: Config) -> list[torc
 
 
 def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
-    """The shards' tokenizer (file or directory) named by their manifest, when it exists, and the
-    end-of-document id the manifest records."""
+    """The shards' tokenizer (file or directory) named by their manifest, when it exists and is the
+    one the shards were written with, and the end-of-document id the manifest records.
+
+    A manifest is an untrusted file and the export copies the tokenizer into the model folder people
+    share: a manifest naming `~/.aws/credentials.json` must not get it copied.  A tokenizer.json is
+    used only when its sha256 is the one the manifest records (its author cannot know a stranger's
+    file's hash; a tokenizer changed since the shards were written is also not the right one); a
+    directory without tokenizer.json (an AutoTokenizer one, no sha256 recorded) gives only its
+    tokenizer files (export._copy_tokenizer)."""
     dataset = getattr(batches, "dataset", None)
     if dataset is None:
         return None, None
     info = dataset.manifest.get("tokenizer") or {}
+    eos_id = info.get("eos_id")
     candidate = info.get("path")
-    if candidate and not os.path.isabs(candidate):
+    if not isinstance(candidate, str) or not candidate or "\x00" in candidate:
+        return None, eos_id
+    if not os.path.isabs(candidate):
         candidate = os.path.join(os.path.dirname(batches.path), candidate)
-    return (candidate if candidate and os.path.exists(candidate) else None), info.get("eos_id")
+    if not os.path.exists(candidate):
+        return None, eos_id
+    json_path = candidate if os.path.isfile(candidate) else os.path.join(candidate, "tokenizer.json")
+    recorded = info.get("sha256")
+    if os.path.isfile(json_path) or recorded:
+        from dsdata.io.shards import file_sha256
+
+        if not (os.path.isfile(json_path) and isinstance(recorded, str) and file_sha256(json_path) == recorded):
+            log.warning("export: the tokenizer the shards' manifest names (%s) is not the one they were written "
+                        "with (its sha256 differs from the manifest's); the exported model has no tokenizer",
+                        json_path)
+            return None, eos_id
+    return candidate, eos_id
 
 
 def _count(n: int) -> str:
