@@ -135,7 +135,9 @@ def _prepare_run(args: argparse.Namespace, beam_args: list[str]):
     _check_inputs(recipe.inputs, recipe.path)
     _check_fasttext(recipe)
     _check_beam_args(list(recipe.beam_args) + beam_args)
-    expanded = expand_directories(recipe.inputs, recipe.input_format)  # may refuse an input: before OUT is made
+    # May refuse an input, before OUT is made; the recipe's own inputs must stay in its directory.
+    expanded = expand_directories(recipe.inputs, recipe.input_format,
+                                  confine_to=None if args.input else recipe.directory)
     if "://" not in output:
         output = check_output_dir(output)
     if expanded.skipped and not args.quiet:

@@ -35,6 +35,42 @@ def test_paths_are_confined_to_the_recipe_folder(tmp_path):
         load_recipe(_recipe(tmp_path, "input: {paths: ['link/passwd']}\n"))
 
 
+def test_files_a_recipe_matches_through_links_stay_in_its_folder(tmp_path):
+    # The recipe names a folder or a glob of its own; a link inside it to a file outside would put
+    # that file's text into OUT/kept.  The same inputs given with --input are the user's choice.
+    from dsdata.io.inputs import InputPathError, expand_directories
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "credentials.jsonl").write_text('{"text": "secret from outside"}\n')
+    rec = tmp_path / "rec"
+    for name in ("data", "data2"):
+        (rec / name).mkdir(parents=True)
+        (rec / name / "ok.jsonl").write_text('{"text": "a document of the recipe"}\n')
+        (rec / name / "x.jsonl").symlink_to(outside / "credentials.jsonl")
+    (rec / "data" / "inner.jsonl").symlink_to(rec / "data" / "ok.jsonl")  # a link inside is fine
+    for inputs in ([str(rec / "data")], [str(rec / "data2" / "*.jsonl")], [str(rec / "data2" / "[ox].jsonl")]):
+        with pytest.raises(InputPathError, match="outside the recipe's directory"):
+            expand_directories(inputs, confine_to=str(rec))
+        expand_directories(inputs)  # unconfined (--input): read as given
+    inside = expand_directories([str(rec / "data" / "ok.jsonl"), str(rec / "data2" / "ok.jsonl")], confine_to=str(rec))
+    assert inside.patterns == [str(rec / "data" / "ok.jsonl"), str(rec / "data2" / "ok.jsonl")]
+    # A clean glob is handed on as the files checked, not matched again by Beam.
+    (rec / "data2" / "x.jsonl").unlink()
+    assert expand_directories([str(rec / "data2" / "*.jsonl")], confine_to=str(rec)).patterns == [
+        str(rec / "data2" / "ok.jsonl")]
+
+    (rec / "r.yaml").write_text("input: {paths: [data]}\noutput: out\nstages: []\n")
+    proc = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--quiet"], cwd=rec,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "outside the recipe's directory" in proc.stderr, proc.stderr
+    assert not (rec / "out" / "kept").exists()
+    proc = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--quiet", "--input", "data"],
+                          cwd=rec, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((rec / "out" / "stats.json").read_text())["input"] == 2  # ok.jsonl and the link out
+
+
 def test_set_overrides(tmp_path):
     path = _recipe(tmp_path, "input: {paths: [a.jsonl]}\nstages:\n  - lang: {}\n  - rules: {}\n")
     recipe = load_recipe(path, ["lang.min_score=0.7", "lang.keep=[zh, ja]", "rules.min_words=null", "input.text_field=body"])

@@ -101,12 +101,17 @@ def _identity(path: str) -> tuple[int, int] | str:
     return (st.st_dev, st.st_ino)
 
 
-def expand_directories(patterns: list[str], fmt: str = "auto") -> ExpandedInputs:
+def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str | None = None) -> ExpandedInputs:
     """Replace every local directory (given, or matched by a glob) by the files under it, each local
-    file once (see the module's docstring)."""
+    file once (see the module's docstring).
+
+    confine_to: a recipe's directory, for the inputs its file names: every file read must lie inside
+    it with links resolved (a link in a data folder to `~/.ssh/id_rsa.jsonl` would put that file in
+    OUT/kept), else InputPathError; and globs are handed on as the files checked, not matched again."""
     out = ExpandedInputs([])
     seen: dict[tuple[int, int] | str, str] = {}  # a file (device, inode) → the spelling read
     walked: dict[str, str] = {}  # real path of a directory expanded → the spelling expanded
+    base = _real(confine_to) if confine_to is not None else None
 
     def take(path: str) -> bool:
         """Whether `path` is a file to read now: a regular file not read under another name."""
@@ -114,6 +119,10 @@ def expand_directories(patterns: list[str], fmt: str = "auto") -> ExpandedInputs
         if why is not None:
             out.not_read.append((path, why))
             return False
+        if base is not None and not _inside(_real(path), base):
+            raise InputPathError(
+                f"recipe input '{path}' is, with links resolved, {_real(path)}: outside the recipe's directory {base}; "
+                "a recipe reads only its own files: remove the link, or give the input on the command line (--input)")
         key = _identity(path)
         if key in seen:
             out.duplicates.append((path, seen[key]))
@@ -180,7 +189,7 @@ def expand_directories(patterns: list[str], fmt: str = "auto") -> ExpandedInputs
                     take(f)  # records why it is not read
                 elif f in kept and take(f):
                     chosen.append(f)
-        if clean and not named:
+        if clean and not named and base is None:
             out.patterns.append(pattern)  # plain file glob: Beam matches it
             continue
         # Beam matches every input as a pattern: a name with [, * or ? must not act as one.
