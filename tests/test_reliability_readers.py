@@ -144,6 +144,28 @@ def test_truncated_zstd_keeps_intact_frames(tmp_path):
     assert _reasons(results) == ["truncated_compression"]
 
 
+def test_zstd_skippable_frames_are_metadata_and_lines_go_on_across_frames(tmp_path):
+    # pzstd (shipped with zstd) writes a skippable frame before every frame and cuts frames at any
+    # byte, so a line goes on in the next frame; `zstd -d` gives the input back byte for byte.
+    import struct
+
+    data = b"".join(_line(i) for i in range(90))
+    cuts = [0, data.index(b'"d29"') + 7, data.index(b'"d61"') + 3, len(data)]  # inside d29's and d61's lines
+    cctx = zstandard.ZstdCompressor(write_checksum=True)
+    packed = b""
+    for n, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        payload = struct.pack("<I", b - a) + b"x" * n * 1000  # pzstd records the frame size; any bytes may follow
+        packed += struct.pack("<II", 0x184D2A50 + n, len(payload)) + payload + cctx.compress(data[a:b])
+    path = tmp_path / "pz.jsonl.zst"
+    path.write_bytes(packed)
+    results = read_local(str(path))
+    assert _kept_ids(results) == [f"d{i}" for i in range(90)] and _reasons(results) == []
+    # A skippable frame the file ends inside: the frames before it are read, and one row says so.
+    path.write_bytes(cctx.compress(data) + struct.pack("<II", 0x184D2A5F, 1000) + b"y" * 10)
+    results = read_local(str(path))
+    assert _kept_ids(results) == [f"d{i}" for i in range(90)] and _reasons(results) == ["truncated_compression"]
+
+
 def _warc_members(n):
     members = []
     for i in range(n):

@@ -118,6 +118,11 @@ def _sound_part(decoder, piece: bytes, errors) -> Iterator[bytes]:
             return
 
 
+def _is_skippable_frame(head: bytes | bytearray) -> bool:
+    """A zstd skippable frame's header (magic 0x184D2A50 to 0x184D2A5F, little-endian, then its size)."""
+    return len(head) >= 8 and head[1:4] == b"\x2a\x4d\x18" and 0x50 <= head[0] <= 0x5F
+
+
 def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[bytes | Damage | _MemberEnd]:
     magic = GZIP_MAGIC if kind == "gzip" else ZSTD_MAGIC
     errors = _decode_errors(kind)
@@ -177,6 +182,27 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                 fill(len(magic))
         if not buf and exhausted:
             return
+        if kind == "zstd":
+            fill(8)
+            if _is_skippable_frame(buf):
+                # Metadata, not data: pzstd puts one before every frame, and its frames cut lines
+                # anywhere, so a line goes on in the next frame.  `zstd -d` skips them, and so does this.
+                frame_start = pos
+                size = 8 + int.from_bytes(buf[4:8], "little")
+                while size and (buf or not exhausted):
+                    fill(min(size, _FEED))
+                    step = min(size, len(buf))
+                    if not step:
+                        break
+                    del buf[:step]
+                    pos += step
+                    size -= step
+                if size:
+                    yield Damage("truncated_compression",
+                                 f"the file ends inside the zstd skippable frame that starts at offset {frame_start}",
+                                 frame_start)
+                    return
+                continue
         if not buf.startswith(magic):
             if exhausted and len(buf) < len(magic) and magic.startswith(bytes(buf)):
                 yield Damage("truncated_compression",
