@@ -66,6 +66,15 @@ def test_utf8_bom_at_start_of_jsonl_is_not_a_bad_record(tmp_path):
     assert _kept_ids(read_local(str(path))) == ["d0", "d1"]
 
 
+def test_utf8_bom_of_a_concatenated_file_is_not_a_bad_record(tmp_path):
+    # `cat a.jsonl b.jsonl` (or `cat a.gz b.gz`) where each part starts with a BOM.
+    part = lambda k: b"\xef\xbb\xbf" + _line(k) + _line(k + 1)  # noqa: E731
+    (tmp_path / "cat.jsonl").write_bytes(part(0) + part(2) + part(4))
+    (tmp_path / "cat.jsonl.gz").write_bytes(gzip.compress(part(0)) + gzip.compress(part(2)))
+    assert _kept_ids(read_local(str(tmp_path / "cat.jsonl"))) == [f"d{i}" for i in range(6)]
+    assert _kept_ids(read_local(str(tmp_path / "cat.jsonl.gz"))) == [f"d{i}" for i in range(4)]
+
+
 def test_control_bytes_in_first_line_reject_that_line_only(tmp_path):
     path = tmp_path / "ctl.jsonl"
     garbage = bytes(range(0, 9)) * 1200 + b"\n"  # ~10 KiB of control bytes: the whole sniff window

@@ -417,8 +417,11 @@ def _jsonl_rows(path: str, chunks, text_field: str, id_field: str, lineno: int,
                 result = Rejected(Document(f"{path}:{lineno}", "", {}), READ_STAGE, "line_too_long",
                                   f"{line.size} bytes without a newline (at most {_MAX_LINE})")
             else:
-                if lineno == 0 and line.startswith(_BOM):
-                    line = line[len(_BOM):]  # a UTF-8 BOM marks the encoding; it is not content
+                if line.startswith(_BOM):
+                    # A UTF-8 BOM marks the encoding; it is not content.  One that starts a later line
+                    # is the start of another file (`cat a.jsonl b.jsonl`, `cat a.gz b.gz`): no JSON
+                    # value starts with U+FEFF, so nothing is lost by dropping it there too.
+                    line = line[len(_BOM):]
                 lineno += 1
                 size = len(line) + 1
                 result = _jsonl_record(line, f"{path}:{lineno}", text_field, id_field)
