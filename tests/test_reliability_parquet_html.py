@@ -39,15 +39,19 @@ def test_a_parquet_id_of_any_type_becomes_a_string_and_no_row_is_lost(tmp_path, 
     assert [d.id for d in got] == [w if w is not None else f"{path}:{i}" for i, w in enumerate(want)]
 
 
-def test_a_value_with_no_python_form_rejects_its_row_only(tmp_path):
-    """A timestamp past year 9999 has no datetime: that row is `bad_value` naming the column; the
-    rows around it, and the rest of the file, are read."""
+def test_a_value_with_no_python_form_keeps_its_row_with_the_values_text(tmp_path):
+    """A timestamp past year 9999 has no datetime, a timestamp[ns] off whole microseconds none
+    without pandas: the row is kept with Arrow's exact text of the value; the rows around it too."""
     seconds = pa.array([0, 10**12, 86_400], type=pa.timestamp("s"))
-    path = _write(tmp_path / "ts.parquet", {"id": ["a", "b", "c"], "text": [TEXT] * 3, "seen": seconds})
+    nanos = pa.array([0, 1704110400123456789, 5], type=pa.timestamp("ns"))
+    path = _write(tmp_path / "ts.parquet", {"id": ["a", "b", "c"], "text": [TEXT] * 3, "seen": seconds,
+                                            "crawled": nanos})
     got = read_local(str(path))
-    assert [type(r).__name__ for r in got] == ["Document", "Rejected", "Document"]
-    assert got[1].reason == "bad_value" and "'seen'" in got[1].detail and got[1].doc.id == f"{path}:1"
-    assert got[0].metadata["seen"] == dt.datetime(1970, 1, 1) and got[2].id == "c"
+    assert [r.id for r in got if isinstance(r, Document)] == ["a", "b", "c"]
+    # Arrow's text of it: the count in the stored unit (Parquet keeps seconds as milliseconds).
+    assert got[1].metadata["seen"] == "<value out of range: 1000000000000000>"
+    assert got[0].metadata["seen"] == dt.datetime(1970, 1, 1) and got[2].metadata["seen"] == dt.datetime(1970, 1, 2)
+    assert got[1].metadata["crawled"] in ("2024-01-01 12:00:00.123456789", dt.datetime(2024, 1, 1, 12, 0, 0, 123456))
 
 
 def _corrupt_row_group(path, group: int) -> None:

@@ -735,7 +735,7 @@ def _text_as_string(table, text_field: str):
 
 
 class _BadValue:
-    """A Parquet row one of whose values has no Python form (a timestamp past year 9999, ...)."""
+    """A Parquet row one of whose values has neither a Python form nor an Arrow string form."""
 
     def __init__(self, detail: str):
         self.detail = detail
@@ -748,6 +748,9 @@ def _parquet_records(table) -> list[dict[str, Any] | _BadValue]:
         return table.to_pylist()
     except Exception:  # noqa: BLE001 - pyarrow raises ValueError, OverflowError, ArrowException...
         pass
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     names = table.column_names
     columns: list[list[Any]] = []
     bad: dict[int, str] = {}
@@ -761,9 +764,16 @@ def _parquet_records(table) -> list[dict[str, Any] | _BadValue]:
         for i in range(len(column)):
             try:
                 values.append(column[i].as_py())
+                continue
             except Exception as exc:  # noqa: BLE001
+                problem = f"column '{name}': {type(exc).__name__}: {exc}"
+            try:
+                # No Python form (a timestamp[ns] off whole microseconds without pandas, a date past
+                # year 9999): Arrow's own exact text of the value, so the row is not lost for it.
+                values.append(pc.cast(column.slice(i, 1), pa.string())[0].as_py())
+            except Exception:  # noqa: BLE001
                 values.append(None)
-                bad.setdefault(i, f"column '{name}': {type(exc).__name__}: {exc}")
+                bad.setdefault(i, problem)
         columns.append(values)
     return [_BadValue(bad[i]) if i in bad else dict(zip(names, values))
             for i, values in enumerate(zip(*columns))]
