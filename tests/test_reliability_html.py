@@ -64,6 +64,61 @@ def test_html_file_and_warc_record_use_whatwg_labels(tmp_path):
     assert "①～" in rec.text
 
 
+@pytest.mark.parametrize("label, text, data", [
+    # Bytes the standard's indexes define and Python's codecs lack (checked with a browser's TextDecoder).
+    ("gbk", "价格：100€", "价格：100".encode("gbk") + b"\x80"),
+    ("big5", "價格：100€", "價格：100".encode("big5") + b"\xa3\xe1"),
+    ("euc-jp", "手順①Ⅱを参照", "手順".encode("euc_jp") + b"\xad\xa1\xad\xb6" + "を参照".encode("euc_jp")),
+])
+def test_bytes_python_codecs_lack_decode_as_the_standard_says(label, text, data):
+    head = f"<html><head><meta charset='{label}'></head><body><p>".encode()
+    assert text in decode_html(head + data + b"</p></body></html>")
+
+
+def test_a_few_invalid_bytes_are_replaced_not_the_page_lost():
+    # A crawl cut inside the last character, a stray byte: the page, with U+FFFD there, as a browser shows it.
+    page = _page("这是一个很长的中文页面。" * 40, "utf-8").encode("utf-8")
+    cut = page[:page.rindex("。".encode()) + 1]  # ends inside 。
+    assert decode_html(cut).endswith("这是一个很长的中文页面\ufffd")
+    stray = _page("欢迎光临本站，这里是正文。" * 20, "gb2312").encode("gbk").replace("，".encode("gbk"), "，".encode("gbk") + b"\xff", 1)
+    assert "欢迎光临本站，\ufffd这里是正文" in decode_html(stray)
+    # A page in another encoding than the one tried fails on most characters: still no text.
+    assert decode_html(_page("欢迎光临本站，这里是正文。" * 20).encode("gbk")) is None
+
+
+@pytest.mark.parametrize("head", [
+    "<!-- <meta charset='utf-8'> --><meta charset='gbk'>",
+    "<!-- <meta http-equiv='Content-Type' content='text/html; charset=iso-8859-1'> --><meta charset=gbk>",
+    "<meta name='description' content='pages in charset=utf-8 are best'><meta charset='gbk'>",
+    "<script>" + "var x = 1;\n" * 800 + "</script><meta charset='gbk'>",  # a meta after 9 KB: browsers switch there
+    "<meta content='text/html;charset=gbk' http-equiv=Content-Type>",
+])
+def test_meta_charset_is_found_as_the_tree_builder_meets_it(head):
+    data = f"<html><head>{head}</head><body><p>欢迎光临本站，这里是正文。</p></body></html>".encode("gbk")
+    assert "欢迎光临本站" in decode_html(data)
+
+
+def test_xhtml_xml_declaration_names_the_encoding():
+    data = ("<?xml version='1.0' encoding='gb2312'?>\n<html xmlns='http://www.w3.org/1999/xhtml'><body>"
+            "<p>欢迎光临本站</p></body></html>").encode("gbk")
+    assert "欢迎光临本站" in decode_html(data)
+
+
+@pytest.mark.parametrize("payload, content_type", [
+    (b"\xff\xfe" + _page("utf-16 页面 with a BOM").encode("utf-16-le"), "text/html"),
+    (_page("utf-16 页面 by its charset").encode("utf-16-le"), "text/html; charset=utf-16le"),
+])
+def test_warc_payload_in_utf16_is_read(tmp_path, payload, content_type):
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=False)
+    headers = StatusAndHeaders("200 OK", [("Content-Type", content_type)], protocol="HTTP/1.0")
+    writer.write_record(writer.create_warc_record("http://x.example/", "response", payload=io.BytesIO(payload),
+                                                  http_headers=headers))
+    (tmp_path / "u.warc").write_bytes(buf.getvalue())
+    (rec,) = read_local(str(tmp_path / "u.warc"))
+    assert "utf-16 页面" in rec.text
+
+
 # ------------------------------------------------------------------------------------- nesting
 
 

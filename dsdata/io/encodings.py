@@ -91,6 +91,58 @@ def _c1_controls(error: UnicodeDecodeError) -> tuple[str, int]:
 codecs.register_error("dsdata-whatwg-c1", _c1_controls)
 
 
+def _gbk_gap(error: UnicodeDecodeError) -> tuple[str, int]:
+    """The standard's GBK decoder reads 0x80 as the euro sign (cp936); Python's gb18030 has no 0x80."""
+    if error.object[error.start] == 0x80:
+        return "\u20ac", error.start + 1
+    return "\ufffd", error.end
+
+
+def _big5_gap(error: UnicodeDecodeError) -> tuple[str, int]:
+    """index-big5 has A3E1 = the euro sign (cp950); Python's big5hkscs has not."""
+    if error.object[error.start:error.start + 2] == b"\xa3\xe1":
+        return "\u20ac", error.start + 2
+    return "\ufffd", error.end
+
+
+def _euc_jp_gap(error: UnicodeDecodeError) -> tuple[str, int]:
+    """index-jis0208 holds NEC's row 13 (①, Ⅰ, ㍉ …) and the IBM extensions, which Python's euc_jp
+    lacks and cp932 has: the JIS row and cell of the pair, as Shift_JIS bytes, decoded by cp932."""
+    pair = error.object[error.start:error.start + 2]
+    if len(pair) == 2 and 0xA1 <= pair[0] <= 0xFE and 0xA1 <= pair[1] <= 0xFE:
+        row, cell = pair[0] - 0x80, pair[1] - 0x80
+        lead = (row + 1) // 2 + (0x70 if row <= 0x5E else 0xB0)
+        trail = cell + (0x1F if row % 2 else 0x7D)
+        if row % 2 and trail >= 0x7F:
+            trail += 1
+        try:
+            return bytes((lead, trail)).decode("cp932"), error.start + 2
+        except UnicodeDecodeError:
+            pass
+    return "\ufffd", error.end
+
+
+codecs.register_error("dsdata-gbk", _gbk_gap)
+codecs.register_error("dsdata-big5", _big5_gap)
+codecs.register_error("dsdata-euc-jp", _euc_jp_gap)
+_LENIENT_ERRORS = {"GBK": "dsdata-gbk", "gb18030": "dsdata-gbk", "Big5": "dsdata-big5", "EUC-JP": "dsdata-euc-jp"}
+
+
+def decode_with_replacement(data: bytes, encoding: str) -> tuple[str, int]:
+    """Decode as browsers do once an encoding is chosen: the bytes the standard's index defines and
+    Python's codec lacks (GBK 0x80, Big5 A3E1, EUC-JP's NEC and IBM rows) as the standard says, any
+    other invalid byte as U+FFFD.  Returns the text and how many U+FFFD it holds."""
+    codec = _ENCODINGS[encoding][0]
+    if codec in ("replacement", "x-user-defined"):
+        return decode(data, encoding), 0
+    errors = "dsdata-whatwg-c1" if encoding in _SINGLE_BYTE_C1 else _LENIENT_ERRORS.get(encoding, "replace")
+    try:
+        text = data.decode(codec, errors)
+    except UnicodeDecodeError:  # a single-byte code page's undefined byte outside 0x80-0x9F
+        text = data.decode(codec, "replace")
+    return text, text.count("\ufffd")
+
+
 def encoding_for_label(label: str | None) -> str | None:
     """The Encoding Standard's name for a charset label (case- and whitespace-insensitive), or None."""
     if not label:

@@ -29,7 +29,7 @@ from typing import IO, Any, Iterator
 
 from dsdata.document import Document, Rejected
 from dsdata.io.decompress import MEMBER_END, Damage, compression_of, decoded_chunks
-from dsdata.io.encodings import bom_encoding, decode, encoding_for_label, meta_encoding
+from dsdata.io.encodings import bom_encoding, decode, decode_with_replacement, encoding_for_label, meta_encoding
 
 READ_STAGE = "read"
 FORMATS = ("jsonl", "parquet", "html", "warc")
@@ -779,36 +779,83 @@ def _parquet_records(table) -> list[dict[str, Any] | _BadValue]:
             for i, values in enumerate(zip(*columns))]
 
 
-_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:\-]+)""", re.I)
+# The page's head as the tree builder meets it: where a <meta> can still set the encoding (browsers
+# switch when the parser reaches one later in <head>, e.g. after a long inline script).
+_HEAD_SCAN = 16 << 10
+_BODY_START = re.compile(rb"<body[\s>/]", re.I)
+_COMMENT = re.compile(rb"<!--.*?(?:-->|\Z)", re.S)
+_META_TAG = re.compile(rb"<meta(?=[\s/])([^>]*)>?", re.I)
+_ATTRIBUTE = re.compile(rb"""([^\s=/>"']+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+)))?""")
+_CHARSET_IN_CONTENT = re.compile(rb"""charset\s*=\s*["']?\s*([A-Za-z0-9_.:\-]+)""", re.I)
+_XML_DECLARATION = re.compile(rb"""\s*<\?xml\s[^>]*?encoding\s*=\s*["']([A-Za-z0-9_.:\-]+)""", re.I)
+# A declared encoding whose strict decode fails still gives the page when only this many of its
+# bytes are invalid (at least _TOLERATED_MIN): a crawl cut inside the last character, a stray byte.
+# A page in another encoding than the one tried fails on most of its non-ASCII characters.
+_TOLERATED_SHARE = 0.001
+_TOLERATED_MIN = 4
+
+
+def meta_charset(data: bytes) -> str | None:
+    """The charset label a page's <meta> declares: `<meta charset=…>`, or `<meta http-equiv=
+    "Content-Type" content="…; charset=…">` (a `content` with "charset=" on any other meta, such
+    as a description, declares nothing); in <head>, comments skipped."""
+    head = data[:_HEAD_SCAN]
+    body = _BODY_START.search(head)
+    if body is not None:
+        head = head[:body.start()]
+    head = _COMMENT.sub(b"", head)
+    for tag in _META_TAG.finditer(head):
+        attrs: dict[bytes, bytes] = {}
+        for m in _ATTRIBUTE.finditer(tag.group(1)):
+            value = m.group(2) if m.group(2) is not None else m.group(3) if m.group(3) is not None else m.group(4)
+            attrs.setdefault(m.group(1).lower(), (value or b"").strip())
+        label = attrs.get(b"charset")
+        if not label and attrs.get(b"http-equiv", b"").lower() == b"content-type":
+            found = _CHARSET_IN_CONTENT.search(attrs.get(b"content", b""))
+            label = found.group(1) if found else None
+        if label:
+            name = meta_encoding(label.strip(b"\"' ").decode("ascii", "replace"))
+            if name:
+                return name
+    return None
 
 
 def decode_html(data: bytes, declared: str | None = None) -> str | None:
     """Bytes of an HTML page → str, as browsers decode it (the WHATWG Encoding Standard): a UTF-8 or
-    UTF-16 byte-order mark first, then the declared (HTTP) charset, then <meta charset>, then UTF-8,
-    each label mapped to the standard's encoding (gb2312 → GBK, shift_jis → windows-31j,
-    iso-8859-1 → windows-1252, …); None if no candidate decodes the page."""
+    UTF-16 byte-order mark first, then the declared (HTTP) charset, then <meta charset> (comments
+    skipped, anywhere in <head>), then an XML declaration's encoding (XHTML), then UTF-8, each label
+    mapped to the standard's encoding (gb2312 → GBK, shift_jis → windows-31j, iso-8859-1 →
+    windows-1252, …).  The first candidate that decodes the page strictly wins; when none does, the
+    first one under which at most 0.1 % of the bytes are invalid (those become U+FFFD, as in a
+    browser; bytes the standard defines and Python's codec lacks are decoded as the standard says).
+    None if no candidate gives the page."""
     bom = bom_encoding(data)
     if bom is not None:
         name, length = bom
-        try:
-            return decode(data[length:], name)
-        except UnicodeDecodeError:
-            return None
-    candidates = []
-    name = encoding_for_label(declared)
-    if name:
-        candidates.append(name)
-    m = _META_CHARSET.search(data[:4096])
-    if m:
-        name = meta_encoding(m.group(1).decode("ascii"))
-        if name:
-            candidates.append(name)
-    candidates.append("UTF-8")
-    for name in dict.fromkeys(candidates):
-        try:
-            return decode(data, name)
-        except UnicodeDecodeError:
-            continue
+        candidates = [name]
+        data = data[length:]
+    else:
+        candidates = []
+        for name in (encoding_for_label(declared), meta_charset(data)):
+            if name:
+                candidates.append(name)
+        xml = _XML_DECLARATION.match(data[:1024])
+        if xml:
+            name = meta_encoding(xml.group(1).decode("ascii"))
+            if name:
+                candidates.append(name)
+        candidates.append("UTF-8")
+        candidates = list(dict.fromkeys(candidates))
+        for name in candidates:
+            try:
+                return decode(data, name)
+            except UnicodeDecodeError:
+                continue
+    tolerated = max(_TOLERATED_MIN, int(_TOLERATED_SHARE * len(data)))
+    for name in candidates:
+        text, invalid = decode_with_replacement(data, name)
+        if invalid <= tolerated:
+            return text
     return None
 
 
@@ -1252,10 +1299,20 @@ def _warc_response(path: str, record: Any, count: int) -> Document | Rejected:
     charset = None
     if ctype and "charset=" in ctype.lower():
         charset = ctype.lower().split("charset=")[-1].split(";")[0].strip(" \"'")
-    if _looks_binary(payload[:_BINARY_SNIFF]) or not meta["content_type"].startswith(("text/", "application/xhtml")):
+    if not meta["content_type"].startswith(("text/", "application/xhtml")):
         return Rejected(Document(rec_id, "", meta), READ_STAGE, "binary_file",
                         f"payload is {meta['content_type']}, not text")
+    # A UTF-16 payload (a byte-order mark, or the HTTP charset says so) is half NUL bytes: it is
+    # checked once decoded, as a UTF-16 HTML file is.
+    utf16 = (bom_encoding(payload) or ("",))[0].startswith("UTF-16") or \
+        (encoding_for_label(charset) or "").startswith("UTF-16")
+    if not utf16 and _looks_binary(payload[:_BINARY_SNIFF]):
+        return Rejected(Document(rec_id, "", meta), READ_STAGE, "binary_file",
+                        f"payload is {meta['content_type']} but over 10 % control bytes in its first 8 KiB")
     text = decode_html(payload, charset)
+    if utf16 and text is not None and _looks_binary(text[:_BINARY_SNIFF].encode("utf-8", "replace")):
+        return Rejected(Document(rec_id, "", meta), READ_STAGE, "binary_file",
+                        "over 10 % control characters in the first 8 KiB of its decoded text")
     if text is None:
         return Rejected(Document(rec_id, payload.decode("utf-8", "replace"), meta), READ_STAGE,
                         "undecodable_payload", f"charset {charset!r} and UTF-8 both fail")
