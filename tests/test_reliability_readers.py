@@ -175,6 +175,35 @@ def test_zstd_skippable_frames_are_metadata_and_lines_go_on_across_frames(tmp_pa
     assert _kept_ids(results) == [f"d{i}" for i in range(90)] and _reasons(results) == ["truncated_compression"]
 
 
+@pytest.mark.parametrize("compressed_dictionary", [False, True])
+def test_warc_zstd_with_its_dictionary_frame_is_read(tmp_path, compressed_dictionary):
+    # IIPC's WARC-zstd: a skippable frame (magic 0x184D2A5D) first holds the dictionary (raw, or
+    # itself zstd-compressed), and each record is a frame compressed with it.
+    import struct
+
+    recs = []
+    for i in range(60):
+        payload = f"<html><body><p>page {i} has words about packages and mirrors.</p></body></html>".encode()
+        http = (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % len(payload)) + payload
+        recs.append((f"WARC/1.0\r\nWARC-Type: response\r\nWARC-Record-ID: <urn:uuid:r{i}>\r\n"
+                     f"WARC-Target-URI: http://x.example/{i}\r\nContent-Length: {len(http)}\r\n\r\n").encode()
+                    + http + b"\r\n\r\n")
+    dictionary = zstandard.train_dictionary(1024, recs)
+    cctx = zstandard.ZstdCompressor(dict_data=dictionary)
+    raw = dictionary.as_bytes()
+    if compressed_dictionary:
+        raw = zstandard.ZstdCompressor().compress(raw)
+    path = tmp_path / "d.warc.zst"
+    path.write_bytes(struct.pack("<II", 0x184D2A5D, len(raw)) + raw + b"".join(cctx.compress(r) for r in recs))
+    results = read_local(str(path))
+    assert [r.id for r in results] == [f"<urn:uuid:r{i}>" for i in range(60)] and _reasons(results) == []
+    # A dictionary frame that holds no dictionary: one row says so, not one per record.
+    path.write_bytes(struct.pack("<II", 0x184D2A5D, 8) + b"\x28\xb5\x2f\xfd\x00\x00\x00\x00"
+                     + b"".join(cctx.compress(r) for r in recs[:3]))
+    reasons = _reasons(read_local(str(path)))
+    assert reasons[0] == "corrupt_compression" and len(reasons) <= 2
+
+
 def _warc_members(n):
     members = []
     for i in range(n):

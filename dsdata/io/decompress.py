@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import IO, Iterator
+from typing import IO, Any, Iterator
 
 GZIP_MAGIC = b"\x1f\x8b\x08"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -59,12 +59,12 @@ def compression_of(path: str) -> str | None:
     return None
 
 
-def _decoder(kind: str):
+def _decoder(kind: str, dictionary: Any = None):
     if kind == "gzip":
         return zlib.decompressobj(16 + zlib.MAX_WBITS)
     import zstandard
 
-    return zstandard.ZstdDecompressor().decompressobj()
+    return zstandard.ZstdDecompressor(dict_data=dictionary).decompressobj()
 
 
 def _decode_errors(kind: str) -> tuple[type[BaseException], ...]:
@@ -75,9 +75,9 @@ def _decode_errors(kind: str) -> tuple[type[BaseException], ...]:
     return (zstandard.ZstdError,)
 
 
-def _decodes(kind: str, data: bytes) -> bool:
+def _decodes(kind: str, data: bytes, dictionary: Any = None) -> bool:
     try:
-        _decoder(kind).decompress(data[:_PROBE])
+        _decoder(kind, dictionary).decompress(data[:_PROBE])
     except _decode_errors(kind):
         return False
     return True
@@ -118,6 +118,27 @@ def _sound_part(decoder, piece: bytes, errors) -> Iterator[bytes]:
             return
 
 
+_MAX_DICTIONARY = 64 << 20
+
+
+def _zstd_dictionary(payload: bytes) -> tuple[Any, str | None]:
+    """The dictionary a WARC-zstd file's first skippable frame holds (raw, or itself a zstd frame),
+    and what is wrong with it (None when it loads)."""
+    import zstandard
+
+    if len(payload) > _MAX_DICTIONARY:
+        return None, f"is over {_MAX_DICTIONARY >> 20} MiB"
+    try:
+        if payload.startswith(ZSTD_MAGIC):
+            payload = zstandard.ZstdDecompressor().decompress(payload, max_output_size=_MAX_DICTIONARY)
+        dictionary = zstandard.ZstdCompressionDict(payload)
+        dictionary.dict_id()
+        zstandard.ZstdDecompressor(dict_data=dictionary)
+    except zstandard.ZstdError as exc:
+        return None, f"holds no zstd dictionary ({str(exc).splitlines()[0] if str(exc) else 'ZstdError'})"
+    return dictionary, None
+
+
 def _is_skippable_frame(head: bytes | bytearray) -> bool:
     """A zstd skippable frame's header (magic 0x184D2A50 to 0x184D2A5F, little-endian, then its size)."""
     return len(head) >= 8 and head[1:4] == b"\x2a\x4d\x18" and 0x50 <= head[0] <= 0x5F
@@ -129,6 +150,7 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
     buf = bytearray()  # compressed bytes not yet fed to a decoder; buf[0] is at file offset `pos`
     pos = 0
     exhausted = False
+    dictionary = None  # a zstd dictionary the file carries (IIPC's WARC-zstd: a skippable frame first)
 
     def fill(n: int) -> None:
         nonlocal exhausted
@@ -161,7 +183,7 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                 search_from = 0
                 continue
             fill(found + _PROBE)
-            if _decodes(kind, bytes(buf[found:found + _PROBE])):
+            if _decodes(kind, bytes(buf[found:found + _PROBE]), dictionary):
                 lost = pos + found - begin
                 del buf[:found]
                 pos += found
@@ -188,12 +210,16 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                 # Metadata, not data: pzstd puts one before every frame, and its frames cut lines
                 # anywhere, so a line goes on in the next frame.  `zstd -d` skips them, and so does this.
                 frame_start = pos
+                keep = frame_start == 0 and buf[0] == 0x5D  # the dictionary frame of a WARC-zstd file
                 size = 8 + int.from_bytes(buf[4:8], "little")
+                payload = bytearray()
                 while size and (buf or not exhausted):
                     fill(min(size, _FEED))
                     step = min(size, len(buf))
                     if not step:
                         break
+                    if keep and len(payload) <= _MAX_DICTIONARY:
+                        payload.extend(buf[:step])
                     del buf[:step]
                     pos += step
                     size -= step
@@ -202,6 +228,11 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                                  f"the file ends inside the zstd skippable frame that starts at offset {frame_start}",
                                  frame_start)
                     return
+                if keep:
+                    dictionary, problem = _zstd_dictionary(bytes(payload[8:]))
+                    if problem:
+                        yield Damage("corrupt_compression", f"the zstd dictionary frame at offset 0 {problem}; "
+                                     "the frames compressed with it cannot be read", 0)
                 continue
         if not buf.startswith(magic):
             if exhausted and len(buf) < len(magic) and magic.startswith(bytes(buf)):
@@ -212,7 +243,7 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
             yield from skip_to_member(1, begin, f"bytes at offset {begin} are not a {kind} member")
             continue
         member_start = pos
-        decoder = _decoder(kind)
+        decoder = _decoder(kind, dictionary)
         history = bytearray()  # the member's bytes already fed (the last _RESYNC_WINDOW of them)
         history_start = pos
         failure = None
