@@ -59,16 +59,6 @@ def test_recipe_cannot_start_a_subprocess_environment(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("runner", ["PrismRunner", "prism", "FlinkRunner", "SparkRunner", "PortableRunner",
-                                    "DataflowRunner", "dask", "DaskRunner", "InteractiveRunner"])
-def test_recipe_cannot_choose_a_runner_that_starts_programs(tmp_path, runner):
-    # Prism runs a binary from Beam's download cache, Flink and Spark a job-server jar, dask a local
-    # cluster: a shared file may not start them; the command line may.
-    path = _workdir(tmp_path, f"beam:\n  runner: {runner}\n") / "r.yaml"
-    with pytest.raises(RecipeError, match=f"runner '{runner}' starts programs.*--runner={runner} on the command line"):
-        load_recipe(str(path))
-
-
 def test_recipe_cannot_start_worker_processes(tmp_path):
     path = _workdir(tmp_path, "beam:\n  direct_running_mode: multi_processing\n  direct_num_workers: 2\n") / "r.yaml"
     with pytest.raises(RecipeError, match="'multi_processing' starts worker processes"):
@@ -87,16 +77,28 @@ def test_recipe_direct_runner_runs_in_this_process(tmp_path):
     assert json.loads((work / "out" / "stats.json").read_text())["input"] == 3
 
 
-@pytest.mark.parametrize("option, value", [
+_REFUSED_OPTIONS = [
     ("environment_type", "PROCESS"), ("environment_config", "{\"command\": \"/bin/sh\"}"),
     ("environment_options", "process_command=/bin/sh"), ("sdk_container_image", "evil/image"),
     ("job_endpoint", "localhost:8099"), ("flink_job_server_jar", "x.jar"), ("prism_location", "./prism"),
     ("setup_file", "./setup.py"), ("requirements_file", "req.txt"), ("extra_packages", "x.tar.gz"),
     ("sdk_location", "x.tar.gz"), ("pickle_library", "dill"), ("temp_location", "/tmp"),
+]
+# Prism runs a binary from Beam's download cache, Flink and Spark a job-server jar, dask a local
+# cluster: a shared file may not start them; the command line may.
+_PROGRAM_RUNNERS = ["PrismRunner", "prism", "FlinkRunner", "SparkRunner", "PortableRunner", "DataflowRunner",
+                    "dask", "DaskRunner", "InteractiveRunner"]
+
+
+@pytest.mark.parametrize("line, message", [
+    *[(f"{option}: {json.dumps(value)}", f"beam option '{option}' may not be set in a recipe")
+      for option, value in _REFUSED_OPTIONS],
+    *[(f"runner: {runner}", f"runner '{runner}' starts programs.*--runner={runner} on the command line")
+      for runner in _PROGRAM_RUNNERS],
 ])
-def test_recipe_beam_options_outside_the_allowlist_are_refused(tmp_path, option, value):
-    path = _workdir(tmp_path, f"beam:\n  {option}: {json.dumps(value)}\n") / "r.yaml"
-    with pytest.raises(RecipeError, match=f"beam option '{option}' may not be set in a recipe"):
+def test_recipe_beam_options_outside_the_allowlist_are_refused(tmp_path, line, message):
+    path = _workdir(tmp_path, f"beam:\n  {line}\n") / "r.yaml"
+    with pytest.raises(RecipeError, match=message):
         load_recipe(str(path))
 
 
