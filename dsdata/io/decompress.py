@@ -132,8 +132,7 @@ def _zstd_dictionary(payload: bytes) -> tuple[Any, str | None]:
         if payload.startswith(ZSTD_MAGIC):
             payload = zstandard.ZstdDecompressor().decompress(payload, max_output_size=_MAX_DICTIONARY)
         dictionary = zstandard.ZstdCompressionDict(payload)
-        dictionary.dict_id()
-        zstandard.ZstdDecompressor(dict_data=dictionary)
+        zstandard.ZstdDecompressor(dict_data=dictionary)  # loads the dictionary: raises if it is none
     except zstandard.ZstdError as exc:
         return None, f"holds no zstd dictionary ({str(exc).splitlines()[0] if str(exc) else 'ZstdError'})"
     return dictionary, None
@@ -213,11 +212,11 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                 keep = frame_start == 0 and buf[0] == 0x5D  # the dictionary frame of a WARC-zstd file
                 size = 8 + int.from_bytes(buf[4:8], "little")
                 payload = bytearray()
-                while size and (buf or not exhausted):
+                while size:
                     fill(min(size, _FEED))
-                    step = min(size, len(buf))
-                    if not step:
+                    if not buf:
                         break
+                    step = min(size, len(buf))
                     if keep and len(payload) <= _MAX_DICTIONARY:
                         payload.extend(buf[:step])
                     del buf[:step]

@@ -129,7 +129,7 @@ class AugmentStage(CorpusStage):
                 raise StageConfigError(
                     f"augment.generate_kwargs: '{key}' is not allowed (a recipe may add only these generate() "
                     f"settings: {', '.join(sorted(GENERATE_SETTINGS))}); the stage's own parameters cover the rest")
-            if isinstance(value, bool) or isinstance(value, (int, float)) or (key == "early_stopping" and value == "never"):
+            if isinstance(value, (int, float)) or (key == "early_stopping" and value == "never"):  # bool is an int
                 continue
             raise StageConfigError(f"augment.generate_kwargs.{key}: {value!r} is not a number or true/false")
         if self.min_sim > self.max_sim:

@@ -326,6 +326,7 @@ def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
         return None, eos_id
     json_path = candidate if os.path.isfile(candidate) else os.path.join(candidate, "tokenizer.json")
     recorded = info.get("sha256")
+    # A tokenizer.json there, or a hash recorded: both must be there and agree.
     if os.path.isfile(json_path) or recorded:
         from dsdata.io.shards import file_sha256
 
