@@ -859,6 +859,20 @@ def decode_html(data: bytes, declared: str | None = None) -> str | None:
     return None
 
 
+def _page_text(data: bytes, declared: str | None = None) -> tuple[str | None, str | None]:
+    """An HTML file's or WARC payload's text (decode_html), and what makes it binary (None if
+    nothing).  Bytes are sniffed for control bytes before decoding, except where a byte-order mark
+    or a UTF-16 charset says what they are: UTF-16 is half NUL bytes, so its text is checked once
+    decoded."""
+    marked = bom_encoding(data) is not None or (encoding_for_label(declared) or "").startswith("UTF-16")
+    if not marked and _looks_binary(data[:_BINARY_SNIFF]):
+        return None, "over 10 % control bytes in the first 8 KiB"
+    text = decode_html(data, declared)
+    if marked and text is not None and _looks_binary(text[:_BINARY_SNIFF].encode("utf-8", "replace")):
+        return None, "over 10 % control characters in the first 8 KiB of its decoded text"
+    return text, None
+
+
 class _TooLarge(Exception):
     pass
 
@@ -892,15 +906,9 @@ def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
         # One file is one record: a page cut by damage is rejected whole, not served half.
         yield _file_rejection(path, damage.reason, damage.detail)
         return
-    # A UTF-16 page (its byte-order mark says so) is half NUL bytes: it is checked once decoded.
-    marked = bom_encoding(data) is not None
-    if not marked and _looks_binary(data[:_BINARY_SNIFF]):
-        yield _file_rejection(path, "binary_file", "over 10 % control bytes in the first 8 KiB; not an HTML file")
-        return
-    text = decode_html(data)
-    if marked and text is not None and _looks_binary(text[:_BINARY_SNIFF].encode("utf-8", "replace")):
-        yield _file_rejection(path, "binary_file", "over 10 % control characters in the first 8 KiB of its decoded "
-                              "text; not an HTML file")
+    text, binary = _page_text(data)
+    if binary:
+        yield _file_rejection(path, "binary_file", f"{binary}; not an HTML file")
         return
     meta = {"source": path, "content_type": "text/html"}
     if text is None:
@@ -1302,17 +1310,10 @@ def _warc_response(path: str, record: Any, count: int) -> Document | Rejected:
     if not meta["content_type"].startswith(("text/", "application/xhtml")):
         return Rejected(Document(rec_id, "", meta), READ_STAGE, "binary_file",
                         f"payload is {meta['content_type']}, not text")
-    # A UTF-16 payload (a byte-order mark, or the HTTP charset says so) is half NUL bytes: it is
-    # checked once decoded, as a UTF-16 HTML file is.
-    utf16 = (bom_encoding(payload) or ("",))[0].startswith("UTF-16") or \
-        (encoding_for_label(charset) or "").startswith("UTF-16")
-    if not utf16 and _looks_binary(payload[:_BINARY_SNIFF]):
+    text, binary = _page_text(payload, charset)
+    if binary:
         return Rejected(Document(rec_id, "", meta), READ_STAGE, "binary_file",
-                        f"payload is {meta['content_type']} but over 10 % control bytes in its first 8 KiB")
-    text = decode_html(payload, charset)
-    if utf16 and text is not None and _looks_binary(text[:_BINARY_SNIFF].encode("utf-8", "replace")):
-        return Rejected(Document(rec_id, "", meta), READ_STAGE, "binary_file",
-                        "over 10 % control characters in the first 8 KiB of its decoded text")
+                        f"payload is {meta['content_type']} but has {binary}")
     if text is None:
         return Rejected(Document(rec_id, payload.decode("utf-8", "replace"), meta), READ_STAGE,
                         "undecodable_payload", f"charset {charset!r} and UTF-8 both fail")
