@@ -21,6 +21,7 @@ from apache_beam.metrics import Metrics
 from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, KEPT, REJECTED, StageCounters
 
 from dsdata.io import shards as shard_io
+from dsdata.io.shard_tokenizer import bundle_tokenizer
 from dsdata.stages.base import StageConfigError
 from dsdata.stages.shards import EXPORT_DIR, SHARDS_DIR, assign_shard, bucket_tokens, shard_record
 from dsdata.stages.tokenize import TokenizeStage
@@ -46,6 +47,7 @@ def write_shard_group(keyed, directory: str, dtype_name: str, vocab_size: int | 
 def write_manifest_from(entries: list[dict[str, Any]], directory: str, dtype_name: str,
                         tokenizer: dict[str, Any] | None, extra: dict[str, Any]) -> str:
     os.makedirs(directory, exist_ok=True)
+    tokenizer = bundle_tokenizer(directory, tokenizer)  # the shard set carries its tokenizer (portable)
     manifest = shard_io.build_manifest(entries, np.dtype(dtype_name), tokenizer, extra)
     return shard_io.write_manifest(directory, manifest)
 

@@ -321,7 +321,9 @@ def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
     if not isinstance(candidate, str) or not candidate or "\x00" in candidate:
         return None, eos_id
     if not os.path.isabs(candidate):
-        candidate = os.path.join(os.path.dirname(batches.path), candidate)
+        # relative to the shard directory (a bundled tokenizer is "tokenizer": dsdata/io/shard_tokenizer.py)
+        base = batches.path if os.path.isdir(batches.path) else os.path.dirname(batches.path)
+        candidate = os.path.join(base, candidate)
     if not os.path.exists(candidate):
         return None, eos_id
     json_path = candidate if os.path.isfile(candidate) else os.path.join(candidate, "tokenizer.json")
