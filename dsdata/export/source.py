@@ -39,7 +39,7 @@ class ShardSource:
         self.token_column = self.manifest.get("token_column", TOKEN_COLUMN)
         # The source a document came from, as far as a shard set knows: the set's own name (its run
         # directory's name for RUN/shards), unless the caller names it.
-        self.name = name or _default_name(self.directory)
+        self.name = name or shard_set_name(self.directory)
         self._by_bucket: dict[str, list[dict[str, Any]]] = {}
         for shard in self.manifest["shards"]:
             bucket = shard.get("difficulty") or self.manifest.get("default_difficulty") or "medium"
@@ -89,7 +89,9 @@ class ShardSource:
                                values[offsets[row]:offsets[row + 1]])
 
 
-def _default_name(directory: str) -> str:
+def shard_set_name(directory: str) -> str:
+    """A shard set's name: its folder's, or its run directory's for RUN/shards (an export's `source`
+    column, a mixture source's default name)."""
     directory = os.path.abspath(directory)
     base = os.path.basename(directory)
     if base == "shards":

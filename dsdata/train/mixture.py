@@ -24,22 +24,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any
 
 import numpy as np
 import torch
 
+from dsdata.export.source import shard_set_name
 from dsdata.train.config import ConfigError, DataConfig
 
 _STATE_FORMAT = "dsdata-mixture"
-
-
-def source_name(path: str) -> str:
-    """A source's default name: its folder's (the run directory's for RUN/shards)."""
-    path = os.path.abspath(path)
-    base = os.path.basename(path)
-    return os.path.basename(os.path.dirname(path)) if base == "shards" else base
 
 
 def pick_sources(weights: np.ndarray, counts: np.ndarray, rows: int) -> np.ndarray:
@@ -76,7 +69,7 @@ class MixtureBatches:
                 raise ConfigError(f"data.sources[{i}] ({source['path']}): its shards hold no complete window of "
                                   f"training.seq_len + 1 = {seq_len + 1} tokens")
             self.paths.append(path)
-            self.names.append(source.get("name") or source_name(path))
+            self.names.append(source.get("name") or shard_set_name(path))
             self.datasets.append(dataset)
         if len(set(self.names)) != len(self.names):
             raise ConfigError(f"data.sources: names {self.names} repeat; give each source a distinct `name`")
