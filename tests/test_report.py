@@ -461,8 +461,12 @@ def test_utf8_lengths_equal_pyarrow_compute_on_every_kind_of_string_column():
                 assert got.type == pa.int64() and got.to_pylist() == want.to_pylist()
     # The default switches by size: a small column stays on Python's len().
     # pandas is hidden: where it is installed, pa.array() itself imports pyarrow.compute.
-    code = ("import sys; sys.modules['pandas'] = None; import pyarrow as pa; "
-            "from dsdata.report.page import utf8_lengths; "
+    code = ("import sys\n"
+            "class NoPandas:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.partition('.')[0] == 'pandas': raise ImportError(name)\n"
+            "sys.meta_path.insert(0, NoPandas())\n"
+            "import pyarrow as pa; from dsdata.report.page import utf8_lengths; "
             "assert utf8_lengths(pa.array(['中文', None, 'ab'])).to_pylist() == [2, None, 2]; "
             "print('pyarrow.compute' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
