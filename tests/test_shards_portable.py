@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dsdata.io.shards import MANIFEST, file_sha256, read_manifest, verify_shards
+from dsdata.io.shard_tokenizer import verify_shard_set
+from dsdata.io.shards import MANIFEST, file_sha256, read_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "pipelines" / "models" / "tokenizer"
@@ -75,7 +76,7 @@ def test_published_shards_train_and_export_without_the_original_tokenizer(moved_
     assert proc.returncode == 0, proc.stderr
     published = root / "portable"
     assert file_sha256(str(published / "tokenizer" / "tokenizer.json")) == sha
-    assert verify_shards(str(published))[1] == []
+    assert verify_shard_set(str(published))[1] == []
 
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "dsdata.train", "--config", str(REPO / "models" / "tiny.toml"), "--run-dir",
@@ -105,7 +106,7 @@ def test_a_changed_bundled_tokenizer_fails_verify_and_publish(moved_tokenizer_ru
     copy = tmp_path / "shards"
     shutil.copytree(shards, copy)
     (copy / "tokenizer" / "tokenizer_config.json").write_text("{}")
-    problems = verify_shards(str(copy))[1]
+    problems = verify_shard_set(str(copy))[1]
     assert len(problems) == 1 and "tokenizer_config.json: sha256 does not match" in problems[0]
     proc = _cli("shm", "publish", str(copy), "--name", "changed", DSDATA_SHM_ROOT=str(tmp_path / "shm"))
     assert proc.returncode == 2 and "tokenizer_config.json" in proc.stderr and proc.stderr.count("\n") == 1
@@ -118,7 +119,7 @@ def test_a_bundle_entry_escaping_the_folder_is_refused(moved_tokenizer_run, tmp_
     manifest = json.loads((copy / MANIFEST).read_text())
     manifest["tokenizer"]["files"].append({"file": "tokenizer/../../secret", "sha256": "0" * 64})
     (copy / MANIFEST).write_text(json.dumps(manifest))
-    problems = verify_shards(str(copy))[1]
+    problems = verify_shard_set(str(copy))[1]
     assert problems and "must be {file: tokenizer/NAME, sha256}" in problems[0]
 
 
@@ -136,7 +137,7 @@ def test_an_old_manifest_with_an_absolute_tokenizer_path_still_reads(moved_token
     manifest["tokenizer"] = {k: tok[k] for k in ("kind", "vocab_size", "eos_id", "eos_token", "sha256")}
     manifest["tokenizer"]["path"] = str(TOKENIZER)  # what manifests recorded before bundling
     (old / MANIFEST).write_text(json.dumps(manifest))
-    assert verify_shards(str(old))[1] == []
+    assert verify_shard_set(str(old))[1] == []
     batches = SimpleNamespace(dataset=SimpleNamespace(manifest=manifest), path=str(old))
     assert _shard_tokenizer(batches) == (str(TOKENIZER), tok["eos_id"])
     out = tmp_path / "export"

@@ -6,11 +6,12 @@ import argparse
 import json
 import sys
 
-from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest, verify_shards
+from dsdata.io.shard_tokenizer import verify_shard_set
+from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest
 
 
 def cmd_verify(args) -> int:
-    manifest, problems = verify_shards(args.dir)
+    manifest, problems = verify_shard_set(args.dir)
     for problem in problems:
         print(f"dsdata: bad shard: {problem}", file=sys.stderr)
     if problems:

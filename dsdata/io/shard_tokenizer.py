@@ -21,7 +21,7 @@ import os
 import stat
 from typing import Any
 
-from dsdata.io.shards import ShardError, atomic_write_bytes, file_sha256, resolve_shard_path
+from dsdata.io.shards import ShardError, atomic_write_bytes, file_sha256, resolve_shard_path, verify_shards
 
 BUNDLE_DIR = "tokenizer"
 # What AutoTokenizer / tokenizers read; model weights or anything else in the folder stay behind.
@@ -120,3 +120,13 @@ def tokenizer_dir(directory: str, manifest: dict[str, Any]) -> str | None:
         if os.path.exists(candidate):
             return candidate
     return None
+
+
+def verify_shard_set(directory: str) -> tuple[dict[str, Any], list[str]]:
+    """`verify_shards` plus the bundled tokenizer files: (manifest, one line per bad file)."""
+    manifest, problems = verify_shards(directory)
+    try:
+        problems += verify_bundled_tokenizer(directory, manifest)
+    except ShardError as exc:
+        problems.append(str(exc))
+    return manifest, problems

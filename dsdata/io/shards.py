@@ -15,8 +15,7 @@ Each shard holds ONE record batch with columns
 
 `manifest.json`:
   {"format": "dsdata-shards", "version": 1, "dtype": "uint16", "token_column": "tokens",
-   "tokenizer": {"path": "tokenizer", "bundled": true, "files", "origin", "kind", "vocab_size",
-                 "eos_id", "eos_token", "sha256"},   (files copied into tokenizer/: shard_tokenizer.py)
+   "tokenizer": {"path", "kind", "vocab_size", "eos_id", "eos_token", "sha256"},
    "shards": [{"file", "difficulty", "docs", "tokens", "bytes", "sha256"}, ...],
    "buckets": {"easy": {"shards", "docs", "tokens"}, ...},
    "totals": {"shards", "docs", "tokens"}}
@@ -268,11 +267,9 @@ class ShardSetWriter:
         self._entries.append(entry)
 
     def close(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        from dsdata.io.shard_tokenizer import bundle_tokenizer
-
         for bucket in list(self._pending):
             self._flush(bucket)
-        manifest = build_manifest(self._entries, self.dtype, bundle_tokenizer(self.directory, self.tokenizer), extra)
+        manifest = build_manifest(self._entries, self.dtype, self.tokenizer, extra)
         write_manifest(self.directory, manifest)
         return manifest
 
@@ -433,10 +430,7 @@ def verify_shard_file(directory: str, shard: dict[str, Any], dtype: str | None =
 
 
 def verify_shards(directory: str) -> tuple[dict[str, Any], list[str]]:
-    """Check every shard of a set and its bundled tokenizer files; returns (manifest, problems) — one
-    line per bad file."""
-    from dsdata.io.shard_tokenizer import verify_bundled_tokenizer
-
+    """Check every shard of a set; returns (manifest, problems) — one line per bad file."""
     manifest = read_manifest(directory)
     problems = []
     for shard in manifest["shards"]:
@@ -444,8 +438,4 @@ def verify_shards(directory: str) -> tuple[dict[str, Any], list[str]]:
             verify_shard_file(directory, shard, manifest["dtype"], manifest.get("token_column", TOKEN_COLUMN))
         except ShardError as exc:
             problems.append(str(exc))
-    try:
-        problems += verify_bundled_tokenizer(directory, manifest)
-    except ShardError as exc:
-        problems.append(str(exc))
     return manifest, problems

@@ -27,8 +27,8 @@ import time
 import uuid
 from typing import Any
 
-from dsdata.io.shard_tokenizer import bundled_files
-from dsdata.io.shards import MANIFEST, ShardError, read_manifest, resolve_shard_path, verify_shards
+from dsdata.io.shard_tokenizer import bundled_files, verify_shard_set
+from dsdata.io.shards import MANIFEST, ShardError, read_manifest, resolve_shard_path
 
 DEFAULT_ROOT = "/dev/shm/dsdata"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -131,7 +131,7 @@ def publish(shard_dir: str, name: str, root: str | None = None) -> dict[str, Any
     _check_name(name)
     root = ensure_root(shm_root(root))
     clean_stale(root)
-    manifest, problems = verify_shards(shard_dir)
+    manifest, problems = verify_shard_set(shard_dir)
     if problems:
         raise ShmError(f"not publishing {shard_dir}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
     target = os.path.join(root, name)
@@ -199,7 +199,7 @@ def list_published(root: str | None = None, verify: bool = False) -> list[dict[s
         item: dict[str, Any] = {"name": entry, "path": path}
         try:
             if verify:
-                manifest, problems = verify_shards(path)
+                manifest, problems = verify_shard_set(path)
                 item["ok"] = not problems
                 if problems:
                     item["problems"] = problems

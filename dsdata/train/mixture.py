@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
 import numpy as np
 import torch
 
 from dsdata.export.source import shard_set_name
+from dsdata.io.shards import MANIFEST, ShardError, locate_shard_dir
 from dsdata.train.config import ConfigError, DataConfig
 
 _STATE_FORMAT = "dsdata-mixture"
@@ -52,16 +54,18 @@ class MixtureBatches:
     """Global batches mixed from several shard sets (the trainer's loader for `data.sources`)."""
 
     def __init__(self, data: DataConfig, seq_len: int, total_steps: int):
-        from dsdata.train.batches import resolve_shard_dir
         from dsdata.train.data import ShardDataset
 
         self.seq_len = seq_len
         self.paths, self.names, self.datasets = [], [], []
         for i, source in enumerate(data.sources):
             try:
-                path = resolve_shard_dir(source["path"])
-            except ConfigError as exc:
-                raise ConfigError(str(exc).replace("data.path =", f"data.sources[{i}].path =", 1)) from None
+                path = locate_shard_dir(source["path"])
+            except ShardError as exc:
+                raise ConfigError(f"data.sources[{i}].path: {exc}") from None
+            if not os.path.isfile(os.path.join(path, MANIFEST)):
+                raise ConfigError(f"data.sources[{i}].path = {source['path']!r}: no manifest.json there or in its "
+                                  "shards/ folder; point it at the shards of a `dsdata run` (RUN_DIR or RUN_DIR/shards)")
             dataset = ShardDataset(path, seq_len, seed=data.seed + 7919 * i, verify=data.verify,
                                    curriculum=data.curriculum or None, prefetch=data.prefetch,
                                    total_steps=total_steps, endless=True)
