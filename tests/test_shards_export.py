@@ -146,6 +146,16 @@ def test_export_refuses_corrupt_shards_unknown_formats_and_a_destination_inside_
     assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
 
 
+def test_an_unwritable_destination_is_one_line(tmp_path, capsys):
+    src = random_set(tmp_path / "shards")
+    (tmp_path / "out").mkdir()
+    os.symlink(tmp_path, tmp_path / "out" / "megatron")  # not ours to replace
+    assert cli_main(["shards", "export", "--format", "megatron", str(src), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dsdata: error: cannot write the export under") and err.count("\n") == 1
+    assert os.path.islink(tmp_path / "out" / "megatron") and os.listdir(tmp_path / "out") == ["megatron"]
+
+
 def test_a_second_export_replaces_the_first_whole(tmp_path):
     src = random_set(tmp_path / "shards")
     assert cli_main(["shards", "export", "--format", "megatron", str(src), str(tmp_path / "out")]) == 0

@@ -83,3 +83,8 @@ def main(argv: list[str]) -> int:
     except (ShardError, ExportError) as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the export's folder cannot be written (permissions, disk full, a file in the way)
+        if args.command != "export":
+            raise
+        print(f"dsdata: error: cannot write the export under {args.dst}: {exc}", file=sys.stderr)
+        return 2

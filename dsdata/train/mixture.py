@@ -69,7 +69,7 @@ class MixtureBatches:
             dataset = ShardDataset(path, seq_len, seed=data.seed + 7919 * i, verify=data.verify,
                                    curriculum=data.curriculum or None, prefetch=data.prefetch,
                                    total_steps=total_steps, endless=True)
-            if dataset.windows_per_epoch() == 0 and dataset.schedule is None:
+            if dataset.windows_per_epoch() == 0:
                 raise ConfigError(f"data.sources[{i}] ({source['path']}): its shards hold no complete window of "
                                   f"training.seq_len + 1 = {seq_len + 1} tokens")
             self.paths.append(path)
