@@ -12,7 +12,7 @@ import pytest
 
 from dsdata.cli import main as cli_main
 from dsdata.export import FORMATS
-from dsdata.io.shards import MANIFEST, ShardSetWriter, read_manifest
+from dsdata.io.shards import MANIFEST, ShardSetWriter, file_sha256, read_manifest
 from dsdata.stages.shards import EXPORT_FORMATS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def check_megatron(export: Path, expected: dict) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # megatron-core warns that apex / transformer-engine are absent
         from megatron.core.datasets.indexed_dataset import IndexedDataset
-    assert sorted(p.name for p in export.iterdir()) == sorted(
+    assert sorted(p.name for p in export.iterdir() if p.name != "tokenizer") == sorted(
         [f"{b}.{ext}" for b in expected for ext in ("bin", "idx")] + ["export.json"])
     for bucket, docs in expected.items():
         ds = IndexedDataset(str(export / bucket))
@@ -189,6 +189,10 @@ def test_recipe_export_option_writes_every_format_next_to_the_shards(tmp_path, s
     assert sum(len(d) for d in expected.values()) == len(paragraphs)
     check_megatron(out / "export" / "megatron", expected)
     check_hf(out / "export" / "hf", expected, "out")
+    # the run's tokenizer goes with every export (bundled with the shards, dsdata/io/shard_tokenizer.py)
+    sha = read_manifest(str(out / "shards"))["tokenizer"]["sha256"]
+    for fmt in ("megatron", "mds", "hf"):
+        assert file_sha256(str(out / "export" / fmt / "tokenizer" / "tokenizer.json")) == sha
     check_mds(out / "export" / "mds", expected, "out")
 
 
