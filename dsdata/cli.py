@@ -273,12 +273,16 @@ def cmd_stages(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="dsdata stages", description="List stages and their parameters.")
     parser.add_argument("name", nargs="?", help="show one stage only")
     args = parser.parse_args(argv)
-    from dsdata.stages import REGISTRY, available_stages, stage_class
+    from dsdata.stages import REGISTRY, available_stages, custom_stage_problems, custom_stages, stage_class
 
-    names = [args.name] if args.name else [n for n in REGISTRY if n in available_stages()]
+    names = [args.name] if args.name else [n for n in REGISTRY if n in available_stages()] + custom_stages()
+    if not args.name:
+        for problem in custom_stage_problems():  # a broken plugin is named, and the others still listed
+            print(f"dsdata: warning: {problem}", file=sys.stderr)
     for name in names:
         cls = stage_class(name)
-        print(f"{name}: {cls.description}")
+        origin = "" if name in REGISTRY else f"  [from {cls.__module__}]"
+        print(f"{name}: {cls.description}{origin}")
         for key, spec in cls.params.items():
             print(f"    {key} = {spec.default!r}  ({spec.describe()})\n        {spec.help}")
         if cls.annotations:
