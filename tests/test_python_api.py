@@ -134,4 +134,5 @@ def test_the_readme_example_runs_as_written(tmp_path):
     assert len(outputs) == 1
     stats = json.loads((outputs[0] / "stats.json").read_text(encoding="utf-8"))
     assert stats["ledger_ok"] and stats["kept"] > 0 and stats["rejected_total"] > 0
-    assert str(stats["kept"]) in res.stdout
+    claimed = re.search(r"# on the samples: (.+)", code).group(1)  # what the README says it prints
+    assert res.stdout.strip() == claimed == f"{stats['input']} {stats['kept']} {stats['rejected']}"
