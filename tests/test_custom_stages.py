@@ -168,6 +168,37 @@ def test_register_stage_refuses_what_cannot_be_a_custom_stage():
             registry.register(cls)
 
 
+class FakeEntryPoint:
+    """What importlib.metadata gives for one entry point: a name, a value, its distribution, load()."""
+
+    def __init__(self, name, value, dist_name, target):
+        self.name, self.value, self.target = name, value, target
+        self.dist = type("Dist", (), {"name": dist_name, "version": "1.0"})()
+
+    def load(self):
+        if isinstance(self.target, Exception):
+            raise self.target
+        return self.target
+
+
+def test_entry_points_taking_a_used_or_reserved_name_are_refused_and_the_first_one_stays():
+    found = [FakeEntryPoint("upper_for_tests", "a:Upper", "first", Upper),
+             FakeEntryPoint("upper_for_tests", "b:Other", "second", Upper),
+             FakeEntryPoint("read", "c:Upper", "third", Upper),
+             FakeEntryPoint("lang", "d:Upper", "fourth", Upper),
+             FakeEntryPoint("boom", "e:Boom", "fifth", RuntimeError("model file missing\nsecond line"))]
+    registry = CustomStages({"lang": "dsdata.stages.lang:LanguageStage"}, entry_points=lambda: found)
+    assert registry.get("upper_for_tests") is Upper
+    assert registry.get("read") is None and "dsdata reserves that name" in registry.problem("read")
+    assert registry.get("boom") is None
+    assert registry.problem("boom") == ("stage 'boom' of distribution 'fifth 1.0' cannot be loaded (e:Boom): "
+                                        "RuntimeError: model file missing")
+    assert registry.names() == ["upper_for_tests"]
+    problems = sorted(registry.problems.values())
+    assert any("'second 1.0' is refused: distribution 'first 1.0' declares it too" in p for p in problems)
+    assert any("'fourth 1.0' is refused: a built-in stage has that name" in p for p in problems)
+
+
 def test_register_stage_makes_a_class_a_recipe_stage():
     register_stage(Upper)
     assert stage_class("upper_for_tests") is Upper

@@ -108,8 +108,10 @@ class CustomStages:
             if taken is None and ep.name in first and first[ep.name].value != ep.value:
                 taken = f"{_distribution(first[ep.name])} declares it too"
             if taken:
-                self.problems[f"{ep.name} ({_distribution(ep)})"] = (
-                    f"stage '{ep.name}' of {_distribution(ep)} is refused: {taken}")
+                # Under its name where a recipe naming it would otherwise hear "unknown stage" (a reserved
+                # name); a built-in's name or a second declaration is the stage already there.
+                key = ep.name if ep.name in RESERVED_NAMES else f"{ep.name} ({_distribution(ep)})"
+                self.problems[key] = f"stage '{ep.name}' of {_distribution(ep)} is refused: {taken}"
                 continue
             first.setdefault(ep.name, ep)
         for name, ep in first.items():
