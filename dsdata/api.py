@@ -14,6 +14,7 @@ imported when a run starts, never by `import dsdata`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
@@ -150,6 +151,8 @@ def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] 
         prepared = prepare_run(None if recipe is None else os.fspath(recipe), inputs,
                                None if output is None else os.fspath(output), input_format,
                                _override_items(overrides), beam_args, max_errors=max_errors, quiet=True)
+        for line in prepared.notes:  # matched paths that are not read (FIFOs, dangling links): also in stats.json
+            logging.getLogger("dsdata").warning(line)
         return execute(prepared, beam_args, progress=progress)
 
 

@@ -135,9 +135,7 @@ def test_readme_commands_are_one_install_each_and_ci_runs_the_test_command_verba
 
 
 def test_readme_names_every_extra_that_all_installs():
-    import tomllib
-
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    extras = PYPROJECT["project"]["optional-dependencies"]
     (spec,) = extras["all"]
     in_all = re.fullmatch(r"dsdata\[(.+)\]", spec).group(1).split(",")
     assert sorted(in_all) == sorted(set(extras) - {"all", "dev"})
