@@ -38,7 +38,7 @@ def _problem_classes() -> tuple[tuple[type[BaseException], ...], tuple[type[Base
     """(errors found before a run starts, errors of a run that started): what becomes a RunError."""
     from dsdata.beam.engines import EngineError
     from dsdata.beam.errors import RunFailed
-    from dsdata.beam.options import BeamOptionError
+    from dsdata.runners import BeamOptionError
     from dsdata.io.inputs import InputPathError
     from dsdata.io.outlock import OutputDirError
     from dsdata.io.readers import InputFormatError
@@ -188,7 +188,7 @@ UNSAFE_RUNNING_MODES = {
 
 
 def check_beam_args(beam_args: list[str]) -> None:
-    from dsdata.beam.options import check_runner, last_option
+    from dsdata.beam.engines.options import check_runner, last_option
 
     bad = [a for a in beam_args if not a.startswith("--")]
     if bad:

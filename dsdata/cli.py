@@ -77,7 +77,7 @@ _collect_after_startup.pending = False
 def cmd_run(argv: list[str]) -> int:
     """`dsdata run`: the checks and the run of dsdata.run() (dsdata/api.py), with the command's lines."""
     args, beam_args = _run_parser().parse_known_args(argv)
-    from dsdata.beam.progress import resolve_mode
+    from dsdata.report.display import resolve_mode
 
     if not args.quiet:
         logging.getLogger("dsdata").setLevel(logging.INFO)
