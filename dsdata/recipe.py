@@ -175,6 +175,9 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
         for key, spec in cls.params.items():
             if spec.is_path and isinstance(stage.params.get(key), str):
                 stage.params[key] = confine(base, stage.params[key], f"{stage.name}.{key}", path)
+            elif spec.is_path and isinstance(stage.params.get(key), list):  # a list of paths, each confined
+                stage.params[key] = [confine(base, v, f"{stage.name}.{key}", path) if isinstance(v, str) else v
+                                     for v in stage.params[key]]
     try:
         beam_args = recipe_beam_args(raw.get("beam"), path)  # runner choice and tuning only
     except BeamOptionError as exc:
@@ -267,6 +270,8 @@ def apply_override(recipe: Recipe, item: str) -> None:
     if cls.params[param].is_path and isinstance(parsed, str) and not is_remote(parsed):
         # Paths given on the command line are the user's own: relative to the working directory.
         parsed = os.path.abspath(parsed)
+    elif cls.params[param].is_path and isinstance(parsed, list):
+        parsed = [os.path.abspath(v) if isinstance(v, str) and not is_remote(v) else v for v in parsed]
     for spec in matches:
         spec.params[param] = parsed
         spec.from_command_line.add(param)
