@@ -129,7 +129,8 @@ def public_ip(candidate: str) -> bool:
 
 
 def _phone_digits_ok(digits: str) -> bool:
-    return len(set(digits)) > 2  # 13000000000, 13333333333: placeholders and round numbers
+    # 13000000000, 13333333333, +1 555 0000000: placeholders and round numbers.
+    return len(set(digits[-8:])) > 2
 
 
 class PiiFinder:
