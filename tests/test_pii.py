@@ -172,3 +172,23 @@ def test_tag_mode_spans_and_reject_mode():
     clean = PiiStage(mode="reject").process(Document("c", "nothing personal here, version 2.6.38.6"))
     assert isinstance(clean, Document) and clean.annotations["pii_counts"] == dict.fromkeys(
         ["email", "ip", "phone", "id", "card"], 0)
+
+
+def test_candidate_windows_find_what_a_full_scan_finds(shared_data, monkeypatch):
+    """The finder scans only windows around digits, '@' and ':'; on the dev data with PII planted at
+    random places it finds exactly what the same patterns find over the whole text."""
+    import dsdata.stages.pii as pii
+
+    rng = random.Random(11)
+    texts = [t[:20_000] for t in _dev_texts(shared_data)[::7]]
+    for i, text in enumerate(texts):
+        for kind, value in _planted(rng)[: 1 + i % 7]:
+            cut = rng.randrange(len(text) + 1)
+            text = text[:cut] + rng.choice([" ", "", "(", "：", "\n"]) + value + rng.choice([" ", "", ")", "。", "."]) + text[cut:]
+        texts[i] = text
+    windowed = [PiiFinder().find(t) for t in texts]
+    for name in ("candidate_windows", "at_windows", "colon_windows"):
+        monkeypatch.setattr(pii, name, lambda text: [(0, len(text))])
+    full = [PiiFinder().find(t) for t in texts]
+    assert windowed == full
+    assert sum(map(len, full)) > len(texts)
