@@ -746,10 +746,36 @@ class DedupTransform(beam.PTransform):
 
 
 
-def composite(stage, context) -> DedupTransform:
+class DedupSteps(beam.PTransform):
+    """The stage's steps in order: URL dedup (`url`), document-level exact/near dedup (`exact`,
+    `near`), line/span dedup (`lines`); each step's rejections joined (dsdata/beam/dedup_spans.py)."""
+
+    def __init__(self, cfg: dict[str, Any]):
+        super().__init__()
+        self.cfg = cfg
+
+    def expand(self, docs):
+        from dsdata.beam.dedup_spans import LineDedup, UrlDedup
+
+        c, rejected = self.cfg, []
+        steps = [("Url", UrlDedup)] if c.get("url") else []
+        if c["exact"] or c["near"]:
+            steps.append(("Documents", DedupTransform))
+        if c.get("lines"):
+            steps.append(("Lines", LineDedup))
+        for label, step in steps:
+            out = docs | label >> step(c)
+            docs = out[KEPT]
+            rejected.append(out[REJECTED])
+        return {KEPT: docs, REJECTED: tuple(rejected) | "StepsRejected" >> beam.Flatten()}
+
+
+def composite(stage, context) -> beam.PTransform:
     """The dedup stage's transform (registered in dsdata/beam/kinds.py); documents are spilled
     under the run directory unless the stage says `spill: false`."""
     cfg = stage.transform_config()
     if stage.spill:
         cfg["spill_dir"] = spill_directory(context.run_dir, stage.name)
-    return DedupTransform(cfg)
+    if not cfg.get("url") and not cfg.get("lines"):
+        return DedupTransform(cfg)  # the graph earlier runs had, step names unchanged
+    return DedupSteps(cfg)
