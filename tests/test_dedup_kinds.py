@@ -13,7 +13,7 @@ import pytest
 
 from dsdata.beam.pipeline import run_recipe
 from dsdata.dedup.spans import normalise_url
-from dsdata.recipe import load_recipe
+from dsdata.recipe import RecipeError, load_recipe
 from dsdata.stages import StageConfigError
 from dsdata.stages.dedup import DedupStage
 
@@ -140,3 +140,49 @@ def test_three_sentence_spans_cjk_aware_with_document_dedup(tmp_path, shared_dat
 def test_a_dedup_with_nothing_to_do_is_one_line():
     with pytest.raises(StageConfigError, match="at least one of exact, near, url and lines"):
         DedupStage(exact=False, near=False)
+
+
+def test_index_then_against_drops_what_a_previous_run_kept(tmp_path):
+    samples = [json.loads(line) for line in (REPO / "pipelines/samples/docs.jsonl").read_text(encoding="utf-8").splitlines()]
+    first = [{"id": f"old{i:03d}", "text": s["text"]} for i, s in enumerate(samples[:100])]
+    run1 = tmp_path / "run1"
+    run1.mkdir()
+    stats1, kept1, _ = _run(run1, first, "{index: index}")
+    manifest = json.loads((run1 / "index" / "manifest.json").read_text())
+    assert manifest["documents"] == stats1["kept"] and manifest["num_perm"] == 128
+    ids = [i for part in manifest["parts"] for i in json.loads((run1 / "index" / f"{part}.ids.json").read_text())]
+    assert sorted(ids) == sorted(r["id"] for r in kept1)
+    # A new crawl: near-copies of ten kept documents (a few words edited), and unseen documents.
+    rng = random.Random(4)
+    copies = {}
+    second = []
+    long_ones = [r for r in kept1 if len(r["text"]) >= 2000]  # three edits leave J > 0.95
+    assert len(long_ones) >= 10
+    for r in rng.sample(long_ones, 10):
+        text = r["text"]
+        for _ in range(3):
+            at = rng.randrange(len(text))
+            text = text[:at] + "X" + text[at + 1:]
+        second.append({"id": f"new-{r['id']}", "text": text})
+        copies[f"new-{r['id']}"] = r["id"]
+    second += [{"id": f"fresh{i:03d}", "text": s["text"]} for i, s in enumerate(samples[100:160])]
+    run2 = tmp_path / "run2"
+    run2.mkdir()
+    import shutil
+
+    shutil.copytree(run1 / "index", run2 / "index")
+    stats2, kept2, rejected2 = _run(run2, second, "{against: index}")
+    by_id = {r["id"]: r for r in rejected2}
+    for new_id, old_id in copies.items():
+        assert by_id[new_id]["reason"] == "indexed_duplicate"
+        assert by_id[new_id]["detail"].startswith(f"near-duplicate of {old_id} in the index ")
+    assert {r["id"] for r in kept2} | set(by_id) == {d["id"] for d in second}
+    assert all(r["id"].startswith("fresh") for r in kept2) and len(kept2) >= 55
+    # Signatures made with other MinHash parameters are not comparable: one line before the run.
+    (run2 / "recipe.yaml").write_text("name: d\ninput: {paths: [docs.jsonl]}\nstages:\n"
+                                      "  - dedup: {against: index, num_perm: 64}\n", encoding="utf-8")
+    with pytest.raises((RecipeError, StageConfigError), match=r"built with num_perm=128 \(this stage: 64\)"):
+        run_recipe(load_recipe(str(run2 / "recipe.yaml")), str(run2 / "out-bad"))
+    (run2 / "index" / "manifest.json").write_text('{"format": "pickle"}')
+    with pytest.raises(StageConfigError, match="is not a dsdata-minhash-index version 1 manifest"):
+        DedupStage(against=str(run2 / "index"))

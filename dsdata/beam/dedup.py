@@ -747,18 +747,23 @@ class DedupTransform(beam.PTransform):
 
 
 class DedupSteps(beam.PTransform):
-    """The stage's steps in order: URL dedup (`url`), document-level exact/near dedup (`exact`,
-    `near`), line/span dedup (`lines`); each step's rejections joined (dsdata/beam/dedup_spans.py)."""
+    """The stage's steps in order: the previous run's index (`against`), URL dedup (`url`),
+    document-level exact/near dedup (`exact`, `near`), line/span dedup (`lines`); each step's
+    rejections joined; the kept documents' signatures written to `index` (dsdata/beam/dedup_spans.py,
+    dsdata/beam/dedup_index.py)."""
 
     def __init__(self, cfg: dict[str, Any]):
         super().__init__()
         self.cfg = cfg
 
     def expand(self, docs):
+        from dsdata.beam.dedup_index import AgainstIndex, WriteIndex
         from dsdata.beam.dedup_spans import LineDedup, UrlDedup
 
         c, rejected = self.cfg, []
-        steps = [("Url", UrlDedup)] if c.get("url") else []
+        steps = [("Against", AgainstIndex)] if c.get("against") else []
+        if c.get("url"):
+            steps.append(("Url", UrlDedup))
         if c["exact"] or c["near"]:
             steps.append(("Documents", DedupTransform))
         if c.get("lines"):
@@ -767,6 +772,8 @@ class DedupSteps(beam.PTransform):
             out = docs | label >> step(c)
             docs = out[KEPT]
             rejected.append(out[REJECTED])
+        if c.get("index"):
+            _ = docs | "Index" >> WriteIndex(c)
         return {KEPT: docs, REJECTED: tuple(rejected) | "StepsRejected" >> beam.Flatten()}
 
 
@@ -776,6 +783,6 @@ def composite(stage, context) -> beam.PTransform:
     cfg = stage.transform_config()
     if stage.spill:
         cfg["spill_dir"] = spill_directory(context.run_dir, stage.name)
-    if not cfg.get("url") and not cfg.get("lines"):
+    if not any(cfg.get(k) for k in ("url", "lines", "index", "against")):
         return DedupTransform(cfg)  # the graph earlier runs had, step names unchanged
     return DedupSteps(cfg)

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from dsdata.stages.base import CorpusStage, Param, StageConfigError
 from dsdata.dedup.spans import LINE_UNITS
-from dsdata.stages.params import Boolean, Choice, Integer, Number, Text
+from dsdata.stages.params import Boolean, Choice, Integer, Number, Path, Text
 
 KEEP_RULES = ("lowest_id", "highest_score")
 VERIFY_MODES = ("exact", "signature", "none")
@@ -61,6 +61,11 @@ class DedupStage(CorpusStage):
                                  Integer(min=1)),
         "lines_min_doc_chars": Param(50, "a document left with fewer characters is rejected duplicate_lines",
                                      Integer(min=0)),
+        "index": Param(None, "write the kept documents' MinHash signatures to this folder (a later run's "
+                             "against)", Path(), nullable=True),
+        "against": Param(None, "a previous run's index folder: documents near-duplicating one of its documents "
+                               "(estimated Jaccard >= threshold) are rejected indexed_duplicate",
+                         Path(must_exist="dir"), nullable=True),
         "spill": Param(True, "park documents in files under RUN_DIR/.spill while only keys and decisions shuffle "
                        "(bounded memory on the in-process runner); false: documents travel through the shuffles",
                        Boolean()),
@@ -77,8 +82,21 @@ class DedupStage(CorpusStage):
              f"bands × rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")
         need(self.keep != "highest_score" or bool(self.score_field),
              "keep: highest_score needs score_field (an annotation or metadata field name)")
-        need(self.exact or self.near or self.url or self.lines,
-             "at least one of exact, near, url and lines must be true")
+        need(self.exact or self.near or self.url or self.lines or self.against is not None,
+             "at least one of exact, near, url and lines must be true (or against set)")
+        for key in ("index", "against"):
+            need(getattr(self, key) is None or "://" not in getattr(self, key), f"{key} must be a local folder")
+        if self.against is not None:
+            from dsdata.dedup.index import COMPARABLE, BadIndex, read_manifest
+
+            try:
+                manifest = read_manifest(self.against)
+            except BadIndex as exc:
+                raise StageConfigError(f"dedup.against: {exc}") from None
+            different = [f"{k}={manifest.get(k)!r} (this stage: {getattr(self, k)!r})" for k in COMPARABLE
+                         if manifest.get(k) != getattr(self, k)]
+            need(not different, f"against: the index in {self.against} was built with {', '.join(different)}; "
+                                "set the same values (signatures are only comparable then)")
 
     def bands_rows(self) -> tuple[int, int]:
         """(bands, rows): as configured, or chosen from the threshold (see dsdata/dedup/lsh.py)."""
@@ -99,4 +117,5 @@ class DedupStage(CorpusStage):
             "cc_rounds": self.cc_rounds, "batch_size": self.batch_size, "stage_name": self.name,
             "url": self.url, "url_field": self.url_field, "lines": self.lines, "lines_unit": self.lines_unit,
             "lines_min_chars": self.lines_min_chars, "lines_min_doc_chars": self.lines_min_doc_chars,
+            "index": self.index, "against": self.against,
         }
