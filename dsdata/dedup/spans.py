@@ -1,4 +1,4 @@
-"""URL and line/span deduplication keys (pure functions; the Beam steps are in dsdata/beam/dedup_spans.py).
+"""URL and line/span deduplication keys (pure functions; the Beam steps are in dsdata/beam/dedup/spans.py).
 
 URL keys.  Crawls repeat a page under trivially different URLs across snapshots: the key is the
 URL with scheme (http/https), letter case of scheme and host, a leading "www.", default ports,

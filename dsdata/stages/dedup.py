@@ -7,8 +7,10 @@ without a number there come last, ties go to the lowest id) — and the others a
 reason `exact_duplicate` (same normalised text as the kept one) or `near_duplicate`.
 `url: true` first keeps one document per normalised URL (`duplicate_url`); `lines: true` last removes
 lines (or C4's three-sentence spans) an earlier document holds, rejecting a document left too short
-(`duplicate_lines`): dsdata/beam/dedup_spans.py.
-How it scales and why: dsdata/beam/dedup.py (the composite, built from `transform_config()`); the MinHash maths: dsdata/dedup/minhash.py.
+(`duplicate_lines`): dsdata/beam/dedup/spans.py.  `index: DIR` writes the kept documents' MinHash
+signatures, `against: DIR` rejects near-duplicates of a previous run's (`indexed_duplicate`):
+dsdata/beam/dedup/index.py, format dsdata/dedup/index.py.
+How it scales and why: dsdata/beam/dedup/composite.py (the composite, built from `transform_config()`); the MinHash maths: dsdata/dedup/minhash.py.
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ Steps (each a Beam shuffle; no step ever holds the corpus in one process):
 6. **Decide** — exact duplicates take their representative's cluster label; nodes are grouped by
    label for the cluster size.  With a spill directory (the stage's default, `spill: true`) the
    documents never entered the shuffles: step 1 parked each bundle's documents in one spill file
-   under RUN_DIR/.spill (dsdata/io/spill.py) and emitted only a `where` record (node → file).  A
+   under RUN_DIR/.spill (dsdata/beam/dedup/spill.py) and emitted only a `where` record (node → file).  A
    `CoGroupByKey` on node routes each cluster member's decision to its file, and each file is then
    read once with its (few) decisions: the label node is kept, the others are rejected as
    `exact_duplicate` (same normalised text as the kept one) or `near_duplicate`; a document without
@@ -77,10 +77,10 @@ from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, StageCounters
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json, pack_document, unpack_document
-from dsdata.io.spill import (SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
+from dsdata.beam.dedup.spill import (SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
                              spill_directory, spill_name)
-from dsdata.io.spill import encode as spill_encode
-from dsdata.beam.progress import stage_counter
+from dsdata.beam.dedup.spill import encode as spill_encode
+from dsdata.beam.counters import stage_counter
 
 log = logging.getLogger("dsdata")
 
@@ -746,43 +746,10 @@ class DedupTransform(beam.PTransform):
 
 
 
-class DedupSteps(beam.PTransform):
-    """The stage's steps in order: the previous run's index (`against`), URL dedup (`url`),
-    document-level exact/near dedup (`exact`, `near`), line/span dedup (`lines`); each step's
-    rejections joined; the kept documents' signatures written to `index` (dsdata/beam/dedup_spans.py,
-    dsdata/beam/dedup_index.py)."""
-
-    def __init__(self, cfg: dict[str, Any]):
-        super().__init__()
-        self.cfg = cfg
-
-    def expand(self, docs):
-        from dsdata.beam.dedup_index import AgainstIndex, WriteIndex
-        from dsdata.beam.dedup_spans import LineDedup, UrlDedup
-
-        c, rejected = self.cfg, []
-        steps = [("Against", AgainstIndex)] if c.get("against") else []
-        if c.get("url"):
-            steps.append(("Url", UrlDedup))
-        if c["exact"] or c["near"]:
-            steps.append(("Documents", DedupTransform))
-        if c.get("lines"):
-            steps.append(("Lines", LineDedup))
-        for label, step in steps:
-            out = docs | label >> step(c)
-            docs = out[KEPT]
-            rejected.append(out[REJECTED])
-        if c.get("index"):
-            _ = docs | "Index" >> WriteIndex(c)
-        return {KEPT: docs, REJECTED: tuple(rejected) | "StepsRejected" >> beam.Flatten()}
-
-
-def composite(stage, context) -> beam.PTransform:
+def composite(stage, context) -> DedupTransform:
     """The dedup stage's transform (registered in dsdata/beam/kinds.py); documents are spilled
     under the run directory unless the stage says `spill: false`."""
     cfg = stage.transform_config()
     if stage.spill:
         cfg["spill_dir"] = spill_directory(context.run_dir, stage.name)
-    if not any(cfg.get(k) for k in ("url", "lines", "index", "against")):
-        return DedupTransform(cfg)  # the graph earlier runs had, step names unchanged
-    return DedupSteps(cfg)
+    return DedupTransform(cfg)

@@ -19,6 +19,7 @@ from typing import Any
 
 import apache_beam as beam
 
+from dsdata.beam.dedup.composite import node_key
 from dsdata.beam.transforms import KEPT, REJECTED
 from dsdata.dedup.minhash import exact_hash
 from dsdata.dedup.spans import normalise_url, remove_units, unit_keys
@@ -28,8 +29,6 @@ LINES_REMOVED = "dup_lines_removed"
 
 
 def _order_key(doc: Document, score_field: str | None) -> str:
-    from dsdata.beam.dedup import node_key
-
     return node_key(doc, exact_hash(doc.text), score_field)
 
 
