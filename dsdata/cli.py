@@ -50,8 +50,12 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", action="append", default=None, metavar="GLOB",
                         help="input file or glob (local, gs://, s3://; repeatable); replaces the recipe's inputs")
     parser.add_argument("--output", default=None, metavar="DIR", help="output directory (default: the recipe's, ./out)")
-    parser.add_argument("--format", default=None, choices=["auto", "jsonl", "parquet", "html", "warc"],
-                        help="input format (default: from the recipe, else from file names)")
+    parser.add_argument("--format", default=None, choices=["auto", "jsonl", "parquet", "html", "warc", "text", "csv"],
+                        help="input format (default: from the recipe, else from file names: .txt/.md are text, "
+                        "one document per file; .csv/.tsv are csv, a header row then one record per row)")
+    parser.add_argument("--limit", default=None, type=_positive_int, metavar="N",
+                        help="read only the first N records (input files in path order, records in file order; "
+                        "the same N on every runner) to try a recipe on part of a corpus; the ledger counts those N")
     parser.add_argument("--set", action="append", default=[], metavar="STAGE.PARAM=VALUE",
                         help="override a recipe parameter (repeatable), e.g. --set lang.min_score=0.6")
     parser.add_argument("--max-errors", default=None, metavar="N|P%",
@@ -63,6 +67,16 @@ def _run_parser() -> argparse.ArgumentParser:
                         help="live progress every 10 s on long runs: a bar on a terminal (auto), "
                         "lines (logs), or off; --quiet turns it off")
     return parser
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value!r}")
+    return n
 
 
 def _collect_after_startup() -> None:
@@ -129,6 +143,8 @@ def _prepare_run(args: argparse.Namespace, beam_args: list[str]):
         recipe.inputs = [p if "://" in p else os.path.abspath(p) for p in args.input]
     if args.format:
         recipe.input_format = args.format
+    if args.limit is not None:
+        recipe.limit = args.limit
     if recipe.input_format not in INPUT_FORMATS:  # --set input.format=... is only checked here
         raise UserError(f"input format '{recipe.input_format}' is not one of {', '.join(INPUT_FORMATS)}")
     output = args.output or recipe_output(recipe)  # --output may point anywhere; a recipe's may not leave ./

@@ -32,7 +32,7 @@ from dsdata.runners import BeamOptionError, find_runner
 from dsdata.safe_yaml import YamlBoundError, load_bounded
 from dsdata.stages import Stage, StageConfigError, stage_class
 
-INPUT_FORMATS = ("auto", "jsonl", "parquet", "html", "warc")
+INPUT_FORMATS = ("auto", "jsonl", "parquet", "html", "warc", "text", "csv")
 RECIPE_KEYS = ("name", "description", "input", "output", "stages", "beam")
 INPUT_KEYS = ("paths", "format", "text_field", "id_field")
 # A recipe is a page of YAML; a bigger file is not a recipe (and bounds what a bad one costs).
@@ -64,6 +64,8 @@ class Recipe:
     beam_args: list[str] = field(default_factory=list)
     # Not from the recipe file: the matched paths that `dsdata run` left out (inputs.left_out), for stats.json.
     inputs_left_out: dict[str, Any] = field(default_factory=dict)
+    # Not from the recipe file: `dsdata run --limit N` reads only the first N records.
+    limit: int | None = None
 
     @property
     def directory(self) -> str:

@@ -494,7 +494,7 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     element, and the rejections of all steps meet in one Flatten."""
     read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
                                        spread_documents=runs_on_several_workers(p.options), batch_docs=BATCH_DOCS,
-                                       spread_files=not runs_on_one_worker(p.options))
+                                       spread_files=not runs_on_one_worker(p.options), limit=recipe.limit)
     batches = read[KEPT]
     input_keys = batches | "InputKeys" >> beam.ParDo(_TallyKeys("input", "docs"))
     tallied = tuple(name for s in stages for name in s.tallies)
@@ -522,6 +522,8 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     extra = {"recipe": recipe.name, "stage_order": [READ_STAGE] + [s.name for s in stages]}
     if recipe.inputs_left_out:
         extra["inputs_left_out"] = recipe.inputs_left_out
+    if recipe.limit is not None:
+        extra["limit"] = recipe.limit
     (
         (nothing, *keys, *stage_stats, *part_files)
         | "AllKeys" >> beam.Flatten()
