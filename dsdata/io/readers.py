@@ -896,19 +896,25 @@ def _whole(path: str, raw: IO[bytes]) -> tuple[bytes, Damage | None]:
     return b"".join(parts), None
 
 
-def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Rejected]:
-    """One HTML file → one document whose id is the file's path."""
+def _one_record_file(path: str, raw: IO[bytes]) -> bytes | Rejected:
+    """The decoded bytes of a file that is one record (an HTML page, a text file), or its rejection:
+    unreadable, too large, or damaged (a page cut by damage is rejected whole, not served half)."""
     try:
         data, damage = _whole(path, raw)
     except OSError as exc:
-        yield _file_rejection(path, "unreadable_file", f"{type(exc).__name__}: {exc}")
-        return
+        return _file_rejection(path, "unreadable_file", f"{type(exc).__name__}: {exc}")
     except _TooLarge:
-        yield _file_rejection(path, "too_large", f"over {_MAX_LINE} bytes decoded; not read further")
-        return
+        return _file_rejection(path, "too_large", f"over {_MAX_LINE} bytes decoded; not read further")
     if damage is not None:
-        # One file is one record: a page cut by damage is rejected whole, not served half.
-        yield _file_rejection(path, damage.reason, damage.detail)
+        return _file_rejection(path, damage.reason, damage.detail)
+    return data
+
+
+def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Rejected]:
+    """One HTML file → one document whose id is the file's path."""
+    data = _one_record_file(path, raw)
+    if isinstance(data, Rejected):
+        yield data
         return
     text, binary = _page_text(data)
     if binary:
@@ -1333,16 +1339,9 @@ _TEXT_EXT = (".txt", ".text", ".md", ".markdown")
 
 def read_text(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Rejected]:
     """One .txt / .md file → one document whose id is the file's path; UTF-8 (a BOM is dropped)."""
-    try:
-        data, damage = _whole(path, raw)
-    except OSError as exc:
-        yield _file_rejection(path, "unreadable_file", f"{type(exc).__name__}: {exc}")
-        return
-    except _TooLarge:
-        yield _file_rejection(path, "too_large", f"over {_MAX_LINE} bytes decoded; not read further")
-        return
-    if damage is not None:
-        yield _file_rejection(path, damage.reason, damage.detail)  # one file, one record: rejected whole
+    data = _one_record_file(path, raw)
+    if isinstance(data, Rejected):
+        yield data
         return
     if _looks_binary(data[:_BINARY_SNIFF]):
         yield _file_rejection(path, "binary_file", "over 10 % of the first 8 KiB are control bytes; not a text file")

@@ -9,6 +9,7 @@ from typing import Any
 
 import apache_beam as beam
 
+from dsdata.beam.dedup.spans import ConfiguredStep
 from dsdata.beam.errors import environment_failure
 from dsdata.beam.transforms import KEPT, REJECTED
 from dsdata.dedup.index import shared_index, best_match, write_manifest, write_part
@@ -50,12 +51,8 @@ class _Against(beam.DoFn):
                     f"(estimated Jaccard {similarity:.3f} >= {c['threshold']})"))
 
 
-class AgainstIndex(beam.PTransform):
+class AgainstIndex(ConfiguredStep):
     """PCollection[Document] → {"kept", "rejected"}: documents duplicating an indexed one rejected."""
-
-    def __init__(self, cfg: dict[str, Any]):
-        super().__init__()
-        self.cfg = cfg
 
     def expand(self, docs):
         out = (docs
@@ -87,13 +84,9 @@ def _finish(parts, cfg: dict[str, Any]):
     return len(parts)
 
 
-class WriteIndex(beam.PTransform):
+class WriteIndex(ConfiguredStep):
     """PCollection[Document] (the kept ones) → the index in cfg["index"]; the manifest is written
     once every part is."""
-
-    def __init__(self, cfg: dict[str, Any]):
-        super().__init__()
-        self.cfg = cfg
 
     def expand(self, docs):
         os.makedirs(self.cfg["index"], exist_ok=True)

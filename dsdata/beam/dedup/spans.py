@@ -60,12 +60,16 @@ class _PickUrl(beam.DoFn):
                                            f"same URL as {first.id}: {url}"))
 
 
-class UrlDedup(beam.PTransform):
-    """PCollection[Document] → {"kept", "rejected"}: one document per normalised URL."""
+class ConfiguredStep(beam.PTransform):
+    """A dedup step built from the stage's transform_config() dict."""
 
     def __init__(self, cfg: dict[str, Any]):
         super().__init__()
         self.cfg = cfg
+
+
+class UrlDedup(ConfiguredStep):
+    """PCollection[Document] → {"kept", "rejected"}: one document per normalised URL."""
 
     def expand(self, docs):
         field, score, name = self.cfg["url_field"], self.cfg["score_field"], self.cfg["stage_name"]
@@ -120,12 +124,8 @@ class _ApplyDrops(beam.DoFn):
         return doc
 
 
-class LineDedup(beam.PTransform):
+class LineDedup(ConfiguredStep):
     """PCollection[Document] → {"kept", "rejected"}: corpus-wide line (or three-sentence span) dedup."""
-
-    def __init__(self, cfg: dict[str, Any]):
-        super().__init__()
-        self.cfg = cfg
 
     def expand(self, docs):
         c = self.cfg

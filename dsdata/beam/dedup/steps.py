@@ -12,19 +12,15 @@ import apache_beam as beam
 from dsdata.beam.dedup.composite import DedupTransform
 from dsdata.beam.dedup.composite import composite as document_composite
 from dsdata.beam.dedup.index import AgainstIndex, WriteIndex
-from dsdata.beam.dedup.spans import LineDedup, UrlDedup
+from dsdata.beam.dedup.spans import ConfiguredStep, LineDedup, UrlDedup
 from dsdata.beam.transforms import KEPT, REJECTED
 
 
-class DedupSteps(beam.PTransform):
+class DedupSteps(ConfiguredStep):
     """The stage's steps in order: the previous run's index (`against`), URL dedup (`url`),
     document-level exact/near dedup (`exact`, `near`), line/span dedup (`lines`); each step's
     rejections joined; the kept documents' signatures written to `index` (dsdata/beam/dedup/spans.py,
     dsdata/beam/dedup/index.py)."""
-
-    def __init__(self, cfg: dict[str, Any]):
-        super().__init__()
-        self.cfg = cfg
 
     def expand(self, docs):
         c, rejected = self.cfg, []
