@@ -66,6 +66,15 @@ class Recipe:
     inputs_left_out: dict[str, Any] = field(default_factory=dict)
     # Not from the recipe file: `dsdata run --limit N` reads only the first N records.
     limit: int | None = None
+    # The input paths as the recipe file gives them (resolved): while `inputs` are among them, a run
+    # keeps every file it reads inside the recipe's folder.  `inputs_checked`: the inputs were
+    # checked and expanded (dsdata.io.inputs.resolve_recipe_inputs), so a run does not do it again.
+    file_inputs: tuple[str, ...] = ()
+    inputs_checked: bool = False
+
+    @property
+    def inputs_from_file(self) -> bool:
+        return bool(self.inputs) and set(self.inputs) <= set(self.file_inputs)
 
     @property
     def directory(self) -> str:
@@ -266,6 +275,7 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
         path=path,
         name=str(raw.get("name") or os.path.splitext(os.path.basename(path))[0]),
         inputs=inputs,
+        file_inputs=tuple(inputs),
         input_format=str(inp.get("format", "auto")),
         text_field=str(inp.get("text_field", "text")),
         id_field=str(inp.get("id_field", "id")),
