@@ -140,7 +140,7 @@ def execute(prepared: PreparedRun, beam_args: Iterable[str] = (), progress: str 
 def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] | None = None,
         output: str | os.PathLike | None = None, overrides: Mapping[str, Any] | Iterable[str] | None = None,
         input_format: str | None = None, max_errors: str | int | None = None,
-        beam_args: Iterable[str] = (), progress: str = "off") -> dict[str, Any]:
+        beam_args: Iterable[str] = (), progress: str = "off", limit: int | None = None) -> dict[str, Any]:
     """Run a recipe as `dsdata run` does and return its stats (the dict written to OUT/stats.json,
     plus `seconds`).
 
@@ -149,13 +149,15 @@ def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] 
     the working directory).  overrides: {"STAGE.PARAM": value} or ["STAGE.PARAM=VALUE", …], as
     `--set`.  input_format: as `--format`.  max_errors: as `--max-errors` (25, "0.5%").  beam_args:
     Beam pipeline options (["--direct_num_workers=2", …]).  progress: "off", "lines" or "bar".
+    limit: as `--limit` (read only the first N records).
 
     Raises RunError (one line; `exit_code` as the command's) for any problem, including a run over
     its error budget, whose outputs are written all the same."""
     with one_line_errors():
         prepared = prepare_run(None if recipe is None else os.fspath(recipe), inputs,
                                None if output is None else os.fspath(output), input_format,
-                               _override_items(overrides), beam_args, max_errors=max_errors, quiet=True)
+                               _override_items(overrides), beam_args, max_errors=max_errors, quiet=True,
+                               limit=limit)
         for line in prepared.notes:  # matched paths that are not read (FIFOs, dangling links): also in stats.json
             logging.getLogger("dsdata").warning(line)
         return execute(prepared, beam_args, progress=progress)
