@@ -35,3 +35,27 @@ def test_compiled_blocks_train_the_eager_losses_and_resume_exactly(tmp_path):
     shutil.rmtree(resumed / "checkpoints" / f"step_{STEPS:08d}")
     run_train(resumed, COMMON + ["training.compile=true"])
     assert _losses(resumed) == got  # exact: the same compiled kernels from the same state
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_compiled_blocks_under_every_layout_train_the_one_process_losses(tmp_path):
+    """DDP, FSDP2, tensor and pipeline parallel over 2 gloo processes, each block compiled, against
+    one eager process: the compiled forward keeps the layouts' hooks (FSDP2's all-gathers, DTensor
+    plumbing, pipeline stages) working."""
+    from dsdata.train.config import load_config
+    from dsdata.train.loop import train
+    from tests.test_parallel import BASE, TINY, _losses, _torchrun
+
+    sets = [s for s in BASE if not s.startswith(("training.steps", "checkpoint.interval"))] + [
+        "training.steps=4", "checkpoint.interval=0"]
+    layouts = {"ddp": ["parallel.data_parallel_size=2"],
+               "fsdp": ["parallel.data_parallel_size=2", "parallel.data_parallel=fsdp"],
+               "tp2": ["parallel.tensor_parallel_size=2"],
+               "pp2": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=1f1b"]}
+    _torchrun(2, [{"run_dir": str(tmp_path / name), "overrides": sets + extra + ["training.compile=true"]}
+                  for name, extra in layouts.items()], tmp_path)
+    train(load_config(TINY, sets + ["training.compile=false"]), str(tmp_path / "single"))
+    want = _losses(tmp_path / "single")
+    for name in layouts:
+        assert _losses(tmp_path / name) == pytest.approx(want, rel=2e-3), name
