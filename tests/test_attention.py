@@ -208,6 +208,20 @@ def test_flex_lsh_equals_the_gather_reference(t, chunk, buckets):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("blocks", [(128, 64), (64, 128)])
+def test_flex_kernels_with_other_query_and_key_block_sizes(blocks):
+    q, k, v = qkv(seed=3, b=1, h=2, t=330, d=16)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    reference = make_sparse(4, 16, 16, dim=16)
+    flex = make_sparse(4, 16, 16, kernel="flex", dim=16)
+    flex.load_state_dict(reference.state_dict())
+    lsh_reference, lsh_flex = LSHAttention(16, 16, kernel="reference"), LSHAttention(16, 16, kernel="flex")
+    flex.flex_blocks = lsh_flex.flex_blocks = blocks
+    for mine, theirs in ((flex, reference), (lsh_flex, lsh_reference)):
+        for g, w in zip(_outputs_and_grads(mine, q, k, v, grad), _outputs_and_grads(theirs, q, k, v, grad)):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+
+
 def test_torch_flex_attention_itself_computes_the_sparse_forward():
     """Without gradients the CPU path calls torch's FlexAttention (not the emulation used for
     backward on CPU): its block mask and mask_mod reproduce the references."""

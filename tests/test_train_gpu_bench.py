@@ -27,7 +27,7 @@ def test_smoke_runs_every_section_and_ends_with_one_json_object():
     assert trainer["gflops_per_token"] == round((6 * trainer["parameters"] + 12 * 2 * 64 * 64) / 1e9, 3)
     attention = summary["attention"]
     assert set(attention["ms"]) == {f"{k}@256" for k in ("dense", "dynamic_sparse", "dynamic_sparse_reference",
-                                                          "lsh", "lsh_reference")}
+                                                          "dynamic_sparse_kv64", "lsh", "lsh_reference")}
     for diffs in attention["flex_vs_reference_max_abs_diff"].values():
         assert max(diffs.values()) < 1e-4
     assert summary["ratios"]["eager_vs_hf"] > 0

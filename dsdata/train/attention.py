@@ -73,6 +73,7 @@ class DynamicSparseAttention(nn.Module):
         if kernel not in KERNEL_CHOICES:
             raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
         self.kernel = kernel
+        self.flex_blocks = (block_sparse.FLEX_BLOCK, block_sparse.FLEX_BLOCK)  # (query, key) block sizes
         if window <= 0 or window % block:
             raise ValueError(f"sparse window ({window}) must be a positive multiple of the block ({block})")
         self.top_k, self.window, self.block = top_k, window, block
@@ -136,7 +137,8 @@ class DynamicSparseAttention(nn.Module):
         Query i's selected far keys are exactly the far keys j with score_j >= thr_i, its top_k-th
         best candidate's score (ties at the threshold, measure-zero for real-valued gates, would
         admit all tied keys).  The summary key/value is folded in afterwards through the
-        log-sum-exp FlexAttention returns.
+        log-sum-exp FlexAttention returns, and so is the gate's straight-through gradient (see
+        `_gate_gradient_term`), so the kernel itself is a plain masked attention.
         """
         bsz, heads, seqlen, dim = q.shape
         bs, window = self.block, self.window
@@ -147,7 +149,8 @@ class DynamicSparseAttention(nn.Module):
         select_score, live_score, cand_idx, selected, far_last = self._selection(vp, seqlen, n_blocks)
         n_cand = cand_idx.shape[-1]
         acc = _accum_dtype(v)
-        flex_len = seqlen + (-seqlen % block_sparse.FLEX_BLOCK)
+        q_block, kv_block = self.flex_blocks
+        flex_len = seqlen + (-seqlen % math.lcm(q_block, kv_block))
         tail = (0, flex_len - seqlen)  # FlexAttention's padding: never selected, causally unseen
         with torch.no_grad():
             cand_score = select_score.gather(2, cand_idx.reshape(bsz, heads, -1)).view(bsz, heads, n_blocks, 1, n_cand)
@@ -155,57 +158,76 @@ class DynamicSparseAttention(nn.Module):
             threshold = F.pad(threshold.reshape(bsz, heads, padded)[..., :seqlen], tail, value=float("inf"))
             score_f = F.pad(select_score[..., :seqlen], tail, value=float("-inf"))
             visible = self._visible_blocks(cand_idx, selected, n_blocks, flex_len)
-        live_f = F.pad(live_score.to(acc)[..., :seqlen], tail)
-        live_const = live_f.detach()
 
         def mask_mod(b, h, q_idx, kv_idx):
             far = score_f[b, h, kv_idx] >= threshold[b, h, q_idx]
             return (kv_idx <= q_idx) & ((q_idx - kv_idx < window) | far)
 
-        def gate_straight_through(score, b, h, q_idx, kv_idx):
-            # zero forward; d(loss)/d(logit) of a selected far key flows into its live gate score
-            far = q_idx - kv_idx >= window
-            return score + torch.where(far, live_f[b, h, kv_idx] - live_const[b, h, kv_idx], 0.0)
-
-        block_mask = block_sparse.block_mask_from_pairs(visible, mask_mod, flex_len)
+        block_mask = block_sparse.block_mask_from_pairs(visible, mask_mod, flex_len, self.flex_blocks)
         qf, kf, vf = (F.pad(t, (0, 0) + tail) for t in (q, k, v))
-        out, lse = block_sparse.flex_with_lse(qf, kf, vf, block_mask, score_mod=gate_straight_through,
-                                              scale=1.0 / math.sqrt(dim))
-        out, lse = out[:, :, :seqlen], lse[:, :, :seqlen]
-        if not self.summary:
-            return out
+        out, lse = block_sparse.flex_with_lse(qf, kf, vf, block_mask, scale=1.0 / math.sqrt(dim))
+        # Back to the reference's block padding (rows past seqlen are cut at the end).
+        out = F.pad(out[:, :, :seqlen], pad).to(acc)
+        lse = F.pad(lse[:, :, :seqlen].to(acc), pad[2:])
         gather_idx = cand_idx.reshape(bsz, heads, n_blocks * n_cand)[..., None].expand(-1, -1, -1, dim)
         k_cand = kp.gather(2, gather_idx).view(bsz, heads, n_blocks, n_cand, dim)
         v_cand = vp.gather(2, gather_idx).view(bsz, heads, n_blocks, n_cand, dim)
-        k_sum, v_sum, has_rest = self._summary(kp, vp, selected, k_cand, v_cand, far_last)
-        q_blocks = qp.view(bsz, heads, n_blocks, bs, dim)
-        logit_sum = ((q_blocks.to(k_sum.dtype) * k_sum).sum(-1) / math.sqrt(dim))
-        logit_sum = logit_sum.masked_fill(~has_rest, float("-inf")).reshape(bsz, heads, padded)[..., :seqlen]
-        lse = lse.to(acc)
-        total = torch.logaddexp(lse, logit_sum)
-        v_sum = v_sum.reshape(bsz, heads, padded, dim)[:, :, :seqlen]
-        mixed = out.to(acc) * (lse - total).exp()[..., None] + v_sum * (logit_sum - total).exp()[..., None]
-        return mixed.to(v.dtype)
+        if self.summary:
+            k_sum, v_sum, has_rest = self._summary(kp, vp, selected, k_cand, v_cand, far_last)
+            q_blocks = qp.view(bsz, heads, n_blocks, bs, dim)
+            logit_sum = (q_blocks.to(k_sum.dtype) * k_sum).sum(-1) / math.sqrt(dim)
+            logit_sum = logit_sum.masked_fill(~has_rest, float("-inf")).reshape(bsz, heads, padded)
+            total = torch.logaddexp(lse, logit_sum)
+            v_sum = v_sum.reshape(bsz, heads, padded, dim)
+            out = out * (lse - total).exp()[..., None] + v_sum * (logit_sum - total).exp()[..., None]
+        else:
+            total = lse
+        out = out + self._gate_gradient_term(qp, k_cand, v_cand, cand_idx, selected, live_score, total, out)
+        return out[:, :, :seqlen].to(v.dtype)
+
+    def _gate_gradient_term(self, q, k_cand, v_cand, cand_idx, selected, live_score, total, out) -> torch.Tensor:
+        """Zero in the forward pass; its gradient is the reference's straight-through gate gradient.
+
+        The reference adds δ_j = g_j − g_j.detach() (g: the live gate score) to the logit of every
+        selected far key j, so d loss/d g_j = Σ_i sel_ij · d loss/d s_ij, and for softmax attention
+        d out_i/d s_ij = P_ij (v_j − out_i).  Σ_j sel_ij P_ij δ_j (v_j − out_i), with P, v and out
+        detached, has exactly that gradient and the value 0.  P_ij = exp(s_ij − total_i), total_i
+        the log-sum-exp over all of query i's keys (window, selected, summary).
+        """
+        bsz, heads, n_blocks, n_cand, dim = k_cand.shape
+        bs = self.block
+        acc = total.dtype
+        with torch.no_grad():
+            q_blocks = q.detach().view(bsz, heads, n_blocks, bs, dim).to(acc)
+            logits = torch.matmul(q_blocks, k_cand.detach().to(acc).transpose(-1, -2)) / math.sqrt(dim)
+            weight = torch.where(selected, (logits - total.view(bsz, heads, n_blocks, bs, 1)).exp(),
+                                 torch.zeros((), dtype=acc, device=q.device))
+        gate = live_score.to(acc).gather(2, cand_idx.reshape(bsz, heads, -1)).view(bsz, heads, n_blocks, 1, n_cand)
+        weighted = weight * (gate - gate.detach())  # (B, H, nb, bs, C), all zeros
+        term = torch.matmul(weighted, v_cand.detach().to(acc))
+        term = term - out.detach().view(bsz, heads, n_blocks, bs, dim) * weighted.sum(-1, keepdim=True)
+        return term.reshape(bsz, heads, n_blocks * bs, dim)
 
     def _visible_blocks(self, cand_idx, selected, n_blocks: int, flex_len: int) -> torch.Tensor:
         """(B, H, q_blocks, kv_blocks) bool in FlexAttention blocks: the local band plus every block
         holding a key that some query of the block selected."""
         bsz, heads = cand_idx.shape[:2]
-        fb, bs = block_sparse.FLEX_BLOCK, self.block
-        n_flex = flex_len // fb
+        (q_block, kv_block), bs = self.flex_blocks, self.block
+        n_q, n_kv = flex_len // q_block, flex_len // kv_block
+        device = cand_idx.device
         used = selected.any(3)  # (B, H, nb, C): selected by some query of the reference block
-        per_ref = torch.zeros(bsz, heads, n_blocks, n_flex + 1, dtype=torch.int32, device=cand_idx.device)
-        target = torch.where(used, cand_idx // fb, n_flex)  # unused candidates land in a spare column
+        per_ref = torch.zeros(bsz, heads, n_blocks, n_kv + 1, dtype=torch.int32, device=device)
+        target = torch.where(used, cand_idx // kv_block, n_kv)  # unused candidates land in a spare column
         per_ref.scatter_(3, target, 1)
-        per_ref = per_ref[..., :n_flex].bool()
+        per_ref = per_ref[..., :n_kv].bool()
         # Reference block r covers queries [r·bs, (r+1)·bs); OR it into every flex block it overlaps.
-        first = torch.arange(n_flex, device=cand_idx.device) * fb // bs
-        last = ((torch.arange(n_flex, device=cand_idx.device) + 1) * fb - 1) // bs
-        visible = torch.zeros(bsz, heads, n_flex, n_flex, dtype=torch.bool, device=cand_idx.device)
-        for offset in range((fb - 1) // bs + 2):
+        first = torch.arange(n_q, device=device) * q_block // bs
+        last = ((torch.arange(n_q, device=device) + 1) * q_block - 1) // bs
+        visible = torch.zeros(bsz, heads, n_q, n_kv, dtype=torch.bool, device=device)
+        for offset in range((q_block - 1) // bs + 2):
             ref = torch.minimum(first + offset, last).clamp(max=n_blocks - 1)
             visible |= per_ref[:, :, ref]
-        return visible | block_sparse.band_blocks(n_flex, self.window, cand_idx.device)
+        return visible | block_sparse.band_blocks(n_q, n_kv, self.flex_blocks, self.window, device)
 
     def _forward_reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         bsz, heads, seqlen, dim = q.shape
@@ -319,6 +341,7 @@ class LSHAttention(nn.Module):
         if kernel not in KERNEL_CHOICES:
             raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
         self.kernel = kernel
+        self.flex_blocks = (block_sparse.FLEX_BLOCK, block_sparse.FLEX_BLOCK)  # (query, key) block sizes
         self.head_dim, self.chunk, self.n_buckets, self.seed = head_dim, chunk, n_buckets, seed
         self._rotations: dict[tuple[int, str], torch.Tensor] = {}
 
@@ -368,7 +391,8 @@ class LSHAttention(nn.Module):
         seqlen, dim = q.shape[2], q.shape[3]
         chunk = self.chunk
         qs, ks, vs, bucket, order = self._sorted(q, k, v)
-        flex_len = seqlen + (-seqlen % block_sparse.FLEX_BLOCK)
+        q_block, kv_block = self.flex_blocks
+        flex_len = seqlen + (-seqlen % math.lcm(q_block, kv_block))
         tail = (0, 0, 0, flex_len - seqlen)
         qs, ks, vs = F.pad(qs, tail), F.pad(ks, tail), F.pad(vs, tail)
         bucket = F.pad(bucket, tail[2:], value=-1)  # padding: a bucket of its own, after every real query
@@ -377,8 +401,9 @@ class LSHAttention(nn.Module):
             lag = q_idx - kv_idx
             return (lag >= 0) & (lag < chunk) & (bucket[b, h, q_idx] == bucket[b, h, kv_idx])
 
-        visible = block_sparse.band_blocks(flex_len // block_sparse.FLEX_BLOCK, chunk, q.device)[None, None]
-        block_mask = block_sparse.block_mask_from_pairs(visible, mask_mod, flex_len)
+        visible = block_sparse.band_blocks(flex_len // q_block, flex_len // kv_block, self.flex_blocks, chunk,
+                                           q.device)[None, None]
+        block_mask = block_sparse.block_mask_from_pairs(visible, mask_mod, flex_len, self.flex_blocks)
         out, _ = block_sparse.flex_with_lse(qs, ks, vs, block_mask, scale=1.0 / math.sqrt(dim))
         return self._unsort(out[:, :, :seqlen], order)
 

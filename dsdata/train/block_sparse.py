@@ -50,7 +50,7 @@ def flex_with_lse(q, k, v, block_mask, score_mod=None, scale=None) -> tuple[torc
     return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, return_lse=True)
 
 
-def block_mask_from_pairs(visible: torch.Tensor, mask_mod, seqlen: int):
+def block_mask_from_pairs(visible: torch.Tensor, mask_mod, seqlen: int, block_sizes: tuple[int, int]):
     """A BlockMask from `visible` (B, H, q_blocks, kv_blocks) bool: which key blocks each query block
     may touch (all treated as partial: `mask_mod` decides inside them)."""
     from torch.nn.attention.flex_attention import BlockMask
@@ -58,19 +58,21 @@ def block_mask_from_pairs(visible: torch.Tensor, mask_mod, seqlen: int):
     counts = visible.sum(-1, dtype=torch.int32)
     # Listed blocks first, in ascending block order (a stable sort of "not visible").
     indices = torch.argsort((~visible).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-    kwargs = {"BLOCK_SIZE": FLEX_BLOCK, "mask_mod": mask_mod}
+    kwargs = {"BLOCK_SIZE": block_sizes, "mask_mod": mask_mod}
     if "seq_lengths" in inspect.signature(BlockMask.from_kv_blocks).parameters:
         kwargs["seq_lengths"] = (seqlen, seqlen)
     return BlockMask.from_kv_blocks(counts.contiguous(), indices.contiguous(), **kwargs)
 
 
-def band_blocks(n_blocks: int, reach: int, device) -> torch.Tensor:
-    """(n_blocks, n_blocks) bool: key block j is visible from query block i when some key of it lies
-    within `reach` − 1 places before (or at) some query of it: causal band of width `reach`."""
-    i = torch.arange(n_blocks, device=device)[:, None]
-    j = torch.arange(n_blocks, device=device)[None, :]
-    lowest_key = i * FLEX_BLOCK - (reach - 1)  # the earliest key any query of block i reaches
-    return (j <= i) & ((j + 1) * FLEX_BLOCK - 1 >= lowest_key)
+def band_blocks(n_q: int, n_kv: int, block_sizes: tuple[int, int], reach: int, device) -> torch.Tensor:
+    """(n_q, n_kv) bool: key block j is visible from query block i when one of its keys lies at most
+    `reach` − 1 places before (or at) one of its queries: a causal band of width `reach`."""
+    q_block, kv_block = block_sizes
+    i = torch.arange(n_q, device=device)[:, None]
+    j = torch.arange(n_kv, device=device)[None, :]
+    first_key, last_key = j * kv_block, (j + 1) * kv_block - 1
+    first_query, last_query = i * q_block, (i + 1) * q_block - 1
+    return (first_key <= last_query) & (last_key >= first_query - (reach - 1))
 
 
 def emulate_flex(q, k, v, block_mask, score_mod=None, scale=None) -> tuple[torch.Tensor, torch.Tensor]:
