@@ -293,12 +293,23 @@ class DynamicSparseAttention(nn.Module):
         per_block = min(top_k, bs)
         blk_val, blk_pos = score.view(bsz, heads, n_blocks, bs).topk(per_block, dim=-1)
         blk_idx = blk_pos + (torch.arange(n_blocks, device=device) * bs)[:, None]
-        blocks = torch.arange(n_blocks, device=device)
-        earlier = (blocks[None, :] < (blocks[:, None] - lag)).repeat_interleave(per_block, dim=1)
-        prefix_val = blk_val.reshape(bsz, heads, 1, -1).masked_fill(~earlier, float("-inf"))
+        # Top-k of blocks 0..b for every b: a log-depth (Hillis–Steele) scan whose step merges the
+        # top-k of (b − 2^s, b] with that of (b − 2^(s+1), b − 2^s] — disjoint ranges, so no key
+        # twice — instead of a top-k over an (nb × nb·k) matrix.
+        val, idx = blk_val, blk_idx
+        shift = 1
+        while shift < n_blocks:
+            earlier_val = F.pad(val, (0, 0, shift, 0), value=float("-inf"))[:, :, :n_blocks]
+            earlier_idx = F.pad(idx, (0, 0, shift, 0))[:, :, :n_blocks]
+            merged_val, merged_idx = torch.cat([val, earlier_val], -1), torch.cat([idx, earlier_idx], -1)
+            val, order = merged_val.topk(min(top_k, merged_val.shape[-1]), dim=-1)
+            idx = merged_idx.gather(-1, order)
+            shift *= 2
         n_prefix = min(top_k, n_blocks * per_block)
-        prefix_val, prefix_sel = prefix_val.topk(n_prefix, dim=-1)  # (B, H, nb, n_prefix)
-        prefix_idx = blk_idx.reshape(bsz, heads, 1, -1).expand(-1, -1, n_blocks, -1).gather(-1, prefix_sel)
+        # The far past of query block b ends inside key block b − lag: its prefix is blocks < b − lag.
+        prefix_val = F.pad(val[..., :n_prefix], (0, 0, lag + 1, 0), value=float("-inf"))[:, :, :n_blocks]
+        prefix_idx = F.pad(idx[..., :n_prefix], (0, 0, lag + 1, 0))[:, :, :n_blocks]
+        blocks = torch.arange(n_blocks, device=device)
 
         own_idx = (blocks - lag)[:, None] * bs + torch.arange(bs, device=device)[None, :]  # (nb, bs)
         own_ok = own_idx >= 0
@@ -316,16 +327,18 @@ class DynamicSparseAttention(nn.Module):
         n_blocks, bs = far_last.shape
         acc = _accum_dtype(k)
         far_count = (far_last + 1).clamp(min=0).to(acc)  # keys 0..i-window
-        last = far_last.clamp(min=0).flatten()
         sel = selected.to(acc)
         rest = far_count - sel.sum(-1)  # (B, H, nb, bs)
         has_rest = rest > 0.5
         denom = rest.clamp(min=1.0)[..., None]
-        present = (far_count > 0).to(acc)[None, None, :, :, None]
         means = []
         for values, cand in ((k, k_cand), (v, v_cand)):
-            prefix = values.to(acc).cumsum(2)[:, :, last].view(bsz, heads, n_blocks, bs, dim) * present
-            means.append((prefix - torch.matmul(sel, cand.to(acc))) / denom)
+            # Inclusive prefix sums along the sequence as a scan over the last, contiguous dimension
+            # (CUDA runs a scan over an outer dimension as one sequential loop per column), read at
+            # i − window by a shift (zeros before: no far past).
+            sums = values.to(acc).transpose(2, 3).contiguous().cumsum(-1)
+            prefix = F.pad(sums, (self.window, 0))[..., :padded].transpose(2, 3)
+            means.append((prefix.reshape(bsz, heads, n_blocks, bs, dim) - torch.matmul(sel, cand.to(acc))) / denom)
         return means[0], means[1], has_rest
 
 
@@ -365,7 +378,11 @@ class LSHAttention(nn.Module):
         if n_buckets == 1:
             return torch.zeros(k.shape[:3], dtype=torch.long, device=k.device)
         proj = F.normalize(k.float(), dim=-1) @ self.rotations(n_buckets, k.device)
-        return torch.cat([proj, -proj], dim=-1).argmax(-1)
+        # argmax over [proj, −proj] without building it: the largest of max(proj) and −min(proj),
+        # the first half on a tie (argmax's first occurrence).
+        top, bottom = proj.argmax(-1, keepdim=True), proj.argmin(-1, keepdim=True)
+        use_top = proj.gather(-1, top) >= -proj.gather(-1, bottom)
+        return torch.where(use_top, top, bottom + proj.shape[-1]).squeeze(-1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if _use_flex(self.kernel, q):
