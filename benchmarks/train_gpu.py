@@ -174,7 +174,8 @@ class Bench:
         tokens = t.global_batch_size * t.seq_len
         return {**self.throughput(tokens / seconds, trainer.parameter_count, m.n_layers, t.seq_len, m.dim),
                 "step_s": round(seconds, 4), "warmup_s": round(warmup_s, 1), "tokens_per_step": tokens,
-                "parameters": trainer.parameter_count, "losses": [round(x, 4) if x is not None else None for x in losses],
+                "parameters": trainer.parameter_count,
+                "losses": [round(x, 4) if x is not None else None for x in losses],
                 "peak_gb": self.peak_gb()}
 
     def throughput(self, tokens_per_s: float, params: int, layers: int, seq: int, dim: int) -> dict:
@@ -257,8 +258,9 @@ class Bench:
         out: dict = {"heads": heads, "head_dim": dim, "dtype": "bf16", "ms": {}, "peak_gb": {}, "errors": {},
                      "speedup_vs_dense": {}}
         deadline = time.perf_counter() + self.args.attention_s
-        for name, (flex, reference) in {"dynamic_sparse": (kernels["dynamic_sparse"], kernels["dynamic_sparse_reference"]),
-                                        "lsh": (kernels["lsh"], kernels["lsh_reference"])}.items():
+        pairs = {"dynamic_sparse": (kernels["dynamic_sparse"], kernels["dynamic_sparse_reference"]),
+                 "lsh": (kernels["lsh"], kernels["lsh_reference"])}
+        for name, (flex, reference) in pairs.items():
             try:
                 out.setdefault("flex_vs_reference_max_abs_diff", {})[name] = self._compare(flex(), reference(),
                                                                                           heads, dim)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsdata.train import block_sparse
+from dsdata.train.block_sparse import FLEX_BLOCK, band_blocks, block_mask_from_pairs, flex_available, flex_with_lse
 
 KERNEL_CHOICES = ("auto", "flex", "reference")
 
@@ -37,7 +37,7 @@ def _use_flex(kernel: str, q: torch.Tensor) -> bool:
     if kernel not in KERNEL_CHOICES:
         raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
     if kernel == "auto":
-        return q.device.type == "cuda" and block_sparse.flex_available()
+        return q.device.type == "cuda" and flex_available()
     return kernel == "flex"
 
 
@@ -73,7 +73,7 @@ class DynamicSparseAttention(nn.Module):
         if kernel not in KERNEL_CHOICES:
             raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
         self.kernel = kernel
-        self.flex_blocks = (block_sparse.FLEX_BLOCK, block_sparse.FLEX_BLOCK)  # (query, key) block sizes
+        self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
         if window <= 0 or window % block:
             raise ValueError(f"sparse window ({window}) must be a positive multiple of the block ({block})")
         self.top_k, self.window, self.block = top_k, window, block
@@ -163,9 +163,9 @@ class DynamicSparseAttention(nn.Module):
             far = score_f[b, h, kv_idx] >= threshold[b, h, q_idx]
             return (kv_idx <= q_idx) & ((q_idx - kv_idx < window) | far)
 
-        block_mask = block_sparse.block_mask_from_pairs(visible, mask_mod, flex_len, self.flex_blocks)
+        block_mask = block_mask_from_pairs(visible, mask_mod, flex_len, self.flex_blocks)
         qf, kf, vf = (F.pad(t, (0, 0) + tail) for t in (q, k, v))
-        out, lse = block_sparse.flex_with_lse(qf, kf, vf, block_mask, scale=1.0 / math.sqrt(dim))
+        out, lse = flex_with_lse(qf, kf, vf, block_mask, scale=1.0 / math.sqrt(dim))
         # Back to the reference's block padding (rows past seqlen are cut at the end).
         out = F.pad(out[:, :, :seqlen], pad).to(acc)
         lse = F.pad(lse[:, :, :seqlen].to(acc), pad[2:])
@@ -227,7 +227,7 @@ class DynamicSparseAttention(nn.Module):
         for offset in range((q_block - 1) // bs + 2):
             ref = torch.minimum(first + offset, last).clamp(max=n_blocks - 1)
             visible |= per_ref[:, :, ref]
-        return visible | block_sparse.band_blocks(n_q, n_kv, self.flex_blocks, self.window, device)
+        return visible | band_blocks(n_q, n_kv, self.flex_blocks, self.window, device)
 
     def _forward_reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         bsz, heads, seqlen, dim = q.shape
@@ -354,7 +354,7 @@ class LSHAttention(nn.Module):
         if kernel not in KERNEL_CHOICES:
             raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
         self.kernel = kernel
-        self.flex_blocks = (block_sparse.FLEX_BLOCK, block_sparse.FLEX_BLOCK)  # (query, key) block sizes
+        self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
         self.head_dim, self.chunk, self.n_buckets, self.seed = head_dim, chunk, n_buckets, seed
         self._rotations: dict[tuple[int, str], torch.Tensor] = {}
 
@@ -418,10 +418,10 @@ class LSHAttention(nn.Module):
             lag = q_idx - kv_idx
             return (lag >= 0) & (lag < chunk) & (bucket[b, h, q_idx] == bucket[b, h, kv_idx])
 
-        visible = block_sparse.band_blocks(flex_len // q_block, flex_len // kv_block, self.flex_blocks, chunk,
+        visible = band_blocks(flex_len // q_block, flex_len // kv_block, self.flex_blocks, chunk,
                                            q.device)[None, None]
-        block_mask = block_sparse.block_mask_from_pairs(visible, mask_mod, flex_len, self.flex_blocks)
-        out, _ = block_sparse.flex_with_lse(qs, ks, vs, block_mask, scale=1.0 / math.sqrt(dim))
+        block_mask = block_mask_from_pairs(visible, mask_mod, flex_len, self.flex_blocks)
+        out, _ = flex_with_lse(qs, ks, vs, block_mask, scale=1.0 / math.sqrt(dim))
         return self._unsort(out[:, :, :seqlen], order)
 
     def _forward_reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -464,5 +464,6 @@ def build_attention_kernel(args, layer_id: int) -> nn.Module:
                                       args.sparse_gate_hidden, args.sparse_refresh_steps, args.sparse_summary,
                                       args.sparse_kernel)
     if args.attention == "lsh":
-        return LSHAttention(args.head_dim, args.lsh_chunk, args.lsh_buckets, args.lsh_seed + layer_id, args.sparse_kernel)
+        return LSHAttention(args.head_dim, args.lsh_chunk, args.lsh_buckets, args.lsh_seed + layer_id,
+                            args.sparse_kernel)
     raise ValueError(f"model.attention = {args.attention!r}; choose dense, dynamic_sparse or lsh")
