@@ -182,7 +182,8 @@ class DynamicSparseAttention(nn.Module):
             out = out * (lse - total).exp()[..., None] + v_sum * (logit_sum - total).exp()[..., None]
         else:
             total = lse
-        out = out + self._gate_gradient_term(qp, k_cand, v_cand, cand_idx, selected, live_score, total, out)
+        if live_score.requires_grad:  # training: the gate learns; nothing to add without gradients
+            out = out + self._gate_gradient_term(qp, k_cand, v_cand, cand_idx, selected, live_score, total, out)
         return out[:, :, :seqlen].to(v.dtype)
 
     def _gate_gradient_term(self, q, k_cand, v_cand, cand_idx, selected, live_score, total, out) -> torch.Tensor:
