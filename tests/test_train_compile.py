@@ -40,9 +40,10 @@ def test_compiled_blocks_train_the_eager_losses_and_resume_exactly(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_compiled_blocks_under_every_layout_train_the_one_process_losses(tmp_path):
-    """DDP, FSDP2, tensor and pipeline parallel over 2 gloo processes, each block compiled, against
-    one eager process: the compiled forward keeps the layouts' hooks (FSDP2's all-gathers, DTensor
-    plumbing, pipeline stages) working."""
+    """DDP, FSDP2 and pipeline parallel over 2 gloo processes, each block compiled, against one eager
+    process: the compiled forward keeps the layouts' hooks (DDP's and FSDP2's, pipeline stages)
+    working.  Under tensor parallelism training.compile is declined (the blocks run eagerly, one
+    warning) and the run still trains the one-process losses."""
     from dsdata.train.config import load_config
     from dsdata.train.loop import train
     from tests.test_parallel import BASE, TINY, _losses, _torchrun

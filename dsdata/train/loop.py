@@ -55,6 +55,13 @@ class Trainer:
         self.parameter_count = sum(p.numel() for p in self.model.parameters())  # before a layout splits it
         self.model_train = self.layout.parallelize(self.model)
         self.compiled = t.compile if t.compile is not None else self.env.device.type == "cuda"
+        if self.compiled and self.layout.dims.tp > 1:
+            # A compiled block hands tensor parallel's DTensor redistribution a plain-tensor gradient
+            # in backward (torch 2.13, 'Tensor' object has no attribute '_local_tensor'): eager.
+            if t.compile and self.layout.writes_metrics:
+                log.warning("training.compile is not applied under tensor parallelism "
+                            "(parallel.tensor_parallel_size > 1): the blocks run eagerly")
+            self.compiled = False
         self._lm_loss = lm_cross_entropy
         if self.compiled:
             compile_blocks(self.model)
