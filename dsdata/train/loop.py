@@ -15,7 +15,6 @@ import time
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
 from dsdata.train.batches import build_batches
 from dsdata.train.checkpoint import STATE_FILE, CheckpointError, Checkpointer, GlobalRng
