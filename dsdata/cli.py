@@ -40,6 +40,8 @@ def _default_recipe() -> str:
 
 
 def _run_parser() -> argparse.ArgumentParser:
+    from dsdata.io.readers import FORMATS  # the one registry of input formats
+
     parser = argparse.ArgumentParser(
         prog="dsdata run",
         description="Run a pipeline recipe. Unknown --flags are Beam pipeline options "
@@ -50,7 +52,7 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", action="append", default=None, metavar="GLOB",
                         help="input file or glob (local, gs://, s3://; repeatable); replaces the recipe's inputs")
     parser.add_argument("--output", default=None, metavar="DIR", help="output directory (default: the recipe's, ./out)")
-    parser.add_argument("--format", default=None, choices=["auto", "jsonl", "parquet", "html", "warc"],
+    parser.add_argument("--format", default=None, choices=["auto", *FORMATS],
                         help="input format (default: from the recipe, else from file names)")
     parser.add_argument("--set", action="append", default=[], metavar="STAGE.PARAM=VALUE",
                         help="override a recipe parameter (repeatable), e.g. --set lang.min_score=0.6")

@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Any, Iterable
 
 from dsdata.report import svgchart
+from dsdata.report.cjkfont import embedded_font
 from dsdata.report.files import LOCAL, files_for
 
 log = logging.getLogger("dsdata")
@@ -366,8 +367,10 @@ def stage_times(stats: dict[str, Any]) -> list[tuple[str, float, float | None]]:
 # ---------------------------------------------------------------------------------------------
 # The page
 
+# The last family is the page's own CJK glyphs (cjkfont.embedded_font), for machines without a CJK font.
 _CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}
+pre,code{font-family:ui-monospace,monospace,'dsdata Noto Sans CJK SC'}
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif,'dsdata Noto Sans CJK SC';margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}
 h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 h3{font-size:1em;margin:1em 0 .3em} table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
 td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top} th{background:#f5f5f5}
@@ -540,9 +543,13 @@ def build_html(output: str) -> str:
 
     title = f"dsdata run report: {info.get('recipe', stats.get('recipe', ''))}"
     nav_html = "<nav>" + "".join(f'<a href="#{i}">{_e(t)}</a>' for i, t in nav) + "</nav>"
+    body = f"<h1>{_e(title)}</h1>{nav_html}{''.join(parts)}"
+    font_face, font_note = embedded_font(title + body)
+    if font_note:
+        body += f'<p id="cjk-font-note" class="muted">{_e(font_note)}</p>'
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{_e(title)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>{nav_html}{''.join(parts)}"
+            f"<style>{font_face}{_CSS}</style></head><body>{body}"
             f'<p class="muted">Written by dsdata {_e(info.get("dsdata_version", ""))}; rebuild with '
             f"<code>dsdata report {_e(output)}</code>.</p></body></html>\n")
 
