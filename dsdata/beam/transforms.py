@@ -17,7 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dsdata.beam.engines import speedups
-from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, is_environment_error
+from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, retry_one_at_a_time
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import READ_STAGE, READERS, InputFormatError, cuttable_format, range_bytes_for, read_file
 from dsdata.beam.counters import stage_counter
@@ -228,17 +228,8 @@ class _BatchStageRun(StageCounters):
     def run(self, docs: list[Document]) -> list[Document | Rejected]:
         self._in.inc(len(docs))
         start = self._clock_start()
-        try:
-            results = self._checked(docs)
-        except Exception as exc:  # noqa: BLE001 - find the record(s) that raise, one at a time
-            if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, self._declared):
-                raise environment_failure(self.stage.name, exc) from exc
-            results = []
-            for doc in docs:
-                try:
-                    results.extend(self._checked([doc]))
-                except Exception as one:  # noqa: BLE001
-                    results.append(self._error(doc, one, self._declared))
+        results = retry_one_at_a_time(self.stage.name, docs, self._checked,
+                                      lambda doc, exc: self._error(doc, exc, self._declared), self._declared)
         self._clock_stop(start)
         return results
 

@@ -9,6 +9,7 @@ How it scales and why: dsdata/beam/dedup/composite.py (the composite, built from
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -17,6 +18,28 @@ from dsdata.stages.base import CorpusStage, Param, StageConfigError
 from dsdata.stages.params import Boolean, Choice, Integer, Number, Text
 
 KEEP_RULES = ("lowest_id", "highest_score")
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    """What the dedup composite (dsdata/beam/dedup/composite.py) needs: plain values, no stage."""
+
+    stage_name: str
+    num_perm: int
+    ngram: int
+    char_ngram: int
+    seed: int
+    bands: int
+    rows: int
+    threshold: float
+    verify: str                      # one of VERIFY_MODES
+    exact: bool
+    near: bool
+    score_field: str | None          # None: keep the lowest id of a cluster
+    cc_rounds: int
+    batch_size: int
+    environment_errors: tuple[type[BaseException], ...] = ()
+    spill_dir: str | None = None     # set by the composite from the run directory (`spill: true`)
 VERIFY_MODES = ("exact", "signature", "none")
 
 
@@ -73,12 +96,12 @@ class DedupStage(CorpusStage):
         weights = (0.05, 0.95) if self.verify != "none" else (0.5, 0.5)
         return choose_bands_rows(float(self.threshold), self.num_perm, *weights)
 
-    def transform_config(self) -> dict[str, Any]:
+    def transform_config(self) -> DedupConfig:
         bands, rows = self.bands_rows()
-        return {
-            "num_perm": self.num_perm, "ngram": self.ngram, "char_ngram": self.char_ngram, "seed": self.seed,
-            "bands": bands, "rows": rows, "threshold": float(self.threshold), "verify": self.verify,
-            "exact": self.exact, "near": self.near,
-            "score_field": self.score_field if self.keep == "highest_score" else None,
-            "cc_rounds": self.cc_rounds, "batch_size": self.batch_size, "stage_name": self.name,
-        }
+        return DedupConfig(
+            stage_name=self.name, num_perm=self.num_perm, ngram=self.ngram, char_ngram=self.char_ngram,
+            seed=self.seed, bands=bands, rows=rows, threshold=float(self.threshold), verify=self.verify,
+            exact=self.exact, near=self.near,
+            score_field=self.score_field if self.keep == "highest_score" else None,
+            cc_rounds=self.cc_rounds, batch_size=self.batch_size, environment_errors=self.environment_errors,
+        )
