@@ -65,6 +65,15 @@ class Recipe:
     beam_args: list[str] = field(default_factory=list)
     # Not from the recipe file: the matched paths that `dsdata run` left out (inputs.left_out), for stats.json.
     inputs_left_out: dict[str, Any] = field(default_factory=dict)
+    # The input paths as the recipe file gives them (resolved): while `inputs` are among them, a run
+    # keeps every file it reads inside the recipe's folder.  `inputs_checked`: the inputs were
+    # checked and expanded (dsdata.io.inputs.resolve_recipe_inputs), so a run does not do it again.
+    file_inputs: tuple[str, ...] = ()
+    inputs_checked: bool = False
+
+    @property
+    def inputs_from_file(self) -> bool:
+        return bool(self.inputs) and set(self.inputs) <= set(self.file_inputs)
 
     @property
     def directory(self) -> str:
@@ -262,6 +271,7 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
         path=path,
         name=str(raw.get("name") or os.path.splitext(os.path.basename(path))[0]),
         inputs=inputs,
+        file_inputs=tuple(inputs),
         input_format=str(inp.get("format", "auto")),
         text_field=str(inp.get("text_field", "text")),
         id_field=str(inp.get("id_field", "id")),

@@ -32,6 +32,7 @@ from dsdata.beam.errors import ErrorBudget, find_environment_error
 from dsdata.beam.kinds import ApplyBatchChain, ApplyStage, ApplyStageChain, StageContext, batchable, fusable
 from dsdata.beam.transforms import ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, ReadDocuments, Unbatch
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_schema, rejected_columns
+from dsdata.io.inputs import resolve_recipe_inputs
 from dsdata.io.readers import READ_STAGE
 from dsdata.beam.dedup.spill import remove_spill
 from dsdata.report.progress import watch as watch_progress
@@ -549,6 +550,8 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     """
     if output is None:  # the recipe's own output may not leave the working directory (recipe_output)
         output = recipe.output if is_remote(recipe.output) else recipe_output(recipe)
+    if not recipe.inputs_checked:  # called from Python with a recipe nobody checked: the CLI's checks
+        resolve_recipe_inputs(recipe, confined=recipe.inputs_from_file)
     budget = ErrorBudget.parse(max_errors)
     stages = recipe.build_stages()
     _prepare_output(output)
