@@ -109,6 +109,29 @@ def _text_as_string(table, text_field: str):
         return table
 
 
+def _nanosecond_temporal(typ) -> bool:
+    import pyarrow as pa
+
+    return ((pa.types.is_timestamp(typ) or pa.types.is_duration(typ) or pa.types.is_time64(typ))
+            and typ.unit == "ns")
+
+
+def _nanosecond_values(column) -> list[Any]:
+    """A nanosecond timestamp / duration / time column as Python values that do not depend on whether
+    pandas is installed (pyarrow gives pandas.Timestamp where it is, and raises where it is not):
+    whole microseconds as datetime / timedelta / time, any other value as Arrow's exact text."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    typ = column.type
+    micro = (pa.timestamp("us", tz=typ.tz) if pa.types.is_timestamp(typ)
+             else pa.duration("us") if pa.types.is_duration(typ) else pa.time64("us"))
+    counts = pc.cast(column, pa.int64()).to_pylist()
+    whole = pc.cast(column, micro, safe=False).to_pylist()
+    text = pc.cast(column, pa.string()).to_pylist()
+    return [None if n is None else (w if n % 1000 == 0 else t) for n, w, t in zip(counts, whole, text)]
+
+
 class _BadValue:
     """A Parquet row one of whose values has neither a Python form nor an Arrow string form."""
 
@@ -119,19 +142,23 @@ class _BadValue:
 def _parquet_records(table) -> list[dict[str, Any] | _BadValue]:
     """The row group's rows as dicts; where pyarrow cannot convert the whole table, column by
     column, and a row holding a value it cannot convert is a _BadValue naming the column."""
+    names = table.column_names
+    nanos = [i for i, field in enumerate(table.schema) if _nanosecond_temporal(field.type)]
     try:
-        return table.to_pylist()
+        if not nanos:
+            return table.to_pylist()
+        columns = [_nanosecond_values(c) if i in nanos else c.to_pylist() for i, c in enumerate(table.columns)]
+        return [dict(zip(names, values)) for values in zip(*columns)]
     except Exception:  # noqa: BLE001 - pyarrow raises ValueError, OverflowError, ArrowException...
         pass
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    names = table.column_names
-    columns: list[list[Any]] = []
+    columns = []
     bad: dict[int, str] = {}
-    for name, column in zip(names, table.columns):
+    for i_column, (name, column) in enumerate(zip(names, table.columns)):
         try:
-            columns.append(column.to_pylist())
+            columns.append(_nanosecond_values(column) if i_column in nanos else column.to_pylist())
             continue
         except Exception:  # noqa: BLE001
             pass
