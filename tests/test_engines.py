@@ -295,13 +295,6 @@ def test_dask_runner_unreachable_scheduler_is_one_line(tmp_path, capsys):
 
 # --- Prism -----------------------------------------------------------------------------------------------
 
-def _netns_available() -> bool:
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return False
-    probe = subprocess.run(["unshare", "-n", "ip", "link", "set", "lo", "up"], capture_output=True)
-    return probe.returncode == 0
-
-
 @pytest.mark.slow
 def test_prism_pretrain_identical_to_default_runner(baseline, tmp_path):
     prism = engines.prism_binary()
@@ -310,8 +303,9 @@ def test_prism_pretrain_identical_to_default_runner(baseline, tmp_path):
                     f"prism@v{engines.BEAM_VERSION}) or set DSDATA_PRISM")
     # Prism's job service listens on ":PORT" (every interface; Beam 2.77 has no flag for the host), so
     # the run happens in a network namespace whose only interface is loopback.
-    if not _netns_available():
-        pytest.skip("cannot create a network namespace (unshare -n) to keep Prism's ':PORT' listener on loopback")
+    refusal = local_flink.netns_refusal()
+    if refusal:
+        pytest.skip(f"cannot create a network namespace to keep Prism's ':PORT' listener on loopback: {refusal}")
     out = tmp_path / "prism"
     cmd = (f"ip link set lo up && exec {sys.executable} -m dsdata.cli run {PRETRAIN} --output {out} --quiet "
            f"--runner=PrismRunner --prism_location={prism} --environment_type=LOOPBACK --job_server_timeout=3600")

@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -354,7 +355,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cluster._holder.pid}; logs in {work_dir}/log.  Submit with:\n  "
                   + " ".join(cluster.nsenter(["dsdata", "run", "RECIPE", "--output", "OUT"] + cluster.dsdata_run_args(jar))),
                   flush=True)
-            signal.sigwait({signal.SIGINT, signal.SIGTERM}) if hasattr(signal, "sigwait") else signal.pause()
+            stop = threading.Event()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
+            stop.wait()
     except ClusterError as exc:
         print(f"local_flink: error: {exc}", file=sys.stderr)
         return 2
@@ -362,5 +366,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     sys.exit(main())
