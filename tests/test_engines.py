@@ -20,8 +20,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from dsdata.beam import engines, local_flink
-from dsdata.beam.local_flink import ClusterError, LocalFlinkCluster
+from dsdata.beam.engines import artifacts as engines
+from dsdata.beam.engines import local_flink
+from dsdata.beam.engines.local_flink import ClusterError, LocalFlinkCluster
 from dsdata.beam.pipeline import run_recipe
 from dsdata.cli import main as cli_main
 from dsdata.recipe import load_recipe

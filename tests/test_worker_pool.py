@@ -1,4 +1,4 @@
-"""dsdata's worker pool (dsdata/beam/worker_pool.py) for Beam's EXTERNAL environments, with real processes.
+"""dsdata's worker pool (dsdata/beam/engines/worker_pool.py) for Beam's EXTERNAL environments, with real processes.
 
 A real Beam pipeline (the FnApiRunner with an EXTERNAL environment) gets its work done by a worker the
 pool starts; two callers asking for the same worker id get two workers, and one caller's StopWorker
@@ -23,7 +23,7 @@ psutil = pytest.importorskip("psutil")
 
 def _start_pool(cwd: Path) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "dsdata.beam.worker_pool", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "dsdata.beam.engines.worker_pool", "--port", "0",
                              "--work-dir", str(cwd / "pool")], cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
     (cwd / "pool").mkdir(exist_ok=True)
     line = proc.stdout.readline()

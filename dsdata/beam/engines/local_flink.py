@@ -1,7 +1,7 @@
 """A real Flink session cluster on this machine, reachable from nowhere else: JobManager, N TaskManagers
 and dsdata's worker pool, all inside a network namespace whose only interface is loopback.
 
-    python -m dsdata.beam.local_flink --taskmanagers 2        # prints how to submit to it; Ctrl-C stops it
+    python -m dsdata.beam.engines.local_flink --taskmanagers 2        # prints how to submit to it; Ctrl-C stops it
 
 The tests (tests/test_engines.py) and benchmarks/million.py start it to run recipes on a cluster that
 works like a real one: separate JobManager and TaskManager JVMs started by Flink's own scripts from the
@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from dsdata.beam import engines
+from dsdata.beam.engines import artifacts
 
 # Inside the namespace every port is free: fixed ones keep the configuration and the docs simple.
 REST_PORT = 8081
@@ -52,7 +52,7 @@ class ClusterError(RuntimeError):
 
 def flink_home() -> Path | None:
     """$FLINK_HOME, else the distribution .ci/engines-setup assembles in the engines cache."""
-    home = os.environ.get("FLINK_HOME") or os.path.join(engines.engines_cache_dir(), "flink", "pyflink")
+    home = os.environ.get("FLINK_HOME") or os.path.join(artifacts.engines_cache_dir(), "flink", "pyflink")
     return Path(home) if os.path.isfile(os.path.join(home, "bin", "taskmanager.sh")) else None
 
 
@@ -133,7 +133,7 @@ class LocalFlinkCluster:
     def start(self, timeout: float = 240) -> None:
         if self.home is None:
             raise ClusterError(f"no Flink distribution: run .ci/engines-setup (apache-flink "
-                               f"{engines.FLINK_DIST_VERSION} from PyPI) or set FLINK_HOME")
+                               f"{artifacts.FLINK_DIST_VERSION} from PyPI) or set FLINK_HOME")
         if shutil.which("java") is None:
             raise ClusterError("java not found: Flink is a Java program")
         refusal = netns_refusal()
@@ -199,9 +199,9 @@ class LocalFlinkCluster:
     def _start_worker_pool(self) -> None:
         # -P and the package's own directory first: the pool (and so its workers) imports this dsdata,
         # whatever the working directory holds.
-        package_root = str(Path(__file__).resolve().parents[2])
+        package_root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
-        pool = self._spawn("worker-pool", [sys.executable, "-P", "-m", "dsdata.beam.worker_pool", "--host", "127.0.0.1",
+        pool = self._spawn("worker-pool", [sys.executable, "-P", "-m", "dsdata.beam.engines.worker_pool", "--host", "127.0.0.1",
                                            "--port", str(WORKER_POOL_PORT), "--work-dir", str(self.work_dir / "pool")],
                            env, stdout=subprocess.PIPE)
         line = pool.stdout.readline()
@@ -244,7 +244,7 @@ class LocalFlinkCluster:
         """`dsdata run` options that submit to this cluster through FlinkRunner (the launcher must run
         inside the namespace: see nsenter)."""
         return ["--runner=FlinkRunner", f"--flink_master={self.master}", f"--flink_job_server_jar={job_server_jar}",
-                f"--flink_version={engines.FLINK_VERSION}", f"--parallelism={self.taskmanagers * self.slots}",
+                f"--flink_version={artifacts.FLINK_VERSION}", f"--parallelism={self.taskmanagers * self.slots}",
                 "--environment_type=EXTERNAL", f"--environment_config={self.worker_pool}",
                 # The job's state/message streams get this as a gRPC deadline (apache/beam#35867).
                 "--job_server_timeout=86400"]
@@ -342,7 +342,7 @@ class LocalFlinkCluster:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dsdata.beam.local_flink", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dsdata.beam.engines.local_flink", description=__doc__.split("\n\n")[0])
     parser.add_argument("--taskmanagers", type=int, default=2)
     parser.add_argument("--slots", type=int, default=1, help="task slots per TaskManager")
     parser.add_argument("--work-dir", default=None, help="configuration, logs and worker directories (default: a temp dir)")
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="dsdata-flink-")
     try:
         with LocalFlinkCluster(work_dir, args.taskmanagers, args.slots) as cluster:
-            jar = engines.flink_job_server_jar() or "JOB_SERVER_JAR"
+            jar = artifacts.flink_job_server_jar() or "JOB_SERVER_JAR"
             print(f"Flink is up: {args.taskmanagers} TaskManagers, REST {cluster.master} in the namespace of pid "
                   f"{cluster._holder.pid}; logs in {work_dir}/log.  Submit with:\n  "
                   + " ".join(cluster.nsenter(["dsdata", "run", "RECIPE", "--output", "OUT"] + cluster.dsdata_run_args(jar))),

@@ -18,7 +18,7 @@ StopWorker over Beam's own BeamFnExternalWorkerPool gRPC service.  It replaces B
   as Beam's container boot does, and writes its output to a log file beside its working directory.
 
 The pool process must itself be started so that it imports the right dsdata (`python -P -m
-dsdata.beam.worker_pool`, or from an installed package); workers import what the pool's interpreter
+dsdata.beam.engines.worker_pool`, or from an installed package); workers import what the pool's interpreter
 imports.  Nothing is staged: the pool's environment must have dsdata and its dependencies installed,
 as on every machine of a Flink cluster (docs/engines.md).
 """
@@ -175,7 +175,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, work_dir: str | None = None) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -P -m dsdata.beam.worker_pool",
+        prog="python -P -m dsdata.beam.engines.worker_pool",
         description="Beam worker pool for --environment_type=EXTERNAL: one SDK worker process per request, "
                     "keyed by (caller, worker id).")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
