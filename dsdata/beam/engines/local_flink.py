@@ -116,6 +116,7 @@ class LocalFlinkCluster:
         self._java_opts = ""
         self._holder: subprocess.Popen | None = None
         self._procs: list[subprocess.Popen] = []
+        self._netns: str | None = None  # e.g. "net:[4026532xxx]": still names it after the holder is gone
 
     # --- starting -------------------------------------------------------------------------------------
 
@@ -150,6 +151,7 @@ class LocalFlinkCluster:
             if time.time() > deadline or self._holder.poll() is not None:
                 raise ClusterError("the network namespace's loopback interface did not come up")
             time.sleep(0.05)
+        self._netns = os.readlink(f"/proc/{self._holder.pid}/ns/net")
         env = dict(os.environ, FLINK_CONF_DIR=str(conf), FLINK_LOG_DIR=str(self.work_dir / "log"))
         self._spawn("jobmanager", [str(self.home / "bin" / "jobmanager.sh"), "start-foreground"], env)
         for i in range(self.taskmanagers):
@@ -294,11 +296,8 @@ class LocalFlinkCluster:
 
     def namespace_pids(self) -> list[int]:
         """Every process in the cluster's network namespace except the one holding it."""
-        if self._holder is None:
-            return []
-        try:
-            ns = os.readlink(f"/proc/{self._holder.pid}/ns/net")
-        except OSError:
+        ns = self._netns
+        if ns is None:
             return []
         pids = []
         for entry in os.listdir("/proc"):
