@@ -52,7 +52,10 @@ def _stats(out: Path) -> dict:
 
 
 def _shards(out: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((out / "shards").iterdir())}
+    # Every file under shards/, the bundled tokenizer's directory included.
+    root = out / "shards"
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def assert_same_outputs(base: Path, other: Path) -> None:
