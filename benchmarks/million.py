@@ -12,6 +12,10 @@ runner runs `dsdata run` in its own process tree, sampled every 0.5 s with psuti
   dask              --runner=dask: a local dask.distributed cluster of CORES workers, spilling to disk
                     at 60 % of --dask-memory-limit per worker
   prism             Beam's Prism runner (binary from .ci/engines-setup), in a loopback-only netns
+  flink-1tm, flink  a real local Flink cluster (dsdata/beam/engines/local_flink.py: JobManager + 1 or 2 one-slot
+                    TaskManagers, SDK workers from dsdata's worker pool, all in a loopback-only netns),
+                    submitted with FlinkRunner at parallelism 1 or 2; the cluster is started before and
+                    stopped after the timed run; RSS covers every process in the namespace
 
 Per runner: finished (exit 0 within --timeout and under --max-rss-gb, ledger ok), wall seconds,
 docs/s, docs/s per core (input documents / wall / cores of the machine), peak RSS of the largest
@@ -42,7 +46,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from million_corpus import generate  # noqa: E402
 
-from dsdata.beam.engines.artifacts import prism_binary  # noqa: E402
+from dsdata.beam.engines.artifacts import flink_job_server_jar, prism_binary  # noqa: E402
+from dsdata.beam.engines.local_flink import ClusterError, LocalFlinkCluster  # noqa: E402
 
 RECIPE = REPO / "pipelines" / "pretrain.yaml"
 
@@ -65,14 +70,22 @@ def runner_flags(name: str, cores: int, dask_memory_limit: str, spill_dir: str,
         # --job_server_timeout (300 s by default): any job running longer fails with DEADLINE_EXCEEDED.
         return ["--runner=PrismRunner", f"--prism_location={prism}", "--environment_type=LOOPBACK",
                 "--job_server_timeout=86400"]
+    if name in FLINK_TASKMANAGERS:
+        return []  # the cluster's own flags: see flink_cluster()
     raise SystemExit(f"million: error: unknown runner {name!r}")
 
 
-def run_monitored(cmd: list[str], timeout: float, env: dict, log_dir: Path, max_rss: float = float("inf")) -> dict:
+# Flink runner names and their TaskManager counts (one slot each).
+FLINK_TASKMANAGERS = {"flink-1tm": 1, "flink": 2}
+
+
+def run_monitored(cmd: list[str], timeout: float, env: dict, log_dir: Path, max_rss: float = float("inf"),
+                  more_pids=lambda: []) -> dict:
     """Run cmd; sample its process tree's RSS every 0.5 s. Peak per process and of the whole tree,
     and the tree's RSS once a minute (how memory grows as the run goes).  The tree is killed (by PID)
     past `timeout` seconds or past `max_rss` bytes.  Output goes to files: a pipe nobody reads
-    would stop an hours-long run once it fills."""
+    would stop an hours-long run once it fills.  more_pids() names processes outside the tree that the
+    run uses (a Flink cluster's JVMs and SDK workers); they count in the peaks and the timeline."""
     start = time.time()
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "stdout.txt", "w") as out_fh, open(log_dir / "stderr.txt", "w") as err_fh:
@@ -88,6 +101,13 @@ def run_monitored(cmd: list[str], timeout: float, env: dict, log_dir: Path, max_
             procs = [root] + root.children(recursive=True)
         except psutil.NoSuchProcess:
             break
+        tree = {p.pid for p in procs}
+        for pid in more_pids():
+            if pid not in tree:
+                try:
+                    procs.append(psutil.Process(pid))
+                except psutil.NoSuchProcess:
+                    pass
         for p in procs:
             try:
                 rss = p.memory_info().rss
@@ -102,7 +122,7 @@ def run_monitored(cmd: list[str], timeout: float, env: dict, log_dir: Path, max_
         over_memory = total > max_rss
         if elapsed > timeout or over_memory:
             timed_out = not over_memory
-            for p in reversed(procs):  # children first, then the CLI process, each by PID
+            for p in reversed(procs[:len(tree)]):  # children first, then the CLI process, each by PID
                 try:
                     p.kill()
                 except psutil.NoSuchProcess:
@@ -184,7 +204,21 @@ def main(argv: list[str] | None = None) -> int:
         if name == "prism":
             # Prism listens on every interface; a network namespace with only loopback keeps it local.
             cli = ["unshare", "-n", "sh", "-c", "ip link set lo up && exec " + shlex.join(cli)]
-        run = run_monitored(cli, args.timeout, env, work / f"{name}-logs", args.max_rss_gb * 2**30)
+        if name in FLINK_TASKMANAGERS:
+            jar = flink_job_server_jar()
+            if jar is None:
+                results[name] = {"finished": False, "skipped": "no Flink job-server jar (run .ci/engines-setup)"}
+                continue
+            try:
+                with LocalFlinkCluster(work / f"{name}-cluster", taskmanagers=FLINK_TASKMANAGERS[name]) as cluster:
+                    run = run_monitored(cluster.nsenter(cli + cluster.dsdata_run_args(jar)), args.timeout,
+                                        dict(cluster.job_server_env(), PYTHONPATH=env["PYTHONPATH"]),
+                                        work / f"{name}-logs", args.max_rss_gb * 2**30, cluster.namespace_pids)
+            except ClusterError as exc:
+                results[name] = {"finished": False, "skipped": str(exc)}
+                continue
+        else:
+            run = run_monitored(cli, args.timeout, env, work / f"{name}-logs", args.max_rss_gb * 2**30)
         finished = run["rc"] == 0 and not run["timed_out"] and not run["over_memory"]
         result = {k: run[k] for k in ("wall_s", "peak_rss_max_process_mb", "peak_rss_tree_mb", "processes",
                                       "rss_tree_mb_by_minute")}
@@ -216,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         if name != "default" and r.get("finished") and base.get("finished"):
             ratios[name] = {"wall_vs_default": round(r["wall_s"] / base["wall_s"], 2),
                             "peak_tree_vs_default": round(r["peak_rss_tree_mb"] / base["peak_rss_tree_mb"], 2)}
+    one, two = results.get("flink-1tm", {}), results.get("flink", {})
+    if one.get("finished") and two.get("finished"):
+        ratios["flink_2tm_speedup_over_1tm"] = round(one["wall_s"] / two["wall_s"], 2)
     if args.corpus_dir is None and args.work_dir is None:
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps({"benchmark": "million", "docs": args.docs, "bytes": corpus_summary["bytes"],

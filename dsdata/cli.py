@@ -130,11 +130,15 @@ def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info
     lines of harness chatter for a small job.  Unless the user set them, run workers at WARNING like
     the in-process runner, silence the two warnings every worker prints about its own start-up
     ('Discarding unparseable args' for the launcher's options, 'No semi_persistent_directory'), and
-    keep dsdata's own progress lines."""
+    keep dsdata's own progress lines.
+
+    The level is spelled WARN: a Java job server (Flink's) parses these options into its LogLevel enum
+    (TRACE DEBUG INFO WARN ERROR OFF) and refuses the whole job on WARNING with a bare INTERNAL status;
+    Python's workers read the name with getattr(logging, ...), where WARN is WARNING's alias."""
     given = {arg.split("=", 1)[0] for arg in [*recipe_args, *beam_args]}
     extra = []
     if "--default_sdk_harness_log_level" not in given:
-        extra.append("--default_sdk_harness_log_level=WARNING")
+        extra.append("--default_sdk_harness_log_level=WARN")
     if "--sdk_harness_log_level_overrides" not in given:
         overrides = {"apache_beam.options.pipeline_options": "ERROR", "__main__": "ERROR"}
         if dsdata_info:

@@ -5,24 +5,24 @@ and every shard file byte for byte.  Everything a test starts binds 127.0.0.1 an
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import ipaddress
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from dsdata.beam.engines import artifacts as engines
+from dsdata.beam.engines import local_flink
+from dsdata.beam.engines.local_flink import ClusterError, LocalFlinkCluster
 from dsdata.beam.pipeline import run_recipe
 from dsdata.cli import main as cli_main
 from dsdata.recipe import load_recipe
@@ -52,7 +52,10 @@ def _stats(out: Path) -> dict:
 
 
 def _shards(out: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((out / "shards").iterdir())}
+    # Every file under shards/, the bundled tokenizer's directory included.
+    root = out / "shards"
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def assert_same_outputs(base: Path, other: Path) -> None:
@@ -76,12 +79,16 @@ def baseline(tmp_path_factory) -> Path:
 
 # --- sockets -------------------------------------------------------------------------------------------
 
-def _is_loopback(ip: str) -> bool:
+def _unmapped(ip: str):
     addr = ipaddress.ip_address(ip)
     # Java listens on IPv6 sockets: 127.0.0.1 shows as ::ffff:127.0.0.1, which is_loopback calls False.
     if addr.version == 6 and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
-    return addr.is_loopback
+    return addr
+
+
+def _is_loopback(ip: str) -> bool:
+    return _unmapped(ip).is_loopback
 
 
 def _non_loopback_sockets(pids: list[int]) -> list[str]:
@@ -292,13 +299,6 @@ def test_dask_runner_unreachable_scheduler_is_one_line(tmp_path, capsys):
 
 # --- Prism -----------------------------------------------------------------------------------------------
 
-def _netns_available() -> bool:
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return False
-    probe = subprocess.run(["unshare", "-n", "ip", "link", "set", "lo", "up"], capture_output=True)
-    return probe.returncode == 0
-
-
 @pytest.mark.slow
 def test_prism_pretrain_identical_to_default_runner(baseline, tmp_path):
     prism = engines.prism_binary()
@@ -307,8 +307,9 @@ def test_prism_pretrain_identical_to_default_runner(baseline, tmp_path):
                     f"prism@v{engines.BEAM_VERSION}) or set DSDATA_PRISM")
     # Prism's job service listens on ":PORT" (every interface; Beam 2.77 has no flag for the host), so
     # the run happens in a network namespace whose only interface is loopback.
-    if not _netns_available():
-        pytest.skip("cannot create a network namespace (unshare -n) to keep Prism's ':PORT' listener on loopback")
+    refusal = local_flink.netns_refusal()
+    if refusal:
+        pytest.skip(f"cannot create a network namespace to keep Prism's ':PORT' listener on loopback: {refusal}")
     out = tmp_path / "prism"
     cmd = (f"ip link set lo up && exec {sys.executable} -m dsdata.cli run {PRETRAIN} --output {out} --quiet "
            f"--runner=PrismRunner --prism_location={prism} --environment_type=LOOPBACK --job_server_timeout=3600")
@@ -326,8 +327,8 @@ def _flink_jar_or_skip() -> str:
         pytest.skip("java not found: the Flink job server is a Java program")
     jar = engines.flink_job_server_jar()
     if jar is None:
-        pytest.skip(f"Flink job-server jar not found: run .ci/engines-setup (mvn dependency:get "
-                    f"-Dartifact={engines.flink_job_server_coordinates()}) or set DSDATA_FLINK_JOB_SERVER_JAR")
+        pytest.skip("Flink job-server jar not found: run .ci/engines-setup (it assembles "
+                    f"{engines.assembled_flink_job_server_jar()} with mvn) or set DSDATA_FLINK_JOB_SERVER_JAR")
     return jar
 
 
@@ -346,84 +347,89 @@ def test_flink_minicluster_pretrain_identical_to_default_runner(baseline, tmp_pa
     assert_same_outputs(baseline, out)
 
 
-def _flink_home_or_skip() -> Path:
-    home = os.environ.get("FLINK_HOME") or os.path.join(engines.engines_cache_dir(), "flink", "pyflink")
-    if not os.path.isfile(os.path.join(home, "bin", "jobmanager.sh")):
-        pytest.skip(f"no Flink {engines.FLINK_VERSION} distribution at {home}: run .ci/engines-setup "
-                    f"(apache-flink + apache-flink-libraries {engines.FLINK_DIST_VERSION}) or set FLINK_HOME")
-    return Path(home)
+# The real cluster: a JobManager and two one-slot TaskManagers started by Flink's scripts, the SDK harness
+# as worker processes of dsdata's worker pool (EXTERNAL), in a network namespace with only loopback.
 
-
-@contextlib.contextmanager
-def _flink_cluster(home: Path, tmp_path: Path):
-    """A JobManager and a TaskManager on 127.0.0.1, run in the foreground so they are stopped by PID."""
-    conf = tmp_path / "flink-conf"
-    conf.mkdir()
-    rest_port, rpc_port = _free_port(), _free_port()
-    (conf / "config.yaml").write_text("\n".join([
-        "jobmanager.rpc.address: 127.0.0.1", f"jobmanager.rpc.port: {rpc_port}", "jobmanager.bind-host: 127.0.0.1",
-        "taskmanager.host: 127.0.0.1", "taskmanager.bind-host: 127.0.0.1", "taskmanager.rpc.port: 0",
-        "taskmanager.data.port: 0", "blob.server.port: 0", "taskmanager.numberOfTaskSlots: 2",
-        "rest.address: 127.0.0.1", "rest.bind-address: 127.0.0.1", f"rest.port: {rest_port}",
-        "jobmanager.memory.process.size: 1024m", "taskmanager.memory.process.size: 1536m", "",
-    ]))
-    shutil.copy(home / "conf" / "log4j-console.properties", conf / "log4j-console.properties")
-    env = dict(os.environ, FLINK_CONF_DIR=str(conf), FLINK_LOG_DIR=str(tmp_path / "flink-log"))
-    procs = [subprocess.Popen([str(home / "bin" / script), "start-foreground"], env=env, cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-             for script in ("jobmanager.sh", "taskmanager.sh")]
-    try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                # No proxy: the REST port is on this machine.
-                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-                body = json.loads(opener.open(f"http://127.0.0.1:{rest_port}/taskmanagers", timeout=2).read())
-                if body.get("taskmanagers"):
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline or any(p.poll() is not None for p in procs):
-                pytest.fail("Flink's JobManager and TaskManager did not come up within 180 s")
-            time.sleep(1)
-        pids = [pid for p in procs for pid in [p.pid] + [c.pid for c in psutil.Process(p.pid).children(recursive=True)]]
-        yield {"master": f"127.0.0.1:{rest_port}", "pids": pids}
-    finally:
-        for proc in procs:
-            # start-foreground execs java in a new session: signal that process group only.
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-@pytest.mark.slow
-def test_flink_cluster_listens_on_loopback_only_and_stops_by_pid(tmp_path):
-    if shutil.which("java") is None:
-        pytest.skip("java not found: Flink is a Java program")
-    home = _flink_home_or_skip()
-    with _flink_cluster(home, tmp_path) as cluster:
-        pids = cluster["pids"]
-        listening = [c for pid in pids for c in psutil.Process(pid).net_connections(kind="inet") if c.status == "LISTEN"]
-        assert len(listening) >= 3  # RPC, REST, blob server, TaskManager data/RPC
-        assert _non_loopback_sockets(pids) == []
-    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
-
-
-@pytest.fixture
-def flink_cluster(tmp_path):
+@pytest.fixture(scope="module")
+def flink_cluster(tmp_path_factory):
     jar = _flink_jar_or_skip()
-    home = _flink_home_or_skip()
-    with _flink_cluster(home, tmp_path) as cluster:
-        yield dict(cluster, jar=jar)
+    cluster = LocalFlinkCluster(tmp_path_factory.mktemp("flink"), taskmanagers=2, slots=1)
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        cluster.stop()
+        pytest.skip(str(exc))
+    try:
+        yield cluster, jar
+    finally:
+        cluster.stop()
+        assert cluster.namespace_pids() == []
+
+
+class _ListenerSampler:
+    """Every listening socket seen in the cluster's namespace while a job runs (the job server's and the
+    TaskManagers' Beam gRPC servers exist only then)."""
+
+    def __init__(self, cluster: LocalFlinkCluster):
+        self.cluster, self.seen, self._stop = cluster, set(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.seen.update(self.cluster.listening())
+            self._stop.wait(0.5)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def _records_per_taskmanager(cluster: LocalFlinkCluster) -> dict[str, int]:
+    """Records read and written by each TaskManager in the last finished job (Flink's REST API)."""
+    jobs = [j for j in cluster.rest("/jobs/overview")["jobs"] if j["state"] == "FINISHED"]
+    job = max(jobs, key=lambda j: j["start-time"])["jid"]
+    records: dict[str, int] = {}
+    for vertex in cluster.rest(f"/jobs/{job}")["vertices"]:
+        for tm in cluster.rest(f"/jobs/{job}/vertices/{vertex['id']}/taskmanagers")["taskmanagers"]:
+            metrics = tm["metrics"]
+            records[tm["taskmanager-id"]] = (records.get(tm["taskmanager-id"], 0)
+                                             + metrics["read-records"] + metrics["write-records"])
+    return records
 
 
 @pytest.mark.slow
-def test_flink_cluster_pretrain_identical_to_default_runner(baseline, flink_cluster, tmp_path):
+@pytest.mark.parametrize("runner", ["FlinkRunner", "PortableRunner"])
+def test_flink_cluster_two_taskmanagers_pretrain_identical_to_default_runner(baseline, flink_cluster, tmp_path, runner):
+    cluster, jar = flink_cluster
+    if runner == "FlinkRunner":
+        # The launcher starts the job server from the jar, inside the namespace with it.
+        args = cluster.dsdata_run_args(jar)
+    else:
+        args = cluster.portable_run_args(cluster.start_job_server(jar))
     out = tmp_path / "flink-cluster"
-    run_recipe(load_recipe(str(PRETRAIN)), str(out), _flink_args(flink_cluster["jar"], flink_cluster["master"]))
+    # `dsdata run` itself, so its own Beam options (the SDK log level) meet the Java job server.
+    env = dict(cluster.job_server_env(), PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    workers_before = len(list((cluster.work_dir / "pool").glob("worker-*.log")))
+    with _ListenerSampler(cluster) as sampler:
+        proc = subprocess.run(cluster.nsenter([sys.executable, "-m", "dsdata.cli", "run", str(PRETRAIN), "--output",
+                                               str(out), "--quiet", *args]),
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_outputs(baseline, out)
-    assert _non_loopback_sockets(flink_cluster["pids"]) == []
+    # Both TaskManagers did work, in SDK worker processes the pool started for them.
+    records = _records_per_taskmanager(cluster)
+    assert sorted(records) == ["tm-0", "tm-1"] and all(n > 0 for n in records.values()), records
+    assert len(list((cluster.work_dir / "pool").glob("worker-*.log"))) - workers_before >= 2
+    # Nothing reachable from beyond loopback: the namespace has no other interface; Flink's own
+    # listeners are bound to 127.0.0.1; Beam's (job server, the TaskManagers' gRPC servers) cannot be
+    # told a host and listen on the wildcard, which here reaches loopback only.
+    assert cluster.interfaces() == ["lo"]
+    assert sampler.seen, "no listening socket seen during the run"
+    assert not [(ip, port) for ip, port in sampler.seen if not (_is_loopback(ip) or ip in ("0.0.0.0", "::"))]
+    by_port = {port: str(_unmapped(ip)) for ip, port in sampler.seen}
+    assert by_port.get(local_flink.REST_PORT) == "127.0.0.1" and by_port.get(local_flink.RPC_PORT) == "127.0.0.1"
+    assert by_port.get(local_flink.WORKER_POOL_PORT) == "127.0.0.1"

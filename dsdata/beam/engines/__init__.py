@@ -3,6 +3,8 @@
     options.py      the runner a user names: checked against dsdata/runners.py's registry
     dask_runner.py  dsdata's runner on a dask.distributed cluster (`--runner=dask`)
     artifacts.py    where the non-Python engine artifacts live: Prism's binary, Flink's job-server jar
+    worker_pool.py  the worker pool TaskManagers ask for SDK workers (--environment_type=EXTERNAL)
+    local_flink.py  a real Flink cluster on this machine in a loopback-only network namespace (tests, benchmark)
     speedups.py     Beam patches applied at import (option views, DoFn specs, collections)
     mlimport.py     Beam's RunInference imported without torch/scipy (installed by dsdata/beam/__init__.py)
 

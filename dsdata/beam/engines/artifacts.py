@@ -38,16 +38,30 @@ def prism_binary() -> str | None:
     return None
 
 
+# Beam publishes no Flink job-server jar that Maven Central serves for Beam 2.77, so .ci/engines-setup
+# assembles one from what is served (.ci/flink-job-server/pom.xml): the Flink runner of this Beam release
+# with every Flink module at FLINK_DIST_VERSION.  The Python SDK talks to it over the portable job API.
+FLINK_JOB_SERVER_BEAM_VERSION = "2.70.0"
+
+
 def flink_job_server_coordinates(flink_version: str = FLINK_VERSION, beam_version: str = BEAM_VERSION) -> str:
+    """The published job server's Maven coordinates (not served for Beam 2.77 at the time of writing)."""
     return f"org.apache.beam:beam-runners-flink-{flink_version}-job-server:{beam_version}"
 
 
+def assembled_flink_job_server_jar() -> str:
+    """Where .ci/engines-setup puts the job server it assembles with Maven."""
+    name = f"beam-runners-flink-{FLINK_DIST_VERSION}-job-server-{FLINK_JOB_SERVER_BEAM_VERSION}.jar"
+    return os.path.join(engines_cache_dir(), "flink-job-server", name)
+
+
 def flink_job_server_jar(flink_version: str = FLINK_VERSION, beam_version: str = BEAM_VERSION) -> str | None:
-    """The job-server jar in the engines cache's Maven repository (or $DSDATA_FLINK_JOB_SERVER_JAR)."""
+    """$DSDATA_FLINK_JOB_SERVER_JAR, else the published jar in the engines cache's Maven repository (if
+    it was ever served), else the one .ci/engines-setup assembles."""
     explicit = os.environ.get("DSDATA_FLINK_JOB_SERVER_JAR")
     artifact = f"beam-runners-flink-{flink_version}-job-server"
     candidates = [explicit, os.path.join(engines_cache_dir(), "m2", "org", "apache", "beam", artifact, beam_version,
-                                         f"{artifact}-{beam_version}.jar")]
+                                         f"{artifact}-{beam_version}.jar"), assembled_flink_job_server_jar()]
     for candidate in candidates:
         if candidate and os.path.isfile(candidate):
             return candidate
