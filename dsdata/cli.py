@@ -31,6 +31,12 @@ class UserError(Exception):
     """An error the user can fix; printed as one line, exit status 2."""
 
 
+def one_line(exc: BaseException | str) -> str:
+    """An error's text as the one line dsdata prints: a message that quotes a multi-line source
+    (a library's error with its context lines) has its line breaks folded into spaces."""
+    return " ".join(str(exc).split())
+
+
 def _default_recipe() -> str:
     if os.path.isfile(DEFAULT_RECIPE):
         return DEFAULT_RECIPE
@@ -83,8 +89,35 @@ def _collect_after_startup() -> None:
 _collect_after_startup.pending = False
 
 
+def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A `--flag` that is neither dsdata's nor one of Beam's options is a typo: one line with the
+    closest flag, whether written `--ouput=DIR` or `--ouput DIR` (Beam ignores options it does not
+    know, and argparse took `DIR` for the recipe)."""
+    from dsdata.beam.known_options import long_flags, unknown_flag_message
+
+    own = long_flags(parser)
+    takes_value = {opt for action in parser._actions if action.nargs != 0  # noqa: SLF001
+                   for opt in action.option_strings}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            break
+        if arg.startswith("--") and len(arg) > 2:
+            message = unknown_flag_message(arg, own)
+            if message:
+                raise UserError(message)
+            name = arg.split("=", 1)[0]
+            matches = [f for f in own if f == name] or [f for f in own if f.startswith(name)]
+            if "=" not in arg and len(matches) == 1 and matches[0] in takes_value:
+                i += 1  # its value, which may itself begin with --
+        i += 1
+
+
 def cmd_run(argv: list[str]) -> int:
-    args, beam_args = _run_parser().parse_known_args(argv)
+    parser = _run_parser()
+    _refuse_unknown_flags(parser, argv)
+    args, beam_args = parser.parse_known_args(argv)
     bad = [a for a in beam_args if not a.startswith("--")]
     if bad:
         raise UserError(f"unexpected argument(s) {' '.join(bad)}; Beam options must look like --name=value")
@@ -360,10 +393,10 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")
     except (UserError, RecipeError, StageConfigError, InputFormatError, InputPathError, FileNotFoundError,
             BeamOptionError, OutputDirError, EngineError) as exc:
-        print(f"dsdata: error: {exc}", file=sys.stderr)
+        print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except RunFailed as exc:  # the run started and cannot succeed: over the error budget, or a stage cannot run
-        print(f"dsdata: error: {exc}", file=sys.stderr)
+        print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
         return 1
 
 
