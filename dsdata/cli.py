@@ -31,6 +31,14 @@ class UserError(Exception):
     """An error the user can fix; printed as one line, exit status 2."""
 
 
+class CommandInterrupted(Exception):
+    """A command stopped by SIGINT/SIGTERM after cleaning up: one line, exit 128 + the signal."""
+
+    def __init__(self, state, message: str):
+        super().__init__(message)
+        self.state = state
+
+
 def one_line(exc: BaseException | str) -> str:
     """An error's text as the one line dsdata prints: a message that quotes a multi-line source
     (a library's error with its context lines) has its line breaks folded into spaces."""
@@ -89,6 +97,10 @@ def _collect_after_startup() -> None:
 _collect_after_startup.pending = False
 
 
+class _OWN_PROCESS:  # noqa: N801 - a flag: main() runs as the process's own command (not called from Python)
+    active = False
+
+
 def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """A `--flag` that is neither dsdata's nor one of Beam's options is a typo: one line with the
     closest flag, whether written `--ouput=DIR` or `--ouput DIR` (Beam ignores options it does not
@@ -141,9 +153,29 @@ def cmd_run(argv: list[str]) -> int:
               f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
     _say_what_is_replaced(output, recipe)
     _collect_after_startup()
-    with output_lock(output) if "://" not in output else contextlib.nullcontext():
-        stats = run_recipe(recipe, output, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
-                           max_errors=budget, progress=resolve_mode(args.progress, quiet=args.quiet))
+    from dsdata.beam.pipeline import mark_incomplete
+    from dsdata.stop_signals import stop_on_signals
+
+    with stop_on_signals() as stop:
+        try:
+            with output_lock(output) if "://" not in output else contextlib.nullcontext():
+                try:
+                    stats = run_recipe(recipe, output,
+                                       _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
+                                       max_errors=budget, progress=resolve_mode(args.progress, quiet=args.quiet))
+                except BaseException:
+                    if stop.signum is None:
+                        raise
+                # A signal that came while the run went (Beam may have made another exception of it,
+                # or finished the run anyway): the outputs are marked incomplete while the lock is held.
+                if stop.signum is not None:
+                    mark_incomplete(output, f"the run was stopped by {stop.name}")
+        except BaseException:
+            if stop.signum is None:
+                raise
+        if stop.signum is not None:
+            raise CommandInterrupted(stop, f"stopped by {stop.name}: workers stopped, lock released; "
+                                           f"{output} is incomplete (see {output}/INCOMPLETE)")
     if not args.quiet:
         _print_summary(stats, output)
     print(json.dumps({k: stats[k] for k in ("input", "kept", "augmented", "rejected_total", "seconds")}))
@@ -323,6 +355,7 @@ def cmd_stages(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the process's own command line (the console script, python -m dsdata.cli)
+        _OWN_PROCESS.active = True
         _collect_after_startup.pending = True
         gc.disable()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -398,6 +431,17 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
     except RunFailed as exc:  # the run started and cannot succeed: over the error budget, or a stage cannot run
         print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
         return 1
+    except CommandInterrupted as exc:
+        from dsdata.stop_signals import stop_child_processes
+
+        stop_child_processes()
+        print(f"dsdata: {one_line(exc)}", file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        if _OWN_PROCESS.active:
+            # Threads Beam or a runner left behind must not keep the stopped process alive.
+            os._exit(exc.state.exit_code)
+        return exc.state.exit_code
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Output layout (other stages and the trainer build on it):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -33,6 +34,7 @@ from dsdata.beam.options import IN_PROCESS_RUNNER, runner_class_path
 from dsdata.beam.transforms import ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, ReadDocuments, Unbatch
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_schema, rejected_columns
 from dsdata.io.readers import READ_STAGE
+from dsdata.io.outfiles import write_file_in_out
 from dsdata.io.spill import remove_spill
 from dsdata.beam.progress import watch as watch_progress
 from dsdata.recipe import Recipe, is_remote, recipe_output
@@ -213,12 +215,29 @@ class _WriteStats(beam.DoFn):
         yield stats
 
 
+INCOMPLETE_NAME = "INCOMPLETE"
+
+
+def mark_incomplete(output: str, why: str) -> None:
+    """A stopped run's OUT says it is incomplete: stats.json (whose presence means a finished run),
+    report.html and run.json are removed and OUT/INCOMPLETE says why; the next run removes it."""
+    if "://" in output:
+        return
+    for name in ("stats.json", "report.html", "run.json"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(output, name))
+    remove_spill(output)
+    write_file_in_out(output, INCOMPLETE_NAME,
+                      f"{why} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}; the files in this "
+                      "directory are partial: run again to replace them\n")
+
+
 def _prepare_output(output: str) -> None:
     """Remove the outputs of an earlier run in DIR (only the files this tool writes: kept/, rejected/,
     stats.json, the side outputs every stage declares, and .spill/ left by a run that was killed)."""
     sides = registered_side_outputs()
     folders = ["kept", "rejected", *(s.name for s in sides if s.directory)]
-    files = ["stats.json", *(s.name for s in sides if not s.directory)]
+    files = ["stats.json", INCOMPLETE_NAME, *(s.name for s in sides if not s.directory)]
     remove_spill(output)
     if "://" in output:
         for sub in folders:
