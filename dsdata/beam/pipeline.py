@@ -15,7 +15,6 @@ import functools
 import json
 import logging
 import os
-import shutil
 import time
 import uuid
 from typing import Any
@@ -34,7 +33,7 @@ from dsdata.beam.options import IN_PROCESS_RUNNER, runner_class_path
 from dsdata.beam.transforms import ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, ReadDocuments, Unbatch
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_schema, rejected_columns
 from dsdata.io.readers import READ_STAGE
-from dsdata.io.outfiles import write_file_in_out
+from dsdata.io.outfiles import remove_entry, write_file_in_out
 from dsdata.io.spill import remove_spill
 from dsdata.beam.progress import watch as watch_progress
 from dsdata.recipe import Recipe, is_remote, recipe_output
@@ -246,13 +245,12 @@ def _prepare_output(output: str) -> None:
                 FileSystems.delete([m.path for m in matches])
         return
     os.makedirs(output, exist_ok=True)
-    for sub in folders:
-        target = os.path.join(output, sub)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-    for name in files:
-        if os.path.exists(os.path.join(output, name)):
-            os.remove(os.path.join(output, name))
+    # OUT is untrusted (dsdata/io/outfiles.py): an entry planted as a link is removed, never followed
+    # (a linked kept/ was filled, a dangling report.html link created its target).
+    for name in [*folders, *files, "report.html", "run.json"]:
+        remove_entry(os.path.join(output, name))
+    for sub in ("kept", "rejected"):
+        os.mkdir(os.path.join(output, sub))
 
 
 class _WriteSideOutput(beam.DoFn):

@@ -9,6 +9,7 @@ link planted between the check and the create makes the create fail instead of b
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -40,15 +41,20 @@ def fresh_dir(path: str, mode: int = 0o777) -> str:
 
 def ensure_dir(path: str, mode: int = 0o777) -> str:
     """A real directory at `path`: kept when it is one, else (a link, a file) replaced by a new one."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        os.mkdir(path, mode)
-        return path
-    if not stat.S_ISDIR(info.st_mode):
-        os.unlink(path)
-        os.mkdir(path, mode)
-    return path
+    for _ in range(3):  # workers of one run make the same folder at once
+        try:
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode):
+                return path
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        try:
+            os.mkdir(path, mode)
+            return path
+        except FileExistsError:
+            continue
+    raise OutEntryError(errno.EEXIST, f"{path} keeps being replaced while this run makes it a folder")
 
 
 def create_exclusive(path: str, mode: int = 0o644) -> int:
