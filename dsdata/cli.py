@@ -126,6 +126,19 @@ def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> N
         i += 1
 
 
+def _storage_failed(failure, output: str) -> None:
+    """A full, over-quota or read-only disk under OUT (outputs, spill): the run's partial outputs are
+    removed, OUT/INCOMPLETE says why, and the run fails with one line (exit 1)."""
+    from dsdata.beam.errors import RunFailed
+    from dsdata.beam.pipeline import mark_incomplete
+
+    gc.collect()  # the failed run's writers, and the space their open files hold, are let go
+    line = failure.describe(where=output)
+    with contextlib.suppress(OSError):
+        mark_incomplete(output, line, discard=True)
+    raise RunFailed(f"{line}; the run's partial outputs were removed from {output}") from None
+
+
 def cmd_run(argv: list[str]) -> int:
     parser = _run_parser()
     _refuse_unknown_flags(parser, argv)
@@ -154,8 +167,10 @@ def cmd_run(argv: list[str]) -> int:
     _say_what_is_replaced(output, recipe)
     _collect_after_startup()
     from dsdata.beam.pipeline import mark_incomplete
+    from dsdata.io.storage_errors import storage_failure
     from dsdata.stop_signals import stop_on_signals
 
+    full = None
     with stop_on_signals() as stop:
         try:
             with output_lock(output) if "://" not in output else contextlib.nullcontext():
@@ -163,9 +178,13 @@ def cmd_run(argv: list[str]) -> int:
                     stats = run_recipe(recipe, output,
                                        _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
                                        max_errors=budget, progress=resolve_mode(args.progress, quiet=args.quiet))
-                except BaseException:
+                except BaseException as exc:
                     if stop.signum is None:
-                        raise
+                        full = storage_failure(exc)
+                        if full is None:
+                            raise
+                if full is not None:  # outside the handler: the traceback's frames (open part files) are gone
+                    _storage_failed(full, output)
                 # A signal that came while the run went (Beam may have made another exception of it,
                 # or finished the run anyway): the outputs are marked incomplete while the lock is held.
                 if stop.signum is not None:
@@ -353,6 +372,19 @@ def cmd_stages(argv: list[str]) -> int:
     return 0
 
 
+def _not_reported_in_one_line(record: logging.LogRecord) -> bool:
+    """Beam logs every exception a DoFn raises with its traceback before re-raising it; for the
+    failures dsdata reports in one line (a full or read-only disk, a stage that cannot run) that
+    traceback is noise above the line."""
+    if not (record.exc_info and record.exc_info[1] is not None and record.name.startswith("apache_beam")):
+        return True
+    from dsdata.beam.errors import find_environment_error
+    from dsdata.io.storage_errors import storage_failure
+
+    exc = record.exc_info[1]
+    return storage_failure(exc) is None and find_environment_error(exc) is None
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the process's own command line (the console script, python -m dsdata.cli)
         _OWN_PROCESS.active = True
@@ -363,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     # Beam's GCP I/O module warns at import time when Google's client libraries are absent, even
     # for runs that never touch GCP; that line only confuses users of local runs.
     logging.getLogger().addFilter(lambda record: "apitools not found" not in record.getMessage())
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_not_reported_in_one_line)
     # A file name with [ is passed to Beam's matcher as `[[]` (its pattern syntax cannot quote);
     # Python's re warns about that class, which is what it should be.
     warnings.filterwarnings("ignore", message="Possible nested set", category=FutureWarning)
@@ -442,6 +476,14 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
             # Threads Beam or a runner left behind must not keep the stopped process alive.
             os._exit(exc.state.exit_code)
         return exc.state.exit_code
+    except Exception as exc:  # noqa: BLE001 - a full or read-only disk in any command is one line
+        from dsdata.io.storage_errors import storage_failure
+
+        failure = storage_failure(exc)
+        if failure is None:
+            raise
+        print(f"dsdata: error: {failure.describe()}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

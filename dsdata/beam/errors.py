@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import scrub_surrogates
+from dsdata.io.storage_errors import is_storage_error
 from dsdata.stages.base import StageConfigError
 
 ERROR = "error"
@@ -51,7 +52,8 @@ def first_line(exc: BaseException) -> str:
 
 
 def is_environment_error(exc: BaseException, declared: tuple[type[BaseException], ...] = ()) -> bool:
-    return isinstance(exc, ENVIRONMENT_ERRORS + tuple(declared))
+    # A full or read-only disk (a spill file, a shard) fails every record after it alike.
+    return isinstance(exc, ENVIRONMENT_ERRORS + tuple(declared)) or is_storage_error(exc)
 
 
 def environment_failure(stage_name: str, exc: BaseException, when: str = "") -> StageEnvironmentError:

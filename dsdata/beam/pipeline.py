@@ -217,18 +217,23 @@ class _WriteStats(beam.DoFn):
 INCOMPLETE_NAME = "INCOMPLETE"
 
 
-def mark_incomplete(output: str, why: str) -> None:
+def mark_incomplete(output: str, why: str, discard: bool = False) -> None:
     """A stopped run's OUT says it is incomplete: stats.json (whose presence means a finished run),
-    report.html and run.json are removed and OUT/INCOMPLETE says why; the next run removes it."""
+    report.html and run.json are removed and OUT/INCOMPLETE says why; the next run removes it.
+    discard: every output of the run goes too (kept/, rejected/, side outputs: a full disk's partial
+    files), which also frees the space the marker needs."""
     if "://" in output:
         return
+    if discard:
+        _prepare_output(output)
     for name in ("stats.json", "report.html", "run.json"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(output, name))
     remove_spill(output)
-    write_file_in_out(output, INCOMPLETE_NAME,
-                      f"{why} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}; the files in this "
-                      "directory are partial: run again to replace them\n")
+    with contextlib.suppress(OSError):  # a read-only OUT: its lack of stats.json says as much
+        write_file_in_out(output, INCOMPLETE_NAME,
+                          f"{why} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}; the files in this "
+                          "directory are partial: run again to replace them\n")
 
 
 def _prepare_output(output: str) -> None:

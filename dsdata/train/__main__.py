@@ -100,6 +100,13 @@ def _train(args, run_dir: str, load_config, ConfigError) -> int:  # noqa: N803 -
         if isinstance(exc, (ConfigError, ShardError, CheckpointError)):  # the user can fix these: one line
             print(f"dsdata-train: error: {exc}", file=sys.stderr)
             return 2
+        from dsdata.io.storage_errors import storage_failure
+
+        failure = storage_failure(exc)
+        if failure is not None:  # a checkpoint, metrics or an export on a full or read-only disk
+            print(f"dsdata-train: error: {failure.describe(where=run_dir)}; no partial checkpoint is left",
+                  file=sys.stderr)
+            return 1
         raise
     finally:
         import torch.distributed as dist

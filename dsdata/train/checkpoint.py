@@ -31,6 +31,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from dsdata.io.storage_errors import OutOfSpace, free_bytes, tree_bytes
+
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
@@ -163,8 +165,26 @@ class Checkpointer:
         return os.path.join(self.directory, f"step_{step:08d}")
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> str:
-        final = self.path(step)
         tmp = os.path.join(self.directory, f".tmp_step_{step:08d}")
+        try:
+            return self._save(step, tmp, model, optimizer, state)
+        except BaseException as exc:
+            # A full disk (or a stop) half-way: no partial checkpoint is left to fill the disk.
+            if not self.layout.writes_metrics:
+                raise
+            needed = _state_bytes(model, optimizer)
+            room = free_bytes(self.directory)
+            room = None if room is None else room + tree_bytes(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+            # torch's writer reports a full disk as "unexpected pos N vs M", inside a CheckpointException
+            # (a BaseException): say what it was.
+            if not isinstance(exc, (KeyboardInterrupt, SystemExit)) and room is not None and room < needed:
+                raise OutOfSpace(tmp, needed) from exc
+            raise
+
+    def _save(self, step: int, tmp: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              state: dict[str, Any]) -> str:
+        final = self.path(step)
         if self.layout.writes_metrics:
             shutil.rmtree(tmp, ignore_errors=True)
         self.layout.barrier()
@@ -265,6 +285,14 @@ def _named_parameters(model: torch.nn.Module):
             continue
         seen.add(id(param))
         yield name, param
+
+
+def _state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """About what a checkpoint of this model and optimizer takes on disk: its tensors' bytes."""
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, torch.Tensor))
+    for per_param in optimizer.state.values():
+        total += sum(t.numel() * t.element_size() for t in per_param.values() if isinstance(t, torch.Tensor))
+    return total
 
 
 def _params_with_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
