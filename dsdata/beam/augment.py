@@ -29,7 +29,7 @@ from dsdata.augment.replace import EntityReplacer, SynonymReplacer
 from dsdata.augment.sentences import Layout, split_sentences
 from dsdata.augment.similarity import chrf
 from dsdata.augment.translate import load_translator
-from dsdata.beam.errors import ERROR, environment_failure, error_rejection, first_line, is_environment_error
+from dsdata.beam.errors import ERROR, environment_failure, error_rejection, first_line, is_environment_error, passes_through
 from dsdata.beam.transforms import CPU_COUNTER, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
 from dsdata.stages.augment import REPORT_NAME, AugmentConfig, BackTranslationConfig, ReplacementConfig
@@ -117,14 +117,18 @@ class TranslationHandler(ModelHandler):
         try:
             return translator.translate([e[1] for e in examples], [e[2] for e in examples],
                                         config.settings, config.batch_size)
-        except Exception as exc:  # noqa: BLE001 - find the sentence(s) that raise
+        except BaseException as exc:  # noqa: BLE001 - find the sentence(s) that raise
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             if is_environment_error(exc):
                 raise environment_failure(STAGE_NAME, exc) from exc
         out: list[Any] = []
         for _direction, text, seed in examples:
             try:
                 out.extend(translator.translate([text], [seed], config.settings, 1))
-            except Exception as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001
+                if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                    raise
                 if is_environment_error(exc):
                     raise environment_failure(STAGE_NAME, exc) from exc
                 out.append(TranslationFailed(first_line(exc)))
@@ -156,7 +160,9 @@ class PlanRoundTrips(_Errors, beam.DoFn):
         start = self._clock_start()
         try:
             outputs = self._plan(doc)
-        except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+        except BaseException as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             outputs = [_count("back_translation", "selected"), _count("back_translation", "dropped_error"),
                        self._failed_copy(doc, "back_translation", error_rejection(doc, STAGE_NAME, exc).detail)]
         self._clock_stop(start)
@@ -208,7 +214,9 @@ class AssembleRoundTrips(_Errors, beam.DoFn):
             start = self._clock_start()
             try:
                 outputs = self._assemble(plan, [translated[i] for i in range(len(plan.layout.sentences))])
-            except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+            except BaseException as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+                if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                    raise
                 outputs = [_count("back_translation", "dropped_error"), self._failed_copy(
                     plan.doc, "back_translation", error_rejection(plan.doc, STAGE_NAME, exc).detail)]
             self._clock_stop(start)
@@ -283,7 +291,9 @@ class ReplaceTerms(_Errors, beam.DoFn):
         start = self._clock_start()
         try:
             outputs = self._replace(doc)
-        except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+        except BaseException as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             outputs = [_count(config.method, "dropped_error"),
                        self._failed_copy(doc, config.method, error_rejection(doc, STAGE_NAME, exc).detail)]
         self._clock_stop(start)

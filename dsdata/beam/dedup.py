@@ -72,7 +72,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from dsdata.beam.errors import environment_failure, is_environment_error
+from dsdata.beam.errors import environment_failure, is_environment_error, passes_through
 from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, StageCounters
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
@@ -201,14 +201,18 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
         start = self._clock_start()
         try:
             outputs = self._outputs(docs)
-        except Exception as exc:  # noqa: BLE001 - find the document(s) that raise
+        except BaseException as exc:  # noqa: BLE001 - find the document(s) that raise
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             if is_environment_error(exc):
                 raise environment_failure(self.cfg["stage_name"], exc) from exc
             outputs = []
             for doc in docs:
                 try:
                     outputs.extend(self._outputs([doc]))
-                except Exception as one:  # noqa: BLE001
+                except BaseException as one:  # noqa: BLE001
+                    if passes_through(one):  # a stop, not the record's fault; a native panic is
+                        raise
                     self._in.inc()
                     outputs.append(self._route(self._error(doc, one)))
         self._new_bundles = []
@@ -522,7 +526,9 @@ class _Decide(StageCounters, beam.DoFn):
         start = self._clock_start()
         try:
             outputs = self._decide(node, docs, decisions)
-        except Exception as exc:  # noqa: BLE001 - the node's documents are rejected, not the run
+        except BaseException as exc:  # noqa: BLE001 - the node's documents are rejected, not the run
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             outputs = [self._error(doc, exc) for doc in docs]
         self._clock_stop(start)
         for result in outputs:

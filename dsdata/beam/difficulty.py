@@ -13,7 +13,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.transforms.stats import ApproximateQuantiles
 
-from dsdata.beam.errors import environment_failure, is_environment_error
+from dsdata.beam.errors import environment_failure, is_environment_error, passes_through
 from dsdata.beam.transforms import KEPT, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
 from dsdata.stages.difficulty import GRADES, SUMMARY_FILE, DifficultyStage
@@ -47,14 +47,18 @@ class _ScoreDoFn(StageCounters, beam.DoFn):
         declared = self.stage.environment_errors
         try:
             results: list[Document | Rejected] = list(self.stage.score_batch(docs))
-        except Exception as exc:  # noqa: BLE001 - find the document(s) that raise
+        except BaseException as exc:  # noqa: BLE001 - find the document(s) that raise
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             if is_environment_error(exc, declared):
                 raise environment_failure(self.stage.name, exc) from exc
             results = []
             for doc in docs:
                 try:
                     results.extend(self.stage.score_batch([doc]))
-                except Exception as one:  # noqa: BLE001
+                except BaseException as one:  # noqa: BLE001
+                    if passes_through(one):  # a stop, not the record's fault; a native panic is
+                        raise
                     results.append(self._error(doc, one, declared))
         self._clock_stop(start)
         for result in results:
@@ -95,7 +99,9 @@ class _GradeDoFn(StageCounters, beam.DoFn):
             found = thresholds.get(group) or {}
             cutoffs = self.stage.fixed_cutoffs(group) or found.get("percentile_cutoffs")
             result = self.stage.grade(doc, cutoffs, found.get("outlier_threshold"))
-        except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+        except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             result = self._error(doc, exc, self.stage.environment_errors)
         self._clock_stop(start)
         yield self._route(result)

@@ -51,6 +51,16 @@ def first_line(exc: BaseException) -> str:
     return out.encode("utf-8", "backslashreplace").decode("utf-8")[:_DETAIL_LIMIT]
 
 
+def passes_through(exc: BaseException) -> bool:
+    """True for what a per-record handler must let pass: a stop (KeyboardInterrupt, SIGINT/SIGTERM's
+    Interrupted, SystemExit, GeneratorExit).  Every other BaseException is the record's: a native
+    binding's panic (pyo3's PanicException — a tokenizer regex over the engine's backtracking limit)
+    derives from BaseException, not Exception, and killed the run."""
+    from dsdata.stop_signals import Interrupted
+
+    return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, Interrupted))
+
+
 def is_environment_error(exc: BaseException, declared: tuple[type[BaseException], ...] = ()) -> bool:
     # A full or read-only disk (a spill file, a shard) fails every record after it alike.
     return isinstance(exc, ENVIRONMENT_ERRORS + tuple(declared)) or is_storage_error(exc)

@@ -13,7 +13,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
-from dsdata.beam.errors import ERROR, environment_failure, first_line, is_environment_error
+from dsdata.beam.errors import ERROR, environment_failure, first_line, is_environment_error, passes_through
 from dsdata.beam.transforms import CPU_COUNTER, KEPT, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
 from dsdata.relevance.scorer import Scorer, load_scorer
@@ -51,7 +51,9 @@ at a time; a document that raises alone gets a ScoringFailed inference (rejected
         start = thread_time()
         try:
             scores: list[Any] = list(model.score([doc.text for doc in batch]))
-        except Exception as exc:  # noqa: BLE001 - find the document(s) that raise, one at a time
+        except BaseException as exc:  # noqa: BLE001 - find the document(s) that raise, one at a time
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             if is_environment_error(exc):
                 raise environment_failure("relevance", exc) from exc
             scores = [self._score_one(model, doc) for doc in batch]
@@ -63,7 +65,9 @@ at a time; a document that raises alone gets a ScoringFailed inference (rejected
     def _score_one(model: Scorer, doc: Document) -> "float | ScoringFailed":
         try:
             return model.score([doc.text])[0]
-        except Exception as exc:  # noqa: BLE001 - this document alone raises: it is rejected, not the run
+        except BaseException as exc:  # noqa: BLE001 - this document alone raises: it is rejected, not the run
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             if is_environment_error(exc):
                 raise environment_failure("relevance", exc) from exc
             return ScoringFailed(first_line(exc))
@@ -98,7 +102,9 @@ class _RouteByScore(StageCounters, beam.DoFn):
         else:
             try:
                 out = self.stage.judge(doc, float(result.inference))
-            except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
+                if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                    raise
                 out = self._error(doc, exc)
         self._clock_stop(start)
         yield self._route(out)

@@ -17,7 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dsdata.beam import speedups
-from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, is_environment_error
+from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, is_environment_error, passes_through
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import (
     READ_STAGE, InputFormatError, RangeReader, cuttable_format, jsonl_ranges, parquet_ranges, range_bytes_for,
@@ -175,7 +175,9 @@ class _DocumentStageRun(StageCounters):
         start = self._clock_start()
         try:
             result = self.stage.process(doc)
-        except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+        except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             result = self._error(doc, exc, self._declared)
         self._clock_stop(start)
         return result
@@ -233,14 +235,18 @@ class _BatchStageRun(StageCounters):
         start = self._clock_start()
         try:
             results = self._checked(docs)
-        except Exception as exc:  # noqa: BLE001 - find the record(s) that raise, one at a time
+        except BaseException as exc:  # noqa: BLE001 - find the record(s) that raise, one at a time
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, self._declared):
                 raise environment_failure(self.stage.name, exc) from exc
             results = []
             for doc in docs:
                 try:
                     results.extend(self._checked([doc]))
-                except Exception as one:  # noqa: BLE001
+                except BaseException as one:  # noqa: BLE001
+                    if passes_through(one):  # a stop, not the record's fault; a native panic is
+                        raise
                     results.append(self._error(doc, one, self._declared))
         self._clock_stop(start)
         return results
@@ -433,7 +439,9 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
                         done = True
                 except InputFormatError:
                     raise  # the recipe names a format this file is not in: a user error, one line
-                except Exception as exc:  # noqa: BLE001 - the reader broke on this file's content
+                except BaseException as exc:  # noqa: BLE001 - the reader broke on this file's content
+                    if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                        raise
                     bad += 1
                     chunk.append(self._error(_rest_of_file(path, n + len(chunk) + 1, fh, part), exc))
                     done = True

@@ -123,7 +123,13 @@ class FastTextScorer:
     backend = "fasttext"
 
     def __init__(self, model_path: str):
+        from dsdata.stages.fasttext_model import UnusableModel, check_model_file
+
         fasttext = _fasttext()
+        try:
+            check_model_file(model_path)  # the binding trusts the file's sizes: damage was a segfault
+        except UnusableModel as exc:
+            raise ValueError(str(exc)) from None
         self.model = fasttext.load_model(model_path)
         labels = self.model.get_labels()
         if "__label__1" not in labels:

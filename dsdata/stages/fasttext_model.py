@@ -244,6 +244,73 @@ class CompiledFastText:
         return [names[i] if i >= 0 else None for i in idx.tolist()], probs.tolist()
 
 
+def check_model_file(path: str) -> None:
+    """Raise UnusableModel unless `path` is a whole fastText model file: magic and version, Args,
+    every dictionary entry, the pruned index, both matrices (dense or product-quantized) with sizes
+    that fit the header and each other, and nothing after the output matrix.  fastText's binding
+    reads sizes from the file and trusts them: a truncated or garbled model segfaulted the process
+    (exit 139, no message).  Covers every loss and model kind, since the binding loads them all."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    except OSError as exc:
+        raise UnusableModel(f"{path}: cannot read the model ({exc.strerror or exc})") from None
+    try:
+        problem = _structure_problem(data)
+    except (ValueError, struct.error, OverflowError) as exc:
+        problem = f"the file ends or breaks off inside the model ({exc}) at byte {size}"
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()
+    if problem:
+        raise UnusableModel(f"{path}: not a usable fastText model: {problem}")
+
+
+def _structure_problem(data) -> str | None:
+    r = _Reader(data)
+    magic, version = r.take("<ii")
+    if magic != _MAGIC or not 0 < version <= _MAX_VERSION:
+        return "no fastText magic number and version at its start"
+    (dim, _ws, _epoch, _min_count, _neg, word_ngrams, loss, model, bucket, minn, maxn, _lr_update,
+     _t) = r.take("<12id")
+    if not (0 < dim <= 1 << 16 and loss in (_HS, _NS, _SOFTMAX, _OVA) and model in (1, 2, _SUPERVISED)
+            and bucket >= 0 and word_ngrams >= 1 and 0 <= minn and maxn <= 64):
+        return f"impossible arguments (dim {dim}, loss {loss}, model {model}, bucket {bucket}, minn {minn}, maxn {maxn})"
+    if bucket == 0 and ((maxn > 0 and maxn >= minn and version != 11) or word_ngrams > 1):
+        return "bucket is 0 but the model hashes n-grams into buckets (fastText would divide by zero)"
+    n_entries, nwords, nlabels = r.take("<iii")
+    _ntokens, prune_size = r.take("<qq")
+    if not (0 <= nwords <= n_entries and nlabels == n_entries - nwords and n_entries <= len(data)):
+        return f"a dictionary of {n_entries} entries ({nwords} words, {nlabels} labels) cannot be"
+    for _ in range(n_entries):
+        end = data.find(b"\0", r.pos)
+        if end < 0:
+            return f"the dictionary is cut off at byte {len(data)}"
+        r.pos = end + 1
+        _count, kind = r.take("<qb")
+        if kind not in (0, 1):
+            return f"dictionary entry of unknown kind {kind}"
+    if prune_size > 0:
+        if prune_size > bucket:
+            return f"a pruned index of {prune_size} entries for {bucket} buckets"
+        r.array("<i4", 2 * prune_size)
+    quant_input = r.take("<?")
+    input_matrix = _Matrix(r, quant_input)
+    quant_output = r.take("<?")
+    output_matrix = _Matrix(r, quant_output)
+    if input_matrix.n != dim or output_matrix.n != dim:
+        return f"matrix widths {input_matrix.n} and {output_matrix.n} differ from the model's dim {dim}"
+    if prune_size < 0 and input_matrix.m < nwords + bucket:
+        return f"the input matrix has {input_matrix.m} rows, the dictionary needs {nwords + bucket}"
+    needed_out = nlabels if model == _SUPERVISED else nwords
+    if output_matrix.m < needed_out:
+        return f"the output matrix has {output_matrix.m} rows, the model needs {needed_out}"
+    if r.pos != len(data):
+        return f"{len(data) - r.pos} bytes after the output matrix (two files joined, or not a model)"
+    return None
+
+
 def load(path: str) -> CompiledFastText | None:
     """The compiled predictor for the model at `path`, or None (use the fastText binding)."""
     k = kernels()
