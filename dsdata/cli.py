@@ -304,8 +304,9 @@ def _say_what_is_replaced(output: str, recipe) -> None:
     if "://" in output or not os.path.isfile(stats_path):
         return
     try:
-        with open(stats_path, encoding="utf-8") as fh:
-            previous = json.load(fh).get("recipe")
+        from dsdata.io.untrusted_files import load_json_file
+
+        previous = load_json_file(stats_path, "stats.json").get("recipe")  # OUT is untrusted: a FIFO, deep JSON
     except (OSError, ValueError, AttributeError):
         return
     if previous and previous != recipe.name:

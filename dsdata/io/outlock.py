@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from dsdata.io.shm import pid_alive
+from dsdata.io.untrusted_files import load_json_file
 
 LOCK_NAME = ".dsdata.lock"
 
@@ -64,8 +65,7 @@ def _describe(holder: dict) -> str:
 
 def _read_holder(path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as fh:
-            holder = json.load(fh)
+        holder = load_json_file(path, "lock file")
         return holder if isinstance(holder, dict) else {}
     except (OSError, ValueError):
         return {}

@@ -28,7 +28,7 @@ from dsdata.stages.base import CorpusStage, Param, SideOutput, StageConfigError
 from dsdata.stages.params import Integer, Path, Text
 
 SHARDS_DIR = "shards"
-_BUCKET_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+_BUCKET_NAME = re.compile(r"^[A-Za-z0-9_]+\Z")  # \Z: "$" also matches before a final newline
 
 
 def _id_hash(doc_id: str) -> int:
