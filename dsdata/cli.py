@@ -149,7 +149,7 @@ def cmd_run(argv: list[str]) -> int:
 
     from dsdata.beam.errors import ErrorBudget
     from dsdata.beam.pipeline import run_recipe
-    from dsdata.beam.progress import resolve_mode
+    from dsdata.report.display import resolve_mode
     from dsdata.io.outlock import output_lock
 
     try:
@@ -257,7 +257,7 @@ UNSAFE_RUNNING_MODES = {
 
 
 def _check_beam_args(beam_args: list[str]) -> None:
-    from dsdata.beam.options import check_runner, last_option
+    from dsdata.beam.engines.options import check_runner, last_option
 
     runner = last_option(beam_args, "runner")
     if runner is not None:
@@ -435,7 +435,7 @@ def _stdout_closed() -> int:
 def cmd_dispatch(commands, argv: list[str]) -> int:
     from dsdata.beam.engines import EngineError
     from dsdata.beam.errors import RunFailed
-    from dsdata.beam.options import BeamOptionError
+    from dsdata.runners import BeamOptionError
     from dsdata.io.inputs import InputPathError
     from dsdata.io.outlock import OutputDirError
     from dsdata.io.readers import InputFormatError

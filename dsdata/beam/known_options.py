@@ -20,7 +20,7 @@ RUNNER_OPTION_MODULES = (
     "apache_beam.runners.dask.dask_runner",
     "apache_beam.runners.dataflow.dataflow_runner",
     "apache_beam.runners.interactive.interactive_runner",
-    "dsdata.beam.dask_runner",
+    "dsdata.beam.engines.dask_runner",
 )
 
 

@@ -123,7 +123,7 @@ class FastTextScorer:
     backend = "fasttext"
 
     def __init__(self, model_path: str):
-        from dsdata.stages.fasttext_model import UnusableModel, check_model_file
+        from dsdata.io.fasttext_file import UnusableModel, check_model_file
 
         fasttext = _fasttext()
         try:
