@@ -4,7 +4,9 @@ reason and the stage's CPU time; and the reader.  A record whose processing rais
 reason `error` (dsdata/beam/errors.py).  Which wrapper runs which stage: dsdata/beam/kinds.py."""
 from __future__ import annotations
 
+import glob
 import logging
+import os
 import pickle
 from dataclasses import dataclass
 from time import perf_counter, thread_time
@@ -19,6 +21,7 @@ from apache_beam.metrics import Metrics
 from dsdata.beam.engines import speedups
 from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, is_environment_error, passes_through
 from dsdata.document import Document, Rejected
+from dsdata.io.inputs import shown_path
 from dsdata.io.readers import (
     READ_STAGE, InputFormatError, RangeReader, cuttable_format, jsonl_ranges, parquet_ranges, range_bytes_for,
     read_file, read_jsonl, read_parquet,
@@ -400,14 +403,18 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
         time (no yield happens while one fills: a yield hands records on to the fused stages
         downstream), not a record at a time: two clock reads and a generator step per record were
         a third of reading's cost (benchmarks/langid.py)."""
-        path = element.path
+        real = element.path
+        # Ids, rows and logs name the file as shown_path writes it (UTF-8, any name's bytes kept);
+        # the file itself is opened by its real name.
+        path = shown_path(real)
         part = element if isinstance(element, FileRange) else None
         try:
-            fh = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+            fh = FileSystems.open(real, compression_type=CompressionTypes.UNCOMPRESSED)
             if part is not None and part.fmt == "jsonl":
                 fh.seek(part.start)
         except Exception as exc:  # noqa: BLE001 - any filesystem error means this file is unreadable
-            yield [Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file", str(exc))]
+            yield [Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file",
+                            shown_path(str(exc)))]
             return
         n = bad = 0
         size = max(1, int(size))
@@ -538,6 +545,25 @@ def all_cuttable(patterns: list[str], fmt: str = "auto", range_bytes: int | None
     return True
 
 
+class MatchPatterns(beam.DoFn):
+    """An input pattern (as bytes: a name that is not UTF-8 has no str form Beam's coders can write)
+    → the files it matches, as fileio.MatchAll does.  A named file (no wildcard) that does not match
+    — gone since it was listed, or a path the OS cannot stat (longer than PATH_MAX) — still goes on,
+    so that the reader's open fails and the file is an `unreadable_file` row, never silently absent."""
+
+    def process(self, pattern: bytes):
+        text = os.fsdecode(pattern)
+        try:
+            found = FileSystems.match([text])[0].metadata_list
+        except Exception as exc:  # noqa: BLE001 - an unmatchable name: the reader's open says why
+            log.debug("match %s: %s", shown_path(text), exc)
+            found = []
+        if found:
+            yield from found
+        elif not glob.has_magic(text):
+            yield fileio.FileMetadata(text, 0)
+
+
 class ReadDocuments(beam.PTransform):
     """File patterns (local, gs://, s3://, …) → {"kept": docs, "rejected": unreadable records}.
 
@@ -570,8 +596,9 @@ class ReadDocuments(beam.PTransform):
     def expand(self, pbegin):
         files = (
             pbegin
-            | "Patterns" >> beam.Create(self.patterns)
-            | "Match" >> fileio.MatchAll()
+            # As bytes: a file name that is not UTF-8 has no str form Beam's coder can write.
+            | "Patterns" >> beam.Create([os.fsencode(p) for p in self.patterns])
+            | "Match" >> beam.ParDo(MatchPatterns())
         )
         if self.spread_files:
             # One pattern can match thousands of files: spread reading across workers.

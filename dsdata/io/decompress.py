@@ -30,6 +30,19 @@ _FEED = 1 << 16
 _RESYNC_WINDOW = 8 << 20
 # A candidate member header counts as real when this much of what follows decodes without error.
 _PROBE = 1 << 14
+# Decompression bombs.  zstd's decoder has no output limit per call, and an RLE block turns 4 bytes
+# into 128 KiB (32768:1): one 64 KiB feed could return 2 GiB at once (a few KB of .zst drove memory
+# to ~2.5 GB).  So zstd is fed _ZSTD_FEED bytes at a time, at most 32 MiB out per call, and a frame
+# whose output passes _BOMB_MIN_OUTPUT at over _BOMB_RATIO times the compressed bytes fed is a bomb:
+# one `too_large` row, and reading goes on at the next frame.  1032:1 is deflate's own ceiling (no
+# gzip member can pass it), so zstd is held to what gzip can do; real text compresses 3-20:1.
+_ZSTD_FEED = 1 << 10
+_BOMB_RATIO = 1032
+_BOMB_MIN_OUTPUT = 16 << 20
+
+
+class _Bomb(Exception):
+    """A member stopped at the bomb bound (its Damage already yielded)."""
 
 
 class _MemberEnd:
@@ -246,6 +259,8 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
         history = bytearray()  # the member's bytes already fed (the last _RESYNC_WINDOW of them)
         history_start = pos
         failure = None
+        feed = _FEED if kind == "gzip" else _ZSTD_FEED
+        fed = produced = 0  # this member's compressed bytes fed and decoded bytes out
         while True:
             if not buf:
                 fill(1)
@@ -255,7 +270,7 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                                  f"({pos - member_start} compressed bytes of it present); its undecoded rest is lost",
                                  member_start)
                     return
-            piece = bytes(buf[:_FEED])
+            piece = bytes(buf[:feed])
             before = decoder.copy() if kind == "gzip" else None
             try:
                 out = decoder.decompress(piece)
@@ -263,6 +278,15 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                 failure = exc
                 if before is not None:
                     yield from _sound_part(before, piece, errors)
+                break
+            fed += len(piece)
+            produced += len(out)
+            if produced > _BOMB_MIN_OUTPUT and produced > _BOMB_RATIO * fed:
+                yield Damage("too_large", f"the {kind} member at offset {member_start} decodes to over {produced} "
+                             f"bytes from {fed} compressed bytes (over {_BOMB_RATIO}:1, a decompression bomb); "
+                             "the rest of it is not decoded", member_start)
+                history.extend(piece)
+                failure = _Bomb()
                 break
             if out:
                 yield out
@@ -281,6 +305,25 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                 del history[:cut]
                 history_start += cut
         if failure is None:
+            continue
+        if isinstance(failure, _Bomb):
+            # Its Damage is said: skip to the next member without a corrupt_compression row of its rest.
+            del buf[:len(piece)]
+            pos += len(piece)
+            while True:
+                fill(len(magic) + _PROBE)
+                found = buf.find(magic)
+                if found >= 0 and (fill(found + _PROBE) or _decodes(kind, bytes(buf[found:found + _PROBE]), dictionary)):
+                    del buf[:found]
+                    pos += found
+                    break
+                if found < 0 and exhausted:
+                    pos += len(buf)
+                    buf.clear()
+                    break
+                cut = found + 1 if found >= 0 else max(0, len(buf) - len(magic) + 1)
+                del buf[:cut]
+                pos += cut
             continue
         # Search for the next member from just after this member's header, through the bytes of
         # this member already fed (the decoder may notice damage well after it) and onwards.

@@ -35,6 +35,12 @@ class OutputDirError(ValueError):
 def check_output_dir(path: str) -> str:
     """Create `path` if needed and make sure it is a writable directory; returns its absolute path."""
     absolute = os.path.abspath(path)
+    from dsdata.io.inputs import shown_path
+
+    if shown_path(absolute) != absolute:
+        # The part files' names cross Beam's coders as UTF-8 str: refused up front, not a traceback.
+        raise OutputDirError(f"--output {shown_path(path)} is not a UTF-8 path; dsdata writes its outputs only "
+                             "under UTF-8 paths: choose another --output")
     if os.path.exists(absolute) and not os.path.isdir(absolute):
         raise OutputDirError(f"--output {path} is a file, not a directory")
     parent = absolute

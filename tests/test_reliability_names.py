@@ -1,0 +1,103 @@
+"""Names are bytes (issue 35): an input file whose name is not UTF-8 is read and named losslessly
+in ids and rows, an OUT path that is not UTF-8 works, and globs select files by the folder form's
+rules (hidden files skipped, FIFOs never opened).  Zstd decompression bombs are bounded."""
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from dsdata.document import Rejected
+from dsdata.io.inputs import recovered_path, shown_path
+from dsdata.io.readers import read_file
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(cwd: bytes, *args):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--quiet", *args], cwd=cwd, env=env,
+                          capture_output=True, timeout=600)
+
+
+def _tree(tmp_path):
+    base = os.fsencode(str(tmp_path))
+    os.makedirs(base + b"/in")
+    for i, name in enumerate([b"caf\xe9.jsonl", b"back\\slash\xff.jsonl", b"ok.jsonl", b".hidden.jsonl"]):
+        with open(base + b"/in/" + name, "w") as fh:
+            fh.write(json.dumps({"text": f"document {i}"}) + "\n" + "{bad json\n")
+    os.mkfifo(base + b"/in/.hidden-fifo.jsonl")
+    with open(base + b"/r.yaml", "w") as fh:
+        fh.write("input: {paths: [in]}\noutput: out\nstages: []\n")
+    return base
+
+
+@pytest.mark.parametrize("form", ["folder", "glob"])
+def test_non_utf8_names_are_read_and_named_losslessly(tmp_path, form):
+    base = _tree(tmp_path)
+    out = b"out"
+    proc = _run(base, "--input", "in" if form == "folder" else "in/*.jsonl", "--output", "out")
+    assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")[-3000:]
+    stats = json.loads(open(base + b"/" + out + b"/stats.json", "rb").read())
+    assert stats["input"] == 6 and stats["kept"] == 3 and stats["ledger_ok"]  # the hidden file is not read
+    rejected = pq.read_table(os.fsdecode(base + b"/" + out + b"/rejected")).to_pylist()
+    ids = sorted(r["id"] for r in rejected)
+    assert any("caf\\xe9.jsonl:2" in i for i in ids), ids
+    assert any("back\\\\slash\\xff.jsonl:2" in i for i in ids), ids
+    # The shown name gives the file's bytes back.
+    shown = next(i for i in ids if "caf" in i).rsplit(":", 1)[0]
+    assert os.fsencode(recovered_path(shown)).endswith(b"/in/caf\xe9.jsonl")
+    assert b"Traceback" not in proc.stderr
+
+
+def test_an_out_path_that_is_not_utf8_is_one_line(tmp_path):
+    base = _tree(tmp_path)
+    proc = _run(base, "--output", os.fsdecode(b"out-\xfe"))
+    lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "not a UTF-8 path" in lines[0], lines
+
+
+def test_shown_path_is_utf8_and_invertible():
+    for raw in [b"plain.jsonl", "caf\u00e9.jsonl".encode(), b"\xff\xfe.jsonl", b"a\\xff\x80.jsonl"]:
+        path = os.fsdecode(raw)
+        shown = shown_path(path)
+        shown.encode("utf-8")
+        assert os.fsencode(recovered_path(shown)) == raw
+
+
+def _bomb(path, payload: bytes, total: int):
+    """A zstd frame of `total` bytes of `payload` repeated, between two small frames of real records,
+    written without ever holding the decoded bomb."""
+    good = b"".join(json.dumps({"id": f"g{i}", "text": "hello"}).encode() + b"\n" for i in range(3))
+    with open(path, "wb") as fh:
+        fh.write(zstandard.ZstdCompressor().compress(good))
+        with zstandard.ZstdCompressor(level=3).stream_writer(fh, closefd=False) as writer:
+            block = payload * ((1 << 20) // len(payload))
+            for _ in range(total // len(block)):
+                writer.write(block)
+        fh.write(zstandard.ZstdCompressor().compress(good.replace(b'"g', b'"h')))
+
+
+@pytest.mark.parametrize("payload", [b"a", b"\n"], ids=["one-long-line", "blank-lines"])
+def test_a_zstd_bomb_is_one_too_large_row_in_bounded_memory(tmp_path, payload):
+    path = tmp_path / "bomb.jsonl.zst"
+    _bomb(path, payload, 2 << 30)
+    assert path.stat().st_size < 1 << 20
+    code = ("import io, json, resource, sys\nfrom dsdata.io.readers import read_file\nfrom dsdata.document import Rejected\n"
+            "rows = list(read_file(sys.argv[1], open(sys.argv[1], 'rb')))\n"
+            "print(json.dumps({'kept': [r.id for r in rows if not isinstance(r, Rejected)],\n"
+            "  'rejected': [r.reason for r in rows if isinstance(r, Rejected)],\n"
+            "  'rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["kept"] == ["g0", "g1", "g2", "h0", "h1", "h2"]
+    assert result["rejected"] == ["too_large"]
+    assert result["rss_mb"] < 600, result  # the bomb decodes to 2 GiB
