@@ -101,3 +101,33 @@ def test_a_zstd_bomb_is_one_too_large_row_in_bounded_memory(tmp_path, payload):
     assert result["kept"] == ["g0", "g1", "g2", "h0", "h1", "h2"]
     assert result["rejected"] == ["too_large"]
     assert result["rss_mb"] < 600, result  # the bomb decodes to 2 GiB
+
+
+# ------------------------------------------------------------------------- .json files are JSON
+
+@pytest.mark.parametrize("body, expected", [
+    (json.dumps({"id": "x", "text": "one"}, indent=2), [("x", None)]),
+    (json.dumps([{"text": "a"}, {"text": "b"}, 3], indent=2), [("F:1", None), ("F:2", None), ("F:3", "not_an_object")]),
+    ("42", [("F", "bad_json")]),
+    ('{"text": "cut', [("F", "bad_json")]),
+    ('{"text": "a"}\n{"text": "b"}\n', [("F:1", None), ("F:2", None)]),  # JSON Lines named .json
+    ("[" * 5000 + "]" * 5000, [("F", "bad_json")]),
+])
+def test_a_json_file_is_one_document(body, expected):
+    for name, data in (("d.json", body.encode()), ("d.json.zst", zstandard.ZstdCompressor().compress(body.encode()))):
+        rows = list(read_file(name, io.BytesIO(data)))
+        got = [((r.doc.id if isinstance(r, Rejected) else r.id).replace(name, "F"),
+                r.reason if isinstance(r, Rejected) else None) for r in rows]
+        assert got == expected, (name, got)
+
+
+def test_a_folder_of_pretty_printed_json_is_read_as_documents(tmp_path):
+    (tmp_path / "in").mkdir()
+    for i in range(20):
+        (tmp_path / "in" / f"doc{i}.json").write_text(json.dumps({"id": f"d{i}", "text": f"text {i}",
+                                                                   "meta": {"a": [1, 2]}}, indent=4))
+    (tmp_path / "r.yaml").write_text("input: {paths: [in]}\noutput: out\nstages: []\n")
+    proc = _run(os.fsencode(str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["input"] == 20 and stats["kept"] == 20 and stats["rejected_total"] == 0

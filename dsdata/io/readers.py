@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import tempfile
 import uuid
 from typing import IO, Any, Iterator
@@ -484,6 +485,8 @@ def cuttable_format(path: str, fmt: str = "auto") -> str | None:
             fmt = detect_format(path)
         except InputFormatError:
             return None
+        if _is_json_document_name(path):
+            return None  # one JSON document: read whole
     return fmt if fmt in ("jsonl", "parquet") and compression_of(path) is None else None
 
 
@@ -1325,6 +1328,66 @@ def _warc_response(path: str, record: Any, count: int) -> Document | Rejected:
 READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "html": read_html, "warc": read_warc}
 
 
+def _is_json_document_name(path: str) -> bool:
+    name = path.lower()
+    for suffix in (".gz", ".zst", ".zstd"):
+        name = name.removesuffix(suffix)
+    return name.endswith(".json")
+
+
+def read_json(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id") -> Iterator[Document | Rejected]:
+    """A `.json` file is one JSON document: an object is one record (id: its id field, else PATH),
+    an array of objects is one record per item (ids PATH:N, 1-based), anything else one `bad_json` /
+    `not_an_object` row naming the problem.  A `.json` file that holds JSON Lines (several values, one a
+    line: a common misnaming) or is damaged is read as JSON Lines.  The document is held whole, so
+    at most _MAX_LINE bytes decoded (over that: one `too_large` row).  (Read as JSON Lines, a folder of
+    pretty-printed .json files gave ~800 `bad_json` rows per document.)"""
+    spool = tempfile.SpooledTemporaryFile(max_size=16 << 20)
+    shutil.copyfileobj(raw, spool, 1 << 20)
+    spool.seek(0)
+    data = bytearray()
+    damaged = False
+    for chunk in decoded_chunks(path, spool):
+        if isinstance(chunk, Damage):
+            damaged = True
+            break
+        data += chunk
+        if len(data) > _MAX_LINE:
+            yield _file_rejection(path, "too_large", f"a .json document over {_MAX_LINE} bytes decoded; not read")
+            return
+    value = problem = None
+    if not damaged:
+        text = bytes(data).removeprefix(b"\xef\xbb\xbf")
+        try:
+            value = json.loads(text.decode("utf-8"))
+        except RecursionError:
+            problem = f"nested deeper than the JSON decoder can follow (at most {MAX_JSON_DEPTH} levels are read)"
+        except UnicodeDecodeError:
+            damaged = True  # UTF-16, or a bad byte: the JSON Lines reader says which line
+        except ValueError as exc:
+            if str(exc).startswith("Extra data") or not text.strip():
+                damaged = True  # several values: JSON Lines in a .json file
+            else:
+                problem = f"not a JSON document: {exc}"
+    if damaged:
+        spool.seek(0)
+        yield from read_jsonl(path, spool, text_field, id_field)
+        return
+    if problem is None and _depth_exceeds(value, MAX_JSON_DEPTH + isinstance(value, list)):
+        problem = f"nested deeper than {MAX_JSON_DEPTH} levels"
+    if problem is not None:
+        yield _file_rejection(path, "bad_json", problem)
+        return
+    value = scrub_surrogates(value)
+    if isinstance(value, dict):
+        yield record_to_document(value, path, text_field, id_field)
+    elif isinstance(value, list):
+        for i, item in enumerate(value, 1):
+            yield record_to_document(item, f"{path}:{i}", text_field, id_field, raw=json.dumps(item)[:1000])
+    else:
+        yield _file_rejection(path, "bad_json", f"a JSON {type(value).__name__}, not an object or an array of objects")
+
+
 def read_file(path: str, raw: IO[bytes], fmt: str = "auto", text_field: str = "text", id_field: str = "id"):
     """Dispatch to the reader for `fmt` ('auto' = from the file name)."""
     if fmt == "auto":
@@ -1333,6 +1396,8 @@ def read_file(path: str, raw: IO[bytes], fmt: str = "auto", text_field: str = "t
         except InputFormatError as exc:
             # One file a glob matched by accident (a README among the data) is a row, not a crash.
             return iter([_file_rejection(path, "unknown_format", str(exc))])
+        if _is_json_document_name(path):
+            return read_json(path, raw, text_field=text_field, id_field=id_field)
     if fmt not in READERS:
         raise InputFormatError(f"unknown input format '{fmt}' (known: {', '.join(FORMATS)})")
     return READERS[fmt](path, raw, text_field=text_field, id_field=id_field)
