@@ -131,3 +131,36 @@ def test_a_folder_of_pretty_printed_json_is_read_as_documents(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
     assert stats["input"] == 20 and stats["kept"] == 20 and stats["rejected_total"] == 0
+
+
+def _frames():
+    lines = b"".join(json.dumps({"id": f"r{i}", "text": f"record {i} text " * 20}).encode() + b"\n" for i in range(300))
+    c = zstandard.ZstdCompressor(write_checksum=True)
+    return [c.compress(lines.replace(b'"r', b'"f%d_' % k)) for k in range(3)]
+
+
+def _read(data):
+    rows = list(read_file("x.jsonl.zst", io.BytesIO(data)))
+    return [r for r in rows if not isinstance(r, Rejected)], [r for r in rows if isinstance(r, Rejected)]
+
+
+def test_a_zstd_frame_whose_checksum_alone_is_wrong_keeps_its_rows_and_names_the_check():
+    frames = _frames()
+    bad = bytearray(frames[1])
+    bad[-1] ^= 0xFF  # the checksum's last byte
+    kept, rejected = _read(frames[0] + bytes(bad) + frames[2])
+    assert len(kept) == 900
+    assert len(rejected) == 1 and "fails its checksum" in rejected[0].detail
+
+
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
+def test_a_flipped_byte_inside_a_zstd_frame_is_a_row_and_the_other_frames_are_kept(where):
+    frames = _frames()
+    bad = bytearray(frames[1])
+    bad[int(len(bad) * where)] ^= 0x55
+    kept, rejected = _read(frames[0] + bytes(bad) + frames[2])
+    ids = {d.id for d in kept}
+    assert {f"f0_{i}" for i in range(300)} <= ids and {f"f2_{i}" for i in range(300)} <= ids
+    # Whatever of the damaged frame is not kept is named by a row.
+    assert rejected and all(r.reason in ("corrupt_compression", "bad_json", "invalid_utf8") for r in rejected)
+    assert any("offset" in r.detail for r in rejected if r.reason == "corrupt_compression")

@@ -151,6 +151,31 @@ def _zstd_dictionary(payload: bytes) -> tuple[Any, str | None]:
     return dictionary, None
 
 
+def _without_checksum(frame: bytes, skip: int, dictionary: Any) -> tuple[bytes, int] | None:
+    """(the output of a zstd frame past its first `skip` bytes, the frame's length) decoded with its
+    checksum flag cleared, or None when it does not decode so either."""
+    if len(frame) < 5 or not frame[4] & 0x04:
+        return None
+    patched = bytearray(frame)
+    patched[4] &= ~0x04  # Frame_Header_Descriptor: Content_Checksum_flag
+    decoder = _decoder("zstd", dictionary)
+    out = bytearray()
+    fed = 0
+    try:
+        while fed < len(patched) and not decoder.eof:
+            piece = bytes(patched[fed:fed + _ZSTD_FEED])
+            out += decoder.decompress(piece)
+            fed += len(piece)
+            if len(out) > _BOMB_MIN_OUTPUT and len(out) > _BOMB_RATIO * fed:
+                return None
+    except _decode_errors("zstd"):
+        return None
+    if not decoder.eof:
+        return None
+    used = fed - len(decoder.unused_data)
+    return bytes(out[skip:]), used + 4  # the 4 checksum bytes the patched header no longer announces
+
+
 def _is_skippable_frame(head: bytes | bytearray) -> bool:
     """A zstd skippable frame's header (magic 0x184D2A50 to 0x184D2A5F, little-endian, then its size)."""
     return len(head) >= 8 and head[1:4] == b"\x2a\x4d\x18" and 0x50 <= head[0] <= 0x5F
@@ -306,6 +331,21 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                 history_start += cut
         if failure is None:
             continue
+        if kind == "zstd" and "checksum" in str(failure) and history_start == member_start:
+            # The frame decoded whole and only its checksum differs (a flipped bit in the last 4
+            # bytes, or in data that still decodes): as gzip's CRC failure, what it decoded is kept
+            # (the reader holds back lines that do not parse) and the row names the check.
+            recovered = _without_checksum(bytes(history) + bytes(buf), produced, dictionary)
+            if recovered is not None:
+                tail, frame_bytes = recovered
+                if tail:
+                    yield tail
+                consumed = frame_bytes - len(history)
+                del buf[:consumed]
+                pos += consumed
+                yield Damage("corrupt_compression", f"the zstd frame at offset {member_start} decoded whole but "
+                             "fails its checksum: its lines are kept as decoded", member_start)
+                continue
         if isinstance(failure, _Bomb):
             # Its Damage is said: skip to the next member without a corrupt_compression row of its rest.
             del buf[:len(piece)]
