@@ -1,29 +1,12 @@
 """Mistyped flags and hostile recipes end in one line (issue 35, CLI): a dsdata flag Beam does not
 know is no longer handed to Beam (which ignored it and ran the default samples into ./out)."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from dsdata.beam.known_options import beam_option_names
+from test_reliability_cli import _cli, _one_error_line  # the same subprocess runner and one-line check
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _cli(args, cwd, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "dsdata.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def _one_error_line(proc):
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "apitools" not in ln]
-    assert proc.returncode == 2, proc.stderr
-    assert len(lines) == 1 and lines[0].startswith("dsdata: error: "), proc.stderr
-    return lines[0]
 
 
 def _workdir(tmp_path):

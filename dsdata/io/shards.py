@@ -37,7 +37,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dsdata.io.untrusted_files import UntrustedFileError, load_json_file
+from dsdata.io.untrusted_files import UntrustedFileError, confined_path, load_json_file
 
 MANIFEST = "manifest.json"
 FORMAT = "dsdata-shards"
@@ -281,13 +281,10 @@ class ShardSetWriter:
 
 def resolve_shard_path(directory: str, name: Any) -> str:
     """The path of a shard named in a manifest, refusing names that leave the manifest's directory."""
-    if not isinstance(name, str) or not name or os.path.isabs(name) or "\\" in name or "\x00" in name:
-        raise ShardError(f"{os.path.join(directory, MANIFEST)}: shard path {name!r} is not a plain relative file name")
-    base = os.path.realpath(directory)
-    resolved = os.path.realpath(os.path.join(base, name))
-    if resolved == base or os.path.commonpath([base, resolved]) != base:
-        raise ShardError(f"{os.path.join(directory, MANIFEST)}: shard path {name!r} escapes the manifest's directory")
-    return resolved
+    try:
+        return confined_path(directory, name, f"{os.path.join(directory, MANIFEST)}: shard path")
+    except UntrustedFileError as exc:
+        raise ShardError(str(exc)) from None
 
 
 def locate_shard_dir(path: str) -> str:

@@ -48,16 +48,22 @@ def regular_file(path: str, what: str) -> str:
     return path
 
 
-def confined_file(directory: str, name: Any, what: str) -> str:
-    """The regular file `name` inside `directory` (links resolved); UntrustedFileError when the name
-    is not a plain relative path, leaves the folder, or is no regular file."""
+def confined_path(directory: str, name: Any, what: str) -> str:
+    """The path of `name` inside `directory` with links resolved; UntrustedFileError when the name is
+    not a plain relative path or leads out of the folder.  (It need not exist.)"""
     if not isinstance(name, str) or not name or os.path.isabs(name) or "\x00" in name or "\\" in name:
         raise UntrustedFileError(f"{what}: {name!r} is not a plain relative file name inside {directory}")
     base = os.path.realpath(directory)
     resolved = os.path.realpath(os.path.join(base, name))
     if resolved == base or os.path.commonpath([base, resolved]) != base:
-        raise UntrustedFileError(f"{what}: {name!r} leads out of {directory} (to {resolved}); refusing to follow it")
-    return regular_file(resolved, what)
+        raise UntrustedFileError(f"{what}: {name!r} escapes {directory}: it leads out of it to {resolved}; "
+                                 "refusing to follow it")
+    return resolved
+
+
+def confined_file(directory: str, name: Any, what: str) -> str:
+    """The regular file `name` inside `directory` (confined_path), or UntrustedFileError."""
+    return regular_file(confined_path(directory, name, what), what)
 
 
 def json_depth_problem(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
