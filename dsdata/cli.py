@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import importlib
 import json
@@ -13,14 +12,14 @@ import warnings
 
 from dsdata.collector import collect_young_less
 
-DEFAULT_RECIPE = os.path.join("pipelines", "pretrain.yaml")
+from dsdata.api import DEFAULT_RECIPE, RunError, execute, one_line_errors, prepare_run
 
 # Sub-commands implemented in their own modules (dsdata/commands/NAME.py, each with main(argv)).
 SUBCOMMANDS = {
     "classifier": ("dsdata.commands.classifier", "train and evaluate relevance classifiers"),
     "lm": ("dsdata.commands.lm", "train n-gram language models for difficulty grading"),
     "tokenizer": ("dsdata.commands.tokenizer", "train a byte-level BPE tokenizer"),
-    "shards": ("dsdata.commands.shards", "inspect and verify training shards"),
+    "shards": ("dsdata.commands.shards", "inspect, verify and export training shards (megatron, mds, hf)"),
     "shm": ("dsdata.commands.shm", "publish shards to shared memory (/dev/shm)"),
     "report": ("dsdata.commands.report", "rebuild OUT/report.html from a run's output directory"),
     "doctor": ("dsdata.commands.doctor", "check this environment (fastText, models, Beam, torch, extras)"),
@@ -45,14 +44,6 @@ def one_line(exc: BaseException | str) -> str:
     return " ".join(str(exc).split())
 
 
-def _default_recipe() -> str:
-    if os.path.isfile(DEFAULT_RECIPE):
-        return DEFAULT_RECIPE
-    # Installed elsewhere than the checkout: fall back to the recipe next to the package source.
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), DEFAULT_RECIPE)
-    return here
-
-
 def _run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dsdata run",
@@ -64,8 +55,12 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", action="append", default=None, metavar="GLOB",
                         help="input file or glob (local, gs://, s3://; repeatable); replaces the recipe's inputs")
     parser.add_argument("--output", default=None, metavar="DIR", help="output directory (default: the recipe's, ./out)")
-    parser.add_argument("--format", default=None, choices=["auto", "jsonl", "parquet", "html", "warc"],
-                        help="input format (default: from the recipe, else from file names)")
+    parser.add_argument("--format", default=None, choices=["auto", "jsonl", "parquet", "html", "warc", "text", "csv"],
+                        help="input format (default: from the recipe, else from file names: .txt/.md are text, "
+                        "one document per file; .csv/.tsv are csv, a header row then one record per row)")
+    parser.add_argument("--limit", default=None, type=_positive_int, metavar="N",
+                        help="read only the first N records (input files in path order, records in file order; "
+                        "the same N on every runner) to try a recipe on part of a corpus; the ledger counts those N")
     parser.add_argument("--set", action="append", default=[], metavar="STAGE.PARAM=VALUE",
                         help="override a recipe parameter (repeatable), e.g. --set lang.min_score=0.6")
     parser.add_argument("--max-errors", default=None, metavar="N|P%",
@@ -77,6 +72,16 @@ def _run_parser() -> argparse.ArgumentParser:
                         help="live progress every 10 s on long runs: a bar on a terminal (auto), "
                         "lines (logs), or off; --quiet turns it off")
     return parser
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value!r}")
+    return n
 
 
 def _collect_after_startup() -> None:
@@ -126,113 +131,53 @@ def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> N
         i += 1
 
 
-def _storage_failed(failure, output: str) -> None:
-    """A full, over-quota or read-only disk under OUT (outputs, spill): the run's partial outputs are
-    removed, OUT/INCOMPLETE says why, and the run fails with one line (exit 1)."""
-    from dsdata.beam.errors import RunFailed
+def _execute_stoppable(prepared, beam_args: list[str], progress: str) -> dict:
+    """execute(), stopped cleanly by SIGINT/SIGTERM (dsdata/stop_signals.py): a signal that came
+    while the run went — Beam may have made another exception of it, or finished the run anyway —
+    leaves OUT marked incomplete (no stats.json, OUT/INCOMPLETE) and ends the command in one line."""
     from dsdata.beam.pipeline import mark_incomplete
-
-    gc.collect()  # the failed run's writers, and the space their open files hold, are let go
-    line = failure.describe(where=output)
-    with contextlib.suppress(OSError):
-        mark_incomplete(output, line, discard=True)
-    raise RunFailed(f"{line}; the run's partial outputs were removed from {output}") from None
-
-
-def cmd_run(argv: list[str]) -> int:
-    parser = _run_parser()
-    _refuse_unknown_flags(parser, argv)
-    args, beam_args = parser.parse_known_args(argv)
-    bad = [a for a in beam_args if not a.startswith("--")]
-    if bad:
-        raise UserError(f"unexpected argument(s) {' '.join(bad)}; Beam options must look like --name=value")
-
-    from dsdata.beam.errors import ErrorBudget
-    from dsdata.beam.pipeline import run_recipe
-    from dsdata.report.display import resolve_mode
-    from dsdata.io.outlock import output_lock
-
-    try:
-        budget = ErrorBudget.parse(args.max_errors)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-
-    if not args.quiet:
-        logging.getLogger("dsdata").setLevel(logging.INFO)
-
-    recipe, output = _prepare_run(args, beam_args)
-    if not args.quiet:
-        print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
-              f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
-    _say_what_is_replaced(output, recipe)
-    _collect_after_startup()
-    from dsdata.beam.pipeline import mark_incomplete
-    from dsdata.io.storage_errors import storage_failure
     from dsdata.stop_signals import stop_on_signals
 
-    full = None
+    output = prepared.output
     with stop_on_signals() as stop:
         try:
-            with output_lock(output) if "://" not in output else contextlib.nullcontext():
-                try:
-                    stats = run_recipe(recipe, output,
-                                       _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
-                                       max_errors=budget, progress=resolve_mode(args.progress, quiet=args.quiet))
-                except BaseException as exc:
-                    if stop.signum is None:
-                        full = storage_failure(exc)
-                        if full is None:
-                            raise
-                if full is not None:  # outside the handler: the traceback's frames (open part files) are gone
-                    _storage_failed(full, output)
-                # A signal that came while the run went (Beam may have made another exception of it,
-                # or finished the run anyway): the outputs are marked incomplete while the lock is held.
-                if stop.signum is not None:
-                    mark_incomplete(output, f"the run was stopped by {stop.name}")
+            stats = execute(prepared, beam_args, progress=progress)
         except BaseException:
             if stop.signum is None:
                 raise
         if stop.signum is not None:
+            mark_incomplete(output, f"the run was stopped by {stop.name}")
             raise CommandInterrupted(stop, f"stopped by {stop.name}: workers stopped, lock released; "
                                            f"{output} is incomplete (see {output}/INCOMPLETE)")
+    return stats
+
+
+def cmd_run(argv: list[str]) -> int:
+    """`dsdata run`: the checks and the run of dsdata.run() (dsdata/api.py), with the command's lines."""
+    parser = _run_parser()
+    _refuse_unknown_flags(parser, argv)
+    args, beam_args = parser.parse_known_args(argv)
+    from dsdata.report.display import resolve_mode
+
+    if not args.quiet:
+        logging.getLogger("dsdata").setLevel(logging.INFO)
+    with one_line_errors():
+        prepared = prepare_run(args.recipe, args.input, args.output, args.format, args.set, beam_args,
+                               max_errors=args.max_errors, quiet=args.quiet, limit=args.limit)
+        for line in prepared.notes:
+            print(f"dsdata: {line}", file=sys.stderr)
+        recipe, output = prepared.recipe, prepared.output
+        if not args.quiet:
+            print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
+                  f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
+        _say_what_is_replaced(output, recipe)
+        _collect_after_startup()
+        stats = _execute_stoppable(prepared, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
+                                   progress=resolve_mode(args.progress, quiet=args.quiet))
     if not args.quiet:
         _print_summary(stats, output)
     print(json.dumps({k: stats[k] for k in ("input", "kept", "augmented", "rejected_total", "seconds")}))
     return 0
-
-
-def _prepare_run(args: argparse.Namespace, beam_args: list[str]):
-    """The recipe with the command line applied and every check made before anything is written;
-    returns (recipe, output directory)."""
-    from dsdata.io.inputs import expand_directories, input_notes, left_out
-    from dsdata.io.outlock import check_output_dir
-    from dsdata.recipe import INPUT_FORMATS, load_recipe, recipe_output
-
-    recipe = load_recipe(args.recipe or _default_recipe(), args.set)
-    if args.input:
-        recipe.inputs = [p if "://" in p else os.path.abspath(p) for p in args.input]
-    if args.format:
-        recipe.input_format = args.format
-    if recipe.input_format not in INPUT_FORMATS:  # --set input.format=... is only checked here
-        raise UserError(f"input format '{recipe.input_format}' is not one of {', '.join(INPUT_FORMATS)}")
-    output = args.output or recipe_output(recipe)  # --output may point anywhere; a recipe's may not leave ./
-    _check_inputs(recipe.inputs, recipe.path)
-    _check_fasttext(recipe)
-    _check_beam_args(list(recipe.beam_args) + beam_args)
-    # May refuse an input, before OUT is made; the recipe's own inputs must stay in its directory.
-    expanded = expand_directories(recipe.inputs, recipe.input_format,
-                                  confine_to=None if args.input else recipe.directory)
-    if "://" not in output:
-        output = check_output_dir(output)
-    if expanded.skipped and not args.quiet:
-        names = ", ".join(os.path.basename(p) for p in expanded.skipped[:3]) + (", …" if len(expanded.skipped) > 3 else "")
-        print(f"dsdata: {len(expanded.skipped)} file(s) in the input director(ies) have no known format in their "
-              f"name and are not read ({names}); pass --format FMT to read them", file=sys.stderr)
-    for line in input_notes(expanded, quiet=args.quiet):
-        print(f"dsdata: {line}", file=sys.stderr)
-    recipe.inputs = expanded.patterns
-    recipe.inputs_left_out = left_out(expanded)
-    return recipe, output
 
 
 def _print_summary(stats: dict, output: str) -> None:
@@ -242,41 +187,6 @@ def _print_summary(stats: dict, output: str) -> None:
     report = os.path.join(output, "report.html")
     if "://" not in output and os.path.isfile(report):
         print(f"dsdata: report: {report} (open it in a browser)", file=sys.stderr)
-
-
-# Beam's multi-threaded in-process worker (EmbeddedPythonGrpcEnvironment) drops elements between
-# fused stages: 3 runs in 8 of clean+rules on 20,000 documents lost 95-336 records after the reader
-# had yielded all 20,000 (its own log line says so), once with both ledger sides short alike, so the
-# ledger passed.  multi_processing and in_memory, the same runner with other workers, lost nothing in
-# the same repro (issue 14; docs/reliability.md).  Until Beam fixes it, the mode is refused.
-UNSAFE_RUNNING_MODES = {
-    "multi_threading": "Beam's multi-threaded in-process worker loses records between stages (3 runs in 8 "
-                       "on 20,000 documents, sometimes unseen by the ledger); use "
-                       "--direct_running_mode=multi_processing or in_memory",
-}
-
-
-def _check_beam_args(beam_args: list[str]) -> None:
-    from dsdata.beam.engines.options import check_runner, last_option
-
-    runner = last_option(beam_args, "runner")
-    if runner is not None:
-        check_runner(runner)
-    mode = last_option(beam_args, "direct_running_mode")
-    if mode in UNSAFE_RUNNING_MODES:
-        raise UserError(f"--direct_running_mode={mode} is refused: {UNSAFE_RUNNING_MODES[mode]}")
-
-
-def _check_inputs(patterns: list[str], recipe_path: str) -> None:
-    import glob
-
-    if not patterns:
-        raise UserError(f"no input: {recipe_path} names no input.paths; pass --input GLOB")
-    for pattern in patterns:
-        if "://" in pattern:
-            continue
-        if not glob.glob(pattern):
-            raise UserError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
 
 
 def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info: bool) -> list[str]:
@@ -322,48 +232,20 @@ def _say_what_is_replaced(output: str, recipe) -> None:
               f"this run of '{recipe.name}' replaces them (pass --output DIR to keep them)", file=sys.stderr)
 
 
-def _fasttext_need(recipe) -> bool | None:
-    """None: the recipe does not use fastText; False: only to predict (lang); True: the relevance
-    fastText scorer, which needs fasttext-numpy2's full module."""
-    need = None
-    for spec in recipe.stages:
-        if spec.name == "lang" and spec.params.get("backend", "fasttext") == "fasttext":
-            need = bool(need)
-        elif spec.name == "relevance" and isinstance(spec.params.get("model"), str):
-            from dsdata.relevance.scorer import detect_backend
-
-            try:
-                backend = spec.params.get("backend", "auto")
-                backend = detect_backend(spec.params["model"]) if backend == "auto" else backend
-            except ValueError:
-                continue  # the stage's own validation says what is wrong with the model
-            if backend == "fasttext":
-                need = True
-    return need
-
-
-def _check_fasttext(recipe) -> None:
-    """A broken fastText install stops the run before Beam starts, in one line."""
-    need = _fasttext_need(recipe)
-    if need is None:
-        return
-    from dsdata.commands.doctor import fasttext_problem
-
-    problem = fasttext_problem(need_training=need)
-    if problem:
-        raise UserError(f"{problem} (details: dsdata doctor)")
-
-
 def cmd_stages(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="dsdata stages", description="List stages and their parameters.")
     parser.add_argument("name", nargs="?", help="show one stage only")
     args = parser.parse_args(argv)
-    from dsdata.stages import REGISTRY, available_stages, stage_class
+    from dsdata.stages import REGISTRY, available_stages, custom_stage_problems, custom_stages, stage_class
 
-    names = [args.name] if args.name else [n for n in REGISTRY if n in available_stages()]
+    names = [args.name] if args.name else [n for n in REGISTRY if n in available_stages()] + custom_stages()
+    if not args.name:
+        for problem in custom_stage_problems():  # a broken plugin is named, and the others still listed
+            print(f"dsdata: warning: {problem}", file=sys.stderr)
     for name in names:
         cls = stage_class(name)
-        print(f"{name}: {cls.description}")
+        origin = "" if name in REGISTRY else f"  [from {cls.__module__}]"
+        print(f"{name}: {cls.description}{origin}")
         for key, spec in cls.params.items():
             print(f"    {key} = {spec.default!r}  ({spec.describe()})\n        {spec.help}")
         if cls.annotations:
@@ -433,15 +315,9 @@ def _stdout_closed() -> int:
 
 
 def cmd_dispatch(commands, argv: list[str]) -> int:
-    from dsdata.beam.engines import EngineError
-    from dsdata.beam.errors import RunFailed
-    from dsdata.runners import BeamOptionError
-    from dsdata.io.inputs import InputPathError
-    from dsdata.io.outlock import OutputDirError
-    from dsdata.io.readers import InputFormatError
-    from dsdata.recipe import RecipeError
-    from dsdata.stages import StageConfigError
+    from dsdata.api import _problem_classes
 
+    before, during = _problem_classes()
     name, rest = argv[0], argv[1:]
     try:
         if name in commands:
@@ -459,11 +335,13 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
         if name.startswith("-") or name.endswith((".yaml", ".yml")):
             return commands["run"][0](argv)
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")
-    except (UserError, RecipeError, StageConfigError, InputFormatError, InputPathError, FileNotFoundError,
-            BeamOptionError, OutputDirError, EngineError) as exc:
+    except RunError as exc:  # `dsdata run`: exit 2 before a run, 1 for one that started and failed
+        print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
+        return exc.exit_code
+    except (UserError, *before) as exc:  # the other commands
         print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    except RunFailed as exc:  # the run started and cannot succeed: over the error budget, or a stage cannot run
+    except during as exc:
         print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
         return 1
     except CommandInterrupted as exc:

@@ -22,8 +22,9 @@ from dsdata.beam.errors import passes_through
 from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, KEPT, REJECTED, StageCounters
 
 from dsdata.io import shards as shard_io
+from dsdata.io.shard_tokenizer import bundle_tokenizer
 from dsdata.stages.base import StageConfigError
-from dsdata.stages.shards import SHARDS_DIR, assign_shard, bucket_tokens, shard_record
+from dsdata.stages.shards import EXPORT_DIR, SHARDS_DIR, assign_shard, bucket_tokens, shard_record
 from dsdata.stages.tokenize import TokenizeStage
 
 
@@ -47,6 +48,7 @@ def write_shard_group(keyed, directory: str, dtype_name: str, vocab_size: int | 
 def write_manifest_from(entries: list[dict[str, Any]], directory: str, dtype_name: str,
                         tokenizer: dict[str, Any] | None, extra: dict[str, Any]) -> str:
     os.makedirs(directory, exist_ok=True)
+    tokenizer = bundle_tokenizer(directory, tokenizer)  # the shard set carries its tokenizer (portable)
     manifest = shard_io.build_manifest(entries, np.dtype(dtype_name), tokenizer, extra)
     return shard_io.write_manifest(directory, manifest)
 
@@ -61,6 +63,13 @@ def tokenizer_info(config: dict[str, Any], upstream) -> dict[str, Any]:
             return stage.describe_tokenizer()
     raise StageConfigError("shards: no 'tokenize' stage before 'shards' in this recipe; add one "
                            "(or set shards.tokenizer if documents already carry token ids)")
+
+
+def export_written(manifest_path: str, formats: list[str], export_dir: str) -> None:
+    """The `export` option: the shard set just written (its manifest is `manifest_path`) → export_dir/<format>."""
+    from dsdata.export import export_shards
+
+    export_shards(os.path.dirname(manifest_path), export_dir, formats)
 
 
 _RECORDS = "records"
@@ -121,9 +130,11 @@ class WriteShards(beam.PTransform):
     """PCollection[Document] → {"kept": the same documents, "rejected": those whose shard record
     raised}; writes `directory`."""
 
-    def __init__(self, config: dict[str, Any], directory: str, tokenizer: dict[str, Any], stage_name: str = "shards"):
+    def __init__(self, config: dict[str, Any], directory: str, tokenizer: dict[str, Any], stage_name: str = "shards",
+                 export_dir: str | None = None):
         super().__init__()
         self.config, self.directory, self.tokenizer, self.stage_name = config, directory, tokenizer, stage_name
+        self.export_dir = export_dir or os.path.join(os.path.dirname(directory), EXPORT_DIR)
 
     def expand(self, docs):
         config, directory, info = self.config, self.directory, self.tokenizer
@@ -139,9 +150,11 @@ class WriteShards(beam.PTransform):
                    | "AssignShard" >> beam.Map(assign_shard, beam.pvalue.AsDict(totals), config["shard_size"])
                    | "GroupShards" >> beam.GroupByKey()
                    | "WriteShard" >> beam.ParDo(_WriteShard(directory, dtype_name, info["vocab_size"], self.stage_name)))
-        (written
-         | "GatherShards" >> beam.combiners.ToList()
-         | "WriteManifest" >> beam.Map(write_manifest_from, directory, dtype_name, info, extra))
+        manifest = (written
+                    | "GatherShards" >> beam.combiners.ToList()
+                    | "WriteManifest" >> beam.Map(write_manifest_from, directory, dtype_name, info, extra))
+        if config.get("export"):
+            manifest | "Export" >> beam.Map(export_written, config["export"], self.export_dir)
         return {KEPT: split[KEPT], REJECTED: split[REJECTED]}
 
 

@@ -3,7 +3,7 @@
 A local directory means the files in it, recursively (Beam's file matching would hand the reader
 the directory itself, which becomes one `unreadable_file` row, "Is a directory").  With format
 `auto` the format of each file comes from its name, so files whose name names no format (README,
-LICENSE, .txt) are not inputs; they are counted in `skipped` for the caller to report.  Hidden files
+LICENSE) and plain-text files (.txt, .md: a folder's README.md, LICENSE.txt) are not inputs; they are counted in `skipped` for the caller to report.  Hidden files
 and directories (a leading '.', e.g. .git) are not inputs either.  A glob that matches directories
 is expanded the same way.  Remote paths (gs://, s3://) are passed to Beam unchanged.
 
@@ -107,11 +107,13 @@ def _files_under(directory: str, links: list[str]) -> list[str]:
 
 
 def _has_format(path: str) -> bool:
+    """A file found in an input directory is read with format auto when its name gives a data
+    format; .txt/.md files there are the folder's README, LICENSE.txt, notes: read only with
+    `format: text` (or named by a glob or --input)."""
     try:
-        detect_format(path)
+        return detect_format(path) != "text"
     except InputFormatError:
         return False
-    return True
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -224,6 +226,27 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
         raise InputPathError(f"no regular file to read among the inputs: {_listed(_why(out.not_read))}; "
                              "pass regular files or directories")
     return out
+
+
+def resolve_recipe_inputs(recipe, confined: bool) -> ExpandedInputs:
+    """Check and expand `recipe.inputs` in place, the one path every run takes (`dsdata run`,
+    `dsdata.run()`, and `run_recipe()` given a recipe nobody checked): no input or a local pattern
+    matching nothing is an InputPathError; `confined` (the inputs are the recipe file's own) keeps
+    every file read inside the recipe's folder with links resolved, and hands globs on as the files
+    checked (Beam would match them again, following any link).  Sets `recipe.inputs` to the
+    patterns to read and `recipe.inputs_left_out` for stats.json; returns the expansion (its notes
+    are the caller's to print)."""
+    if not recipe.inputs:
+        raise InputPathError(f"no input: {recipe.path} names no input.paths; pass --input GLOB")
+    for pattern in recipe.inputs:
+        if "://" not in pattern and not glob.glob(pattern):
+            raise InputPathError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
+    expanded = expand_directories(recipe.inputs, recipe.input_format,
+                                  confine_to=recipe.directory if confined else None)
+    recipe.inputs = expanded.patterns
+    recipe.inputs_left_out = left_out(expanded)
+    recipe.inputs_checked = True
+    return expanded
 
 
 _LEFT_OUT_LISTED = 1000  # paths listed per kind in stats.json; the count is always whole

@@ -130,6 +130,10 @@ def resolve_shard_dir(path: str) -> str:
 
 
 def build_batches(data: DataConfig, seq_len: int, total_steps: int):
+    if data.sources:
+        from dsdata.train.mixture import MixtureBatches
+
+        return MixtureBatches(data, seq_len, total_steps)
     if data.path:
         return ShardBatches(data, seq_len, total_steps)
     return SyntheticBatches(data.synthetic_vocab, seq_len, data.seed)

@@ -120,6 +120,9 @@ class Trainer:
         backend = f" ({env.backend})" if env.backend else ""
         data = (f"{self.batches.path} ({args.vocab_size}-token vocabulary)" if self.config.data.path
                 else f"synthetic stream ({args.vocab_size}-token vocabulary; set data.path for shards)")
+        if self.config.data.sources:
+            data = ", ".join(f"{n} {w:.3f}" for n, w in zip(self.batches.names, self.batches.weights))
+            data = f"mixture of {len(self.batches.names)} shard sets ({data}; {args.vocab_size}-token vocabulary)"
         variant = args.attention + (f", MoE {args.moe_experts} experts" if args.moe_experts else "")
         return [f"run {self.run_dir}: {processes}{backend} on {env.device}, layout {self.layout.describe()}",
                 f"model {_count(self.parameter_count)} parameters ({args.n_layers} layers, dim {args.dim}, {variant}), "
@@ -216,6 +219,8 @@ class Trainer:
                   "clip_threshold": threshold, "loss_scale": multiplier if self.scaler is not None else 1.0,
                   "tokens_per_s": t.global_batch_size * t.seq_len / max(time.perf_counter() - began, 1e-9),
                   "skipped": not applied, "fp32_retry": precision != t.precision}
+        if hasattr(self.batches, "step_metrics"):  # data.sources: the realised mix so far (mix/<name>)
+            record.update(self.batches.step_metrics())
         self._log_step(record, loss, activations)
         return record
 
@@ -326,7 +331,9 @@ def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
     if not isinstance(candidate, str) or not candidate or "\x00" in candidate:
         return None, eos_id
     if not os.path.isabs(candidate):
-        candidate = os.path.join(os.path.dirname(batches.path), candidate)
+        # relative to the shard directory (a bundled tokenizer is "tokenizer": dsdata/io/shard_tokenizer.py)
+        base = batches.path if os.path.isdir(batches.path) else os.path.dirname(batches.path)
+        candidate = os.path.join(base, candidate)
     if not os.path.exists(candidate):
         return None, eos_id
     json_path = candidate if os.path.isfile(candidate) else os.path.join(candidate, "tokenizer.json")
