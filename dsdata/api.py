@@ -143,11 +143,10 @@ def execute(prepared: PreparedRun, beam_args: Iterable[str] = (), progress: str 
             if full is None:
                 raise
         # Outside the handler: the traceback's frames (the failed run's open part files) are gone.
-        _storage_failed(full, prepared.output)
-    raise AssertionError("unreachable")  # _storage_failed raises
+        raise _storage_failed(full, prepared.output)
 
 
-def _storage_failed(failure, output: str) -> None:
+def _storage_failed(failure, output: str) -> Exception:
     """A full, over-quota or read-only disk under OUT (outputs, spill): the run's partial outputs are
     removed, OUT/INCOMPLETE says why, and the run fails with one line (exit 1)."""
     import gc
@@ -159,7 +158,7 @@ def _storage_failed(failure, output: str) -> None:
     line = failure.describe(where=output)
     with contextlib.suppress(OSError):
         mark_incomplete(output, line, discard=True)
-    raise RunFailed(f"{line}; the run's partial outputs were removed from {output}")
+    return RunFailed(f"{line}; the run's partial outputs were removed from {output}")
 
 
 def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] | None = None,
