@@ -43,7 +43,7 @@ def test_a_truncated_fasttext_model_is_refused_before_the_binding_reads_it(tmp_p
     data = LID.read_bytes()
     bad = tmp_path / "lid.ftz"
     bad.write_bytes(data[:keep] if keep >= 0 else data[:-1])
-    with pytest.raises(UnusableModel, match="not a usable fastText model"):
+    with pytest.raises(UnusableModel, match="is not a fastText model"):
         check_model_file(str(bad))
 
 
@@ -74,7 +74,7 @@ def test_a_truncated_lang_model_is_one_line_not_a_segfault(tmp_path, engine):
         os.environ.clear()
         os.environ.update(extra)
     line = _one_line(proc)
-    assert "not a usable fastText model" in line and "lid.ftz" in line
+    assert "is not a fastText model" in line and "lid.ftz" in line
 
 
 # ------------------------------------------------------------------------------------ tokenizers

@@ -123,7 +123,7 @@ def check_model_file(path: str) -> None:
         if isinstance(data, mmap.mmap):
             data.close()
     if problem:
-        raise UnusableModel(f"{path}: not a usable fastText model: {problem}")
+        raise UnusableModel(f"'{path}' is not a fastText model ({problem})")
 
 
 def _structure_problem(data) -> str | None:
