@@ -285,3 +285,46 @@ def test_models_that_pass_the_check_load_in_the_fasttext_binding(tmp_path):
             "for p in sys.argv[1:]:\n    fasttext.load_model(p).predict(['some words'], k=1)\n")
     proc = subprocess.run([sys.executable, "-c", code, *passed], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+
+
+# --------------------------------------------------------------------------- file names (issue 35)
+
+N_NAMES = 80
+name_bytes = st.binary(min_size=1, max_size=40).map(lambda b: b.replace(b"/", b"_").replace(b"\0", b"_")).filter(
+    lambda b: b not in (b".", b".."))
+
+
+@fuzz(N_NAMES)
+@given(names=st.lists(name_bytes, min_size=1, max_size=6, unique=True))
+def test_any_file_name_is_listed_read_and_shown_losslessly(tmp_path_factory, names):
+    """Any name the OS allows: the folder form lists every non-hidden one, each is read under its
+    shown name (UTF-8: a UTF-8 name unchanged, another one's bytes given back by recovered_path)."""
+    import re
+
+    import pytest
+
+    from dsdata.io.inputs import InputPathError, expand_directories, recovered_path, shown_path
+
+    folder = os.fsencode(str(tmp_path_factory.mktemp("names")))
+    for name in names:
+        with open(folder + b"/" + name + b".jsonl", "wb") as fh:
+            fh.write(json.dumps({"text": "x"}).encode() + b"\n")
+    visible = sorted(os.fsdecode(folder + b"/" + n + b".jsonl") for n in names if not n.startswith(b"."))
+    if not visible:
+        with pytest.raises(InputPathError):
+            expand_directories([os.fsdecode(folder)])
+        return
+    listed = expand_directories([os.fsdecode(folder)]).patterns
+    real = sorted(re.sub(r"\[(.)\]", r"\1", p) for p in listed)  # glob.escape undone
+    assert real == visible
+    for path in real:
+        shown = shown_path(path)
+        shown.encode("utf-8")
+        try:
+            os.fsencode(path).decode("utf-8")
+            assert shown == path
+        except UnicodeDecodeError:
+            assert recovered_path(shown) == path
+        with open(path, "rb") as fh:
+            rows = list(read_file(shown, fh))
+        assert [r.id for r in rows] == [f"{shown}:1"]
