@@ -27,6 +27,7 @@ class TrainingConfig:
     unfreeze_fraction: float = 0.0  # progressive unfreezing: lower half frozen for this share of steps (e.g. 0.3)
     unfreeze_layers: int = 0  # how many lower layers are frozen (0: half of them)
     threads: int = 0  # torch.set_num_threads per process on CPU (0: leave torch's default)
+    compile: bool | None = None  # each block through torch.compile (unset: on for CUDA, off on CPU)
 
 
 @dataclass
