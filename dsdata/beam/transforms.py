@@ -393,7 +393,7 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
         path = shown_path(real)
         part = element if isinstance(element, FileRange) else None
         try:
-            fh = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+            fh = FileSystems.open(real, compression_type=CompressionTypes.UNCOMPRESSED)
             if part is not None:  # the format's own range reader (dsdata/io/readers REGISTRY)
                 try:
                     records = iter(READERS[part.fmt].read_range(path, fh, part.start, part.end, part.first_line,
