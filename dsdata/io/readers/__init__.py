@@ -75,9 +75,6 @@ class InputFormat:
 REGISTRY: tuple[InputFormat, ...] = (
     InputFormat("jsonl", (".jsonl", ".ndjson"), jsonl.read_jsonl, jsonl.jsonl_ranges, jsonl.read_jsonl_range,
                 summary="JSON Lines: one object per line, its text in text_field"),
-    InputFormat("json", json_document.JSON_SUFFIXES, json_document.read_json,
-                summary="one JSON document per file: an object, or an array of objects (JSON Lines in a .json "
-                        "file are read as such)"),
     InputFormat("parquet", (".parquet", ".pq"), parquet.read_parquet, parquet.parquet_ranges,
                 parquet.read_parquet_range, summary="Parquet: one row per document, its text in text_field"),
     InputFormat("html", html.HTML_SUFFIXES, html.read_html, summary="one HTML page per file"),
@@ -85,6 +82,9 @@ REGISTRY: tuple[InputFormat, ...] = (
     InputFormat("text", text.TEXT_SUFFIXES, text.read_text, summary="plain text / Markdown: one document per file"),
     InputFormat("csv", delimited.CSV_SUFFIXES, delimited.read_csv,
                 summary="CSV / TSV: a header row, then one record per row, its text in text_field"),
+    InputFormat("json", json_document.JSON_SUFFIXES, json_document.read_json,
+                summary="one JSON document per file: an object, or an array of objects (JSON Lines in a .json "
+                        "file are read as such)"),
 )
 READERS: dict[str, InputFormat] = {fmt.name: fmt for fmt in REGISTRY}
 FORMATS: tuple[str, ...] = tuple(READERS)  # the names, in registry order
