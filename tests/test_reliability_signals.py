@@ -76,10 +76,11 @@ def _progress_shows(run, word):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_reading_stops_the_run(tmp_path, sig):
-    _corpus(tmp_path / "big.jsonl", 300_000)
+    _corpus(tmp_path / "big.jsonl", 600_000)
     (tmp_path / "r.yaml").write_text("input: {paths: [big.jsonl]}\noutput: out\nstages:\n  - clean: {}\n")
     run = _Run(["r.yaml", "--progress=lines"], tmp_path)
-    run.wait_for(_progress_shows(run, "read"))
+    run.wait_for(lambda: any(ln.startswith("dsdata: running") for ln in run.lines))
+    time.sleep(3)  # Beam has started and the reader is reading (600,000 records take well over that)
     children = run.stop(sig)
     _assert_stopped_cleanly(run, sig, tmp_path / "out", children)
 
