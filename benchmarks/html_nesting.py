@@ -1,4 +1,7 @@
-"""CPU cost of HTML cleaning against nesting depth: dsdata's `dom` extractor vs selectolax body text.
+"""CPU cost of HTML cleaning against nesting depth and width: dsdata's `dom` extractor vs selectolax body text.
+
+Wide pages too (issue 35): N sibling <option>s in a <select> (lexbor's "in select" mode is ~N²: the
+peer shows it), list items and table rows, at N = 5·depth and 4·N.
 
 Pages of N nested containers (several shapes: plain <div>, furniture-named <div class>, <main>/<article>,
 <section id> with headings, hidden <div>s holding scripts) each holding one paragraph, at depth D and 4·D.
@@ -30,6 +33,19 @@ SHAPES = {
 }
 
 
+WIDE = {
+    "select_options": ("<select name='pick'>", "<option value='{i}'>option {i}</option>", "</select>"),
+    "list_items": ("<ul>", "<li>item {i}</li>", "</ul>"),
+    "table_rows": ("<table>", "<tr><td>row {i}</td></tr>", "</table>"),
+}
+
+
+def wide_page(shape: str, width: int) -> str:
+    start, item, end = WIDE[shape]
+    return ("<html><body><p>Some text.</p>" + start + "".join(item.format(i=i) for i in range(width)) + end
+            + "</body></html>")
+
+
 def page(shape: str, depth: int) -> str:
     open_tag, close_tag = SHAPES[shape]
     return ("<html><body>" + "".join(f"{open_tag}<p>w{i} text</p>" for i in range(depth))
@@ -51,8 +67,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     results = {}
-    for shape in SHAPES:
-        small, large = page(shape, args.depth), page(shape, 4 * args.depth)
+    cases = [(shape, page(shape, args.depth), page(shape, 4 * args.depth)) for shape in SHAPES]
+    cases += [(shape, wide_page(shape, 5 * args.depth), wide_page(shape, 20 * args.depth)) for shape in WIDE]
+    for shape, small, large in cases:
         row = {}
         for name, fn in (("dom", extract_dom), ("selectolax_body", extract_selectolax_body)):
             a, b = cpu(fn, small, args.repeat), cpu(fn, large, args.repeat)

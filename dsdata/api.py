@@ -131,10 +131,34 @@ def execute(prepared: PreparedRun, beam_args: Iterable[str] = (), progress: str 
     """Run a prepared recipe under OUT's lock; its stats (OUT/stats.json plus `seconds`)."""
     from dsdata.beam.pipeline import run_recipe
     from dsdata.io.outlock import output_lock
+    from dsdata.io.storage_errors import storage_failure
 
+    full = None
     with output_lock(prepared.output) if "://" not in prepared.output else contextlib.nullcontext():
-        return run_recipe(prepared.recipe, prepared.output, list(beam_args), max_errors=prepared.budget,
-                          progress=progress)
+        try:
+            return run_recipe(prepared.recipe, prepared.output, list(beam_args), max_errors=prepared.budget,
+                              progress=progress)
+        except Exception as exc:
+            full = storage_failure(exc)
+            if full is None:
+                raise
+        # Outside the handler: the traceback's frames (the failed run's open part files) are gone.
+        raise _storage_failed(full, prepared.output)
+
+
+def _storage_failed(failure, output: str) -> Exception:
+    """A full, over-quota or read-only disk under OUT (outputs, spill): the run's partial outputs are
+    removed, OUT/INCOMPLETE says why, and the run fails with one line (exit 1)."""
+    import gc
+
+    from dsdata.beam.errors import RunFailed
+    from dsdata.beam.pipeline import mark_incomplete
+
+    gc.collect()  # the failed run's writers, and the space their open files hold, are let go
+    line = failure.describe(where=output)
+    with contextlib.suppress(OSError):
+        mark_incomplete(output, line, discard=True)
+    return RunFailed(f"{line}; the run's partial outputs were removed from {output}")
 
 
 def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] | None = None,

@@ -30,6 +30,20 @@ class UserError(Exception):
     """An error the user can fix; printed as one line, exit status 2."""
 
 
+class CommandInterrupted(Exception):
+    """A command stopped by SIGINT/SIGTERM after cleaning up: one line, exit 128 + the signal."""
+
+    def __init__(self, state, message: str):
+        super().__init__(message)
+        self.state = state
+
+
+def one_line(exc: BaseException | str) -> str:
+    """An error's text as the one line dsdata prints: a message that quotes a multi-line source
+    (a library's error with its context lines) has its line breaks folded into spaces."""
+    return " ".join(str(exc).split())
+
+
 def _run_parser() -> argparse.ArgumentParser:
     from dsdata.io.readers import FORMATS  # the one registry of input formats
 
@@ -90,9 +104,61 @@ def _collect_after_startup() -> None:
 _collect_after_startup.pending = False
 
 
+class _OWN_PROCESS:  # noqa: N801 - a flag: main() runs as the process's own command (not called from Python)
+    active = False
+
+
+def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A `--flag` that is neither dsdata's nor one of Beam's options is a typo: one line with the
+    closest flag, whether written `--ouput=DIR` or `--ouput DIR` (Beam ignores options it does not
+    know, and argparse took `DIR` for the recipe)."""
+    from dsdata.beam.known_options import long_flags, unknown_flag_message
+
+    own = long_flags(parser)
+    takes_value = {opt for action in parser._actions if action.nargs != 0  # noqa: SLF001
+                   for opt in action.option_strings}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            break
+        if arg.startswith("--") and len(arg) > 2:
+            message = unknown_flag_message(arg, own)
+            if message:
+                raise UserError(message)
+            name = arg.split("=", 1)[0]
+            matches = [f for f in own if f == name] or [f for f in own if f.startswith(name)]
+            if "=" not in arg and len(matches) == 1 and matches[0] in takes_value:
+                i += 1  # its value, which may itself begin with --
+        i += 1
+
+
+def _execute_stoppable(prepared, beam_args: list[str], progress: str) -> dict:
+    """execute(), stopped cleanly by SIGINT/SIGTERM (dsdata/stop_signals.py): a signal that came
+    while the run went — Beam may have made another exception of it, or finished the run anyway —
+    leaves OUT marked incomplete (no stats.json, OUT/INCOMPLETE) and ends the command in one line."""
+    from dsdata.beam.pipeline import mark_incomplete
+    from dsdata.stop_signals import stop_on_signals
+
+    output = prepared.output
+    with stop_on_signals() as stop:
+        try:
+            stats = execute(prepared, beam_args, progress=progress)
+        except BaseException:
+            if stop.signum is None:
+                raise
+        if stop.signum is not None:
+            mark_incomplete(output, f"the run was stopped by {stop.name}")
+            raise CommandInterrupted(stop, f"stopped by {stop.name}: workers stopped, lock released; "
+                                           f"{output} is incomplete (see {output}/INCOMPLETE)")
+    return stats
+
+
 def cmd_run(argv: list[str]) -> int:
     """`dsdata run`: the checks and the run of dsdata.run() (dsdata/api.py), with the command's lines."""
-    args, beam_args = _run_parser().parse_known_args(argv)
+    parser = _run_parser()
+    _refuse_unknown_flags(parser, argv)
+    args, beam_args = parser.parse_known_args(argv)
     from dsdata.report.display import resolve_mode
 
     if not args.quiet:
@@ -108,8 +174,8 @@ def cmd_run(argv: list[str]) -> int:
                   f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
         _say_what_is_replaced(output, recipe)
         _collect_after_startup()
-        stats = execute(prepared, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
-                        progress=resolve_mode(args.progress, quiet=args.quiet))
+        stats = _execute_stoppable(prepared, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
+                                   progress=resolve_mode(args.progress, quiet=args.quiet))
     if not args.quiet:
         _print_summary(stats, output)
     print(json.dumps({k: stats[k] for k in ("input", "kept", "augmented", "rejected_total", "seconds")}))
@@ -154,8 +220,9 @@ def _say_what_is_replaced(output: str, recipe) -> None:
     if "://" in output or not os.path.isfile(stats_path):
         return
     try:
-        with open(stats_path, encoding="utf-8") as fh:
-            previous = json.load(fh).get("recipe")
+        from dsdata.io.untrusted_files import load_json_file
+
+        previous = load_json_file(stats_path, "stats.json").get("recipe")  # OUT is untrusted: a FIFO, deep JSON
     except (OSError, ValueError, AttributeError):
         return
     if previous and previous != recipe.name:
@@ -194,8 +261,22 @@ def cmd_stages(argv: list[str]) -> int:
     return 0
 
 
+def _not_reported_in_one_line(record: logging.LogRecord) -> bool:
+    """Beam logs every exception a DoFn raises with its traceback before re-raising it; for the
+    failures dsdata reports in one line (a full or read-only disk, a stage that cannot run) that
+    traceback is noise above the line."""
+    if not (record.exc_info and record.exc_info[1] is not None and record.name.startswith("apache_beam")):
+        return True
+    from dsdata.beam.errors import find_environment_error
+    from dsdata.io.storage_errors import storage_failure
+
+    exc = record.exc_info[1]
+    return storage_failure(exc) is None and find_environment_error(exc) is None
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the process's own command line (the console script, python -m dsdata.cli)
+        _OWN_PROCESS.active = True
         _collect_after_startup.pending = True
         gc.disable()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -203,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     # Beam's GCP I/O module warns at import time when Google's client libraries are absent, even
     # for runs that never touch GCP; that line only confuses users of local runs.
     logging.getLogger().addFilter(lambda record: "apitools not found" not in record.getMessage())
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_not_reported_in_one_line)
     # A file name with [ is passed to Beam's matcher as `[[]` (its pattern syntax cannot quote);
     # Python's re warns about that class, which is what it should be.
     warnings.filterwarnings("ignore", message="Possible nested set", category=FutureWarning)
@@ -259,13 +342,32 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
             return commands["run"][0](argv)
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")
     except RunError as exc:  # `dsdata run`: exit 2 before a run, 1 for one that started and failed
-        print(f"dsdata: error: {exc}", file=sys.stderr)
+        print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except (UserError, *before) as exc:  # the other commands
-        print(f"dsdata: error: {exc}", file=sys.stderr)
+        print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except during as exc:
-        print(f"dsdata: error: {exc}", file=sys.stderr)
+        print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
+        return 1
+    except CommandInterrupted as exc:
+        from dsdata.stop_signals import stop_child_processes
+
+        stop_child_processes()
+        print(f"dsdata: {one_line(exc)}", file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        if _OWN_PROCESS.active:
+            # Threads Beam or a runner left behind must not keep the stopped process alive.
+            os._exit(exc.state.exit_code)
+        return exc.state.exit_code
+    except Exception as exc:  # noqa: BLE001 - a full or read-only disk in any command is one line
+        from dsdata.io.storage_errors import storage_failure
+
+        failure = storage_failure(exc)
+        if failure is None:
+            raise
+        print(f"dsdata: error: {failure.describe()}", file=sys.stderr)
         return 1
 
 

@@ -30,7 +30,7 @@ import yaml
 
 from dsdata.io.readers import FORMATS as READER_FORMATS
 from dsdata.runners import BeamOptionError, find_runner
-from dsdata.safe_yaml import YamlBoundError, load_bounded
+from dsdata.safe_yaml import YamlBoundError, load_bounded, yaml_error_line
 from dsdata.stages import Stage, StageConfigError, stage_class
 
 INPUT_FORMATS = ("auto", *READER_FORMATS)  # dsdata/io/readers REGISTRY
@@ -229,7 +229,7 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
     except (YamlBoundError, BeamOptionError) as exc:
         raise RecipeError(str(exc)) from None
     except yaml.YAMLError as exc:
-        raise RecipeError(f"{path}: not valid YAML ({exc})") from None
+        raise RecipeError(f"{path}: not valid YAML: {yaml_error_line(exc)}") from None
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: a recipe must be a mapping with 'input', 'output' and 'stages'")
     _refuse_unknown_keys(raw, RECIPE_KEYS, "", path)

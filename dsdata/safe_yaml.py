@@ -45,6 +45,17 @@ def _expanded_size(root: yaml.Node, limit: int) -> int:
     return sizes[id(root)]
 
 
+def yaml_error_line(exc: yaml.YAMLError) -> str:
+    """A PyYAML error in one line: its problem and where (`line 3, column 9`), without the quoted
+    source and caret lines PyYAML's str() adds."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        text = " ".join(part for part in (exc.context, exc.problem) if part)
+        return " ".join(f"{text}{where}".split())
+    return " ".join(str(exc).split())
+
+
 def load_bounded(text: str | bytes, what: str, max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES) -> Any:
     """`yaml.safe_load` of one document, refusing oversized, alias-bomb and over-deep documents."""
     size = len(text.encode("utf-8") if isinstance(text, str) else text)

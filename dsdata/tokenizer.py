@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from dsdata.io.shards import file_sha256
+from dsdata.io.untrusted_files import load_json_file
 
 EOS_TOKEN = "<|endoftext|>"
 # Tried in this order when a tokenizer's config does not name its EOS token.
@@ -153,9 +154,8 @@ def _eos_from_config(directory: str) -> str | None:
     if not os.path.isfile(config_path):
         return None
     try:
-        with open(config_path, encoding="utf-8") as fh:
-            eos = json.load(fh).get("eos_token")
-    except (OSError, ValueError):
+        eos = load_json_file(config_path, "tokenizer_config.json").get("eos_token")
+    except (OSError, ValueError, AttributeError):
         return None
     if isinstance(eos, dict):  # AddedToken serialised by transformers
         eos = eos.get("content")

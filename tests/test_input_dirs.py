@@ -38,8 +38,11 @@ def test_expand_directories_lists_files_by_format(tmp_path):
     assert expanded.skipped == [str(tmp_path / "site" / "README.txt")]
     # --format given: every (non-hidden) file is an input
     assert len(expand_directories([str(tmp_path / "site")], "html").patterns) == len(files) + 1
-    # a file glob is left to Beam; a glob matching directories is expanded
-    assert expand_directories([str(tmp_path / "*.jsonl")]).patterns == [str(tmp_path / "*.jsonl")]
+    # a file glob is listed by the folder form's rules (Beam's matcher took hidden files); a glob
+    # matching directories is expanded
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    (tmp_path / ".b.jsonl").write_text("{}\n")
+    assert expand_directories([str(tmp_path / "*.jsonl")]).patterns == [str(tmp_path / "a.jsonl")]
     assert len(expand_directories([str(tmp_path / "si*")]).patterns) == len(files)
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputPathError, match="holds no files"):

@@ -216,3 +216,115 @@ def test_warc_records_of_intact_members_all_come_out(payloads, gz, corrupt, wher
             assert count == 0
         else:
             assert count <= 1
+
+
+# ------------------------------------------------------------------------- model files (issue 35)
+
+_LID = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dsdata", "models", "lid176",
+                    "lid.176.ftz")
+N_MODEL = 120
+
+
+def _damaged_model(data: bytes, cut: int, flips) -> bytes:
+    out = bytearray(data[:cut])
+    for where, value in flips:
+        if out:
+            out[where % len(out)] = value
+    return bytes(out)
+
+
+@fuzz(N_MODEL)
+@given(cut=st.integers(0, 938013), flips=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=4),
+       whole=st.booleans())
+def test_a_damaged_fasttext_model_is_refused_or_loads(tmp_path_factory, cut, flips, whole):
+    from dsdata.stages import fasttext_model
+
+    with open(_LID, "rb") as fh:
+        data = fh.read()
+    path = tmp_path_factory.mktemp("model") / "m.ftz"
+    path.write_bytes(_damaged_model(data, len(data) if whole else cut, flips))
+    try:
+        fasttext_model.check_model_file(str(path))
+    except fasttext_model.UnusableModel as exc:
+        assert "\n" not in str(exc)
+        return
+    # Passed the check: the compiled reader takes it or declines it (None), never anything else.
+    try:
+        engine = fasttext_model.load(str(path))
+    except fasttext_model.UnusableModel:
+        return
+    if engine is not None:
+        engine.predict(["some words", "des mots"])
+
+
+def test_models_that_pass_the_check_load_in_the_fasttext_binding(tmp_path):
+    """The binding is what segfaulted: every damaged model the check lets through loads in it and
+    predicts (in a child process, so a crash is an exit status, not the test run's end)."""
+    import random
+    import subprocess
+    import sys
+
+    from dsdata.stages import fasttext_model
+
+    with open(_LID, "rb") as fh:
+        data = fh.read()
+    rng = random.Random(35)
+    passed = []
+    for i in range(60):
+        flips = [(rng.randrange(len(data)), rng.randrange(256)) for _ in range(rng.randrange(1, 4))]
+        damaged = _damaged_model(data, len(data) if i % 2 else rng.randrange(len(data)), flips)
+        path = tmp_path / f"m{i}.ftz"
+        path.write_bytes(damaged)
+        try:
+            fasttext_model.check_model_file(str(path))
+            passed.append(str(path))
+        except fasttext_model.UnusableModel:
+            path.unlink()
+    assert passed, "no damaged model passed the check: the binding test would test nothing"
+    code = ("import sys, fasttext\nfasttext.FastText.eprint = lambda *a, **k: None\n"
+            "for p in sys.argv[1:]:\n    fasttext.load_model(p).predict(['some words'], k=1)\n")
+    proc = subprocess.run([sys.executable, "-c", code, *passed], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+
+
+# --------------------------------------------------------------------------- file names (issue 35)
+
+N_NAMES = 80
+name_bytes = st.binary(min_size=1, max_size=40).map(lambda b: b.replace(b"/", b"_").replace(b"\0", b"_")).filter(
+    lambda b: b not in (b".", b".."))
+
+
+@fuzz(N_NAMES)
+@given(names=st.lists(name_bytes, min_size=1, max_size=6, unique=True))
+def test_any_file_name_is_listed_read_and_shown_losslessly(tmp_path_factory, names):
+    """Any name the OS allows: the folder form lists every non-hidden one, each is read under its
+    shown name (UTF-8: a UTF-8 name unchanged, another one's bytes given back by recovered_path)."""
+    import re
+
+    import pytest
+
+    from dsdata.io.inputs import InputPathError, expand_directories, recovered_path, shown_path
+
+    folder = os.fsencode(str(tmp_path_factory.mktemp("names")))
+    for name in names:
+        with open(folder + b"/" + name + b".jsonl", "wb") as fh:
+            fh.write(json.dumps({"text": "x"}).encode() + b"\n")
+    visible = sorted(os.fsdecode(folder + b"/" + n + b".jsonl") for n in names if not n.startswith(b"."))
+    if not visible:
+        with pytest.raises(InputPathError):
+            expand_directories([os.fsdecode(folder)])
+        return
+    listed = expand_directories([os.fsdecode(folder)]).patterns
+    real = sorted(re.sub(r"\[(.)\]", r"\1", p) for p in listed)  # glob.escape undone
+    assert real == visible
+    for path in real:
+        shown = shown_path(path)
+        shown.encode("utf-8")
+        try:
+            os.fsencode(path).decode("utf-8")
+            assert shown == path
+        except UnicodeDecodeError:
+            assert recovered_path(shown) == path
+        with open(path, "rb") as fh:
+            rows = list(read_file(shown, fh))
+        assert [r.id for r in rows] == [f"{shown}:1"]

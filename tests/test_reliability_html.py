@@ -167,3 +167,17 @@ def test_outermost_of_a_deep_chain_is_its_top():
     assert len(nodes) == depth
     (top,) = _outermost(nodes)
     assert top.mem_id == nodes[0].mem_id
+
+
+def test_a_page_with_a_very_wide_select_keeps_its_text_and_drops_the_options():
+    """Tens of thousands of <option>s cost lexbor's "in select" mode ~N² (issue 35): the <select>
+    tags are renamed before parsing, and the options are still no main text (benchmarks/html_nesting.py
+    measures the cost)."""
+    from dsdata.clean.html import _WIDE_SELECT_OPTIONS, extract_main_text
+
+    for n in (10, _WIDE_SELECT_OPTIONS + 1, 20_000):
+        options = "".join(f"<OPTION value='{i}'>Choice {i}</option>" for i in range(n))
+        page = (f"<html><body><p>Intro text here.</p><Select name=a>{options}</SELECT>"
+                f"<p>Outro text.</p><select><option>x</option></select></body></html>")
+        text = extract_main_text(page).text
+        assert text == "Intro text here.\n\nOutro text.", (n, text[:200])

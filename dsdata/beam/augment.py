@@ -30,7 +30,7 @@ from dsdata.augment.sentences import Layout, split_sentences
 from dsdata.augment.similarity import chrf
 from dsdata.augment.translate import load_translator
 from dsdata.beam.errors import (ERROR, environment_failure, error_rejection, first_line,
-                                retry_one_at_a_time)
+                                retry_one_at_a_time, passes_through)
 from dsdata.beam.transforms import CPU_COUNTER, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
 from dsdata.stages.augment import REPORT_NAME, AugmentConfig, BackTranslationConfig, ReplacementConfig
@@ -149,7 +149,9 @@ class PlanRoundTrips(_Errors, beam.DoFn):
         start = self._clock_start()
         try:
             outputs = self._plan(doc)
-        except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+        except BaseException as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             outputs = [_count("back_translation", "selected"), _count("back_translation", "dropped_error"),
                        self._failed_copy(doc, "back_translation", error_rejection(doc, STAGE_NAME, exc).detail)]
         self._clock_stop(start)
@@ -201,7 +203,9 @@ class AssembleRoundTrips(_Errors, beam.DoFn):
             start = self._clock_start()
             try:
                 outputs = self._assemble(plan, [translated[i] for i in range(len(plan.layout.sentences))])
-            except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+            except BaseException as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+                if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                    raise
                 outputs = [_count("back_translation", "dropped_error"), self._failed_copy(
                     plan.doc, "back_translation", error_rejection(plan.doc, STAGE_NAME, exc).detail)]
             self._clock_stop(start)
@@ -276,7 +280,9 @@ class ReplaceTerms(_Errors, beam.DoFn):
         start = self._clock_start()
         try:
             outputs = self._replace(doc)
-        except Exception as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+        except BaseException as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             outputs = [_count(config.method, "dropped_error"),
                        self._failed_copy(doc, config.method, error_rejection(doc, STAGE_NAME, exc).detail)]
         self._clock_stop(start)

@@ -13,7 +13,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.transforms.stats import ApproximateQuantiles
 
-from dsdata.beam.errors import retry_one_at_a_time
+from dsdata.beam.errors import retry_one_at_a_time, passes_through
 from dsdata.beam.transforms import KEPT, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
 from dsdata.stages.difficulty import GRADES, SUMMARY_FILE, DifficultyConfig, DifficultyStage
@@ -86,7 +86,9 @@ class _GradeDoFn(StageCounters, beam.DoFn):
             found = thresholds.get(group) or {}
             cutoffs = self.stage.fixed_cutoffs(group) or found.get("percentile_cutoffs")
             result = self.stage.grade(doc, cutoffs, found.get("outlier_threshold"))
-        except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+        except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             result = self._error(doc, exc, self.stage.environment_errors)
         self._clock_stop(start)
         yield self._route(result)

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Sequence, TypeVar
 
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import scrub_surrogates
+from dsdata.io.storage_errors import is_storage_error
 from dsdata.stages.base import StageConfigError
 
 T = TypeVar("T")
@@ -54,8 +55,19 @@ def first_line(exc: BaseException) -> str:
     return out.encode("utf-8", "backslashreplace").decode("utf-8")[:_DETAIL_LIMIT]
 
 
+def passes_through(exc: BaseException) -> bool:
+    """True for what a per-record handler must let pass: a stop (KeyboardInterrupt, SIGINT/SIGTERM's
+    Interrupted, SystemExit, GeneratorExit).  Every other BaseException is the record's: a native
+    binding's panic (pyo3's PanicException — a tokenizer regex over the engine's backtracking limit)
+    derives from BaseException, not Exception, and killed the run."""
+    from dsdata.stop_signals import Interrupted
+
+    return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, Interrupted))
+
+
 def is_environment_error(exc: BaseException, declared: tuple[type[BaseException], ...] = ()) -> bool:
-    return isinstance(exc, ENVIRONMENT_ERRORS + tuple(declared))
+    # A full or read-only disk (a spill file, a shard) fails every record after it alike.
+    return isinstance(exc, ENVIRONMENT_ERRORS + tuple(declared)) or is_storage_error(exc)
 
 
 def environment_failure(stage_name: str, exc: BaseException, when: str = "") -> StageEnvironmentError:
@@ -86,14 +98,18 @@ def retry_one_at_a_time(stage_name: str, items: Sequence[T], run: Callable[[Sequ
     rule of every DoFn and model handler that runs a stage on batches."""
     try:
         return list(run(items))
-    except Exception as exc:  # noqa: BLE001 - find the item(s) that raise, one at a time
+    except BaseException as exc:  # noqa: BLE001 - find the item(s) that raise, one at a time
+        if passes_through(exc):  # a stop; a native binding's panic (a BaseException) is the item's
+            raise
         if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, declared):
             raise environment_failure(stage_name, exc) from exc
     results: list[R] = []
     for item in items:
         try:
             results.extend(run([item]))
-        except Exception as one:  # noqa: BLE001 - this item alone raises
+        except BaseException as one:  # noqa: BLE001 - this item alone raises
+            if passes_through(one):
+                raise
             if isinstance(one, StageEnvironmentError) or is_environment_error(one, declared):
                 raise environment_failure(stage_name, one) from one
             results.append(on_error(item, one))

@@ -11,12 +11,12 @@ Output layout (other stages and the trainer build on it):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
 import logging
 import os
-import shutil
 import time
 import uuid
 from typing import Any
@@ -35,6 +35,7 @@ from dsdata.beam.transforms import ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, RE
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_schema, rejected_columns
 from dsdata.io.inputs import resolve_recipe_inputs
 from dsdata.io.readers import READ_STAGE
+from dsdata.io.outfiles import remove_entry, write_file_in_out
 from dsdata.beam.dedup.spill import remove_spill
 from dsdata.report.progress import watch as watch_progress
 from dsdata.recipe import Recipe, is_remote, recipe_output
@@ -240,12 +241,34 @@ class _WriteStats(beam.DoFn):
         yield stats
 
 
+INCOMPLETE_NAME = "INCOMPLETE"
+
+
+def mark_incomplete(output: str, why: str, discard: bool = False) -> None:
+    """A stopped run's OUT says it is incomplete: stats.json (whose presence means a finished run),
+    report.html and run.json are removed and OUT/INCOMPLETE says why; the next run removes it.
+    discard: every output of the run goes too (kept/, rejected/, side outputs: a full disk's partial
+    files), which also frees the space the marker needs."""
+    if "://" in output:
+        return
+    if discard:
+        _prepare_output(output)
+    for name in ("stats.json", "report.html", "run.json"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(output, name))
+    remove_spill(output)
+    with contextlib.suppress(OSError):  # a read-only OUT: its lack of stats.json says as much
+        write_file_in_out(output, INCOMPLETE_NAME,
+                          f"{why} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}; the files in this "
+                          "directory are partial: run again to replace them\n")
+
+
 def _prepare_output(output: str) -> None:
     """Remove the outputs of an earlier run in DIR (only the files this tool writes: kept/, rejected/,
     stats.json, the side outputs every stage declares, and .spill/ left by a run that was killed)."""
     sides = registered_side_outputs()
     folders = ["kept", "rejected", *(s.name for s in sides if s.directory)]
-    files = ["stats.json", *(s.name for s in sides if not s.directory)]
+    files = ["stats.json", INCOMPLETE_NAME, *(s.name for s in sides if not s.directory)]
     remove_spill(output)
     if "://" in output:
         for sub in folders:
@@ -254,13 +277,12 @@ def _prepare_output(output: str) -> None:
                 FileSystems.delete([m.path for m in matches])
         return
     os.makedirs(output, exist_ok=True)
-    for sub in folders:
-        target = os.path.join(output, sub)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-    for name in files:
-        if os.path.exists(os.path.join(output, name)):
-            os.remove(os.path.join(output, name))
+    # OUT is untrusted (dsdata/io/outfiles.py): an entry planted as a link is removed, never followed
+    # (a linked kept/ was filled, a dangling report.html link created its target).
+    for name in [*folders, *files, "report.html", "run.json"]:
+        remove_entry(os.path.join(output, name))
+    for sub in ("kept", "rejected"):
+        os.mkdir(os.path.join(output, sub))
 
 
 class _WriteSideOutput(beam.DoFn):

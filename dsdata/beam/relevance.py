@@ -13,7 +13,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
-from dsdata.beam.errors import ERROR, environment_failure, first_line, retry_one_at_a_time
+from dsdata.beam.errors import ERROR, environment_failure, first_line, retry_one_at_a_time, passes_through
 from dsdata.beam.transforms import CPU_COUNTER, KEPT, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
 from dsdata.relevance.scorer import Scorer, load_scorer
@@ -90,7 +90,9 @@ class _RouteByScore(StageCounters, beam.DoFn):
         else:
             try:
                 out = self.stage.judge(doc, float(result.inference))
-            except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
+                if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                    raise
                 out = self._error(doc, exc)
         self._clock_stop(start)
         yield self._route(out)

@@ -14,6 +14,7 @@ from typing import IO, Any
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from dsdata.io.inputs import shown_path
 from dsdata.report.files import register_remote_files
 
 
@@ -59,7 +60,7 @@ def run_info(recipe, stages, options, seconds: float | None = None) -> dict[str,
     return {
         "recipe": recipe.name,
         "recipe_path": recipe.path,
-        "inputs": list(recipe.inputs),
+        "inputs": [shown_path(p) for p in recipe.inputs],  # UTF-8 whatever the names' bytes
         "input_format": recipe.input_format,
         "stages": [{"name": s.name, "params": _jsonable(s.parameter_values())} for s in stages],
         "runner": str(runner) if runner is not None else None,

@@ -18,6 +18,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from dsdata.beam.errors import passes_through
 from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, KEPT, REJECTED, StageCounters
 
 from dsdata.io import shards as shard_io
@@ -90,7 +91,9 @@ class _ShardRecords(StageCounters, beam.DoFn):
         start = self._clock_start()
         try:
             record = shard_record(doc, self.default_difficulty)
-        except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+        except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             rejected = self._error(doc, exc)
             self._clock_stop(start)
             yield self._route(rejected)

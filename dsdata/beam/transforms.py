@@ -4,7 +4,9 @@ reason and the stage's CPU time; and the reader.  A record whose processing rais
 reason `error` (dsdata/beam/errors.py).  Which wrapper runs which stage: dsdata/beam/kinds.py."""
 from __future__ import annotations
 
+import glob
 import logging
+import os
 import pickle
 from dataclasses import dataclass
 from time import perf_counter, thread_time
@@ -17,8 +19,9 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dsdata.beam.engines import speedups
-from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, retry_one_at_a_time
+from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, retry_one_at_a_time, passes_through
 from dsdata.document import Document, Rejected
+from dsdata.io.inputs import shown_path
 from dsdata.io.readers import READ_STAGE, READERS, InputFormatError, cuttable_format, range_bytes_for, read_file
 from dsdata.beam.counters import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage, Stage
@@ -172,7 +175,9 @@ class _DocumentStageRun(StageCounters):
         start = self._clock_start()
         try:
             result = self.stage.process(doc)
-        except Exception as exc:  # noqa: BLE001 - one record's exception rejects that record only
+        except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             result = self._error(doc, exc, self._declared)
         self._clock_stop(start)
         return result
@@ -382,10 +387,13 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
         time (no yield happens while one fills: a yield hands records on to the fused stages
         downstream), not a record at a time: two clock reads and a generator step per record were
         a third of reading's cost (benchmarks/langid.py)."""
-        path = element.path
+        real = element.path
+        # Ids, rows and logs name the file as shown_path writes it (UTF-8, any name's bytes kept);
+        # the file itself is opened by its real name.
+        path = shown_path(real)
         part = element if isinstance(element, FileRange) else None
         try:
-            fh = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+            fh = FileSystems.open(real, compression_type=CompressionTypes.UNCOMPRESSED)
             if part is not None:  # the format's own range reader (dsdata/io/readers REGISTRY)
                 try:
                     records = iter(READERS[part.fmt].read_range(path, fh, part.start, part.end, part.first_line,
@@ -394,7 +402,8 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
                     fh.close()
                     raise
         except Exception as exc:  # noqa: BLE001 - any filesystem error means this file is unreadable
-            yield [Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file", str(exc))]
+            yield [Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file",
+                            shown_path(str(exc)))]
             return
         n = bad = 0
         size = max(1, int(size))
@@ -419,7 +428,9 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
                         done = True
                 except InputFormatError:
                     raise  # the recipe names a format this file is not in: a user error, one line
-                except Exception as exc:  # noqa: BLE001 - the reader broke on this file's content
+                except BaseException as exc:  # noqa: BLE001 - the reader broke on this file's content
+                    if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                        raise
                     bad += 1
                     chunk.append(self._error(_rest_of_file(path, n + len(chunk) + 1, fh, part), exc))
                     done = True
@@ -516,6 +527,25 @@ def all_cuttable(patterns: list[str], fmt: str = "auto", range_bytes: int | None
     return True
 
 
+class MatchPatterns(beam.DoFn):
+    """An input pattern (as bytes: a name that is not UTF-8 has no str form Beam's coders can write)
+    → the files it matches, as fileio.MatchAll does.  A named file (no wildcard) that does not match
+    — gone since it was listed, or a path the OS cannot stat (longer than PATH_MAX) — still goes on,
+    so that the reader's open fails and the file is an `unreadable_file` row, never silently absent."""
+
+    def process(self, pattern: bytes):
+        text = os.fsdecode(pattern)
+        try:
+            found = FileSystems.match([text])[0].metadata_list
+        except Exception as exc:  # noqa: BLE001 - an unmatchable name: the reader's open says why
+            log.debug("match %s: %s", shown_path(text), exc)
+            found = []
+        if found:
+            yield from found
+        elif not glob.has_magic(text):
+            yield fileio.FileMetadata(text, 0)
+
+
 class ReadFirstDoFn(ReadFileDoFn):
     """Reads the first `limit` records of all matched files (one element: their list), the files in
     path order (each once), the records in file order; stops reading there."""
@@ -578,8 +608,9 @@ class ReadDocuments(beam.PTransform):
     def expand(self, pbegin):
         files = (
             pbegin
-            | "Patterns" >> beam.Create(self.patterns)
-            | "Match" >> fileio.MatchAll()
+            # As bytes: a file name that is not UTF-8 has no str form Beam's coder can write.
+            | "Patterns" >> beam.Create([os.fsencode(p) for p in self.patterns])
+            | "Match" >> beam.ParDo(MatchPatterns())
         )
         if self.limit is not None:
             # The first `limit` records: every matched file in one element, read in path order by one

@@ -674,12 +674,39 @@ def _parse(html: str | bytes) -> LexborHTMLParser:
     return tree
 
 
+# lexbor's tree builder costs ~k² for a <select> of k options (its "in select" insertion mode:
+# 40,000 options 16 s, 10,000 0.6 s; the same options in any other element are linear).  A select's
+# content is never main text (it is among _NON_CONTENT_TAGS), so on a page with many options every
+# <select> tag is renamed to a custom element before parsing (the options are then parsed as in a
+# <div>) and removed with the other non-content elements.  benchmarks/html_nesting.py measures it.
+_WIDE_SELECT_OPTIONS = 512
+_OPTION_TAG = re.compile(r"<option[\s/>]", re.IGNORECASE)
+_SELECT_TAG = re.compile(r"<(/?)select(?=[\s/>])", re.IGNORECASE)
+_RENAMED_SELECT = "dsdata-select"
+
+
+def _unselect(html: str, names: set[str] | None) -> str:
+    """`html` with its <select> tags renamed when it holds over _WIDE_SELECT_OPTIONS options."""
+    if names is not None and "select" not in names:
+        return html
+    count = 0
+    for _ in _OPTION_TAG.finditer(html):
+        count += 1
+        if count > _WIDE_SELECT_OPTIONS:
+            return _SELECT_TAG.sub(lambda m: f"<{m.group(1)}{_RENAMED_SELECT}", html)
+    return html
+
+
 def extract_dom(html: str) -> ExtractedPage:
     """The DOM heuristic described in the module docstring."""
     if any(m in html for m in _MARKERS):
         html = html.translate(_DROP_MARKERS)
     data = _utf8(html)
     names, long_tag = _scan(html, MAX_NESTING, data)
+    unselected = _unselect(html, names)
+    renamed = unselected is not html
+    if renamed:
+        html, data = unselected, _utf8(unselected)
     if long_tag:
         capped = _cap_attributes(html)
         if capped is not html:
@@ -693,6 +720,8 @@ def extract_dom(html: str) -> ExtractedPage:
     title = page_title(tree)
     body = tree.body
     invisible = _INVISIBLE_SELECTOR if names is None else _present(_NON_CONTENT_TAGS, names) + ", " + _HIDDEN_SELECTOR
+    if renamed:
+        invisible = f"{_RENAMED_SELECT}, {invisible}"
     for node in _outermost(body.css(invisible.lstrip(", "))):
         node.decompose()
     root, explicit_main = _content_root(tree, body, names)

@@ -30,6 +30,19 @@ _FEED = 1 << 16
 _RESYNC_WINDOW = 8 << 20
 # A candidate member header counts as real when this much of what follows decodes without error.
 _PROBE = 1 << 14
+# Decompression bombs.  zstd's decoder has no output limit per call, and an RLE block turns 4 bytes
+# into 128 KiB (32768:1): one 64 KiB feed could return 2 GiB at once (a few KB of .zst drove memory
+# to ~2.5 GB).  So zstd is fed _ZSTD_FEED bytes at a time, at most 32 MiB out per call, and a frame
+# whose output passes _BOMB_MIN_OUTPUT at over _BOMB_RATIO times the compressed bytes fed is a bomb:
+# one `too_large` row, and reading goes on at the next frame.  1032:1 is deflate's own ceiling (no
+# gzip member can pass it), so zstd is held to what gzip can do; real text compresses 3-20:1.
+_ZSTD_FEED = 1 << 10
+_BOMB_RATIO = 1032
+_BOMB_MIN_OUTPUT = 16 << 20
+
+
+class _Bomb(Exception):
+    """A member stopped at the bomb bound (its Damage already yielded)."""
 
 
 class _MemberEnd:
@@ -136,6 +149,31 @@ def _zstd_dictionary(payload: bytes) -> tuple[Any, str | None]:
     except zstandard.ZstdError as exc:
         return None, f"holds no zstd dictionary ({str(exc).splitlines()[0] if str(exc) else 'ZstdError'})"
     return dictionary, None
+
+
+def _without_checksum(frame: bytes, skip: int, dictionary: Any) -> tuple[bytes, int] | None:
+    """(the output of a zstd frame past its first `skip` bytes, the frame's length) decoded with its
+    checksum flag cleared, or None when it does not decode so either."""
+    if len(frame) < 5 or not frame[4] & 0x04:
+        return None
+    patched = bytearray(frame)
+    patched[4] &= ~0x04  # Frame_Header_Descriptor: Content_Checksum_flag
+    decoder = _decoder("zstd", dictionary)
+    out = bytearray()
+    fed = 0
+    try:
+        while fed < len(patched) and not decoder.eof:
+            piece = bytes(patched[fed:fed + _ZSTD_FEED])
+            out += decoder.decompress(piece)
+            fed += len(piece)
+            if len(out) > _BOMB_MIN_OUTPUT and len(out) > _BOMB_RATIO * fed:
+                return None
+    except _decode_errors("zstd"):
+        return None
+    if not decoder.eof:
+        return None
+    used = fed - len(decoder.unused_data)
+    return bytes(out[skip:]), used + 4  # the 4 checksum bytes the patched header no longer announces
 
 
 def _is_skippable_frame(head: bytes | bytearray) -> bool:
@@ -246,6 +284,8 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
         history = bytearray()  # the member's bytes already fed (the last _RESYNC_WINDOW of them)
         history_start = pos
         failure = None
+        feed = _FEED if kind == "gzip" else _ZSTD_FEED
+        fed = produced = 0  # this member's compressed bytes fed and decoded bytes out
         while True:
             if not buf:
                 fill(1)
@@ -255,7 +295,7 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                                  f"({pos - member_start} compressed bytes of it present); its undecoded rest is lost",
                                  member_start)
                     return
-            piece = bytes(buf[:_FEED])
+            piece = bytes(buf[:feed])
             before = decoder.copy() if kind == "gzip" else None
             try:
                 out = decoder.decompress(piece)
@@ -263,6 +303,15 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                 failure = exc
                 if before is not None:
                     yield from _sound_part(before, piece, errors)
+                break
+            fed += len(piece)
+            produced += len(out)
+            if produced > _BOMB_MIN_OUTPUT and produced > _BOMB_RATIO * fed:
+                yield Damage("too_large", f"the {kind} member at offset {member_start} decodes to over {produced} "
+                             f"bytes from {fed} compressed bytes (over {_BOMB_RATIO}:1, a decompression bomb); "
+                             "the rest of it is not decoded", member_start)
+                history.extend(piece)
+                failure = _Bomb()
                 break
             if out:
                 yield out
@@ -281,6 +330,40 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                 del history[:cut]
                 history_start += cut
         if failure is None:
+            continue
+        if kind == "zstd" and "checksum" in str(failure) and history_start == member_start:
+            # The frame decoded whole and only its checksum differs (a flipped bit in the last 4
+            # bytes, or in data that still decodes): as gzip's CRC failure, what it decoded is kept
+            # (the reader holds back lines that do not parse) and the row names the check.
+            recovered = _without_checksum(bytes(history) + bytes(buf), produced, dictionary)
+            if recovered is not None:
+                tail, frame_bytes = recovered
+                if tail:
+                    yield tail
+                consumed = frame_bytes - len(history)
+                del buf[:consumed]
+                pos += consumed
+                yield Damage("corrupt_compression", f"the zstd frame at offset {member_start} decoded whole but "
+                             "fails its checksum: its lines are kept as decoded", member_start)
+                continue
+        if isinstance(failure, _Bomb):
+            # Its Damage is said: skip to the next member without a corrupt_compression row of its rest.
+            del buf[:len(piece)]
+            pos += len(piece)
+            while True:
+                fill(len(magic) + _PROBE)
+                found = buf.find(magic)
+                if found >= 0 and (fill(found + _PROBE) or _decodes(kind, bytes(buf[found:found + _PROBE]), dictionary)):
+                    del buf[:found]
+                    pos += found
+                    break
+                if found < 0 and exhausted:
+                    pos += len(buf)
+                    buf.clear()
+                    break
+                cut = found + 1 if found >= 0 else max(0, len(buf) - len(magic) + 1)
+                del buf[:cut]
+                pos += cut
             continue
         # Search for the next member from just after this member's header, through the bytes of
         # this member already fed (the decoder may notice damage well after it) and onwards.

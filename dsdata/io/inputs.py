@@ -67,6 +67,36 @@ def _not_a_file(path: str) -> str | None:
     return f"not a regular file but {kind}"
 
 
+def shown_path(path: str) -> str:
+    """A file name as it appears in ids, rows and logs.  Names are bytes: a name that is not UTF-8
+    (Python holds its bytes as lone surrogates, os.fsdecode) has each such byte written `\\xNN` and
+    each backslash doubled, so the shown name is valid UTF-8 and the bytes can be recovered
+    (`recovered_path`); a UTF-8 name is shown unchanged."""
+    raw = os.fsencode(path)
+    try:
+        raw.decode("utf-8")
+        return path
+    except UnicodeDecodeError:
+        return raw.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+
+
+def recovered_path(shown: str) -> str:
+    """The path `shown_path` showed (for a shown name with `\\xNN` escapes)."""
+    out, i = bytearray(), 0
+    data = shown.encode("utf-8")
+    while i < len(data):
+        if data[i:i + 2] == b"\\\\":
+            out += b"\\"
+            i += 2
+        elif data[i:i + 2] == b"\\x" and i + 4 <= len(data):
+            out.append(int(data[i + 2:i + 4], 16))
+            i += 4
+        else:
+            out.append(data[i])
+            i += 1
+    return os.fsdecode(bytes(out))
+
+
 def _files_under(directory: str, links: list[str]) -> list[str]:
     found = []
     for root, dirs, files in os.walk(directory, followlinks=False):
@@ -152,17 +182,13 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
         else:
             matches = sorted(glob.glob(pattern, recursive=True))
         chosen: list[str] = []
-        clean = True  # the glob matched only new regular files: Beam may match it itself, as before
         # Files before directories, and within each the links last: a link to a file or directory that
         # the same glob also names is the repeat, not the file or directory itself.
         for match in sorted(matches, key=lambda m: (os.path.isdir(m), os.path.islink(m))):
             if not os.path.isdir(match):
                 if take(match):
                     chosen.append(match)
-                else:
-                    clean = False
                 continue
-            clean = False
             real = _real(match)
             holder = next((w for w in walked if _inside(real, w)), None)
             if holder is not None:
@@ -191,9 +217,9 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
                     take(f)  # records why it is not read
                 elif f in kept and take(f):
                     chosen.append(f)
-        if clean and not named and base is None:
-            out.patterns.append(pattern)  # plain file glob: Beam matches it
-            continue
+        # Every local glob is handed on as the files chosen here, never to Beam's matcher: Beam's
+        # fnmatch takes hidden files (`DIR/*.jsonl` read `.x.jsonl` the folder form skips, and a hidden
+        # FIFO hung the run), so globs and folders select by the same rules.
         # Beam matches every input as a pattern: a name with [, * or ? must not act as one.
         out.patterns.extend(glob.escape(f) if glob.has_magic(f) else f for f in chosen)
     if not out.patterns and out.not_read:
@@ -231,16 +257,16 @@ def left_out(expanded: ExpandedInputs) -> dict:
     _LEFT_OUT_LISTED) the paths, so a run's record of its inputs does not live on stderr only.
     Empty when nothing was left out."""
     kinds = {
-        "not_regular_files": [{"path": p, "why": why} for p, why in expanded.not_read],
-        "repeats": [{"path": p, "same_as": first} for p, first in expanded.duplicates],
-        "links_not_followed": list(expanded.not_followed),
-        "no_known_format": list(expanded.skipped),
+        "not_regular_files": [{"path": shown_path(p), "why": why} for p, why in expanded.not_read],
+        "repeats": [{"path": shown_path(p), "same_as": shown_path(first)} for p, first in expanded.duplicates],
+        "links_not_followed": [shown_path(p) for p in expanded.not_followed],
+        "no_known_format": [shown_path(p) for p in expanded.skipped],
     }
     return {kind: {"count": len(items), "paths": items[:_LEFT_OUT_LISTED]} for kind, items in kinds.items() if items}
 
 
 def _why(items: list[tuple[str, str]]) -> list[str]:
-    return [f"{path} is {why}" for path, why in items]
+    return [f"{shown_path(path)} is {why}" for path, why in items]
 
 
 def _listed(items: list[str], most: int = 3) -> str:

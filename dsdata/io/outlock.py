@@ -16,12 +16,14 @@ import errno
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from contextlib import contextmanager
 from typing import Iterator
 
 from dsdata.io.shm import pid_alive
+from dsdata.io.untrusted_files import load_json_file
 
 LOCK_NAME = ".dsdata.lock"
 
@@ -33,6 +35,12 @@ class OutputDirError(ValueError):
 def check_output_dir(path: str) -> str:
     """Create `path` if needed and make sure it is a writable directory; returns its absolute path."""
     absolute = os.path.abspath(path)
+    from dsdata.io.inputs import shown_path
+
+    if shown_path(absolute) != absolute:
+        # The part files' names cross Beam's coders as UTF-8 str: refused up front, not a traceback.
+        raise OutputDirError(f"--output {shown_path(path)} is not a UTF-8 path; dsdata writes its outputs only "
+                             "under UTF-8 paths: choose another --output")
     if os.path.exists(absolute) and not os.path.isdir(absolute):
         raise OutputDirError(f"--output {path} is a file, not a directory")
     parent = absolute
@@ -44,9 +52,11 @@ def check_output_dir(path: str) -> str:
         os.makedirs(absolute, exist_ok=True)
     except OSError as exc:
         raise OutputDirError(f"--output {path} cannot be created: {exc.strerror or exc}") from None
+    from dsdata.io.outfiles import create_exclusive
+
     probe = os.path.join(absolute, f".dsdata-write-probe-{os.getpid()}")
     try:
-        with open(probe, "wb") as fh:
+        with os.fdopen(create_exclusive(probe), "wb") as fh:
             fh.write(b"x")
         os.remove(probe)
     except OSError as exc:
@@ -61,8 +71,7 @@ def _describe(holder: dict) -> str:
 
 def _read_holder(path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as fh:
-            holder = json.load(fh)
+        holder = load_json_file(path, "lock file")
         return holder if isinstance(holder, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -78,9 +87,18 @@ def output_lock(directory: str) -> Iterator[str]:
           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv[:8]}
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # O_NOFOLLOW: a link planted as the lock would have the run truncate its target.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symbolic link: no run made it; remove the link itself
+                os.unlink(path)
+                continue
+            if exc.errno == errno.EISDIR:
+                raise OutputDirError(f"{path} is a directory, not a lock file dsdata made; remove it") from None
             raise OutputDirError(f"cannot create the lock {path}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted there
+            os.close(fd)
+            raise OutputDirError(f"{path} is not a regular file, not a lock file dsdata made; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -37,6 +37,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from dsdata.io.untrusted_files import UntrustedFileError, confined_path, load_json_file
+
 MANIFEST = "manifest.json"
 FORMAT = "dsdata-shards"
 VERSION = 1
@@ -279,13 +281,10 @@ class ShardSetWriter:
 
 def resolve_shard_path(directory: str, name: Any) -> str:
     """The path of a shard named in a manifest, refusing names that leave the manifest's directory."""
-    if not isinstance(name, str) or not name or os.path.isabs(name) or "\\" in name or "\x00" in name:
-        raise ShardError(f"{os.path.join(directory, MANIFEST)}: shard path {name!r} is not a plain relative file name")
-    base = os.path.realpath(directory)
-    resolved = os.path.realpath(os.path.join(base, name))
-    if resolved == base or os.path.commonpath([base, resolved]) != base:
-        raise ShardError(f"{os.path.join(directory, MANIFEST)}: shard path {name!r} escapes the manifest's directory")
-    return resolved
+    try:
+        return confined_path(directory, name, f"{os.path.join(directory, MANIFEST)}: shard path")
+    except UntrustedFileError as exc:
+        raise ShardError(str(exc)) from None
 
 
 def locate_shard_dir(path: str) -> str:
@@ -310,14 +309,13 @@ def read_manifest(directory: str) -> dict[str, Any]:
     path = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
         raise ShardError(f"shard directory '{directory}' does not exist")
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):  # present but no regular file: load_json_file says what it is
         raise ShardError(f"{path} not found: '{directory}' is not a shard set; give a `dsdata run` output "
                          "directory (RUN_DIR, holding shards/) or its shards/ folder")
     try:
-        with open(path, encoding="utf-8") as fh:
-            manifest = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise ShardError(f"{path}: not a readable JSON manifest ({exc})") from None
+        manifest = load_json_file(path, "manifest")
+    except UntrustedFileError as exc:
+        raise ShardError(str(exc)) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ShardError(f"{path}: not a dsdata shard manifest (format must be '{FORMAT}')")
     if manifest.get("version") != VERSION:
@@ -327,11 +325,19 @@ def read_manifest(directory: str) -> dict[str, Any]:
     shards = manifest.get("shards")
     if not isinstance(shards, list):
         raise ShardError(f"{path}: 'shards' must be a list")
+    first_entry: dict[str, int] = {}
     for i, shard in enumerate(shards):
         if not isinstance(shard, dict) or not {"file", "sha256", "bytes", "tokens", "docs"} <= set(shard):
             raise ShardError(f"{path}: every shard entry needs file, sha256, bytes, tokens and docs")
         _check_entry_types(path, i, shard)
-        resolve_shard_path(directory, shard["file"])
+        resolved = resolve_shard_path(directory, shard["file"])
+        # One file listed twice would be trained on twice as often (and verify ok): refused.
+        if resolved in first_entry:
+            raise ShardError(f"{path}: shard {shard['file']!r} is listed twice (entries {first_entry[resolved]} and {i})")
+        first_entry[resolved] = i
+    vocab = (manifest.get("tokenizer") or {}).get("vocab_size") if isinstance(manifest.get("tokenizer"), dict) else None
+    if vocab is not None and not (_is_count(vocab) and vocab > 0):
+        raise ShardError(f"{path}: tokenizer.vocab_size must be a positive integer, not {vocab!r}")
     if "token_column" in manifest and not isinstance(manifest["token_column"], str):
         raise ShardError(f"{path}: token_column must be a string, not {manifest['token_column']!r}")
     return manifest
@@ -361,7 +367,14 @@ def _buffers(array: pa.Array) -> Iterator[pa.Buffer]:
             yield buf
 
 
-def check_shard_buffer(path: str, buffer: pa.Buffer, token_column: str, dtype: np.dtype, tokens: int) -> np.ndarray:
+def manifest_vocab_size(manifest: dict[str, Any]) -> int | None:
+    """The tokenizer vocabulary size a manifest records (read_manifest checked its type), or None."""
+    tokenizer = manifest.get("tokenizer")
+    return tokenizer.get("vocab_size") if isinstance(tokenizer, dict) else None
+
+
+def check_shard_buffer(path: str, buffer: pa.Buffer, token_column: str, dtype: np.dtype, tokens: int,
+                       vocab_size: int | None = None) -> np.ndarray:
     """Open the Arrow IPC file held in `buffer` (a shard's whole mapping) and check it against its
     manifest entry before any token is served; returns the token values as a zero-copy array.
 
@@ -408,11 +421,17 @@ def check_shard_buffer(path: str, buffer: pa.Buffer, token_column: str, dtype: n
         raise ShardError(f"{path}: token offsets span {first}..{last}, the values buffer holds {len(values)}")
     if len(values) != tokens or pa.from_numpy_dtype(dtype) != values.type:
         raise ShardError(f"{path}: {len(values)} {values.type} tokens, the manifest says {tokens} {np.dtype(dtype).name}")
-    return values.to_numpy(zero_copy_only=True)
+    ids = values.to_numpy(zero_copy_only=True)
+    # An id past the vocabulary indexes past the embedding table: an IndexError traceback on the CPU,
+    # a device-side assert on a GPU.
+    if vocab_size is not None and len(ids) and int(ids.max()) >= vocab_size:
+        raise ShardError(f"{path}: token id {int(ids.max())} is outside the tokenizer's vocabulary of {vocab_size} "
+                         "(written with another tokenizer, or tampered)")
+    return ids
 
 
 def verify_shard_file(directory: str, shard: dict[str, Any], dtype: str | None = None,
-                      token_column: str = TOKEN_COLUMN) -> None:
+                      token_column: str = TOKEN_COLUMN, vocab_size: int | None = None) -> None:
     """Raise ShardError naming the file when it is missing, of the wrong size, fails its sha256, or
     (given the manifest's dtype) its Arrow content does not match its entry (`check_shard_buffer`)."""
     path = resolve_shard_path(directory, shard["file"])
@@ -426,7 +445,7 @@ def verify_shard_file(directory: str, shard: dict[str, Any], dtype: str | None =
         raise ShardError(f"{path}: sha256 {actual} does not match the manifest's {shard['sha256']} (corrupt shard)")
     if dtype is not None:
         with pa.memory_map(path, "r") as mapped:
-            check_shard_buffer(path, mapped.read_buffer(), token_column, np.dtype(dtype), shard["tokens"])
+            check_shard_buffer(path, mapped.read_buffer(), token_column, np.dtype(dtype), shard["tokens"], vocab_size)
 
 
 def verify_shards(directory: str) -> tuple[dict[str, Any], list[str]]:
@@ -435,7 +454,8 @@ def verify_shards(directory: str) -> tuple[dict[str, Any], list[str]]:
     problems = []
     for shard in manifest["shards"]:
         try:
-            verify_shard_file(directory, shard, manifest["dtype"], manifest.get("token_column", TOKEN_COLUMN))
+            verify_shard_file(directory, shard, manifest["dtype"], manifest.get("token_column", TOKEN_COLUMN),
+                              manifest_vocab_size(manifest))
         except ShardError as exc:
             problems.append(str(exc))
     return manifest, problems

@@ -31,8 +31,8 @@ from dsdata.io.shard_tokenizer import bundled_files, verify_shard_set
 from dsdata.io.shards import MANIFEST, ShardError, read_manifest, resolve_shard_path
 
 DEFAULT_ROOT = "/dev/shm/dsdata"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_STALE = re.compile(r"^\.(?P<name>.+)\.(?:tmp|rm)-(?P<pid>\d+)-[0-9a-f]+$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" let "name\n" through
+_STALE = re.compile(r"^\.(?P<name>.+)\.(?:tmp|rm)-(?P<pid>\d+)-[0-9a-f]+\Z")
 _STALE_AGE_S = 24 * 3600
 _COPY_CHUNK = 1 << 22
 

@@ -7,7 +7,6 @@ longer lines weigh more: the document perplexity is the token-weighted mean over
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -15,6 +14,7 @@ import time
 from typing import Sequence
 
 from dsdata.lm.normalize import normalize_line
+from dsdata.io.untrusted_files import UntrustedFileError, confined_file, load_json_file
 from dsdata.lm.training import META_FILE, SP_FILE
 
 LN10 = math.log(10.0)
@@ -56,16 +56,24 @@ class NgramScorer:
 
         meta_path = os.path.join(model_dir, META_FILE)
         try:
-            with open(meta_path, encoding="utf-8") as fh:
-                self.meta = json.load(fh)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ModelLoadError(f"n-gram model '{model_dir}': cannot read {META_FILE} ({exc}); "
-                                 "train one with `dsdata lm train --corpus F --lang L --out DIR/L`") from None
-        sp_path = os.path.join(model_dir, self.meta.get("sentencepiece", SP_FILE))
+            self.meta = load_json_file(meta_path, f"n-gram model {META_FILE}")
+        except UntrustedFileError as exc:
+            raise ModelLoadError(f"{exc}; train one with `dsdata lm train --corpus F --lang L --out DIR/L`") from None
+        if not isinstance(self.meta, dict):
+            raise ModelLoadError(f"{meta_path}: holds a {type(self.meta).__name__}, not an object")
+        # The files lm.json names are the folder's own: a name leading out of it (../../x, a link to
+        # /elsewhere) is refused, not followed; so is a FIFO or folder where a file belongs.
         arpa = self.meta.get("arpa")
-        lm_candidates = ([arpa] if arpa else []) + list(_ARPA_CANDIDATES)
-        lm_path = next((os.path.join(model_dir, c) for c in lm_candidates if os.path.isfile(os.path.join(model_dir, c))), None)
-        if lm_path is None or not os.path.isfile(sp_path):
+        try:
+            sp_path = confined_file(model_dir, self.meta.get("sentencepiece", SP_FILE), f"{meta_path} sentencepiece")
+            if arpa:
+                lm_path = confined_file(model_dir, arpa, f"{meta_path} arpa")
+            else:
+                found = [c for c in _ARPA_CANDIDATES if os.path.lexists(os.path.join(model_dir, c))]
+                lm_path = confined_file(model_dir, found[0], f"n-gram model '{model_dir}'") if found else None
+        except UntrustedFileError as exc:
+            raise ModelLoadError(str(exc)) from None
+        if lm_path is None:
             raise ModelLoadError(f"n-gram model '{model_dir}' lacks {SP_FILE} or an lm.arpa[.gz]/lm.binary file; "
                                  "retrain it with `dsdata lm train`")
         self.sp = spm.SentencePieceProcessor(model_file=sp_path)

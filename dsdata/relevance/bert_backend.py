@@ -8,7 +8,6 @@ both ends of a page (navigation above, footers below), which is why the tail is 
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import pickle
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dsdata.model_limits import input_token_limit
+from dsdata.io.untrusted_files import load_json_file
 
 META_FILE = "dsdata-relevance.json"
 LONG_POLICIES = ("head_tail", "head")
@@ -65,13 +65,11 @@ def read_meta(model_dir: str) -> dict:
     path = os.path.join(model_dir, META_FILE)
     if not os.path.isfile(path):
         return {}
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    return load_json_file(path, "relevance model metadata")
 
 
 def _read_architectures(model_dir: str) -> list[str]:
-    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as fh:
-        return list(json.load(fh).get("architectures") or [])
+    return list(load_json_file(os.path.join(model_dir, "config.json"), "model config").get("architectures") or [])
 
 
 def positive_index(config, meta: dict) -> int:

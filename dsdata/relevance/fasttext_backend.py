@@ -140,7 +140,13 @@ class FastTextScorer:
     backend = "fasttext"
 
     def __init__(self, model_path: str, positive_label: str | list[str] | None = None, lowercase: bool = True):
+        from dsdata.io.fasttext_file import UnusableModel, check_model_file
+
         fasttext = _fasttext()
+        try:
+            check_model_file(model_path)  # the binding trusts the file's sizes: damage was a segfault
+        except UnusableModel as exc:
+            raise ValueError(str(exc)) from None
         self.model = fasttext.load_model(model_path)
         labels = self.model.get_labels()
         wanted = [positive_label] if isinstance(positive_label, str) else list(positive_label or ["__label__1"])

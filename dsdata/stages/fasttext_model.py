@@ -24,13 +24,9 @@ import struct
 import numpy as np
 
 from dsdata.compiled import import_compiled
+from dsdata.io.fasttext_file import (HS, MAGIC, MAX_VERSION, SOFTMAX, SUPERVISED, UnusableModel, ModelMatrix,
+                                     ModelReader, check_model_file)
 
-_MAGIC = 793712314
-_MAX_VERSION = 12
-_HS, _NS, _SOFTMAX, _OVA = 1, 2, 3, 4
-_SUPERVISED = 3
-_KSUB = 256
-_MAX_DECODED_BYTES = 512 << 20  # a quantized matrix is decoded to float32 rows up to this size
 _SURROGATE = re.compile("[\ud800-\udfff]")  # no UTF-8 form: fastText's binding would fail the batch
 
 _kernels = None  # dsdata.stages.fasttext_kernels once imported; False without numba
@@ -41,91 +37,6 @@ def kernels():
     if _kernels is None:
         _kernels = import_compiled("dsdata.stages.fasttext_kernels")
     return _kernels or None
-
-
-class UnusableModel(ValueError):
-    """A model file that fastText's own binding would crash on: refused with this message."""
-
-
-class _Reader:
-    def __init__(self, data):
-        self.data, self.pos = data, 0
-
-    def take(self, fmt: str):
-        size = struct.calcsize(fmt)
-        if self.pos + size > len(self.data):
-            raise ValueError("truncated")
-        values = struct.unpack_from(fmt, self.data, self.pos)
-        self.pos += size
-        return values if len(values) > 1 else values[0]
-
-    def array(self, dtype, count: int) -> np.ndarray:
-        size = np.dtype(dtype).itemsize * count
-        if count < 0 or self.pos + size > len(self.data):
-            raise ValueError("truncated")
-        out = np.frombuffer(self.data, dtype=dtype, count=count, offset=self.pos)
-        self.pos += size
-        return out
-
-
-class _Matrix:
-    """Dense (m × n float32) or product-quantized rows, as the kernel takes them."""
-
-    def __init__(self, reader: _Reader, quantized: bool):
-        self.quant = quantized
-        empty_u8, empty_f32 = np.zeros(0, np.uint8), np.zeros(0, np.float32)
-        if not quantized:
-            self.m, self.n = reader.take("<qq")
-            if self.m < 0 or self.n <= 0 or self.m * self.n > (1 << 34):
-                raise ValueError("bad dense matrix size")
-            self.dense = reader.array("<f4", self.m * self.n).reshape(self.m, self.n)
-            self.codes, self.centroids, self.norm_codes, self.norm_centroids = empty_u8, empty_f32, empty_u8, empty_f32
-            self.nsubq = self.dsub = self.lastdsub = 0
-            return
-        self.dense = np.zeros((0, 0), np.float32)
-        qnorm = reader.take("<?")
-        self.m, self.n = reader.take("<qq")
-        codesize = reader.take("<i")
-        self.codes = reader.array(np.uint8, codesize)
-        dim, self.nsubq, self.dsub, self.lastdsub = reader.take("<iiii")
-        if (self.m < 0 or self.n <= 0 or dim != self.n or self.dsub <= 0 or self.nsubq <= 0
-                or not 0 < self.lastdsub <= self.dsub
-                or (self.nsubq - 1) * self.dsub + self.lastdsub != dim or codesize != self.m * self.nsubq):
-            raise ValueError("bad product quantizer")
-        self.centroids = reader.array("<f4", dim * _KSUB)
-        if qnorm:
-            self.norm_codes = reader.array(np.uint8, self.m)
-            ndim, nsubq, dsub, lastdsub = reader.take("<iiii")
-            if (ndim, nsubq, dsub, lastdsub) != (1, 1, 1, 1):
-                raise ValueError("bad norm quantizer")
-            self.norm_centroids = reader.array("<f4", _KSUB)
-        else:
-            self.norm_codes, self.norm_centroids = empty_u8, empty_f32
-
-    def rows(self, norm_inside: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The matrix as dense float32 rows and a per-row factor, decoded once.  A quantized row's
-        value n of sub-quantizer m is centroid[m][code] (the last sub-quantizer has lastdsub
-        columns); with norm_inside (the input matrix: addcode adds norm·c as a float32 product)
-        each value is norm·c, and the factor is 1; else (the output matrix: mulcode sums x·c and
-        multiplies by the norm at the end) the factor is the norm.  Both give fastText's own float32
-        results, since it rounds each product before adding it."""
-        ones = np.ones(max(self.m, 0), np.float32)
-        if self.quant and self.m * self.n * 4 > _MAX_DECODED_BYTES:
-            raise LookupError("quantized matrix too large to decode")  # the binding reads it in place
-        if not self.quant:
-            return np.ascontiguousarray(self.dense, np.float32), ones
-        codes = self.codes.reshape(self.m, self.nsubq).astype(np.int64)
-        out = np.empty((self.m, self.n), np.float32)
-        for m in range(self.nsubq):
-            d = self.lastdsub if m == self.nsubq - 1 else self.dsub
-            table = self.centroids[m * _KSUB * self.dsub:m * _KSUB * self.dsub + _KSUB * d].reshape(_KSUB, d)
-            out[:, m * self.dsub:m * self.dsub + d] = table[codes[:, m]]
-        norms = self.norm_centroids[self.norm_codes] if len(self.norm_codes) else ones
-        if norm_inside:
-            if len(self.norm_codes):
-                out *= norms[:, None]  # float32 × float32, rounded as fastText's alpha * c[n]
-            return out, ones
-        return out, norms.astype(np.float32)
 
 
 def _huffman(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -153,13 +64,13 @@ class CompiledFastText:
     def __init__(self, path: str, data, kernels_module):
         self.path = path
         self._k = kernels_module
-        r = _Reader(data)
+        r = ModelReader(data)
         magic, version = r.take("<ii")
-        if magic != _MAGIC or not 0 < version <= _MAX_VERSION:
+        if magic != MAGIC or not 0 < version <= MAX_VERSION:
             raise ValueError("not a fastText model")
         (dim, _ws, _epoch, _min_count, _neg, word_ngrams, loss, model, bucket, minn, maxn, _lr_update,
          _t) = r.take("<12id")
-        if model != _SUPERVISED or loss not in (_HS, _SOFTMAX):
+        if model != SUPERVISED or loss not in (HS, SOFTMAX):
             raise LookupError(f"loss {loss}, model {model}")
         if version == 11:
             maxn = 0  # as fastText: old supervised models have no character n-grams
@@ -201,14 +112,14 @@ class CompiledFastText:
             prune_keys, prune_values = keys.astype(np.int32), pairs[::-1, 1][last].astype(np.int32)
         prune_map, prune_bits = self._k.build_prune_table(prune_keys, prune_values, int(bucket))
         quant_input = r.take("<?")
-        self._input = _Matrix(r, quant_input)
+        self._input = ModelMatrix(r, quant_input)
         qout = r.take("<?")
-        self._output = _Matrix(r, quant_input and qout)
+        self._output = ModelMatrix(r, quant_input and qout)
         rows = nwords + (int(prune_values.max(initial=-1)) + 1 if pruned else bucket)
         if (self._input.n != dim or self._input.m < rows or self._output.n != dim
-                or self._output.m < (nlabels - 1 if loss == _HS else nlabels)):
+                or self._output.m < (nlabels - 1 if loss == HS else nlabels)):
             raise ValueError("matrix sizes")
-        self._hs = loss == _HS
+        self._hs = loss == HS
         in_rows, _ = self._input.rows(norm_inside=True)
         out_rows, out_norms = self._output.rows(norm_inside=False)
         if self._hs:

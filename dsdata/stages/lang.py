@@ -93,6 +93,10 @@ def load_fasttext(path: str):
     except AttributeError:
         pass
     try:
+        fasttext_model.check_model_file(path)  # the binding trusts the file's sizes: damage was a segfault
+    except fasttext_model.UnusableModel as exc:
+        raise StageConfigError(f"lang: {exc}") from None
+    try:
         return fasttext.load_model(path)
     except ValueError as exc:
         raise StageConfigError(f"lang: '{path}' is not a fastText model ({exc})") from None

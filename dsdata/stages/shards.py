@@ -33,7 +33,7 @@ SHARDS_DIR = "shards"
 EXPORT_DIR = "export"
 # The formats of dsdata/export (not imported here: stages stay light); a test checks they agree.
 EXPORT_FORMATS = ("megatron", "mds", "hf")
-_BUCKET_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+_BUCKET_NAME = re.compile(r"^[A-Za-z0-9_]+\Z")  # \Z: "$" also matches before a final newline
 
 
 def _id_hash(doc_id: str) -> int:

@@ -71,7 +71,23 @@ def main(argv: list[str] | None = None) -> int:
 
     from dsdata.train.config import ConfigError, load_config
 
+    from dsdata.stop_signals import Interrupted, stop_on_signals
+
     run_dir = args.run_dir or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
+    # Until the training loop takes the signals over (it checkpoints at its next step), a signal
+    # stops the set-up at once: nothing to save yet.
+    with stop_on_signals() as early:
+        try:
+            return _train(args, run_dir, load_config, ConfigError)
+        except Interrupted:
+            pass
+    print(f"dsdata-train: stopped by {early.name} before training started; nothing to save", file=sys.stderr)
+    return early.exit_code
+
+
+def _train(args, run_dir: str, load_config, ConfigError) -> int:  # noqa: N803 - the class, passed in
+    import signal
+
     try:
         config = load_config(args.config, args.set)
         from dsdata.train.loop import train
@@ -84,14 +100,27 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, (ConfigError, ShardError, CheckpointError)):  # the user can fix these: one line
             print(f"dsdata-train: error: {exc}", file=sys.stderr)
             return 2
+        from dsdata.io.storage_errors import storage_failure
+
+        failure = storage_failure(exc)
+        if failure is not None:  # a checkpoint, metrics or an export on a full or read-only disk
+            print(f"dsdata-train: error: {failure.describe(where=run_dir)}; no partial checkpoint is left",
+                  file=sys.stderr)
+            return 1
         raise
     finally:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-    if int(os.environ.get("RANK", "0")) == 0:
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if rank0:
         print(json.dumps(summary, allow_nan=False))  # valid JSON: a non-finite loss is null
+    if summary.get("stopped_by"):
+        if rank0:
+            print(f"dsdata-train: stopped by {summary['stopped_by']}: checkpoint saved at step {summary['steps']} "
+                  f"in {summary['checkpoint']}; run the same command again to resume", file=sys.stderr)
+        return 128 + signal.Signals[summary["stopped_by"]].value
     return 0
 
 

@@ -31,8 +31,11 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from dsdata.io.storage_errors import OutOfSpace, free_bytes, tree_bytes
+from dsdata.io.untrusted_files import UntrustedFileError, confined_file, load_json_file
+
 STATE_FILE = "trainer_state.json"
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
+_STEP_DIR = re.compile(r"^step_(\d{8})\Z")  # \Z: "$" also matches before a final newline
 
 
 class CheckpointError(Exception):
@@ -151,7 +154,8 @@ class Checkpointer:
         steps = []
         for name in os.listdir(self.directory):
             match = _STEP_DIR.match(name)
-            if match and os.path.isfile(os.path.join(self.directory, name, STATE_FILE)):
+            # lexists: a state file that is a FIFO or a link is refused by load(), not skipped unseen
+            if match and os.path.lexists(os.path.join(self.directory, name, STATE_FILE)):
                 steps.append(int(match.group(1)))
         return sorted(steps)
 
@@ -163,8 +167,26 @@ class Checkpointer:
         return os.path.join(self.directory, f"step_{step:08d}")
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> str:
-        final = self.path(step)
         tmp = os.path.join(self.directory, f".tmp_step_{step:08d}")
+        try:
+            return self._save(step, tmp, model, optimizer, state)
+        except BaseException as exc:
+            # A full disk (or a stop) half-way: no partial checkpoint is left to fill the disk.
+            if not self.layout.writes_metrics:
+                raise
+            needed = _state_bytes(model, optimizer)
+            room = free_bytes(self.directory)
+            room = None if room is None else room + tree_bytes(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+            # torch's writer reports a full disk as "unexpected pos N vs M", inside a CheckpointException
+            # (a BaseException): say what it was.
+            if not isinstance(exc, (KeyboardInterrupt, SystemExit)) and room is not None and room < needed:
+                raise OutOfSpace(tmp, needed) from exc
+            raise
+
+    def _save(self, step: int, tmp: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              state: dict[str, Any]) -> str:
+        final = self.path(step)
         if self.layout.writes_metrics:
             shutil.rmtree(tmp, ignore_errors=True)
         self.layout.barrier()
@@ -193,9 +215,9 @@ class Checkpointer:
         """Load model and optimizer; returns the trainer state (JSON).  Refuses an untrusted or damaged
         checkpoint with a CheckpointError naming it."""
         path = self.path(step)
+        self._check_confined(path)
         try:
-            with open(os.path.join(path, STATE_FILE)) as fh:
-                state = json.load(fh)
+            state = load_json_file(os.path.join(path, STATE_FILE), STATE_FILE)
             if not isinstance(state, dict):
                 raise ValueError(f"{STATE_FILE} holds a {type(state).__name__}, not an object")
         except (OSError, ValueError) as exc:
@@ -214,6 +236,23 @@ class Checkpointer:
                                   "saved for another model, or is damaged: use another --run-dir, or delete it to "
                                   "resume from an earlier checkpoint") from None
         return state
+
+    def _check_confined(self, path: str) -> None:
+        """A checkpoint's folder and every file in it are its own: a step folder that is a link, or a
+        file that links out of the folder (or is a FIFO or device) is refused before anything is read."""
+        if os.path.islink(path):
+            raise CheckpointError(f"checkpoint {path} is a symbolic link to {os.path.realpath(path)}; checkpoints "
+                                  "are folders the trainer wrote: remove the link")
+        for folder, dirs, names in os.walk(path):
+            for name in dirs + names:
+                relative = os.path.relpath(os.path.join(folder, name), path)
+                try:
+                    if name in names:
+                        confined_file(path, relative, f"checkpoint {path}")
+                    elif os.path.islink(os.path.join(folder, name)):
+                        raise UntrustedFileError(f"checkpoint {path}: {relative!r} is a link to a folder")
+                except UntrustedFileError as exc:
+                    raise CheckpointError(f"{exc}; a checkpoint's files must lie in its own folder") from None
 
     def _load_dcp(self, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   state: dict[str, Any]) -> None:
@@ -265,6 +304,14 @@ def _named_parameters(model: torch.nn.Module):
             continue
         seen.add(id(param))
         yield name, param
+
+
+def _state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """About what a checkpoint of this model and optimizer takes on disk: its tensors' bytes."""
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, torch.Tensor))
+    for per_param in optimizer.state.values():
+        total += sum(t.numel() * t.element_size() for t in per_param.values() if isinstance(t, torch.Tensor))
+    return total
 
 
 def _params_with_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:

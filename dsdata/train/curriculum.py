@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from dsdata.io.untrusted_files import load_json_file
 
 BUCKETS = ("easy", "medium", "hard")
 
@@ -136,8 +137,7 @@ def natural_weights(path: str) -> dict[str, float]:
     for candidate in candidates:
         if not os.path.isfile(candidate):
             continue
-        with open(candidate, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = load_json_file(candidate, "curriculum counts")
         # Look where manifests, the difficulty stage and the ledger keep their bucket counts.
         queue = [data]
         while queue:
@@ -163,8 +163,7 @@ def schedule_from_spec(spec: Mapping[str, Any] | CurriculumSchedule | None, tota
         return spec
     if isinstance(spec, (str, os.PathLike)):
         # A pipeline's difficulty.json carries a ready "curriculum" spec and the corpus counts.
-        with open(spec, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = load_json_file(str(spec), "curriculum spec")
         if not isinstance(data, Mapping) or not isinstance(data.get("curriculum"), Mapping):
             raise ValueError(f"{spec}: no 'curriculum' spec inside; pass a mapping like {{'schedule': 'linear', ...}}")
         natural = natural or natural_weights(str(spec))

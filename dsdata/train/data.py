@@ -64,7 +64,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from dsdata.io.shards import ShardError, buffer_sha256, check_shard_buffer, read_manifest, resolve_shard_path
+from dsdata.io.shards import (ShardError, buffer_sha256, check_shard_buffer, manifest_vocab_size, read_manifest,
+                              resolve_shard_path)
 from dsdata.train.curriculum import CurriculumSampler, CurriculumSchedule, schedule_from_spec
 
 _STATE_FORMAT = "dsdata-loader"
@@ -91,7 +92,8 @@ class _ShardInfo:
 class _OpenShard:
     """One memory-mapped shard: its token stream as a tensor viewing the mapping."""
 
-    def __init__(self, info: _ShardInfo, dtype: np.dtype, token_column: str, verify: bool):
+    def __init__(self, info: _ShardInfo, dtype: np.dtype, token_column: str, verify: bool,
+                 vocab_size: int | None = None):
         self.info = info
         mapped = pa.memory_map(info.path, "r")
         # One buffer over the whole mapping; everything below is a zero-copy slice of it.
@@ -106,7 +108,7 @@ class _OpenShard:
         else:
             # Fault the pages in now (on the prefetch thread) rather than during training.
             np.frombuffer(self.buffer, dtype=np.uint8)[::4096].sum()
-        values = check_shard_buffer(info.path, self.buffer, token_column, dtype, info.tokens)
+        values = check_shard_buffer(info.path, self.buffer, token_column, dtype, info.tokens, vocab_size)
         with warnings.catch_warnings():
             # The mapping is read-only; torch warns that it cannot mark tensors read-only.
             warnings.simplefilter("ignore", UserWarning)
@@ -511,7 +513,8 @@ class ShardDataset(torch.utils.data.IterableDataset):
         st = os.stat(info.path)
         identity = (info.path, st.st_ino, st.st_size, st.st_mtime_ns)
         verified = self._runtime["verified"]
-        opened = _OpenShard(info, self.dtype, self.token_column, self.verify and identity not in verified)
+        opened = _OpenShard(info, self.dtype, self.token_column, self.verify and identity not in verified,
+                            manifest_vocab_size(self.manifest))
         verified.add(identity)
         return opened
 

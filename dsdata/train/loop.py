@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import torch
 
+from dsdata.stop_signals import STOP_SIGNALS
 from dsdata.train.batches import build_batches
 from dsdata.train.checkpoint import STATE_FILE, CheckpointError, Checkpointer, GlobalRng
 from dsdata.train.clipping import DynamicGradClipper, scale_gradients
@@ -151,14 +152,14 @@ class Trainer:
                 log.info("%s", line)
         latest = self.resume()
         stop = _StopFlag()
-        previous_handler = signal.signal(signal.SIGTERM, stop)
+        previous_handlers = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
         last_loss = float("nan")
+        stopped_by = None
         try:
             while self.step < total:
                 if any_rank(stop.requested, self.env):
                     self.save_checkpoint()
-                    if self.layout.writes_metrics:
-                        log.warning("SIGTERM: checkpoint saved at step %d; exiting", self.step)
+                    stopped_by = stop.name or "SIGTERM"  # another rank's signal: torchrun forwards SIGTERM
                     break
                 record = self.train_step()
                 last_loss = record["loss"] if record["loss"] is not None else float("nan")
@@ -171,8 +172,12 @@ class Trainer:
                 if self.config.export.enabled:
                     self.export()
         finally:
-            signal.signal(signal.SIGTERM, previous_handler)
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
             self.metrics.close()
+        if stopped_by:
+            return self._summary(last_loss, stopped_by=stopped_by,
+                                 checkpoint=self.checkpointer.path(self.step))
         return self._summary(last_loss)
 
     def _summary(self, loss: float | None, **extra) -> dict:
@@ -379,13 +384,16 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 
 class _StopFlag:
-    """Set by SIGTERM; the loop checkpoints and exits at the next step boundary."""
+    """Set by SIGINT or SIGTERM; the loop checkpoints and exits at the next step boundary (a second
+    signal while it saves changes nothing)."""
 
     def __init__(self):
         self.requested = False
+        self.name = ""
 
     def __call__(self, signum, frame):
-        self.requested = True
+        if not self.requested:
+            self.requested, self.name = True, signal.Signals(signum).name
 
 
 class _ActivationCapture:

@@ -73,7 +73,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from dsdata.beam.errors import retry_one_at_a_time
+from dsdata.beam.errors import retry_one_at_a_time, passes_through
 from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, StageCounters
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
@@ -519,7 +519,9 @@ class _Decide(StageCounters, beam.DoFn):
         start = self._clock_start()
         try:
             outputs = self._decide(node, docs, decisions)
-        except Exception as exc:  # noqa: BLE001 - the node's documents are rejected, not the run
+        except BaseException as exc:  # noqa: BLE001 - the node's documents are rejected, not the run
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
             outputs = [self._error(doc, exc) for doc in docs]
         self._clock_stop(start)
         for result in outputs:

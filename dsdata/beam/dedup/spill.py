@@ -164,8 +164,15 @@ def make_private_dir(path: str) -> None:
     """Create `path` (local: mode 0700, the documents' text is in there)."""
     if "://" in path:
         return  # object stores have no directories; FileSystems.create makes what it needs
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(os.path.join(path, os.pardir), 0o700)
+    from dsdata.io.outfiles import ensure_dir
+
+    # OUT/.spill and its folders are made here, never through a link planted in OUT (a linked
+    # .spill made the run chmod and fill a folder elsewhere).
+    parent = os.path.dirname(path.rstrip(os.sep))
+    os.makedirs(os.path.dirname(parent), exist_ok=True)  # the run's folder itself: the user's choice
+    ensure_dir(parent, 0o700)
+    os.chmod(parent, 0o700)  # a real folder now: ensure_dir replaced any link
+    ensure_dir(path, 0o700)
 
 
 def new_bundle_id() -> str:
@@ -218,9 +225,12 @@ def remove_spill(run_dir: str) -> None:
     """Delete RUN_DIR/.spill (every stage's files), if there."""
     path = FileSystems.join(run_dir, SPILL_DIR)
     if "://" not in path:
-        import shutil
+        from dsdata.io.outfiles import remove_entry
 
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            remove_entry(path)  # a link planted as .spill is unlinked, not followed
+        except OSError:
+            pass  # best effort, as before: a file a worker still writes
         return
     matches = FileSystems.match([FileSystems.join(path, "**")])[0].metadata_list
     if matches:

@@ -33,7 +33,7 @@ from typing import IO, Any, Callable, Iterator
 
 from dsdata.document import Document, Rejected
 from dsdata.io.decompress import compression_of
-from dsdata.io.readers import delimited, html, jsonl, parquet, text, warc
+from dsdata.io.readers import delimited, html, json_document, jsonl, parquet, text, warc
 from dsdata.io.readers.common import READ_STAGE, InputFormatError, _file_rejection, scrub_surrogates
 from dsdata.io.readers.html import decode_html
 from dsdata.io.readers.jsonl import jsonl_ranges, read_jsonl
@@ -73,7 +73,7 @@ class InputFormat:
 
 
 REGISTRY: tuple[InputFormat, ...] = (
-    InputFormat("jsonl", (".jsonl", ".json", ".ndjson"), jsonl.read_jsonl, jsonl.jsonl_ranges, jsonl.read_jsonl_range,
+    InputFormat("jsonl", (".jsonl", ".ndjson"), jsonl.read_jsonl, jsonl.jsonl_ranges, jsonl.read_jsonl_range,
                 summary="JSON Lines: one object per line, its text in text_field"),
     InputFormat("parquet", (".parquet", ".pq"), parquet.read_parquet, parquet.parquet_ranges,
                 parquet.read_parquet_range, summary="Parquet: one row per document, its text in text_field"),
@@ -82,6 +82,9 @@ REGISTRY: tuple[InputFormat, ...] = (
     InputFormat("text", text.TEXT_SUFFIXES, text.read_text, summary="plain text / Markdown: one document per file"),
     InputFormat("csv", delimited.CSV_SUFFIXES, delimited.read_csv,
                 summary="CSV / TSV: a header row, then one record per row, its text in text_field"),
+    InputFormat("json", json_document.JSON_SUFFIXES, json_document.read_json,
+                summary="one JSON document per file: an object, or an array of objects (JSON Lines in a .json "
+                        "file are read as such)"),
 )
 READERS: dict[str, InputFormat] = {fmt.name: fmt for fmt in REGISTRY}
 FORMATS: tuple[str, ...] = tuple(READERS)  # the names, in registry order

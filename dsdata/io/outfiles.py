@@ -1,0 +1,84 @@
+"""Files and folders dsdata makes inside OUT, made without following a link it did not make.
+
+OUT is untrusted: whoever could write it before the run may have planted `OUT/.dsdata.lock ->
+~/.bashrc` or `OUT/kept -> /elsewhere`.  Following such a link truncates, chmods or fills a file or
+folder outside OUT.  Everything dsdata creates in OUT goes through here: an entry in the way that is
+a link (or any non-directory where a folder belongs) is removed — the link itself, never its
+target — and the new entry is created exclusively (`O_CREAT | O_EXCL | O_NOFOLLOW`, `mkdir`), so a
+link planted between the check and the create makes the create fail instead of being followed.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+
+
+class OutEntryError(OSError):
+    """An entry in OUT could not be replaced; one line."""
+
+
+def remove_entry(path: str) -> None:
+    """Remove whatever is at `path` without following it: a link or file is unlinked, a real
+    directory removed with its content (shutil.rmtree never follows links inside)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def fresh_dir(path: str, mode: int = 0o777) -> str:
+    """An empty directory at `path` made by this call (a link or file there is removed first)."""
+    remove_entry(path)
+    os.mkdir(path, mode)
+    return path
+
+
+def ensure_dir(path: str, mode: int = 0o777) -> str:
+    """A real directory at `path`: kept when it is one, else (a link, a file) replaced by a new one."""
+    for _ in range(3):  # workers of one run make the same folder at once
+        try:
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode):
+                return path
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        try:
+            os.mkdir(path, mode)
+            return path
+        except FileExistsError:
+            continue
+    raise OutEntryError(errno.EEXIST, f"{path} keeps being replaced while this run makes it a folder")
+
+
+def create_exclusive(path: str, mode: int = 0o644) -> int:
+    """A new file at `path` opened for writing (fd): whatever was there (a link) is unlinked first,
+    and the open refuses to follow a link planted since."""
+    remove_entry(path)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+
+
+def write_file_in_out(directory: str, name: str, text: str | bytes) -> str:
+    """Write OUT/NAME whole: to a new temporary file beside it, then renamed over the name (a
+    rename replaces a link, it does not write through it); a failed write leaves no partial file."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    path = os.path.join(directory, name)
+    temp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+    fd = create_exclusive(temp)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path

@@ -1,0 +1,115 @@
+"""Reading files that arrive from others — manifests, trainer_state.json, a model folder's lm.json
+and the files it names — under one set of rules:
+
+* **Regular files only.**  A FIFO where a file is expected blocked the reader for ever, a directory
+  raised IsADirectoryError with a traceback: the path is stat-ed and refused in one line before it
+  is opened.
+* **Confined names.**  A name a folder's own file gives (`lm.json`'s `arpa`, a manifest's shard, a
+  checkpoint's files) is a plain relative path that stays inside that folder once links are
+  resolved; a link out of it is refused.
+* **Bounded JSON.**  At most `MAX_JSON_BYTES`, nested at most `MAX_JSON_DEPTH` levels (measured
+  before parsing: Python's decoder recursed into a RecursionError traceback, or a MemoryError).
+
+Every refusal is an `UntrustedFileError` (a ValueError) whose text is one line naming the path.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import Any
+
+MAX_JSON_DEPTH = 64
+MAX_JSON_BYTES = 256 << 20
+
+
+class UntrustedFileError(ValueError):
+    """A file that is not what it claims to be; one line naming it."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def regular_file(path: str, what: str) -> str:
+    """`path` when it is (or links to) a regular file; else UntrustedFileError, without opening it."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise UntrustedFileError(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise UntrustedFileError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise UntrustedFileError(f"{what} {path} is {_kind(info.st_mode)}, not a regular file")
+    return path
+
+
+def confined_path(directory: str, name: Any, what: str) -> str:
+    """The path of `name` inside `directory` with links resolved; UntrustedFileError when the name is
+    not a plain relative path or leads out of the folder.  (It need not exist.)"""
+    if not isinstance(name, str) or not name or os.path.isabs(name) or "\x00" in name or "\\" in name:
+        raise UntrustedFileError(f"{what}: {name!r} is not a plain relative file name inside {directory}")
+    base = os.path.realpath(directory)
+    resolved = os.path.realpath(os.path.join(base, name))
+    if resolved == base or os.path.commonpath([base, resolved]) != base:
+        raise UntrustedFileError(f"{what}: {name!r} escapes {directory}: it leads out of it to {resolved}; "
+                                 "refusing to follow it")
+    return resolved
+
+
+def confined_file(directory: str, name: Any, what: str) -> str:
+    """The regular file `name` inside `directory` (confined_path), or UntrustedFileError."""
+    return regular_file(confined_path(directory, name, what), what)
+
+
+def json_depth_problem(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """'nested deeper than N levels' when brackets outside strings nest deeper than max_depth."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if data.count(b"[") + data.count(b"{") <= max_depth:
+        return None  # too few brackets to nest that deep: no scan
+    depth, in_string, escaped = 0, False, False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > max_depth:
+                return f"nested deeper than {max_depth} levels"
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return None
+
+
+def loads_bounded(text: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads with the depth bound; UntrustedFileError (one line) for anything unparseable."""
+    problem = json_depth_problem(text, max_depth)
+    if problem:
+        raise UntrustedFileError(f"{what}: {problem}")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UntrustedFileError(f"{what}: not valid JSON ({' '.join(str(exc).split())})") from None
+
+
+def load_json_file(path: str, what: str, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """A JSON file read under the rules above."""
+    regular_file(path, what)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise UntrustedFileError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise UntrustedFileError(f"{what} {path} is over {max_bytes} bytes")
+    return loads_bounded(data, f"{what} {path}", max_depth)

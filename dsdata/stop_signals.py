@@ -1,0 +1,129 @@
+"""SIGINT (Ctrl-C) and SIGTERM (a scheduler, `kill`) stop a command cleanly.
+
+Python's default turns SIGINT into KeyboardInterrupt wherever the main thread is, and SIGTERM kills
+the process with nothing cleaned up.  Inside a Beam run KeyboardInterrupt met Beam's per-element
+handler, which logs it with a 150-line traceback and re-raises it under another type (or, raised
+where Beam waits on a worker, was lost and the run finished with exit 0).  Here both signals raise
+`Interrupted` once (a BaseException, so per-record `except Exception` handlers do not take it), the
+signal is remembered so that an exception Beam made of it — or none at all — still ends the command
+as interrupted, and logging is silenced so that no library prints its traceback of the stop.  The
+command then cleans up (lock, spill, marks OUT incomplete), stops its worker processes and exits
+with 128 + the signal number (130, 143), as a shell reports a process the signal ended.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(BaseException):
+    """Raised in the main thread by the first SIGINT/SIGTERM.  Takes any arguments: Beam re-raises
+    an exception as `type(exn)(message + step name)`."""
+
+
+class SignalState:
+    """Which stop signal arrived first (None: none yet)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signum or 0)
+
+
+@contextmanager
+def stop_on_signals(raise_first: bool = True) -> Iterator[SignalState]:
+    """While the block runs, SIGINT/SIGTERM record themselves in the yielded state; the first one
+    also raises Interrupted in the main thread (unless raise_first is False: a loop that polls the
+    state stops at its own boundary).  Later signals are only recorded: cleanup is not interrupted.
+    Outside the main thread (signals cannot be handled there) the block runs unchanged."""
+    state = SignalState()
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def handler(signum, frame):
+        if state.signum is not None:
+            return
+        state.signum = signum
+        if raise_first:
+            logging.disable(logging.CRITICAL)  # no library's traceback of the stop
+            # Nor a thread's: Beam's job-service thread raises when its worker dies.
+            threading.excepthook = lambda args: None
+            # Workers first: Beam's SDK worker processes, told to shut down by a runner that is
+            # unwinding, die in interpreter finalization with a "Fatal Python error" on the shared
+            # stderr; their state is discarded with the run anyway.
+            stop_child_processes(grace=0)
+            raise Interrupted(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield state
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def stop_child_processes(grace: float = 5.0) -> None:
+    """Terminate every descendant of this process (Beam's SDK workers, a local dask cluster), then
+    kill the ones still alive after `grace` seconds (0: kill at once): none outlives an interrupted
+    command."""
+    try:
+        import psutil
+    except ImportError:  # psutil is a dependency of the dist extra; without it, children get SIGTERM from /proc
+        _terminate_from_proc(signal.SIGTERM if grace > 0 else signal.SIGKILL)
+        return
+    try:
+        children = psutil.Process(os.getpid()).children(recursive=True)
+    except psutil.Error:
+        return
+    if grace > 0:
+        for child in children:
+            try:
+                child.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(children, timeout=grace)
+    else:
+        alive = children
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def _terminate_from_proc(sig: int = signal.SIGKILL) -> None:
+    me = os.getpid()
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+                parents[int(entry)] = int(fields[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    family, grew = {me}, True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in family and pid not in family:
+                family.add(pid)
+                grew = True
+    for pid in family - {me}:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass

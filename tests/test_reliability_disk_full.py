@@ -1,0 +1,121 @@
+"""A full or read-only file system (issue 35): under OUT and its spill folder, at a checkpoint, during
+`shm publish` — one line naming the path, partial files removed, exit 1.  Real small tmpfs mounts,
+made by the test as root; skipped with the reason where mounting is not permitted."""
+import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dsdata.io.shards import ShardSetWriter
+from dsdata.io.storage_errors import storage_failure
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def tmpfs(path: Path, options: str):
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {proc.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+
+
+def _corpus(path, n):
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"id": f"d{i}", "text": f"Document {i}: " + " ".join(f"w{i * 7 + j}" for j in range(60))})
+                     + "\n")
+
+
+def _one_error_line(proc, code=1, prefix="dsdata: error: "):
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+    assert len(errors) == 1 and errors[0].startswith(prefix), proc.stderr[-3000:]
+    return errors[0]
+
+
+def _files(root: Path):
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("stages", ["[]", "\n  - dedup: {threshold: 0.8}\n"])
+def test_a_full_out_is_one_line_and_leaves_no_partial_output(tmp_path, stages):
+    _corpus(tmp_path / "in.jsonl", 20_000)  # ~8 MB of text: kept/ (or dedup's .spill) cannot fit in 1 MiB
+    (tmp_path / "r.yaml").write_text(f"input: {{paths: [in.jsonl]}}\noutput: out\nstages: {stages}\n")
+    with tmpfs(tmp_path / "out", "size=1m") as out:
+        proc = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--quiet"], cwd=tmp_path,
+                              env=_env(), capture_output=True, text=True, timeout=600)
+        line = _one_error_line(proc)
+        assert "no space left on device writing " + str(out) in line and "bytes free there" in line, line
+        assert "partial outputs were removed" in line
+        left = [p.relative_to(out).as_posix() for p in _files(out)]
+        assert left == ["INCOMPLETE"], left
+        assert not (out / ".spill").exists() and not (out / ".dsdata.lock").exists()
+
+
+def test_storage_failure_is_found_in_beams_rewrapped_text():
+    wrapped = RuntimeError("OSError: [Errno 28] No space left on device: '/o/kept/x.parquet' [while running 'W']")
+    assert storage_failure(wrapped).path == "/o/kept/x.parquet"
+    assert storage_failure(RuntimeError("stage 'dedup': OSError: [Errno 122] Disk quota exceeded")).errno == 122
+    assert storage_failure(ValueError("[Errno 2] No such file or directory: 'x'")) is None
+
+
+def test_a_checkpoint_on_a_full_disk_is_one_line_and_no_partial_checkpoint(tmp_path):
+    with tmpfs(tmp_path / "run", "size=160k") as run_dir:
+        args = [sys.executable, "-m", "dsdata.train", "--config", str(REPO / "models" / "tiny.toml"),
+                "--run-dir", str(run_dir), "--quiet"]
+        for item in ["model.dim=64", "model.n_heads=2", "training.seq_len=32", "data.synthetic_vocab=64",
+                     "logging.tensorboard=false", "logging.console_interval=0", "export.enabled=false",
+                     "training.steps=4", "checkpoint.interval=2"]:
+            args += ["--set", item]
+        proc = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=600)
+        line = _one_error_line(proc, prefix="dsdata-train: error: ")
+        assert "no space left on device" in line and str(run_dir) in line, line
+        checkpoints = run_dir / "checkpoints"
+        assert not checkpoints.exists() or not [p for p in checkpoints.iterdir() if p.name.startswith(".tmp")]
+
+
+def _shards(directory):
+    writer = ShardSetWriter(str(directory), shard_size=4000)
+    rng = np.random.default_rng(0)
+    for i in range(64):
+        writer.add(f"d{i}", rng.integers(1, 16000, 200, dtype=np.uint16), "easy")
+    return writer.close()
+
+
+def _publish(shards, root):
+    env = dict(_env(), DSDATA_SHM_ROOT=str(root))
+    return subprocess.run([sys.executable, "-m", "dsdata.cli", "shm", "publish", str(shards), "--name", "set"],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_shm_publish_onto_a_read_only_file_system_is_one_line(tmp_path):
+    _shards(tmp_path / "shards")
+    with tmpfs(tmp_path / "shm", "size=4m") as shm:
+        (shm / "dsdata").mkdir(mode=0o700)  # the root exists (published to before), then the mount turns read-only
+        subprocess.run(["mount", "-o", "remount,ro", str(shm)], check=True)
+        line = _one_error_line(_publish(tmp_path / "shards", shm / "dsdata"))
+        assert "read-only file system" in line and str(shm) in line
+
+
+def test_shm_publish_onto_a_file_system_that_fills_is_one_line_and_removes_its_copy(tmp_path):
+    _shards(tmp_path / "shards")
+    # Bytes are free but inodes are not: the free-space check passes and the copy fills the disk.
+    with tmpfs(tmp_path / "shm", "size=4m,nr_inodes=6") as shm:
+        line = _one_error_line(_publish(tmp_path / "shards", shm / "dsdata"))
+        assert "no space left on device" in line, line
+        assert not _files(shm) and not [p for p in (shm / "dsdata").iterdir() if p.name != "set"]

@@ -1,0 +1,144 @@
+"""Model and tokenizer files are input too (issue 35): a truncated or garbled fastText model is one
+line at setup (the binding segfaulted), a tokenizer regex over the engine's backtracking limit
+rejects its record (pyo3's PanicException is a BaseException and killed the run), an n-gram folder
+whose lm.json names files outside it is refused, a truncated ARPA is one line."""
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsdata.stages.fasttext_model import UnusableModel, check_model_file
+
+REPO = Path(__file__).resolve().parents[1]
+LID = REPO / "dsdata" / "models" / "lid176" / "lid.176.ftz"
+MODELS = REPO / "pipelines" / "models"
+
+
+def _run(tmp_path, stages, docs=None, extra=()):
+    docs = docs or [{"id": f"d{i}", "text": f"This is an English sentence number {i}."} for i in range(5)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "r.yaml").write_text(f"input: {{paths: [in.jsonl]}}\noutput: out\nstages:\n{stages}")
+    env = dict(os.environ, PYTHONPATH=str(REPO), RUST_BACKTRACE="0")
+    return subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--quiet", *extra], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def _one_line(proc):
+    assert proc.returncode in (1, 2), (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "apitools" not in ln]
+    assert len(lines) == 1 and lines[0].startswith("dsdata: error: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------- fastText
+
+@pytest.mark.parametrize("keep", [0, 3, 8, 60, 100, 4096, 100_000, 500_000, -1])
+def test_a_truncated_fasttext_model_is_refused_before_the_binding_reads_it(tmp_path, keep):
+    data = LID.read_bytes()
+    bad = tmp_path / "lid.ftz"
+    bad.write_bytes(data[:keep] if keep >= 0 else data[:-1])
+    with pytest.raises(UnusableModel, match="is not a fastText model"):
+        check_model_file(str(bad))
+
+
+def test_a_fasttext_model_with_garbled_sizes_or_trailing_bytes_is_refused(tmp_path):
+    data = bytearray(LID.read_bytes())
+    check_model_file(str(LID))
+    cases = {"dim": (8, b"\xff\xff\x00\x00"), "size": (64, b"\xff\xff\xff\x7f"), "magic": (0, b"\0\0\0\0")}
+    for name, (offset, patch) in cases.items():
+        garbled = bytearray(data)
+        garbled[offset:offset + len(patch)] = patch
+        (tmp_path / name).write_bytes(bytes(garbled))
+        with pytest.raises(UnusableModel):
+            check_model_file(str(tmp_path / name))
+    (tmp_path / "joined").write_bytes(bytes(data) + b"extra")
+    with pytest.raises(UnusableModel, match="bytes after the output matrix"):
+        check_model_file(str(tmp_path / "joined"))
+
+
+@pytest.mark.parametrize("engine", ["compiled", "binding"])
+def test_a_truncated_lang_model_is_one_line_not_a_segfault(tmp_path, engine):
+    (tmp_path / "lid.ftz").write_bytes(LID.read_bytes()[:200_000])
+    extra = dict(os.environ)
+    proc_env = {"DSDATA_NO_NUMBA": "1"} if engine == "binding" else {}
+    os.environ.update(proc_env)
+    try:
+        proc = _run(tmp_path, "  - lang: {backend: fasttext, model: lid.ftz, keep: [], min_score: 0}\n")
+    finally:
+        os.environ.clear()
+        os.environ.update(extra)
+    line = _one_line(proc)
+    assert "is not a fastText model" in line and "lid.ftz" in line
+
+
+# ------------------------------------------------------------------------------------ tokenizers
+
+@pytest.mark.skipif(not (MODELS / "tokenizer" / "tokenizer.json").is_file(), reason="no tokenizer model")
+def test_a_tokenizer_regex_over_the_backtracking_limit_rejects_its_record_not_the_run(tmp_path):
+    folder = tmp_path / "tok"
+    shutil.copytree(MODELS / "tokenizer", folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False},
+        spec["pre_tokenizer"]]}
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    docs = [{"id": "ok1", "text": "plain words"}, {"id": "bomb", "text": "a" * 60 + "!"},
+            {"id": "ok2", "text": "more plain words"}]
+    proc = _run(tmp_path, "  - tokenize: {tokenizer: tok}\n", docs=docs, extra=["--max-errors=5"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["kept"] == 2 and stats["ledger_ok"]
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "out" / "rejected").to_pylist()
+    assert [r["id"] for r in rows] == ["bomb"] and rows[0]["reason"] == "error"
+    assert "PanicException" in rows[0]["detail"]
+
+
+# -------------------------------------------------------------------------------- n-gram folders
+
+def _lm_folder(tmp_path):
+    folder = tmp_path / "lm" / "en"
+    shutil.copytree(MODELS / "lm" / "en", folder)
+    return folder
+
+
+@pytest.mark.skipif(not (MODELS / "lm" / "en" / "lm.json").is_file(), reason="no n-gram model")
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "link", "fifo"])
+def test_an_ngram_folder_cannot_name_files_outside_it(tmp_path, how):
+    folder = _lm_folder(tmp_path)
+    outside = tmp_path / "outside.arpa"
+    shutil.copy(folder / "lm.arpa.gz", outside)
+    meta = json.loads((folder / "lm.json").read_text())
+    if how == "dotdot":
+        meta["arpa"] = "../../outside.arpa"
+    elif how == "absolute":
+        meta["arpa"] = str(outside)
+    elif how == "link":
+        (folder / "lm.arpa.gz").unlink()
+        os.symlink(outside, folder / "lm.arpa.gz")
+        meta.pop("arpa", None)
+    else:
+        (folder / "lm.arpa.gz").unlink()
+        os.mkfifo(folder / "lm.arpa.gz")
+        meta.pop("arpa", None)
+    (folder / "lm.json").write_text(json.dumps(meta))
+    proc = _run(tmp_path, "  - difficulty: {model_dir: lm, backend: ngram}\n", extra=["--set", "difficulty.lang=en"])
+    line = _one_line(proc)
+    assert ("leads out of" in line or "not a plain relative" in line or "a FIFO" in line), line
+
+
+@pytest.mark.skipif(not (MODELS / "lm" / "en" / "lm.json").is_file(), reason="no n-gram model")
+def test_a_truncated_arpa_is_one_line(tmp_path):
+    folder = _lm_folder(tmp_path)
+    text = gzip.decompress((folder / "lm.arpa.gz").read_bytes())
+    (folder / "lm.arpa.gz").write_bytes(gzip.compress(text[: len(text) // 2]))
+    proc = _run(tmp_path, "  - difficulty: {model_dir: lm, backend: ngram}\n", extra=["--set", "difficulty.lang=en"])
+    line = _one_line(proc)
+    assert "lm.arpa.gz" in line

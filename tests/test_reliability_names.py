@@ -1,0 +1,166 @@
+"""Names are bytes (issue 35): an input file whose name is not UTF-8 is read and named losslessly
+in ids and rows, an OUT path that is not UTF-8 works, and globs select files by the folder form's
+rules (hidden files skipped, FIFOs never opened).  Zstd decompression bombs are bounded."""
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from dsdata.document import Rejected
+from dsdata.io.inputs import recovered_path, shown_path
+from dsdata.io.readers import read_file
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(cwd: bytes, *args):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--quiet", *args], cwd=cwd, env=env,
+                          capture_output=True, timeout=600)
+
+
+def _tree(tmp_path):
+    base = os.fsencode(str(tmp_path))
+    os.makedirs(base + b"/in")
+    for i, name in enumerate([b"caf\xe9.jsonl", b"back\\slash\xff.jsonl", b"ok.jsonl", b".hidden.jsonl"]):
+        with open(base + b"/in/" + name, "w") as fh:
+            fh.write(json.dumps({"text": f"document {i}"}) + "\n" + "{bad json\n")
+    os.mkfifo(base + b"/in/.hidden-fifo.jsonl")
+    with open(base + b"/r.yaml", "w") as fh:
+        fh.write("input: {paths: [in]}\noutput: out\nstages: []\n")
+    return base
+
+
+@pytest.mark.parametrize("form", ["folder", "glob"])
+def test_non_utf8_names_are_read_and_named_losslessly(tmp_path, form):
+    base = _tree(tmp_path)
+    out = b"out"
+    proc = _run(base, "--input", "in" if form == "folder" else "in/*.jsonl", "--output", "out")
+    assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")[-3000:]
+    stats = json.loads(open(base + b"/" + out + b"/stats.json", "rb").read())
+    assert stats["input"] == 6 and stats["kept"] == 3 and stats["ledger_ok"]  # the hidden file is not read
+    rejected = pq.read_table(os.fsdecode(base + b"/" + out + b"/rejected")).to_pylist()
+    ids = sorted(r["id"] for r in rejected)
+    assert any("caf\\xe9.jsonl:2" in i for i in ids), ids
+    assert any("back\\\\slash\\xff.jsonl:2" in i for i in ids), ids
+    # The shown name gives the file's bytes back.
+    shown = next(i for i in ids if "caf" in i).rsplit(":", 1)[0]
+    assert os.fsencode(recovered_path(shown)).endswith(b"/in/caf\xe9.jsonl")
+    assert b"Traceback" not in proc.stderr
+
+
+def test_an_out_path_that_is_not_utf8_is_one_line(tmp_path):
+    base = _tree(tmp_path)
+    proc = _run(base, "--output", os.fsdecode(b"out-\xfe"))
+    lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "not a UTF-8 path" in lines[0], lines
+
+
+def test_shown_path_is_utf8_and_invertible():
+    for raw in [b"plain.jsonl", "caf\u00e9.jsonl".encode(), b"\xff\xfe.jsonl", b"a\\xff\x80.jsonl"]:
+        path = os.fsdecode(raw)
+        shown = shown_path(path)
+        shown.encode("utf-8")
+        assert os.fsencode(recovered_path(shown)) == raw
+
+
+def _bomb(path, payload: bytes, total: int):
+    """A zstd frame of `total` bytes of `payload` repeated, between two small frames of real records,
+    written without ever holding the decoded bomb."""
+    good = b"".join(json.dumps({"id": f"g{i}", "text": "hello"}).encode() + b"\n" for i in range(3))
+    with open(path, "wb") as fh:
+        fh.write(zstandard.ZstdCompressor().compress(good))
+        with zstandard.ZstdCompressor(level=3).stream_writer(fh, closefd=False) as writer:
+            block = payload * ((1 << 20) // len(payload))
+            for _ in range(total // len(block)):
+                writer.write(block)
+        fh.write(zstandard.ZstdCompressor().compress(good.replace(b'"g', b'"h')))
+
+
+@pytest.mark.parametrize("payload", [b"a", b"\n"], ids=["one-long-line", "blank-lines"])
+def test_a_zstd_bomb_is_one_too_large_row_in_bounded_memory(tmp_path, payload):
+    path = tmp_path / "bomb.jsonl.zst"
+    _bomb(path, payload, 2 << 30)
+    assert path.stat().st_size < 1 << 20
+    code = ("import io, json, resource, sys\nfrom dsdata.io.readers import read_file\nfrom dsdata.document import Rejected\n"
+            "rows = list(read_file(sys.argv[1], open(sys.argv[1], 'rb')))\n"
+            "print(json.dumps({'kept': [r.id for r in rows if not isinstance(r, Rejected)],\n"
+            "  'rejected': [r.reason for r in rows if isinstance(r, Rejected)],\n"
+            "  'rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["kept"] == ["g0", "g1", "g2", "h0", "h1", "h2"]
+    assert result["rejected"] == ["too_large"]
+    assert result["rss_mb"] < 600, result  # the bomb decodes to 2 GiB
+
+
+# ------------------------------------------------------------------------- .json files are JSON
+
+@pytest.mark.parametrize("body, expected", [
+    (json.dumps({"id": "x", "text": "one"}, indent=2), [("x", None)]),
+    (json.dumps([{"text": "a"}, {"text": "b"}, 3], indent=2), [("F:1", None), ("F:2", None), ("F:3", "not_an_object")]),
+    ("42", [("F", "bad_json")]),
+    ('{"text": "cut', [("F", "bad_json")]),
+    ('{"text": "a"}\n{"text": "b"}\n', [("F:1", None), ("F:2", None)]),  # JSON Lines named .json
+    ("[" * 5000 + "]" * 5000, [("F", "bad_json")]),
+])
+def test_a_json_file_is_one_document(body, expected):
+    for name, data in (("d.json", body.encode()), ("d.json.zst", zstandard.ZstdCompressor().compress(body.encode()))):
+        rows = list(read_file(name, io.BytesIO(data)))
+        got = [((r.doc.id if isinstance(r, Rejected) else r.id).replace(name, "F"),
+                r.reason if isinstance(r, Rejected) else None) for r in rows]
+        assert got == expected, (name, got)
+
+
+def test_a_folder_of_pretty_printed_json_is_read_as_documents(tmp_path):
+    (tmp_path / "in").mkdir()
+    for i in range(20):
+        (tmp_path / "in" / f"doc{i}.json").write_text(json.dumps({"id": f"d{i}", "text": f"text {i}",
+                                                                   "meta": {"a": [1, 2]}}, indent=4))
+    (tmp_path / "r.yaml").write_text("input: {paths: [in]}\noutput: out\nstages: []\n")
+    proc = _run(os.fsencode(str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["input"] == 20 and stats["kept"] == 20 and stats["rejected_total"] == 0
+
+
+def _frames():
+    lines = b"".join(json.dumps({"id": f"r{i}", "text": f"record {i} text " * 20}).encode() + b"\n" for i in range(300))
+    c = zstandard.ZstdCompressor(write_checksum=True)
+    return [c.compress(lines.replace(b'"r', b'"f%d_' % k)) for k in range(3)]
+
+
+def _read(data):
+    rows = list(read_file("x.jsonl.zst", io.BytesIO(data)))
+    return [r for r in rows if not isinstance(r, Rejected)], [r for r in rows if isinstance(r, Rejected)]
+
+
+def test_a_zstd_frame_whose_checksum_alone_is_wrong_keeps_its_rows_and_names_the_check():
+    frames = _frames()
+    bad = bytearray(frames[1])
+    bad[-1] ^= 0xFF  # the checksum's last byte
+    kept, rejected = _read(frames[0] + bytes(bad) + frames[2])
+    assert len(kept) == 900
+    assert len(rejected) == 1 and "fails its checksum" in rejected[0].detail
+
+
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
+def test_a_flipped_byte_inside_a_zstd_frame_is_a_row_and_the_other_frames_are_kept(where):
+    frames = _frames()
+    bad = bytearray(frames[1])
+    bad[int(len(bad) * where)] ^= 0x55
+    kept, rejected = _read(frames[0] + bytes(bad) + frames[2])
+    ids = {d.id for d in kept}
+    assert {f"f0_{i}" for i in range(300)} <= ids and {f"f2_{i}" for i in range(300)} <= ids
+    # Whatever of the damaged frame is not kept is named by a row.
+    assert rejected and all(r.reason in ("corrupt_compression", "bad_json", "invalid_utf8") for r in rejected)
+    assert any("offset" in r.detail for r in rejected if r.reason == "corrupt_compression")

@@ -1,0 +1,165 @@
+"""SIGINT and SIGTERM stop `dsdata run` and the trainer cleanly (issue 35): real signals to real
+processes at several points of a run — while reading, inside a model stage, while the outputs are
+written, with worker processes — end in one line and exit 130/143, with the lock released, no
+worker left, and OUT marked incomplete (no stats.json, OUT/INCOMPLETE)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _corpus(path, n):
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"id": f"d{i}", "text": f"Document number {i} says a few plain words again. " * 6}) + "\n")
+
+
+class _Run:
+    """A `dsdata run` subprocess whose stderr is collected as it comes."""
+
+    def __init__(self, args, cwd):
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.proc = subprocess.Popen([sys.executable, "-m", "dsdata.cli", "run", *args], cwd=cwd, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, condition, timeout=240):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if condition():
+                return
+            assert self.proc.poll() is None, "\n".join(self.lines[-20:])
+            time.sleep(0.05)
+        raise AssertionError("timed out: " + "\n".join(self.lines[-20:]))
+
+    def stop(self, sig):
+        children = psutil.Process(self.proc.pid).children(recursive=True)
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=120)
+        self.reader.join(timeout=10)
+        return children
+
+
+def _assert_stopped_cleanly(run, sig, out, children):
+    assert run.proc.returncode == 128 + sig, "\n".join(run.lines)
+    text = "\n".join(run.lines)
+    assert "Traceback" not in text and "Fatal" not in text, text
+    # The stop is one line, the last, and nothing but start-up lines and progress come before it.
+    assert run.lines[-1].startswith(f"dsdata: stopped by {signal.Signals(sig).name}"), text
+    assert sum("stopped by" in ln for ln in run.lines) == 1
+    assert not (out / ".dsdata.lock").exists()
+    assert not (out / ".spill").exists()
+    assert not (out / "stats.json").exists() and not (out / "report.html").exists()
+    assert "partial" in (out / "INCOMPLETE").read_text()
+    time.sleep(0.5)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def _progress_shows(run, word):
+    return lambda: any(ln.startswith("dsdata: 0:") and word in ln for ln in run.lines)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_reading_stops_the_run(tmp_path, sig):
+    _corpus(tmp_path / "big.jsonl", 600_000)
+    (tmp_path / "r.yaml").write_text("input: {paths: [big.jsonl]}\noutput: out\nstages:\n  - clean: {}\n")
+    run = _Run(["r.yaml", "--progress=lines"], tmp_path)
+    run.wait_for(lambda: any(ln.startswith("dsdata: running") for ln in run.lines))
+    time.sleep(3)  # Beam has started and the reader is reading (600,000 records take well over that)
+    children = run.stop(sig)
+    _assert_stopped_cleanly(run, sig, tmp_path / "out", children)
+
+
+def test_a_signal_inside_a_model_stage_keeps_nothing_that_looks_complete(tmp_path):
+    _corpus(tmp_path / "big.jsonl", 300_000)
+    (tmp_path / "r.yaml").write_text("input: {paths: [big.jsonl]}\noutput: out\nstages:\n"
+                                     "  - lang: {backend: fasttext, keep: [], min_score: 0}\n")
+    # A previous complete run's outputs: the stopped run must not leave them looking like its own.
+    _corpus(tmp_path / "small.jsonl", 5)
+    done = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--quiet", "--input", "small.jsonl"],
+                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "stats.json").exists()
+    run = _Run(["r.yaml", "--progress=lines"], tmp_path)
+    run.wait_for(_progress_shows(run, "lang"))
+    children = run.stop(signal.SIGINT)
+    _assert_stopped_cleanly(run, signal.SIGINT, tmp_path / "out", children)
+
+
+def test_a_signal_while_outputs_are_written_with_worker_processes(tmp_path):
+    _corpus(tmp_path / "big.jsonl", 200_000)
+    (tmp_path / "r.yaml").write_text("input: {paths: [big.jsonl]}\noutput: out\nstages: []\n")
+    run = _Run(["r.yaml", "--progress=lines", "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+               tmp_path)
+    out = tmp_path / "out"
+    # Parquet part files appear under kept/ as bundles are written.
+    run.wait_for(lambda: out.is_dir() and any(p.is_file() for p in out.rglob("*") if "kept" in p.parts or
+                                                 p.name.startswith("beam-temp")), timeout=400)
+    children = run.stop(signal.SIGTERM)
+    assert children, "multi_processing started no worker process"
+    _assert_stopped_cleanly(run, signal.SIGTERM, out, children)
+
+
+# ---------------------------------------------------------------------------------- the trainer
+
+TRAIN_SETS = ["model.dim=32", "model.n_heads=2", "training.seq_len=32", "data.synthetic_vocab=64",
+              "logging.tensorboard=false", "logging.console_interval=0", "export.enabled=false",
+              "training.steps=100000", "checkpoint.interval=0"]
+
+
+def _trainer(run_dir):
+    args = [sys.executable, "-m", "dsdata.train", "--config", str(REPO / "models" / "tiny.toml"),
+            "--run-dir", str(run_dir)]
+    for item in TRAIN_SETS:
+        args += ["--set", item]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_the_trainer_saves_a_checkpoint_on_either_signal(tmp_path, sig):
+    proc = _trainer(tmp_path)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-2000:]
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    lines = [ln for ln in err.splitlines() if "stopped by" in ln]
+    assert len(lines) == 1 and err.strip().splitlines()[-1] == lines[0]
+    assert f"stopped by {signal.Signals(sig).name}: checkpoint saved at step" in lines[0]
+    summary = json.loads(out.splitlines()[-1])
+    step = summary["steps"]
+    assert (tmp_path / "checkpoints" / f"step_{step:08d}" / "trainer_state.json").is_file()
+
+
+def test_the_trainer_stopped_while_setting_up_is_one_line(tmp_path):
+    proc = _trainer(tmp_path)
+    first = proc.stderr.readline()  # the first set-up line: the model is being built, no step made yet
+    assert first.startswith("dsdata-train:"), first
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    last = err.strip().splitlines()[-1]
+    # Before the loop: nothing to save; inside it: a checkpoint.  Either way one line.
+    assert last.startswith("dsdata-train: stopped by SIGINT"), err[-2000:]
+    assert sum("stopped by" in ln for ln in err.splitlines()) == 1
