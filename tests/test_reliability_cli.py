@@ -228,6 +228,6 @@ def test_set_input_format_is_checked_before_the_run(tmp_path):
 def test_a_file_of_unknown_format_in_a_glob_is_a_row_not_a_crash(tmp_path):
     from dsdata.io.readers import read_local
 
-    (tmp_path / "README.txt").write_text("not data")
-    (row,) = read_local(str(tmp_path / "README.txt"))
+    (tmp_path / "notes.rtf").write_text("not data")  # .txt and .md are the text format now
+    (row,) = read_local(str(tmp_path / "notes.rtf"))
     assert row.reason == "unknown_format" and "cannot tell the format" in row.detail
