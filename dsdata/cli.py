@@ -121,7 +121,7 @@ def _prepare_run(args: argparse.Namespace, beam_args: list[str]):
     """The recipe with the command line applied and every check made before anything is written;
     returns (recipe, output directory)."""
     from dsdata.io.inputs import expand_directories, input_notes, left_out
-    from dsdata.io.outlock import check_output_dir
+    from dsdata.io.outlock import check_output_dir, check_remote_output
     from dsdata.recipe import INPUT_FORMATS, load_recipe, recipe_output
 
     recipe = load_recipe(args.recipe or _default_recipe(), args.set)
@@ -132,14 +132,21 @@ def _prepare_run(args: argparse.Namespace, beam_args: list[str]):
     if recipe.input_format not in INPUT_FORMATS:  # --set input.format=... is only checked here
         raise UserError(f"input format '{recipe.input_format}' is not one of {', '.join(INPUT_FORMATS)}")
     output = args.output or recipe_output(recipe)  # --output may point anywhere; a recipe's may not leave ./
+    if any("://" in p for p in [output, *recipe.inputs]):
+        # Remote inputs and outputs are checked below through Beam's file systems, which take their
+        # settings (S3's --s3_endpoint_url, credentials, …) from the run's options.
+        from apache_beam.io.filesystems import FileSystems
+
+        from dsdata.beam.pipeline import pipeline_options
+
+        FileSystems.set_options(pipeline_options(list(recipe.beam_args) + beam_args))
     _check_inputs(recipe.inputs, recipe.path)
     _check_fasttext(recipe)
     _check_beam_args(list(recipe.beam_args) + beam_args)
     # May refuse an input, before OUT is made; the recipe's own inputs must stay in its directory.
     expanded = expand_directories(recipe.inputs, recipe.input_format,
                                   confine_to=None if args.input else recipe.directory)
-    if "://" not in output:
-        output = check_output_dir(output)
+    output = check_remote_output(output) if "://" in output else check_output_dir(output)
     if expanded.skipped and not args.quiet:
         names = ", ".join(os.path.basename(p) for p in expanded.skipped[:3]) + (", …" if len(expanded.skipped) > 3 else "")
         print(f"dsdata: {len(expanded.skipped)} file(s) in the input director(ies) have no known format in their "
@@ -190,9 +197,25 @@ def _check_inputs(patterns: list[str], recipe_path: str) -> None:
         raise UserError(f"no input: {recipe_path} names no input.paths; pass --input GLOB")
     for pattern in patterns:
         if "://" in pattern:
+            _check_remote_input(pattern)
             continue
         if not glob.glob(pattern):
             raise UserError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
+
+
+def _check_remote_input(pattern: str) -> None:
+    """A remote input pattern matches at least one object (listing it also checks the endpoint and
+    the credentials)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from dsdata.io.location import storage_error
+
+    try:
+        matched = FileSystems.match([pattern])[0].metadata_list
+    except Exception as exc:  # noqa: BLE001 - each file system raises its own kinds
+        raise UserError(f"cannot list input '{pattern}': {storage_error(exc)}") from None
+    if not matched:
+        raise UserError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
 
 
 def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info: bool) -> list[str]:

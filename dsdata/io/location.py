@@ -95,12 +95,35 @@ def upload(local_path: str, path: str) -> None:
             dst.write(block)
 
 
+def storage_error(exc: BaseException) -> str:
+    """One line for what a file system raised: Beam wraps a client's error (S3's AccessDenied,
+    NoSuchBucket, a refused connection) in a BeamIOError holding it per path."""
+    details = getattr(exc, "exception_details", None)
+    if isinstance(details, dict) and details:
+        exc = next(iter(details.values()))
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def check_writable(folder: str) -> None:
+    """Write and delete one probe file in `folder` (remote too): a missing bucket, refused
+    credentials or an unreachable endpoint surface as OSError (one line) before a run starts."""
+    probe = join(folder, f".dsdata-write-probe-{uuid.uuid4().hex}")
+    try:
+        write_bytes(probe, b"x")
+        remove_file(probe)
+    except Exception as exc:  # noqa: BLE001 - every file system raises its own kinds
+        raise OSError(storage_error(exc)) from None
+
+
 def exists(path: str) -> bool:
     return FileSystems.exists(path)
 
 
 def size(path: str) -> int:
-    return FileSystems.size(path) if is_remote(path) else os.path.getsize(path)
+    if not is_remote(path):
+        return os.path.getsize(path)
+    return FileSystems.match([path], [1])[0].metadata_list[0].size_in_bytes
 
 
 def make_dirs(path: str) -> None:
