@@ -204,16 +204,13 @@ def _check_inputs(patterns: list[str], recipe_path: str) -> None:
 
 
 def _check_remote_input(pattern: str) -> None:
-    """A remote input pattern matches at least one object (listing it also checks the endpoint and
-    the credentials)."""
-    from apache_beam.io.filesystems import FileSystems
-
-    from dsdata.io.location import storage_error
+    """A remote input pattern matches at least one object."""
+    from dsdata.io.location import matching
 
     try:
-        matched = FileSystems.match([pattern])[0].metadata_list
-    except Exception as exc:  # noqa: BLE001 - each file system raises its own kinds
-        raise UserError(f"cannot list input '{pattern}': {storage_error(exc)}") from None
+        matched = matching(pattern)
+    except OSError as exc:
+        raise UserError(f"cannot list input '{pattern}': {exc}") from None
     if not matched:
         raise UserError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
 

@@ -17,9 +17,11 @@ removes the objects under its prefix.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import uuid
+from contextlib import contextmanager
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -109,11 +111,30 @@ def check_writable(folder: str) -> None:
     """Write and delete one probe file in `folder` (remote too): a missing bucket, refused
     credentials or an unreachable endpoint surface as OSError (one line) before a run starts."""
     probe = join(folder, f".dsdata-write-probe-{uuid.uuid4().hex}")
-    try:
+    with _one_line_errors():
         write_bytes(probe, b"x")
         remove_file(probe)
+
+
+def matching(pattern: str) -> list[str]:
+    """The files a pattern matches (remote: listing it also checks the endpoint and credentials);
+    OSError in one line when it cannot be listed."""
+    with _one_line_errors():
+        return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+
+
+@contextmanager
+def _one_line_errors():
+    """What a file system raises inside the block → OSError(one line).  Beam's S3 client logs a
+    failed request with its traceback before raising; that log is held back here, the raised
+    error says the same in one line."""
+    logging.disable(logging.ERROR)
+    try:
+        yield
     except Exception as exc:  # noqa: BLE001 - every file system raises its own kinds
         raise OSError(storage_error(exc)) from None
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def exists(path: str) -> bool:
