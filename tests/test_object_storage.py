@@ -83,6 +83,10 @@ def test_pretrain_on_s3_writes_every_output_as_a_local_run_does(s3_server, tmp_p
     manifest = json.loads(there["shards/manifest.json"])
     assert manifest["totals"]["docs"] == stats_there["kept"]
     assert b"<html" in there["report.html"][:200].lower()
+    # The credentials given as flags are not written beside the outputs.
+    for name in ("run.json", "report.html"):
+        assert s3_server.secret_key.encode() not in there[name], name
+    assert json.loads(there["run.json"])["pipeline_options"]["s3_secret_access_key"] == "<redacted>"
 
 
 def _reader_inputs(root: Path) -> None:

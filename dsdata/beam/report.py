@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import platform
+import re
 from collections import Counter
 from typing import Any, Iterable
 
@@ -47,6 +48,12 @@ NUMERIC_HISTOGRAMS = [
 # Run information (written at run time, read by the report)
 
 
+# Credentials given as Beam flags (--s3_secret_access_key, --s3_session_token, …) are shown as this
+# in run.json and the report, which are shared with the outputs.
+REDACTED = "<redacted>"
+_CREDENTIAL_OPTION = re.compile(r"secret|password|token|access_key|credential", re.IGNORECASE)
+
+
 def run_info(recipe, stages, options, seconds: float | None = None) -> dict[str, Any]:
     """What the report shows as 'the recipe as run': stages with resolved parameters, runner, inputs, versions."""
     import apache_beam
@@ -67,7 +74,8 @@ def run_info(recipe, stages, options, seconds: float | None = None) -> dict[str,
         "input_format": recipe.input_format,
         "stages": [{"name": s.name, "params": _jsonable(s.parameter_values())} for s in stages],
         "runner": str(runner) if runner is not None else None,
-        "pipeline_options": _jsonable({k: v for k, v in flags.items() if v is not None}),
+        "pipeline_options": _jsonable({k: REDACTED if _CREDENTIAL_OPTION.search(k) else v
+                                       for k, v in flags.items() if v is not None}),
         "dsdata_version": __version__,
         "beam_version": apache_beam.__version__,
         "python_version": platform.python_version(),
