@@ -202,3 +202,18 @@ def test_small_run_on_s3_ledger_and_rows(s3_server, tmp_path):
     assert sorted(kept + [r[0] for r in rejected]) == sorted(d["id"] for d in docs)
     assert {d["id"] for d in docs if d["text"] == "x"} <= {doc_id for doc_id, _ in rejected}
     assert not [k for k in s3_server.keys(bucket, "out/") if "/." in k]  # no temporary or spill object left
+
+
+def test_run_info_redacts_credential_flags():
+    from types import SimpleNamespace
+
+    from dsdata.beam.pipeline import pipeline_options
+    from dsdata.beam.report import REDACTED, run_info
+
+    options = pipeline_options(["--s3_endpoint_url=http://127.0.0.1:9", "--s3_access_key_id=AKIAEXAMPLE",
+                                "--s3_secret_access_key=very-secret", "--s3_session_token=tok"])
+    recipe = SimpleNamespace(name="r", path="r.yaml", inputs=["s3://b/in.jsonl"], input_format="auto")
+    flags = run_info(recipe, [], options)["pipeline_options"]
+    assert flags["s3_endpoint_url"] == "http://127.0.0.1:9"
+    assert flags["s3_secret_access_key"] == flags["s3_access_key_id"] == flags["s3_session_token"] == REDACTED
+    assert "very-secret" not in json.dumps(flags)

@@ -101,8 +101,9 @@ def storage_error(exc: BaseException) -> str:
     """One line for what a file system raised: Beam wraps a client's error (S3's AccessDenied,
     NoSuchBucket, a refused connection) in a BeamIOError holding it per path."""
     details = getattr(exc, "exception_details", None)
-    if isinstance(details, dict) and details:
+    while isinstance(details, dict) and details:  # a match wraps an exists() wraps the client's error
         exc = next(iter(details.values()))
+        details = getattr(exc, "exception_details", None)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
