@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from million_corpus import generate  # noqa: E402
 
-from dsdata.beam.engines import prism_binary  # noqa: E402
+from dsdata.beam.engines.artifacts import prism_binary  # noqa: E402
 
 RECIPE = REPO / "pipelines" / "pretrain.yaml"
 

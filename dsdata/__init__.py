@@ -1,2 +1,25 @@
-"""dsdata: LLM pre-training data pipelines on Apache Beam, and a trainer for them."""
+"""dsdata: LLM pre-training data pipelines on Apache Beam, and a trainer for them.
+
+The Python API (docs in README.md, "Python API"):
+
+* `dsdata.run(recipe, inputs=..., output=..., overrides=...)` runs a recipe as `dsdata run` does and
+  returns its stats (OUT/stats.json as a dict); every problem is one `dsdata.RunError`.
+* `dsdata.register_stage(cls)` makes a DocumentStage or BatchStage subclass usable by name in recipes.
+
+They are imported on first use: `import dsdata` loads neither Beam nor pyarrow.
+"""
 __version__ = "0.1.0"
+
+_LAZY = {"run": "dsdata.api", "RunError": "dsdata.api", "register_stage": "dsdata.stages"}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # looked up once
+        return value
+    raise AttributeError(f"module 'dsdata' has no attribute {name!r}")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import importlib
 import json
@@ -13,7 +12,7 @@ import warnings
 
 from dsdata.collector import collect_young_less
 
-DEFAULT_RECIPE = os.path.join("pipelines", "pretrain.yaml")
+from dsdata.api import DEFAULT_RECIPE, RunError, execute, one_line_errors, prepare_run
 
 # Sub-commands implemented in their own modules (dsdata/commands/NAME.py, each with main(argv)).
 SUBCOMMANDS = {
@@ -29,14 +28,6 @@ SUBCOMMANDS = {
 
 class UserError(Exception):
     """An error the user can fix; printed as one line, exit status 2."""
-
-
-def _default_recipe() -> str:
-    if os.path.isfile(DEFAULT_RECIPE):
-        return DEFAULT_RECIPE
-    # Installed elsewhere than the checkout: fall back to the recipe next to the package source.
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), DEFAULT_RECIPE)
-    return here
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -84,78 +75,29 @@ _collect_after_startup.pending = False
 
 
 def cmd_run(argv: list[str]) -> int:
+    """`dsdata run`: the checks and the run of dsdata.run() (dsdata/api.py), with the command's lines."""
     args, beam_args = _run_parser().parse_known_args(argv)
-    bad = [a for a in beam_args if not a.startswith("--")]
-    if bad:
-        raise UserError(f"unexpected argument(s) {' '.join(bad)}; Beam options must look like --name=value")
-
-    from dsdata.beam.errors import ErrorBudget
-    from dsdata.beam.pipeline import run_recipe
-    from dsdata.beam.progress import resolve_mode
-    from dsdata.io.outlock import output_lock
-
-    try:
-        budget = ErrorBudget.parse(args.max_errors)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    from dsdata.report.display import resolve_mode
 
     if not args.quiet:
         logging.getLogger("dsdata").setLevel(logging.INFO)
-
-    recipe, output = _prepare_run(args, beam_args)
-    if not args.quiet:
-        print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
-              f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
-    _say_what_is_replaced(output, recipe)
-    _collect_after_startup()
-    with output_lock(output) if "://" not in output else contextlib.nullcontext():
-        stats = run_recipe(recipe, output, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
-                           max_errors=budget, progress=resolve_mode(args.progress, quiet=args.quiet))
+    with one_line_errors():
+        prepared = prepare_run(args.recipe, args.input, args.output, args.format, args.set, beam_args,
+                               max_errors=args.max_errors, quiet=args.quiet)
+        for line in prepared.notes:
+            print(f"dsdata: {line}", file=sys.stderr)
+        recipe, output = prepared.recipe, prepared.output
+        if not args.quiet:
+            print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
+                  f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
+        _say_what_is_replaced(output, recipe)
+        _collect_after_startup()
+        stats = execute(prepared, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
+                        progress=resolve_mode(args.progress, quiet=args.quiet))
     if not args.quiet:
         _print_summary(stats, output)
     print(json.dumps({k: stats[k] for k in ("input", "kept", "augmented", "rejected_total", "seconds")}))
     return 0
-
-
-def _prepare_run(args: argparse.Namespace, beam_args: list[str]):
-    """The recipe with the command line applied and every check made before anything is written;
-    returns (recipe, output directory)."""
-    from dsdata.io.inputs import expand_directories, input_notes, left_out
-    from dsdata.io.outlock import check_output_dir, check_remote_output
-    from dsdata.recipe import INPUT_FORMATS, load_recipe, recipe_output
-
-    recipe = load_recipe(args.recipe or _default_recipe(), args.set)
-    if args.input:
-        recipe.inputs = [p if "://" in p else os.path.abspath(p) for p in args.input]
-    if args.format:
-        recipe.input_format = args.format
-    if recipe.input_format not in INPUT_FORMATS:  # --set input.format=... is only checked here
-        raise UserError(f"input format '{recipe.input_format}' is not one of {', '.join(INPUT_FORMATS)}")
-    output = args.output or recipe_output(recipe)  # --output may point anywhere; a recipe's may not leave ./
-    if any("://" in p for p in [output, *recipe.inputs]):
-        # Remote inputs and outputs are checked below through Beam's file systems, which take their
-        # settings (S3's --s3_endpoint_url, credentials, …) from the run's options.
-        from apache_beam.io.filesystems import FileSystems
-
-        from dsdata.beam.pipeline import pipeline_options
-
-        FileSystems.set_options(pipeline_options(list(recipe.beam_args) + beam_args))
-    _check_inputs(recipe.inputs, recipe.path)
-    _check_fasttext(recipe)
-    _check_beam_args(list(recipe.beam_args) + beam_args)
-    # May refuse an input, before OUT is made; the recipe's own inputs must stay in its directory.
-    expanded = expand_directories(recipe.inputs, recipe.input_format,
-                                  confine_to=None if args.input else recipe.directory)
-    output = check_remote_output(output) if "://" in output else check_output_dir(output)
-    if expanded.skipped and not args.quiet:
-        names = ", ".join(os.path.basename(p) for p in expanded.skipped[:3]) + (", …" if len(expanded.skipped) > 3 else "")
-        print(f"dsdata: {len(expanded.skipped)} file(s) in the input director(ies) have no known format in their "
-              f"name and are not read ({names}); pass --format FMT to read them", file=sys.stderr)
-    for line in input_notes(expanded, quiet=args.quiet):
-        print(f"dsdata: {line}", file=sys.stderr)
-    recipe.inputs = expanded.patterns
-    recipe.inputs_left_out = left_out(expanded)
-    return recipe, output
 
 
 def _print_summary(stats: dict, output: str) -> None:
@@ -165,54 +107,6 @@ def _print_summary(stats: dict, output: str) -> None:
     report = os.path.join(output, "report.html")
     if "://" not in output and os.path.isfile(report):
         print(f"dsdata: report: {report} (open it in a browser)", file=sys.stderr)
-
-
-# Beam's multi-threaded in-process worker (EmbeddedPythonGrpcEnvironment) drops elements between
-# fused stages: 3 runs in 8 of clean+rules on 20,000 documents lost 95-336 records after the reader
-# had yielded all 20,000 (its own log line says so), once with both ledger sides short alike, so the
-# ledger passed.  multi_processing and in_memory, the same runner with other workers, lost nothing in
-# the same repro (issue 14; docs/reliability.md).  Until Beam fixes it, the mode is refused.
-UNSAFE_RUNNING_MODES = {
-    "multi_threading": "Beam's multi-threaded in-process worker loses records between stages (3 runs in 8 "
-                       "on 20,000 documents, sometimes unseen by the ledger); use "
-                       "--direct_running_mode=multi_processing or in_memory",
-}
-
-
-def _check_beam_args(beam_args: list[str]) -> None:
-    from dsdata.beam.options import check_runner, last_option
-
-    runner = last_option(beam_args, "runner")
-    if runner is not None:
-        check_runner(runner)
-    mode = last_option(beam_args, "direct_running_mode")
-    if mode in UNSAFE_RUNNING_MODES:
-        raise UserError(f"--direct_running_mode={mode} is refused: {UNSAFE_RUNNING_MODES[mode]}")
-
-
-def _check_inputs(patterns: list[str], recipe_path: str) -> None:
-    import glob
-
-    if not patterns:
-        raise UserError(f"no input: {recipe_path} names no input.paths; pass --input GLOB")
-    for pattern in patterns:
-        if "://" in pattern:
-            _check_remote_input(pattern)
-            continue
-        if not glob.glob(pattern):
-            raise UserError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
-
-
-def _check_remote_input(pattern: str) -> None:
-    """A remote input pattern matches at least one object."""
-    from dsdata.io.location import matching
-
-    try:
-        matched = matching(pattern)
-    except OSError as exc:
-        raise UserError(f"cannot list input '{pattern}': {exc}") from None
-    if not matched:
-        raise UserError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
 
 
 def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info: bool) -> list[str]:
@@ -257,48 +151,20 @@ def _say_what_is_replaced(output: str, recipe) -> None:
               f"this run of '{recipe.name}' replaces them (pass --output DIR to keep them)", file=sys.stderr)
 
 
-def _fasttext_need(recipe) -> bool | None:
-    """None: the recipe does not use fastText; False: only to predict (lang); True: the relevance
-    fastText scorer, which needs fasttext-numpy2's full module."""
-    need = None
-    for spec in recipe.stages:
-        if spec.name == "lang" and spec.params.get("backend", "fasttext") == "fasttext":
-            need = bool(need)
-        elif spec.name == "relevance" and isinstance(spec.params.get("model"), str):
-            from dsdata.relevance.scorer import detect_backend
-
-            try:
-                backend = spec.params.get("backend", "auto")
-                backend = detect_backend(spec.params["model"]) if backend == "auto" else backend
-            except ValueError:
-                continue  # the stage's own validation says what is wrong with the model
-            if backend == "fasttext":
-                need = True
-    return need
-
-
-def _check_fasttext(recipe) -> None:
-    """A broken fastText install stops the run before Beam starts, in one line."""
-    need = _fasttext_need(recipe)
-    if need is None:
-        return
-    from dsdata.commands.doctor import fasttext_problem
-
-    problem = fasttext_problem(need_training=need)
-    if problem:
-        raise UserError(f"{problem} (details: dsdata doctor)")
-
-
 def cmd_stages(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="dsdata stages", description="List stages and their parameters.")
     parser.add_argument("name", nargs="?", help="show one stage only")
     args = parser.parse_args(argv)
-    from dsdata.stages import REGISTRY, available_stages, stage_class
+    from dsdata.stages import REGISTRY, available_stages, custom_stage_problems, custom_stages, stage_class
 
-    names = [args.name] if args.name else [n for n in REGISTRY if n in available_stages()]
+    names = [args.name] if args.name else [n for n in REGISTRY if n in available_stages()] + custom_stages()
+    if not args.name:
+        for problem in custom_stage_problems():  # a broken plugin is named, and the others still listed
+            print(f"dsdata: warning: {problem}", file=sys.stderr)
     for name in names:
         cls = stage_class(name)
-        print(f"{name}: {cls.description}")
+        origin = "" if name in REGISTRY else f"  [from {cls.__module__}]"
+        print(f"{name}: {cls.description}{origin}")
         for key, spec in cls.params.items():
             print(f"    {key} = {spec.default!r}  ({spec.describe()})\n        {spec.help}")
         if cls.annotations:
@@ -352,15 +218,9 @@ def _stdout_closed() -> int:
 
 
 def cmd_dispatch(commands, argv: list[str]) -> int:
-    from dsdata.beam.engines import EngineError
-    from dsdata.beam.errors import RunFailed
-    from dsdata.beam.options import BeamOptionError
-    from dsdata.io.inputs import InputPathError
-    from dsdata.io.outlock import OutputDirError
-    from dsdata.io.readers import InputFormatError
-    from dsdata.recipe import RecipeError
-    from dsdata.stages import StageConfigError
+    from dsdata.api import _problem_classes
 
+    before, during = _problem_classes()
     name, rest = argv[0], argv[1:]
     try:
         if name in commands:
@@ -378,11 +238,13 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
         if name.startswith("-") or name.endswith((".yaml", ".yml")):
             return commands["run"][0](argv)
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")
-    except (UserError, RecipeError, StageConfigError, InputFormatError, InputPathError, FileNotFoundError,
-            BeamOptionError, OutputDirError, EngineError) as exc:
+    except RunError as exc:  # `dsdata run`: exit 2 before a run, 1 for one that started and failed
+        print(f"dsdata: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except (UserError, *before) as exc:  # the other commands
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
-    except RunFailed as exc:  # the run started and cannot succeed: over the error budget, or a stage cannot run
+    except during as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 1
 

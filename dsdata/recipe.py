@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from dsdata.beam.options import BeamOptionError, recipe_beam_args
+from dsdata.runners import BeamOptionError, find_runner
 from dsdata.safe_yaml import YamlBoundError, load_bounded
 from dsdata.stages import Stage, StageConfigError, stage_class
 
@@ -64,6 +64,15 @@ class Recipe:
     beam_args: list[str] = field(default_factory=list)
     # Not from the recipe file: the matched paths that `dsdata run` left out (inputs.left_out), for stats.json.
     inputs_left_out: dict[str, Any] = field(default_factory=dict)
+    # The input paths as the recipe file gives them (resolved): while `inputs` are among them, a run
+    # keeps every file it reads inside the recipe's folder.  `inputs_checked`: the inputs were
+    # checked and expanded (dsdata.io.inputs.resolve_recipe_inputs), so a run does not do it again.
+    file_inputs: tuple[str, ...] = ()
+    inputs_checked: bool = False
+
+    @property
+    def inputs_from_file(self) -> bool:
+        return bool(self.inputs) and set(self.inputs) <= set(self.file_inputs)
 
     @property
     def directory(self) -> str:
@@ -118,6 +127,84 @@ def _as_stage_list(raw: Any, path: str) -> list[StageSpec]:
         else:
             raise RecipeError(f"{path}: stages[{i}] must be a stage name or a one-key mapping 'NAME: {{params}}'")
     return specs
+
+
+# ---------------------------------------------------------------------------------------------
+# The recipe's `beam:` section: which Beam options a shared file may carry.
+#
+# A recipe is a file people share.  Beam options can make a runner execute commands
+# (`environment_type: beam:env:harness_subprocess_python:v1` with an `environment_config` command,
+# a `PROCESS` environment's `command`, a `sdk_location`/`setup_file`/`extra_packages` installed on
+# workers, a container image, a job endpoint or job-server jar that is started): whoever writes the
+# recipe would run code on the machine of whoever runs it.  So a recipe's `beam:` section takes only
+# the options below — which runner and how many workers/threads — with scalar values; every other
+# option is the user's own choice, given on the command line.
+#
+# Nor may a recipe choose a runner or a running mode that starts processes: Prism runs a binary
+# (downloaded to Beam's cache, where anything could have been put), Flink and Spark a job-server jar
+# with `java`, Beam's DirectRunner tries Prism first, dask starts a local cluster, and
+# `multi_processing` starts worker processes.  A recipe's `runner` is one of the in-process runners of
+# dsdata/runners.py (DirectRunner and FnApiRunner mean dsdata's default, Beam's FnApiRunner in this
+# process) and its `direct_running_mode` is `in_memory`; the others are given on the command line.
+
+# Runner choice and tuning: none of these names a program, a file, an image, a package or an endpoint.
+RECIPE_BEAM_OPTIONS = frozenset({
+    "runner",
+    "direct_num_workers", "direct_running_mode",
+    "num_workers", "max_num_workers", "autoscaling_algorithm", "machine_type", "worker_machine_type",
+    "disk_size_gb", "number_of_worker_harness_threads",
+    "parallelism", "max_parallelism",
+    "streaming",
+})
+DIRECT_RUNNING_MODES = ("in_memory", "multi_threading", "multi_processing")
+
+
+def recipe_beam_args(cfg: Any, recipe_path: str) -> list[str]:
+    """A recipe's `beam:` mapping → `--name=value` arguments, refusing options outside RECIPE_BEAM_OPTIONS."""
+    if cfg is None:
+        return []
+    if not isinstance(cfg, dict):
+        raise BeamOptionError(f"{recipe_path}: 'beam' must be a mapping of pipeline options")
+    args = []
+    for key, value in cfg.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        if name not in RECIPE_BEAM_OPTIONS:
+            raise BeamOptionError(
+                f"{recipe_path}: beam option '{name}' may not be set in a recipe (a shared file may only "
+                f"choose the runner and its tuning: {', '.join(sorted(RECIPE_BEAM_OPTIONS))}); "
+                f"pass --{name}=... on the command line"
+            )
+        if not isinstance(value, (str, int, float, bool)) or (isinstance(value, str) and "\n" in value):
+            raise BeamOptionError(f"{recipe_path}: beam option '{name}' must be a single scalar value")
+        if name == "runner":
+            value = _recipe_runner(str(value), recipe_path)
+        if name == "direct_running_mode" and value not in DIRECT_RUNNING_MODES:
+            raise BeamOptionError(f"{recipe_path}: direct_running_mode must be one of {', '.join(DIRECT_RUNNING_MODES)}")
+        if name == "direct_running_mode" and value != "in_memory":
+            raise BeamOptionError(
+                f"{recipe_path}: direct_running_mode '{value}' starts worker processes, which a shared recipe "
+                f"may not do; pass --direct_running_mode={value} on the command line"
+            )
+        args.append(f"--{name}={str(value).lower() if isinstance(value, bool) else value}")
+    return args
+
+
+def _recipe_runner(value: str, recipe_path: str) -> str:
+    """The class path a recipe's `runner: NAME` runs on: an in-process runner of dsdata/runners.py only."""
+    runner = find_runner(value)
+    if runner is None or "." in value:
+        # A dotted class path imports that module: the user's choice, on the command line.
+        raise BeamOptionError(
+            f"{recipe_path}: runner '{value}' is not one of Beam's runners by name; "
+            "a runner class path is given on the command line (--runner=package.module.Class)"
+        )
+    if not runner.in_process:
+        raise BeamOptionError(
+            f"{recipe_path}: runner '{value}' starts programs (a job server, a cluster or workers), "
+            "which a shared recipe may not do; a recipe may name DirectRunner, FnApiRunner or "
+            f"BundleBasedDirectRunner: pass --runner={value} on the command line"
+        )
+    return runner.class_path
 
 
 def parse_value(text: str) -> Any:
@@ -183,6 +270,7 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
         path=path,
         name=str(raw.get("name") or os.path.splitext(os.path.basename(path))[0]),
         inputs=inputs,
+        file_inputs=tuple(inputs),
         input_format=str(inp.get("format", "auto")),
         text_field=str(inp.get("text_field", "text")),
         id_field=str(inp.get("id_field", "id")),

@@ -4,17 +4,21 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# The real dev data lives beside the checkout (../shared/data); DSDATA_SHARED_DATA names it elsewhere
+# (a worktree whose sibling folder is not `shared`).
+SHARED_DATA = Path(os.environ.get("DSDATA_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 # Tests never reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
+    """The real dev data in ../shared/data (beside the checkout, not part of it): every test that
+    reads it asks for this fixture, so that without the folder it skips and says why."""
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared dev data not found at {SHARED_DATA}")
+        pytest.skip(f"shared dev data not found at {SHARED_DATA} (it lives beside the checkout, not in it)")
     return SHARED_DATA
 
 

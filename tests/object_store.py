@@ -31,7 +31,7 @@ WEED_START_S = 90
 
 def weed_binary() -> tuple[str | None, str]:
     """(the weed binary, or None and why not)."""
-    from dsdata.beam.engines import engines_cache_dir
+    from dsdata.beam.engines.artifacts import engines_cache_dir
 
     explicit = os.environ.get("DSDATA_WEED")
     cached = os.path.join(engines_cache_dir(), "gobin", "weed")

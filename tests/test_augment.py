@@ -88,10 +88,8 @@ def test_language_guess_and_annotation_precedence():
     assert document_language(doc) == "zh"  # the lang stage's annotation wins over the script
 
 
-def test_language_guess_on_real_paragraphs():
-    data = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "langid-dev.jsonl")
-    if not os.path.exists(data):
-        pytest.skip(f"{data} absent (dev data lives beside the checkout)")
+def test_language_guess_on_real_paragraphs(shared_data):
+    data = shared_data / "langid-dev.jsonl"
     hits = {"zh": [0, 0], "en": [0, 0], "other": [0, 0]}
     with open(data, encoding="utf-8") as fh:
         for line in fh:

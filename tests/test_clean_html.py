@@ -229,13 +229,11 @@ def test_mean_f1_on_all_dev_pages_stays_above_the_measured_floor(html_dev, score
         assert means[lang] >= floor, (lang, means)
 
 
-def _nesting_cases() -> list[str]:
+def _nesting_cases(data) -> list[str]:
     """Real dev pages and generated pages with raw-text elements, stray and unclosed tags, case
     games and self-closing tags: everything the nesting scan treats specially."""
-    from pathlib import Path
     import random
 
-    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "html-dev"
     pages = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(data.glob("*.html"))[:12]]
     rng = random.Random(15)
     pieces = ["<div>", "</div>", "<DiV class=x>", "</DIV>", "<span>", "</span>", "<p>", "</p>", "<li>", "<br/>",
@@ -252,13 +250,13 @@ def _nesting_cases() -> list[str]:
     return pages
 
 
-def test_nesting_fast_check_never_passes_a_page_the_scan_would_rewrite():
+def test_nesting_fast_check_never_passes_a_page_the_scan_would_rewrite(shared_data):
     """`cap_nesting` returns an ordinary page after one findall and a count per tag name; whenever
     that check says "within", the scan that rewrites must make no edit, at every depth limit; and
     on the real pages at the real limit the check must say "within" (it is the fast path)."""
     from dsdata.clean.html import MAX_NESTING, _capped, _within_nesting
 
-    cases = _nesting_cases()
+    cases = _nesting_cases(shared_data / "html-dev")
     rewritten = passed = 0
     for html in cases:
         for depth in (1, 2, 3, 5, 8, 20, 60):
@@ -279,11 +277,11 @@ def _reference_and_compiled(html: str, depth: int):
     return html_mod._tag_names_python(html, depth), html_mod._tag_names_compiled(kernels, html.encode("utf-8"), depth)
 
 
-def test_compiled_tag_scan_gives_the_reference_answer_on_real_and_generated_pages():
+def test_compiled_tag_scan_gives_the_reference_answer_on_real_and_generated_pages(shared_data):
     """dsdata/clean/html_kernels.py scans the UTF-8 bytes; `_tag_names_python` (one findall and a
     count per name) is the reference: the same names, or None, on every page at every limit."""
     within = over = 0
-    for html in _nesting_cases():
+    for html in _nesting_cases(shared_data / "html-dev"):
         for depth in (1, 2, 3, 5, 8, 20, 60, 512):
             want, got = _reference_and_compiled(html, depth)
             assert got == want, (depth, html[:300])
@@ -310,14 +308,12 @@ def test_compiled_tag_scan_equals_the_reference_on_tag_soup(pieces, depth):
     assert got == want
 
 
-def test_extraction_is_the_same_with_and_without_the_compiled_scan(monkeypatch):
+def test_extraction_is_the_same_with_and_without_the_compiled_scan(monkeypatch, shared_data):
     """The compiled scan only decides what the Python path decides: every dev page extracts to the
     same text with numba switched off (DSDATA_NO_NUMBA=1 takes that path)."""
-    from pathlib import Path
-
     from dsdata.clean import html as html_mod
 
-    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "html-dev"
+    data = shared_data / "html-dev"
     pages = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(data.glob("*.html"))]
     assert len(pages) > 20
     assert html_mod._html_kernels()  # loaded: used from the first page on

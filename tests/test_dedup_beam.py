@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that
 
-from dsdata.beam.dedup import ConnectedComponents
+from dsdata.beam.dedup.composite import ConnectedComponents
 from dsdata.beam.pipeline import pipeline_options, run_recipe
 from dsdata.dedup import MinHasher
 from dsdata.recipe import load_recipe

@@ -1,4 +1,4 @@
-"""Dedup parks documents in spill files (dsdata/io/spill.py) while only keys and decisions shuffle:
+"""Dedup parks documents in spill files (dsdata/beam/dedup/spill.py) while only keys and decisions shuffle:
 the format round-trips what a packed Document holds and runs no code, and a run with `spill: true`
 (the default) decides every document exactly as `spill: false` does — clusters, duplicate records
 split across workers' files, and a document whose metadata the format cannot carry."""
@@ -16,7 +16,7 @@ import pytest
 
 from dsdata.beam.pipeline import run_recipe
 from dsdata.document import Document, pack_document, unpack_document
-from dsdata.io import spill
+from dsdata.beam.dedup import spill
 from dsdata.recipe import load_recipe
 
 MP2 = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -186,7 +186,7 @@ def test_spilled_run_decides_exactly_as_the_shuffled_one(tmp_path, monkeypatch, 
     _write_inputs(tmp_path)
     read: list[str] = []
     if not flags:  # in-process: the DoFns run here, so the files they read can be seen
-        import dsdata.beam.dedup as dedup
+        import dsdata.beam.dedup.composite as dedup
 
         def counting(path, _real=dedup.read_spill):
             read.append(Path(path).name.split(".", 1)[1])

@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from dsdata.beam import engines
+from dsdata.beam.engines import artifacts as engines
 from dsdata.beam.pipeline import run_recipe
 from dsdata.cli import main as cli_main
 from dsdata.recipe import load_recipe

@@ -12,7 +12,7 @@ import pytest
 
 import apache_beam as beam
 
-import dsdata.beam.dedup as beam_dedup
+import dsdata.beam.dedup.composite as beam_dedup
 import dsdata.beam.pipeline as beam_pipeline
 import dsdata.io.readers as readers
 from dsdata import cli

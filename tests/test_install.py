@@ -120,8 +120,10 @@ def test_run_without_fasttext_says_so_in_one_line(tmp_path):
 
 def test_readme_commands_are_one_install_each_and_ci_runs_the_test_command_verbatim():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    quick = readme[readme.index("## Quick start"):readme.index("**torch on a CPU-only machine.**")]
-    commands = re.findall(r"```bash\n(.+?)\n```", quick)
+    quick = readme[readme.index("## Quick start"):readme.index("## Python API")]
+    cpu_torch, *commands = re.findall(r"```bash\n(.+?)\n```", quick)
+    # The CPU build of torch is said before the two commands, which would otherwise fetch the CUDA wheels.
+    assert cpu_torch == "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
     assert len(commands) == 2
     for command in commands:
         assert command.count("pip install") == 1 and "--force-reinstall" not in command
@@ -130,3 +132,15 @@ def test_readme_commands_are_one_install_each_and_ci_runs_the_test_command_verba
     assert commands[1] in ci.splitlines()
     constraints = (REPO / "constraints.txt").read_text(encoding="utf-8")
     assert "torch==2.13.0" in constraints.splitlines() and "lies on local disk" not in constraints
+
+
+def test_readme_names_every_extra_that_all_installs():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    (spec,) = extras["all"]
+    in_all = re.fullmatch(r"dsdata\[(.+)\]", spec).group(1).split(",")
+    assert sorted(in_all) == sorted(set(extras) - {"all", "dev"})
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    words = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
+    assert f"`all` (all {words[len(in_all)]}: {', '.join(in_all)})" in readme
+    for name in in_all:
+        assert f"`{name}` (" in readme, name

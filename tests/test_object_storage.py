@@ -208,7 +208,7 @@ def test_run_info_redacts_credential_flags():
     from types import SimpleNamespace
 
     from dsdata.beam.pipeline import pipeline_options
-    from dsdata.beam.report import REDACTED, run_info
+    from dsdata.beam.run_files import REDACTED, run_info
 
     options = pipeline_options(["--s3_endpoint_url=http://127.0.0.1:9", "--s3_access_key_id=AKIAEXAMPLE",
                                 "--s3_secret_access_key=very-secret", "--s3_session_token=tok"])

@@ -14,7 +14,8 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from dsdata.beam.pipeline import DEFAULT_RUNNER
-from dsdata.beam.progress import Progress, ProgressWatcher, counts_from_metrics, format_line, resolve_mode, stage_counter
+from dsdata.beam.counters import stage_counter
+from dsdata.report.progress import Progress, ProgressWatcher, counts_from_metrics, format_line, resolve_mode
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,6 @@ from dsdata.io.readers import (
     range_bytes_for, read_jsonl, read_parquet,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 
 
 def _key(result):
@@ -81,8 +79,8 @@ def test_ranges_give_the_rows_of_the_whole_file(range_bytes, trailing):
     assert "f.jsonl:4" in ids and "f.jsonl:1" in ids  # PATH:LINE ids count the lines of earlier ranges
 
 
-def test_ranges_of_real_prose():
-    text = (SHARED / "prose-zh.txt").read_text(encoding="utf-8").splitlines()[:3000]
+def test_ranges_of_real_prose(shared_data):
+    text = (shared_data / "prose-zh.txt").read_text(encoding="utf-8").splitlines()[:3000]
     data = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in text if t.strip()).encode()
     rows, ranges = _by_ranges(data, 20_000)
     _check_cover(data, ranges)
@@ -213,7 +211,7 @@ def test_read_documents_on_several_workers_reads_ranges_and_whole_files_alike(tm
 
 
 @pytest.mark.slow
-def test_one_big_file_on_two_workers_is_read_in_ranges_with_the_rows_of_one_worker(tmp_path):
+def test_one_big_file_on_two_workers_is_read_in_ranges_with_the_rows_of_one_worker(tmp_path, shared_data):
     """A file over the smallest range (1 MiB) on two multi_processing workers: cut into ranges,
     read by both, and the run's rows and stats are those of one worker reading it whole."""
     from dsdata.beam.pipeline import run_recipe
@@ -221,7 +219,7 @@ def test_one_big_file_on_two_workers_is_read_in_ranges_with_the_rows_of_one_work
 
     import pyarrow.parquet as pq
 
-    prose = [t for t in (SHARED / "prose-en.txt").read_text(encoding="utf-8").splitlines() if t.strip()]
+    prose = [t for t in (shared_data / "prose-en.txt").read_text(encoding="utf-8").splitlines() if t.strip()]
     lines = [json.dumps({"text": t}, ensure_ascii=False) for t in prose]
     while sum(map(len, lines)) < 1.6 * RANGE_MIN_BYTES:
         lines += lines

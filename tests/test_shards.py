@@ -29,11 +29,8 @@ def _paragraphs(path: Path, n: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def corpus_recipe(tmp_path_factory):
+def corpus_recipe(tmp_path_factory, shared_data):
     """A recipe dir with 70 real en + zh paragraphs (and one blank text the reader rejects)."""
-    shared_data = REPO.parent / "shared" / "data"
-    if not shared_data.is_dir():
-        pytest.skip(f"shared dev data not found at {shared_data}")
     tmp_path = tmp_path_factory.mktemp("corpus")
     docs = _paragraphs(shared_data / "prose-en.txt", 40) + _paragraphs(shared_data / "prose-zh.txt", 30)
     (tmp_path / "data").mkdir()

@@ -84,7 +84,7 @@ def test_remembered_option_views_behave_as_beams_own():
         DebugOptions, DirectOptions, PipelineOptions, SetupOptions, StandardOptions, TypeOptions, WorkerOptions,
     )
 
-    from dsdata.beam import speedups
+    from dsdata.beam.engines import speedups
 
     assert PipelineOptions.view_as is speedups.view_as  # installed by importing dsdata.beam
     flags = ["--runner=DirectRunner", "--direct_num_workers=2", "--experiments=a", "--experiments=b",
@@ -118,7 +118,7 @@ def test_remembered_option_views_behave_as_beams_own():
 
 
 def test_remembered_dofn_specs_equal_beams_for_every_dofn_of_a_real_graph():
-    """dsdata/beam/speedups.py keeps Beam's get_dofn_specs answer per DoFn instance: for every DoFn
+    """dsdata/beam/engines/speedups.py keeps Beam's get_dofn_specs answer per DoFn instance: for every DoFn
     of the pretrain graph (dedup, difficulty, shards composites and Beam's own IO DoFns), a DoFn
     with state and a timer, and a Map of a plain function, it equals Beam's, and a second call
     answers from memory with sets the caller may change."""
@@ -127,7 +127,7 @@ def test_remembered_dofn_specs_equal_beams_for_every_dofn_of_a_real_graph():
     from apache_beam.transforms import userstate
     from apache_beam.transforms.timeutil import TimeDomain
 
-    from dsdata.beam import speedups
+    from dsdata.beam.engines import speedups
     from dsdata.beam.pipeline import build_pipeline, pipeline_options
 
     assert userstate.get_dofn_specs is speedups.get_dofn_specs  # installed by importing dsdata.beam
@@ -268,7 +268,7 @@ from apache_beam.testing.util import assert_that, equal_to
 def probe(_):
     import gc
     import dsdata.beam.transforms  # what unpickling a dsdata DoFn imports first
-    from dsdata.beam import speedups
+    from dsdata.beam.engines import speedups
     return (speedups.is_sdk_worker(), gc.get_freeze_count() > 10_000, gc.get_threshold()[0])
 
 from dsdata.beam.pipeline import in_process_runner
@@ -276,7 +276,7 @@ opts = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_
 with beam.Pipeline(runner=in_process_runner(opts), options=opts) as p:
     assert_that(p | beam.Create(list(range(8))) | beam.Map(probe), equal_to([(True, True, 10_000)] * 8))
 import gc
-from dsdata.beam import speedups
+from dsdata.beam.engines import speedups
 print(json.dumps([speedups.is_sdk_worker(), gc.get_freeze_count(), gc.get_threshold()[0]]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path),
@@ -286,7 +286,7 @@ print(json.dumps([speedups.is_sdk_worker(), gc.get_freeze_count(), gc.get_thresh
 
 
 def test_runinference_is_imported_without_torch_and_scipy_and_the_model_manager_still_loads():
-    """dsdata/beam/mlimport.py: Beam's inference base imports its optional ModelManager (torch,
+    """dsdata/beam/engines/mlimport.py: Beam's inference base imports its optional ModelManager (torch,
     scipy.optimize: 2.5 CPU-s) at its top; dsdata's model stages import it without, and with
     `resource` (base's memory metric) still set; the model manager stays importable after."""
     code = r"""

@@ -24,15 +24,12 @@ TOKENIZER = REPO / "pipelines" / "models" / "tokenizer"
 
 
 @pytest.fixture(scope="module")
-def pipeline_shards(tmp_path_factory):
+def pipeline_shards(tmp_path_factory, shared_data):
     """~300 real English paragraphs run through `dsdata run` with the tokenize and shards stages."""
-    shared = REPO.parent / "shared" / "data"
-    if not shared.is_dir():
-        pytest.skip(f"shared dev data not found at {shared}")
     if not (REPO / "dsdata" / "stages" / "shards.py").is_file() or not TOKENIZER.is_dir():
         pytest.skip("the pipeline's tokenize/shards stages or the default tokenizer are not in this checkout")
     tmp = tmp_path_factory.mktemp("shardrun")
-    text = (shared / "prose-en.txt").read_text(encoding="utf-8")
+    text = (shared_data / "prose-en.txt").read_text(encoding="utf-8")
     paragraphs = [p.strip() for p in text.split("\n\n") if len(p.strip()) > 80][:300]
     (tmp / "data").mkdir()
     with open(tmp / "data" / "docs.jsonl", "w", encoding="utf-8") as fh:

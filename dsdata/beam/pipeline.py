@@ -11,6 +11,7 @@ Output layout (other stages and the trainer build on it):
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import logging
 import time
@@ -27,15 +28,17 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from dsdata.beam.errors import ErrorBudget, find_environment_error
 from dsdata.beam.kinds import ApplyBatchChain, ApplyStage, ApplyStageChain, StageContext, batchable, fusable
-from dsdata.beam.options import IN_PROCESS_RUNNER, runner_class_path
 from dsdata.beam.transforms import ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, ReadDocuments, Unbatch
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_schema, rejected_columns
-from dsdata.io import location
+from dsdata.beam import location
+from dsdata.io.inputs import resolve_recipe_inputs
 from dsdata.io.readers import READ_STAGE
-from dsdata.io.spill import remove_spill
-from dsdata.beam.progress import watch as watch_progress
+from dsdata.beam.dedup.spill import remove_spill
+from dsdata.report.progress import watch as watch_progress
 from dsdata.recipe import Recipe, is_remote, recipe_output
-from dsdata.beam.report import remove_report, write_report_safely
+from dsdata.runners import IN_PROCESS_RUNNER, find_runner, is_in_process, resolve_runner
+from dsdata.beam.run_files import run_info
+from dsdata.report.page import remove_report, write_report_safely
 from dsdata.stages import SideOutput, Stage, registered_side_outputs
 
 log = logging.getLogger("dsdata")
@@ -55,12 +58,13 @@ class LedgerError(RuntimeError):
 def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     args = list(beam_args)
     for i, arg in enumerate(args):
-        if arg.split("=", 1)[0] == "--runner" and runner_class_path(arg.split("=", 1)[-1]) != arg.split("=", 1)[-1]:
-            # `dask` means dsdata's runner (Beam's own loses outputs on a real cluster, docs/engines.md).
-            # Importing it here also registers its --dask_* options before Beam parses the arguments.
-            import dsdata.beam.dask_runner  # noqa: F401
-
-            args[i] = f"--runner={runner_class_path(arg.split('=', 1)[-1])}"
+        flag, _, name = arg.partition("=")
+        if flag == "--runner" and resolve_runner(name) != name:
+            # A runner dsdata replaces (dsdata/runners.py): `dask` means dsdata's runner (Beam's own
+            # loses outputs on a real cluster, docs/engines.md), DirectRunner the in-process FnApiRunner.
+            # Importing its module here also registers its options (--dask_*) before Beam parses them.
+            importlib.import_module(find_runner(name).class_path.rpartition(".")[0])
+            args[i] = f"--runner={resolve_runner(name)}"
     names = [a.split("=", 1)[0] for a in args]
     if "--runner" not in names:
         # The --direct_* flags (direct_running_mode, direct_num_workers) are read by the FnApiRunner
@@ -427,16 +431,12 @@ def _write_rows(docs, all_rejected, stages: list[Stage], output: str, batched: b
     return (kept, rejected), (kept_files, rejected_files)
 
 
-# The runner names that run the pipeline in this process (Beam's FnApiRunner, dsdata's default).
-_IN_PROCESS_RUNNERS = (None, "DirectRunner", DEFAULT_RUNNER, "FnApiRunner", "BundleBasedDirectRunner")
-
-
 def runs_on_several_workers(options: PipelineOptions) -> bool:
     """False only for the in-process runner with one worker (dsdata's default); True for
     --direct_num_workers other than 1 under multi_processing, and for every other runner (Prism,
     Flink, Dataflow: they spread work across workers)."""
     runner = options.view_as(StandardOptions).runner
-    if runner not in _IN_PROCESS_RUNNERS:
+    if not is_in_process(runner):
         return True
     direct = options.view_as(DirectOptions)
     return direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1
@@ -446,7 +446,7 @@ def runs_on_one_worker(options: PipelineOptions) -> bool:
     """The in-process runner with --direct_num_workers=1 (the default, in any running mode): one
     worker reads every file, so reading needs no Reshuffle of the matched files."""
     runner = options.view_as(StandardOptions).runner
-    if runner not in _IN_PROCESS_RUNNERS:
+    if not is_in_process(runner):
         return False
     return options.view_as(DirectOptions).direct_num_workers == 1
 
@@ -534,11 +534,13 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     written, then ErrorBudgetExceeded is raised.  An environment error (a stage's setup() fails, a
     module or model is missing) raises StageEnvironmentError.
 
-    progress: "lines" / "bar" print live progress every 10 s (see dsdata.beam.progress); "off" is silent.
+    progress: "lines" / "bar" print live progress every 10 s (see dsdata.report.progress); "off" is silent.
     OUTPUT/report.html and OUTPUT/run.json are written at the end (a report error only warns).
     """
     if output is None:  # the recipe's own output may not leave the working directory (recipe_output)
         output = recipe.output if is_remote(recipe.output) else recipe_output(recipe)
+    if not recipe.inputs_checked:  # called from Python with a recipe nobody checked: the CLI's checks
+        resolve_recipe_inputs(recipe, confined=recipe.inputs_from_file)
     budget = ErrorBudget.parse(max_errors)
     stages = recipe.build_stages()
     options = pipeline_options(list(recipe.beam_args) + list(beam_args or []))
@@ -559,7 +561,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
             raise
         raise fatal from None
     finally:
-        remove_spill(output)  # documents parked by whole-corpus stages (dsdata/io/spill.py)
+        remove_spill(output)  # documents parked by whole-corpus stages (dsdata/beam/dedup/spill.py)
     stats_path = FileSystems.join(output, "stats.json")
     with FileSystems.open(stats_path) as fh:
         stats = json.loads(fh.read().decode("utf-8"))
@@ -571,7 +573,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     stats["errors"] = budget.summary(stats)
     location.write_bytes(stats_path, json.dumps(stats, indent=2, ensure_ascii=False).encode("utf-8"))
     stats["seconds"] = round(time.time() - start, 3)
-    write_report_safely(output, recipe, stages, options, stats["seconds"])
+    write_report_safely(output, run_info(recipe, stages, options, stats["seconds"]))
     if not stats["ledger_ok"]:
         raise LedgerError(
             f"ledger broken in {output}/stats.json: input {stats['input']} + augmented {stats['augmented']} "

@@ -15,12 +15,14 @@ shard count n comes from them), and a runner holds a PCollection that waits for 
 the records themselves waited (and then crossed a GroupByKey), every token id of the corpus was in
 the in-process runner's memory at once (11.7 GB peak at 1M documents).  Now only file names and
 counts wait and shuffle; the token ids stay in spill files under RUN_DIR/.spill/shards (on the
-same storage as the output, so the workers of a cluster all reach them; dsdata/io/spill.py), are
+same storage as the output, so the workers of a cluster all reach them; dsdata/beam/dedup/spill.py), are
 written twice (parked, then cut per shard) and read twice, and a worker holds at most one spill file
 (≤ SPILL_FILE_BYTES) or one shard at a time.
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from time import thread_time
 from typing import Any
 
@@ -31,9 +33,9 @@ from apache_beam.transforms.window import GlobalWindows
 
 from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, KEPT, REJECTED, StageCounters
 
-from dsdata.io import location
+from dsdata.beam import location
+from dsdata.beam.dedup.spill import SpillWriter, make_private_dir, read_spill, spill_directory
 from dsdata.io import shards as shard_io
-from dsdata.io.spill import SpillWriter, make_private_dir, read_spill, spill_directory
 from dsdata.stages.base import StageConfigError
 from dsdata.stages.shards import SHARDS_DIR, id_hash, shard_key, shard_record
 from dsdata.stages.tokenize import TokenizeStage
@@ -60,17 +62,35 @@ def write_shard_group(keyed, directory: str, dtype_name: str) -> dict[str, Any]:
     # Sorting by (id hash, id) fixes the shard's bytes whatever order the runner delivered, and
     # spreads documents of one source across the shard.
     records.sort()
-    location.make_dirs(directory)
-    return shard_io.write_shard(directory, shard_io.shard_name(bucket, index, count),
-                                [np.frombuffer(r[2], dtype=dtype) for r in records],
-                                [r[1] for r in records], [bucket] * len(records), dtype)
+    name = shard_io.shard_name(bucket, index, count)
+    arrays, ids = [np.frombuffer(r[2], dtype=dtype) for r in records], [r[1] for r in records]
+    if not location.is_remote(directory):
+        os.makedirs(directory, exist_ok=True)
+        return shard_io.write_shard(directory, name, arrays, ids, [bucket] * len(records), dtype)
+    # Object storage: built and hashed in a local temporary folder, then uploaded under its final
+    # name, which appears only when the upload completes (dsdata/beam/location.py).
+    with tempfile.TemporaryDirectory(prefix="dsdata-shard-") as tmp:
+        entry = shard_io.write_shard(tmp, name, arrays, ids, [bucket] * len(records), dtype)
+        location.upload(os.path.join(tmp, name), location.join(directory, name))
+    return entry
 
 
 def write_manifest_from(entries: list[dict[str, Any]], directory: str, dtype_name: str,
                         tokenizer: dict[str, Any] | None, extra: dict[str, Any]) -> str:
-    location.make_dirs(directory)
+    """manifest.json, written after every shard it names is there with its size (local: by
+    dsdata.io.shards.write_manifest, atomically; remote: the last object written)."""
     manifest = shard_io.build_manifest(entries, np.dtype(dtype_name), tokenizer, extra)
-    return shard_io.write_manifest(directory, manifest)
+    if not location.is_remote(directory):
+        os.makedirs(directory, exist_ok=True)
+        return shard_io.write_manifest(directory, manifest)
+    for shard in manifest["shards"]:
+        path = location.join(directory, shard["file"])
+        if not location.exists(path) or location.size(path) != shard["bytes"]:
+            raise shard_io.ShardError(f"{path}: missing or not {shard['bytes']} bytes; not writing a manifest "
+                                      "that names it")
+    path = location.join(directory, shard_io.MANIFEST)
+    location.write_bytes(path, shard_io.manifest_bytes(manifest))
+    return path
 
 
 def tokenizer_info(config: dict[str, Any], upstream) -> dict[str, Any]:

@@ -16,14 +16,14 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from dsdata.beam import speedups
+from dsdata.beam.engines import speedups
 from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, is_environment_error
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import (
     READ_STAGE, InputFormatError, RangeReader, cuttable_format, jsonl_ranges, parquet_ranges, range_bytes_for,
     read_file, read_jsonl, read_parquet,
 )
-from dsdata.beam.progress import stage_counter
+from dsdata.beam.counters import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage, Stage
 
 log = logging.getLogger("dsdata")

@@ -10,7 +10,11 @@ def main(argv: list[str]) -> int:
                                      "reasons with examples, histograms, recipe as run) from a run's output directory.")
     parser.add_argument("output", help="the run's output directory (holds stats.json, kept/, rejected/)")
     args = parser.parse_args(argv)
-    from dsdata.beam.report import is_run_output, write_report
+    from dsdata.report.files import is_remote
+    from dsdata.report.page import is_run_output, write_report
+
+    if is_remote(args.output):
+        import dsdata.beam.run_files  # noqa: F401 - registers Beam's FileSystems for gs://, s3://, hdfs://
 
     if not is_run_output(args.output):
         print(f"dsdata: error: {args.output} has no stats.json; pass the output directory of a 'dsdata run'",

@@ -200,6 +200,27 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
     return out
 
 
+def resolve_recipe_inputs(recipe, confined: bool) -> ExpandedInputs:
+    """Check and expand `recipe.inputs` in place, the one path every run takes (`dsdata run`,
+    `dsdata.run()`, and `run_recipe()` given a recipe nobody checked): no input or a local pattern
+    matching nothing is an InputPathError; `confined` (the inputs are the recipe file's own) keeps
+    every file read inside the recipe's folder with links resolved, and hands globs on as the files
+    checked (Beam would match them again, following any link).  Sets `recipe.inputs` to the
+    patterns to read and `recipe.inputs_left_out` for stats.json; returns the expansion (its notes
+    are the caller's to print)."""
+    if not recipe.inputs:
+        raise InputPathError(f"no input: {recipe.path} names no input.paths; pass --input GLOB")
+    for pattern in recipe.inputs:
+        if "://" not in pattern and not glob.glob(pattern):
+            raise InputPathError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
+    expanded = expand_directories(recipe.inputs, recipe.input_format,
+                                  confine_to=recipe.directory if confined else None)
+    recipe.inputs = expanded.patterns
+    recipe.inputs_left_out = left_out(expanded)
+    recipe.inputs_checked = True
+    return expanded
+
+
 _LEFT_OUT_LISTED = 1000  # paths listed per kind in stats.json; the count is always whole
 
 

@@ -8,11 +8,7 @@ dead run is stale by construction and is taken over; a second live run is refuse
 naming the holder.  Where the file system has no flock, the pid decides: a lock whose pid is dead on
 this host is taken over, any other is respected.
 
-Remote outputs (gs://, s3://) are not locked.  A lock there cannot be atomic: Beam's file systems
-have no create-if-absent, and an object written by a run that died cannot be told from a live one
-(no flock, no pid on this host), so a lock object would either let two racing runs through or need
-removing by hand after every crash.  They are checked writable up front (`check_remote_output`);
-keeping two runs off one prefix is the user's part (docs/engines.md, "Object storage").
+Remote outputs (gs://, s3://) are not locked: object stores have no exclusive create here.
 """
 from __future__ import annotations
 
@@ -56,19 +52,6 @@ def check_output_dir(path: str) -> str:
     except OSError as exc:
         raise OutputDirError(f"--output {path} is not writable: {exc.strerror or exc}") from None
     return absolute
-
-
-def check_remote_output(path: str) -> str:
-    """A remote OUT (s3://, gs://): one probe object written and deleted, so a missing bucket or
-    refused credentials are one line before anything runs; returns `path` without a trailing /."""
-    from dsdata.io.location import check_writable
-
-    path = path.rstrip("/")
-    try:
-        check_writable(path)
-    except OSError as exc:
-        raise OutputDirError(f"--output {path} is not writable: {exc}") from None
-    return path
 
 
 def _describe(holder: dict) -> str:

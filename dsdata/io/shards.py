@@ -30,21 +30,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from dsdata.io import location
-from dsdata.io.location import TMP_MARK, fsync_dir, atomic_write_bytes, is_remote
-
 MANIFEST = "manifest.json"
 FORMAT = "dsdata-shards"
 VERSION = 1
 TOKEN_COLUMN = "tokens"
 BUCKETS = ("easy", "medium", "hard")
+_TMP_MARK = ".tmp-"
 _HASH_CHUNK = 1 << 22
 
 
@@ -77,6 +75,36 @@ def shard_name(bucket: str, index: int, count: int) -> str:
     return f"shard-{bucket}-{index:05d}-of-{count:05d}.arrow"
 
 
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path` via a temp file in the same directory + fsync + rename."""
+    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}{_TMP_MARK}{uuid.uuid4().hex}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
 # ------------------------------------------------------------------------------------------ writing
 
 
@@ -101,19 +129,12 @@ def shard_table(token_arrays: Sequence[np.ndarray], ids: Sequence[str], difficul
 
 def write_shard(directory: str, name: str, token_arrays: Sequence[np.ndarray], ids: Sequence[str],
                 difficulties: Sequence[str | None], dtype: np.dtype) -> dict[str, Any]:
-    """Write one shard atomically and return its manifest entry.  Local: temp name → fsync → rename;
-    remote (s3://, gs://, …): written to a local temporary file, then uploaded under its final name
-    (an object appears only when its upload completes; dsdata/io/location.py)."""
+    """Write one shard atomically (temp name → fsync → rename) and return its manifest entry."""
     if os.path.basename(name) != name or name.startswith("."):
         raise ShardError(f"shard name '{name}' must be a plain file name")
     table = shard_table(token_arrays, ids, difficulties, dtype)
-    remote = is_remote(directory)
-    path = location.join(directory, name)
-    if remote:
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}{TMP_MARK}")
-        os.close(fd)
-    else:
-        tmp = location.temp_name(path)
+    path = os.path.join(directory, name)
+    tmp = os.path.join(directory, f".{name}{_TMP_MARK}{uuid.uuid4().hex}")
     try:
         # One record batch: the token values stay one contiguous buffer for the whole shard.
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -123,16 +144,14 @@ def write_shard(directory: str, name: str, token_arrays: Sequence[np.ndarray], i
         with open(tmp, "rb") as fh:
             while block := fh.read(_HASH_CHUNK):
                 digest.update(block)
+            os.fsync(fh.fileno())
         size = os.path.getsize(tmp)
-        if remote:
-            location.upload(tmp, path)
-            os.remove(tmp)
-        else:
-            location.commit_local(tmp, path)
+        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    _fsync_dir(directory)
     buckets: dict[str, dict[str, int]] = {}
     lengths = [len(a) for a in token_arrays]
     for length, bucket in zip(lengths, difficulties):
@@ -179,24 +198,27 @@ def build_manifest(entries: Iterable[dict[str, Any]], dtype: np.dtype, tokenizer
 
 
 def write_manifest(directory: str, manifest: dict[str, Any]) -> str:
-    """Write manifest.json atomically after checking every shard it names exists; remove stale temp
-    files.  `directory` may be remote (dsdata/io/location.py): the manifest is the last object written."""
+    """Write manifest.json atomically after checking every shard it names exists; remove stale temp files."""
     for shard in manifest["shards"]:
         path = resolve_shard_path(directory, shard["file"])
-        if not location.exists(path) or location.size(path) != shard["bytes"]:
+        if not os.path.isfile(path) or os.path.getsize(path) != shard["bytes"]:
             raise ShardError(f"{path}: missing or not {shard['bytes']} bytes; not writing a manifest that names it")
-    if not is_remote(directory):
-        remove_stale_temp_files(directory)
-    path = location.join(directory, MANIFEST)
-    location.write_bytes(path, (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    remove_stale_temp_files(directory)
+    path = os.path.join(directory, MANIFEST)
+    atomic_write_bytes(path, manifest_bytes(manifest))
     return path
+
+
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """manifest.json's bytes (the same wherever it is written)."""
+    return (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def remove_stale_temp_files(directory: str) -> list[str]:
     """Delete temp files a crashed writer left behind (they never carry a final name)."""
     removed = []
     for name in os.listdir(directory):
-        if location.is_temp_name(name):
+        if name.startswith(".") and _TMP_MARK in name:
             try:
                 os.remove(os.path.join(directory, name))
                 removed.append(name)
@@ -223,7 +245,7 @@ class ShardSetWriter:
         manifest = os.path.join(self.directory, MANIFEST)
         if os.path.exists(manifest):
             os.remove(manifest)
-            fsync_dir(self.directory)
+            _fsync_dir(self.directory)
         self._pending: dict[str, list[tuple[str, np.ndarray]]] = {}
         self._pending_tokens: dict[str, int] = {}
         self._entries: list[dict[str, Any]] = []
@@ -264,11 +286,6 @@ def resolve_shard_path(directory: str, name: Any) -> str:
     """The path of a shard named in a manifest, refusing names that leave the manifest's directory."""
     if not isinstance(name, str) or not name or os.path.isabs(name) or "\\" in name or "\x00" in name:
         raise ShardError(f"{os.path.join(directory, MANIFEST)}: shard path {name!r} is not a plain relative file name")
-    if is_remote(directory):
-        # An object store has no links to follow and no `..`: a plain name is all a manifest may hold.
-        if "/" in name or name in (".", ".."):
-            raise ShardError(f"{location.join(directory, MANIFEST)}: shard path {name!r} is not a plain file name")
-        return location.join(directory, name)
     base = os.path.realpath(directory)
     resolved = os.path.realpath(os.path.join(base, name))
     if resolved == base or os.path.commonpath([base, resolved]) != base:

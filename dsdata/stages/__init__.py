@@ -1,11 +1,14 @@
 """Stage registry: recipe names → stage classes, imported lazily so a recipe only pays for the
-libraries (torch, fastText, …) of the stages it uses."""
+libraries (torch, fastText, …) of the stages it uses.  Stages that do not ship with dsdata come from
+`register_stage(cls)` or the `dsdata.stages` entry-point group of installed distributions
+(dsdata/stages/plugins.py)."""
 from __future__ import annotations
 
 import importlib
 import importlib.util
 
 from dsdata.stages.base import BatchStage, CorpusStage, DocumentStage, Param, SideOutput, Stage, StageConfigError
+from dsdata.stages.plugins import ENTRY_POINT_GROUP, CustomStages
 
 REGISTRY: dict[str, str] = {
     "clean": "dsdata.stages.clean:CleanStage",
@@ -19,10 +22,28 @@ REGISTRY: dict[str, str] = {
     "shards": "dsdata.stages.shards:ShardsStage",
 }
 
+CUSTOM = CustomStages(REGISTRY)
+
+
+def register_stage(cls: type[Stage]) -> type[Stage]:
+    """Make `cls` (a DocumentStage or BatchStage subclass; its `name` is the recipe's name for it)
+    usable in recipes run by this process, `dsdata.run()` included; returns `cls`, so it also serves
+    as a class decorator.  A name taken by a built-in stage, or by another registered class, is a
+    StageConfigError.  For `dsdata run` on the command line, declare the class in the
+    `dsdata.stages` entry-point group of an installed distribution instead (docs/architecture.md)."""
+    return CUSTOM.register(cls)
+
 
 def stage_class(name: str) -> type[Stage]:
     if name not in REGISTRY:
-        raise StageConfigError(f"unknown stage '{name}' (known: {', '.join(sorted(REGISTRY))})")
+        custom = CUSTOM.get(name)
+        if custom is not None:
+            return custom
+        problem = CUSTOM.problem(name)
+        if problem:
+            raise StageConfigError(problem)
+        known = sorted(REGISTRY) + sorted(set(CUSTOM.classes) | set(CUSTOM.pending))
+        raise StageConfigError(f"unknown stage '{name}' (known: {', '.join(known)})")
     module, _, cls = REGISTRY[name].partition(":")
     try:
         mod = importlib.import_module(module)
@@ -41,6 +62,17 @@ def available_stages() -> list[str]:
         if importlib.util.find_spec(target.partition(":")[0]) is not None:
             out.append(name)
     return out
+
+
+def custom_stages() -> list[str]:
+    """The names of the usable stages that do not ship with dsdata (each loaded once)."""
+    return CUSTOM.names()
+
+
+def custom_stage_problems() -> list[str]:
+    """One line per plugin that is not used (cannot be loaded, is no stage, or takes a taken name)."""
+    CUSTOM.names()
+    return list(CUSTOM.problems.values())
 
 
 # What the registered stages' classes declare as `side_outputs`, so that a run's clean-up learns
@@ -74,4 +106,5 @@ def registered_side_outputs() -> list[SideOutput]:
 
 
 __all__ = ["Param", "SideOutput", "Stage", "DocumentStage", "BatchStage", "CorpusStage", "StageConfigError",
-           "REGISTRY", "DECLARED_SIDE_OUTPUTS", "stage_class", "available_stages", "registered_side_outputs"]
+           "REGISTRY", "DECLARED_SIDE_OUTPUTS", "ENTRY_POINT_GROUP", "stage_class", "available_stages",
+           "registered_side_outputs", "register_stage", "custom_stages", "custom_stage_problems"]

@@ -5,7 +5,7 @@ has no duplicate) and `dup_cluster_size`.  One document per cluster is kept — 
 `keep: highest_score` the highest `score_field` (read from annotations, then metadata; documents
 without a number there come last, ties go to the lowest id) — and the others are rejected with
 reason `exact_duplicate` (same normalised text as the kept one) or `near_duplicate`.
-How it scales and why: dsdata/beam/dedup.py (the composite, built from `transform_config()`); the MinHash maths: dsdata/dedup/minhash.py.
+How it scales and why: dsdata/beam/dedup/composite.py (the composite, built from `transform_config()`); the MinHash maths: dsdata/dedup/minhash.py.
 """
 from __future__ import annotations
 

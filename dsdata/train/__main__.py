@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from dsdata.progress_display import MODES
+from dsdata.report.display import MODES
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -7,7 +7,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
-from dsdata.progress_display import MODES
+from dsdata.report.display import MODES
 from dsdata.train.model import ModelArgs
 
 

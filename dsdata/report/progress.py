@@ -3,7 +3,7 @@
 Beam's in-process runner (and the DirectRunner's multi-process mode, which drives the same
 FnApiRunner) only hands Metrics back when `run()` returns, i.e. at the end.  So the stage DoFns
 count twice: into their Beam Metrics counter (the record the runner keeps) and into a tally of
-the worker process they run in (`stage_counter`).  Each worker process writes its tally about once
+the worker process they run in (dsdata/beam/counters.py `stage_counter`).  Each worker process writes its tally about once
 a second to `$DSDATA_PROGRESS_DIR/<host>-<pid>.json`; the launching process (`ProgressWatcher`)
 sums those files and prints a line every `interval` seconds.  Workers that cannot see that
 directory (Dataflow, Flink, docker SDK containers) write nothing; for those runners, whose
@@ -21,11 +21,9 @@ import tempfile
 import threading
 import time
 
-from apache_beam.metrics import Metrics
-
-# The mode choice, the clock and the bar are shared with the trainer, which must not import Beam.
-from dsdata.progress_display import MODES, logging_above_bar, open_bar, resolve_mode  # noqa: F401 (re-exported)
-from dsdata.progress_display import clock as _clock
+# The mode choice, the clock and the bar are shared with the trainer.
+from dsdata.report.display import MODES, logging_above_bar, open_bar, resolve_mode  # noqa: F401 (re-exported)
+from dsdata.report.display import clock as _clock
 
 log = logging.getLogger("dsdata")
 
@@ -43,11 +41,11 @@ class _ProcessTally:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._counters: list[StageCounter] = []
+        self._counters: list = []  # dsdata.beam.counters.StageCounter: .key, .value
         self._flusher: threading.Thread | None = None
         self._file = f"{socket.gethostname()}-{os.getpid()}.json"
 
-    def register(self, counter: "StageCounter") -> None:
+    def register(self, counter) -> None:
         with self._lock:
             self._counters.append(counter)
         if self._flusher is None:
@@ -93,31 +91,7 @@ class _ProcessTally:
             pass  # the watcher removed the directory at the end of the run
 
 
-_TALLY = _ProcessTally()
-
-
-class StageCounter:
-    """A Beam Metrics counter that also feeds the live progress tally of this worker process."""
-
-    def __init__(self, namespace: str, name: str):
-        self.namespace, self.name = namespace, name
-        self._beam = Metrics.counter(namespace, name)
-        stage = namespace[len(NAMESPACE_PREFIX):] if namespace.startswith(NAMESPACE_PREFIX) else namespace
-        self.key = (stage, name)
-        self.value = 0
-        _TALLY.register(self)
-
-    def inc(self, n: int = 1) -> None:
-        self._beam.inc(n)
-        self.value += n
-
-    def __reduce__(self):
-        return StageCounter, (self.namespace, self.name)
-
-
-def stage_counter(namespace: str, name: str) -> StageCounter:
-    """`Metrics.counter(namespace, name)` that is also visible to the live progress line."""
-    return StageCounter(namespace, name)
+TALLY = _ProcessTally()  # this process's; dsdata/beam/counters.py StageCounter registers with it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +177,7 @@ class ProgressWatcher:
     def __enter__(self) -> "ProgressWatcher":
         # The in-process runner counts in this process: forget an earlier run's counters (also when
         # off, so a long-lived process that runs many pipelines does not keep them all).
-        _TALLY.reset()
+        TALLY.reset()
         if self.mode == "off":
             return self
         self._dir = tempfile.mkdtemp(prefix="dsdata-progress-")
@@ -244,7 +218,7 @@ class ProgressWatcher:
         """The sum of every worker's last written tally (or the runner's Metrics when there are none)."""
         counts: dict[tuple[str, str], int] = {}
         if self._dir:
-            _TALLY.flush()  # this process's own tally (in-process runner) without waiting for its thread
+            TALLY.flush()  # this process's own tally (in-process runner) without waiting for its thread
             for name in os.listdir(self._dir):
                 if not name.endswith(".json"):
                     continue

@@ -1,7 +1,7 @@
 """Where a run's files go: a local directory or an object-store prefix (s3://, gs://, …), one API.
 
-Every output a run writes (kept/, rejected/, stats.json, side files, shards + manifest, report.html)
-goes through Beam's FileSystems, which picks the file system by the path's scheme: the same code
+Every output a run writes (kept/, rejected/, stats.json, side files, shards + manifest; report.html
+through dsdata/beam/run_files.py) goes through Beam's FileSystems, which picks the file system by the path's scheme: the same code
 writes a local folder, S3 (apache-beam[aws]) or GCS (apache-beam[gcp]); nothing here names a scheme.
 What differs is how a file becomes complete:
 
@@ -26,57 +26,16 @@ from contextlib import contextmanager
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-TMP_MARK = ".tmp-"
+from dsdata.io.inputs import InputPathError
+from dsdata.io.outlock import OutputDirError
+from dsdata.io.shards import atomic_write_bytes
+
 _COPY_CHUNK = 8 << 20
 
 
 def is_remote(path: str) -> bool:
     """A URL with a scheme (s3://, gs://, …): served by one of Beam's remote file systems."""
     return "://" in path
-
-
-def fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def temp_name(path: str) -> str:
-    """A local temporary name beside `path`: hidden, and marked so a cleanup can find it."""
-    return f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}{TMP_MARK}{uuid.uuid4().hex}"
-
-
-def is_temp_name(name: str) -> bool:
-    return name.startswith(".") and TMP_MARK in name
-
-
-def commit_local(tmp: str, path: str) -> None:
-    """fsync the finished local file `tmp` and rename it to `path` (then fsync the folder)."""
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
-
-
-def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write `data` to the local `path` via a temp file in the same directory + fsync + rename."""
-    tmp = temp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        commit_local(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -108,20 +67,38 @@ def storage_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def check_writable(folder: str) -> None:
-    """Write and delete one probe file in `folder` (remote too): a missing bucket, refused
-    credentials or an unreachable endpoint surface as OSError (one line) before a run starts."""
-    probe = join(folder, f".dsdata-write-probe-{uuid.uuid4().hex}")
-    with _one_line_errors():
-        write_bytes(probe, b"x")
-        remove_file(probe)
+def use_options(options) -> None:
+    """Give Beam's file systems the run's PipelineOptions before its Pipeline exists (a remote file
+    system, S3's --s3_endpoint_url and credentials, reads its settings from them)."""
+    FileSystems.set_options(options)
 
 
-def matching(pattern: str) -> list[str]:
-    """The files a pattern matches (remote: listing it also checks the endpoint and credentials);
-    OSError in one line when it cannot be listed."""
-    with _one_line_errors():
-        return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+def check_remote_output(path: str) -> str:
+    """A remote OUT (s3://, gs://): one probe object written and deleted, so a missing bucket,
+    refused credentials or an unreachable endpoint are one line (OutputDirError) before anything
+    runs; returns `path` without a trailing /.  Not locked: docs/engines.md "Object storage"."""
+    path = path.rstrip("/")
+    probe = join(path, f".dsdata-write-probe-{uuid.uuid4().hex}")
+    try:
+        with _one_line_errors():
+            write_bytes(probe, b"x")
+            remove_file(probe)
+    except OSError as exc:
+        raise OutputDirError(f"--output {path} is not writable: {exc}") from None
+    return path
+
+
+def check_remote_inputs(patterns: list[str]) -> None:
+    """Each remote input pattern matches at least one object (listing it also checks the endpoint
+    and the credentials); InputPathError in one line otherwise."""
+    for pattern in patterns:
+        try:
+            with _one_line_errors():
+                matched = FileSystems.match([pattern])[0].metadata_list
+        except OSError as exc:
+            raise InputPathError(f"cannot list input '{pattern}': {exc}") from None
+        if not matched:
+            raise InputPathError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
 
 
 @contextmanager
@@ -155,15 +132,6 @@ def make_dirs(path: str) -> None:
 
 def join(base: str, *names: str) -> str:
     return FileSystems.join(base, *names) if is_remote(base) else os.path.join(base, *names)
-
-
-def list_names(folder: str) -> list[str]:
-    """The names of the files directly in `folder` (remote: the objects under its prefix, one level)."""
-    if not is_remote(folder):
-        return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-    prefix = folder.rstrip("/") + "/"
-    found = FileSystems.match([prefix + "*"])[0].metadata_list
-    return sorted(m.path[len(prefix):] for m in found if "/" not in m.path[len(prefix):])
 
 
 def remove_tree(folder: str) -> None:

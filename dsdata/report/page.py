@@ -3,7 +3,7 @@
 The funnel (documents after each stage), the rejection reasons per stage with a few rejected
 examples each, histograms of what was kept (length, language, lang_score, relevance, perplexity
 with the difficulty cut-offs, duplicate-cluster sizes), per-stage time when the run measured it,
-and the recipe as run.  Charts are hand-written SVG (dsdata.beam.svgchart: no plotting library)
+and the recipe as run.  Charts are hand-written SVG (dsdata.report.svgchart: no plotting library)
 embedded as base64 data URIs, so the file opens offline and can be mailed or archived on its own.
 
 Reading is bounded whatever the output's size: histograms read only the columns they plot from a
@@ -13,19 +13,15 @@ it holds a reason that still lacks examples.
 from __future__ import annotations
 
 import base64
-import datetime as _dt
 import html
 import json
 import logging
 import math
-import platform
-import re
 from collections import Counter
 from typing import Any, Iterable
 
-from apache_beam.io.filesystems import FileSystems
-
-from dsdata.beam import svgchart
+from dsdata.report import svgchart
+from dsdata.report.files import LOCAL, files_for
 
 log = logging.getLogger("dsdata")
 
@@ -45,68 +41,31 @@ NUMERIC_HISTOGRAMS = [
 
 
 # ---------------------------------------------------------------------------------------------
-# Run information (written at run time, read by the report)
-
-
-# Credentials given as Beam flags (--s3_secret_access_key, --s3_session_token, …) are shown as this
-# in run.json and the report, which are shared with the outputs.
-REDACTED = "<redacted>"
-_CREDENTIAL_OPTION = re.compile(r"secret|password|token|access_key|credential", re.IGNORECASE)
-
-
-def run_info(recipe, stages, options, seconds: float | None = None) -> dict[str, Any]:
-    """What the report shows as 'the recipe as run': stages with resolved parameters, runner, inputs, versions."""
-    import apache_beam
-
-    from dsdata import __version__
-
-    try:
-        from apache_beam.options.pipeline_options import StandardOptions
-
-        runner = options.view_as(StandardOptions).runner
-        flags = options.get_all_options(drop_default=True, retain_unknown_options=True)
-    except Exception:  # noqa: BLE001 - a custom options object: record what we can
-        runner, flags = None, {}
-    return {
-        "recipe": recipe.name,
-        "recipe_path": recipe.path,
-        "inputs": list(recipe.inputs),
-        "input_format": recipe.input_format,
-        "stages": [{"name": s.name, "params": _jsonable(s.parameter_values())} for s in stages],
-        "runner": str(runner) if runner is not None else None,
-        "pipeline_options": _jsonable({k: REDACTED if _CREDENTIAL_OPTION.search(k) else v
-                                       for k, v in flags.items() if v is not None}),
-        "dsdata_version": __version__,
-        "beam_version": apache_beam.__version__,
-        "python_version": platform.python_version(),
-        "finished_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "seconds": seconds,
-    }
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
+# Run information (run.json: written at run time by dsdata/beam/run_files.py, read by the report)
 
 
 def write_run_info(output: str, info: dict[str, Any]) -> None:
-    with FileSystems.create(FileSystems.join(output, RUN_INFO_NAME)) as fh:
+    fs = files_for(output)
+    with fs.create(fs.join(output, RUN_INFO_NAME)) as fh:
         fh.write(json.dumps(info, indent=2, ensure_ascii=False).encode("utf-8"))
 
 
 def is_run_output(output: str) -> bool:
     """Whether `output` (local or remote) holds a finished run's stats.json."""
-    return FileSystems.exists(FileSystems.join(output, "stats.json"))
+    fs = files_for(output)
+    return fs.exists(fs.join(output, "stats.json"))
 
 
-def write_report_safely(output: str, recipe=None, stages=None, options=None, seconds: float | None = None) -> str | None:
-    """Write run.json (when the recipe is given) and report.html; on any error log ONE warning, never raise."""
+def write_report_safely(output: str, info: dict[str, Any] | None = None) -> str | None:
+    """Write run.json (when the run's information is given) and report.html; on any error log ONE
+    warning, never raise."""
     try:
-        if recipe is not None:
-            write_run_info(output, run_info(recipe, stages or [], options, seconds))
+        if info is not None:
+            write_run_info(output, info)
         return write_report(output)
     except Exception as exc:  # noqa: BLE001 - the report must never fail a finished run
         log.warning("warning: could not write %s: %s: %s (the run itself succeeded; "
-                    "retry with 'dsdata report %s')", FileSystems.join(output, REPORT_NAME),
+                    "retry with 'dsdata report %s')", output.rstrip("/") + "/" + REPORT_NAME,
                     type(exc).__name__, exc, output)
         return None
 
@@ -114,10 +73,11 @@ def write_report_safely(output: str, recipe=None, stages=None, options=None, sec
 def remove_report(output: str) -> None:
     """Delete an earlier run's report.html and run.json, so a failed run leaves no stale report."""
     try:
-        paths = [FileSystems.join(output, n) for n in (REPORT_NAME, RUN_INFO_NAME)]
-        existing = [p for p in paths if FileSystems.exists(p)]
+        fs = files_for(output)
+        paths = [fs.join(output, n) for n in (REPORT_NAME, RUN_INFO_NAME)]
+        existing = [p for p in paths if fs.exists(p)]
         if existing:
-            FileSystems.delete(existing)
+            fs.delete(existing)
     except Exception as exc:  # noqa: BLE001 - cleaning up is best effort; the new run overwrites them
         log.debug("could not remove an earlier report in %s: %s", output, exc)
 
@@ -127,26 +87,26 @@ def remove_report(output: str) -> None:
 
 
 def _read_json(output: str, name: str) -> dict[str, Any] | None:
-    path = FileSystems.join(output, name)
-    if not FileSystems.exists(path):
+    fs = files_for(output)
+    path = fs.join(output, name)
+    if not fs.exists(path):
         return None
-    with FileSystems.open(path) as fh:
+    with fs.open(path) as fh:
         return json.loads(fh.read().decode("utf-8"))
 
 
 def _parquet_files(output: str, sub: str) -> list[str]:
-    pattern = FileSystems.join(output, sub, "*.parquet")
-    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    fs = files_for(output)
+    return sorted(fs.match(fs.join(output, sub, "*.parquet")))
 
 
 def _open_parquet(path: str):
     import pyarrow.parquet as pq
 
-    if "://" in path:
-        from apache_beam.io.filesystem import CompressionTypes
-
+    fs = files_for(path)
+    if fs is not LOCAL:
         # A seekable handle: pyarrow reads the footer and the column chunks it needs, not the file.
-        return pq.ParquetFile(FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED))
+        return pq.ParquetFile(fs.open(path))
     return pq.ParquetFile(path)
 
 
@@ -432,7 +392,7 @@ def _img(element_id: str, svg: str, alt: str) -> str:
 def build_html(output: str) -> str:
     stats = _read_json(output, "stats.json")
     if stats is None:
-        raise FileNotFoundError(f"{FileSystems.join(output, 'stats.json')} not found: is {output} the output of a dsdata run?")
+        raise FileNotFoundError(f"{files_for(output).join(output, 'stats.json')} not found: is {output} the output of a dsdata run?")
     info = _read_json(output, RUN_INFO_NAME) or {}
     difficulty = _read_json(output, "difficulty.json")
     parts: list[str] = []
@@ -606,8 +566,9 @@ def _cutoff_caption(difficulty: dict[str, Any] | None) -> str:
 def write_report(output: str) -> str:
     """Build OUTPUT/report.html from the run's outputs and return its path."""
     page = build_html(output)
-    path = FileSystems.join(output, REPORT_NAME)
-    with FileSystems.create(path) as fh:
+    fs = files_for(output)
+    path = fs.join(output, REPORT_NAME)
+    with fs.create(path) as fh:
         fh.write(page.encode("utf-8"))
     return path
 

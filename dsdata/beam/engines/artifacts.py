@@ -19,10 +19,6 @@ FLINK_VERSION = "1.20"
 FLINK_DIST_VERSION = "1.20.3"
 
 
-class EngineError(RuntimeError):
-    """An engine the user named cannot be used (scheduler unreachable, bad option): one line in the CLI."""
-
-
 def engines_cache_dir() -> str:
     """$DSDATA_ENGINES_CACHE, else /work/.cache/engines where /work/.cache exists, else ~/.cache/dsdata/engines."""
     explicit = os.environ.get("DSDATA_ENGINES_CACHE")

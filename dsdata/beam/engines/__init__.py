@@ -1,0 +1,15 @@
+"""Engine plumbing: what runs a pipeline, and what dsdata changes in Beam to run it well.
+
+    options.py      the runner a user names: checked against dsdata/runners.py's registry
+    dask_runner.py  dsdata's runner on a dask.distributed cluster (`--runner=dask`)
+    artifacts.py    where the non-Python engine artifacts live: Prism's binary, Flink's job-server jar
+    speedups.py     Beam patches applied at import (option views, DoFn specs, collections)
+    mlimport.py     Beam's RunInference imported without torch/scipy (installed by dsdata/beam/__init__.py)
+
+The runner registry itself (names → class paths, which run in this process) is plain data in
+dsdata/runners.py, so the recipe and the CLI read it without importing Beam.
+"""
+
+
+class EngineError(RuntimeError):
+    """An engine the user named cannot be used (scheduler unreachable, bad option): one line in the CLI."""

@@ -1,0 +1,73 @@
+"""The few file operations the report needs, for local and remote run outputs alike.
+
+Local paths (the common case, and every test) are served here with os and glob.  A remote path
+(`scheme://...`) goes to the store registered by dsdata's Beam side (dsdata/beam/run_files.py wraps
+Beam's FileSystems, which knows gs://, s3://, hdfs://), so this package imports no Beam and a
+report of a local run never loads it.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from typing import IO, Protocol
+
+
+class RunFiles(Protocol):
+    """A file store: what the report does with a run's directory."""
+
+    def join(self, base: str, *parts: str) -> str: ...
+    def exists(self, path: str) -> bool: ...
+    def open(self, path: str) -> IO[bytes]: ...  # binary, seekable (pyarrow reads Parquet footers)
+    def create(self, path: str) -> IO[bytes]: ...
+    def match(self, pattern: str) -> list[str]: ...
+    def delete(self, paths: list[str]) -> None: ...
+
+
+class LocalFiles:
+    def join(self, base: str, *parts: str) -> str:
+        return os.path.join(base, *parts)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def open(self, path: str) -> IO[bytes]:
+        return open(path, "rb")
+
+    def create(self, path: str) -> IO[bytes]:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return open(path, "wb")
+
+    def match(self, pattern: str) -> list[str]:
+        return sorted(glob.glob(pattern))
+
+    def delete(self, paths: list[str]) -> None:
+        for path in paths:
+            os.remove(path)
+
+
+class RemoteOutputError(RuntimeError):
+    """A remote run output with no remote store registered (dsdata's Beam side not loaded)."""
+
+
+LOCAL = LocalFiles()
+_remote: RunFiles | None = None
+
+
+def register_remote_files(store: RunFiles) -> None:
+    """Serve `scheme://` paths from `store` (dsdata/beam/run_files.py registers Beam's FileSystems)."""
+    global _remote
+    _remote = store
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def files_for(path: str) -> RunFiles:
+    """The store that serves `path`: local files here, a remote path through the registered store."""
+    if not is_remote(path):
+        return LOCAL
+    if _remote is None:
+        raise RemoteOutputError(f"{path} is remote: reading it needs dsdata's Beam side "
+                                "(import dsdata.beam.run_files, as `dsdata run` and `dsdata report` do)")
+    return _remote
