@@ -104,6 +104,15 @@ class S3Server:
     def read(self, bucket: str, key: str) -> bytes:
         return self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
 
+    def listening(self) -> list[tuple[str, int]]:
+        """(address, port) of every socket the server's processes listen on."""
+        import psutil
+
+        procs = [psutil.Process(self.process.pid)]
+        procs += procs[0].children(recursive=True)
+        return sorted({(c.laddr.ip, c.laddr.port) for p in procs for c in p.net_connections(kind="inet")
+                       if c.status == psutil.CONN_LISTEN})
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
@@ -129,7 +138,8 @@ def start_weed(binary: str) -> S3Server:
     cmd = [binary, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={os.path.join(data_dir, 'data')}",
            f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
            "-s3", f"-s3.port={s3}", f"-s3.config={config}", "-master.volumeSizeLimitMB=64",
-           "-volume.max=0", "-metricsPort=0"]
+           # The S3 gateway's Iceberg and Lance catalogs listen on fixed ports unless turned off.
+           "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=0", "-metricsPort=0"]
     log = open(os.path.join(data_dir, "weed.log"), "wb")
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = S3Server(f"http://127.0.0.1:{s3}", access_key, secret_key, process, data_dir, "seaweedfs",

@@ -38,6 +38,13 @@ def _rows(data: bytes, columns: list[str]) -> list[tuple]:
     return sorted(zip(*(table.column(c).to_pylist() for c in columns)))
 
 
+def test_s3_server_listens_on_loopback_only(s3_server):
+    listening = s3_server.listening()
+    assert listening, "the server listens nowhere?"
+    assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
+    assert int(s3_server.endpoint.rsplit(":", 1)[1]) in {port for _, port in listening}
+
+
 @pytest.mark.slow
 def test_pretrain_on_s3_writes_every_output_as_a_local_run_does(s3_server, tmp_path):
     bucket = s3_server.new_bucket()
