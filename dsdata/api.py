@@ -85,9 +85,10 @@ class PreparedRun:
 
 def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = None, output: str | None = None,
                 input_format: str | None = None, overrides: Iterable[str] = (), beam_args: Iterable[str] = (),
-                max_errors: str | int | None = None, quiet: bool = False) -> PreparedRun:
+                max_errors: str | int | None = None, quiet: bool = False, limit: int | None = None) -> PreparedRun:
     """The recipe with `inputs` (replacing the recipe's), `input_format` and `overrides`
-    ("STAGE.PARAM=VALUE") applied, and every check made before anything is written.  The recipe's
+    ("STAGE.PARAM=VALUE") applied, `limit` (read only the first N records) set, and every check
+    made before anything is written.  The recipe's
     own inputs must stay inside its folder, links resolved; inputs given here are the caller's."""
     from dsdata.beam.errors import ErrorBudget
     from dsdata.io.inputs import input_notes, resolve_recipe_inputs
@@ -104,6 +105,10 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
         recipe.inputs = [p if "://" in p else os.path.abspath(p) for p in given]
     if input_format:
         recipe.input_format = input_format
+    if limit is not None:  # only the first `limit` records are read (transforms.ReadFirstDoFn)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise RunError(f"limit must be a positive whole number, got {limit!r}")
+        recipe.limit = limit
     if recipe.input_format not in INPUT_FORMATS:  # --set input.format=... is only checked here
         raise RunError(f"input format '{recipe.input_format}' is not one of {', '.join(INPUT_FORMATS)}")
     output = output or recipe_output(recipe)  # a given output may point anywhere; a recipe's may not leave ./
@@ -146,7 +151,7 @@ def execute(prepared: PreparedRun, beam_args: Iterable[str] = (), progress: str 
 def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] | None = None,
         output: str | os.PathLike | None = None, overrides: Mapping[str, Any] | Iterable[str] | None = None,
         input_format: str | None = None, max_errors: str | int | None = None,
-        beam_args: Iterable[str] = (), progress: str = "off") -> dict[str, Any]:
+        beam_args: Iterable[str] = (), progress: str = "off", limit: int | None = None) -> dict[str, Any]:
     """Run a recipe as `dsdata run` does and return its stats (the dict written to OUT/stats.json,
     plus `seconds`).
 
@@ -155,13 +160,15 @@ def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] 
     the working directory).  overrides: {"STAGE.PARAM": value} or ["STAGE.PARAM=VALUE", …], as
     `--set`.  input_format: as `--format`.  max_errors: as `--max-errors` (25, "0.5%").  beam_args:
     Beam pipeline options (["--direct_num_workers=2", …]).  progress: "off", "lines" or "bar".
+    limit: as `--limit` (read only the first N records).
 
     Raises RunError (one line; `exit_code` as the command's) for any problem, including a run over
     its error budget, whose outputs are written all the same."""
     with one_line_errors():
         prepared = prepare_run(None if recipe is None else os.fspath(recipe), inputs,
                                None if output is None else os.fspath(output), input_format,
-                               _override_items(overrides), beam_args, max_errors=max_errors, quiet=True)
+                               _override_items(overrides), beam_args, max_errors=max_errors, quiet=True,
+                               limit=limit)
         for line in prepared.notes:  # matched paths that are not read (FIFOs, dangling links): also in stats.json
             logging.getLogger("dsdata").warning(line)
         return execute(prepared, beam_args, progress=progress)

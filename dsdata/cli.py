@@ -19,7 +19,7 @@ SUBCOMMANDS = {
     "classifier": ("dsdata.commands.classifier", "train and evaluate relevance classifiers"),
     "lm": ("dsdata.commands.lm", "train n-gram language models for difficulty grading"),
     "tokenizer": ("dsdata.commands.tokenizer", "train a byte-level BPE tokenizer"),
-    "shards": ("dsdata.commands.shards", "inspect and verify training shards"),
+    "shards": ("dsdata.commands.shards", "inspect, verify and export training shards (megatron, mds, hf)"),
     "shm": ("dsdata.commands.shm", "publish shards to shared memory (/dev/shm)"),
     "report": ("dsdata.commands.report", "rebuild OUT/report.html from a run's output directory"),
     "doctor": ("dsdata.commands.doctor", "check this environment (fastText, models, Beam, torch, extras)"),
@@ -41,8 +41,12 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", action="append", default=None, metavar="GLOB",
                         help="input file or glob (local, gs://, s3://; repeatable); replaces the recipe's inputs")
     parser.add_argument("--output", default=None, metavar="DIR", help="output directory (default: the recipe's, ./out)")
-    parser.add_argument("--format", default=None, choices=["auto", "jsonl", "parquet", "html", "warc"],
-                        help="input format (default: from the recipe, else from file names)")
+    parser.add_argument("--format", default=None, choices=["auto", "jsonl", "parquet", "html", "warc", "text", "csv"],
+                        help="input format (default: from the recipe, else from file names: .txt/.md are text, "
+                        "one document per file; .csv/.tsv are csv, a header row then one record per row)")
+    parser.add_argument("--limit", default=None, type=_positive_int, metavar="N",
+                        help="read only the first N records (input files in path order, records in file order; "
+                        "the same N on every runner) to try a recipe on part of a corpus; the ledger counts those N")
     parser.add_argument("--set", action="append", default=[], metavar="STAGE.PARAM=VALUE",
                         help="override a recipe parameter (repeatable), e.g. --set lang.min_score=0.6")
     parser.add_argument("--max-errors", default=None, metavar="N|P%",
@@ -54,6 +58,16 @@ def _run_parser() -> argparse.ArgumentParser:
                         help="live progress every 10 s on long runs: a bar on a terminal (auto), "
                         "lines (logs), or off; --quiet turns it off")
     return parser
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value!r}")
+    return n
 
 
 def _collect_after_startup() -> None:
@@ -83,7 +97,7 @@ def cmd_run(argv: list[str]) -> int:
         logging.getLogger("dsdata").setLevel(logging.INFO)
     with one_line_errors():
         prepared = prepare_run(args.recipe, args.input, args.output, args.format, args.set, beam_args,
-                               max_errors=args.max_errors, quiet=args.quiet)
+                               max_errors=args.max_errors, quiet=args.quiet, limit=args.limit)
         for line in prepared.notes:
             print(f"dsdata: {line}", file=sys.stderr)
         recipe, output = prepared.recipe, prepared.output

@@ -32,7 +32,7 @@ from dsdata.runners import BeamOptionError, find_runner
 from dsdata.safe_yaml import YamlBoundError, load_bounded
 from dsdata.stages import Stage, StageConfigError, stage_class
 
-INPUT_FORMATS = ("auto", "jsonl", "parquet", "html", "warc")
+INPUT_FORMATS = ("auto", "jsonl", "parquet", "html", "warc", "text", "csv")
 RECIPE_KEYS = ("name", "description", "input", "output", "stages", "beam")
 INPUT_KEYS = ("paths", "format", "text_field", "id_field")
 # A recipe is a page of YAML; a bigger file is not a recipe (and bounds what a bad one costs).
@@ -64,6 +64,8 @@ class Recipe:
     beam_args: list[str] = field(default_factory=list)
     # Not from the recipe file: the matched paths that `dsdata run` left out (inputs.left_out), for stats.json.
     inputs_left_out: dict[str, Any] = field(default_factory=dict)
+    # Not from the recipe file: `dsdata run --limit N` reads only the first N records.
+    limit: int | None = None
     # The input paths as the recipe file gives them (resolved): while `inputs` are among them, a run
     # keeps every file it reads inside the recipe's folder.  `inputs_checked`: the inputs were
     # checked and expanded (dsdata.io.inputs.resolve_recipe_inputs), so a run does not do it again.
@@ -262,6 +264,9 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
         for key, spec in cls.params.items():
             if spec.is_path and isinstance(stage.params.get(key), str):
                 stage.params[key] = confine(base, stage.params[key], f"{stage.name}.{key}", path)
+            elif spec.is_path and isinstance(stage.params.get(key), list):  # a list of paths, each confined
+                stage.params[key] = [confine(base, v, f"{stage.name}.{key}", path) if isinstance(v, str) else v
+                                     for v in stage.params[key]]
     try:
         beam_args = recipe_beam_args(raw.get("beam"), path)  # runner choice and tuning only
     except BeamOptionError as exc:
@@ -355,6 +360,8 @@ def apply_override(recipe: Recipe, item: str) -> None:
     if cls.params[param].is_path and isinstance(parsed, str) and not is_remote(parsed):
         # Paths given on the command line are the user's own: relative to the working directory.
         parsed = os.path.abspath(parsed)
+    elif cls.params[param].is_path and isinstance(parsed, list):
+        parsed = [os.path.abspath(v) if isinstance(v, str) and not is_remote(v) else v for v in parsed]
     for spec in matches:
         spec.params[param] = parsed
         spec.from_command_line.add(param)

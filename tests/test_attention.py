@@ -1,4 +1,6 @@
-"""Sparse attention kernels against dense attention with the equivalent explicit mask."""
+"""Sparse attention kernels against dense attention with the equivalent explicit mask; the
+block-sparse FlexAttention kernels (kernel="flex") against the same definition and against the
+gather references, forward and backward."""
 import math
 
 import pytest
@@ -58,8 +60,9 @@ def grads(out, tensors, seed=1):
     return torch.autograd.grad((out * weight).sum(), tensors)
 
 
-def make_sparse(top_k, window=8, block=4, summary=True):
-    kernel = DynamicSparseAttention(8, top_k=top_k, window=window, block=block, gate_hidden=6, summary=summary).double()
+def make_sparse(top_k, window=8, block=4, summary=True, kernel="reference", dim=8):
+    kernel = DynamicSparseAttention(dim, top_k=top_k, window=window, block=block, gate_hidden=6, summary=summary,
+                                    kernel=kernel).double()
     torch.nn.init.normal_(kernel.gate_in.weight, std=0.5)
     kernel.refresh_selection()
     return kernel
@@ -75,11 +78,12 @@ def test_dynamic_sparse_with_topk_covering_sequence_equals_dense_causal():
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("implementation", ["reference", "flex"])
 @pytest.mark.parametrize("summary", [True, False])
 @pytest.mark.parametrize("top_k,window,block", [(3, 8, 4), (5, 4, 4), (2, 12, 4), (16, 8, 8)])
-def test_dynamic_sparse_equals_explicit_mask_forward_and_backward(top_k, window, block, summary):
+def test_dynamic_sparse_equals_explicit_mask_forward_and_backward(top_k, window, block, summary, implementation):
     q, k, v = qkv(seed=top_k + window)
-    kernel = make_sparse(top_k, window, block, summary)
+    kernel = make_sparse(top_k, window, block, summary, implementation)
     out = kernel(q, k, v)
     ref, mask = sparse_reference(kernel, q, k, v)
     # The pattern is really sparse here, not dense in disguise.
@@ -114,10 +118,11 @@ def lsh_reference(kernel, q, k, v):
     return dense_reference(q, k, v, same & causal & (between < kernel.chunk))
 
 
+@pytest.mark.parametrize("implementation", ["reference", "flex"])
 @pytest.mark.parametrize("chunk,t,buckets", [(8, 53, 0), (4, 64, 4), (64, 40, 1)])
-def test_lsh_equals_explicit_mask_forward_and_backward(chunk, t, buckets):
+def test_lsh_equals_explicit_mask_forward_and_backward(chunk, t, buckets, implementation):
     q, k, v = qkv(seed=chunk, t=t)
-    kernel = LSHAttention(8, chunk=chunk, n_buckets=buckets)
+    kernel = LSHAttention(8, chunk=chunk, n_buckets=buckets, kernel=implementation)
     out = kernel(q, k, v)
     ref = lsh_reference(kernel, q, k, v)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
@@ -127,12 +132,14 @@ def test_lsh_equals_explicit_mask_forward_and_backward(chunk, t, buckets):
         torch.testing.assert_close(out, DenseAttention()(q, k, v), rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("attention", ["dense", "dynamic_sparse", "lsh"])
-def test_model_is_strictly_causal(attention):
+@pytest.mark.parametrize("attention,implementation", [("dense", "auto"), ("dynamic_sparse", "reference"),
+                                                      ("lsh", "reference"), ("dynamic_sparse", "flex"),
+                                                      ("lsh", "flex")])
+def test_model_is_strictly_causal(attention, implementation):
     """Changing tokens after position p changes no logit at positions <= p, and no gradient flows back."""
     torch.manual_seed(0)
     args = ModelArgs(dim=32, n_layers=2, n_heads=2, vocab_size=50, max_seq_len=64, attention=attention,
-                     sparse_top_k=2, sparse_window=4, sparse_block=4, lsh_chunk=4)
+                     sparse_top_k=2, sparse_window=4, sparse_block=4, lsh_chunk=4, sparse_kernel=implementation)
     model = Transformer(args).double()
     for module in model.modules():  # make the gate discriminative so selection varies with content
         if isinstance(module, DynamicSparseAttention):
@@ -155,3 +162,81 @@ def test_model_is_strictly_causal(attention):
         model.tok_embeddings = model_no_emb
     assert grad[:, 11:].abs().max() == 0
     assert grad[:, :11].abs().max() > 0
+
+
+def _outputs_and_grads(kernel, q, k, v, grad):
+    for t in (q, k, v):
+        t.grad = None
+    kernel.zero_grad(set_to_none=True)
+    out = kernel(q, k, v)
+    out.backward(grad)
+    params = [p.grad for p in kernel.parameters()]
+    return [out.detach()] + [t.grad.clone() for t in (q, k, v)] + params
+
+
+# Lengths that are and are not multiples of FlexAttention's 128-position blocks; query blocks
+# smaller and larger than them (block 256: one reference block spans two flex blocks).
+SPARSE_SHAPES = [(300, 4, 16, 16), (256, 16, 64, 64), (600, 8, 256, 256), (520, 3, 64, 32)]
+
+
+@pytest.mark.parametrize("t,top_k,window,block", SPARSE_SHAPES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.bfloat16, 3e-2)])
+def test_flex_dynamic_sparse_equals_the_gather_reference(t, top_k, window, block, dtype, tol):
+    reference = make_sparse(top_k, window, block, dim=16)
+    flex = make_sparse(top_k, window, block, kernel="flex", dim=16)
+    flex.load_state_dict(reference.state_dict())
+    if dtype == torch.float64:  # under bf16 autocast the gate's weights stay fp32, as in the model
+        reference.to(dtype), flex.to(dtype)
+    else:
+        reference.float(), flex.float()
+    q, k, v = (x.detach().to(dtype).requires_grad_() for x in qkv(seed=t, b=1, h=2, t=t, d=16))
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+    want = _outputs_and_grads(reference, q, k, v, grad)
+    got = _outputs_and_grads(flex, q, k, v, grad)
+    assert got[-1] is not None and got[-1].abs().sum() > 0  # the gate learns through the flex kernel too
+    for g, w in zip(got, want):  # bf16: errors relative to each tensor's scale (sums of rounded terms)
+        torch.testing.assert_close(g.float(), w.float(), rtol=tol, atol=tol * max(1.0, w.abs().max().item()))
+
+
+@pytest.mark.parametrize("t,chunk,buckets", [(300, 16, 0), (256, 64, 4), (130, 8, 2)])
+def test_flex_lsh_equals_the_gather_reference(t, chunk, buckets):
+    q, k, v = qkv(seed=t, b=2, h=2, t=t, d=16)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    want = _outputs_and_grads(LSHAttention(16, chunk, buckets, kernel="reference"), q, k, v, grad)
+    got = _outputs_and_grads(LSHAttention(16, chunk, buckets, kernel="flex"), q, k, v, grad)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("blocks", [(128, 64), (64, 128)])
+def test_flex_kernels_with_other_query_and_key_block_sizes(blocks):
+    q, k, v = qkv(seed=3, b=1, h=2, t=330, d=16)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    reference = make_sparse(4, 16, 16, dim=16)
+    flex = make_sparse(4, 16, 16, kernel="flex", dim=16)
+    flex.load_state_dict(reference.state_dict())
+    lsh_reference, lsh_flex = LSHAttention(16, 16, kernel="reference"), LSHAttention(16, 16, kernel="flex")
+    flex.flex_blocks = lsh_flex.flex_blocks = blocks
+    for mine, theirs in ((flex, reference), (lsh_flex, lsh_reference)):
+        for g, w in zip(_outputs_and_grads(mine, q, k, v, grad), _outputs_and_grads(theirs, q, k, v, grad)):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+
+
+def test_torch_flex_attention_itself_computes_the_sparse_forward():
+    """Without gradients the CPU path calls torch's FlexAttention (not the emulation used for
+    backward on CPU): its block mask and mask_mod reproduce the references."""
+    q, k, v = (x.detach() for x in qkv(seed=9, b=1, h=2, t=300, d=16))
+    reference = make_sparse(4, 16, 16, dim=16)
+    flex = make_sparse(4, 16, 16, kernel="flex", dim=16)
+    flex.load_state_dict(reference.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(flex(q, k, v), reference(q, k, v), rtol=1e-9, atol=1e-9)
+        lsh = [LSHAttention(16, 16, kernel=kind)(q, k, v) for kind in ("flex", "reference")]
+    torch.testing.assert_close(lsh[0], lsh[1], rtol=1e-9, atol=1e-9)
+
+
+def test_unknown_kernel_is_refused():
+    with pytest.raises(ValueError, match="kernel"):
+        DynamicSparseAttention(8, kernel="triton")
+    with pytest.raises(ValueError, match="sparse_kernel"):
+        ModelArgs(attention="lsh", sparse_kernel="fast").validate()

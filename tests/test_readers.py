@@ -157,8 +157,10 @@ def test_detect_format():
     assert detect_format("a/b.parquet") == "parquet"
     assert detect_format("a/b.HTM") == "html"
     assert detect_format("a/b.warc.gz") == "warc"
+    assert detect_format("notes.txt") == detect_format("README.md.gz") == "text"
+    assert detect_format("rows.tsv") == detect_format("rows.csv.zst") == "csv"
     with pytest.raises(InputFormatError, match="cannot tell the format"):
-        detect_format("notes.txt")
+        detect_format("LICENSE")
 
 
 def test_read_file_explicit_format(tmp_path):

@@ -27,7 +27,7 @@ from dsdata.stages.base import BatchStage, CorpusStage, DocumentStage, Stage
 # stages must have one; a batched stage may (relevance runs through RunInference).  Imported on
 # use, so a recipe only pays for the composites it runs.
 COMPOSITES: dict[str, str] = {
-    "dedup": "dsdata.beam.dedup.composite",
+    "dedup": "dsdata.beam.dedup.steps",
     "difficulty": "dsdata.beam.difficulty",
     "augment": "dsdata.beam.augment",
     "shards": "dsdata.beam.shards",

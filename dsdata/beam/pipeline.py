@@ -5,6 +5,7 @@ Output layout (other stages and the trainer build on it):
   DIR/rejected/part-*.parquet   id, text, text_length, metadata, stage, reason, detail, annotations
   DIR/stats.json                {"input", "kept", "augmented", "rejected": {stage: {reason: n}},
                                  "stages": {stage: {"rejected": n, "kept_after": n}}, "ledger_ok",
+                                 "tallies": {annotation: {key: n}} (the stages' Stage.tallies, when any),
                                  "errors": {"count", "by_stage", "budget", "over_budget"},
                                  "stage_time": {stage: {"cpu_s", "docs", "docs_per_s"}}}
 """
@@ -111,10 +112,13 @@ class _TallyKeys(beam.DoFn):
     """The ledger's keys of each record (see _count_keys), summed in a dict per bundle and emitted as
     (key, n) pairs when the bundle ends: one dict update per record instead of a generator and a
     (key, 1) element per key through the runner (~2 µs per record on the 100k-paragraph run).
-    With `part` ("docs", "rejected") the elements are Batches and their records in that list count."""
+    With `part` ("docs", "rejected") the elements are Batches and their records in that list count.
+    `tallied`: the stages' tallied annotations ({key: count} dicts, Stage.tallies), summed as
+    ("tally", annotation, key) over kept and rejected records."""
 
-    def __init__(self, kind: str, part: str | None = None):
+    def __init__(self, kind: str, part: str | None = None, tallied: tuple[str, ...] = ()):
         self.kind, self.part = kind, part
+        self.tallied = tallied if kind in (KEPT, REJECTED) else ()
 
     def setup(self):
         self._keys = _count_keys(self.kind)
@@ -129,11 +133,23 @@ class _TallyKeys(beam.DoFn):
         plain_kind = self.kind != REJECTED
         tally = self._tally
         for item in items:
+            if self.tallied:
+                self._tally_annotations(item)
             if plain_kind and type(item) is Document and item.derived_from is None:
                 self._plain += 1
                 continue
             for key in self._keys(item):
                 tally[key] = tally.get(key, 0) + 1
+
+    def _tally_annotations(self, item: Document | Rejected) -> None:
+        annotations = (item.doc if isinstance(item, Rejected) else item).annotations
+        for name in self.tallied:
+            counts = annotations.get(name)
+            if counts:
+                for key, n in counts.items():
+                    if n:
+                        tally_key = ("tally", name, key)
+                        self._tally[tally_key] = self._tally.get(tally_key, 0) + n
 
     def finish_bundle(self):
         if self._plain:
@@ -146,6 +162,7 @@ class _TallyKeys(beam.DoFn):
 def stats_from_counts(counts: dict[tuple, int], stage_order: list[str]) -> dict[str, Any]:
     """Fold (key → count) pairs into stats.json's structure and check the ledger law."""
     rejected: dict[str, dict[str, int]] = {}
+    tallies: dict[str, dict[str, int]] = {}
     augmented_by: dict[str, int] = {}
     n_input = n_kept = 0
     for key, n in counts.items():
@@ -158,6 +175,9 @@ def stats_from_counts(counts: dict[tuple, int], stage_order: list[str]) -> dict[
             by_reason[key[2]] = by_reason.get(key[2], 0) + n
         elif key[0] == "augmented":
             augmented_by[key[1]] = augmented_by.get(key[1], 0) + n
+        elif key[0] == "tally":
+            by_key = tallies.setdefault(key[1], {})
+            by_key[key[2]] = by_key.get(key[2], 0) + n
     n_rejected = sum(sum(r.values()) for r in rejected.values())
     n_aug = sum(augmented_by.values())
     # Reader rejections are part of the input (they were records); they are counted under "input"
@@ -169,7 +189,7 @@ def stats_from_counts(counts: dict[tuple, int], stage_order: list[str]) -> dict[
         r = sum(rejected.get(name, {}).values())
         running += augmented_by.get(name, 0) - r
         stages[name] = {"rejected": r, "kept_after": running}
-    return {
+    out = {
         "input": n_input,
         "kept": n_kept,
         "augmented": n_aug,
@@ -178,6 +198,9 @@ def stats_from_counts(counts: dict[tuple, int], stage_order: list[str]) -> dict[
         "stages": stages,
         "ledger_ok": n_input + n_aug == n_kept + n_rejected,
     }
+    if tallies:
+        out["tallies"] = {name: dict(sorted(t.items())) for name, t in sorted(tallies.items())}
+    return out
 
 
 # The ledger's counts and the composites' stats reach _WriteStats as ("ledger", (kind, key, value))
@@ -461,9 +484,10 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     element, and the rejections of all steps meet in one Flatten."""
     read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
                                        spread_documents=runs_on_several_workers(p.options), batch_docs=BATCH_DOCS,
-                                       spread_files=not runs_on_one_worker(p.options))
+                                       spread_files=not runs_on_one_worker(p.options), limit=recipe.limit)
     batches = read[KEPT]
     input_keys = batches | "InputKeys" >> beam.ParDo(_TallyKeys("input", "docs"))
+    tallied = tuple(name for s in stages for name in s.tallies)
     lead = 0
     while lead < len(stages) and batchable(stages[lead]):
         lead += 1
@@ -473,21 +497,23 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     if lead == len(stages):
         parts, part_files = _write_rows(batches, batches, stages, output, batched=True)
         keys = (input_keys,
-                batches | "KeptKeys" >> beam.ParDo(_TallyKeys(KEPT, "docs")),
-                batches | "RejectedKeys" >> beam.ParDo(_TallyKeys(REJECTED, "rejected")))
+                batches | "KeptKeys" >> beam.ParDo(_TallyKeys(KEPT, "docs", tallied)),
+                batches | "RejectedKeys" >> beam.ParDo(_TallyKeys(REJECTED, "rejected", tallied)))
     else:
         split = batches | "Unbatch" >> beam.ParDo(Unbatch()).with_outputs(REJECTED, main=KEPT)
         docs, stage_rejected, stage_stats = _apply_stages(split[KEPT], stages, output, start=lead)
         all_rejected = [split[REJECTED], *stage_rejected] | "AllRejected" >> beam.Flatten()
         parts, part_files = _write_rows(docs, all_rejected, stages, output)
         keys = (input_keys,
-                docs | "KeptKeys" >> beam.ParDo(_TallyKeys(KEPT)),
-                all_rejected | "RejectedKeys" >> beam.ParDo(_TallyKeys(REJECTED)))
+                docs | "KeptKeys" >> beam.ParDo(_TallyKeys(KEPT, tallied=tallied)),
+                all_rejected | "RejectedKeys" >> beam.ParDo(_TallyKeys(REJECTED, tallied=tallied)))
     # One zero count makes the group exist (and stats.json be written) when there is no record at all.
     nothing = p | "LedgerStart" >> beam.Create([(LEDGER_KEY, ("count", ("input",), 0))])
     extra = {"recipe": recipe.name, "stage_order": [READ_STAGE] + [s.name for s in stages]}
     if recipe.inputs_left_out:
         extra["inputs_left_out"] = recipe.inputs_left_out
+    if recipe.limit is not None:
+        extra["limit"] = recipe.limit
     (
         (nothing, *keys, *stage_stats, *part_files)
         | "AllKeys" >> beam.Flatten()

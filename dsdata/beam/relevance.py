@@ -33,11 +33,13 @@ at a time; a document that raises alone gets a ScoringFailed inference (rejected
 
     def __init__(self, model: str, backend: str = "auto", device: str = "auto", batch_size: int = 32,
                  max_length: int | None = None, long_documents: str = "head_tail",
-                 min_batch_size: int = 8, max_batch_size: int = 256):
+                 min_batch_size: int = 8, max_batch_size: int = 256,
+                 positive_label: str | list[str] | None = None, score: str = "probability"):
         super().__init__()
         self.model = model
         self.load_options = dict(backend=backend, device=device, batch_size=batch_size,
-                                 max_length=max_length, long_documents=long_documents)
+                                 max_length=max_length, long_documents=long_documents,
+                                 positive_label=positive_label, score=score)
         self.min_batch_size, self.max_batch_size = min_batch_size, max_batch_size
 
     def load_model(self) -> Scorer:

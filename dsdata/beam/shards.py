@@ -36,8 +36,9 @@ from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, KEPT, REJECTED, Stag
 from dsdata.beam import location
 from dsdata.beam.dedup.spill import SpillWriter, make_private_dir, read_spill, spill_directory
 from dsdata.io import shards as shard_io
+from dsdata.io.shard_tokenizer import bundle_tokenizer
 from dsdata.stages.base import StageConfigError
-from dsdata.stages.shards import SHARDS_DIR, id_hash, shard_key, shard_record
+from dsdata.stages.shards import EXPORT_DIR, SHARDS_DIR, id_hash, shard_key, shard_record
 from dsdata.stages.tokenize import TokenizeStage
 
 # A bundle's parked records roll over to a new spill file past this many bytes: the step that cuts
@@ -77,12 +78,22 @@ def write_shard_group(keyed, directory: str, dtype_name: str) -> dict[str, Any]:
 
 def write_manifest_from(entries: list[dict[str, Any]], directory: str, dtype_name: str,
                         tokenizer: dict[str, Any] | None, extra: dict[str, Any]) -> str:
-    """manifest.json, written after every shard it names is there with its size (local: by
-    dsdata.io.shards.write_manifest, atomically; remote: the last object written)."""
-    manifest = shard_io.build_manifest(entries, np.dtype(dtype_name), tokenizer, extra)
+    """manifest.json, written after every shard it names is there with its size, with the
+    tokenizer's files bundled beside the shards (local: by dsdata.io.shards.write_manifest,
+    atomically; remote: bundled in a local temporary folder and uploaded, the manifest the last
+    object written)."""
     if not location.is_remote(directory):
         os.makedirs(directory, exist_ok=True)
+        tokenizer = bundle_tokenizer(directory, tokenizer)  # the shard set carries its tokenizer (portable)
+        manifest = shard_io.build_manifest(entries, np.dtype(dtype_name), tokenizer, extra)
         return shard_io.write_manifest(directory, manifest)
+    with tempfile.TemporaryDirectory(prefix="dsdata-tokenizer-") as tmp:
+        tokenizer = bundle_tokenizer(tmp, tokenizer)
+        for root, _, names in os.walk(tmp):
+            for name in names:
+                rel = os.path.relpath(os.path.join(root, name), tmp)
+                location.upload(os.path.join(root, name), location.join(directory, *rel.split(os.sep)))
+    manifest = shard_io.build_manifest(entries, np.dtype(dtype_name), tokenizer, extra)
     for shard in manifest["shards"]:
         path = location.join(directory, shard["file"])
         if not location.exists(path) or location.size(path) != shard["bytes"]:
@@ -103,6 +114,13 @@ def tokenizer_info(config: dict[str, Any], upstream) -> dict[str, Any]:
             return stage.describe_tokenizer()
     raise StageConfigError("shards: no 'tokenize' stage before 'shards' in this recipe; add one "
                            "(or set shards.tokenizer if documents already carry token ids)")
+
+
+def export_written(manifest_path: str, formats: list[str], export_dir: str) -> None:
+    """The `export` option: the shard set just written (its manifest is `manifest_path`) → export_dir/<format>."""
+    from dsdata.export import export_shards
+
+    export_shards(os.path.dirname(manifest_path), export_dir, formats)
 
 
 _PARKED = "parked"
@@ -226,10 +244,11 @@ class WriteShards(beam.PTransform):
     raised}; writes `directory` (local or remote), parking token ids in `spill_dir`."""
 
     def __init__(self, config: dict[str, Any], directory: str, tokenizer: dict[str, Any], spill_dir: str,
-                 stage_name: str = "shards"):
+                 stage_name: str = "shards", export_dir: str | None = None):
         super().__init__()
         self.config, self.directory, self.tokenizer, self.stage_name = config, directory, tokenizer, stage_name
         self.spill_dir = spill_dir
+        self.export_dir = export_dir or os.path.join(os.path.dirname(directory), EXPORT_DIR)
 
     def expand(self, docs):
         config, directory, info = self.config, self.directory, self.tokenizer
@@ -244,9 +263,11 @@ class WriteShards(beam.PTransform):
                                                 beam.pvalue.AsDict(totals))
                    | "GroupShards" >> beam.GroupByKey()
                    | "WriteShard" >> beam.ParDo(_WriteShard(directory, dtype_name, self.stage_name)))
-        (written
-         | "GatherShards" >> beam.combiners.ToList()
-         | "WriteManifest" >> beam.Map(write_manifest_from, directory, dtype_name, info, extra))
+        manifest = (written
+                    | "GatherShards" >> beam.combiners.ToList()
+                    | "WriteManifest" >> beam.Map(write_manifest_from, directory, dtype_name, info, extra))
+        if config.get("export"):
+            manifest | "Export" >> beam.Map(export_written, config["export"], self.export_dir)
         return {KEPT: split[KEPT], REJECTED: split[REJECTED]}
 
 
@@ -255,5 +276,8 @@ def composite(stage, context) -> WriteShards:
     run directory (local or remote) and the stages upstream, whose nearest `tokenize` names the
     tokenizer."""
     config = stage.transform_config()
+    if config.get("export") and location.is_remote(context.run_dir):
+        raise StageConfigError(f"shards.export writes local files and the output '{context.run_dir}' is remote; "
+                               "drop shards.export and run `dsdata shards export` on a copy of OUT/shards")
     return WriteShards(config, location.join(context.run_dir, SHARDS_DIR), tokenizer_info(config, context.upstream),
                        spill_directory(context.run_dir, stage.name), stage.name)

@@ -530,6 +530,35 @@ def all_cuttable(patterns: list[str], fmt: str = "auto", range_bytes: int | None
     return True
 
 
+class ReadFirstDoFn(ReadFileDoFn):
+    """Reads the first `limit` records of all matched files (one element: their list), the files in
+    path order (each once), the records in file order; stops reading there."""
+
+    def __init__(self, limit: int, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limit = limit
+
+    def process(self, files):
+        left = self.limit
+        seen: set[str] = set()
+        for meta in sorted(files, key=lambda m: m.path):
+            if left <= 0:
+                return
+            if meta.path in seen:  # two patterns matching one file
+                continue
+            seen.add(meta.path)
+            for chunk in self._chunks(meta, self.batch_docs or _READ_CHUNK):
+                chunk = chunk[:left]
+                left -= len(chunk)
+                if self.batch_docs:
+                    yield self._batch(chunk)
+                else:
+                    for result in chunk:
+                        yield self._route(result)
+                if left <= 0:
+                    break
+
+
 class ReadDocuments(beam.PTransform):
     """File patterns (local, gs://, s3://, …) → {"kept": docs, "rejected": unreadable records}.
 
@@ -553,9 +582,10 @@ class ReadDocuments(beam.PTransform):
 
     def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id",
                  spread_documents: bool = False, range_bytes: int | None = None, batch_docs: int | None = None,
-                 spread_files: bool = True):
+                 spread_files: bool = True, limit: int | None = None):
         super().__init__()
         self.patterns, self.fmt, self.text_field, self.id_field = patterns, fmt, text_field, id_field
+        self.limit = limit
         self.spread_documents, self.range_bytes, self.batch_docs = spread_documents, range_bytes, batch_docs
         self.spread_files = spread_files or spread_documents
 
@@ -565,6 +595,17 @@ class ReadDocuments(beam.PTransform):
             | "Patterns" >> beam.Create(self.patterns)
             | "Match" >> fileio.MatchAll()
         )
+        if self.limit is not None:
+            # The first `limit` records: every matched file in one element, read in path order by one
+            # worker that stops there, so the same records on every runner and worker count.
+            read = beam.ParDo(ReadFirstDoFn(self.limit, self.fmt, self.text_field, self.id_field, self.batch_docs))
+            if self.batch_docs:
+                read = read.with_output_types(Batch)
+            out = files | "AllFiles" >> beam.combiners.ToList() | "ReadFirst" >> read.with_outputs(REJECTED, main=KEPT)
+            kept = out[KEPT]
+            if self.spread_documents:
+                kept = kept | "SpreadDocuments" >> beam.Reshuffle()
+            return {KEPT: kept, REJECTED: out[REJECTED]}
         if self.spread_files:
             # One pattern can match thousands of files: spread reading across workers.
             files = files | "Spread" >> beam.Reshuffle()

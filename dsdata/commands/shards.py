@@ -1,15 +1,17 @@
-"""`dsdata shards verify|info DIR`: check a shard set's checksums; summarise it."""
+"""`dsdata shards verify|info DIR`: check a shard set's checksums; summarise it.
+`dsdata shards export --format megatron|mds|hf SRC DST`: write it for other trainers (dsdata/export/)."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest, verify_shards
+from dsdata.io.shard_tokenizer import verify_shard_set
+from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest
 
 
 def cmd_verify(args) -> int:
-    manifest, problems = verify_shards(args.dir)
+    manifest, problems = verify_shard_set(args.dir)
     for problem in problems:
         print(f"dsdata: bad shard: {problem}", file=sys.stderr)
     if problems:
@@ -41,8 +43,20 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from dsdata.export import export_shards
+
+    formats = [f for value in args.format for f in value.split(",") if f]
+    results = export_shards(args.dir, args.dst, formats, args.source)
+    for name, summary in results.items():
+        buckets = summary["buckets"]
+        print(f"{name}: {sum(b['documents'] for b in buckets.values())} documents, "
+              f"{sum(b['tokens'] for b in buckets.values())} tokens in {len(buckets)} bucket(s) → {summary['path']}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dsdata shards", description="Inspect and verify training shards.")
+    parser = argparse.ArgumentParser(prog="dsdata shards", description="Inspect, verify and export training shards.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_verify = sub.add_parser("verify", help="check every shard against the manifest's sha256; exit 1 naming bad files")
     p_verify.add_argument("dir", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")
@@ -50,10 +64,27 @@ def main(argv: list[str]) -> int:
     p_info.add_argument("dir", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")
     p_info.add_argument("--files", action="store_true", help="list every shard")
     p_info.add_argument("--json", action="store_true", help="print the manifest without the shard list as JSON")
+    p_export = sub.add_parser("export", help="write the shards for another trainer: megatron (.bin/.idx), "
+                              "mds (MosaicML streaming), hf (Hugging Face datasets)")
+    p_export.add_argument("--format", action="append", required=True, metavar="FORMAT",
+                          help="megatron, mds or hf; repeat or comma-separate for several")
+    p_export.add_argument("--source", default=None, help="the source column's value (default: the shard "
+                          "set's folder name, or its run directory's for RUN/shards)")
+    p_export.add_argument("dir", metavar="SRC", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")
+    p_export.add_argument("dst", metavar="DST", help="output folder: one sub-folder per format (DST/megatron, …)")
     args = parser.parse_args(argv)
+    from dsdata.export import ExportError
+
     try:
         args.dir = locate_shard_dir(args.dir)
+        if args.command == "export":
+            return cmd_export(args)
         return cmd_verify(args) if args.command == "verify" else cmd_info(args)
-    except ShardError as exc:
+    except (ShardError, ExportError) as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the export's folder cannot be written (permissions, disk full, a file in the way)
+        if args.command != "export":
+            raise
+        print(f"dsdata: error: cannot write the export under {args.dst}: {exc}", file=sys.stderr)
         return 2

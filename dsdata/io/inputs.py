@@ -3,7 +3,7 @@
 A local directory means the files in it, recursively (Beam's file matching would hand the reader
 the directory itself, which becomes one `unreadable_file` row, "Is a directory").  With format
 `auto` the format of each file comes from its name, so files whose name names no format (README,
-LICENSE, .txt) are not inputs; they are counted in `skipped` for the caller to report.  Hidden files
+LICENSE) and plain-text files (.txt, .md: a folder's README.md, LICENSE.txt) are not inputs; they are counted in `skipped` for the caller to report.  Hidden files
 and directories (a leading '.', e.g. .git) are not inputs either.  A glob that matches directories
 is expanded the same way.  Remote paths (gs://, s3://) are passed to Beam unchanged.
 
@@ -77,11 +77,13 @@ def _files_under(directory: str, links: list[str]) -> list[str]:
 
 
 def _has_format(path: str) -> bool:
+    """A file found in an input directory is read with format auto when its name gives a data
+    format; .txt/.md files there are the folder's README, LICENSE.txt, notes: read only with
+    `format: text` (or named by a glob or --input)."""
     try:
-        detect_format(path)
+        return detect_format(path) != "text"
     except InputFormatError:
         return False
-    return True
 
 
 def _inside(path: str, directory: str) -> bool:

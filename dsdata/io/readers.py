@@ -32,7 +32,7 @@ from dsdata.io.decompress import MEMBER_END, Damage, compression_of, decoded_chu
 from dsdata.io.encodings import bom_encoding, decode, decode_with_replacement, encoding_for_label, meta_encoding
 
 READ_STAGE = "read"
-FORMATS = ("jsonl", "parquet", "html", "warc")
+FORMATS = ("jsonl", "parquet", "html", "warc", "text", "csv")
 
 _HTML_EXT = (".html", ".htm", ".xhtml", ".shtml")
 _BINARY_SNIFF = 8192
@@ -45,7 +45,7 @@ class InputFormatError(ValueError):
 
 def detect_format(path: str) -> str:
     """Input format from the file name: .jsonl/.json/.ndjson (optionally .gz/.zst), .parquet,
-    .html/.htm, .warc/.warc.gz."""
+    .html/.htm, .warc/.warc.gz, .txt/.md (text: one document per file), .csv/.tsv (csv)."""
     name = path.lower()
     for suffix in (".gz", ".zst", ".zstd"):
         if name.endswith(suffix):
@@ -59,6 +59,10 @@ def detect_format(path: str) -> str:
         return "html"
     if name.endswith((".warc", ".arc")):
         return "warc"
+    if name.endswith(_TEXT_EXT):
+        return "text"
+    if name.endswith((".csv", ".tsv", ".tab")):
+        return "csv"
     raise InputFormatError(
         f"cannot tell the format of '{path}' from its name; set input.format in the recipe "
         f"or pass --format ({', '.join(FORMATS)})"
@@ -892,19 +896,25 @@ def _whole(path: str, raw: IO[bytes]) -> tuple[bytes, Damage | None]:
     return b"".join(parts), None
 
 
-def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Rejected]:
-    """One HTML file → one document whose id is the file's path."""
+def _one_record_file(path: str, raw: IO[bytes]) -> bytes | Rejected:
+    """The decoded bytes of a file that is one record (an HTML page, a text file), or its rejection:
+    unreadable, too large, or damaged (a page cut by damage is rejected whole, not served half)."""
     try:
         data, damage = _whole(path, raw)
     except OSError as exc:
-        yield _file_rejection(path, "unreadable_file", f"{type(exc).__name__}: {exc}")
-        return
+        return _file_rejection(path, "unreadable_file", f"{type(exc).__name__}: {exc}")
     except _TooLarge:
-        yield _file_rejection(path, "too_large", f"over {_MAX_LINE} bytes decoded; not read further")
-        return
+        return _file_rejection(path, "too_large", f"over {_MAX_LINE} bytes decoded; not read further")
     if damage is not None:
-        # One file is one record: a page cut by damage is rejected whole, not served half.
-        yield _file_rejection(path, damage.reason, damage.detail)
+        return _file_rejection(path, damage.reason, damage.detail)
+    return data
+
+
+def read_html(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Rejected]:
+    """One HTML file → one document whose id is the file's path."""
+    data = _one_record_file(path, raw)
+    if isinstance(data, Rejected):
+        yield data
         return
     text, binary = _page_text(data)
     if binary:
@@ -1322,7 +1332,128 @@ def _warc_response(path: str, record: Any, count: int) -> Document | Rejected:
     return Document(id=rec_id, text=text, metadata=meta)
 
 
-READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "html": read_html, "warc": read_warc}
+# --- plain text and Markdown: one document per file -------------------------------------------------
+
+_TEXT_EXT = (".txt", ".text", ".md", ".markdown")
+
+
+def read_text(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Rejected]:
+    """One .txt / .md file → one document whose id is the file's path; UTF-8 (a BOM is dropped)."""
+    data = _one_record_file(path, raw)
+    if isinstance(data, Rejected):
+        yield data
+        return
+    if _looks_binary(data[:_BINARY_SNIFF]):
+        yield _file_rejection(path, "binary_file", "over 10 % of the first 8 KiB are control bytes; not a text file")
+        return
+    name = path.lower()
+    for suffix in (".gz", ".zst", ".zstd"):
+        name = name[: -len(suffix)] if name.endswith(suffix) else name
+    meta = {"source": path, "content_type": "text/markdown" if name.endswith((".md", ".markdown")) else "text/plain"}
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        yield Rejected(Document(path, data.decode("utf-8", "replace"), meta), READ_STAGE, "invalid_utf8",
+                       f"byte {exc.start}: not UTF-8")
+        return
+    if not text.strip():
+        yield Rejected(Document(path, text, meta), READ_STAGE, "empty_text")
+        return
+    yield Document(path, text, meta)
+
+
+# --- CSV / TSV: a header row, then one record per row --------------------------------------------------
+
+def _csv_lines(path: str, raw: IO[bytes], bad: set[int], problems: list):
+    """Decoded text lines (newline kept) for csv.reader; numbers of lines that were not UTF-8 go to
+    `bad`, the first damage or over-long line to `problems` (reading stops there)."""
+    lineno = 0
+    for line in _iter_lines(_cr_lines(_as_utf8(decoded_chunks(path, raw)))):
+        if line is MEMBER_END:
+            continue
+        if isinstance(line, (Damage, _LineTooLong)):
+            problems.append(line)
+            return
+        lineno += 1
+        if lineno == 1 and line.startswith(_BOM):
+            line = line[len(_BOM):]
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.add(lineno)
+            text = line.decode("utf-8", "replace")
+        yield text + "\n"
+
+
+def read_csv(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id",
+             delimiter: str | None = None) -> Iterator[Document | Rejected]:
+    """CSV (comma) or TSV (tab, from a .tsv name) with a header row: `text_field` and `id_field` name
+    columns; the other columns go to metadata.  Ids default to `PATH:ROW` (1-based data rows).  A row
+    with another number of fields than the header is rejected `bad_row`; a file without the text
+    column is one `missing_text_column` row."""
+    import csv
+
+    # A document is one cell: allow cells as long as a JSONL line may be (the default is 128 KiB).
+    if csv.field_size_limit() < _MAX_LINE:
+        csv.field_size_limit(_MAX_LINE)
+    if delimiter is None:
+        name = path.lower()
+        for suffix in (".gz", ".zst", ".zstd"):
+            name = name[: -len(suffix)] if name.endswith(suffix) else name
+        delimiter = "\t" if name.endswith((".tsv", ".tab")) else ","
+    bad: set[int] = set()
+    problems: list = []
+    try:
+        reader = csv.reader(_csv_lines(path, raw, bad, problems), delimiter=delimiter, strict=True)
+        header = None
+        row_no = 0
+        last_line = 0
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                row_no += 1
+                yield Rejected(Document(f"{path}:{row_no}", "", {"source": path}), READ_STAGE, "bad_row",
+                               f"line {reader.line_num}: {exc}")
+                last_line = reader.line_num
+                continue
+            lines = set(range(last_line + 1, reader.line_num + 1))
+            last_line = reader.line_num
+            if header is None:
+                header = row
+                if text_field not in header:
+                    yield _file_rejection(path, "missing_text_column",
+                                          f"the header has no column '{text_field}' (columns: {', '.join(header)[:500]})")
+                    return
+                continue
+            if not row:
+                continue  # a blank line
+            row_no += 1
+            default_id = f"{path}:{row_no}"
+            raw_row = delimiter.join(row)
+            if len(row) != len(header):
+                yield Rejected(Document(default_id, raw_row, {"source": path}), READ_STAGE, "bad_row",
+                               f"line {reader.line_num}: {len(row)} fields, the header has {len(header)}")
+                continue
+            if lines & bad:
+                yield Rejected(Document(default_id, raw_row, {"source": path}), READ_STAGE, "invalid_utf8",
+                               f"line {min(lines & bad)} is not UTF-8")
+                continue
+            yield record_to_document(dict(zip(header, row)), default_id, text_field, id_field, raw_row)
+    except OSError as exc:
+        yield _file_rejection(path, "unreadable_file", f"{type(exc).__name__}: {exc}")
+        return
+    for problem in problems:
+        if isinstance(problem, Damage):
+            yield _file_rejection(path, problem.reason, problem.detail)
+        else:
+            yield _file_rejection(path, "line_too_long", f"a line of {problem.size} bytes; the rest of the file is not read")
+
+
+READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "html": read_html, "warc": read_warc,
+           "text": read_text, "csv": read_csv}
 
 
 def read_file(path: str, raw: IO[bytes], fmt: str = "auto", text_field: str = "text", id_field: str = "id"):

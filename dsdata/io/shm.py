@@ -5,6 +5,8 @@
   into place: readers see a complete dataset or none.
 * Directories are 0700, files 0600; the root must be a real directory owned by this user (not a
   symlink someone else planted in the world-writable /dev/shm).
+* The tokenizer files bundled with the shards (dsdata/io/shard_tokenizer.py) are copied and
+  checked the same way, so the published set names a tokenizer that exists on this node.
 * Publishing NAME again with the same shards is a no-op; a *different* dataset under an existing
   NAME is refused (remove it first).
 * A publisher or remover that crashed leaves only a hidden `.NAME.tmp-PID-…` / `.NAME.rm-PID-…`
@@ -25,7 +27,8 @@ import time
 import uuid
 from typing import Any
 
-from dsdata.io.shards import MANIFEST, ShardError, read_manifest, resolve_shard_path, verify_shards
+from dsdata.io.shard_tokenizer import bundled_files, verify_shard_set
+from dsdata.io.shards import MANIFEST, ShardError, read_manifest, resolve_shard_path
 
 DEFAULT_ROOT = "/dev/shm/dsdata"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -128,7 +131,7 @@ def publish(shard_dir: str, name: str, root: str | None = None) -> dict[str, Any
     _check_name(name)
     root = ensure_root(shm_root(root))
     clean_stale(root)
-    manifest, problems = verify_shards(shard_dir)
+    manifest, problems = verify_shard_set(shard_dir)
     if problems:
         raise ShmError(f"not publishing {shard_dir}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
     target = os.path.join(root, name)
@@ -149,6 +152,10 @@ def publish(shard_dir: str, name: str, root: str | None = None) -> dict[str, Any
             src = resolve_shard_path(shard_dir, shard["file"])
             _copy_verified(src, os.path.join(tmp, shard["file"]), shard["sha256"])
         _verify_copy(tmp, manifest)
+        for entry in bundled_files(shard_dir, manifest):  # the tokenizer travels with the shards
+            os.makedirs(os.path.dirname(os.path.join(tmp, entry["file"])), mode=0o700, exist_ok=True)
+            _copy_verified(resolve_shard_path(shard_dir, entry["file"]), os.path.join(tmp, entry["file"]),
+                           entry["sha256"])
         fd = os.open(os.path.join(tmp, MANIFEST), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with open(os.path.join(shard_dir, MANIFEST), "rb") as fin, os.fdopen(fd, "wb") as fout:
             fout.write(fin.read())
@@ -192,7 +199,7 @@ def list_published(root: str | None = None, verify: bool = False) -> list[dict[s
         item: dict[str, Any] = {"name": entry, "path": path}
         try:
             if verify:
-                manifest, problems = verify_shards(path)
+                manifest, problems = verify_shard_set(path)
                 item["ok"] = not problems
                 if problems:
                     item["problems"] = problems

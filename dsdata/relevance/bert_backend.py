@@ -84,6 +84,20 @@ def positive_index(config, meta: dict) -> int:
     return 1
 
 
+def label_indices(config, labels: str | list[str], model_dir: str) -> list[int]:
+    """The logits of the labels named (by config.json's label2id, or by index)."""
+    label2id = {str(k): int(v) for k, v in (getattr(config, "label2id", None) or {}).items()}
+    out = []
+    for label in [labels] if isinstance(labels, str) else labels:
+        if label in label2id:
+            out.append(label2id[label])
+        elif str(label).isdigit() and int(label) < int(config.num_labels):
+            out.append(int(label))
+        else:
+            raise ValueError(f"'{model_dir}' has no label {label!r} (its labels: {', '.join(label2id) or 'none'})")
+    return out
+
+
 @dataclass
 class Window:
     doc: int  # index of the text this window belongs to
@@ -171,7 +185,8 @@ class BertScorer:
     backend = "bert"
 
     def __init__(self, model_dir: str, device: str = "auto", max_length: int | None = None,
-                 batch_size: int = 32, long_policy: str = "head_tail", token_budget: int = 16384):
+                 batch_size: int = 32, long_policy: str = "head_tail", token_budget: int = 16384,
+                 positive_label: str | list[str] | None = None, raw: bool = False):
         _offline()
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -196,8 +211,15 @@ class BertScorer:
         self.windows = WindowTokenizer(self.tokenizer, min(int(wanted), limit), long_policy)
         self.batch_size = batch_size
         self.token_budget = max(token_budget, self.windows.max_length)
-        self.positive = positive_index(model.config, self.meta)
         self.num_labels = int(model.config.num_labels)
+        if raw and self.num_labels != 1:
+            raise ValueError(f"'{model_dir}' has {self.num_labels} outputs; score: raw needs a one-output head "
+                             "(a regression score such as FineWeb-Edu's)")
+        if positive_label is not None and self.num_labels == 1:
+            raise ValueError(f"'{model_dir}' has one output; positive_label chooses among several labels")
+        self.raw = raw
+        self.positive = (label_indices(model.config, positive_label, model_dir) if positive_label is not None
+                         else [positive_index(model.config, self.meta)])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._torch = torch
 
@@ -205,8 +227,9 @@ class BertScorer:
         torch = self._torch
         logits = logits.float()
         if self.num_labels == 1:
-            return torch.sigmoid(logits[:, 0])
-        return torch.softmax(logits, dim=-1)[:, self.positive]
+            # raw: the head's value as trained (FineWeb-Edu: a 0-5 educational score); else a logit.
+            return logits[:, 0] if self.raw else torch.sigmoid(logits[:, 0])
+        return torch.softmax(logits, dim=-1)[:, self.positive].sum(dim=-1)
 
     def score(self, texts: Sequence[str]) -> list[float]:
         torch = self._torch

@@ -1,4 +1,5 @@
-"""Supervised fastText relevance classifier (DCLM / FineWeb style): train, save (.ftz), load, score.
+"""Supervised fastText relevance classifier: train, save (.ftz), load, score — and load published
+fastText quality classifiers with any labels (DCLM's `__label__hq`/`__label__cc`).
 
 Training runs in a child process whose allocator hands out zeroed memory.  Why: fastText's
 `DenseMatrix::uniform` initialises only `thread`/10 of the input matrix (block i of 10 per thread;
@@ -117,24 +118,47 @@ class FastTextTrainingFailed(RuntimeError):
     """The training child failed (its last stderr line is the message)."""
 
 
+def published_form(text: str) -> str:
+    """One line, case kept: how published classifiers (DCLM's fasttext-oh-eli5, datatrove's
+    FastTextClassifierFilter) see a text: line breaks replaced by spaces."""
+    return _LINE_BREAKS.sub(" ", text).strip()
+
+
+def label_name(label: str) -> str:
+    """A fastText label as the model stores it: "hq" and "__label__hq" are the same label."""
+    return label if label.startswith("__label__") else f"__label__{label}"
+
+
 class FastTextScorer:
-    """Loads a supervised fastText model once; `score(texts)` → P(label 1) per text."""
+    """Loads a supervised fastText model once; `score(texts)` → the probability of the positive
+    label, or the sum of the probabilities of several (datatrove's filter's rule).
+
+    positive_label: one label or a list; None means `__label__1` (what `dsdata classifier train`
+    writes).  lowercase: the text is lower-cased as dsdata's training did; a published model (no
+    dsdata-relevance.json beside it) sees the text with its case, line breaks made spaces."""
 
     backend = "fasttext"
 
-    def __init__(self, model_path: str):
+    def __init__(self, model_path: str, positive_label: str | list[str] | None = None, lowercase: bool = True):
         fasttext = _fasttext()
         self.model = fasttext.load_model(model_path)
         labels = self.model.get_labels()
-        if "__label__1" not in labels:
-            raise ValueError(f"{model_path}: fastText model has labels {labels}; a relevance model needs __label__1")
+        wanted = [positive_label] if isinstance(positive_label, str) else list(positive_label or ["__label__1"])
+        self.positive = [label_name(w) for w in wanted]
+        missing = [w for w in self.positive if w not in labels]
+        if missing:
+            hint = ("; set relevance.positive_label to the label (or list of labels) meaning relevant"
+                    if positive_label is None else "")
+            raise ValueError(f"{model_path}: fastText model has labels {labels}, not {', '.join(missing)}{hint}")
+        self.prepare = normalise if lowercase else published_form
 
     def score(self, texts: Sequence[str]) -> list[float]:
         if not texts:
             return []
         # A list, not a single string: fasttext's single-string predict path breaks under numpy 2.
-        labels, probs = self.model.predict([normalise(t) for t in texts], k=-1)
+        labels, probs = self.model.predict([self.prepare(t) for t in texts], k=-1)
         out = []
         for labs, ps in zip(labels, probs):
-            out.append(float(dict(zip(labs, ps)).get("__label__1", 0.0)))
+            by_label = dict(zip(labs, ps))
+            out.append(float(sum(by_label.get(label, 0.0) for label in self.positive)))
         return [min(1.0, max(0.0, p)) for p in out]

@@ -47,9 +47,18 @@ def fasttext_file(model: str) -> str:
     raise ValueError(f"model '{model}' has no fastText model file ({' or '.join(_FASTTEXT_FILES)})")
 
 
+SCORES = ("probability", "raw")
+
+
 def load_scorer(model: str, backend: str = "auto", device: str = "auto", batch_size: int = 32,
-                max_length: int | None = None, long_documents: str = "head_tail") -> Scorer:
-    """Load a relevance model once; the BERT options are ignored for fastText."""
+                max_length: int | None = None, long_documents: str = "head_tail",
+                positive_label: str | list[str] | None = None, score: str = "probability") -> Scorer:
+    """Load a relevance model once; the BERT options are ignored for fastText.
+
+    positive_label: the label (or labels, probabilities summed) whose probability is the score.
+    score: probability | raw (a one-output head's value as it is: FineWeb-Edu's 0-5 regression)."""
+    if score not in SCORES:
+        raise ValueError(f"score '{score}' unknown (choose one of {', '.join(SCORES)})")
     if backend not in BACKENDS:
         raise ValueError(f"backend '{backend}' unknown (choose one of {', '.join(BACKENDS)})")
     found = detect_backend(model)
@@ -59,8 +68,13 @@ def load_scorer(model: str, backend: str = "auto", device: str = "auto", batch_s
     if found == "fasttext":
         from dsdata.relevance.fasttext_backend import FastTextScorer
 
-        return FastTextScorer(fasttext_file(model))
+        if score == "raw":
+            raise ValueError(f"model '{model}' is a fastText classifier: its scores are probabilities (score: raw "
+                             "is for a one-output BERT-family head)")
+        # dsdata's own models (dsdata-relevance.json beside them) were trained on lower-cased text.
+        own = os.path.isdir(model) and read_meta(model).get("backend") == "fasttext"
+        return FastTextScorer(fasttext_file(model), positive_label=positive_label, lowercase=own)
     from dsdata.relevance.bert_backend import BertScorer
 
     return BertScorer(model, device=device, max_length=max_length, batch_size=batch_size,
-                      long_policy=long_documents)
+                      long_policy=long_documents, positive_label=positive_label, raw=score == "raw")

@@ -389,6 +389,22 @@ def _img(element_id: str, svg: str, alt: str) -> str:
     return f'<img id="{element_id}" alt="{_e(alt)}" src="data:image/svg+xml;base64,{b64}">'
 
 
+def tallies_section(stats: dict[str, Any]) -> list[str]:
+    """The stages' tallies (stats.json "tallies": which benchmark contaminated how many documents,
+    how many e-mails, phones, … the pii stage found) as one table each."""
+    tallies = stats.get("tallies") or {}
+    if not tallies:
+        return []
+    parts = ['<section id="tallies"><h2>Counts by kind</h2>']
+    for name, counts in tallies.items():
+        parts.append(f'<h3 id="tally-{_e(name)}">{_e(name)}</h3><table><tr><th>kind</th><th>count</th></tr>')
+        parts.extend(f'<tr><td>{_e(k)}</td><td class="n">{_e(n)}</td></tr>'
+                     for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        parts.append("</table>")
+    parts.append("</section>")
+    return parts
+
+
 def build_html(output: str) -> str:
     stats = _read_json(output, "stats.json")
     if stats is None:
@@ -439,6 +455,7 @@ def build_html(output: str) -> str:
                          f'<td>{"<hr>".join(cells) or "<span class=muted>no example found</span>"}</td></tr>')
         parts.append("</table>")
     parts.append("</section>")
+    parts.extend(tallies_section(stats))
 
     # Distributions of what was kept
     sample = KeptSample(output)

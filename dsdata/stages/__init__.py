@@ -15,6 +15,8 @@ REGISTRY: dict[str, str] = {
     "lang": "dsdata.stages.lang:LanguageStage",
     "rules": "dsdata.stages.rules:QualityRulesStage",
     "relevance": "dsdata.stages.relevance:RelevanceStage",
+    "decontaminate": "dsdata.stages.decontaminate:DecontaminateStage",
+    "pii": "dsdata.stages.pii:PiiStage",
     "dedup": "dsdata.stages.dedup:DedupStage",
     "difficulty": "dsdata.stages.difficulty:DifficultyStage",
     "augment": "dsdata.stages.augment:AugmentStage",
@@ -81,6 +83,7 @@ def custom_stage_problems() -> list[str]:
 # tests/test_stage_kinds.py checks that this table equals what each class declares.
 DECLARED_SIDE_OUTPUTS: dict[str, tuple[SideOutput, ...]] = {
     "clean": (), "lang": (), "rules": (), "relevance": (), "dedup": (), "tokenize": (),
+    "decontaminate": (), "pii": (),
     "difficulty": (SideOutput("difficulty.json", ensure_ascii=False),),
     "augment": (SideOutput("augment.json", sort_keys=True),),
     "shards": (SideOutput("shards", directory=True),),

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from dsdata.document import Document, Rejected
-from dsdata.stages.params import BadValue, ParamType, Path
+from dsdata.stages.params import BadValue, ListOf, ParamType, Path
 
 
 class StageConfigError(ValueError):
@@ -45,7 +45,8 @@ class Param:
 
     @property
     def is_path(self) -> bool:
-        return isinstance(self.type, Path)
+        """A path, or a list of paths (each resolved the same way)."""
+        return isinstance(self.type, Path) or (isinstance(self.type, ListOf) and isinstance(self.type.item, Path))
 
     def describe(self) -> str:
         expect = str(self.type)
@@ -86,6 +87,10 @@ class Stage:
     params: ClassVar[dict[str, Param]] = {}
     annotations: ClassVar[dict[str, pa.DataType]] = {}
     side_outputs: ClassVar[tuple[SideOutput, ...]] = ()
+    # Annotations holding {key: count}, summed over every document that carries them (kept, or
+    # rejected by this or a later stage) into stats.json["tallies"][annotation][key] and the report:
+    # counts a stage's rejection reasons cannot carry (which benchmark, how many e-mails redacted).
+    tallies: ClassVar[tuple[str, ...]] = ()
     # Exceptions that mean "this stage cannot run here" rather than "this record is bad": they stop
     # the run with one line instead of rejecting the record (ImportError, MemoryError and
     # StageConfigError always do; see dsdata/beam/errors.py).

@@ -5,6 +5,11 @@ has no duplicate) and `dup_cluster_size`.  One document per cluster is kept — 
 `keep: highest_score` the highest `score_field` (read from annotations, then metadata; documents
 without a number there come last, ties go to the lowest id) — and the others are rejected with
 reason `exact_duplicate` (same normalised text as the kept one) or `near_duplicate`.
+`url: true` first keeps one document per normalised URL (`duplicate_url`); `lines: true` last removes
+lines (or C4's three-sentence spans) an earlier document holds, rejecting a document left too short
+(`duplicate_lines`): dsdata/beam/dedup/spans.py.  `index: DIR` writes the kept documents' MinHash
+signatures, `against: DIR` rejects near-duplicates of a previous run's (`indexed_duplicate`):
+dsdata/beam/dedup/index.py, format dsdata/dedup/index.py.
 How it scales and why: dsdata/beam/dedup/composite.py (the composite, built from `transform_config()`); the MinHash maths: dsdata/dedup/minhash.py.
 """
 from __future__ import annotations
@@ -14,7 +19,8 @@ from typing import Any
 import pyarrow as pa
 
 from dsdata.stages.base import CorpusStage, Param, StageConfigError
-from dsdata.stages.params import Boolean, Choice, Integer, Number, Text
+from dsdata.dedup.spans import LINE_UNITS
+from dsdata.stages.params import Boolean, Choice, Integer, Number, Path, Text
 
 KEEP_RULES = ("lowest_id", "highest_score")
 VERIFY_MODES = ("exact", "signature", "none")
@@ -46,11 +52,27 @@ class DedupStage(CorpusStage):
         "seed": Param(1, "selects the MinHash permutations; runs compared with each other must share it", Integer(min=0)),
         "cc_rounds": Param(8, "large-star/small-star rounds of the connected-components step", Integer(min=1)),
         "batch_size": Param(256, "documents per signature batch", Integer(min=1)),
+        "url": Param(False, "keep one document per normalised URL (the record's url_field); the others are "
+                     "rejected duplicate_url", Boolean()),
+        "url_field": Param("url", "metadata (or annotation) field holding a record's URL", Text(nonempty=True)),
+        "lines": Param(False, "corpus-wide: remove from each document the lines (or three-sentence spans) an "
+                       "earlier document in keep order holds", Boolean()),
+        "lines_unit": Param("line", "line | sentences (C4: every span of three sentences; CJK sentence ends count)",
+                            Choice(LINE_UNITS)),
+        "lines_min_chars": Param(20, "lines/spans shorter than this (normalised characters) are never removed",
+                                 Integer(min=1)),
+        "lines_min_doc_chars": Param(50, "a document left with fewer characters is rejected duplicate_lines",
+                                     Integer(min=0)),
+        "index": Param(None, "write the kept documents' MinHash signatures to this folder (a later run's "
+                             "against)", Path(), nullable=True),
+        "against": Param(None, "a previous run's index folder: documents near-duplicating one of its documents "
+                               "(estimated Jaccard >= threshold) are rejected indexed_duplicate",
+                         Path(must_exist="dir"), nullable=True),
         "spill": Param(True, "park documents in files under RUN_DIR/.spill while only keys and decisions shuffle "
                        "(bounded memory on the in-process runner); false: documents travel through the shuffles",
                        Boolean()),
     }
-    annotations = {"dup_cluster": pa.string(), "dup_cluster_size": pa.int64()}
+    annotations = {"dup_cluster": pa.string(), "dup_cluster_size": pa.int64(), "dup_lines_removed": pa.int64()}
 
     def validate(self) -> None:
         def need(cond: bool, message: str) -> None:
@@ -62,7 +84,21 @@ class DedupStage(CorpusStage):
              f"bands × rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")
         need(self.keep != "highest_score" or bool(self.score_field),
              "keep: highest_score needs score_field (an annotation or metadata field name)")
-        need(self.exact or self.near, "at least one of exact and near must be true")
+        need(self.exact or self.near or self.url or self.lines or self.against is not None,
+             "at least one of exact, near, url and lines must be true (or against set)")
+        for key in ("index", "against"):
+            need(getattr(self, key) is None or "://" not in getattr(self, key), f"{key} must be a local folder")
+        if self.against is not None:
+            from dsdata.dedup.index import COMPARABLE, BadIndex, read_manifest
+
+            try:
+                manifest = read_manifest(self.against)
+            except BadIndex as exc:
+                raise StageConfigError(f"dedup.against: {exc}") from None
+            different = [f"{k}={manifest.get(k)!r} (this stage: {getattr(self, k)!r})" for k in COMPARABLE
+                         if manifest.get(k) != getattr(self, k)]
+            need(not different, f"against: the index in {self.against} was built with {', '.join(different)}; "
+                                "set the same values (signatures are only comparable then)")
 
     def bands_rows(self) -> tuple[int, int]:
         """(bands, rows): as configured, or chosen from the threshold (see dsdata/dedup/lsh.py)."""
@@ -81,4 +117,7 @@ class DedupStage(CorpusStage):
             "exact": self.exact, "near": self.near,
             "score_field": self.score_field if self.keep == "highest_score" else None,
             "cc_rounds": self.cc_rounds, "batch_size": self.batch_size, "stage_name": self.name,
+            "url": self.url, "url_field": self.url_field, "lines": self.lines, "lines_unit": self.lines_unit,
+            "lines_min_chars": self.lines_min_chars, "lines_min_doc_chars": self.lines_min_doc_chars,
+            "index": self.index, "against": self.against,
         }

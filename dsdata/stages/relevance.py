@@ -7,9 +7,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from dsdata.document import Document, Rejected
-from dsdata.relevance.scorer import BACKENDS, detect_backend, load_scorer
+from dsdata.relevance.scorer import BACKENDS, SCORES, detect_backend, load_scorer
 from dsdata.stages.base import BatchStage, Param, StageConfigError
-from dsdata.stages.params import Choice, Integer, Number, Path, Text
+from dsdata.stages.params import AnyOf, Choice, Integer, ListOf, Number, Path, Text
 
 
 class RelevanceStage(BatchStage):
@@ -21,7 +21,15 @@ class RelevanceStage(BatchStage):
                        Path(must_exist="any", missing="does not exist; train one with "
                             "'dsdata classifier train --backend fasttext|bert --data F --out DIR'"), nullable=True),
         "backend": Param("auto", "auto (from the model's files) | bert | fasttext", Choice(BACKENDS)),
-        "threshold": Param(0.5, "documents with relevance_score below this are rejected (low_relevance)", Number(0, 1)),
+        "threshold": Param(0.5, "documents with relevance_score below this are rejected (low_relevance); between "
+                                "0 and 1 for probabilities, any number with score: raw (FineWeb-Edu: 3)", Number()),
+        "positive_label": Param(None, "the label meaning relevant (fastText: __label__hq or hq; bert: a label2id "
+                                      "name), or a list whose probabilities are summed; null: __label__1 / the "
+                                      "model's positive label",
+                                AnyOf(Text(nonempty=True), ListOf(Text(nonempty=True), nonempty=True),
+                                      expect="a label or a non-empty list of labels"), nullable=True),
+        "score": Param("probability", "probability (of positive_label) | raw (a one-output head's value as it is, "
+                                      "e.g. FineWeb-Edu's 0-5 educational score)", Choice(SCORES)),
         "device": Param("auto", "bert: auto (GPU when present, with autocast) | cpu | cuda[:N]", Text(nonempty=True)),
         "batch_size": Param(32, "bert: windows per forward pass (sorted by length to limit padding)", Integer(min=1)),
         "max_length": Param(0, "bert: window in tokens incl. [CLS]/[SEP]; 0 = the model's training setting",
@@ -45,11 +53,18 @@ class RelevanceStage(BatchStage):
         if self.backend != "auto" and self.backend != found:
             raise StageConfigError(f"relevance.model '{self.model}' is a {found} model but backend={self.backend}; "
                                    f"set relevance.backend={found} or auto")
+        if self.score == "probability" and not 0 <= self.threshold <= 1:
+            raise StageConfigError(f"relevance.threshold {self.threshold:g} is not a probability (0 to 1); "
+                                   "with a regression head's raw score set relevance.score=raw")
+        if self.score == "raw" and found == "fasttext":
+            raise StageConfigError("relevance.score=raw is for a one-output BERT-family head; a fastText "
+                                   "model's scores are probabilities")
 
     def load_options(self) -> dict:
         """Keyword arguments of `load_scorer` (also used by the RunInference model handler)."""
         return dict(backend=self.backend, device=self.device, batch_size=self.batch_size,
-                    max_length=self.max_length or None, long_documents=self.long_documents)
+                    max_length=self.max_length or None, long_documents=self.long_documents,
+                    positive_label=self.positive_label, score=self.score)
 
     def setup(self) -> None:
         try:

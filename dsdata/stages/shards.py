@@ -11,7 +11,9 @@ as kept (nothing is rejected), and a side branch writes RUN_DIR/shards/ (layout 
 4. each shard is written by one worker under a temp name and renamed when complete (documents
    sorted by id hash inside, so shard bytes do not depend on the runner); on object storage it is
    uploaded under its final name, which appears only when complete;
-5. the shard descriptors are gathered into one list and manifest.json is written last.
+5. the shard descriptors are gathered into one list and manifest.json is written last;
+6. with `export: [megatron, mds, hf]`, the finished shard set is exported to RUN_DIR/export/<format>
+   (dsdata/export/; the same as `dsdata shards export`).
 Until step 3 can run the token ids wait in spill files, not in memory (dsdata/beam/shards.py).
 
 The tokenizer recorded in the manifest is the one of the nearest `tokenize` stage upstream, or the
@@ -27,9 +29,12 @@ import numpy as np
 
 from dsdata.document import Document
 from dsdata.stages.base import CorpusStage, Param, SideOutput, StageConfigError
-from dsdata.stages.params import Integer, Path, Text
+from dsdata.stages.params import Choice, Integer, ListOf, Path, Text
 
 SHARDS_DIR = "shards"
+EXPORT_DIR = "export"
+# The formats of dsdata/export (not imported here: stages stay light); a test checks they agree.
+EXPORT_FORMATS = ("megatron", "mds", "hf")
 _BUCKET_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 
@@ -69,9 +74,12 @@ class ShardsStage(CorpusStage):
                                          expect="a bucket name such as easy, medium or hard")),
         "tokenizer": Param(None, "tokenizer to record in the manifest (default: the upstream tokenize stage's)",
                            Path(), nullable=True),
+        "export": Param([], "also write the shards for other trainers into RUN_DIR/export/<format>: "
+                        "megatron, mds, hf (dsdata shards export)",
+                        ListOf(Choice(EXPORT_FORMATS, expect="megatron, mds or hf"), single=True)),
     }
-    side_outputs = (SideOutput(SHARDS_DIR, directory=True),)
+    side_outputs = (SideOutput(SHARDS_DIR, directory=True), SideOutput(EXPORT_DIR, directory=True))
 
     def transform_config(self) -> dict[str, Any]:
         return {"shard_size": self.shard_size, "default_difficulty": self.default_difficulty,
-                "tokenizer": self.tokenizer}
+                "tokenizer": self.tokenizer, "export": list(self.export)}

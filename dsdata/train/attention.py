@@ -13,6 +13,12 @@
   query sees the keys of its own bucket at most chunk − 1 places back (which keeps it strictly causal).
 
 All kernels take the head count from the tensors, so heads may be split by tensor parallelism.
+
+The sparse kernels come in two implementations of the same function (``kernel``): ``reference``,
+the gathers above (the definition; the CPU default), and ``flex``, block-sparse FlexAttention
+(dsdata/train/block_sparse.py: the selection is computed as above, the attention runs as one fused
+kernel over only the key blocks that hold selected keys; the CUDA default).  ``auto`` picks flex on
+CUDA when torch has FlexAttention.  Tests hold the two equal, forward and backward.
 """
 from __future__ import annotations
 
@@ -21,6 +27,18 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dsdata.train.block_sparse import FLEX_BLOCK, band_blocks, block_mask_from_pairs, flex_available, flex_with_lse
+
+KERNEL_CHOICES = ("auto", "flex", "reference")
+
+
+def _use_flex(kernel: str, q: torch.Tensor) -> bool:
+    if kernel not in KERNEL_CHOICES:
+        raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
+    if kernel == "auto":
+        return q.device.type == "cuda" and flex_available()
+    return kernel == "flex"
 
 
 class DenseAttention(nn.Module):
@@ -50,8 +68,12 @@ class DynamicSparseAttention(nn.Module):
     """
 
     def __init__(self, head_dim: int, top_k: int = 16, window: int = 64, block: int = 64,
-                 gate_hidden: int = 32, refresh_steps: int = 4, summary: bool = True):
+                 gate_hidden: int = 32, refresh_steps: int = 4, summary: bool = True, kernel: str = "auto"):
         super().__init__()
+        if kernel not in KERNEL_CHOICES:
+            raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
+        self.kernel = kernel
+        self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
         if window <= 0 or window % block:
             raise ValueError(f"sparse window ({window}) must be a positive multiple of the block ({block})")
         self.top_k, self.window, self.block = top_k, window, block
@@ -87,6 +109,128 @@ class DynamicSparseAttention(nn.Module):
         return F.linear(hidden, w2.to(v.dtype), b2.to(v.dtype)).squeeze(-1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if _use_flex(self.kernel, q):
+            return self._forward_flex(q, k, v)
+        return self._forward_reference(q, k, v)
+
+    def _selection(self, v: torch.Tensor, seqlen: int, n_blocks: int):
+        """Gate scores (the snapshot's, padding −inf; the live gate's) and each query's selected
+        candidates: (select_score, live_score, cand_idx, selected, far_last)."""
+        with torch.no_grad():
+            select_score = self.gate_scores(v, snapshot=True).to(_accum_dtype(v))
+            select_score[..., seqlen:] = float("-inf")  # padding is never selected
+        # The gate reads detached values: it learns which keys to pick without altering the
+        # gradients of q, k, v (which then equal those of dense attention over the same keys).
+        live_score = self.gate_scores(v.detach(), snapshot=False)
+        cand_idx, cand_ok = self._candidates(select_score, n_blocks)  # (B, H, nb, C), sorted by score
+        bs, window = self.block, self.window
+        qpos = torch.arange(n_blocks * bs, device=v.device).view(n_blocks, bs)
+        far_last = qpos - window  # key j is in the far past of query i iff j <= i - window
+        valid = cand_ok[:, :, :, None, :] & (cand_idx[:, :, :, None, :] <= far_last[None, None, :, :, None])
+        # Candidates are sorted by score, so the first top_k valid ones are the query's exact top-k.
+        selected = valid & (valid.cumsum(-1) <= self.top_k)  # (B, H, nb, bs, C)
+        return select_score, live_score, cand_idx, selected, far_last
+
+    def _forward_flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The same function as the reference, the attention as one block-sparse FlexAttention call.
+
+        Query i's selected far keys are exactly the far keys j with score_j >= thr_i, its top_k-th
+        best candidate's score (ties at the threshold, measure-zero for real-valued gates, would
+        admit all tied keys).  The summary key/value is folded in afterwards through the
+        log-sum-exp FlexAttention returns, and so is the gate's straight-through gradient (see
+        `_gate_gradient_term`), so the kernel itself is a plain masked attention.
+        """
+        bsz, heads, seqlen, dim = q.shape
+        bs, window = self.block, self.window
+        n_blocks = -(-seqlen // bs)
+        padded = n_blocks * bs
+        pad = (0, 0, 0, padded - seqlen)
+        qp, kp, vp = (F.pad(t, pad) for t in (q, k, v)) if padded != seqlen else (q, k, v)
+        select_score, live_score, cand_idx, selected, far_last = self._selection(vp, seqlen, n_blocks)
+        n_cand = cand_idx.shape[-1]
+        acc = _accum_dtype(v)
+        q_block, kv_block = self.flex_blocks
+        flex_len = seqlen + (-seqlen % math.lcm(q_block, kv_block))
+        tail = (0, flex_len - seqlen)  # FlexAttention's padding: never selected, causally unseen
+        with torch.no_grad():
+            cand_score = select_score.gather(2, cand_idx.reshape(bsz, heads, -1)).view(bsz, heads, n_blocks, 1, n_cand)
+            threshold = torch.where(selected, cand_score, torch.full_like(cand_score, float("inf"))).amin(-1)
+            threshold = F.pad(threshold.reshape(bsz, heads, padded)[..., :seqlen], tail, value=float("inf"))
+            score_f = F.pad(select_score[..., :seqlen], tail, value=float("-inf"))
+            visible = self._visible_blocks(cand_idx, selected, n_blocks, flex_len)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            far = score_f[b, h, kv_idx] >= threshold[b, h, q_idx]
+            return (kv_idx <= q_idx) & ((q_idx - kv_idx < window) | far)
+
+        block_mask = block_mask_from_pairs(visible, mask_mod, flex_len, self.flex_blocks)
+        qf, kf, vf = (F.pad(t, (0, 0) + tail) for t in (q, k, v))
+        out, lse = flex_with_lse(qf, kf, vf, block_mask, scale=1.0 / math.sqrt(dim))
+        # Back to the reference's block padding (rows past seqlen are cut at the end).
+        out = F.pad(out[:, :, :seqlen], pad).to(acc)
+        lse = F.pad(lse[:, :, :seqlen].to(acc), pad[2:])
+        gather_idx = cand_idx.reshape(bsz, heads, n_blocks * n_cand)[..., None].expand(-1, -1, -1, dim)
+        k_cand = kp.gather(2, gather_idx).view(bsz, heads, n_blocks, n_cand, dim)
+        v_cand = vp.gather(2, gather_idx).view(bsz, heads, n_blocks, n_cand, dim)
+        if self.summary:
+            k_sum, v_sum, has_rest = self._summary(kp, vp, selected, k_cand, v_cand, far_last)
+            q_blocks = qp.view(bsz, heads, n_blocks, bs, dim)
+            logit_sum = (q_blocks.to(k_sum.dtype) * k_sum).sum(-1) / math.sqrt(dim)
+            logit_sum = logit_sum.masked_fill(~has_rest, float("-inf")).reshape(bsz, heads, padded)
+            total = torch.logaddexp(lse, logit_sum)
+            v_sum = v_sum.reshape(bsz, heads, padded, dim)
+            out = out * (lse - total).exp()[..., None] + v_sum * (logit_sum - total).exp()[..., None]
+        else:
+            total = lse
+        if live_score.requires_grad:  # training: the gate learns; nothing to add without gradients
+            out = out + self._gate_gradient_term(qp, k_cand, v_cand, cand_idx, selected, live_score, total, out)
+        return out[:, :, :seqlen].to(v.dtype)
+
+    def _gate_gradient_term(self, q, k_cand, v_cand, cand_idx, selected, live_score, total, out) -> torch.Tensor:
+        """Zero in the forward pass; its gradient is the reference's straight-through gate gradient.
+
+        The reference adds δ_j = g_j − g_j.detach() (g: the live gate score) to the logit of every
+        selected far key j, so d loss/d g_j = Σ_i sel_ij · d loss/d s_ij, and for softmax attention
+        d out_i/d s_ij = P_ij (v_j − out_i).  Σ_j sel_ij P_ij δ_j (v_j − out_i), with P, v and out
+        detached, has exactly that gradient and the value 0.  P_ij = exp(s_ij − total_i), total_i
+        the log-sum-exp over all of query i's keys (window, selected, summary).
+        """
+        bsz, heads, n_blocks, n_cand, dim = k_cand.shape
+        bs = self.block
+        acc = total.dtype
+        with torch.no_grad():
+            q_blocks = q.detach().view(bsz, heads, n_blocks, bs, dim).to(acc)
+            logits = torch.matmul(q_blocks, k_cand.detach().to(acc).transpose(-1, -2)) / math.sqrt(dim)
+            weight = torch.where(selected, (logits - total.view(bsz, heads, n_blocks, bs, 1)).exp(),
+                                 torch.zeros((), dtype=acc, device=q.device))
+        gate = live_score.to(acc).gather(2, cand_idx.reshape(bsz, heads, -1)).view(bsz, heads, n_blocks, 1, n_cand)
+        weighted = weight * (gate - gate.detach())  # (B, H, nb, bs, C), all zeros
+        term = torch.matmul(weighted, v_cand.detach().to(acc))
+        term = term - out.detach().view(bsz, heads, n_blocks, bs, dim) * weighted.sum(-1, keepdim=True)
+        return term.reshape(bsz, heads, n_blocks * bs, dim)
+
+    def _visible_blocks(self, cand_idx, selected, n_blocks: int, flex_len: int) -> torch.Tensor:
+        """(B, H, q_blocks, kv_blocks) bool in FlexAttention blocks: the local band plus every block
+        holding a key that some query of the block selected."""
+        bsz, heads = cand_idx.shape[:2]
+        (q_block, kv_block), bs = self.flex_blocks, self.block
+        n_q, n_kv = flex_len // q_block, flex_len // kv_block
+        device = cand_idx.device
+        used = selected.any(3)  # (B, H, nb, C): selected by some query of the reference block
+        per_ref = torch.zeros(bsz, heads, n_blocks, n_kv + 1, dtype=torch.int32, device=device)
+        target = torch.where(used, cand_idx // kv_block, n_kv)  # unused candidates land in a spare column
+        per_ref.scatter_(3, target, 1)
+        per_ref = per_ref[..., :n_kv].bool()
+        # Reference block r covers queries [r·bs, (r+1)·bs); OR it into every flex block it overlaps.
+        first = torch.arange(n_q, device=device) * q_block // bs
+        last = ((torch.arange(n_q, device=device) + 1) * q_block - 1) // bs
+        visible = torch.zeros(bsz, heads, n_q, n_kv, dtype=torch.bool, device=device)
+        for offset in range((q_block - 1) // bs + 2):
+            ref = torch.minimum(first + offset, last).clamp(max=n_blocks - 1)
+            visible |= per_ref[:, :, ref]
+        return visible | band_blocks(n_q, n_kv, self.flex_blocks, self.window, device)
+
+    def _forward_reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         bsz, heads, seqlen, dim = q.shape
         bs, window, top_k = self.block, self.window, self.top_k
         n_blocks = -(-seqlen // bs)
@@ -96,21 +240,9 @@ class DynamicSparseAttention(nn.Module):
             q, k, v = F.pad(q, pad), F.pad(k, pad), F.pad(v, pad)
         device = q.device
         scale = 1.0 / math.sqrt(dim)
-
-        with torch.no_grad():
-            select_score = self.gate_scores(v, snapshot=True).to(_accum_dtype(v))
-            select_score[..., seqlen:] = float("-inf")  # padding is never selected
-        # The gate reads detached values: it learns which keys to pick without altering the
-        # gradients of q, k, v (which then equal those of dense attention over the same keys).
-        live_score = self.gate_scores(v.detach(), snapshot=False)
-
-        cand_idx, cand_ok = self._candidates(select_score, n_blocks)  # (B, H, nb, C), sorted by score
+        _, live_score, cand_idx, selected, far_last = self._selection(v, seqlen, n_blocks)
         n_cand = cand_idx.shape[-1]
         qpos = torch.arange(padded, device=device).view(n_blocks, bs)
-        far_last = qpos - window  # key j is in the far past of query i iff j <= i - window
-        valid = cand_ok[:, :, :, None, :] & (cand_idx[:, :, :, None, :] <= far_last[None, None, :, :, None])
-        # Candidates are sorted by score, so the first top_k valid ones are the query's exact top-k.
-        selected = valid & (valid.cumsum(-1) <= top_k)  # (B, H, nb, bs, C)
 
         flat_idx = cand_idx.reshape(bsz, heads, n_blocks * n_cand)
         gather_idx = flat_idx[..., None].expand(-1, -1, -1, dim)
@@ -162,12 +294,23 @@ class DynamicSparseAttention(nn.Module):
         per_block = min(top_k, bs)
         blk_val, blk_pos = score.view(bsz, heads, n_blocks, bs).topk(per_block, dim=-1)
         blk_idx = blk_pos + (torch.arange(n_blocks, device=device) * bs)[:, None]
-        blocks = torch.arange(n_blocks, device=device)
-        earlier = (blocks[None, :] < (blocks[:, None] - lag)).repeat_interleave(per_block, dim=1)
-        prefix_val = blk_val.reshape(bsz, heads, 1, -1).masked_fill(~earlier, float("-inf"))
+        # Top-k of blocks 0..b for every b: a log-depth (Hillis–Steele) scan whose step merges the
+        # top-k of (b − 2^s, b] with that of (b − 2^(s+1), b − 2^s] — disjoint ranges, so no key
+        # twice — instead of a top-k over an (nb × nb·k) matrix.
+        val, idx = blk_val, blk_idx
+        shift = 1
+        while shift < n_blocks:
+            earlier_val = F.pad(val, (0, 0, shift, 0), value=float("-inf"))[:, :, :n_blocks]
+            earlier_idx = F.pad(idx, (0, 0, shift, 0))[:, :, :n_blocks]
+            merged_val, merged_idx = torch.cat([val, earlier_val], -1), torch.cat([idx, earlier_idx], -1)
+            val, order = merged_val.topk(min(top_k, merged_val.shape[-1]), dim=-1)
+            idx = merged_idx.gather(-1, order)
+            shift *= 2
         n_prefix = min(top_k, n_blocks * per_block)
-        prefix_val, prefix_sel = prefix_val.topk(n_prefix, dim=-1)  # (B, H, nb, n_prefix)
-        prefix_idx = blk_idx.reshape(bsz, heads, 1, -1).expand(-1, -1, n_blocks, -1).gather(-1, prefix_sel)
+        # The far past of query block b ends inside key block b − lag: its prefix is blocks < b − lag.
+        prefix_val = F.pad(val[..., :n_prefix], (0, 0, lag + 1, 0), value=float("-inf"))[:, :, :n_blocks]
+        prefix_idx = F.pad(idx[..., :n_prefix], (0, 0, lag + 1, 0))[:, :, :n_blocks]
+        blocks = torch.arange(n_blocks, device=device)
 
         own_idx = (blocks - lag)[:, None] * bs + torch.arange(bs, device=device)[None, :]  # (nb, bs)
         own_ok = own_idx >= 0
@@ -185,16 +328,18 @@ class DynamicSparseAttention(nn.Module):
         n_blocks, bs = far_last.shape
         acc = _accum_dtype(k)
         far_count = (far_last + 1).clamp(min=0).to(acc)  # keys 0..i-window
-        last = far_last.clamp(min=0).flatten()
         sel = selected.to(acc)
         rest = far_count - sel.sum(-1)  # (B, H, nb, bs)
         has_rest = rest > 0.5
         denom = rest.clamp(min=1.0)[..., None]
-        present = (far_count > 0).to(acc)[None, None, :, :, None]
         means = []
         for values, cand in ((k, k_cand), (v, v_cand)):
-            prefix = values.to(acc).cumsum(2)[:, :, last].view(bsz, heads, n_blocks, bs, dim) * present
-            means.append((prefix - torch.matmul(sel, cand.to(acc))) / denom)
+            # Inclusive prefix sums along the sequence as a scan over the last, contiguous dimension
+            # (CUDA runs a scan over an outer dimension as one sequential loop per column), read at
+            # i − window by a shift (zeros before: no far past).
+            sums = values.to(acc).transpose(2, 3).contiguous().cumsum(-1)
+            prefix = F.pad(sums, (self.window, 0))[..., :padded].transpose(2, 3)
+            means.append((prefix.reshape(bsz, heads, n_blocks, bs, dim) - torch.matmul(sel, cand.to(acc))) / denom)
         return means[0], means[1], has_rest
 
 
@@ -205,8 +350,12 @@ class LSHAttention(nn.Module):
     ``seed`` and the layer id, never trained nor checkpointed).
     """
 
-    def __init__(self, head_dim: int, chunk: int = 64, n_buckets: int = 0, seed: int = 1234):
+    def __init__(self, head_dim: int, chunk: int = 64, n_buckets: int = 0, seed: int = 1234, kernel: str = "auto"):
         super().__init__()
+        if kernel not in KERNEL_CHOICES:
+            raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
+        self.kernel = kernel
+        self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
         self.head_dim, self.chunk, self.n_buckets, self.seed = head_dim, chunk, n_buckets, seed
         self._rotations: dict[tuple[int, str], torch.Tensor] = {}
 
@@ -230,16 +379,56 @@ class LSHAttention(nn.Module):
         if n_buckets == 1:
             return torch.zeros(k.shape[:3], dtype=torch.long, device=k.device)
         proj = F.normalize(k.float(), dim=-1) @ self.rotations(n_buckets, k.device)
-        return torch.cat([proj, -proj], dim=-1).argmax(-1)
+        # argmax over [proj, −proj] without building it: the largest of max(proj) and −min(proj),
+        # the first half on a tie (argmax's first occurrence).
+        top, bottom = proj.argmax(-1, keepdim=True), proj.argmin(-1, keepdim=True)
+        use_top = proj.gather(-1, top) >= -proj.gather(-1, bottom)
+        return torch.where(use_top, top, bottom + proj.shape[-1]).squeeze(-1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        bsz, heads, seqlen, dim = q.shape
-        chunk = self.chunk
+        if _use_flex(self.kernel, q):
+            return self._forward_flex(q, k, v)
+        return self._forward_reference(q, k, v)
+
+    def _sorted(self, q, k, v):
+        """q, k, v and the buckets in (bucket, position) order, and the order itself."""
+        seqlen, dim = q.shape[2], q.shape[3]
         bucket = self.bucket_ids(k)
         order = (bucket * seqlen + torch.arange(seqlen, device=q.device)).argsort(dim=-1)
         gather_idx = order[..., None].expand(-1, -1, -1, dim)
-        qs, ks, vs = q.gather(2, gather_idx), k.gather(2, gather_idx), v.gather(2, gather_idx)
-        bs_sorted = bucket.gather(2, order)
+        return q.gather(2, gather_idx), k.gather(2, gather_idx), v.gather(2, gather_idx), bucket.gather(2, order), order
+
+    @staticmethod
+    def _unsort(out: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        undo = order.argsort(dim=-1)
+        return out.gather(2, undo[..., None].expand(-1, -1, -1, out.shape[-1]))
+
+    def _forward_flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The reference's function as one FlexAttention call over the sorted sequence: a causal band
+        of `chunk` places (two key blocks per query block) where the buckets match."""
+        seqlen, dim = q.shape[2], q.shape[3]
+        chunk = self.chunk
+        qs, ks, vs, bucket, order = self._sorted(q, k, v)
+        q_block, kv_block = self.flex_blocks
+        flex_len = seqlen + (-seqlen % math.lcm(q_block, kv_block))
+        tail = (0, 0, 0, flex_len - seqlen)
+        qs, ks, vs = F.pad(qs, tail), F.pad(ks, tail), F.pad(vs, tail)
+        bucket = F.pad(bucket, tail[2:], value=-1)  # padding: a bucket of its own, after every real query
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            lag = q_idx - kv_idx
+            return (lag >= 0) & (lag < chunk) & (bucket[b, h, q_idx] == bucket[b, h, kv_idx])
+
+        visible = band_blocks(flex_len // q_block, flex_len // kv_block, self.flex_blocks, chunk,
+                                           q.device)[None, None]
+        block_mask = block_mask_from_pairs(visible, mask_mod, flex_len, self.flex_blocks)
+        out, _ = flex_with_lse(qs, ks, vs, block_mask, scale=1.0 / math.sqrt(dim))
+        return self._unsort(out[:, :, :seqlen], order)
+
+    def _forward_reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        bsz, heads, seqlen, dim = q.shape
+        chunk = self.chunk
+        qs, ks, vs, bs_sorted, order = self._sorted(q, k, v)
         n_chunks = -(-seqlen // chunk)
         padded = n_chunks * chunk
         if padded != seqlen:
@@ -265,9 +454,7 @@ class LSHAttention(nn.Module):
         logits = torch.matmul(qc, k_win.transpose(-1, -2)) / math.sqrt(dim)
         logits = logits.masked_fill(~allowed, float("-inf"))
         out = torch.matmul(torch.softmax(logits.to(_accum_dtype(v)), dim=-1).to(v.dtype), v_win)
-        out = out.reshape(bsz, heads, padded, dim)[:, :, :seqlen]
-        undo = order.argsort(dim=-1)
-        return out.gather(2, undo[..., None].expand(-1, -1, -1, dim))
+        return self._unsort(out.reshape(bsz, heads, padded, dim)[:, :, :seqlen], order)
 
 
 def build_attention_kernel(args, layer_id: int) -> nn.Module:
@@ -275,7 +462,9 @@ def build_attention_kernel(args, layer_id: int) -> nn.Module:
         return DenseAttention()
     if args.attention == "dynamic_sparse":
         return DynamicSparseAttention(args.head_dim, args.sparse_top_k, args.sparse_window, args.sparse_block,
-                                      args.sparse_gate_hidden, args.sparse_refresh_steps, args.sparse_summary)
+                                      args.sparse_gate_hidden, args.sparse_refresh_steps, args.sparse_summary,
+                                      args.sparse_kernel)
     if args.attention == "lsh":
-        return LSHAttention(args.head_dim, args.lsh_chunk, args.lsh_buckets, args.lsh_seed + layer_id)
+        return LSHAttention(args.head_dim, args.lsh_chunk, args.lsh_buckets, args.lsh_seed + layer_id,
+                            args.sparse_kernel)
     raise ValueError(f"model.attention = {args.attention!r}; choose dense, dynamic_sparse or lsh")

@@ -81,11 +81,15 @@ class ShardBatches:
 
 
 class SyntheticBatches:
-    """A learnable synthetic stream (for tests and smoke runs without shards).
+    """A learnable synthetic stream (for tests, smoke runs and benchmarks without shards).
 
     Window i is a walk of a fixed random permutation of the vocabulary ("next token = perm[token]")
     with 10 % of the tokens replaced at random: a model can drive its loss well below log(vocab).
     Everything is a function of (seed, window index), so the state is one integer.
+
+    The walk is built without a per-token loop: token t is perm applied (t − r) times to the noise
+    token at r, the last reset at or before t; perm^d is applied as the product of the precomputed
+    powers perm^(2^j) of d's binary digits (log2(seq_len) gathers over the whole batch).
     """
 
     def __init__(self, vocab_size: int, seq_len: int, seed: int = 0):
@@ -93,19 +97,39 @@ class SyntheticBatches:
         gen = torch.Generator().manual_seed(seed)
         self.successor = torch.randperm(vocab_size, generator=gen)
         self.position = 0
+        # powers[j] = successor applied 2^j times, for every distance up to seq_len.
+        self._powers = [self.successor]
+        while (1 << len(self._powers)) <= seq_len:
+            last = self._powers[-1]
+            self._powers.append(last[last])
 
-    def window(self, index: int) -> torch.Tensor:
+    def _draws(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Window `index`'s noise tokens and where they replace the walk (its own generator)."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index + 1)
         noise = torch.randint(0, self.vocab_size, (self.seq_len + 1,), generator=gen)
         keep_noise = torch.rand(self.seq_len + 1, generator=gen) < 0.1
-        out = torch.empty(self.seq_len + 1, dtype=torch.long)
-        out[0] = noise[0]
-        for t in range(1, self.seq_len + 1):
-            out[t] = noise[t] if keep_noise[t] else self.successor[out[t - 1]]
+        return noise, keep_noise
+
+    def windows(self, first: int, count: int) -> torch.Tensor:
+        """Windows first .. first + count − 1, (count, seq_len + 1) int64."""
+        draws = [self._draws(first + i) for i in range(count)]
+        noise = torch.stack([d[0] for d in draws])
+        reset = torch.stack([d[1] for d in draws])
+        reset[:, 0] = True  # the walk starts from a noise token
+        positions = torch.arange(self.seq_len + 1).expand(count, -1)
+        last_reset = torch.where(reset, positions, 0).cummax(dim=1).values
+        out = noise.gather(1, last_reset)
+        distance = positions - last_reset
+        for j, power in enumerate(self._powers):
+            step = (distance >> j) & 1 == 1
+            out = torch.where(step, power[out], out)
         return out
 
+    def window(self, index: int) -> torch.Tensor:
+        return self.windows(index, 1)[0]
+
     def next_batch(self, step: int, batch_size: int) -> torch.Tensor:
-        batch = torch.stack([self.window(self.position + i) for i in range(batch_size)])
+        batch = self.windows(self.position, batch_size)
         self.position += batch_size
         return batch
 
@@ -130,6 +154,10 @@ def resolve_shard_dir(path: str) -> str:
 
 
 def build_batches(data: DataConfig, seq_len: int, total_steps: int):
+    if data.sources:
+        from dsdata.train.mixture import MixtureBatches
+
+        return MixtureBatches(data, seq_len, total_steps)
     if data.path:
         return ShardBatches(data, seq_len, total_steps)
     return SyntheticBatches(data.synthetic_vocab, seq_len, data.seed)

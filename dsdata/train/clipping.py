@@ -32,9 +32,7 @@ class DynamicGradClipper:
         """Scale grads so their global norm is at most the threshold; returns the threshold used."""
         limit = self.threshold()
         if total_norm > limit:
-            coef = limit / (total_norm + 1e-6)
-            for g in grads:
-                g.mul_(coef)
+            scale_gradients(grads, limit / (total_norm + 1e-6))
         return limit
 
     def state_dict(self) -> dict:
@@ -43,3 +41,17 @@ class DynamicGradClipper:
     def load_state_dict(self, state: dict) -> None:
         self.history.clear()
         self.history.extend(float(x) for x in state["history"])
+
+
+@torch.no_grad()
+def scale_gradients(grads: list[torch.Tensor], factor: float) -> None:
+    """grads *= factor in place: one fused foreach launch for plain tensors, per tensor for DTensors
+    (whose foreach support varies across torch versions)."""
+    from torch.distributed.tensor import DTensor
+
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    if plain:
+        torch._foreach_mul_(plain, factor)
+    for g in grads:
+        if isinstance(g, DTensor):
+            g.mul_(factor)

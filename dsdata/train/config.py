@@ -27,6 +27,7 @@ class TrainingConfig:
     unfreeze_fraction: float = 0.0  # progressive unfreezing: lower half frozen for this share of steps (e.g. 0.3)
     unfreeze_layers: int = 0  # how many lower layers are frozen (0: half of them)
     threads: int = 0  # torch.set_num_threads per process on CPU (0: leave torch's default)
+    compile: bool | None = None  # each block through torch.compile (unset: on for CUDA, off on CPU)
 
 
 @dataclass
@@ -72,6 +73,9 @@ class DataConfig:
     verify: bool = True
     prefetch: bool = True
     curriculum: dict = field(default_factory=dict)  # spec for dsdata.train.curriculum (empty: none)
+    # several shard sets mixed by weight instead of one path: [{path, weight | epochs, name?}]
+    # (dsdata/train/mixture.py); the curriculum applies inside each source
+    sources: list = field(default_factory=list)
     synthetic_vocab: int = 256  # vocabulary of the synthetic source when no path is given
 
 
@@ -173,6 +177,7 @@ BOUNDS: dict[str, dict[str, Bound]] = {
                   "growth_interval": _SIZE},
     "clipping": {"max_norm": _POSITIVE, "factor": _POSITIVE, "window": _SIZE, "min_history": _COUNT},
     "data": {"synthetic_vocab": Bound(2)},
+    "data.sources": {"weight": _POSITIVE, "epochs": _POSITIVE},  # each source table's numbers
     "checkpoint": {"interval": _COUNT, "keep": _SIZE},
     "logging": {"console_interval": _COUNT, "histogram_interval": _COUNT, "anomaly_window": _SIZE,
                 "anomaly_sigma": _POSITIVE},
@@ -262,8 +267,39 @@ def load_config(path: str, overrides: list[str] | None = None) -> Config:
     return config_from_dict(apply_overrides(raw, overrides or []), path)
 
 
+def check_sources(sources: list, source: str) -> None:
+    """data.sources: a list of {path, weight | epochs, name?} tables, one kind of share for all."""
+    kinds = set()
+    for i, item in enumerate(sources):
+        where = f"{source}: data.sources[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{where} must be a table {{path = \"…\", weight = …}}, got {item!r}")
+        unknown = sorted(set(item) - {"path", "weight", "epochs", "name"})
+        if unknown:
+            raise ConfigError(f"{where} has unknown key(s) {unknown}; known: ['epochs', 'name', 'path', 'weight']")
+        if not isinstance(item.get("path"), str) or not item["path"]:
+            raise ConfigError(f"{where}.path must be a shard directory (a `dsdata run` OUT or its shards/)")
+        if "name" in item and (not isinstance(item["name"], str) or not item["name"]):
+            raise ConfigError(f"{where}.name must be a non-empty string, got {item['name']!r}")
+        shares = [key for key in ("weight", "epochs") if key in item]
+        if len(shares) != 1:
+            raise ConfigError(f"{where} needs exactly one of weight or epochs, got {shares or 'neither'}")
+        key = shares[0]
+        value, bound = item[key], BOUNDS["data.sources"][key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not bound.admits(value):
+            raise ConfigError(f"{where}.{key} must be {bound}, got {value!r}")
+        kinds.add(key)
+    if len(kinds) > 1:
+        raise ConfigError(f"{source}: data.sources mixes weight and epochs; give every source the same one")
+
+
 def validate(config: Config, source: str) -> None:
     t = config.training
+    if config.data.sources:
+        if config.data.path:
+            raise ConfigError(f"{source}: data.path and data.sources are both set; use one (sources mixes several)")
+        check_sources(config.data.sources, source)
     if t.precision not in ("fp32", "bf16", "fp16"):
         raise ConfigError(f"{source}: training.precision = {t.precision!r}; choose fp32, bf16 or fp16")
     if t.device not in ("auto", "cpu", "cuda"):

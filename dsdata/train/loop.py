@@ -15,15 +15,14 @@ import time
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
 from dsdata.train.batches import build_batches
 from dsdata.train.checkpoint import STATE_FILE, CheckpointError, Checkpointer, GlobalRng
-from dsdata.train.clipping import DynamicGradClipper
+from dsdata.train.clipping import DynamicGradClipper, scale_gradients
 from dsdata.train.config import Config, ConfigError
 from dsdata.train.distributed import init_distributed
 from dsdata.train.metrics import LossAnomalyDetector, MetricsWriter
-from dsdata.train.model import Transformer, set_training_step
+from dsdata.train.model import Transformer, compile_blocks, lm_cross_entropy, set_training_step
 from dsdata.train.optim import WarmupCosineSchedule, build_optimizer
 from dsdata.train.parallel.collectives import any_rank
 from dsdata.train.parallel.layout import build_layout
@@ -54,7 +53,20 @@ class Trainer:
         self.model = Transformer(config.model)
         self.parameter_count = sum(p.numel() for p in self.model.parameters())  # before a layout splits it
         self.model_train = self.layout.parallelize(self.model)
-        self.optimizer = build_optimizer(self.model, config.optimizer, t.steps)
+        self.compiled = t.compile if t.compile is not None else self.env.device.type == "cuda"
+        if self.compiled and self.layout.dims.tp > 1:
+            # A compiled block hands tensor parallel's DTensor redistribution a plain-tensor gradient
+            # in backward (torch 2.13, 'Tensor' object has no attribute '_local_tensor'): eager.
+            if t.compile and self.layout.writes_metrics:
+                log.warning("training.compile is not applied under tensor parallelism "
+                            "(parallel.tensor_parallel_size > 1): the blocks run eagerly")
+            self.compiled = False
+        self._lm_loss = lm_cross_entropy
+        if self.compiled:
+            compile_blocks(self.model)
+            if not getattr(self.layout, "vocab_parallel", False):  # loss_parallel's DTensor logits stay eager
+                self._lm_loss = torch.compile(lm_cross_entropy)
+        self.optimizer = build_optimizer(self.model, config.optimizer, t.steps, self.env.device)
         sc = config.schedule
         self.scheduler = WarmupCosineSchedule(self.optimizer, config.optimizer.lr, sc.warmup_steps,
                                               sc.decay_steps or max(1, t.steps - sc.warmup_steps), sc.min_lr_ratio)
@@ -119,6 +131,9 @@ class Trainer:
         backend = f" ({env.backend})" if env.backend else ""
         data = (f"{self.batches.path} ({args.vocab_size}-token vocabulary)" if self.config.data.path
                 else f"synthetic stream ({args.vocab_size}-token vocabulary; set data.path for shards)")
+        if self.config.data.sources:
+            data = ", ".join(f"{n} {w:.3f}" for n, w in zip(self.batches.names, self.batches.weights))
+            data = f"mixture of {len(self.batches.names)} shard sets ({data}; {args.vocab_size}-token vocabulary)"
         variant = args.attention + (f", MoE {args.moe_experts} experts" if args.moe_experts else "")
         return [f"run {self.run_dir}: {processes}{backend} on {env.device}, layout {self.layout.describe()}",
                 f"model {_count(self.parameter_count)} parameters ({args.n_layers} layers, dim {args.dim}, {variant}), "
@@ -184,11 +199,9 @@ class Trainer:
                           and (self.step + 1) % self.config.logging.histogram_interval == 0)
         activations = _ActivationCapture(self.model) if histograms else None
 
-        loss, precision, multiplier = self._forward_backward(micro_batches)
+        loss, grad_norm, precision, multiplier, grads = self._forward_backward(micro_batches)
         if activations is not None:
             activations.remove()
-        grads = self._unscaled_gradients(multiplier)
-        grad_norm = float(layout.grad_norm(grads))
         threshold = self.clipper.threshold()
         applied = math.isfinite(loss) and math.isfinite(grad_norm)
         if applied:
@@ -211,6 +224,8 @@ class Trainer:
                   "clip_threshold": threshold, "loss_scale": multiplier if self.scaler is not None else 1.0,
                   "tokens_per_s": t.global_batch_size * t.seq_len / max(time.perf_counter() - began, 1e-9),
                   "skipped": not applied, "fp32_retry": precision != t.precision}
+        if hasattr(self.batches, "step_metrics"):  # data.sources: the realised mix so far (mix/<name>)
+            record.update(self.batches.step_metrics())
         self._log_step(record, loss, activations)
         return record
 
@@ -221,8 +236,7 @@ class Trainer:
                 p.grad = None
         grads = [p.grad for p in self.params if p.grad is not None]
         if multiplier != 1.0:
-            for g in grads:
-                g.div_(multiplier)
+            scale_gradients(grads, 1.0 / multiplier)
         return grads
 
     def _log_step(self, record: dict, loss: float, activations: "_ActivationCapture | None") -> None:
@@ -243,8 +257,12 @@ class Trainer:
                                                 if not _is_dtensor(p)})
             self.metrics.histograms(self.step, activations.values)
 
-    def _forward_backward(self, micro_batches: list[torch.Tensor]) -> tuple[float, str, float]:
-        """(global loss, precision used, loss multiplier); a non-finite loss under bf16/fp16 is redone in fp32."""
+    def _forward_backward(self, micro_batches: list[torch.Tensor]):
+        """(global loss, global grad norm, precision used, loss multiplier, unscaled gradients).
+
+        Loss and grad norm stay on the device until one read of both at the end (the step's only
+        host sync); a non-finite loss under bf16/fp16 is redone in fp32.
+        """
         t = self.config.training
         precision = t.precision
         while True:
@@ -252,9 +270,13 @@ class Trainer:
             multiplier = self.scaler.scale if (self.scaler is not None and precision == "fp16") else 1.0
             local = self.layout.forward_backward(self.model_train, micro_batches, self._loss, multiplier,
                                                  lambda p=precision: autocast(p, self.env.device))
-            loss = float(self.layout.mean_over_data_parallel(local))
+            loss_t = self.layout.mean_over_data_parallel(local)
+            grads = self._unscaled_gradients(multiplier)
+            norm_t = self.layout.grad_norm(grads)
+            loss, grad_norm = torch.stack([loss_t.detach().float().reshape(()),
+                                           norm_t.detach().float().reshape(())]).tolist()
             if math.isfinite(loss) or precision == "fp32" or not t.fp32_retry:
-                return loss, precision, multiplier
+                return loss, grad_norm, precision, multiplier, grads
             if self.layout.writes_metrics:
                 log.warning("step %d: non-finite loss under %s; retrying the step in fp32", self.step + 1, precision)
             precision = "fp32"
@@ -262,7 +284,7 @@ class Trainer:
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to differentiate: LM loss + weighted MoE balance loss, LM loss to report)."""
         args = self.config.model
-        lm_loss = F.cross_entropy(logits.float().reshape(-1, args.vocab_size), targets.reshape(-1))
+        lm_loss = self._lm_loss(logits, targets)
         aux = self.model.aux_loss()
         total = lm_loss + args.moe_aux_loss_weight * aux if aux is not None else lm_loss
         return total, lm_loss
@@ -321,7 +343,9 @@ def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
     if not isinstance(candidate, str) or not candidate or "\x00" in candidate:
         return None, eos_id
     if not os.path.isabs(candidate):
-        candidate = os.path.join(os.path.dirname(batches.path), candidate)
+        # relative to the shard directory (a bundled tokenizer is "tokenizer": dsdata/io/shard_tokenizer.py)
+        base = batches.path if os.path.isdir(batches.path) else os.path.dirname(batches.path)
+        candidate = os.path.join(base, candidate)
     if not os.path.exists(candidate):
         return None, eos_id
     json_path = candidate if os.path.isfile(candidate) else os.path.join(candidate, "tokenizer.json")

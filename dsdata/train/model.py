@@ -55,6 +55,7 @@ class ModelArgs:
     sparse_gate_hidden: int = 32
     sparse_refresh_steps: int = 4  # the gate that selects keys is re-snapshotted every N steps
     sparse_summary: bool = True  # attend to the mean of the unselected far past
+    sparse_kernel: str = "auto"  # auto (flex on CUDA, reference elsewhere) | flex | reference (attention.py)
     lsh_chunk: int = 64
     lsh_buckets: int = 0  # 0: one bucket per chunk of the sequence (Reformer's choice)
     lsh_seed: int = 1234
@@ -86,6 +87,8 @@ class ModelArgs:
             raise ValueError("model.dim / model.n_heads (the head size) must be even for RoPE")
         if self.sparse_window <= 0 or self.sparse_window % self.sparse_block:
             raise ValueError(f"model.sparse_window ({self.sparse_window}) must be a positive multiple of model.sparse_block ({self.sparse_block})")
+        if self.sparse_kernel not in ("auto", "flex", "reference"):
+            raise ValueError(f"model.sparse_kernel = {self.sparse_kernel!r}; choose auto, flex or reference")
         if self.moe_experts and self.moe_top_k > self.moe_experts:
             raise ValueError("model.moe_top_k must not exceed model.moe_experts")
 
@@ -265,3 +268,21 @@ def set_training_step(model: nn.Module, step: int) -> None:
     for module in model.modules():
         if hasattr(module, "on_training_step"):
             module.on_training_step(step)
+
+
+def compile_blocks(model: nn.Module) -> None:
+    """Run each transformer block's forward through torch.compile (training.compile).
+
+    The forward method is compiled, not the module: the hooks a parallel layout puts on the block
+    (FSDP2's all-gather / reshard, DDP, tensor parallel's DTensor plumbing on the linear layers)
+    keep running as they do eagerly, parameter names and checkpoints are unchanged, and pipeline
+    stages compile just the blocks they own.  Compilation happens on the first call.
+    """
+    for block in model.layers.values():
+        block.forward = torch.compile(block.forward)
+
+
+def lm_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, the log-softmax in fp32 whatever the logits' dtype
+    (compiled, the cast fuses into the softmax and the fp32 logits are never stored)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -1,0 +1,50 @@
+"""The dedup stage's steps around the document-level composite (registered in dsdata/beam/kinds.py):
+the previous run's index (`against`), URL dedup (`url`), document-level exact/near dedup (`exact`,
+`near`: composite.py), line/span dedup (`lines`: spans.py), and the kept documents' index (`index`:
+index.py).  A stage with none of the extra kinds gets the document-level composite alone, with the
+graph and step names earlier runs had."""
+from __future__ import annotations
+
+from typing import Any
+
+import apache_beam as beam
+
+from dsdata.beam.dedup.composite import DedupTransform
+from dsdata.beam.dedup.composite import composite as document_composite
+from dsdata.beam.dedup.index import AgainstIndex, WriteIndex
+from dsdata.beam.dedup.spans import ConfiguredStep, LineDedup, UrlDedup
+from dsdata.beam.transforms import KEPT, REJECTED
+
+
+class DedupSteps(ConfiguredStep):
+    """The stage's steps in order: the previous run's index (`against`), URL dedup (`url`),
+    document-level exact/near dedup (`exact`, `near`), line/span dedup (`lines`); each step's
+    rejections joined; the kept documents' signatures written to `index` (dsdata/beam/dedup/spans.py,
+    dsdata/beam/dedup/index.py)."""
+
+    def expand(self, docs):
+        c, rejected = self.cfg, []
+        steps = [("Against", AgainstIndex)] if c.get("against") else []
+        if c.get("url"):
+            steps.append(("Url", UrlDedup))
+        if c["exact"] or c["near"]:
+            steps.append(("Documents", DedupTransform))
+        if c.get("lines"):
+            steps.append(("Lines", LineDedup))
+        for label, step in steps:
+            out = docs | label >> step(c)
+            docs = out[KEPT]
+            rejected.append(out[REJECTED])
+        if c.get("index"):
+            _ = docs | "Index" >> WriteIndex(c)
+        return {KEPT: docs, REJECTED: tuple(rejected) | "StepsRejected" >> beam.Flatten()}
+
+
+def composite(stage, context) -> beam.PTransform:
+    """The dedup stage's transform (registered in dsdata/beam/kinds.py); documents are spilled
+    under the run directory unless the stage says `spill: false`."""
+    document_step = document_composite(stage, context)
+    cfg = document_step.cfg
+    if not any(cfg.get(k) for k in ("url", "lines", "index", "against")):
+        return document_step  # the graph earlier runs had, step names unchanged
+    return DedupSteps(cfg)

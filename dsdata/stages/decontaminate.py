@@ -1,0 +1,276 @@
+"""`decontaminate`: reject documents that share an n-gram with an evaluation benchmark.
+
+What datatrove's NGramsDecontIndexer/NGramsDecontFilter and GPT-3's decontamination do: every
+`ngram`-token window (13 by default) of every benchmark item is indexed; a document containing any
+of them is rejected `contaminated`, its detail naming the benchmark file and the matched n-gram.
+
+Tokens.  Text is NFKC-normalised and case-folded; a token is one CJK character (Chinese and
+Japanese have no spaces: 13 characters ≈ 6-8 words) or a run of other letters/digits; punctuation
+and spacing are ignored, so "Paris, France" and "paris france" share their n-grams.
+
+Benchmarks.  A `.jsonl`/`.ndjson` file (optionally .gz) holds one JSON object per line and every
+string in the `fields` listed (null: every string value, lists of strings included, e.g. a
+multiple-choice item's options) is one item; any other file is plain text, one item per line.  An
+item shorter than `ngram` tokens is indexed whole when it has at least `min_tokens` (a short
+question still identifies the item).  A file that yields no n-gram stops the run: a silent no-op
+decontamination is what dolma users hit.
+
+Scale.  Each n-gram is a 64-bit polynomial hash of its tokens' hashes, computed with numpy over a
+document; the index is one sorted uint64 array (8 bytes per n-gram: 10 million n-grams = 80 MB)
+searched with `searchsorted`, built once per worker process and shared by its stage instances.
+Per-benchmark counts of rejected documents are the `decontaminate_benchmark` tally (stats.json
+"tallies", the run report).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import threading
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+
+from dsdata.document import Document, Rejected
+from dsdata.stages.base import DocumentStage, Param, StageConfigError
+from dsdata.stages.params import Integer, ListOf, Path, Text
+from dsdata.stages.rules import CJK_CHARS
+
+# A CJK character alone, or a run of letters/digits of other scripts (no underscore: `a_b` is two).
+TOKEN_RE = re.compile(f"[{CJK_CHARS}]|(?:(?![{CJK_CHARS}])[^\\W_])+")
+_CJK_RE = re.compile(f"[{CJK_CHARS}]")
+# Odd 64-bit multiplier of the polynomial n-gram hash (wraps modulo 2**64).
+_MULT = np.uint64(0x9E3779B97F4A7C15)
+# The annotation (and stats.json tally) naming the benchmark a rejected document matched.
+TALLY = "decontaminate_benchmark"
+
+
+def tokens(text: str) -> list[str]:
+    """Decontamination tokens of `text`: NFKC, case-folded, CJK characters and other words."""
+    return TOKEN_RE.findall(unicodedata.normalize("NFKC", text).casefold())
+
+
+def window_hashes(toks: list[str], lengths) -> dict[int, np.ndarray]:
+    """For each n in `lengths`: the uint64 hash of every n-token window of `toks` (position i:
+    toks[i:i+n]; empty when there are fewer tokens).  One pass of multiply-adds up to the longest n
+    serves every shorter one on the way.
+
+    Token hashes are Python's str hash: stable within a process, which is all the index needs (it is
+    built by the process that searches it)."""
+    wanted = sorted(set(lengths))
+    out = {n: np.empty(0, dtype=np.uint64) for n in wanted}
+    size = len(toks)
+    if not wanted or size < wanted[0]:
+        return out
+    longest = min(wanted[-1], size)
+    h = np.zeros(size + longest, dtype=np.uint64)
+    h[:size] = np.fromiter(map(hash, toks), dtype=np.int64, count=size).view(np.uint64)
+    acc = h[:size].copy()
+    for k in range(1, longest + 1):
+        if k > 1:
+            acc *= _MULT
+            acc += h[k - 1:k - 1 + size]
+        if k in out:
+            out[k] = acc[:size - k + 1].copy()
+    return out
+
+
+def ngram_hashes(toks: list[str], n: int) -> np.ndarray:
+    """uint64 hash of every n-token window of `toks`."""
+    return window_hashes(toks, (n,))[n]
+
+
+@dataclass(frozen=True)
+class BenchmarkIndex:
+    """Sorted n-gram hashes of every benchmark and, for each, the benchmark (file) it came from."""
+
+    hashes: np.ndarray      # sorted unique uint64
+    source: np.ndarray      # int32: index into names (the first file listed that holds the n-gram)
+    names: tuple[str, ...]
+    per_file: tuple[int, ...]  # n-grams each file yielded
+    lengths: tuple[int, ...]   # window lengths indexed: ngram, and those of whole short items
+
+    def first_match(self, doc_hashes: np.ndarray) -> int | None:
+        """Position in `doc_hashes` of the first hash in the index, or None."""
+        if not len(doc_hashes) or not len(self.hashes):
+            return None
+        pos = np.searchsorted(self.hashes, doc_hashes)
+        pos[pos == len(self.hashes)] = 0
+        hit = np.flatnonzero(self.hashes[pos] == doc_hashes)
+        return int(hit[0]) if len(hit) else None
+
+    def benchmark_of(self, h: np.uint64) -> str:
+        return self.names[int(self.source[np.searchsorted(self.hashes, h)])]
+
+
+def _open_text(path: str):
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _strings(value, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, list):
+        for v in value:
+            _strings(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _strings(v, out)
+
+
+def benchmark_items(path: str, fields: list[str] | None):
+    """The text items of one benchmark file (see the module docstring); StageConfigError on a bad line."""
+    base = path[:-3] if path.endswith(".gz") else path
+    is_jsonl = base.lower().endswith((".jsonl", ".ndjson"))
+    with _open_text(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            if not is_jsonl:
+                yield line
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise StageConfigError(f"decontaminate: benchmark {path} line {lineno} is not JSON ({exc})") from None
+            found: list[str] = []
+            if fields is None:
+                _strings(obj, found)
+            elif isinstance(obj, dict):
+                for field in fields:
+                    _strings(obj.get(field), found)
+            else:
+                raise StageConfigError(f"decontaminate: benchmark {path} line {lineno} is not a JSON object, "
+                                       f"so it has no field {fields[0]!r}")
+            yield from found
+
+
+def _item_hashes(item: str, n: int, min_tokens: int, lengths: set[int]) -> np.ndarray:
+    toks = tokens(item)
+    if len(toks) >= n:
+        return ngram_hashes(toks, n)
+    if min_tokens and len(toks) >= min_tokens:
+        lengths.add(len(toks))
+        return ngram_hashes(toks, len(toks))  # the whole short item is one n-gram of its own length
+    return np.empty(0, dtype=np.uint64)
+
+
+def build_index(paths: list[str], names: list[str], fields: list[str] | None, n: int, min_tokens: int) -> BenchmarkIndex:
+    chunks, sources, per_file, lengths = [], [], [], {n}
+    for i, path in enumerate(paths):
+        file_hashes = [_item_hashes(item, n, min_tokens, lengths) for item in benchmark_items(path, fields)]
+        got = np.unique(np.concatenate(file_hashes)) if file_hashes else np.empty(0, dtype=np.uint64)
+        if not len(got):
+            what = f"the fields {', '.join(fields)}" if fields else "its items"
+            raise StageConfigError(
+                f"decontaminate: benchmark {path} yields no n-gram ({what} have fewer than "
+                f"min_tokens={min_tokens} tokens, or the file is empty): it would decontaminate nothing")
+        per_file.append(len(got))
+        chunks.append(got)
+        sources.append(np.full(len(got), i, dtype=np.int32))
+    hashes = np.concatenate(chunks)
+    source = np.concatenate(sources)
+    # Stable sort by hash, then keep each hash's first occurrence: the first file listed wins.
+    order = np.argsort(hashes, kind="stable")
+    hashes, source = hashes[order], source[order]
+    first = np.ones(len(hashes), dtype=bool)
+    first[1:] = hashes[1:] != hashes[:-1]
+    return BenchmarkIndex(hashes[first], source[first], tuple(names), tuple(per_file), tuple(sorted(lengths)))
+
+
+# (paths with their size and mtime, fields, n, min_tokens) → index: built once per process.
+_INDEXES: dict[tuple, BenchmarkIndex] = {}
+_INDEX_LOCK = threading.Lock()
+
+
+def shared_index(paths: list[str], names: list[str], fields: list[str] | None, n: int, min_tokens: int) -> BenchmarkIndex:
+    key_files = []
+    for p in paths:
+        st = os.stat(p)
+        key_files.append((p, st.st_size, st.st_mtime_ns))
+    key = (tuple(key_files), tuple(names), tuple(fields) if fields is not None else None, n, min_tokens)
+    with _INDEX_LOCK:
+        if key not in _INDEXES:
+            _INDEXES[key] = build_index(paths, names, fields, n, min_tokens)
+        return _INDEXES[key]
+
+
+def shown(toks: list[str]) -> str:
+    """Tokens as text: a space between two non-CJK tokens only ("巴黎是法国的首都", "the capital of")."""
+    out: list[str] = []
+    for tok in toks:
+        if out and not _CJK_RE.match(tok) and not _CJK_RE.match(out[-1][-1]):
+            out.append(" ")
+        out.append(tok)
+    return "".join(out)
+
+
+def benchmark_names(paths: list[str]) -> list[str]:
+    """Each file's base name, or its path where two files share a base name."""
+    bases = [os.path.basename(p) for p in paths]
+    return [b if bases.count(b) == 1 else p for b, p in zip(bases, paths)]
+
+
+class DecontaminateStage(DocumentStage):
+    name = "decontaminate"
+    description = ("benchmark decontamination: rejects documents sharing an n-gram (13 words; CJK: characters) "
+                   "with a benchmark file (contaminated)")
+    params = {
+        "benchmarks": Param(None, "benchmark files: .jsonl (one JSON object per line; strings of `fields`) or "
+                                  "plain text (one item per line), .gz allowed",
+                            ListOf(Path(must_exist="any"), nonempty=True, single=True), nullable=True),
+        "fields": Param(None, "JSONL fields whose strings are items (e.g. [question, answer, passage]); "
+                              "null: every string value", ListOf(Text(nonempty=True), nonempty=True, single=True),
+                        nullable=True),
+        "ngram": Param(13, "tokens per n-gram (a token is a word, or one CJK character)", Integer(min=1)),
+        "min_tokens": Param(8, "an item shorter than ngram but with at least this many tokens is indexed whole "
+                               "(0: never)", Integer(min=0)),
+    }
+    tallies = (TALLY,)
+    _index: BenchmarkIndex | None = None
+
+    def validate(self) -> None:
+        if not self.benchmarks:
+            raise StageConfigError("stage 'decontaminate' needs benchmarks: [FILE, …] (JSONL or plain text)")
+        if self.min_tokens > self.ngram:
+            raise StageConfigError(f"decontaminate.min_tokens ({self.min_tokens}) must be at most ngram ({self.ngram})")
+        for path in self.benchmarks:
+            if "://" in path:
+                raise StageConfigError(f"decontaminate.benchmarks: {path} must be a local file")
+            if not os.path.isfile(path):
+                raise StageConfigError(f"decontaminate.benchmarks: {path} is not a file")
+        # Built (and checked) now so that an empty benchmark stops the run before any record is read.
+        self.setup()
+
+    def setup(self) -> None:
+        self._index = shared_index(list(self.benchmarks), benchmark_names(self.benchmarks), self.fields,
+                                   self.ngram, self.min_tokens)
+
+    @property
+    def index(self) -> BenchmarkIndex:
+        if self._index is None:
+            self.setup()
+        return self._index
+
+    def process(self, doc: Document) -> Document | Rejected:
+        index = self.index
+        toks = tokens(doc.text)
+        if len(toks) < index.lengths[0]:
+            return doc
+        # The earliest match in the document, the longest window first at a position.
+        best: tuple[int, int] | None = None
+        for n, hashes in window_hashes(toks, index.lengths).items():
+            hit = index.first_match(hashes)
+            if hit is not None and (best is None or hit < best[0] or (hit == best[0] and n > best[1])):
+                best = (hit, n)
+        if best is None:
+            return doc
+        hit, n = best
+        bench = index.benchmark_of(ngram_hashes(toks[hit:hit + n], n)[0])
+        doc.annotations[TALLY] = {bench: 1}
+        return self.reject(doc, "contaminated", f"benchmark {bench}: {n}-gram {shown(toks[hit:hit + n])!r}")

@@ -1,0 +1,206 @@
+"""`dsdata shards export` and the shards stage's `export` option: each format is read back with its
+own project's reader (megatron-core's IndexedDataset, mosaicml-streaming's StreamingDataset,
+Hugging Face datasets) and compared token for token with the shards, read here with pyarrow."""
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dsdata.cli import main as cli_main
+from dsdata.export import FORMATS
+from dsdata.io.shards import MANIFEST, ShardSetWriter, file_sha256, read_manifest
+from dsdata.stages.shards import EXPORT_FORMATS
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER = REPO / "pipelines" / "models" / "tokenizer"
+
+
+def shard_documents(shard_dir: Path) -> dict[str, list[tuple[str, np.ndarray]]]:
+    """{bucket: [(id, ids)]} straight from the Arrow files, in manifest order."""
+    manifest = read_manifest(str(shard_dir))
+    out: dict[str, list[tuple[str, np.ndarray]]] = {}
+    for shard in manifest["shards"]:
+        with pa.memory_map(str(shard_dir / shard["file"]), "r") as source:
+            table = pa.ipc.open_file(source).read_all()
+        for ids, doc_id in zip(table.column("tokens").to_pylist(), table.column("id").to_pylist()):
+            out.setdefault(shard["difficulty"], []).append((doc_id, np.asarray(ids, dtype=manifest["dtype"])))
+    return dict(sorted(out.items()))
+
+
+def random_set(directory: Path, vocab: int = 1000, n_docs: int = 90, shard_size: int = 900) -> Path:
+    dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
+    writer = ShardSetWriter(str(directory), dtype=np.dtype(dtype), shard_size=shard_size,
+                            tokenizer={"vocab_size": vocab, "eos_id": 0, "eos_token": "<|endoftext|>"})
+    rng = np.random.default_rng(7)
+    for i in range(n_docs):
+        # 1-300 ids: documents longer than 255 ids exercise MDS's 2-byte shapes
+        ids = np.append(rng.integers(1, vocab, int(rng.integers(0, 300))), 0).astype(dtype)
+        writer.add(f"doc-{i:03d}", ids, ("easy", "medium", "hard")[i % 3])
+    writer.close()
+    return directory
+
+
+def check_megatron(export: Path, expected: dict) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # megatron-core warns that apex / transformer-engine are absent
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+    assert sorted(p.name for p in export.iterdir() if p.name != "tokenizer") == sorted(
+        [f"{b}.{ext}" for b in expected for ext in ("bin", "idx")] + ["export.json"])
+    for bucket, docs in expected.items():
+        ds = IndexedDataset(str(export / bucket))
+        assert len(ds) == len(docs)
+        # one sequence per document: document i is sequence i
+        assert ds.document_indices.tolist() == list(range(len(docs) + 1))
+        assert ds.sequence_lengths.tolist() == [len(ids) for _, ids in docs]
+        for i, (_, ids) in enumerate(docs):
+            got = ds[i]
+            assert np.array_equal(got, ids) and got[-1] == 0
+            if len(ids) > 3:
+                assert np.array_equal(ds.get(i, offset=1, length=2), ids[1:3])
+
+
+def check_mds(export: Path, expected: dict, source: str) -> None:
+    streaming = pytest.importorskip(
+        "streaming", reason="mosaicml-streaming is not installed: it requires numpy<2.2 and transformers<5, "
+        "which dsdata's environment does not allow (install it in its own environment to run this check)")
+    for bucket, docs in expected.items():
+        ds = streaming.StreamingDataset(local=str(export / bucket), shuffle=False, batch_size=1)
+        assert len(ds) == len(docs)
+        for i, (doc_id, ids) in enumerate(docs):
+            sample = ds[i]
+            assert sample["id"] == doc_id and sample["difficulty"] == bucket and sample["source"] == source
+            assert sample["input_ids"].dtype == ids.dtype and np.array_equal(sample["input_ids"], ids)
+        assert [s["id"] for s in ds] == [d for d, _ in docs]  # iteration (not only random access) too
+
+
+def check_hf(export: Path, expected: dict, source: str) -> None:
+    datasets = pytest.importorskip("datasets")
+    flat = [(bucket, doc_id, ids) for bucket, docs in expected.items() for doc_id, ids in docs]
+    from_disk = datasets.load_from_disk(str(export / "save_to_disk"))
+    from_parquet = datasets.load_dataset(str(export), split="train", cache_dir=str(export.parent / "hf-cache"))
+    for ds in (from_disk, from_parquet):
+        assert ds.num_rows == len(flat)
+        assert set(ds.column_names) == {"input_ids", "id", "difficulty", "source"}
+        assert ds.features["input_ids"].feature.dtype == str(flat[0][2].dtype)
+        assert ds["difficulty"] == [b for b, _, _ in flat] and ds["id"] == [d for _, d, _ in flat]
+        assert set(ds["source"]) == {source}
+        for row, (_, _, ids) in zip(ds.with_format("numpy"), flat):
+            assert np.array_equal(row["input_ids"], ids)
+    card = (export / "README.md").read_text(encoding="utf-8")
+    assert card.startswith("---\nconfigs:") and "data/train-*.parquet" in card
+
+
+def test_the_stage_and_the_registry_name_the_same_formats():
+    assert tuple(FORMATS) == EXPORT_FORMATS == ("megatron", "mds", "hf")
+
+
+@pytest.mark.parametrize("vocab", [1000, 70_000], ids=["uint16", "uint32"])
+def test_cli_export_round_trips_through_each_projects_reader(tmp_path, vocab, capsys):
+    src = random_set(tmp_path / "shards", vocab=vocab)
+    expected = shard_documents(src)
+    assert sum(len(d) for d in expected.values()) == 90 and len(read_manifest(str(src))["shards"]) > 3
+    code = cli_main(["shards", "export", "--format", "megatron,mds", "--format", "hf", "--source", "web",
+                     str(src), str(tmp_path / "out")])
+    assert code == 0, capsys.readouterr().err
+    assert "megatron: 90 documents" in capsys.readouterr().out
+    if vocab > 1 << 16:  # Megatron has no uint32: int32 ids, the same values
+        expected_megatron = {b: [(d, ids.astype(np.int32)) for d, ids in docs] for b, docs in expected.items()}
+    else:
+        expected_megatron = expected
+    check_megatron(tmp_path / "out" / "megatron", expected_megatron)
+    check_hf(tmp_path / "out" / "hf", expected, "web")
+    summary = json.loads((tmp_path / "out" / "mds" / "export.json").read_text())
+    assert summary["manifest_sha256"] and summary["buckets"]["easy"]["documents"] == 30
+    check_mds(tmp_path / "out" / "mds", expected, "web")
+
+
+def test_mds_shards_split_at_the_size_limit(tmp_path):
+    from dsdata.export import mds
+    from dsdata.export.source import ShardSource
+
+    src = random_set(tmp_path / "shards")
+    out = tmp_path / "mds"
+    out.mkdir()
+    summary = mds.write(ShardSource(str(src), "web"), str(out), size_limit=2000)
+    assert summary["buckets"]["easy"]["shards"] > 3
+    check_mds(out, shard_documents(src), "web")
+
+
+def test_export_refuses_corrupt_shards_unknown_formats_and_a_destination_inside_the_set(tmp_path, capsys):
+    src = random_set(tmp_path / "shards")
+    assert cli_main(["shards", "export", "--format", "parquet", str(src), str(tmp_path / "out")]) == 2
+    assert "unknown export format(s) 'parquet'; choose from megatron, mds, hf" in capsys.readouterr().err
+    assert cli_main(["shards", "export", "--format", "hf", str(src), str(src / "x")]) == 2
+    assert "lies inside the shard set" in capsys.readouterr().err
+    first = read_manifest(str(src))["shards"][0]["file"]
+    data = bytearray((src / first).read_bytes())
+    data[-100] ^= 0xFF
+    (src / first).write_bytes(bytes(data))
+    assert cli_main(["shards", "export", "--format", "megatron", str(src), str(tmp_path / "out")]) == 2
+    assert f"{first}: sha256" in capsys.readouterr().err
+    # nothing that looks like an export is left behind: no megatron folder, no temp folder
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+
+
+def test_an_unwritable_destination_is_one_line(tmp_path, capsys):
+    src = random_set(tmp_path / "shards")
+    (tmp_path / "out").mkdir()
+    os.symlink(tmp_path, tmp_path / "out" / "megatron")  # not ours to replace
+    assert cli_main(["shards", "export", "--format", "megatron", str(src), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dsdata: error: cannot write the export under") and err.count("\n") == 1
+    assert os.path.islink(tmp_path / "out" / "megatron") and os.listdir(tmp_path / "out") == ["megatron"]
+
+
+def test_a_second_export_replaces_the_first_whole(tmp_path):
+    src = random_set(tmp_path / "shards")
+    assert cli_main(["shards", "export", "--format", "megatron", str(src), str(tmp_path / "out")]) == 0
+    (tmp_path / "out" / "megatron" / "stale.bin").write_bytes(b"x")
+    assert cli_main(["shards", "export", "--format", "megatron", str(src), str(tmp_path / "out")]) == 0
+    assert not (tmp_path / "out" / "megatron" / "stale.bin").exists()
+    assert sorted(os.listdir(tmp_path / "out")) == ["megatron"]
+
+
+@pytest.mark.slow
+def test_recipe_export_option_writes_every_format_next_to_the_shards(tmp_path, shared_data):
+    """A real run (tokenize → shards with export: [megatron, mds, hf]) on the dev corpus."""
+    shared = shared_data
+    from dsdata.beam.pipeline import run_recipe
+    from dsdata.recipe import load_recipe
+
+    paragraphs = [p.strip() for p in (shared / "prose-en.txt").read_text(encoding="utf-8").split("\n\n")
+                  if len(p.strip()) > 40][:60]
+    (tmp_path / "data").mkdir()
+    with open(tmp_path / "data" / "docs.jsonl", "w", encoding="utf-8") as fh:
+        for i, text in enumerate(paragraphs):
+            fh.write(json.dumps({"id": f"doc-{i:03d}", "text": text}) + "\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("name: exporttest\ninput:\n  paths: [data/*.jsonl]\noutput: out\nstages:\n"
+                      "  - tokenize: {}\n  - shards: {shard_size: 3000, export: [megatron, mds, hf]}\n",
+                      encoding="utf-8")
+    out = tmp_path / "out"
+    run_recipe(load_recipe(str(recipe), [f"tokenize.tokenizer={TOKENIZER}"]), str(out), [])
+    assert (out / "shards" / MANIFEST).is_file()
+    expected = shard_documents(out / "shards")
+    assert sum(len(d) for d in expected.values()) == len(paragraphs)
+    check_megatron(out / "export" / "megatron", expected)
+    check_hf(out / "export" / "hf", expected, "out")
+    # the run's tokenizer goes with every export (bundled with the shards, dsdata/io/shard_tokenizer.py)
+    sha = read_manifest(str(out / "shards"))["tokenizer"]["sha256"]
+    for fmt in ("megatron", "mds", "hf"):
+        assert file_sha256(str(out / "export" / fmt / "tokenizer" / "tokenizer.json")) == sha
+    check_mds(out / "export" / "mds", expected, "out")
+
+
+def test_recipe_refuses_an_unknown_export_format(tmp_path):
+    from dsdata.recipe import load_recipe
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("name: bad\ninput:\n  paths: [x.jsonl]\noutput: out\nstages:\n"
+                      "  - tokenize: {}\n  - shards: {export: [tfrecord]}\n", encoding="utf-8")
+    with pytest.raises(Exception, match="megatron, mds or hf"):
+        load_recipe(str(recipe), [f"tokenize.tokenizer={TOKENIZER}"])

@@ -1,0 +1,62 @@
+"""training.compile on CPU: compiled blocks train the same losses as eager, and resume exactly.
+
+Runs the real command (python -m dsdata.train) with inductor's CPU backend (needs a C++ compiler,
+as torch.compile on CPU always does)."""
+import shutil
+
+import pytest
+
+from tests.test_train import metrics, run_train
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("c++") is None,
+                                reason="torch.compile on CPU needs a C++ compiler (gcc / c++ not on PATH)")
+
+STEPS = 20
+COMMON = [f"training.steps={STEPS}", "checkpoint.interval=10", "model.n_layers=2", "optimizer.lr=0.003",
+          "schedule.warmup_steps=2", "optimizer.name=deepopt"]
+
+
+def _losses(run_dir):
+    return [r["loss"] for r in metrics(run_dir)]
+
+
+def test_compiled_blocks_train_the_eager_losses_and_resume_exactly(tmp_path):
+    eager = tmp_path / "eager"
+    run_train(eager, COMMON + ["training.compile=false"])
+    compiled = tmp_path / "compiled"
+    run_train(compiled, COMMON + ["training.compile=true"])
+    want, got = _losses(eager), _losses(compiled)
+    assert len(got) == STEPS and got[-1] < got[0] - 0.5  # it learns
+    assert got == pytest.approx(want, rel=2e-3, abs=2e-3)
+
+    # The run as if killed after its step-10 checkpoint: continued by a fresh compiled process.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(compiled, resumed)
+    shutil.rmtree(resumed / "checkpoints" / f"step_{STEPS:08d}")
+    run_train(resumed, COMMON + ["training.compile=true"])
+    assert _losses(resumed) == got  # exact: the same compiled kernels from the same state
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_compiled_blocks_under_every_layout_train_the_one_process_losses(tmp_path):
+    """DDP, FSDP2 and pipeline parallel over 2 gloo processes, each block compiled, against one eager
+    process: the compiled forward keeps the layouts' hooks (DDP's and FSDP2's, pipeline stages)
+    working.  Under tensor parallelism training.compile is declined (the blocks run eagerly, one
+    warning) and the run still trains the one-process losses."""
+    from dsdata.train.config import load_config
+    from dsdata.train.loop import train
+    from tests.test_parallel import BASE, TINY, _losses, _torchrun
+
+    sets = [s for s in BASE if not s.startswith(("training.steps", "checkpoint.interval"))] + [
+        "training.steps=4", "checkpoint.interval=0"]
+    layouts = {"ddp": ["parallel.data_parallel_size=2"],
+               "fsdp": ["parallel.data_parallel_size=2", "parallel.data_parallel=fsdp"],
+               "tp2": ["parallel.tensor_parallel_size=2"],
+               "pp2": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=1f1b"]}
+    _torchrun(2, [{"run_dir": str(tmp_path / name), "overrides": sets + extra + ["training.compile=true"]}
+                  for name, extra in layouts.items()], tmp_path)
+    train(load_config(TINY, sets + ["training.compile=false"]), str(tmp_path / "single"))
+    want = _losses(tmp_path / "single")
+    for name in layouts:
+        assert _losses(tmp_path / name) == pytest.approx(want, rel=2e-3), name
