@@ -290,7 +290,8 @@ def _shards_of(docs: list[Document], out: Path) -> dict[str, bytes]:
     with beam.Pipeline() as p:
         (p | beam.Create(docs) | composite(ShardsStage(shard_size=2000), StageContext(str(out), (TokenizeStage(
             tokenizer=str(TOKENIZER)),))))
-    return {f.name: f.read_bytes() for f in sorted((out / "shards").iterdir())}
+    root = out / "shards"
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
 
 
 def test_token_ids_parked_in_many_spill_files_give_the_same_shards(tmp_path, monkeypatch):
