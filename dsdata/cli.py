@@ -31,6 +31,8 @@ class UserError(Exception):
 
 
 def _run_parser() -> argparse.ArgumentParser:
+    from dsdata.io.readers import FORMATS  # the one registry of input formats
+
     parser = argparse.ArgumentParser(
         prog="dsdata run",
         description="Run a pipeline recipe. Unknown --flags are Beam pipeline options "
@@ -41,7 +43,7 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", action="append", default=None, metavar="GLOB",
                         help="input file or glob (local, gs://, s3://; repeatable); replaces the recipe's inputs")
     parser.add_argument("--output", default=None, metavar="DIR", help="output directory (default: the recipe's, ./out)")
-    parser.add_argument("--format", default=None, choices=["auto", "jsonl", "parquet", "html", "warc", "text", "csv"],
+    parser.add_argument("--format", default=None, choices=["auto", *FORMATS],
                         help="input format (default: from the recipe, else from file names: .txt/.md are text, "
                         "one document per file; .csv/.tsv are csv, a header row then one record per row)")
     parser.add_argument("--limit", default=None, type=_positive_int, metavar="N",

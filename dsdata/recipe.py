@@ -4,7 +4,7 @@
 name: pretrain
 input:
   paths: [samples/*.jsonl]     # relative to this file's directory; may not escape it
-  format: auto                 # jsonl | parquet | html | warc | auto (from the file name)
+  format: auto                 # auto (from the file name) or a format of dsdata/io/readers REGISTRY
   text_field: text
   id_field: id
 output: out                    # relative to the working directory; may not leave it
@@ -28,11 +28,12 @@ from typing import Any
 
 import yaml
 
+from dsdata.io.readers import FORMATS as READER_FORMATS
 from dsdata.runners import BeamOptionError, find_runner
 from dsdata.safe_yaml import YamlBoundError, load_bounded
 from dsdata.stages import Stage, StageConfigError, stage_class
 
-INPUT_FORMATS = ("auto", "jsonl", "parquet", "html", "warc", "text", "csv")
+INPUT_FORMATS = ("auto", *READER_FORMATS)  # dsdata/io/readers REGISTRY
 RECIPE_KEYS = ("name", "description", "input", "output", "stages", "beam")
 INPUT_KEYS = ("paths", "format", "text_field", "id_field")
 # A recipe is a page of YAML; a bigger file is not a recipe (and bounds what a bad one costs).

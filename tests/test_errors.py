@@ -3,6 +3,8 @@ recipes with test-only stages (registered here) and faults injected into the pro
 error budget, fatal environment errors as one line, and the per-stage CPU report in stats.json."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -220,7 +222,7 @@ def test_dedup_composite_rejects_the_document_its_hashing_raises_on(tmp_path, mo
 
 
 def test_reader_that_raises_mid_file_keeps_what_it_read_and_rejects_the_rest(tmp_path, monkeypatch):
-    real = readers.READERS["jsonl"]
+    real = readers.READERS["jsonl"].read
 
     def breaks_after_three(path, raw, **kwargs):
         for i, result in enumerate(real(path, raw, **kwargs)):
@@ -228,7 +230,7 @@ def test_reader_that_raises_mid_file_keeps_what_it_read_and_rejects_the_rest(tmp
                 raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
             yield result
 
-    monkeypatch.setitem(readers.READERS, "jsonl", breaks_after_three)
+    monkeypatch.setitem(readers.READERS, "jsonl", dataclasses.replace(readers.READERS["jsonl"], read=breaks_after_three))
     _corpus(tmp_path, n=10, poison=())
     recipe = load_recipe(str(_recipe(tmp_path, "  - poison_doc: {}")))
     stats = run_recipe(recipe, str(tmp_path / "out"), max_errors="1")

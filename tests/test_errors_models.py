@@ -180,3 +180,44 @@ def test_augment_copy_whose_making_raises_is_a_rejected_copy_and_the_original_st
     assert {f"d{i}" for i in range(6)} <= kept_ids
     report = json.loads((tmp_path / "out" / "augment.json").read_text())
     assert report["synonym"]["dropped"] == {"error": 1} and report["synonym"]["kept"] == 5
+
+
+class _DeviceLost(RuntimeError):
+    """What the augment stage is made to declare as the environment's fault in the test below."""
+
+
+def test_a_declared_environment_error_in_back_translation_stops_the_run(short_models, tmp_path, monkeypatch, capsys):
+    """The back-translation handler retries a failing batch sentence by sentence through the one
+    retry helper, which honours the stage's environment_errors: a device fault met on one sentence
+    stops the run in one line instead of rejecting that document's copy."""
+    import dsdata.beam.augment as beam_augment
+    from dsdata import cli
+    from dsdata.stages import REGISTRY
+    from dsdata.stages.augment import AugmentStage
+
+    class Translator:
+        def __init__(self, real):
+            self.real = real
+
+        def translate(self, texts, seeds, settings, batch_size):
+            if any("POISON" in t for t in texts):
+                raise _DeviceLost("CUDA error: device lost")
+            return self.real.translate(texts, seeds, settings, batch_size)
+
+    real_load = beam_augment.load_translator
+    monkeypatch.setattr(beam_augment, "load_translator", lambda *a, **k: Translator(real_load(*a, **k)))
+    monkeypatch.setattr(AugmentStage, "environment_errors", (_DeviceLost,))
+    assert REGISTRY["augment"].endswith(":AugmentStage")
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"en-{i}", "text": f"The data model number {i} is small."
+                                          + (" POISON" if i == 1 else "")}) + "\n" for i in range(4)),
+                      encoding="utf-8")
+    code = cli.main(["run", str(REPO / "pipelines" / "augment.yaml"), "--input", str(corpus), "--output",
+                     str(tmp_path / "out"), "--quiet", "--max-errors", "100%",
+                     "--set", f"augment.model_en_zh={short_models['en_zh']}",
+                     "--set", f"augment.model_zh_en={short_models['zh_en']}", "--set", "augment.fraction=1.0",
+                     "--set", "augment.num_beams=1", "--set", "augment.threads=1"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dsdata:")]
+    assert code == 1
+    assert err == ["dsdata: error: stage 'augment': _DeviceLost: CUDA error: device lost"]
+    assert not (tmp_path / "out" / "stats.json").exists()

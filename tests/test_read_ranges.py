@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dsdata.io.readers.common import _looks_binary
 from dsdata.io.readers import (
-    RANGE_MAX_BYTES, RANGE_MIN_BYTES, RangeReader, _looks_binary, cuttable_format, jsonl_ranges, parquet_ranges,
+    RANGE_MAX_BYTES, RANGE_MIN_BYTES, RangeReader, cuttable_format, jsonl_ranges, parquet_ranges,
     range_bytes_for, read_jsonl, read_parquet,
 )
 

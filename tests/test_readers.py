@@ -2,6 +2,7 @@
 import gzip
 import io
 import json
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -183,7 +184,7 @@ def test_json_fast_path_equals_json_loads_on_every_kind_of_line():
     BOM, extra data, nothing, NaN, huge integers, escapes, lone surrogates, deep nesting, truncation."""
     import random
 
-    from dsdata.io.readers import _parse_json
+    from dsdata.io.readers.jsonl import _parse_json
 
     rng = random.Random(7)
     values = ['{"id": "a", "text": "x"}', '{"text":"\\ud800 lone"}', '{"text": "\\ud83d\\ude00"}', "[1, 2.5e3, -0.0]",
@@ -215,3 +216,59 @@ def test_metadata_keeps_every_other_field_in_order(tmp_path):
     first, second = read_local(str(path))
     assert list(first.metadata.items()) == [("z", 1), ("a", [2]), ("m", {"k": None})]
     assert first.id == "x" and second.id == "text" and second.metadata == {}
+
+
+# ---------------------------------------------------------------- the one registry of input formats
+
+
+def test_every_place_that_lists_formats_reads_the_registry(tmp_path):
+    """--format's choices, the recipe's check, detect_format and input matching all come from
+    dsdata/io/readers REGISTRY: a format added there is known everywhere, a name not there nowhere."""
+
+    from dsdata import cli
+    from dsdata.io import readers
+    from dsdata.io.inputs import expand_directories
+    from dsdata.recipe import INPUT_FORMATS, RecipeError, load_recipe
+
+    names = [fmt.name for fmt in readers.REGISTRY]
+    assert readers.FORMATS == tuple(names) and list(INPUT_FORMATS) == ["auto", *names]
+    choices = next(a.choices for a in cli._run_parser()._actions if "--format" in a.option_strings)
+    assert list(choices) == ["auto", *names]
+    for fmt in readers.REGISTRY:
+        for suffix in fmt.suffixes:
+            assert readers.detect_format(f"data/x{suffix.upper()}") == fmt.name
+            assert readers.detect_format(f"data/x{suffix}.gz") == fmt.name
+        assert (readers.cuttable_format(f"x{fmt.suffixes[0]}") == fmt.name) == fmt.splits_into_ranges
+        assert readers.cuttable_format(f"x{fmt.suffixes[0]}.gz") is None  # compressed: read whole
+    (tmp_path / "r.yaml").write_text("input: {paths: [x.xml], format: xml}\nstages:\n  - clean: {}\n")
+    with pytest.raises(RecipeError, match="input.format 'xml' is not one of auto, jsonl, parquet"):
+        load_recipe(str(tmp_path / "r.yaml"))
+    # Input matching in a directory keeps the files whose name gives a registered format.
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("a.jsonl", "b.parquet", "c.html", "d.warc.gz", "README"):
+        (folder / name).write_bytes(b"")
+    kept = sorted(os.path.basename(p) for p in expand_directories([str(folder)], "auto").patterns)
+    assert kept == ["a.jsonl", "b.parquet", "c.html", "d.warc.gz"]
+
+
+def test_a_format_added_to_the_registry_is_read(tmp_path, monkeypatch):
+    """Adding a reader is one registry entry: detect_format, read_file and input matching see it."""
+    import dataclasses
+
+    from dsdata.document import Document
+    from dsdata.io import readers
+
+    def read_lines(path, raw, text_field="text", id_field="id"):
+        for i, line in enumerate(raw.read().decode("utf-8").splitlines(), 1):
+            yield Document(f"{path}:{i}", line, {"source": path})
+
+    extra = readers.InputFormat("lines", (".lines",), read_lines, summary="test: one document per line")
+    monkeypatch.setattr(readers, "REGISTRY", (*readers.REGISTRY, extra))
+    monkeypatch.setitem(readers.READERS, "lines", extra)
+    monkeypatch.setattr(readers, "FORMATS", (*readers.FORMATS, "lines"))
+    path = tmp_path / "a.lines"
+    path.write_text("one\ntwo\n")
+    assert readers.detect_format(str(path)) == "lines"
+    assert [d.text for d in readers.read_local(str(path))] == ["one", "two"]
+    assert readers.cuttable_format(str(path)) is None

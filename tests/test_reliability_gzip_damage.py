@@ -11,7 +11,7 @@ import pytest
 import zstandard
 
 from dsdata.document import Document, Rejected
-from dsdata.io import readers
+from dsdata.io.readers import jsonl as jsonl_reader
 from dsdata.io.readers import read_local
 
 WORDS = "alpha beta gamma delta eps".split()
@@ -104,7 +104,7 @@ def _healthy_with_bad_lines(every: int) -> bytes:
 @pytest.mark.parametrize("every", [2, 500])
 def test_undamaged_file_with_bad_lines_gives_the_same_rows_as_plain(tmp_path, monkeypatch, codec, every):
     # A small memory bound makes the held rows spill to the temporary file and come back from it.
-    monkeypatch.setattr(readers, "_SUSPECT_MEMORY", 4096)
+    monkeypatch.setattr(jsonl_reader, "_SUSPECT_MEMORY", 4096)
     data = _healthy_with_bad_lines(every)
     plain = tmp_path / "p.jsonl"
     plain.write_bytes(data)

@@ -243,9 +243,9 @@ def test_extract_recipe_reads_warc_records(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("long_size", [5_000, 300_000])  # inside one 64 KiB read, and across several
 def test_overlong_line_is_one_row_and_reading_resumes(tmp_path, monkeypatch, long_size):
-    import dsdata.io.readers as readers
+    from dsdata.io.readers import jsonl
 
-    monkeypatch.setattr(readers, "_MAX_LINE", 1_000)  # the real limit is 256 MiB; same code path
+    monkeypatch.setattr(jsonl, "_MAX_LINE", 1_000)  # the real limit is 256 MiB; same code path
     path = tmp_path / "long.jsonl"
     path.write_bytes(_line(0) + b'{"text": "' + b"x" * long_size + b'"}\n' + _line(2))
     results = read_local(str(path))
@@ -255,9 +255,10 @@ def test_overlong_line_is_one_row_and_reading_resumes(tmp_path, monkeypatch, lon
 
 
 def test_decompression_bomb_html_is_one_too_large_row(tmp_path, monkeypatch):
-    import dsdata.io.readers as readers
+    from dsdata.io.readers import common, html, warc
 
-    monkeypatch.setattr(readers, "_MAX_LINE", 1 << 20)  # the real bound is 256 MiB; same code path
+    for module in (common, html, warc):  # each reads up to it or names it in a row's detail
+        monkeypatch.setattr(module, "_MAX_LINE", 1 << 20)  # the real bound is 256 MiB; same code path
     path = tmp_path / "bomb.html.gz"
     path.write_bytes(gzip.compress(b"<p>" + b"a" * (8 << 20)))
     (row,) = read_local(str(path))

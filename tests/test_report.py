@@ -1,5 +1,6 @@
 """OUT/report.html: written by real runs, self-contained, bounded reads, never fails a run."""
 import base64
+import io
 import json
 import logging
 import math
@@ -474,3 +475,50 @@ def test_utf8_lengths_equal_pyarrow_compute_on_every_kind_of_string_column():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+# ---------------------------------------------------------------------------------------------
+# Chinese without a system CJK font: the page embeds the glyphs it uses (dsdata/report/cjkfont.py)
+
+
+def test_the_page_embeds_the_cjk_glyphs_it_uses_and_names_those_it_lacks(tmp_path):
+    from fontTools.ttLib import TTFont
+
+    from dsdata.beam.pipeline import run_recipe
+    from dsdata.recipe import load_recipe
+    from dsdata.report.cjkfont import FAMILY, cjk_characters
+
+    long_zh = "数据清洗之后的中文句子，用来检查报告页面能否显示汉字。" * 6
+    docs = [{"id": f"zh{i}", "text": long_zh} for i in range(5)]
+    # Too short for the rules stage: rejected, so their text is shown as examples on the page.
+    docs += [{"id": "short-zh", "text": "太短"}, {"id": "short-ko", "text": "한국"},
+             {"id": "short-rare", "text": "\U00020000"}]
+    (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(d, ensure_ascii=False) for d in docs) + "\n",
+                                       encoding="utf-8")
+    (tmp_path / "r.yaml").write_text("input: {paths: [in.jsonl]}\nstages:\n  - clean: {}\n  - rules: {}\n")
+    out = tmp_path / "out"
+    run_recipe(load_recipe(str(tmp_path / "r.yaml")), str(out), [], progress="off")
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "太短" in page and "한국" in page and "\U00020000" in page
+
+    prefix = f"@font-face{{font-family:'{FAMILY}';src:url(data:font/woff;base64,"
+    assert prefix in page
+    data = base64.b64decode(page.split(prefix, 1)[1].split(")", 1)[0])
+    assert len(data) < 64 << 10  # the page's glyphs, not the shipped 1.3 MB font
+    font = TTFont(io.BytesIO(data))
+    covered = {chr(c) for c in font.getBestCmap()}
+    used = cjk_characters(page)
+    # Every hanzi and CJK punctuation mark the page uses is in the embedded font...
+    assert set("数据清洗之后的中文句子，太短") <= covered
+    # ...and nothing else of the shipped font came along.
+    assert covered <= used | {" "}
+    # What the font lacks is named on the page, in one line.
+    note = page.split('id="cjk-font-note"', 1)[1].split("</p>", 1)[0]
+    assert "not in the embedded font" in note and "한" in note and "\U00020000" in note and "太" not in note
+    assert "font-family:system-ui" in page and f"'{FAMILY}'" in page.split("body{", 1)[1].split("}", 1)[0]
+
+
+def test_a_page_without_cjk_embeds_no_font():
+    from dsdata.report.cjkfont import embedded_font
+
+    assert embedded_font("<p>English only, and é, ß, — dashes.</p>") == ("", "")

@@ -29,7 +29,8 @@ from dsdata.augment.replace import EntityReplacer, SynonymReplacer
 from dsdata.augment.sentences import Layout, split_sentences
 from dsdata.augment.similarity import chrf
 from dsdata.augment.translate import load_translator
-from dsdata.beam.errors import ERROR, environment_failure, error_rejection, first_line, is_environment_error
+from dsdata.beam.errors import (ERROR, environment_failure, error_rejection, first_line,
+                                retry_one_at_a_time)
 from dsdata.beam.transforms import CPU_COUNTER, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
 from dsdata.stages.augment import REPORT_NAME, AugmentConfig, BackTranslationConfig, ReplacementConfig
@@ -114,21 +115,13 @@ class TranslationHandler(ModelHandler):
         """Translations of `examples`; when the batch raises, each sentence alone, and a sentence that
         raises alone becomes a TranslationFailed (its document's copy is rejected, reason `error`)."""
         config = self.config
-        try:
-            return translator.translate([e[1] for e in examples], [e[2] for e in examples],
-                                        config.settings, config.batch_size)
-        except Exception as exc:  # noqa: BLE001 - find the sentence(s) that raise
-            if is_environment_error(exc):
-                raise environment_failure(STAGE_NAME, exc) from exc
-        out: list[Any] = []
-        for _direction, text, seed in examples:
-            try:
-                out.extend(translator.translate([text], [seed], config.settings, 1))
-            except Exception as exc:  # noqa: BLE001
-                if is_environment_error(exc):
-                    raise environment_failure(STAGE_NAME, exc) from exc
-                out.append(TranslationFailed(first_line(exc)))
-        return out
+
+        def translate(some: Sequence[tuple[str, str, int]]) -> list[Any]:
+            return translator.translate([e[1] for e in some], [e[2] for e in some], config.settings,
+                                        config.batch_size if len(some) > 1 else 1)
+
+        return retry_one_at_a_time(STAGE_NAME, examples, translate,
+                                   lambda _example, exc: TranslationFailed(first_line(exc)), config.environment_errors)
 
     def get_num_bytes(self, batch: Sequence[tuple[str, Any, int]]) -> int:
         return sum(len(text.encode("utf-8")) for _direction, text, _seed in batch if isinstance(text, str))

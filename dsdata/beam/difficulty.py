@@ -13,10 +13,10 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.transforms.stats import ApproximateQuantiles
 
-from dsdata.beam.errors import environment_failure, is_environment_error
+from dsdata.beam.errors import retry_one_at_a_time
 from dsdata.beam.transforms import KEPT, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
-from dsdata.stages.difficulty import GRADES, SUMMARY_FILE, DifficultyStage
+from dsdata.stages.difficulty import GRADES, SUMMARY_FILE, DifficultyConfig, DifficultyStage
 
 # 1001 quantiles = every 0.1 percentile; ApproximateQuantiles then guarantees rank error <= 0.1 %.
 NUM_QUANTILES = 1001
@@ -45,17 +45,8 @@ class _ScoreDoFn(StageCounters, beam.DoFn):
         docs = list(batch)
         start = self._clock_start()
         declared = self.stage.environment_errors
-        try:
-            results: list[Document | Rejected] = list(self.stage.score_batch(docs))
-        except Exception as exc:  # noqa: BLE001 - find the document(s) that raise
-            if is_environment_error(exc, declared):
-                raise environment_failure(self.stage.name, exc) from exc
-            results = []
-            for doc in docs:
-                try:
-                    results.extend(self.stage.score_batch([doc]))
-                except Exception as one:  # noqa: BLE001
-                    results.append(self._error(doc, one, declared))
+        results = retry_one_at_a_time(self.stage.name, docs, self.stage.score_batch,
+                                      lambda doc, exc: self._error(doc, exc, declared), declared)
         self._clock_stop(start)
         for result in results:
             if isinstance(result, Rejected):  # scored documents are counted when graded
@@ -111,7 +102,7 @@ def _count_key(stage: DifficultyStage):
     return key
 
 
-def summarize(stage: DifficultyStage, counts: list[tuple[tuple[str, str, str], int]],
+def summarize(stage: DifficultyStage, config: DifficultyConfig, counts: list[tuple[tuple[str, str, str], int]],
               thresholds: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """difficulty.json: per-language cut-offs and bucket counts, and curriculum sampling weights."""
     languages: dict[str, dict[str, Any]] = {}
@@ -138,12 +129,12 @@ def summarize(stage: DifficultyStage, counts: list[tuple[tuple[str, str, str], i
         for g in GRADES:
             totals[g] += entry["counts"].get(g, 0)
     return {
-        "backend": stage.backend,
-        "model_dir": stage.model_dir,
-        "percentiles": stage.percentiles,
-        "outlier_percentile": stage.outlier_percentile,
-        "max_perplexity": stage.max_perplexity,
-        "unscored_grade": stage.unscored_grade,
+        "backend": config.backend,
+        "model_dir": config.model_dir,
+        "percentiles": config.percentiles,
+        "outlier_percentile": config.outlier_percentile,
+        "max_perplexity": config.max_perplexity,
+        "unscored_grade": config.unscored_grade,
         "counts": totals,
         # Probability of drawing the next training document from each bucket (the curriculum default;
         # the trainer may anneal from these towards the natural proportions in `counts`).
@@ -161,15 +152,15 @@ def summarize(stage: DifficultyStage, counts: list[tuple[tuple[str, str, str], i
 class GradeByPerplexity(beam.PTransform):
     """PCollection[Document] → {"kept", "rejected", "stats" and "difficulty.json": one summary dict}."""
 
-    def __init__(self, stage: DifficultyStage):
+    def __init__(self, stage: DifficultyStage, config: DifficultyConfig):
         super().__init__()
-        self.stage = stage
+        self.stage, self.config = stage, config
 
     def expand(self, docs):
-        stage = self.stage
+        stage, config = self.stage, self.config
         scored = (
             docs
-            | "Batch" >> beam.BatchElements(min_batch_size=min(8, stage.batch_size), max_batch_size=stage.batch_size)
+            | "Batch" >> beam.BatchElements(min_batch_size=min(8, config.batch_size), max_batch_size=config.batch_size)
             | "Score" >> beam.ParDo(_ScoreDoFn(stage)).with_outputs(REJECTED, main=KEPT)
         )
         failed, scored = scored[REJECTED], scored[KEPT]
@@ -190,11 +181,11 @@ class GradeByPerplexity(beam.PTransform):
             | "CountKeys" >> beam.Map(_count_key(stage))
             | "Count" >> beam.combiners.Count.PerElement()
             | "Gather" >> beam.combiners.ToList()
-            | "Summary" >> beam.Map(lambda counts, found: summarize(stage, counts, found), beam.pvalue.AsDict(thresholds))
+            | "Summary" >> beam.Map(lambda counts, found: summarize(stage, config, counts, found), beam.pvalue.AsDict(thresholds))
         )
         return {KEPT: graded[KEPT], REJECTED: rejected, "stats": summary, SUMMARY_FILE: summary}
 
 
 def composite(stage: DifficultyStage, context) -> GradeByPerplexity:
     """The difficulty stage's transform (registered in dsdata/beam/kinds.py)."""
-    return GradeByPerplexity(stage.transform_config())
+    return GradeByPerplexity(stage, stage.transform_config())

@@ -17,10 +17,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from dsdata.document import Document, Rejected
 from dsdata.io.readers import scrub_surrogates
 from dsdata.stages.base import StageConfigError
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 ERROR = "error"
 DEFAULT_MAX_ERRORS = "0.1%"
@@ -69,6 +73,31 @@ def error_rejection(doc: Document, stage_name: str, exc: BaseException,
     if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, declared):
         raise environment_failure(stage_name, exc) from exc
     return Rejected(_writable(doc), stage_name, ERROR, first_line(exc))
+
+
+def retry_one_at_a_time(stage_name: str, items: Sequence[T], run: Callable[[Sequence[T]], Iterable[R]],
+                        on_error: Callable[[T, BaseException], R],
+                        declared: tuple[type[BaseException], ...] = ()) -> list[R]:
+    """`run(items)`, and when the batch raises, `run([item])` for each item so that only the items
+    that raise alone are blamed: `on_error(item, exc)` stands in for each of them (a rejection, a
+    failed score).  An environment error — ENVIRONMENT_ERRORS, the stage's `declared`
+    environment_errors, a StageEnvironmentError — is no record's fault: it stops the run
+    (StageEnvironmentError, one line), whether the batch or one item raised it.  The one batch-retry
+    rule of every DoFn and model handler that runs a stage on batches."""
+    try:
+        return list(run(items))
+    except Exception as exc:  # noqa: BLE001 - find the item(s) that raise, one at a time
+        if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, declared):
+            raise environment_failure(stage_name, exc) from exc
+    results: list[R] = []
+    for item in items:
+        try:
+            results.extend(run([item]))
+        except Exception as one:  # noqa: BLE001 - this item alone raises
+            if isinstance(one, StageEnvironmentError) or is_environment_error(one, declared):
+                raise environment_failure(stage_name, one) from one
+            results.append(on_error(item, one))
+    return results
 
 
 def _unencodable(text: str) -> bool:

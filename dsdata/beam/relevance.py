@@ -13,10 +13,11 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
-from dsdata.beam.errors import ERROR, environment_failure, first_line, is_environment_error
+from dsdata.beam.errors import ERROR, environment_failure, first_line, retry_one_at_a_time
 from dsdata.beam.transforms import CPU_COUNTER, KEPT, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
 from dsdata.relevance.scorer import Scorer, load_scorer
+from dsdata.stages.base import ScoringStage
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,11 @@ at a time; a document that raises alone gets a ScoringFailed inference (rejected
     def __init__(self, model: str, backend: str = "auto", device: str = "auto", batch_size: int = 32,
                  max_length: int | None = None, long_documents: str = "head_tail",
                  min_batch_size: int = 8, max_batch_size: int = 256,
-                 positive_label: str | list[str] | None = None, score: str = "probability"):
+                 positive_label: str | list[str] | None = None, score: str = "probability",
+                 stage_name: str = "relevance", environment_errors: tuple[type[BaseException], ...] = ()):
         super().__init__()
         self.model = model
+        self.stage_name, self.environment_errors = stage_name, environment_errors
         self.load_options = dict(backend=backend, device=device, batch_size=batch_size,
                                  max_length=max_length, long_documents=long_documents,
                                  positive_label=positive_label, score=score)
@@ -51,24 +54,11 @@ at a time; a document that raises alone gets a ScoringFailed inference (rejected
     def run_inference(self, batch: Sequence[Document], model: Scorer,
                       inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
         start = thread_time()
-        try:
-            scores: list[Any] = list(model.score([doc.text for doc in batch]))
-        except Exception as exc:  # noqa: BLE001 - find the document(s) that raise, one at a time
-            if is_environment_error(exc):
-                raise environment_failure("relevance", exc) from exc
-            scores = [self._score_one(model, doc) for doc in batch]
+        scores = retry_one_at_a_time(self.stage_name, batch, lambda docs: model.score([doc.text for doc in docs]),
+                                     lambda _doc, exc: ScoringFailed(first_line(exc)), self.environment_errors)
         # Counted per batch (one counter lookup for many documents), like the DoFns' per-bundle flush.
         Metrics.counter("dsdata.relevance", CPU_COUNTER).inc(round((thread_time() - start) * 1e6))
         return [PredictionResult(doc, score, self.model) for doc, score in zip(batch, scores)]
-
-    @staticmethod
-    def _score_one(model: Scorer, doc: Document) -> "float | ScoringFailed":
-        try:
-            return model.score([doc.text])[0]
-        except Exception as exc:  # noqa: BLE001 - this document alone raises: it is rejected, not the run
-            if is_environment_error(exc):
-                raise environment_failure("relevance", exc) from exc
-            return ScoringFailed(first_line(exc))
 
     def get_num_bytes(self, batch: Sequence[Document]) -> int:
         return sum(len(doc.text.encode("utf-8")) for doc in batch)
@@ -106,9 +96,10 @@ class _RouteByScore(StageCounters, beam.DoFn):
         yield self._route(out)
 
 
-def composite(stage, context) -> "RelevanceFilter":
+def composite(stage: ScoringStage, context) -> "RelevanceFilter":
     """The relevance stage's transform (registered in dsdata/beam/kinds.py)."""
     handler = RelevanceModelHandler(stage.model, min_batch_size=stage.batch_min, max_batch_size=stage.batch_max,
+                                    stage_name=stage.name, environment_errors=stage.environment_errors,
                                     **stage.load_options())
     return RelevanceFilter(handler, stage)
 
@@ -116,7 +107,7 @@ def composite(stage, context) -> "RelevanceFilter":
 class RelevanceFilter(beam.PTransform):
     """PCollection[Document] → {"kept", "rejected"} scored by RunInference with RelevanceModelHandler.
 
-    stage: anything with `name` and `judge(doc, score) -> Document | Rejected` (the relevance stage)."""
+    stage: a ScoringStage (dsdata/stages/base.py): its `judge(doc, score)` decides each document."""
 
     def __init__(self, handler: RelevanceModelHandler, stage):
         super().__init__()

@@ -17,12 +17,9 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dsdata.beam.engines import speedups
-from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, is_environment_error
+from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, retry_one_at_a_time
 from dsdata.document import Document, Rejected
-from dsdata.io.readers import (
-    READ_STAGE, InputFormatError, RangeReader, cuttable_format, jsonl_ranges, parquet_ranges, range_bytes_for,
-    read_file, read_jsonl, read_parquet,
-)
+from dsdata.io.readers import READ_STAGE, READERS, InputFormatError, cuttable_format, range_bytes_for, read_file
 from dsdata.beam.counters import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage, Stage
 
@@ -231,17 +228,8 @@ class _BatchStageRun(StageCounters):
     def run(self, docs: list[Document]) -> list[Document | Rejected]:
         self._in.inc(len(docs))
         start = self._clock_start()
-        try:
-            results = self._checked(docs)
-        except Exception as exc:  # noqa: BLE001 - find the record(s) that raise, one at a time
-            if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, self._declared):
-                raise environment_failure(self.stage.name, exc) from exc
-            results = []
-            for doc in docs:
-                try:
-                    results.extend(self._checked([doc]))
-                except Exception as one:  # noqa: BLE001
-                    results.append(self._error(doc, one, self._declared))
+        results = retry_one_at_a_time(self.stage.name, docs, self._checked,
+                                      lambda doc, exc: self._error(doc, exc, self._declared), self._declared)
         self._clock_stop(start)
         return results
 
@@ -398,8 +386,13 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
         part = element if isinstance(element, FileRange) else None
         try:
             fh = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-            if part is not None and part.fmt == "jsonl":
-                fh.seek(part.start)
+            if part is not None:  # the format's own range reader (dsdata/io/readers REGISTRY)
+                try:
+                    records = iter(READERS[part.fmt].read_range(path, fh, part.start, part.end, part.first_line,
+                                                                self.text_field, self.id_field))
+                except BaseException:
+                    fh.close()
+                    raise
         except Exception as exc:  # noqa: BLE001 - any filesystem error means this file is unreadable
             yield [Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file", str(exc))]
             return
@@ -408,13 +401,6 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
         with fh:
             if part is None:
                 records = iter(read_file(path, fh, self.fmt, self.text_field, self.id_field))
-            elif part.fmt == "jsonl":
-                length = None if part.end is None else part.end - part.start
-                records = iter(read_jsonl(path, RangeReader(fh, length), self.text_field, self.id_field,
-                                          first_line=part.first_line))
-            else:
-                records = iter(read_parquet(path, fh, self.text_field, self.id_field,
-                                            groups=(part.start, part.end, part.first_line)))
             done = False
             while not done:
                 chunk: list[Document | Rejected] = []
@@ -476,9 +462,9 @@ def _rest_of_file(path: str, n: int, fh, part: FileRange | None = None) -> Docum
 
 @dataclass(frozen=True)
 class FileRange:
-    """A part of a file that one worker reads: for fmt "jsonl" a line-aligned byte range
-    (readers.jsonl_ranges), bytes start to end (None: to the end of the file) after first_line
-    lines; for "parquet" row groups start to end - 1 (None: to the last; readers.parquet_ranges)
+    """A part of a file that one worker reads, as its format's `ranges` cut it (dsdata/io/readers
+    REGISTRY): for "jsonl" a line-aligned byte range, bytes start to end (None: to the end of the
+    file) after first_line lines; for "parquet" row groups start to end - 1 (None: to the last)
     after first_line rows."""
 
     path: str
@@ -504,7 +490,7 @@ class PlanRanges(beam.DoFn):
         if size > range_bytes and kind is not None:
             try:
                 with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-                    ranges = (jsonl_ranges if kind == "jsonl" else parquet_ranges)(fh, range_bytes)
+                    ranges = READERS[kind].ranges(fh, range_bytes)
             except Exception as exc:  # noqa: BLE001 - the reader then meets the same problem and reports it
                 log.info("read %s: not cut into ranges (%s: %s); read whole", path, type(exc).__name__, exc)
         if ranges is None:

@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Any, Iterable
 
 from dsdata.report import svgchart
+from dsdata.report.cjkfont import embedded_font
 from dsdata.report.files import LOCAL, files_for
 
 log = logging.getLogger("dsdata")
@@ -366,8 +367,10 @@ def stage_times(stats: dict[str, Any]) -> list[tuple[str, float, float | None]]:
 # ---------------------------------------------------------------------------------------------
 # The page
 
+# The last family is the page's own CJK glyphs (cjkfont.embedded_font), for machines without a CJK font.
 _CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}
+pre,code{font-family:ui-monospace,monospace,'dsdata Noto Sans CJK SC'}
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif,'dsdata Noto Sans CJK SC';margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}
 h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 h3{font-size:1em;margin:1em 0 .3em} table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
 td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top} th{background:#f5f5f5}
@@ -413,8 +416,27 @@ def build_html(output: str) -> str:
     difficulty = _read_json(output, "difficulty.json")
     parts: list[str] = []
     nav = [("summary", "Summary"), ("funnel-section", "Funnel"), ("reasons", "Rejections")]
+    _summary_section(parts, output, stats, info)
+    _rejections_section(parts, output, stats)
+    _distributions_section(parts, nav, output, info, difficulty)
+    _time_section(parts, nav, stats)
+    _recipe_section(parts, nav, stats, info)
 
-    # Summary
+    title = f"dsdata run report: {info.get('recipe', stats.get('recipe', ''))}"
+    nav_html = "<nav>" + "".join(f'<a href="#{i}">{_e(t)}</a>' for i, t in nav) + "</nav>"
+    body = f"<h1>{_e(title)}</h1>{nav_html}{''.join(parts)}"
+    font_face, font_note = embedded_font(title + body)
+    if font_note:
+        body += f'<p id="cjk-font-note" class="muted">{_e(font_note)}</p>'
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{_e(title)}</title>"
+            f"<style>{font_face}{_CSS}</style></head><body>{body}"
+            f'<p class="muted">Written by dsdata {_e(info.get("dsdata_version", ""))}; rebuild with '
+            f"<code>dsdata report {_e(output)}</code>.</p></body></html>\n")
+
+
+def _summary_section(parts: list[str], output: str, stats: dict[str, Any], info: dict[str, Any]) -> None:
+    """The run in numbers and whether its ledger holds."""
     ok = stats.get("ledger_ok")
     seconds = info.get("seconds", stats.get("seconds"))
     parts.append('<section id="summary"><h2>Summary</h2><table>')
@@ -427,7 +449,9 @@ def build_html(output: str) -> str:
     ledger = '<span class="ok">ok</span>' if ok else '<span class="bad">BROKEN</span>'
     parts.append(f"<tr><th>ledger (input + augmented = kept + rejected)</th><td>{ledger}</td></tr></table></section>")
 
-    # Funnel + reasons with examples
+
+def _rejections_section(parts: list[str], output: str, stats: dict[str, Any]) -> None:
+    """The funnel, then each stage's rejection reasons with a few examples each."""
     parts.append('<section id="funnel-section"><h2>Funnel</h2>')
     if stats.get("stages"):
         parts.append(_img("funnel", funnel_chart(stats), "documents after each stage"))
@@ -457,7 +481,10 @@ def build_html(output: str) -> str:
     parts.append("</section>")
     parts.extend(tallies_section(stats))
 
-    # Distributions of what was kept
+
+def _distributions_section(parts: list[str], nav: list[tuple[str, str]], output: str, info: dict[str, Any],
+                           difficulty: dict[str, Any] | None) -> None:
+    """Histograms of what was kept (length, language, scores, perplexity, grades, cluster sizes)."""
     sample = KeptSample(output)
     hists: list[str] = []
     note = (f'<p class="muted">From {sample.sample_rows} of {sample.total_rows} kept documents '
@@ -496,6 +523,17 @@ def build_html(output: str) -> str:
         c = difficulty["counts"]
         hists.append(_img("hist-difficulty", bar_chart(list(c), list(c.values()), "Difficulty grades (all kept)", "grade"),
                           "difficulty grades"))
+    clusters = _cluster_size_chart(sample)
+    if clusters is not None:
+        hists.append(clusters)
+    if hists:
+        nav.append(("histograms", "Distributions"))
+        parts.append('<section id="histograms"><h2>Distributions</h2>' + note + '<div class="grid">'
+                     + "".join(f"<div>{h}</div>" for h in hists) + "</div></section>")
+
+
+def _cluster_size_chart(sample: KeptSample) -> str | None:
+    """Bars of duplicate-cluster sizes (powers of two past 30 distinct sizes); None without dedup columns."""
     sizes = sample.numbers("dup_cluster_size")
     if sizes is None and "dup_cluster" in sample.columns:
         per_cluster: dict[str, int] = {}
@@ -517,14 +555,14 @@ def build_html(output: str) -> str:
             labels_, values_ = list(buckets), list(buckets.values())
         else:
             labels_, values_ = [str(k) for k in keys], [size_counts[k] for k in keys]
-        hists.append(_img("hist-dup-cluster", bar_chart(labels_, values_, "Duplicate-cluster sizes (one kept document per cluster)",
-                                                        "cluster size (documents)", "clusters"), "duplicate cluster sizes"))
-    if hists:
-        nav.append(("histograms", "Distributions"))
-        parts.append('<section id="histograms"><h2>Distributions</h2>' + note + '<div class="grid">'
-                     + "".join(f"<div>{h}</div>" for h in hists) + "</div></section>")
+        chart = bar_chart(labels_, values_, "Duplicate-cluster sizes (one kept document per cluster)",
+                          "cluster size (documents)", "clusters")
+        return _img("hist-dup-cluster", chart, "duplicate cluster sizes")
+    return None
 
-    # Per-stage time
+
+def _time_section(parts: list[str], nav: list[tuple[str, str]], stats: dict[str, Any]) -> None:
+    """CPU time per stage, when the run measured it."""
     times = stage_times(stats)
     if times:
         nav.append(("stage-time-section", "Time"))
@@ -534,7 +572,9 @@ def build_html(output: str) -> str:
             f'<tr><td>{_e(s)}</td><td class="n">{sec:.3f}</td><td class="n">{"" if r is None else f"{r:.0f}"}</td></tr>'
             for s, sec, r in times) + "</table></section>")
 
-    # Recipe as run
+
+def _recipe_section(parts: list[str], nav: list[tuple[str, str]], stats: dict[str, Any], info: dict[str, Any]) -> None:
+    """The recipe as run: runner, versions, inputs, each stage's parameters."""
     nav.append(("recipe", "Recipe"))
     parts.append('<section id="recipe"><h2>Recipe as run</h2>')
     if info:
@@ -554,14 +594,6 @@ def build_html(output: str) -> str:
         parts.append(f"<p>{_e(RUN_INFO_NAME)} is missing (a run by an older dsdata); stage order: "
                      f"{_e(' → '.join(stats.get('stage_order', [])))}</p>")
     parts.append("</section>")
-
-    title = f"dsdata run report: {info.get('recipe', stats.get('recipe', ''))}"
-    nav_html = "<nav>" + "".join(f'<a href="#{i}">{_e(t)}</a>' for i, t in nav) + "</nav>"
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{_e(title)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>{nav_html}{''.join(parts)}"
-            f'<p class="muted">Written by dsdata {_e(info.get("dsdata_version", ""))}; rebuild with '
-            f"<code>dsdata report {_e(output)}</code>.</p></body></html>\n")
 
 
 def _cutoff_caption(difficulty: dict[str, Any] | None) -> str:

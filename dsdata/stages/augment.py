@@ -38,6 +38,8 @@ class BackTranslationConfig:
     max_sentence_chars: int
     device: str
     threads: int
+    # The stage's environment_errors: a translator raising one stops the run instead of blaming a sentence.
+    environment_errors: tuple[type[BaseException], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ class AugmentStage(CorpusStage):
                 settings=settings, languages=tuple(self.languages), fraction=self.fraction, seed=self.seed,
                 min_sim=self.min_sim, max_sim=self.max_sim, batch_size=self.batch_size,
                 max_sentence_chars=self.max_sentence_chars, device=self.device, threads=self.threads,
+                environment_errors=self.environment_errors,
             )
         replacements = tuple(
             ReplacementConfig(method, getattr(self, param), self.replace_prob, self.fraction, self.seed)

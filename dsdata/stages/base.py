@@ -149,6 +149,22 @@ class BatchStage(Stage, ABC):
         return self.process_batch([doc])[0]
 
 
+class ScoringStage(BatchStage, ABC):
+    """A model stage whose Beam composite scores documents through Beam's RunInference (relevance:
+    dsdata/beam/relevance.py): the model handler loads the model once per worker and scores batches,
+    then the stage judges each document by its score.  What that composite needs, declared here."""
+
+    model: str  # the model directory (a Path parameter)
+
+    @abstractmethod
+    def load_options(self) -> dict[str, Any]:
+        """Keyword arguments for loading the model (backend, device, batch size, …): plain data."""
+
+    @abstractmethod
+    def judge(self, doc: Document, score: float) -> Document | Rejected:
+        """The document annotated with its score, or its rejection."""
+
+
 class CorpusStage(Stage, ABC):
     """A whole-corpus stage (dedup, per-language quantiles, shard writing): dsdata/beam/kinds.py maps
     it to its composite transform, which reads what it needs from `transform_config()`."""

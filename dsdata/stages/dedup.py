@@ -14,6 +14,7 @@ How it scales and why: dsdata/beam/dedup/composite.py (the composite, built from
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -23,6 +24,38 @@ from dsdata.dedup.spans import LINE_UNITS
 from dsdata.stages.params import Boolean, Choice, Integer, Number, Path, Text
 
 KEEP_RULES = ("lowest_id", "highest_score")
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    """What the dedup composite (dsdata/beam/dedup/composite.py) needs: plain values, no stage."""
+
+    stage_name: str
+    num_perm: int
+    ngram: int
+    char_ngram: int
+    seed: int
+    bands: int
+    rows: int
+    threshold: float
+    verify: str                      # one of VERIFY_MODES
+    exact: bool
+    near: bool
+    score_field: str | None          # None: keep the lowest id of a cluster
+    cc_rounds: int
+    batch_size: int
+    environment_errors: tuple[type[BaseException], ...] = ()
+    spill_dir: str | None = None     # set by the composite from the run directory (`spill: true`)
+    url: bool = False                # one document per normalised URL (dsdata/beam/dedup/spans.py)
+    url_field: str = "url"
+    lines: bool = False              # corpus-wide line / three-sentence-span dedup
+    lines_unit: str = "line"
+    lines_min_chars: int = 20
+    lines_min_doc_chars: int = 50
+    index: str | None = None         # write the kept documents' index here (dsdata/beam/dedup/index.py)
+    against: str | None = None       # reject near-duplicates of the index there
+
+
 VERIFY_MODES = ("exact", "signature", "none")
 
 
@@ -109,15 +142,15 @@ class DedupStage(CorpusStage):
         weights = (0.05, 0.95) if self.verify != "none" else (0.5, 0.5)
         return choose_bands_rows(float(self.threshold), self.num_perm, *weights)
 
-    def transform_config(self) -> dict[str, Any]:
+    def transform_config(self) -> DedupConfig:
         bands, rows = self.bands_rows()
-        return {
-            "num_perm": self.num_perm, "ngram": self.ngram, "char_ngram": self.char_ngram, "seed": self.seed,
-            "bands": bands, "rows": rows, "threshold": float(self.threshold), "verify": self.verify,
-            "exact": self.exact, "near": self.near,
-            "score_field": self.score_field if self.keep == "highest_score" else None,
-            "cc_rounds": self.cc_rounds, "batch_size": self.batch_size, "stage_name": self.name,
-            "url": self.url, "url_field": self.url_field, "lines": self.lines, "lines_unit": self.lines_unit,
-            "lines_min_chars": self.lines_min_chars, "lines_min_doc_chars": self.lines_min_doc_chars,
-            "index": self.index, "against": self.against,
-        }
+        return DedupConfig(
+            stage_name=self.name, num_perm=self.num_perm, ngram=self.ngram, char_ngram=self.char_ngram,
+            seed=self.seed, bands=bands, rows=rows, threshold=float(self.threshold), verify=self.verify,
+            exact=self.exact, near=self.near,
+            score_field=self.score_field if self.keep == "highest_score" else None,
+            cc_rounds=self.cc_rounds, batch_size=self.batch_size, environment_errors=self.environment_errors,
+            url=self.url, url_field=self.url_field, lines=self.lines, lines_unit=self.lines_unit,
+            lines_min_chars=self.lines_min_chars, lines_min_doc_chars=self.lines_min_doc_chars,
+            index=self.index, against=self.against,
+        )

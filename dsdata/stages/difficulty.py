@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -74,6 +75,24 @@ class BucketWeights(MappingOf):
         return weights
 
 
+@dataclass(frozen=True)
+class DifficultyConfig:
+    """The plain values the difficulty composite (dsdata/beam/difficulty.py) runs by and records in
+    difficulty.json.  The scoring and grading themselves are the stage's methods (score_batch loads
+    the language models in setup; grade, fixed_cutoffs, grouping_key, sampling_probabilities), which
+    the composite's DoFns call on the stage it is handed with this config."""
+
+    stage_name: str
+    batch_size: int
+    environment_errors: tuple[type[BaseException], ...]
+    backend: str
+    model_dir: str | None
+    percentiles: tuple[float, float]
+    outlier_percentile: float | None
+    max_perplexity: float | None
+    unscored_grade: str | None
+
+
 class DifficultyStage(CorpusStage):
     name = "difficulty"
     description = "perplexity under a per-language reference LM, graded easy/medium/hard by corpus percentiles"
@@ -118,10 +137,13 @@ class DifficultyStage(CorpusStage):
             raise StageConfigError("difficulty.outlier_percentile must be a number between the high percentile "
                                    f"and 100 (got {self.outlier_percentile!r})")
 
-    def transform_config(self) -> "DifficultyStage":
-        # The composite's DoFns call this stage's score_batch / grade / fixed_cutoffs, and the
-        # summary reads its parameters: the configured stage is the config.
-        return self
+    def transform_config(self) -> DifficultyConfig:
+        return DifficultyConfig(
+            stage_name=self.name, batch_size=self.batch_size, environment_errors=self.environment_errors,
+            backend=self.backend, model_dir=self.model_dir, percentiles=tuple(self.percentiles),
+            outlier_percentile=self.outlier_percentile, max_perplexity=self.max_perplexity,
+            unscored_grade=self.unscored_grade,
+        )
 
     # ---- scoring -------------------------------------------------------------------------------
     def setup(self) -> None:

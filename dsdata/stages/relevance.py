@@ -8,11 +8,11 @@ import pyarrow as pa
 
 from dsdata.document import Document, Rejected
 from dsdata.relevance.scorer import BACKENDS, SCORES, detect_backend, load_scorer
-from dsdata.stages.base import BatchStage, Param, StageConfigError
+from dsdata.stages.base import Param, ScoringStage, StageConfigError
 from dsdata.stages.params import AnyOf, Choice, Integer, ListOf, Number, Path, Text
 
 
-class RelevanceStage(BatchStage):
+class RelevanceStage(ScoringStage):
     name = "relevance"
     description = "learned relevance filter (BERT via RunInference, or fastText); rejects low_relevance"
     params = {

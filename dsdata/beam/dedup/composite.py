@@ -62,6 +62,7 @@ anyway, since every worker writes the outputs there.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import struct
 from time import thread_time
@@ -72,11 +73,12 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from dsdata.beam.errors import environment_failure, is_environment_error
+from dsdata.beam.errors import retry_one_at_a_time
 from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, StageCounters
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json, pack_document, unpack_document
+from dsdata.stages.dedup import DedupConfig
 from dsdata.beam.dedup.spill import (SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
                              spill_directory, spill_name)
 from dsdata.beam.dedup.spill import encode as spill_encode
@@ -135,18 +137,18 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
     A batch that raises is run again one document at a time; a document that raises alone is
     rejected (reason `error`) and takes no part in deduplication."""
 
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: DedupConfig):
         self.cfg = cfg
 
     def setup(self):
         c = self.cfg
-        self._init_counters(c["stage_name"])
-        self.hasher = MinHasher(c["num_perm"], c["ngram"], c["char_ngram"], c["seed"])
+        self._init_counters(c.stage_name)
+        self.hasher = MinHasher(c.num_perm, c.ngram, c.char_ngram, c.seed)
         self.no_shingles = Metrics.counter("dsdata.dedup", "docs_without_shingles")
         self.spilled = Metrics.counter("dsdata.dedup", "docs_spilled")
         self._bundle, self._writers = None, {}  # this bundle's id and its spill files by kind
-        if c.get("spill_dir"):
-            make_private_dir(c["spill_dir"])
+        if c.spill_dir:
+            make_private_dir(c.spill_dir)
 
     def finish_bundle(self):
         super().finish_bundle()  # the stage's CPU time (StageCounters)
@@ -163,7 +165,7 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
             self._bundle = new_bundle_id()
         writer = self._writers.get(kind)
         if writer is None:
-            writer = self._writers[kind] = SpillWriter(self.cfg["spill_dir"], spill_name(self._bundle, kind))
+            writer = self._writers[kind] = SpillWriter(self.cfg.spill_dir, spill_name(self._bundle, kind))
             if kind == "docs":  # every docs file is read once, decisions or not
                 self._new_bundles.append(self._bundle)
         return writer
@@ -176,7 +178,7 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
         the spill format cannot carry goes into the shuffle instead (its verification data, plain
         bytes, is still spilled).  Without one: both are emitted into the shuffles."""
         node, fields, verification = item
-        if not self.cfg.get("spill_dir"):
+        if not self.cfg.spill_dir:
             out = [(node, fields)]
             if verification is not None:
                 out.append(beam.pvalue.TaggedOutput(_SIGNATURES, (node, verification)))
@@ -199,18 +201,9 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
     def process(self, batch: list[Document]):
         docs = list(batch)
         start = self._clock_start()
-        try:
-            outputs = self._outputs(docs)
-        except Exception as exc:  # noqa: BLE001 - find the document(s) that raise
-            if is_environment_error(exc):
-                raise environment_failure(self.cfg["stage_name"], exc) from exc
-            outputs = []
-            for doc in docs:
-                try:
-                    outputs.extend(self._outputs([doc]))
-                except Exception as one:  # noqa: BLE001
-                    self._in.inc()
-                    outputs.append(self._route(self._error(doc, one)))
+        declared = self.cfg.environment_errors
+        outputs = retry_one_at_a_time(self.cfg.stage_name, docs, self._outputs,
+                                      lambda doc, exc: self._rejected_alone(doc, exc, declared), declared)
         self._new_bundles = []
         emitted = []
         for item in outputs:
@@ -223,35 +216,39 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
         for bundle in self._new_bundles:
             yield beam.pvalue.TaggedOutput(_FILES, bundle)
 
+    def _rejected_alone(self, doc: Document, exc: BaseException, declared) -> Any:
+        self._in.inc()
+        return self._route(self._error(doc, exc, declared))
+
     def _outputs(self, docs: list[Document]) -> list:
         """Every output of the batch, built before any is emitted so a failure emits nothing."""
         c = self.cfg
         out: list = []
         sigs = has = keys = shingled = distinct = None
         folded = [fold(d.text) for d in docs]
-        if c["near"]:
+        if c.near:
             shingled = self.hasher.shingle([d.text for d in docs], folded)
             sigs, has = self.hasher.signatures_from_shingles(shingled)
-            keys = band_keys(sigs, c["bands"], c["rows"])
-            if c["verify"] == "exact":
+            keys = band_keys(sigs, c.bands, c.rows)
+            if c.verify == "exact":
                 distinct = self.hasher.distinct_top32(shingled)
         no_shingles = 0
         for i, doc in enumerate(docs):
             digest = exact_hash(doc.text, folded[i])
-            node = node_key(doc, digest, c["score_field"])
+            node = node_key(doc, digest, c.score_field)
             bands = verification = None
-            if c["near"] and has[i]:
+            if c.near and has[i]:
                 bands = keys[i].tobytes()
-                if c["verify"] == "signature":
+                if c.verify == "signature":
                     verification = (bands, sigs[i].tobytes())
-                elif c["verify"] == "exact":
+                elif c.verify == "exact":
                     # Top 32 bits of each distinct shingle hash: a chance collision inside one
                     # pair (p ≈ n²/2^33) moves its Jaccard by 1/n at most.
                     verification = (bands, distinct[i].tobytes())
-            elif c["near"]:
+            elif c.near:
                 no_shingles += 1
             # Without exact dedup every node is its own group: key it by the node itself.
-            group = digest if c["exact"] else node.encode("utf-8")
+            group = digest if c.exact else node.encode("utf-8")
             out.append(beam.pvalue.TaggedOutput(_RECORDS, (group, (node, bands))))
             # The document as a tuple of primitives (pack_document), not the Document: Beam's fast
             # coder encodes these natively, whereas a dataclass falls back to pickling.  Its text
@@ -644,20 +641,19 @@ class _DecideSpilled(_Decide):
 class DedupTransform(beam.PTransform):
     """PCollection[Document] → {"kept": …, "rejected": …}: exact + MinHash-LSH near deduplication.
 
-    cfg keys: num_perm, ngram, char_ngram, seed, bands, rows, threshold, verify, exact, near,
-    score_field (None = keep the lowest id), cc_rounds, batch_size, stage_name.
+    cfg: the stage's DedupConfig (dsdata/stages/dedup.py).
     """
 
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: DedupConfig):
         super().__init__()
-        self.cfg = dict(cfg)
+        self.cfg = cfg
 
     def expand(self, docs):
         c = self.cfg
-        prefix_len = _SCORE_HEX if c["score_field"] else 0
+        prefix_len = _SCORE_HEX if c.score_field else 0
         out = (
             docs
-            | "Batch" >> beam.BatchElements(min_batch_size=min(16, c["batch_size"]), max_batch_size=c["batch_size"])
+            | "Batch" >> beam.BatchElements(min_batch_size=min(16, c.batch_size), max_batch_size=c.batch_size)
             | "Signatures" >> beam.ParDo(_SignatureDoFn(c)).with_outputs(
                 _RECORDS, _SIGNATURES, _WHERE, _FILES, REJECTED, main="docs")
         )
@@ -666,26 +662,26 @@ class DedupTransform(beam.PTransform):
             | "ExactGroup" >> beam.GroupByKey()
             | "ExactPick" >> beam.ParDo(_ExactGroups()).with_outputs("edges", main="reps")
         )
-        if c["near"]:
+        if c.near:
             candidate_labels = (
                 exact["reps"]
                 | "BandItems" >> beam.FlatMap(_band_items)
                 | "Buckets" >> beam.GroupByKey()
                 | "BucketStars" >> beam.FlatMap(_bucket_star)
                 | "DistinctCandidates" >> beam.Distinct()
-                | "CandidateComponents" >> ConnectedComponents(c["cc_rounds"])
+                | "CandidateComponents" >> ConnectedComponents(c.cc_rounds)
             )
-            if c["verify"] == "none":
+            if c.verify == "none":
                 near_labels = candidate_labels
             else:
-                if c.get("spill_dir"):
+                if c.spill_dir:
                     # Only candidate nodes' data is read back, from the bundles' verify files.
                     members = (
                         {"label": candidate_labels, "where": out[_WHERE]}
                         | "LocateComponentData" >> beam.CoGroupByKey()
                         | "RouteComponentData" >> beam.FlatMap(_route_verification)
                         | "ByVerifyFile" >> beam.GroupByKey()
-                        | "ReadComponentData" >> beam.ParDo(_ReadVerification(c["spill_dir"], c["stage_name"]))
+                        | "ReadComponentData" >> beam.ParDo(_ReadVerification(c.spill_dir, c.stage_name))
                     )
                 else:
                     members = (
@@ -696,7 +692,7 @@ class DedupTransform(beam.PTransform):
                 near_labels = (
                     members
                     | "ComponentGroup" >> beam.GroupByKey()
-                    | "VerifyComponent" >> beam.ParDo(_VerifyComponent(c["threshold"], c["verify"], c["stage_name"]))
+                    | "VerifyComponent" >> beam.ParDo(_VerifyComponent(c.threshold, c.verify, c.stage_name))
                 )
             labels = (
                 {"near": near_labels, "members": exact["edges"] | "ByRepresentative" >> beam.Map(lambda e: (e[1], e[0]))}
@@ -713,7 +709,7 @@ class DedupTransform(beam.PTransform):
             | "ClusterSizes" >> beam.FlatMap(_cluster_sizes)
         )
         kept, rejected = [], [out[REJECTED]]
-        if c.get("spill_dir"):
+        if c.spill_dir:
             # Documents wait in spill files; only node keys and decisions meet here (see _park).
             routed = (
                 {"where": out[_WHERE], "decision": decisions}
@@ -724,7 +720,7 @@ class DedupTransform(beam.PTransform):
                 {"file": out[_FILES] | "FileKeys" >> beam.Map(lambda name: (name, None)),
                  "nodes": routed["to_files"]}
                 | "JoinFiles" >> beam.CoGroupByKey()
-                | "DecideSpilled" >> beam.ParDo(_DecideSpilled(c["stage_name"], prefix_len, c["spill_dir"]))
+                | "DecideSpilled" >> beam.ParDo(_DecideSpilled(c.stage_name, prefix_len, c.spill_dir))
                 .with_outputs(REJECTED, _REGROUP, main=KEPT)
             )
             kept.append(from_files[KEPT])
@@ -736,7 +732,7 @@ class DedupTransform(beam.PTransform):
         decided = (
             join
             | "JoinDocs" >> beam.CoGroupByKey()
-            | "Decide" >> beam.ParDo(_Decide(c["stage_name"], prefix_len)).with_outputs(REJECTED, main=KEPT)
+            | "Decide" >> beam.ParDo(_Decide(c.stage_name, prefix_len)).with_outputs(REJECTED, main=KEPT)
         )
         kept.append(decided[KEPT])
         rejected.append(decided[REJECTED])
@@ -751,5 +747,5 @@ def composite(stage, context) -> DedupTransform:
     under the run directory unless the stage says `spill: false`."""
     cfg = stage.transform_config()
     if stage.spill:
-        cfg["spill_dir"] = spill_directory(context.run_dir, stage.name)
+        cfg = dataclasses.replace(cfg, spill_dir=spill_directory(context.run_dir, stage.name))
     return DedupTransform(cfg)

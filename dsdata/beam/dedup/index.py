@@ -4,8 +4,8 @@ previous run's index; `index: DIR` writes this run's kept documents' MinHash sig
 from __future__ import annotations
 
 import os
+import dataclasses
 import uuid
-from typing import Any
 
 import apache_beam as beam
 
@@ -16,39 +16,40 @@ from dsdata.dedup.index import shared_index, best_match, write_manifest, write_p
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher
 from dsdata.document import Rejected
+from dsdata.stages.dedup import DedupConfig
 
 
-def _hasher(c: dict[str, Any]) -> MinHasher:
-    return MinHasher(c["num_perm"], c["ngram"], c["char_ngram"], c["seed"])
+def _hasher(c: DedupConfig) -> MinHasher:
+    return MinHasher(c.num_perm, c.ngram, c.char_ngram, c.seed)
 
 
 class _Against(beam.DoFn):
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: DedupConfig):
         self.cfg = cfg
 
     def setup(self):
         c = self.cfg
         self.hasher = _hasher(c)
         try:
-            self.index = shared_index(c["against"], c, c["bands"], c["rows"])
+            self.index = shared_index(c.against, dataclasses.asdict(c), c.bands, c.rows)
         except (OSError, ValueError) as exc:
-            raise environment_failure(c["stage_name"], exc, " cannot start") from exc
+            raise environment_failure(c.stage_name, exc, " cannot start") from exc
 
     def process(self, batch):
         c = self.cfg
         docs = list(batch)
         sigs, has = self.hasher.signatures([d.text for d in docs])
-        keys = band_keys(sigs, c["bands"], c["rows"])
+        keys = band_keys(sigs, c.bands, c.rows)
         for i, doc in enumerate(docs):
-            match = best_match(self.index, keys[i], sigs[i], c["threshold"]) if has[i] and len(self.index.ids) else None
+            match = best_match(self.index, keys[i], sigs[i], c.threshold) if has[i] and len(self.index.ids) else None
             if match is None:
                 yield doc
             else:
                 row, similarity = match
                 yield beam.pvalue.TaggedOutput(REJECTED, Rejected(
-                    doc, c["stage_name"], "indexed_duplicate",
-                    f"near-duplicate of {self.index.ids[row]} in the index {c['against']} "
-                    f"(estimated Jaccard {similarity:.3f} >= {c['threshold']})"))
+                    doc, c.stage_name, "indexed_duplicate",
+                    f"near-duplicate of {self.index.ids[row]} in the index {c.against} "
+                    f"(estimated Jaccard {similarity:.3f} >= {c.threshold})"))
 
 
 class AgainstIndex(ConfiguredStep):
@@ -56,14 +57,14 @@ class AgainstIndex(ConfiguredStep):
 
     def expand(self, docs):
         out = (docs
-               | "Batch" >> beam.BatchElements(min_batch_size=min(16, self.cfg["batch_size"]),
-                                                max_batch_size=self.cfg["batch_size"])
+               | "Batch" >> beam.BatchElements(min_batch_size=min(16, self.cfg.batch_size),
+                                                max_batch_size=self.cfg.batch_size)
                | "Lookup" >> beam.ParDo(_Against(self.cfg)).with_outputs(REJECTED, main=KEPT))
         return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
 
 
 class _WritePart(beam.DoFn):
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: DedupConfig):
         self.cfg = cfg
 
     def setup(self):
@@ -75,24 +76,24 @@ class _WritePart(beam.DoFn):
         ids = [d.id for i, d in enumerate(docs) if has[i]]
         if ids:
             name = uuid.uuid4().hex
-            write_part(self.cfg["index"], name, ids, sigs[has])
+            write_part(self.cfg.index, name, ids, sigs[has])
             yield name, len(ids)
 
 
-def _finish(parts, cfg: dict[str, Any]):
-    write_manifest(cfg["index"], cfg, [name for name, _ in parts], sum(n for _, n in parts))
+def _finish(parts, cfg: DedupConfig):
+    write_manifest(cfg.index, dataclasses.asdict(cfg), [name for name, _ in parts], sum(n for _, n in parts))
     return len(parts)
 
 
 class WriteIndex(ConfiguredStep):
-    """PCollection[Document] (the kept ones) → the index in cfg["index"]; the manifest is written
+    """PCollection[Document] (the kept ones) → the index in cfg.index; the manifest is written
     once every part is."""
 
     def expand(self, docs):
-        os.makedirs(self.cfg["index"], exist_ok=True)
+        os.makedirs(self.cfg.index, exist_ok=True)
         return (docs
-                | "Batch" >> beam.BatchElements(min_batch_size=min(16, self.cfg["batch_size"]),
-                                                 max_batch_size=self.cfg["batch_size"])
+                | "Batch" >> beam.BatchElements(min_batch_size=min(16, self.cfg.batch_size),
+                                                 max_batch_size=self.cfg.batch_size)
                 | "WriteParts" >> beam.ParDo(_WritePart(self.cfg))
                 | "AllParts" >> beam.combiners.ToList()
                 | "Manifest" >> beam.Map(_finish, self.cfg))

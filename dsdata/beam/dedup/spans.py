@@ -24,6 +24,7 @@ from dsdata.beam.transforms import KEPT, REJECTED
 from dsdata.dedup.minhash import exact_hash
 from dsdata.dedup.spans import normalise_url, remove_units, unit_keys
 from dsdata.document import Document, Rejected, pack_document, unpack_document
+from dsdata.stages.dedup import DedupConfig
 
 LINES_REMOVED = "dup_lines_removed"
 
@@ -61,9 +62,9 @@ class _PickUrl(beam.DoFn):
 
 
 class ConfiguredStep(beam.PTransform):
-    """A dedup step built from the stage's transform_config() dict."""
+    """A dedup step built from the stage's transform_config() (a DedupConfig)."""
 
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: DedupConfig):
         super().__init__()
         self.cfg = cfg
 
@@ -72,7 +73,7 @@ class UrlDedup(ConfiguredStep):
     """PCollection[Document] → {"kept", "rejected"}: one document per normalised URL."""
 
     def expand(self, docs):
-        field, score, name = self.cfg["url_field"], self.cfg["score_field"], self.cfg["stage_name"]
+        field, score, name = self.cfg.url_field, self.cfg.score_field, self.cfg.stage_name
 
         def by_url(doc: Document, _n):
             return 0 if normalise_url(record_url(doc, field)) is not None else 1
@@ -99,7 +100,7 @@ def _unit_owners(item):
 
 
 class _ApplyDrops(beam.DoFn):
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, cfg: DedupConfig):
         self.cfg = cfg
 
     def process(self, item):
@@ -110,16 +111,16 @@ class _ApplyDrops(beam.DoFn):
 
     def _apply(self, doc: Document, drops: set[bytes]) -> Document | Rejected:
         c = self.cfg
-        text, removed = remove_units(doc.text, c["lines_unit"], c["lines_min_chars"], drops) if drops else (doc.text, 0)
+        text, removed = remove_units(doc.text, c.lines_unit, c.lines_min_chars, drops) if drops else (doc.text, 0)
         doc.annotations[LINES_REMOVED] = removed
         if not removed:
             return doc
         left = len(text.strip())
-        if left < c["lines_min_doc_chars"]:
-            what = "lines" if c["lines_unit"] == "line" else "sentences"
-            return Rejected(doc, c["stage_name"], "duplicate_lines",
+        if left < c.lines_min_doc_chars:
+            what = "lines" if c.lines_unit == "line" else "sentences"
+            return Rejected(doc, c.stage_name, "duplicate_lines",
                             f"{removed} {what} seen in earlier documents removed; {left} characters left "
-                            f"< lines_min_doc_chars {c['lines_min_doc_chars']}")
+                            f"< lines_min_doc_chars {c.lines_min_doc_chars}")
         doc.text = text
         return doc
 
@@ -129,11 +130,11 @@ class LineDedup(ConfiguredStep):
 
     def expand(self, docs):
         c = self.cfg
-        keyed = docs | "DocKeys" >> beam.Map(lambda d: (_order_key(d, c["score_field"]), pack_document(d)))
+        keyed = docs | "DocKeys" >> beam.Map(lambda d: (_order_key(d, c.score_field), pack_document(d)))
         drops = (
             keyed
             | "UnitKeys" >> beam.FlatMap(lambda kd: {(unit, kd[0]) for unit, _ in unit_keys(
-                unpack_document(kd[1]).text, c["lines_unit"], c["lines_min_chars"])})
+                unpack_document(kd[1]).text, c.lines_unit, c.lines_min_chars)})
             | "UnitGroups" >> beam.GroupByKey()
             | "UnitOwners" >> beam.FlatMap(_unit_owners)
         )

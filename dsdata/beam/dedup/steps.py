@@ -5,8 +5,6 @@ index.py).  A stage with none of the extra kinds gets the document-level composi
 graph and step names earlier runs had."""
 from __future__ import annotations
 
-from typing import Any
-
 import apache_beam as beam
 
 from dsdata.beam.dedup.composite import DedupTransform
@@ -24,18 +22,18 @@ class DedupSteps(ConfiguredStep):
 
     def expand(self, docs):
         c, rejected = self.cfg, []
-        steps = [("Against", AgainstIndex)] if c.get("against") else []
-        if c.get("url"):
+        steps = [("Against", AgainstIndex)] if c.against else []
+        if c.url:
             steps.append(("Url", UrlDedup))
-        if c["exact"] or c["near"]:
+        if c.exact or c.near:
             steps.append(("Documents", DedupTransform))
-        if c.get("lines"):
+        if c.lines:
             steps.append(("Lines", LineDedup))
         for label, step in steps:
             out = docs | label >> step(c)
             docs = out[KEPT]
             rejected.append(out[REJECTED])
-        if c.get("index"):
+        if c.index:
             _ = docs | "Index" >> WriteIndex(c)
         return {KEPT: docs, REJECTED: tuple(rejected) | "StepsRejected" >> beam.Flatten()}
 
@@ -45,6 +43,6 @@ def composite(stage, context) -> beam.PTransform:
     under the run directory unless the stage says `spill: false`."""
     document_step = document_composite(stage, context)
     cfg = document_step.cfg
-    if not any(cfg.get(k) for k in ("url", "lines", "index", "against")):
+    if not any(getattr(cfg, k) for k in ("url", "lines", "index", "against")):
         return document_step  # the graph earlier runs had, step names unchanged
     return DedupSteps(cfg)

@@ -1,0 +1,138 @@
+"""Readers: turn one input file into Documents, and every unreadable part of it into a Rejected.
+
+One module per format (jsonl.py, parquet.py, html.py, warc.py, text.py, delimited.py) and ONE registry, `REGISTRY` below:
+its name (what `--format` and a recipe's `input.format` take), the file-name suffixes `auto` knows it
+by, its reader, and — for a format several workers may read apart — how to cut a file into ranges
+and read one.  The CLI's --format choices, the recipe's check, input matching (dsdata/io/inputs.py)
+and detect_format all read it.
+
+Each reader takes the file's name and a binary file object (local or from any Beam filesystem) and
+yields `Document` or `Rejected(stage="read")`.  Nothing is skipped silently: a malformed line,
+invalid UTF-8, a record without text, a binary file or a truncated compressed stream each become
+one rejected row, so the ledger (input == kept + Σ rejected) counts them.  Blank lines in JSONL are
+not records and are not counted.
+
+Compressed input is decoded member by member (dsdata/io/decompress.py): every complete record before
+damage is kept, and reading resumes at the next gzip member / zstd frame after it.  Every text that
+leaves a reader is valid Unicode (lone surrogate escapes in JSON become U+FFFD).
+
+Reason codes (stage `read`): bad_json, not_an_object, invalid_utf8, missing_text, empty_text,
+binary_file, unknown_format, line_too_long, too_large, truncated_compression, corrupt_compression, bad_parquet, bad_warc,
+truncated_record, undecodable_payload, unreadable_file.
+
+**To add a reader**: write `dsdata/io/readers/NAME.py` with `read_NAME(path, raw, text_field="text",
+id_field="id")` yielding Documents and `Rejected(stage=READ_STAGE, ...)` rows (common.py has the
+shared rules: `_file_rejection`, `_looks_binary`, `record_to_document`), add one `InputFormat` to
+REGISTRY, and test it in tests/test_readers.py (good input, and each kind of bad input → one reason).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Iterator
+
+from dsdata.document import Document, Rejected
+from dsdata.io.decompress import compression_of
+from dsdata.io.readers import delimited, html, jsonl, parquet, text, warc
+from dsdata.io.readers.common import READ_STAGE, InputFormatError, _file_rejection, scrub_surrogates
+from dsdata.io.readers.html import decode_html
+from dsdata.io.readers.jsonl import jsonl_ranges, read_jsonl
+from dsdata.io.readers.parquet import parquet_ranges, read_parquet
+from dsdata.io.readers.ranges import RANGE_MAX_BYTES, RANGE_MIN_BYTES, RangeReader, range_bytes_for
+from dsdata.io.readers.warc import read_warc
+
+__all__ = [
+    "READ_STAGE", "InputFormatError", "InputFormat", "REGISTRY", "READERS", "FORMATS", "detect_format",
+    "cuttable_format", "read_file", "read_local", "read_jsonl", "read_parquet", "read_warc", "decode_html",
+    "jsonl_ranges", "parquet_ranges", "range_bytes_for", "RangeReader", "RANGE_MIN_BYTES", "RANGE_MAX_BYTES",
+    "scrub_surrogates",
+]
+
+Reader = Callable[..., Iterator[Document | Rejected]]
+# A compressed file's name ends in one of these after its format's own suffix (data.jsonl.gz).
+COMPRESSION_SUFFIXES = (".gz", ".zst", ".zstd")
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """One input format: everything dsdata needs to know about it, in one place."""
+
+    name: str                    # --format NAME, input.format: NAME
+    suffixes: tuple[str, ...]    # lower-case file-name endings `auto` recognises (before .gz/.zst)
+    read: Reader                 # read(path, raw, text_field=..., id_field=...) → Documents / Rejected
+    # Several workers read a big uncompressed file apart: ranges(raw, range_bytes) → [(start, end,
+    # first_line)] or None (read whole); read_range(path, raw, start, end, first_line, text_field,
+    # id_field) reads one of them with the ids and rows reading the file whole gives.
+    ranges: Callable[[IO[bytes], int], list[tuple[int, int | None, int]] | None] | None = None
+    read_range: Reader | None = None
+    summary: str = ""
+
+    @property
+    def splits_into_ranges(self) -> bool:
+        return self.ranges is not None
+
+
+REGISTRY: tuple[InputFormat, ...] = (
+    InputFormat("jsonl", (".jsonl", ".json", ".ndjson"), jsonl.read_jsonl, jsonl.jsonl_ranges, jsonl.read_jsonl_range,
+                summary="JSON Lines: one object per line, its text in text_field"),
+    InputFormat("parquet", (".parquet", ".pq"), parquet.read_parquet, parquet.parquet_ranges,
+                parquet.read_parquet_range, summary="Parquet: one row per document, its text in text_field"),
+    InputFormat("html", html.HTML_SUFFIXES, html.read_html, summary="one HTML page per file"),
+    InputFormat("warc", (".warc", ".arc"), warc.read_warc, summary="web archives: each HTML response record"),
+    InputFormat("text", text.TEXT_SUFFIXES, text.read_text, summary="plain text / Markdown: one document per file"),
+    InputFormat("csv", delimited.CSV_SUFFIXES, delimited.read_csv,
+                summary="CSV / TSV: a header row, then one record per row, its text in text_field"),
+)
+READERS: dict[str, InputFormat] = {fmt.name: fmt for fmt in REGISTRY}
+FORMATS: tuple[str, ...] = tuple(READERS)  # the names, in registry order
+
+
+def _base_name(path: str) -> str:
+    name = path.lower()
+    for suffix in COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def detect_format(path: str) -> str:
+    """Input format from the file name: a registered format's suffix, optionally then .gz/.zst."""
+    name = _base_name(path)
+    for fmt in REGISTRY:
+        if name.endswith(fmt.suffixes):
+            return fmt.name
+    raise InputFormatError(
+        f"cannot tell the format of '{path}' from its name; set input.format in the recipe "
+        f"or pass --format ({', '.join(FORMATS)})"
+    )
+
+
+def cuttable_format(path: str, fmt: str = "auto") -> str | None:
+    """The format's name when `path` is read in a format that splits into ranges read apart and the
+    file is not compressed, else None."""
+    if fmt == "auto":
+        try:
+            fmt = detect_format(path)
+        except InputFormatError:
+            return None
+    entry = READERS.get(fmt)
+    return fmt if entry is not None and entry.splits_into_ranges and compression_of(path) is None else None
+
+
+def read_file(path: str, raw: IO[bytes], fmt: str = "auto", text_field: str = "text", id_field: str = "id"):
+    """Dispatch to the reader for `fmt` ('auto' = from the file name)."""
+    if fmt == "auto":
+        try:
+            fmt = detect_format(path)
+        except InputFormatError as exc:
+            # One file a glob matched by accident (a README among the data) is a row, not a crash.
+            return iter([_file_rejection(path, "unknown_format", str(exc))])
+    if fmt not in READERS:
+        raise InputFormatError(f"unknown input format '{fmt}' (known: {', '.join(FORMATS)})")
+    return READERS[fmt].read(path, raw, text_field=text_field, id_field=id_field)
+
+
+def read_local(path: str, fmt: str = "auto", **kwargs: Any) -> list[Document | Rejected]:
+    """Read a local file fully (for tests and small tools)."""
+    with open(path, "rb") as fh:
+        return list(read_file(os.fspath(path), fh, fmt, **kwargs))
