@@ -114,9 +114,20 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
     output = output or recipe_output(recipe)  # a given output may point anywhere; a recipe's may not leave ./
     check_fasttext(recipe)
     check_beam_args(list(recipe.beam_args) + list(beam_args))
+    remote_inputs = [p for p in recipe.inputs if "://" in p]
+    if remote_inputs or "://" in output:
+        # Object storage (s3://, gs://) through Beam's file systems, with the run's options (S3's
+        # endpoint and credential flags): inputs listed and OUT probed now, each failure one line.
+        from dsdata.beam import location
+        from dsdata.beam.pipeline import pipeline_options
+
+        location.use_options(pipeline_options(list(recipe.beam_args) + list(beam_args)))
+        location.check_remote_inputs(remote_inputs)
     # May refuse an input, before OUT is made.
     expanded = resolve_recipe_inputs(recipe, confined=given is None)
-    if "://" not in output:
+    if "://" in output:
+        output = location.check_remote_output(output)
+    else:
         output = check_output_dir(output)
     notes = []
     if expanded.skipped and not quiet:

@@ -20,3 +20,19 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared dev data not found at {SHARED_DATA} (it lives beside the checkout, not in it)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible server on 127.0.0.1 for the whole session (tests/object_store.py)."""
+    pytest.importorskip("boto3", reason="boto3 (apache-beam[aws], the s3 extra) is not installed")
+    from object_store import start_s3_server
+
+    try:
+        server = start_s3_server()
+    except RuntimeError as exc:
+        pytest.skip(f"no S3 server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -277,3 +277,48 @@ def test_piping_into_head_prints_no_traceback(tmp_path):
                               env=env, capture_output=True, text=True, timeout=120)
         assert len(proc.stdout.splitlines()) == 1
         assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+
+
+def _shards_of(docs: list[Document], out: Path) -> dict[str, bytes]:
+    import apache_beam as beam
+
+    from dsdata.beam.kinds import StageContext
+    from dsdata.beam.shards import composite
+    from dsdata.stages.shards import ShardsStage
+    from dsdata.stages.tokenize import TokenizeStage
+
+    with beam.Pipeline() as p:
+        (p | beam.Create(docs) | composite(ShardsStage(shard_size=2000), StageContext(str(out), (TokenizeStage(
+            tokenizer=str(TOKENIZER)),))))
+    root = out / "shards"
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def test_token_ids_parked_in_many_spill_files_give_the_same_shards(tmp_path, monkeypatch):
+    """The shards stage parks token ids in spill files until the per-bucket totals are known; how
+    many files a bundle's records roll over into changes nothing in the shards, and every document's
+    ids come back exactly once."""
+    import dsdata.beam.shards as beam_shards
+
+    rng = np.random.default_rng(7)
+    docs = [Document(f"d{i:04d}", "", annotations={"tokens": rng.integers(0, 500, int(rng.integers(1, 90)),
+                                                                             dtype=np.uint16),
+                                                    **({"difficulty": "hard"} if i % 4 == 0 else {})})
+            for i in range(600)]
+    one_file = _shards_of(docs, tmp_path / "one")
+    monkeypatch.setattr(beam_shards, "SPILL_FILE_BYTES", 300)  # a new spill file every few documents
+    many_files = _shards_of(docs, tmp_path / "many")
+    assert one_file == many_files
+    assert len([n for n in one_file if n.endswith(".arrow")]) > 4
+    spilled = {run: len(list((tmp_path / run / ".spill").rglob("*.spill"))) for run in ("one", "many")}
+    assert spilled["many"] > 5 * spilled["one"]  # (the run, not the composite, removes .spill/)
+    manifest = json.loads(one_file[MANIFEST])
+    got = {}
+    for name in one_file:
+        if name.endswith(".arrow"):
+            table = pa.ipc.open_file(tmp_path / "one" / "shards" / name).read_all()
+            for doc_id, tokens in zip(table["id"].to_pylist(), table["tokens"].to_pylist()):
+                assert doc_id not in got
+                got[doc_id] = tokens
+    assert got == {d.id: d.annotations["tokens"].tolist() for d in docs}
+    assert manifest["buckets"]["hard"]["docs"] == 150 and manifest["totals"]["docs"] == 600

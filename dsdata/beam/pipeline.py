@@ -33,6 +33,7 @@ from dsdata.beam.errors import ErrorBudget, find_environment_error
 from dsdata.beam.kinds import ApplyBatchChain, ApplyStage, ApplyStageChain, StageContext, batchable, fusable
 from dsdata.beam.transforms import ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, ReadDocuments, Unbatch
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_schema, rejected_columns
+from dsdata.beam import location
 from dsdata.io.inputs import resolve_recipe_inputs
 from dsdata.io.readers import READ_STAGE
 from dsdata.io.outfiles import remove_entry, write_file_in_out
@@ -236,8 +237,7 @@ class _WriteStats(beam.DoFn):
         stats.update(self.extra)
         if stage_stats:
             stats["stage_stats"] = dict(sorted(stage_stats.items()))
-        with FileSystems.create(self.path) as fh:
-            fh.write(json.dumps(stats, indent=2, ensure_ascii=False).encode("utf-8"))
+        location.write_bytes(self.path, json.dumps(stats, indent=2, ensure_ascii=False).encode("utf-8"))
         yield stats
 
 
@@ -265,16 +265,18 @@ def mark_incomplete(output: str, why: str, discard: bool = False) -> None:
 
 def _prepare_output(output: str) -> None:
     """Remove the outputs of an earlier run in DIR (only the files this tool writes: kept/, rejected/,
-    stats.json, the side outputs every stage declares, and .spill/ left by a run that was killed)."""
+    stats.json, the side outputs every stage declares, and .spill/ left by a run that was killed).
+    DIR may be remote (s3://, gs://): a folder there is the objects under its prefix."""
     sides = registered_side_outputs()
     folders = ["kept", "rejected", *(s.name for s in sides if s.directory)]
     files = ["stats.json", INCOMPLETE_NAME, *(s.name for s in sides if not s.directory)]
     remove_spill(output)
     if "://" in output:
+        location.make_dirs(output)
         for sub in folders:
-            matches = FileSystems.match([FileSystems.join(output, sub, "*")])[0].metadata_list
-            if matches:
-                FileSystems.delete([m.path for m in matches])
+            location.remove_tree(location.join(output, sub))
+        for name in files:
+            location.remove_file(location.join(output, name))
         return
     os.makedirs(output, exist_ok=True)
     # OUT is untrusted (dsdata/io/outfiles.py): an entry planted as a link is removed, never followed
@@ -293,8 +295,7 @@ class _WriteSideOutput(beam.DoFn):
 
     def process(self, content: dict[str, Any]):
         text = json.dumps(content, indent=2, sort_keys=self.side.sort_keys, ensure_ascii=self.side.ensure_ascii)
-        with FileSystems.create(self.path) as fh:
-            fh.write(text.encode("utf-8"))
+        location.write_bytes(self.path, text.encode("utf-8"))
 
 
 def _apply_stages(docs, stages: list[Stage], output: str, start: int = 0):
@@ -602,9 +603,12 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
         resolve_recipe_inputs(recipe, confined=recipe.inputs_from_file)
     budget = ErrorBudget.parse(max_errors)
     stages = recipe.build_stages()
+    options = pipeline_options(list(recipe.beam_args) + list(beam_args or []))
+    # Beam's Pipeline does this too, but the old outputs are removed before it exists: a remote
+    # file system (S3's endpoint and credentials flags) reads its settings from here.
+    FileSystems.set_options(options)
     _prepare_output(output)
     remove_report(output)
-    options = pipeline_options(list(recipe.beam_args) + list(beam_args or []))
     start = time.time()
     try:
         with watch_progress(progress, [READ_STAGE] + [s.name for s in stages]) as watcher:
@@ -627,8 +631,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     else:
         stats["stage_time"] = times
     stats["errors"] = budget.summary(stats)
-    with FileSystems.create(stats_path) as fh:
-        fh.write(json.dumps(stats, indent=2, ensure_ascii=False).encode("utf-8"))
+    location.write_bytes(stats_path, json.dumps(stats, indent=2, ensure_ascii=False).encode("utf-8"))
     stats["seconds"] = round(time.time() - start, 3)
     write_report_safely(output, run_info(recipe, stages, options, stats["seconds"]))
     if not stats["ledger_ok"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import platform
+import re
 from typing import IO, Any
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -44,6 +45,12 @@ class BeamFiles:
 register_remote_files(BeamFiles())
 
 
+# Credentials given as Beam flags (--s3_secret_access_key, --s3_session_token, …) are shown as this
+# in run.json and the report, which are shared with the outputs.
+REDACTED = "<redacted>"
+_CREDENTIAL_OPTION = re.compile(r"secret|password|token|access_key|credential", re.IGNORECASE)
+
+
 def run_info(recipe, stages, options, seconds: float | None = None) -> dict[str, Any]:
     """What the report shows as 'the recipe as run': stages with resolved parameters, runner, inputs, versions."""
     import apache_beam
@@ -64,7 +71,8 @@ def run_info(recipe, stages, options, seconds: float | None = None) -> dict[str,
         "input_format": recipe.input_format,
         "stages": [{"name": s.name, "params": _jsonable(s.parameter_values())} for s in stages],
         "runner": str(runner) if runner is not None else None,
-        "pipeline_options": _jsonable({k: v for k, v in flags.items() if v is not None}),
+        "pipeline_options": _jsonable({k: REDACTED if _CREDENTIAL_OPTION.search(k) else v
+                                       for k, v in flags.items() if v is not None}),
         "dsdata_version": __version__,
         "beam_version": apache_beam.__version__,
         "python_version": platform.python_version(),

@@ -1,56 +1,108 @@
 """The shards stage's composite: token ids of kept documents → Arrow IPC shards + manifest.json.
 
-  docs ─► (bucket, id hash, id, ids) ─┬─► tokens per bucket ─► CombinePerKey(sum) ─┐ side input
-                                      └─► assign shard (id hash mod n) ◄───────────┘
-                                           ─► GroupByKey per shard ─► write one shard (one worker)
-                                           ─► gather descriptors ─► manifest.json (written last)
+  docs ─► records (bucket, id, token bytes) parked in spill files ─► tokens per bucket ─► sum ─┐
+                                                                                side input │
+       spill files ─► each read once: its records cut by shard (id hash mod n) ◄───────────┘
+                      into one fragment file per shard ─► GroupByKey (fragment names only)
+                      ─► write one shard from its fragments (one worker) ─► gather descriptors
+                      ─► manifest.json (written last)
 
 Every document passes through unchanged as kept; nothing is rejected.  How shards are cut and why:
 dsdata/stages/shards.py; the file layout: dsdata/io/shards.py.
+
+Memory: a shard's documents cannot be placed before the per-bucket token totals are known (the
+shard count n comes from them), and a runner holds a PCollection that waits for a side input; when
+the records themselves waited (and then crossed a GroupByKey), every token id of the corpus was in
+the in-process runner's memory at once (11.7 GB peak at 1M documents).  Now only file names and
+counts wait and shuffle; the token ids stay in spill files under RUN_DIR/.spill/shards (on the
+same storage as the output, so the workers of a cluster all reach them; dsdata/beam/dedup/spill.py), are
+written twice (parked, then cut per shard) and read twice, and a worker holds at most one spill file
+(≤ SPILL_FILE_BYTES) or one shard at a time.
 """
 from __future__ import annotations
 
 import os
+import tempfile
 from time import thread_time
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 from dsdata.beam.errors import passes_through
 from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, KEPT, REJECTED, StageCounters
 
+from dsdata.beam import location
+from dsdata.beam.dedup.spill import SpillWriter, make_private_dir, read_spill, spill_directory
 from dsdata.io import shards as shard_io
 from dsdata.io.shard_tokenizer import bundle_tokenizer
 from dsdata.stages.base import StageConfigError
-from dsdata.stages.shards import EXPORT_DIR, SHARDS_DIR, assign_shard, bucket_tokens, shard_record
+from dsdata.stages.shards import EXPORT_DIR, SHARDS_DIR, id_hash, shard_key, shard_record
 from dsdata.stages.tokenize import TokenizeStage
 
+# A bundle's parked records roll over to a new spill file past this many bytes: the step that cuts
+# a spill file per shard holds one file's records at a time.
+SPILL_FILE_BYTES = 32 << 20
 
-def write_shard_group(keyed, directory: str, dtype_name: str, vocab_size: int | None) -> dict[str, Any]:
-    """Write one shard from its GroupByKey group and return its manifest entry."""
-    (bucket, index, count), records = keyed
+
+def check_vocabulary(doc_id: str, tokens: np.ndarray, vocab_size: int | None) -> None:
+    if vocab_size is not None and len(tokens) and int(tokens.max()) >= vocab_size:
+        raise ValueError(f"shards: document '{doc_id}' has token id {int(tokens.max())} >= the "
+                         f"tokenizer's vocabulary size {vocab_size}; was it tokenized with another tokenizer?")
+
+
+def write_shard_group(keyed, directory: str, dtype_name: str) -> dict[str, Any]:
+    """Write one shard from its GroupByKey group of fragment files and return its manifest entry."""
+    (bucket, index, count), fragments = keyed
+    dtype = np.dtype(dtype_name)
+    records = []
+    for path in fragments:
+        for doc_id, data in read_spill(path):
+            records.append((id_hash(doc_id), doc_id, data))
     # Sorting by (id hash, id) fixes the shard's bytes whatever order the runner delivered, and
     # spreads documents of one source across the shard.
-    records = sorted(records, key=lambda r: (r[1], r[2], r[3].tobytes()))
-    dtype = np.dtype(dtype_name)
-    if vocab_size is not None:
-        for record in records:
-            if len(record[3]) and int(record[3].max()) >= vocab_size:
-                raise ValueError(f"shards: document '{record[2]}' has token id {int(record[3].max())} >= the "
-                                 f"tokenizer's vocabulary size {vocab_size}; was it tokenized with another tokenizer?")
-    os.makedirs(directory, exist_ok=True)
-    return shard_io.write_shard(directory, shard_io.shard_name(bucket, index, count), [r[3] for r in records],
-                                [r[2] for r in records], [bucket] * len(records), dtype)
+    records.sort()
+    name = shard_io.shard_name(bucket, index, count)
+    arrays, ids = [np.frombuffer(r[2], dtype=dtype) for r in records], [r[1] for r in records]
+    if not location.is_remote(directory):
+        os.makedirs(directory, exist_ok=True)
+        return shard_io.write_shard(directory, name, arrays, ids, [bucket] * len(records), dtype)
+    # Object storage: built and hashed in a local temporary folder, then uploaded under its final
+    # name, which appears only when the upload completes (dsdata/beam/location.py).
+    with tempfile.TemporaryDirectory(prefix="dsdata-shard-") as tmp:
+        entry = shard_io.write_shard(tmp, name, arrays, ids, [bucket] * len(records), dtype)
+        location.upload(os.path.join(tmp, name), location.join(directory, name))
+    return entry
 
 
 def write_manifest_from(entries: list[dict[str, Any]], directory: str, dtype_name: str,
                         tokenizer: dict[str, Any] | None, extra: dict[str, Any]) -> str:
-    os.makedirs(directory, exist_ok=True)
-    tokenizer = bundle_tokenizer(directory, tokenizer)  # the shard set carries its tokenizer (portable)
+    """manifest.json, written after every shard it names is there with its size, with the
+    tokenizer's files bundled beside the shards (local: by dsdata.io.shards.write_manifest,
+    atomically; remote: bundled in a local temporary folder and uploaded, the manifest the last
+    object written)."""
+    if not location.is_remote(directory):
+        os.makedirs(directory, exist_ok=True)
+        tokenizer = bundle_tokenizer(directory, tokenizer)  # the shard set carries its tokenizer (portable)
+        manifest = shard_io.build_manifest(entries, np.dtype(dtype_name), tokenizer, extra)
+        return shard_io.write_manifest(directory, manifest)
+    with tempfile.TemporaryDirectory(prefix="dsdata-tokenizer-") as tmp:
+        tokenizer = bundle_tokenizer(tmp, tokenizer)
+        for root, _, names in os.walk(tmp):
+            for name in names:
+                rel = os.path.relpath(os.path.join(root, name), tmp)
+                location.upload(os.path.join(root, name), location.join(directory, *rel.split(os.sep)))
     manifest = shard_io.build_manifest(entries, np.dtype(dtype_name), tokenizer, extra)
-    return shard_io.write_manifest(directory, manifest)
+    for shard in manifest["shards"]:
+        path = location.join(directory, shard["file"])
+        if not location.exists(path) or location.size(path) != shard["bytes"]:
+            raise shard_io.ShardError(f"{path}: missing or not {shard['bytes']} bytes; not writing a manifest "
+                                      "that names it")
+    path = location.join(directory, shard_io.MANIFEST)
+    location.write_bytes(path, shard_io.manifest_bytes(manifest))
+    return path
 
 
 def tokenizer_info(config: dict[str, Any], upstream) -> dict[str, Any]:
@@ -72,25 +124,36 @@ def export_written(manifest_path: str, formats: list[str], export_dir: str) -> N
     export_shards(os.path.dirname(manifest_path), export_dir, formats)
 
 
-_RECORDS = "records"
+_PARKED = "parked"
+_TOTALS = "totals"
 
 
 @ANY_OUTPUT
-class _ShardRecords(StageCounters, beam.DoFn):
-    """Each document stays kept and yields its shard record; one whose record cannot be made (it
-    raises) is rejected (reason `error`) and is in no shard."""
+class _ParkRecords(StageCounters, beam.DoFn):
+    """Each document stays kept; its shard record (bucket, id, token ids in the shard dtype) goes to
+    this bundle's spill file, whose name is emitted (tag `parked`) once complete, with the bundle's
+    tokens per bucket (tag `totals`).  A document whose record cannot be made (it raises) is
+    rejected (reason `error`) and is in no shard; a token id outside the vocabulary stops the run."""
 
-    def __init__(self, default_difficulty: str, stage_name: str):
-        self.default_difficulty, self.stage_name = default_difficulty, stage_name
+    def __init__(self, default_difficulty: str, spill_dir: str, dtype_name: str, vocab_size: int | None,
+                 stage_name: str):
+        self.default_difficulty, self.spill_dir, self.stage_name = default_difficulty, spill_dir, stage_name
+        self.dtype_name, self.vocab_size = dtype_name, vocab_size
 
     def setup(self):
         self._init_counters(self.stage_name)
+        self._dtype = np.dtype(self.dtype_name)
+        make_private_dir(self.spill_dir)
+
+    def start_bundle(self):
+        self._writer, self._bytes, self._done = None, 0, []
+        self._totals: dict[str, int] = {}
 
     def process(self, doc):
         self._in.inc()
         start = self._clock_start()
         try:
-            record = shard_record(doc, self.default_difficulty)
+            bucket, _, doc_id, tokens = shard_record(doc, self.default_difficulty)
         except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
             if passes_through(exc):  # a stop, not the record's fault; a native panic is
                 raise
@@ -98,17 +161,70 @@ class _ShardRecords(StageCounters, beam.DoFn):
             self._clock_stop(start)
             yield self._route(rejected)
             return
+        check_vocabulary(doc_id, tokens, self.vocab_size)
+        data = tokens.astype(self._dtype, copy=False).tobytes()
+        if self._writer is None:
+            self._writer = SpillWriter(self.spill_dir)
+        self._writer.write((bucket, doc_id, data))
+        self._bytes += len(data) + len(doc_id) + 32
+        self._totals[bucket] = self._totals.get(bucket, 0) + len(tokens)
+        if self._bytes >= SPILL_FILE_BYTES:
+            self._roll()
         self._clock_stop(start)
-        yield beam.pvalue.TaggedOutput(_RECORDS, record)
         yield self._route(doc)
+
+    def _roll(self):
+        self._writer.close()
+        self._done.append(self._writer.path)
+        self._writer, self._bytes = None, 0
+
+    def finish_bundle(self):
+        start = thread_time()
+        if self._writer is not None:
+            self._roll()
+        self._cpu += thread_time() - start
+        super().finish_bundle()
+        for path in self._done:
+            yield beam.pvalue.TaggedOutput(_PARKED, GlobalWindows.windowed_value(path))
+        for bucket, n in self._totals.items():
+            yield beam.pvalue.TaggedOutput(_TOTALS, GlobalWindows.windowed_value((bucket, n)))
+        self._done, self._totals = [], {}
+
+
+@ANY_OUTPUT
+class _CutByShard(beam.DoFn):
+    """One parked spill file → one fragment file per shard its records belong to (shard = id hash
+    mod the bucket's shard count, from the totals), emitted as ((bucket, index, count), fragment)."""
+
+    def __init__(self, spill_dir: str, shard_size: int, stage_name: str):
+        self.spill_dir, self.shard_size, self.stage_name = spill_dir, shard_size, stage_name
+
+    def setup(self):
+        self._cpu_counter = Metrics.counter(f"dsdata.{self.stage_name}", CPU_COUNTER)
+
+    def process(self, path: str, totals: dict[str, int]):
+        start = thread_time()
+        by_shard: dict[tuple[str, int, int], list] = {}
+        for bucket, doc_id, data in read_spill(path):
+            by_shard.setdefault(shard_key(bucket, doc_id, totals, self.shard_size), []).append((doc_id, data))
+        out = []
+        for key in sorted(by_shard):
+            writer = SpillWriter(self.spill_dir)
+            for record in by_shard[key]:
+                writer.write(record)
+            writer.close()
+            out.append((key, writer.path))
+        self._cpu_counter.inc(round((thread_time() - start) * 1e6))
+        return out
 
 
 @ANY_OUTPUT
 class _WriteShard(beam.DoFn):
-    """One shard group → its file and manifest entry; a write error (disk, permissions) stops the run."""
+    """One shard's fragment files → its file and manifest entry; a write error (disk, permissions)
+    stops the run."""
 
-    def __init__(self, directory: str, dtype_name: str, vocab_size: int | None, stage_name: str):
-        self.directory, self.dtype_name, self.vocab_size, self.stage_name = directory, dtype_name, vocab_size, stage_name
+    def __init__(self, directory: str, dtype_name: str, stage_name: str):
+        self.directory, self.dtype_name, self.stage_name = directory, dtype_name, stage_name
 
     def setup(self):
         self._cpu_counter = Metrics.counter(f"dsdata.{self.stage_name}", CPU_COUNTER)
@@ -116,7 +232,7 @@ class _WriteShard(beam.DoFn):
 
     def process(self, keyed):
         start = thread_time()
-        entry = write_shard_group(keyed, self.directory, self.dtype_name, self.vocab_size)
+        entry = write_shard_group(keyed, self.directory, self.dtype_name)
         self._cpu += thread_time() - start
         yield entry
 
@@ -128,28 +244,28 @@ class _WriteShard(beam.DoFn):
 
 class WriteShards(beam.PTransform):
     """PCollection[Document] → {"kept": the same documents, "rejected": those whose shard record
-    raised}; writes `directory`."""
+    raised}; writes `directory` (local or remote), parking token ids in `spill_dir`."""
 
-    def __init__(self, config: dict[str, Any], directory: str, tokenizer: dict[str, Any], stage_name: str = "shards",
-                 export_dir: str | None = None):
+    def __init__(self, config: dict[str, Any], directory: str, tokenizer: dict[str, Any], spill_dir: str,
+                 stage_name: str = "shards", export_dir: str | None = None):
         super().__init__()
         self.config, self.directory, self.tokenizer, self.stage_name = config, directory, tokenizer, stage_name
+        self.spill_dir = spill_dir
         self.export_dir = export_dir or os.path.join(os.path.dirname(directory), EXPORT_DIR)
 
     def expand(self, docs):
         config, directory, info = self.config, self.directory, self.tokenizer
         dtype_name = shard_io.token_dtype(info["vocab_size"]).name
         extra = {"shard_size": config["shard_size"], "default_difficulty": config["default_difficulty"]}
-        split = docs | "Records" >> beam.ParDo(_ShardRecords(config["default_difficulty"], self.stage_name)).with_outputs(
-            _RECORDS, REJECTED, main=KEPT)
-        records = split[_RECORDS]
-        totals = (records
-                  | "BucketTokens" >> beam.Map(bucket_tokens)
-                  | "SumPerBucket" >> beam.CombinePerKey(sum))
-        written = (records
-                   | "AssignShard" >> beam.Map(assign_shard, beam.pvalue.AsDict(totals), config["shard_size"])
+        split = docs | "Records" >> beam.ParDo(_ParkRecords(
+            config["default_difficulty"], self.spill_dir, dtype_name, info["vocab_size"], self.stage_name)
+        ).with_outputs(_PARKED, _TOTALS, REJECTED, main=KEPT)
+        totals = split[_TOTALS] | "SumPerBucket" >> beam.CombinePerKey(sum)
+        written = (split[_PARKED]
+                   | "CutByShard" >> beam.ParDo(_CutByShard(self.spill_dir, config["shard_size"], self.stage_name),
+                                                beam.pvalue.AsDict(totals))
                    | "GroupShards" >> beam.GroupByKey()
-                   | "WriteShard" >> beam.ParDo(_WriteShard(directory, dtype_name, info["vocab_size"], self.stage_name)))
+                   | "WriteShard" >> beam.ParDo(_WriteShard(directory, dtype_name, self.stage_name)))
         manifest = (written
                     | "GatherShards" >> beam.combiners.ToList()
                     | "WriteManifest" >> beam.Map(write_manifest_from, directory, dtype_name, info, extra))
@@ -160,10 +276,11 @@ class WriteShards(beam.PTransform):
 
 def composite(stage, context) -> WriteShards:
     """The shards stage's transform (registered in dsdata/beam/kinds.py): the builder hands over the
-    run directory and the stages upstream, whose nearest `tokenize` names the tokenizer."""
-    if "://" in context.run_dir:
-        raise StageConfigError(f"shards: output '{context.run_dir}' is remote; shards are written to a local "
-                               "directory (run with a local --output, then copy OUT/shards)")
+    run directory (local or remote) and the stages upstream, whose nearest `tokenize` names the
+    tokenizer."""
     config = stage.transform_config()
-    return WriteShards(config, os.path.join(context.run_dir, SHARDS_DIR), tokenizer_info(config, context.upstream),
-                       stage.name)
+    if config.get("export") and location.is_remote(context.run_dir):
+        raise StageConfigError(f"shards.export writes local files and the output '{context.run_dir}' is remote; "
+                               "drop shards.export and run `dsdata shards export` on a copy of OUT/shards")
+    return WriteShards(config, location.join(context.run_dir, SHARDS_DIR), tokenizer_info(config, context.upstream),
+                       spill_directory(context.run_dir, stage.name), stage.name)

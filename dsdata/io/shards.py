@@ -207,8 +207,13 @@ def write_manifest(directory: str, manifest: dict[str, Any]) -> str:
             raise ShardError(f"{path}: missing or not {shard['bytes']} bytes; not writing a manifest that names it")
     remove_stale_temp_files(directory)
     path = os.path.join(directory, MANIFEST)
-    atomic_write_bytes(path, (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    atomic_write_bytes(path, manifest_bytes(manifest))
     return path
+
+
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """manifest.json's bytes (the same wherever it is written)."""
+    return (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def remove_stale_temp_files(directory: str) -> list[str]:

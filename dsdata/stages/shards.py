@@ -8,11 +8,13 @@ as kept (nothing is rejected), and a side branch writes RUN_DIR/shards/ (layout 
 2. tokens per bucket are summed, giving each bucket n = max(1, round(tokens / shard_size)) shards;
 3. a document's shard is a stable hash of its id modulo n — deterministic on every runner, no
    global sort, shards of roughly `shard_size` tokens;
-4. GroupByKey per shard; each shard is written by one worker under a temp name and renamed when
-   complete (documents sorted by id hash inside, so shard bytes do not depend on the runner);
+4. each shard is written by one worker under a temp name and renamed when complete (documents
+   sorted by id hash inside, so shard bytes do not depend on the runner); on object storage it is
+   uploaded under its final name, which appears only when complete;
 5. the shard descriptors are gathered into one list and manifest.json is written last;
 6. with `export: [megatron, mds, hf]`, the finished shard set is exported to RUN_DIR/export/<format>
    (dsdata/export/; the same as `dsdata shards export`).
+Until step 3 can run the token ids wait in spill files, not in memory (dsdata/beam/shards.py).
 
 The tokenizer recorded in the manifest is the one of the nearest `tokenize` stage upstream, or the
 `tokenizer` parameter when given.
@@ -36,7 +38,7 @@ EXPORT_FORMATS = ("megatron", "mds", "hf")
 _BUCKET_NAME = re.compile(r"^[A-Za-z0-9_]+\Z")  # \Z: "$" also matches before a final newline
 
 
-def _id_hash(doc_id: str) -> int:
+def id_hash(doc_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "big")
 
 
@@ -49,21 +51,17 @@ def shard_record(doc: Document, default_difficulty: str) -> tuple[str, int, str,
     bucket = str(bucket)
     if not _BUCKET_NAME.match(bucket):
         bucket = re.sub(r"[^A-Za-z0-9_]", "_", bucket) or default_difficulty
-    return bucket, _id_hash(doc.id), doc.id, np.asarray(tokens)
-
-
-def bucket_tokens(record: tuple[str, int, str, np.ndarray]) -> tuple[str, int]:
-    return record[0], len(record[3])
+    return bucket, id_hash(doc.id), doc.id, np.asarray(tokens)
 
 
 def shard_count(tokens: int, shard_size: int) -> int:
     return max(1, int(round(tokens / shard_size)))
 
 
-def assign_shard(record, totals: dict[str, int], shard_size: int):
-    """((bucket, index, count), record): the shard a document goes to."""
-    count = shard_count(totals[record[0]], shard_size)
-    return (record[0], record[1] % count, count), record
+def shard_key(bucket: str, doc_id: str, totals: dict[str, int], shard_size: int) -> tuple[str, int, int]:
+    """(bucket, index, count): the shard a document goes to, given the tokens of every bucket."""
+    count = shard_count(totals[bucket], shard_size)
+    return bucket, id_hash(doc_id) % count, count
 
 
 class ShardsStage(CorpusStage):
