@@ -143,7 +143,7 @@ def test_band_choice_and_s_curve():
         ({"bands": 4}, "set both bands and rows"),
         ({"keep": "newest"}, "keep must be one of"),
         ({"num_perm": 0}, "num_perm must be an integer between 1 and 4096"),
-        ({"exact": False, "near": False}, "at least one of exact and near"),
+        ({"exact": False, "near": False}, "at least one of exact, near, url and lines must be true"),
     ],
 )
 def test_bad_parameters_name_the_problem(params, message):

@@ -50,7 +50,7 @@ def test_a_stage_missing_from_the_table_is_asked(monkeypatch):
     monkeypatch.delitem(DECLARED_SIDE_OUTPUTS, "shards")
     assert "shards" in {s.name for s in registered_side_outputs()}
     monkeypatch.setitem(REGISTRY, "absent", "dsdata.stages.no_such_module:Absent")
-    assert {s.name for s in registered_side_outputs()} == {"difficulty.json", "augment.json", "shards"}
+    assert {s.name for s in registered_side_outputs()} == {"difficulty.json", "augment.json", "shards", "export"}
 
 
 def test_a_run_removes_every_declared_side_output_of_an_earlier_run(tmp_path):

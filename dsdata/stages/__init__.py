@@ -86,7 +86,7 @@ DECLARED_SIDE_OUTPUTS: dict[str, tuple[SideOutput, ...]] = {
     "decontaminate": (), "pii": (),
     "difficulty": (SideOutput("difficulty.json", ensure_ascii=False),),
     "augment": (SideOutput("augment.json", sort_keys=True),),
-    "shards": (SideOutput("shards", directory=True),),
+    "shards": (SideOutput("shards", directory=True), SideOutput("export", directory=True)),
 }
 
 
