@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import random
 import re
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+DATA = Path(os.environ.get("DSDATA_SHARED_DATA") or REPO.parent / "shared" / "data")  # as tests/conftest.py
 DEBIAN_DOC = Path("/usr/share/doc")
 
 SHARES = {"other_lang": 0.05, "offtopic": 0.02, "junk": 0.02, "exact_dup": 0.04, "near_dup": 0.04}
