@@ -85,8 +85,11 @@ def test_a_signal_while_reading_stops_the_run(tmp_path, sig):
     _assert_stopped_cleanly(run, sig, tmp_path / "out", children)
 
 
-def test_a_signal_inside_a_model_stage_keeps_nothing_that_looks_complete(tmp_path):
-    _corpus(tmp_path / "big.jsonl", 300_000)
+def test_a_signal_inside_a_model_stage_keeps_nothing_that_looks_complete(tmp_path, monkeypatch):
+    # A progress line every second: on a quiet machine the whole run takes ~10 s, so the default
+    # 10 s interval could let it finish before a line named the model stage.
+    monkeypatch.setenv("DSDATA_PROGRESS_INTERVAL", "1")
+    _corpus(tmp_path / "big.jsonl", 600_000)
     (tmp_path / "r.yaml").write_text("input: {paths: [big.jsonl]}\noutput: out\nstages:\n"
                                      "  - lang: {backend: fasttext, keep: [], min_score: 0}\n")
     # A previous complete run's outputs: the stopped run must not leave them looking like its own.

@@ -151,11 +151,15 @@ def test_beams_stock_pool_kills_the_other_callers_worker():
     """Why dsdata has its own pool: the same requests against Beam's stock pool (process mode)."""
     from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
 
+    # The stock pool forks its workers from this process: count only children it did not have before
+    # (in a full run, earlier tests may have left processes of their own under pytest).
+    before = set(_worker_children(os.getpid()))
     address, server = BeamFnExternalWorkerPoolServicer.start(use_process=True, port=0)
     try:
-        a_alive, b_alive = _two_callers_same_id(address, lambda: _worker_children(os.getpid()))
+        a_alive, b_alive = _two_callers_same_id(address, lambda: [p for p in _worker_children(os.getpid())
+                                                                  if p not in before])
         assert not b_alive, "Beam's stock pool no longer mixes callers up: dsdata's own pool may be unneeded"
     finally:
         server.stop(None)
-        for pid in _worker_children(os.getpid()):
+        for pid in set(_worker_children(os.getpid())) - before:
             os.kill(pid, 9)
