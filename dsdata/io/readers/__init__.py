@@ -34,7 +34,7 @@ from typing import IO, Any, Callable, Iterator
 from dsdata.document import Document, Rejected
 from dsdata.io.decompress import compression_of
 from dsdata.io.readers import delimited, html, json_document, jsonl, parquet, text, warc
-from dsdata.io.readers.common import READ_STAGE, InputFormatError, _file_rejection, scrub_surrogates
+from dsdata.io.readers.common import READ_STAGE, InputFormatError, _file_rejection, base_name, scrub_surrogates
 from dsdata.io.readers.html import decode_html
 from dsdata.io.readers.jsonl import jsonl_ranges, read_jsonl
 from dsdata.io.readers.parquet import parquet_ranges, read_parquet
@@ -49,8 +49,6 @@ __all__ = [
 ]
 
 Reader = Callable[..., Iterator[Document | Rejected]]
-# A compressed file's name ends in one of these after its format's own suffix (data.jsonl.gz).
-COMPRESSION_SUFFIXES = (".gz", ".zst", ".zstd")
 
 
 @dataclass(frozen=True)
@@ -90,17 +88,9 @@ READERS: dict[str, InputFormat] = {fmt.name: fmt for fmt in REGISTRY}
 FORMATS: tuple[str, ...] = tuple(READERS)  # the names, in registry order
 
 
-def _base_name(path: str) -> str:
-    name = path.lower()
-    for suffix in COMPRESSION_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 def detect_format(path: str) -> str:
     """Input format from the file name: a registered format's suffix, optionally then .gz/.zst."""
-    name = _base_name(path)
+    name = base_name(path)
     for fmt in REGISTRY:
         if name.endswith(fmt.suffixes):
             return fmt.name

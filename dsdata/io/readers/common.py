@@ -11,6 +11,8 @@ from dsdata.io.decompress import Damage, decoded_chunks
 
 READ_STAGE = "read"
 _BINARY_SNIFF = 8192
+# A compressed file's name ends in one of these after its format's own suffix (data.jsonl.gz).
+COMPRESSION_SUFFIXES = (".gz", ".zst", ".zstd")
 _MAX_LINE = 256 * 1024 * 1024
 
 
@@ -150,3 +152,12 @@ def _one_record_file(path: str, raw: IO[bytes]) -> bytes | Rejected:
     if damage is not None:
         return _file_rejection(path, damage.reason, damage.detail)
     return data
+
+
+def base_name(path: str) -> str:
+    """The lower-case file name without its compression suffix: what names the format."""
+    name = path.lower()
+    for suffix in COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name

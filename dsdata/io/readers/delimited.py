@@ -6,7 +6,7 @@ from typing import IO, Iterator
 
 from dsdata.document import Document, Rejected
 from dsdata.io.decompress import MEMBER_END, Damage, decoded_chunks
-from dsdata.io.readers.common import READ_STAGE, _MAX_LINE, _file_rejection, record_to_document
+from dsdata.io.readers.common import READ_STAGE, _MAX_LINE, _file_rejection, base_name, record_to_document
 from dsdata.io.readers.jsonl import _BOM, _LineTooLong, _as_utf8, _cr_lines, _iter_lines
 
 CSV_SUFFIXES = (".csv", ".tsv", ".tab")
@@ -42,10 +42,7 @@ def read_csv(path: str, raw: IO[bytes], text_field: str = "text", id_field: str 
     if csv.field_size_limit() < _MAX_LINE:
         csv.field_size_limit(_MAX_LINE)
     if delimiter is None:
-        name = path.lower()
-        for suffix in (".gz", ".zst", ".zstd"):
-            name = name[: -len(suffix)] if name.endswith(suffix) else name
-        delimiter = "\t" if name.endswith((".tsv", ".tab")) else ","
+        delimiter = "\t" if base_name(path).endswith((".tsv", ".tab")) else ","
     bad: set[int] = set()
     problems: list = []
     try:

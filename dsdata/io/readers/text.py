@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import IO, Any, Iterator
 
 from dsdata.document import Document, Rejected
-from dsdata.io.readers.common import READ_STAGE, _BINARY_SNIFF, _file_rejection, _looks_binary, _one_record_file
+from dsdata.io.readers.common import (READ_STAGE, _BINARY_SNIFF, _file_rejection, _looks_binary, _one_record_file,
+                                      base_name)
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".markdown")
 
@@ -18,10 +19,8 @@ def read_text(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Reject
     if _looks_binary(data[:_BINARY_SNIFF]):
         yield _file_rejection(path, "binary_file", "over 10 % of the first 8 KiB are control bytes; not a text file")
         return
-    name = path.lower()
-    for suffix in (".gz", ".zst", ".zstd"):
-        name = name[: -len(suffix)] if name.endswith(suffix) else name
-    meta = {"source": path, "content_type": "text/markdown" if name.endswith((".md", ".markdown")) else "text/plain"}
+    markdown = base_name(path).endswith((".md", ".markdown"))
+    meta = {"source": path, "content_type": "text/markdown" if markdown else "text/plain"}
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
