@@ -27,7 +27,9 @@ class RunError(Exception):
 
     exit_code: 2 when nothing ran (the recipe, an input, an option, the output directory or the
     environment needs fixing), 1 when the run started and failed (a stage cannot run here, more
-    records raised than the error budget allows — the outputs are then written —, a broken ledger)."""
+    records raised than the error budget allows — the outputs are then written —, a broken ledger),
+    3 when `--resume` was refused (OUT's committed work is another recipe's or other inputs'; nothing
+    was touched)."""
 
     def __init__(self, message: str, exit_code: int = 2):
         super().__init__(message)
@@ -55,11 +57,15 @@ def one_line_errors() -> Iterator[None]:
     """dsdata's own exceptions, re-raised as RunError (the original chained as its cause)."""
     from dsdata.beam.pipeline import LedgerError
 
+    from dsdata.io.resume import RESUME_REFUSED_EXIT, ResumeRefused
+
     before, during = _problem_classes()
     try:
         yield
     except RunError:
         raise
+    except ResumeRefused as exc:
+        raise RunError(str(exc), RESUME_REFUSED_EXIT) from exc
     except before as exc:
         raise RunError(str(exc), 2) from exc
     except during + (LedgerError,) as exc:
@@ -81,15 +87,18 @@ class PreparedRun:
     output: str
     budget: Any  # dsdata.beam.errors.ErrorBudget
     notes: list[str] = field(default_factory=list)  # lines about inputs left out, for the caller to print
+    resume: bool = False  # continue a killed or failed run into OUT (dsdata/beam/resume.py)
 
 
 def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = None, output: str | None = None,
                 input_format: str | None = None, overrides: Iterable[str] = (), beam_args: Iterable[str] = (),
-                max_errors: str | int | None = None, quiet: bool = False, limit: int | None = None) -> PreparedRun:
+                max_errors: str | int | None = None, quiet: bool = False, limit: int | None = None,
+                resume: bool = False) -> PreparedRun:
     """The recipe with `inputs` (replacing the recipe's), `input_format` and `overrides`
     ("STAGE.PARAM=VALUE") applied, `limit` (read only the first N records) set, and every check
     made before anything is written.  The recipe's
-    own inputs must stay inside its folder, links resolved; inputs given here are the caller's."""
+    own inputs must stay inside its folder, links resolved; inputs given here are the caller's.
+    resume: continue a killed or failed run into OUT (not with `limit`, nor into a remote OUT)."""
     from dsdata.beam.errors import ErrorBudget
     from dsdata.io.inputs import input_notes, resolve_recipe_inputs
     from dsdata.io.outlock import check_output_dir
@@ -109,9 +118,15 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise RunError(f"limit must be a positive whole number, got {limit!r}")
         recipe.limit = limit
+    if resume and limit is not None:
+        raise RunError("--resume cannot be combined with --limit: a --limit run is a trial that commits nothing "
+                       "to resume")
     if recipe.input_format not in INPUT_FORMATS:  # --set input.format=... is only checked here
         raise RunError(f"input format '{recipe.input_format}' is not one of {', '.join(INPUT_FORMATS)}")
     output = output or recipe_output(recipe)  # a given output may point anywhere; a recipe's may not leave ./
+    if resume and "://" in output:
+        raise RunError(f"--resume needs a local output directory; {output} is remote (object stores have no "
+                       "atomic rename to commit work with)")
     check_fasttext(recipe)
     check_beam_args(list(recipe.beam_args) + list(beam_args))
     remote_inputs = [p for p in recipe.inputs if "://" in p]
@@ -135,7 +150,7 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
         notes.append(f"{len(expanded.skipped)} file(s) in the input director(ies) have no known format in their "
                      f"name and are not read ({names}); pass --format FMT to read them")
     notes.extend(input_notes(expanded, quiet=quiet))
-    return PreparedRun(recipe, output, budget, notes)
+    return PreparedRun(recipe, output, budget, notes, resume=resume)
 
 
 def execute(prepared: PreparedRun, beam_args: Iterable[str] = (), progress: str = "off") -> dict[str, Any]:
@@ -148,7 +163,7 @@ def execute(prepared: PreparedRun, beam_args: Iterable[str] = (), progress: str 
     with output_lock(prepared.output) if "://" not in prepared.output else contextlib.nullcontext():
         try:
             return run_recipe(prepared.recipe, prepared.output, list(beam_args), max_errors=prepared.budget,
-                              progress=progress)
+                              progress=progress, resume=prepared.resume)
         except Exception as exc:
             full = storage_failure(exc)
             if full is None:
@@ -175,7 +190,8 @@ def _storage_failed(failure, output: str) -> Exception:
 def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] | None = None,
         output: str | os.PathLike | None = None, overrides: Mapping[str, Any] | Iterable[str] | None = None,
         input_format: str | None = None, max_errors: str | int | None = None,
-        beam_args: Iterable[str] = (), progress: str = "off", limit: int | None = None) -> dict[str, Any]:
+        beam_args: Iterable[str] = (), progress: str = "off", limit: int | None = None,
+        resume: bool = False) -> dict[str, Any]:
     """Run a recipe as `dsdata run` does and return its stats (the dict written to OUT/stats.json,
     plus `seconds`).
 
@@ -184,7 +200,9 @@ def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] 
     the working directory).  overrides: {"STAGE.PARAM": value} or ["STAGE.PARAM=VALUE", …], as
     `--set`.  input_format: as `--format`.  max_errors: as `--max-errors` (25, "0.5%").  beam_args:
     Beam pipeline options (["--direct_num_workers=2", …]).  progress: "off", "lines" or "bar".
-    limit: as `--limit` (read only the first N records).
+    limit: as `--limit` (read only the first N records).  resume: as `--resume` (continue a killed
+    or failed run into `output`, reusing the work it committed; refused with exit_code 3 when that
+    work is another recipe's or other inputs').
 
     Raises RunError (one line; `exit_code` as the command's) for any problem, including a run over
     its error budget, whose outputs are written all the same."""
@@ -192,7 +210,7 @@ def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] 
         prepared = prepare_run(None if recipe is None else os.fspath(recipe), inputs,
                                None if output is None else os.fspath(output), input_format,
                                _override_items(overrides), beam_args, max_errors=max_errors, quiet=True,
-                               limit=limit)
+                               limit=limit, resume=resume)
         for line in prepared.notes:  # matched paths that are not read (FIFOs, dangling links): also in stats.json
             logging.getLogger("dsdata").warning(line)
         return execute(prepared, beam_args, progress=progress)

@@ -69,6 +69,11 @@ def _run_parser() -> argparse.ArgumentParser:
                         help="records whose processing may raise before the run fails: a count (25) or a share "
                         "of the input (0.5%%); such records are rejected with reason 'error' and the run goes "
                         "on (default: 0.1%%). A missing model or module always stops the run")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a killed or failed run into the same --output: the input files (or byte "
+                        "ranges) whose per-document stages it committed are not read again; the whole-corpus "
+                        "stages run over everything. Refused (exit 3) when the recipe, its --set values or the "
+                        "input files changed; with nothing to resume, a fresh run (docs/engines.md)")
     parser.add_argument("--quiet", action="store_true", help="print only the final JSON stats line")
     parser.add_argument("--progress", default="auto", choices=["auto", "bar", "lines", "off"],
                         help="live progress every 10 s on long runs: a bar on a terminal (auto), "
@@ -165,7 +170,8 @@ def cmd_run(argv: list[str]) -> int:
         logging.getLogger("dsdata").setLevel(logging.INFO)
     with one_line_errors():
         prepared = prepare_run(args.recipe, args.input, args.output, args.format, args.set, beam_args,
-                               max_errors=args.max_errors, quiet=args.quiet, limit=args.limit)
+                               max_errors=args.max_errors, quiet=args.quiet, limit=args.limit,
+                               resume=args.resume)
         for line in prepared.notes:
             print(f"dsdata: {line}", file=sys.stderr)
         recipe, output = prepared.recipe, prepared.output

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 
-from dsdata.beam.transforms import KEPT, REJECTED, Batch, BatchChainDoFn, BatchStageDoFn, StageDoFn
+from dsdata.beam.transforms import KEPT, REJECTED, Batch, BatchChainDoFn, BatchStageDoFn, StageDoFn, batchable_run
 from dsdata.stages.base import BatchStage, CorpusStage, DocumentStage, Stage
 
 # Stage name → module whose `composite(stage, context)` builds the stage's transform.  Whole-corpus
@@ -31,6 +31,14 @@ COMPOSITES: dict[str, str] = {
     "difficulty": "dsdata.beam.difficulty",
     "augment": "dsdata.beam.augment",
     "shards": "dsdata.beam.shards",
+    "relevance": "dsdata.beam.relevance",
+}
+
+
+# Stage name → module whose `batch_run(stage, shared)` runs that stage (one with a composite) inside
+# another DoFn on Batches, as BatchChainDoFn runs the batchable stages: what a run that commits its
+# per-document steps per unit needs (dsdata/beam/resume.py).  `shared` is a Beam Shared handle.
+BATCH_RUNS: dict[str, str] = {
     "relevance": "dsdata.beam.relevance",
 }
 
@@ -110,3 +118,19 @@ class ApplyBatchChain(beam.PTransform):
 
     def expand(self, batches):
         return batches | "Run" >> beam.ParDo(BatchChainDoFn(self.stages)).with_output_types(Batch)
+
+
+def committable(stage: Stage) -> bool:
+    """A per-document stage that can run inside one DoFn on Batches: a batchable one, or one whose
+    composite offers a batch run (BATCH_RUNS).  A run commits the output of its leading such stages
+    per unit (dsdata/beam/resume.py)."""
+    return batchable(stage) or (stage.name in BATCH_RUNS and isinstance(stage, BatchStage) and not stage.side_outputs)
+
+
+def batch_run(stage: Stage, shared):
+    """The object that runs a committable stage on Batches inside another DoFn (`run_batch(docs,
+    rejected)`, `finish_bundle()`); made in that DoFn's setup.  `shared`: a Beam Shared handle the
+    DoFn made, for a model loaded once per process."""
+    if stage.name in BATCH_RUNS:
+        return importlib.import_module(BATCH_RUNS[stage.name]).batch_run(stage, shared)
+    return batchable_run(stage)

@@ -31,12 +31,15 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from dsdata.beam.errors import ErrorBudget, find_environment_error
 from dsdata.beam.kinds import ApplyBatchChain, ApplyStage, ApplyStageChain, StageContext, batchable, fusable
-from dsdata.beam.transforms import ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, ReadDocuments, Unbatch
+from dsdata.beam.resume import CommitPlan, CommitUnitsDoFn, plan_commits
+from dsdata.beam.transforms import (ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, UNIT_LEDGER, ReadDocuments,
+                                    Unbatch)
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_schema, rejected_columns
 from dsdata.beam import location
 from dsdata.io.inputs import resolve_recipe_inputs
 from dsdata.io.readers import READ_STAGE
 from dsdata.io.outfiles import remove_entry, write_file_in_out
+from dsdata.io.resume import remove_resume_folder
 from dsdata.beam.dedup.spill import remove_spill
 from dsdata.report.progress import watch as watch_progress
 from dsdata.recipe import Recipe, is_remote, recipe_output
@@ -217,24 +220,34 @@ class _WriteStats(beam.DoFn):
     """The run's last step: commits the Parquet part files (ParquetParts) and writes stats.json, so
     that a stats.json on disk means a finished run."""
 
-    def __init__(self, path: str, stage_order: list[str], extra: dict[str, Any], parts: tuple = ()):
+    def __init__(self, path: str, stage_order: list[str], extra: dict[str, Any], parts: tuple = (),
+                 commits: CommitPlan | None = None):
         self.path, self.stage_order, self.extra, self.parts = path, stage_order, extra, parts
+        self.commits = commits
 
     def process(self, grouped: tuple[str, Any]):
         counts: dict[tuple, int] = {}
         stage_stats: dict[str, Any] = {}
         files: dict[str, list[str]] = {parts.sub: [] for parts in self.parts}
+        units: dict[str, list[int]] = {}  # "reused" / "processed" → [units, records]
         for kind, key, value in grouped[1]:
             if kind == "count":
                 counts[key] = counts.get(key, 0) + value
             elif kind == "file":
                 files[key].append(value)
+            elif kind == "resume":
+                total = units.setdefault(key, [0, 0])
+                total[0] += value[0]
+                total[1] += value[1]
             else:
                 stage_stats[key] = value
         for parts in self.parts:
             parts.commit(files[parts.sub])
         stats = stats_from_counts(counts, self.stage_order)
         stats.update(self.extra)
+        resumed = self.commits.stats(units) if self.commits is not None else None
+        if resumed is not None:
+            stats["resume"] = resumed
         if stage_stats:
             stats["stage_stats"] = dict(sorted(stage_stats.items()))
         location.write_bytes(self.path, json.dumps(stats, indent=2, ensure_ascii=False).encode("utf-8"))
@@ -508,25 +521,40 @@ def runs_on_one_worker(options: PipelineOptions) -> bool:
     return options.view_as(DirectOptions).direct_num_workers == 1
 
 
-def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage]) -> None:
+def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage],
+                   commits: CommitPlan | None = None) -> None:
     """Add the recipe's read → stages → write graph to pipeline `p`.
 
     The reader emits Batches of records (transforms.Batch); the leading stages that need no runner
     step of their own (kinds.batchable: per-document and batched stages without a composite) run on
     them in one ParDo, and when they are all the recipe's stages the writers and the ledger take the
     batches too.  From the first composite stage on (dedup, difficulty, …) records go one per
-    element, and the rejections of all steps meet in one Flatten."""
-    read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
-                                       spread_documents=runs_on_several_workers(p.options), batch_docs=BATCH_DOCS,
-                                       spread_files=not runs_on_one_worker(p.options), limit=recipe.limit)
-    batches = read[KEPT]
-    input_keys = batches | "InputKeys" >> beam.ParDo(_TallyKeys("input", "docs"))
+    element, and the rejections of all steps meet in one Flatten.
+
+    commits: when the plan commits (dsdata/beam/resume.py), the reader is CommitUnitsDoFn, which runs
+    the plan's leading stages itself, unit by unit, and commits (or reuses) each unit's results."""
+    spread_documents = runs_on_several_workers(p.options)
+    reading = dict(spread_documents=spread_documents, batch_docs=BATCH_DOCS,
+                   spread_files=not runs_on_one_worker(p.options), limit=recipe.limit)
     tallied = tuple(name for s in stages for name in s.tallies)
-    lead = 0
-    while lead < len(stages) and batchable(stages[lead]):
-        lead += 1
-    if lead:
-        batches = batches | f"00_{'+'.join(s.name for s in stages[:lead])}" >> ApplyBatchChain(stages[:lead])
+    if commits is not None and commits.work is not None:
+        lead = commits.stages
+        reader = CommitUnitsDoFn(recipe.input_format, recipe.text_field, recipe.id_field, BATCH_DOCS, stages[:lead],
+                                 commits.work.units_dir, commits.work.committed)
+        read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
+                                           unit_reader=reader, **reading)
+        batches = read[KEPT]
+        input_keys = read[UNIT_LEDGER] | "UnitKeys" >> beam.Map(lambda entry: (LEDGER_KEY, entry))
+    else:
+        read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
+                                           **reading)
+        batches = read[KEPT]
+        input_keys = batches | "InputKeys" >> beam.ParDo(_TallyKeys("input", "docs"))
+        lead = 0
+        while lead < len(stages) and batchable(stages[lead]):
+            lead += 1
+        if lead:
+            batches = batches | f"00_{'+'.join(s.name for s in stages[:lead])}" >> ApplyBatchChain(stages[:lead])
     stage_stats = []
     if lead == len(stages):
         parts, part_files = _write_rows(batches, batches, stages, output, batched=True)
@@ -553,7 +581,7 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
         | "AllKeys" >> beam.Flatten()
         | "Gather" >> beam.GroupByKey()
         | "WriteStats" >> beam.ParDo(_WriteStats(FileSystems.join(output, "stats.json"), [s.name for s in stages], extra,
-                                                 parts))
+                                                 parts, commits))
     )
 
 
@@ -586,8 +614,14 @@ def stage_times(result, stats: dict[str, Any]) -> dict[str, dict[str, Any]] | No
 
 
 def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] | None = None,
-               max_errors: str | ErrorBudget | None = None, progress: str = "off") -> dict[str, Any]:
+               max_errors: str | ErrorBudget | None = None, progress: str = "off",
+               resume: bool = False) -> dict[str, Any]:
     """Run a recipe to completion and return its stats (also written to OUTPUT/stats.json).
+
+    resume: continue a killed or failed run into OUTPUT: the units its committed stages finished
+    are reused, not read again (dsdata/beam/resume.py); ResumeRefused (nothing touched) when OUTPUT's
+    committed work is another recipe's or other inputs'.  Every local run commits such work as it
+    goes, and removes it when it succeeds.
 
     max_errors: how many records may be rejected with reason `error` (their processing raised):
     a count ("25") or a share of the input ("0.1%", the default).  Over it the outputs are still
@@ -607,13 +641,14 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     # Beam's Pipeline does this too, but the old outputs are removed before it exists: a remote
     # file system (S3's endpoint and credentials flags) reads its settings from here.
     FileSystems.set_options(options)
+    commits = plan_commits(recipe, stages, output, runs_on_several_workers(options), resume)
     _prepare_output(output)
     remove_report(output)
     start = time.time()
     try:
         with watch_progress(progress, [READ_STAGE] + [s.name for s in stages]) as watcher:
             with beam.Pipeline(runner=in_process_runner(options), options=options) as p:
-                build_pipeline(p, recipe, output, stages)
+                build_pipeline(p, recipe, output, stages, commits)
                 watcher.attach(p)
     except Exception as exc:  # noqa: BLE001 - only an environment error is turned into one line
         fatal = find_environment_error(exc)
@@ -640,4 +675,6 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
             f"!= kept {stats['kept']} + rejected {stats['rejected_total']}"
         )
     budget.check(stats, output)
+    if commits.work is not None:  # a finished run needs no committed work (it is as big as kept + rejected)
+        remove_resume_folder(output)
     return stats

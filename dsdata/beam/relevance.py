@@ -83,27 +83,70 @@ class _RouteByScore(StageCounters, beam.DoFn):
 
     def process(self, result: PredictionResult):
         self._in.inc()
-        start = self._clock_start()
-        doc = result.example
-        if isinstance(result.inference, ScoringFailed):
-            out = self._failed(Rejected(doc, self.stage.name, ERROR, result.inference.detail))
-        else:
-            try:
-                out = self.stage.judge(doc, float(result.inference))
-            except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
-                if passes_through(exc):  # a stop, not the record's fault; a native panic is
-                    raise
-                out = self._error(doc, exc)
-        self._clock_stop(start)
-        yield self._route(out)
+        yield self._route(_judged(self, result))
+
+
+def _judged(run: StageCounters, result: PredictionResult) -> Document | Rejected:
+    """The stage's `judge` of one scored document (timed on `run`'s clock); a document whose scoring
+    or judging raised is rejected (reason `error`)."""
+    start = run._clock_start()
+    doc = result.example
+    if isinstance(result.inference, ScoringFailed):
+        out = run._failed(Rejected(doc, run.stage.name, ERROR, result.inference.detail))
+    else:
+        try:
+            out = run.stage.judge(doc, float(result.inference))
+        except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
+            out = run._error(doc, exc)
+    run._clock_stop(start)
+    return out
+
+
+def _model_handler(stage: ScoringStage) -> RelevanceModelHandler:
+    return RelevanceModelHandler(stage.model, min_batch_size=stage.batch_min, max_batch_size=stage.batch_max,
+                                 stage_name=stage.name, environment_errors=stage.environment_errors,
+                                 **stage.load_options())
 
 
 def composite(stage: ScoringStage, context) -> "RelevanceFilter":
     """The relevance stage's transform (registered in dsdata/beam/kinds.py)."""
-    handler = RelevanceModelHandler(stage.model, min_batch_size=stage.batch_min, max_batch_size=stage.batch_max,
-                                    stage_name=stage.name, environment_errors=stage.environment_errors,
-                                    **stage.load_options())
-    return RelevanceFilter(handler, stage)
+    return RelevanceFilter(_model_handler(stage), stage)
+
+
+class _LoadedScorer:
+    """The scorer held in a process's Beam `Shared` map (which needs an object it can weakly refer to)."""
+
+    def __init__(self, scorer: Scorer):
+        self.scorer = scorer
+
+
+class ScoringBatchRun(StageCounters):
+    """The stage scored inside another DoFn over batches (the committed steps of a run,
+    dsdata/beam/resume.py) instead of through RunInference: the same model handler (its model loaded
+    once per process through `shared`, as RunInference does; its retry rule and CPU counter), then
+    `judge` as RelevanceFilter's route does, in chunks of the stage's batch_max."""
+
+    def __init__(self, stage: ScoringStage, shared):
+        self.stage = stage
+        self._handler = _model_handler(stage)
+        self._init_counters(stage.name)
+        self._scorer = shared.acquire(lambda: _LoadedScorer(self._handler.load_model())).scorer
+
+    def run_batch(self, docs: list[Document], rejected: list[Rejected]) -> list[Document]:
+        """The kept ones of `docs`; rejections appended to `rejected`."""
+        self._in.inc(len(docs))
+        size = max(1, int(self.stage.batch_max))
+        results = (_judged(self, result) for i in range(0, len(docs), size)
+                   for result in self._handler.run_inference(docs[i:i + size], self._scorer))
+        return self._collect(results, rejected)
+
+
+def batch_run(stage: ScoringStage, shared) -> ScoringBatchRun:
+    """The stage's run on batches inside another DoFn (registered in dsdata/beam/kinds.py BATCH_RUNS);
+    `shared`: a Beam `Shared` handle made with the DoFn."""
+    return ScoringBatchRun(stage, shared)
 
 
 class RelevanceFilter(beam.PTransform):

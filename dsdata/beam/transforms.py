@@ -31,6 +31,9 @@ speedups.install()  # here: every launcher and worker that runs dsdata's DoFns i
 
 KEPT = "kept"
 REJECTED = "rejected"
+# The ledger entries a unit reader (ReadDocuments' unit_reader) emits per unit: ("count", key, n)
+# and ("resume", "reused" | "processed", (units, records)).
+UNIT_LEDGER = "ledger"
 
 
 # Per-stage CPU time: thread-local CPU seconds (correct when a worker runs bundles in several
@@ -325,21 +328,32 @@ class BatchChainDoFn(beam.DoFn):
         self.stages = list(stages)
 
     def setup(self):
-        self._runs = [_BatchStageRun(s) if isinstance(s, BatchStage) else _DocumentStageBatchRun(s)
-                      for s in self.stages]
+        self._runs = [batchable_run(s) for s in self.stages]
 
     def process(self, batch: Batch):
-        docs, rejected = batch.docs, list(batch.rejected)
-        for run in self._runs:
-            if not docs:
-                break
-            docs = run.run_batch(docs, rejected)
-        if docs or rejected:
-            yield Batch(docs, rejected)
+        out = run_batch_chain(self._runs, batch)
+        if out is not None:
+            yield out
 
     def finish_bundle(self):
         for run in self._runs:
             run.finish_bundle()
+
+
+def batchable_run(stage: Stage) -> "_BatchStageRun | _DocumentStageBatchRun":
+    """A per-document or batched stage's run on Batches: `run_batch(docs, rejected)`, `finish_bundle()`."""
+    return _BatchStageRun(stage) if isinstance(stage, BatchStage) else _DocumentStageBatchRun(stage)
+
+
+def run_batch_chain(runs: list, batch: Batch) -> Batch | None:
+    """`batch` through stage runs in turn (each `run_batch(docs, rejected)` takes the documents the
+    ones before it kept and adds its rejections to the batch's); None when nothing is left."""
+    docs, rejected = batch.docs, list(batch.rejected)
+    for run in runs:
+        if not docs:
+            break
+        docs = run.run_batch(docs, rejected)
+    return Batch(docs, rejected) if docs or rejected else None
 
 
 class Unbatch(beam.DoFn):
@@ -594,16 +608,22 @@ class ReadDocuments(beam.PTransform):
 
     spread_files: the matched files are reshuffled so that workers (or threads) read them apart.
     False only where one worker runs everything (pipeline.runs_on_one_worker): there the Reshuffle
-    is one more runner stage and bundle and nothing else (~0.08 CPU-s of each run's start-up)."""
+    is one more runner stage and bundle and nothing else (~0.08 CPU-s of each run's start-up).
+
+    unit_reader: a ReadFileDoFn that reads each file or range (a *unit*) itself and has one more
+    output, UNIT_LEDGER (dsdata/beam/resume.py's CommitUnitsDoFn, which runs the committed stages
+    and commits each unit); the documents are then never reshuffled after reading (a big file that
+    cannot be cut is read by one worker), and "ledger" is in the result."""
 
     def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id",
                  spread_documents: bool = False, range_bytes: int | None = None, batch_docs: int | None = None,
-                 spread_files: bool = True, limit: int | None = None):
+                 spread_files: bool = True, limit: int | None = None, unit_reader: ReadFileDoFn | None = None):
         super().__init__()
         self.patterns, self.fmt, self.text_field, self.id_field = patterns, fmt, text_field, id_field
         self.limit = limit
         self.spread_documents, self.range_bytes, self.batch_docs = spread_documents, range_bytes, batch_docs
         self.spread_files = spread_files or spread_documents
+        self.unit_reader = unit_reader
 
     def expand(self, pbegin):
         files = (
@@ -630,6 +650,10 @@ class ReadDocuments(beam.PTransform):
         if cut:
             files = (files | "PlanRanges" >> beam.ParDo(PlanRanges(self.fmt, self.range_bytes))
                      | "SpreadRanges" >> beam.Reshuffle())
+        if self.unit_reader is not None:
+            read = beam.ParDo(self.unit_reader).with_output_types(Batch)
+            out = files | "ReadUnits" >> read.with_outputs(UNIT_LEDGER, main=KEPT)
+            return {KEPT: out[KEPT], UNIT_LEDGER: out[UNIT_LEDGER]}
         read = beam.ParDo(ReadFileDoFn(self.fmt, self.text_field, self.id_field, self.batch_docs))
         if self.batch_docs:
             read = read.with_output_types(Batch)

@@ -64,9 +64,11 @@ def create_exclusive(path: str, mode: int = 0o644) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
 
 
-def write_file_in_out(directory: str, name: str, text: str | bytes) -> str:
+def write_file_in_out(directory: str, name: str, text: str | bytes, durable: bool = False) -> str:
     """Write OUT/NAME whole: to a new temporary file beside it, then renamed over the name (a
-    rename replaces a link, it does not write through it); a failed write leaves no partial file."""
+    rename replaces a link, it does not write through it); a failed write leaves no partial file.
+    durable: the file is fsynced before the rename and the folder after it, so that once this
+    returns the file survives a crash of the machine with its content (a commit marker)."""
     data = text.encode("utf-8") if isinstance(text, str) else text
     path = os.path.join(directory, name)
     temp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
@@ -74,6 +76,9 @@ def write_file_in_out(directory: str, name: str, text: str | bytes) -> str:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(temp, path)
     except BaseException:
         try:
@@ -81,4 +86,15 @@ def write_file_in_out(directory: str, name: str, text: str | bytes) -> str:
         except FileNotFoundError:
             pass
         raise
+    if durable:
+        sync_dir(directory)
     return path
+
+
+def sync_dir(directory: str) -> None:
+    """fsync a folder: the names created or renamed in it survive a crash of the machine."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

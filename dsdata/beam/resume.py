@@ -1,0 +1,252 @@
+"""Runs that resume where they died: the recipe's leading per-document stages are committed per unit.
+
+A run's *committed stages* are its leading stages that work one document at a time and can run
+inside one DoFn on the reader's Batches (kinds.committable: clean, lang, rules, decontaminate,
+relevance, pii, …; everything before the first whole-corpus stage — dedup, difficulty, augment,
+shards — or side output).  Each *unit* (an input file, or the byte range / row groups of one that a
+worker reads: dsdata/io/readers/ranges.py) is read and run through them by ONE DoFn call
+(CommitUnitsDoFn), whose results are written to OUT/resume/units as they come and committed when the
+unit is done (dsdata/io/resume.py: fsync, rename, then the marker).  The batches go on downstream as
+they are made, as they would without commits.
+
+`dsdata run --resume` after a killed or failed run compares OUT/resume/fingerprint.json with its own
+(recipe after --set, the files the committed stages read, the inputs' names, sizes and modification
+times) and refuses in one line when they differ.  Otherwise each unit its plan reads that has a
+commit marker is read back from OUT instead of from the input and through the stages; the others
+are read and committed; then the whole-corpus stages run over everything, so that every output is
+what an uninterrupted run writes.  A successful run removes OUT/resume.
+
+The ledger: a unit reader emits its input count ("count", ("input",), n) and ("resume", "reused" |
+"processed", (1, records)) per unit on its UNIT_LEDGER output; stats.json's "resume" (on --resume
+runs) sums the latter.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.utils import shared
+
+from dsdata import __version__
+from dsdata.beam.errors import StageEnvironmentError
+from dsdata.beam.kinds import batch_run, committable
+from dsdata.beam.transforms import UNIT_LEDGER, Batch, FileRange, ReadFileDoFn, all_cuttable, run_batch_chain
+from dsdata.document import Rejected
+from dsdata.io.inputs import shown_path
+from dsdata.io.readers import READ_STAGE
+from dsdata.io.resume import (FINGERPRINT_FORMAT, CommittedUnitDamaged, CommittedWork, UnitWriter, continue_committed, path_fingerprint,
+                              read_fingerprint, read_unit, remove_resume_folder, start_fresh, unfinished_units,
+                              unit_key, unit_problem)
+from dsdata.stages import Stage
+
+log = logging.getLogger("dsdata")
+
+
+def committed_stage_count(stages: list[Stage]) -> int:
+    """How many of the recipe's leading stages are committed per unit."""
+    n = 0
+    while n < len(stages) and committable(stages[n]):
+        n += 1
+    return n
+
+
+@dataclass
+class CommitPlan:
+    """How a run commits: `stages` leading stages per unit into `work` (None: the run commits
+    nothing, `why_not` says why).  `resume`: the run was asked to resume (stats.json says what it reused)."""
+
+    stages: int
+    work: CommittedWork | None
+    resume: bool
+    why_not: str | None = None
+
+    def stats(self, counts: dict[str, list[int]]) -> dict[str, Any] | None:
+        """stats.json's "resume" (only on --resume runs): units and input records reused and processed."""
+        if not self.resume:
+            return None
+        out: dict[str, Any] = {"resumed": bool(self.work is not None and self.work.resumed)}
+        if self.why_not:
+            out["why_not"] = self.why_not
+        for what, index in (("units", 0), ("records", 1)):
+            out[what] = {kind: counts.get(kind, [0, 0])[index] for kind in ("reused", "processed")}
+        return out
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def input_listing(patterns: list[str]) -> dict[str, list | None]:
+    """The files the patterns name now: path → [size in bytes, modification time in seconds]
+    (None: nothing matches it now; the reader will reject it as unreadable)."""
+    listing: dict[str, list | None] = {}
+    for pattern in patterns:
+        try:
+            found = FileSystems.match([pattern])[0].metadata_list
+        except Exception:  # noqa: BLE001 - unmatchable: its reading fails, and so does its fingerprint
+            found = []
+        if not found:
+            listing[shown_path(pattern)] = None
+        for meta in found:
+            listing[shown_path(meta.path)] = [meta.size_in_bytes, meta.last_updated_in_seconds]
+    return listing
+
+
+def run_fingerprint(recipe, stages: list[Stage], n_committed: int) -> dict[str, Any]:
+    """What a resumed run must share with the run that committed: the recipe after --set (every
+    stage's parameters, the input format and fields), dsdata's version, the files the committed
+    stages' path parameters name (models, benchmark lists: sizes and modification times), and the
+    input files (names, sizes, modification times)."""
+    stage_files = {}
+    for stage in stages[:n_committed]:
+        for key, spec in type(stage).params.items():
+            value = getattr(stage, key)
+            if not spec.is_path or value is None:
+                continue
+            paths = value if isinstance(value, list) else [value]
+            for i, path in enumerate(paths):
+                name = f"{stage.name}.{key}" + (f"[{i}]" if isinstance(value, list) else "")
+                stage_files[name] = path_fingerprint(str(path))
+    return {
+        "format": FINGERPRINT_FORMAT,
+        "dsdata_version": __version__,
+        "recipe": _jsonable({
+            "name": recipe.name, "input_format": recipe.input_format, "text_field": recipe.text_field,
+            "id_field": recipe.id_field, "committed_stages": n_committed,
+            "stages": [{"name": s.name, "params": s.parameter_values()} for s in stages],
+        }),
+        "stage_files": stage_files,
+        "inputs": input_listing(list(recipe.inputs)),
+    }
+
+
+def plan_commits(recipe, stages: list[Stage], output: str, several_workers: bool, resume: bool) -> CommitPlan:
+    """Decide how this run commits, set up OUT/resume, and (resume) check that OUT's committed work
+    is this run's: ResumeRefused (one line, nothing touched) when it is not.  Called under OUT's lock
+    before the run's old outputs are removed."""
+    n = committed_stage_count(stages)
+    why_not = None
+    if "://" in output:
+        why_not = "the output is remote (object stores have no atomic rename to commit with)"
+    elif recipe.limit is not None:
+        why_not = "a --limit run commits nothing"
+    elif n == 0:
+        why_not = "the recipe has no per-document stage before its first whole-corpus stage"
+    if resume and why_not is None:
+        recorded = read_fingerprint(output)
+        if recorded is not None:
+            # A multi-worker runner on big files it cannot cut commits too when resuming (each such
+            # file is then read by one worker): the committed work is worth more than the spread.
+            work = continue_committed(output, run_fingerprint(recipe, stages, n), recorded)
+            log.info("resuming %s: %d unit(s) committed by the earlier run", output, len(work.committed))
+            return CommitPlan(n, work, resume=True)
+        log.warning("--resume: %s holds no committed work to resume; starting a fresh run", output)
+    if why_not is None and several_workers and not all_cuttable(list(recipe.inputs), recipe.input_format):
+        why_not = ("several workers read the inputs and a big one cannot be cut into ranges, so its documents "
+                   "are spread after reading")
+    if "://" not in output:
+        units = unfinished_units(output)
+        if units and not resume:
+            log.info("%s holds the committed work of an unfinished run (%d unit(s)); this run replaces it "
+                     "(dsdata run --resume continues such a run)", output, units)
+        if why_not is not None:
+            remove_resume_folder(output)
+    if why_not is not None:
+        if resume:
+            log.warning("--resume: this run commits nothing: %s", why_not)
+        return CommitPlan(0, None, resume, why_not)
+    return CommitPlan(n, start_fresh(output, run_fingerprint(recipe, stages, n)), resume)
+
+
+def unit_description(element: fileio.FileMetadata | FileRange) -> list:
+    """A unit as plain data: ["file", path] or ["range", path, format, start, end, first line]."""
+    if isinstance(element, FileRange):
+        return ["range", element.path, element.fmt, element.start, element.end, element.first_line]
+    return ["file", element.path]
+
+
+class CommitUnitsDoFn(ReadFileDoFn):
+    """Reads a unit (ReadFileDoFn's batches), runs the committed stages on each batch, writes the
+    results to OUT/resume/units as they come and commits the unit when it is done; a unit an earlier
+    run committed (`committed`) is read back from there instead.  Main output: the batches after
+    the committed stages; UNIT_LEDGER: the unit's input count and what was reused or processed."""
+
+    def __init__(self, fmt: str, text_field: str, id_field: str, batch_docs: int, stages: list[Stage],
+                 units_dir: str, committed: frozenset[str]):
+        super().__init__(fmt, text_field, id_field, batch_docs)
+        self.stages, self.units_dir, self.committed = list(stages), units_dir, committed
+        self._shared = [shared.Shared() for _ in self.stages]  # made here: one handle per stage for every worker
+
+    def setup(self):
+        super().setup()
+        self._runs = [batch_run(stage, handle) for stage, handle in zip(self.stages, self._shared)]
+
+    def process(self, element: fileio.FileMetadata | FileRange):
+        description = unit_description(element)
+        key = unit_key(description)
+        if key in self.committed:
+            marker, why = unit_problem(self.units_dir, key, description)
+            if marker is not None:
+                yield from self._reuse(marker)
+                return
+            log.warning("committed unit %s (%s) is not reused: %s; reading it again", key,
+                        shown_path(element.path), why)
+        yield from self._process(element, description)
+
+    def _process(self, element, description: list):
+        writer = UnitWriter(self.units_dir, description)
+        n_input = records = 0
+        try:
+            for chunk in self._chunks(element, self.batch_docs):
+                records += len(chunk)
+                batch = self._batch(chunk)
+                n_input += len(batch.docs)
+                batch = run_batch_chain(self._runs, batch)
+                if batch is None:
+                    continue
+                writer.add(batch.docs, batch.rejected)  # before any later stage can change the documents
+                yield batch
+        except BaseException:
+            writer.abandon()
+            raise
+        if not writer.commit():
+            log.info("unit %s of %s is not committed (%s); a resumed run reads it again", writer.key,
+                     shown_path(element.path), writer.spoiled)
+        yield beam.pvalue.TaggedOutput(UNIT_LEDGER, ("count", ("input",), n_input))
+        yield beam.pvalue.TaggedOutput(UNIT_LEDGER, ("resume", "processed", (1, records)))
+
+    def _reuse(self, marker: dict):
+        """The committed unit's batches, timed and counted as the read stage's work."""
+        n_input = records = 0
+        batches = iter(read_unit(self.units_dir, marker))
+        while True:
+            start = self._clock_start()
+            try:
+                part = next(batches, None)
+            except CommittedUnitDamaged as exc:  # a crafted file whose marker matches: the run stops
+                raise StageEnvironmentError(str(exc)) from None
+            self._clock_stop(start)
+            if part is None:
+                break
+            docs, rejected = part
+            records += len(docs) + len(rejected)
+            n_input += len(docs) + _not_read_rejections(rejected)
+            self._in.inc(len(docs) + len(rejected))
+            yield Batch(docs, rejected)
+        yield beam.pvalue.TaggedOutput(UNIT_LEDGER, ("count", ("input",), n_input))
+        yield beam.pvalue.TaggedOutput(UNIT_LEDGER, ("resume", "reused", (1, records)))
+
+    def finish_bundle(self):
+        super().finish_bundle()
+        for run in self._runs:
+            run.finish_bundle()
+
+
+def _not_read_rejections(rejected: list[Rejected]) -> int:
+    """Rejections of documents the reader read (a committed stage's): they were input documents."""
+    return sum(1 for r in rejected if r.stage != READ_STAGE)
