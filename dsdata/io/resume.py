@@ -394,6 +394,7 @@ def read_fingerprint(output: str) -> dict | None:
 
 def start_fresh(output: str, fingerprint: dict) -> CommittedWork:
     """An empty OUT/resume/ holding this run's fingerprint (whatever was there is removed)."""
+    os.makedirs(output, exist_ok=True)
     folder = fresh_dir(resume_folder(output))
     units = fresh_dir(os.path.join(folder, UNITS_DIR))
     write_file_in_out(folder, FINGERPRINT_NAME, json.dumps(fingerprint, ensure_ascii=True, sort_keys=True) + "\n",

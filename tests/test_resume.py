@@ -1,0 +1,422 @@
+"""`dsdata run --resume` (issue 38 item 4): a run killed or failed part-way is continued without
+redoing the per-document work it committed, and every output equals an uninterrupted run's.
+
+Real runs: the pretrain recipe SIGKILLed in a real `dsdata run` process once some input files are
+committed (the test polls for commit markers), then resumed; the refusals (recipe, --set, inputs,
+a committed stage's file changed) and the tidying of a damaged OUT/resume on a run that failed over
+its error budget; and the committed record format itself."""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from dsdata import cli
+from dsdata.document import Document, Rejected
+from dsdata.io.resume import (RESUME_REFUSED_EXIT, NotCommittable, UnitWriter, fingerprint_difference, read_unit,
+                              unit_key, unit_problem, unit_record_batch)
+from dsdata.stages import REGISTRY
+from dsdata.stages.base import DocumentStage
+
+REPO = Path(__file__).resolve().parents[1]
+PRETRAIN = REPO / "pipelines" / "pretrain.yaml"
+
+
+# --- comparing two runs (as tests/test_engines.py does) ---------------------------------------------
+
+def _rows(out: Path, kind: str) -> list[dict]:
+    rows = []
+    for f in sorted((out / kind).glob("*.parquet")):
+        rows.extend(pq.read_table(f).to_pylist())
+    return sorted(rows, key=lambda r: (r["id"], json.dumps(r, sort_keys=True, default=str)))
+
+
+def _stats(out: Path) -> dict:
+    stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
+    for key in ("seconds", "stage_time", "stage_time_unavailable", "resume"):
+        stats.pop(key, None)
+    return stats
+
+
+def _files(out: Path, sub: str) -> dict[str, str]:
+    root = out / sub
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_same_outputs(base: Path, other: Path, side_outputs=("difficulty.json",), shards: bool = True) -> None:
+    for kind in ("kept", "rejected"):
+        assert _rows(other, kind) == _rows(base, kind), f"{kind} rows differ"
+    assert _stats(other) == _stats(base)
+    for name in side_outputs:
+        assert (other / name).read_bytes() == (base / name).read_bytes(), name
+    if shards:
+        assert _files(other, "shards") == _files(base, "shards")
+
+
+def _markers(out: Path) -> list[str]:
+    return sorted(glob.glob(str(out / "resume" / "units" / "*.json")))
+
+
+# --- the pretrain recipe, SIGKILLed and resumed ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def corpus(shared_data, tmp_path_factory) -> Path:
+    """1,200 documents of benchmarks/million_corpus.py (real prose, other languages, junk, duplicates)
+    in 6 files: enough that the run is killed with files left to read."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from million_corpus import generate
+
+    folder = tmp_path_factory.mktemp("corpus")
+    generate(folder, 1200, docs_per_file=200)
+    return folder
+
+
+def _dsdata(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "dsdata.cli", "run", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=1200)
+
+
+def _kill_after_markers(args: list[str], out: Path, markers: int) -> int:
+    """Start `dsdata run ARGS`, SIGKILL it once `markers` units are committed; the markers then."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "dsdata.cli", "run", *args], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 900
+    while len(_markers(out)) < markers:
+        assert proc.poll() is None, f"the run ended before {markers} units were committed: {proc.stderr.read()[-3000:]}"
+        assert time.time() < deadline, "timed out waiting for commit markers"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    return len(_markers(out))
+
+
+def test_a_sigkilled_pretrain_run_resumes_to_an_uninterrupted_runs_outputs(corpus, tmp_path):
+    inputs = ["--input", str(corpus / "*.jsonl")]
+    base = tmp_path / "base"
+    done = _dsdata(str(PRETRAIN), *inputs, "--output", str(base), "--quiet")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (base / "resume").exists(), "a finished run keeps no committed work"
+
+    out = tmp_path / "out"
+    committed = _kill_after_markers([str(PRETRAIN), *inputs, "--output", str(out), "--quiet"], out, 2)
+    assert 2 <= committed < 6, "the run was to be killed with input files left"
+    assert not (out / "stats.json").exists()
+
+    resumed = _dsdata(str(PRETRAIN), *inputs, "--output", str(out), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr
+    assert f"resuming {out}: {committed} unit(s) committed by the earlier run" in resumed.stderr
+    assert_same_outputs(base, out)
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["resume"] == {"resumed": True, "units": {"reused": committed, "processed": 6 - committed},
+                               "records": {"reused": 200 * committed, "processed": 200 * (6 - committed)}}
+    # The committed stages did no work on the reused files: lang saw only the others' documents.
+    assert stats["stage_time"]["lang"]["cpu_s"] < json.loads((base / "stats.json").read_text())["stage_time"]["lang"]["cpu_s"]
+    assert not (out / "resume").exists()
+
+
+# --- a run that failed over its error budget, on a light recipe ---------------------------------------------
+
+class PoisonStage(DocumentStage):
+    name = "poison"
+    description = "test-only: raises on a document holding POISON; puts a tuple in TUPLE's metadata"
+
+    def process(self, doc):
+        if "POISON" in doc.text:
+            raise ValueError("poisoned")
+        if "TUPLE" in doc.text:
+            doc.metadata["pair"] = (1, 2)  # JSON would give it back as a list: not committable
+        return doc
+
+
+RECIPE = """name: light
+input: {paths: ["data/*.jsonl"]}
+output: out
+stages:
+  - clean: {}
+  - poison: {}
+  - rules: {min_words: 3}
+  - decontaminate: {benchmarks: [bench.jsonl], fields: [text], min_tokens: 5, ngram: 5}
+  - dedup: {}
+"""
+PROSE = ("The river runs past the old mill where {i} children learn to swim every summer, "
+         "and the miller tells them stories about the floods of long ago number {i}.")
+
+
+def _light_corpus(folder: Path, poison: bool = True) -> None:
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    (folder / "r.yaml").write_text(RECIPE, encoding="utf-8")
+    (folder / "bench.jsonl").write_text(json.dumps({"text": "a quiet evening by the lake with the bright stars"})
+                                        + "\n", encoding="utf-8")
+    for f in range(4):
+        with open(folder / "data" / f"part-{f}.jsonl", "w", encoding="utf-8") as fh:
+            for i in range(30):
+                n = f * 30 + i
+                text = PROSE.format(i=n)
+                if n == 45 and poison:
+                    text += " POISON"
+                if n == 100:
+                    text += " TUPLE"
+                if n % 17 == 0:
+                    text = "too short"
+                if n % 23 == 0:
+                    text = "a quiet evening by the lake with the bright stars, said the note"
+                fh.write(json.dumps({"id": f"d{n:03d}", "text": text}) + "\n")
+                if n % 11 == 0:
+                    fh.write("{not json\n")
+
+
+def _cli(folder: Path, *args: str, capsys) -> tuple[int, list[str]]:
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        code = cli.main(["run", "r.yaml", *args])
+    finally:
+        os.chdir(cwd)
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.startswith("dsdata:")]
+
+
+@pytest.fixture
+def failed_run(tmp_path, monkeypatch, capsys) -> Path:
+    """OUT of a run that failed over its error budget (--max-errors 0: one poisoned document): its
+    outputs are written and its committed work kept, one unit short (the TUPLE metadata)."""
+    monkeypatch.setitem(REGISTRY, "poison", f"{__name__}:PoisonStage")
+    _light_corpus(tmp_path)
+    code, err = _cli(tmp_path, "--quiet", "--max-errors", "0", capsys=capsys)
+    assert code == 1 and "over the budget" in err[-1], err
+    assert len(_markers(tmp_path / "out")) == 3, "the unit with a tuple in its metadata is not committed"
+    return tmp_path
+
+
+@pytest.fixture
+def finished(failed_run, tmp_path_factory, monkeypatch, capsys) -> Path:
+    """The same recipe and inputs run whole with a budget that lets it finish, in another OUT."""
+    base = tmp_path_factory.mktemp("finished") / "out"
+    code, err = _cli(failed_run, "--quiet", "--max-errors", "1", "--output", str(base), capsys=capsys)
+    assert code == 0, err
+    return base
+
+
+def _resume_stats(folder: Path) -> dict:
+    return json.loads((folder / "out" / "stats.json").read_text())["resume"]
+
+
+def test_resume_after_a_failed_run_reuses_its_committed_units(failed_run, finished, capsys, caplog):
+    code, err = _cli(failed_run, "--resume", "--max-errors", "1", capsys=capsys)
+    assert code == 0, err
+    assert f"resuming {failed_run / 'out'}: 3 unit(s) committed by the earlier run" in caplog.messages
+    assert_same_outputs(finished, failed_run / "out", side_outputs=(), shards=False)
+    assert _resume_stats(failed_run) == {"resumed": True, "units": {"reused": 3, "processed": 1},
+                                         "records": {"reused": 99, "processed": 32}}
+    assert not (failed_run / "out" / "resume").exists()
+
+
+def test_the_python_api_resumes_too(failed_run, finished):
+    import dsdata
+
+    cwd = os.getcwd()
+    os.chdir(failed_run)
+    try:
+        stats = dsdata.run("r.yaml", max_errors=1, resume=True)
+    finally:
+        os.chdir(cwd)
+    assert stats["resume"]["units"] == {"reused": 3, "processed": 1}
+    assert_same_outputs(finished, failed_run / "out", side_outputs=(), shards=False)
+
+
+def _set_min_words(folder: Path) -> list[str]:
+    return ["--set", "rules.min_words=4"]
+
+
+def _drop_dedup(folder: Path) -> list[str]:
+    (folder / "r.yaml").write_text(RECIPE.replace("  - dedup: {}\n", ""), encoding="utf-8")
+    return []
+
+
+def _append_a_line(folder: Path) -> list[str]:
+    with open(folder / "data" / "part-2.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"id": "x", "text": "one more"}\n')
+    return []
+
+
+def _add_a_file(folder: Path) -> list[str]:
+    (folder / "data" / "part-9.jsonl").write_text('{"id": "x", "text": "new"}\n', encoding="utf-8")
+    return []
+
+
+def _read_fewer_files(folder: Path) -> list[str]:
+    return ["--input", str(folder / "data" / "part-[012].jsonl")]
+
+
+def _touch_the_benchmark(folder: Path) -> list[str]:
+    os.utime(folder / "bench.jsonl", ns=(1, 1))  # same bytes, another modification time
+    return []
+
+
+@pytest.mark.parametrize("change, why", [
+    (_set_min_words, "the recipe changed: rules.min_words was 3, is 4"),
+    (_drop_dedup, "the recipe's stages changed (clean → poison → rules → decontaminate → dedup then, "
+                  "clean → poison → rules → decontaminate now)"),
+    (_append_a_line, "the input files changed: 1 changed in size or modification time (part-2.jsonl)"),
+    (_add_a_file, "the input files changed: 1 new (part-9.jsonl)"),
+    (_read_fewer_files, "the input files changed: 1 gone (part-3.jsonl)"),
+    (_touch_the_benchmark, "the files decontaminate.benchmarks[0] names changed since (their sizes or "
+                           "modification times)"),
+])
+def test_a_changed_recipe_or_input_set_refuses_resume_in_one_line(failed_run, capsys, change, why):
+    out = failed_run / "out"
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    extra = change(failed_run)
+    code, err = _cli(failed_run, "--resume", "--quiet", "--max-errors", "1", *extra, capsys=capsys)
+    assert code == RESUME_REFUSED_EXIT == 3
+    assert err == [f"dsdata: error: cannot resume {out}: {why}; its committed work is not this run's "
+                   "(run without --resume to start again)"], err
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before, "a refused resume touches nothing"
+
+
+def test_resume_with_nothing_to_resume_starts_fresh_and_says_so(tmp_path, monkeypatch, capsys, caplog):
+    monkeypatch.setitem(REGISTRY, "poison", f"{__name__}:PoisonStage")
+    _light_corpus(tmp_path, poison=False)
+    code, err = _cli(tmp_path, "--resume", capsys=capsys)
+    assert code == 0, err
+    assert f"--resume: {tmp_path / 'out'} holds no committed work to resume; starting a fresh run" in caplog.messages
+    assert _resume_stats(tmp_path) == {"resumed": False, "units": {"reused": 0, "processed": 4},
+                                       "records": {"reused": 0, "processed": 131}}
+
+
+def test_a_plain_run_replaces_an_unfinished_runs_committed_work_and_says_so(failed_run, capsys, caplog):
+    old = set(_markers(failed_run / "out"))
+    code, err = _cli(failed_run, "--max-errors", "1", capsys=capsys)
+    assert code == 0, err
+    assert any("holds the committed work of an unfinished run (3 unit(s)); this run replaces it" in line
+               for line in caplog.messages), caplog.messages
+    assert "resume" not in json.loads((failed_run / "out" / "stats.json").read_text())
+    assert not (failed_run / "out" / "resume").exists() and old
+
+
+def test_resume_discards_partial_and_damaged_units_and_follows_no_link(failed_run, finished, capsys, caplog,
+                                                                      tmp_path_factory):
+    units = failed_run / "out" / "resume" / "units"
+    markers = _markers(failed_run / "out")
+    outside = tmp_path_factory.mktemp("outside") / "target.json"
+    outside.write_text("keep me")
+    # A unit whose data lost its marker (the run died between the two), one whose data was changed
+    # after its marker was written, a temporary file, and links planted where markers and data go.
+    os.remove(markers[0])
+    data = Path(markers[1]).with_suffix(".arrow")
+    raw = bytearray(data.read_bytes())
+    raw[-20] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    (units / ".tmp-0123.arrow").write_bytes(b"partial")
+    (units / ("f" * 32 + ".json")).symlink_to(outside)
+    (units / ("e" * 32 + ".arrow")).symlink_to(outside)
+    code, err = _cli(failed_run, "--resume", "--max-errors", "1", capsys=capsys)
+    assert code == 0, err
+    assert any("is not reused" in line and "size or sha256 differ" in line for line in caplog.messages), caplog.messages
+    assert _resume_stats(failed_run)["units"] == {"reused": 1, "processed": 3}
+    assert_same_outputs(finished, failed_run / "out", side_outputs=(), shards=False)
+    assert outside.read_text() == "keep me"
+
+
+def test_a_crafted_unit_whose_marker_matches_stops_the_run_in_one_line(failed_run, capsys):
+    marker_path = Path(_markers(failed_run / "out")[0])
+    data = marker_path.with_suffix(".arrow")
+    crafted = b"\xff\xff\xff\xff" + b"\x00" * 64  # not an Arrow stream
+    data.write_bytes(crafted)
+    marker = json.loads(marker_path.read_text())
+    marker.update(bytes=len(crafted), sha256=hashlib.sha256(crafted).hexdigest())
+    marker_path.write_text(json.dumps(marker))
+    code, err = _cli(failed_run, "--resume", "--quiet", "--max-errors", "1", capsys=capsys)
+    assert code == 1
+    assert len(err) == 1 and "is damaged" in err[0] and "run again without --resume" in err[0], err
+
+
+def test_resume_and_limit_or_a_remote_output_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(REGISTRY, "poison", f"{__name__}:PoisonStage")
+    _light_corpus(tmp_path)
+    code, err = _cli(tmp_path, "--resume", "--limit", "5", capsys=capsys)
+    assert code == 2 and err == ["dsdata: error: --resume cannot be combined with --limit: a --limit run is a trial "
+                                 "that commits nothing to resume"], err
+    code, err = _cli(tmp_path, "--resume", "--output", "s3://bucket/out", capsys=capsys)
+    assert code == 2 and "--resume needs a local output directory" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_on_worker_processes_reuses_what_the_in_process_runner_committed(failed_run, finished, capsys,
+                                                                                  monkeypatch):
+    # The worker processes unpickle the test's own stage: they must find this module.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(Path(__file__).parent)]))
+    code, err = _cli(failed_run, "--resume", "--quiet", "--max-errors", "1", "--direct_running_mode=multi_processing",
+                     "--direct_num_workers=2", capsys=capsys)
+    assert code == 0, err
+    assert _resume_stats(failed_run)["units"] == {"reused": 3, "processed": 1}
+    assert_same_outputs(finished, failed_run / "out", side_outputs=(), shards=False)
+
+
+# --- the committed records ---------------------------------------------------------------------------------
+
+def test_committed_records_read_back_exactly(tmp_path):
+    docs = [Document("a", "text é 中", {"n": 1, "x": 1.5, "nested": {"l": [None, True, "s"]}, "nan": float("nan")},
+                     {"lang": "en", "lang_score": 0.123456789012345, "tally": {"bench": 1}}),
+            Document("b", "", {}, {}, derived_from="a")]
+    rejected = [Rejected(Document("c", "x" * 200_000, {"source": "f"}, {"rules_cjk": False}), "rules", "too_short",
+                         "detail"),
+                Rejected(Document("f:3", "", {}), "read", "bad_json", "line 3")]
+    units = tmp_path / "units"
+    units.mkdir()
+    description = ["file", "/data/f.jsonl"]
+    writer = UnitWriter(str(units), description)
+    writer.add(docs, rejected)
+    writer.add(docs[:1], [])
+    assert writer.commit()
+    marker, why = unit_problem(str(units), unit_key(description), description)
+    assert why is None
+    back = list(read_unit(str(units), marker))
+    assert len(back) == 2
+    (docs_back, rejected_back), (second, none) = back
+    assert [d.id for d in second] == ["a"] and none == []
+    assert [(d.id, d.text, d.annotations, d.derived_from) for d in docs_back] == \
+        [(d.id, d.text, d.annotations, d.derived_from) for d in docs]
+    assert json.dumps(docs_back[0].metadata) == json.dumps(docs[0].metadata)
+    assert [(r.doc.id, r.doc.text, r.doc.metadata, r.doc.annotations, r.stage, r.reason, r.detail) for r in rejected_back] \
+        == [(r.doc.id, r.doc.text, r.doc.metadata, r.doc.annotations, r.stage, r.reason, r.detail) for r in rejected]
+    # Another unit's description under this key is not this unit.
+    assert unit_problem(str(units), unit_key(description), ["file", "/data/g.jsonl"])[0] is None
+
+
+@pytest.mark.parametrize("value", [(1, 2), {1: "a"}, np.float32(0.5), np.int64(3), b"bytes", {"s": {"x"}}])
+def test_a_value_json_cannot_hold_exactly_is_not_committable(value):
+    with pytest.raises(NotCommittable):
+        unit_record_batch([Document("a", "t", {"v": value})], [])
+    with pytest.raises(NotCommittable):
+        unit_record_batch([Document("a", "t", {}, {"v": value})], [])
+    unit_record_batch([Document("a", "t", {"v": [[{"k": None}]]})], [])  # plain JSON is
+
+
+def test_fingerprint_differences_name_what_changed():
+    base = {"dsdata_version": "1", "recipe": {"name": "r", "stages": [{"name": "lang", "params": {"keep": ["en"]}}]},
+            "stage_files": {"lang.model": "a"}, "inputs": {"/d/a.jsonl": [3, 1.0]}}
+    assert fingerprint_difference(base, json.loads(json.dumps(base))) is None
+    other = json.loads(json.dumps(base))
+    other["recipe"]["stages"][0]["params"]["keep"] = ["en", "zh"]
+    assert fingerprint_difference(base, other) == 'the recipe changed: lang.keep was ["en"], is ["en", "zh"]'
+    other = json.loads(json.dumps(base))
+    other["dsdata_version"] = "2"
+    assert fingerprint_difference(base, other) == "it was written by dsdata 1, this is 2"
+    other = json.loads(json.dumps(base))
+    other["stage_files"]["lang.model"] = "b"
+    assert "the files lang.model names changed" in fingerprint_difference(base, other)
