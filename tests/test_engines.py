@@ -5,7 +5,6 @@ and every shard file byte for byte.  Everything a test starts binds 127.0.0.1 an
 """
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import os
@@ -17,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from dsdata.beam.engines import artifacts as engines
@@ -26,6 +24,7 @@ from dsdata.beam.engines.local_flink import ClusterError, LocalFlinkCluster
 from dsdata.beam.pipeline import run_recipe
 from dsdata.cli import main as cli_main
 from dsdata.recipe import load_recipe
+from run_outputs import assert_same_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "pipelines" / "pretrain.yaml"
@@ -33,40 +32,7 @@ PRETRAIN = REPO / "pipelines" / "pretrain.yaml"
 psutil = pytest.importorskip("psutil")
 
 
-# --- comparing two runs ------------------------------------------------------------------------------
-
-def _rows(out: Path, kind: str) -> list[dict]:
-    rows = []
-    for f in sorted((out / kind).glob("*.parquet")):
-        rows.extend(pq.read_table(f).to_pylist())
-    return sorted(rows, key=lambda r: (r["id"], json.dumps(r, sort_keys=True, default=str)))
-
-
-def _stats(out: Path) -> dict:
-    stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
-    # What the run measured rather than produced: wall time and per-stage CPU time (which a runner
-    # without metrics, like the dask runner, reports as unavailable).
-    for key in ("seconds", "stage_time", "stage_time_unavailable"):
-        stats.pop(key, None)
-    return stats
-
-
-def _shards(out: Path) -> dict[str, str]:
-    # Every file under shards/, the bundled tokenizer's directory included.
-    root = out / "shards"
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def assert_same_outputs(base: Path, other: Path) -> None:
-    for kind in ("kept", "rejected"):
-        assert _rows(other, kind) == _rows(base, kind), f"{kind} rows differ"
-        leftovers = [p.name for p in (other / kind).iterdir() if p.name.startswith("beam-temp")]
-        assert not leftovers, f"temporary write directories left in {kind}/: {leftovers}"
-    assert _stats(other) == _stats(base)
-    assert (other / "difficulty.json").read_text() == (base / "difficulty.json").read_text()
-    assert _shards(other) == _shards(base)
-
+# --- comparing two runs: tests/run_outputs.py ---------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory) -> Path:

@@ -7,7 +7,9 @@ Output layout (other stages and the trainer build on it):
                                  "stages": {stage: {"rejected": n, "kept_after": n}}, "ledger_ok",
                                  "tallies": {annotation: {key: n}} (the stages' Stage.tallies, when any),
                                  "errors": {"count", "by_stage", "budget", "over_budget"},
-                                 "stage_time": {stage: {"cpu_s", "docs", "docs_per_s"}}}
+                                 "stage_time": {stage: {"cpu_s", "docs", "docs_per_s"}},
+                                 "resume": {"resumed", "units", "records"} (--resume runs only)}
+  DIR/resume/                   a running (or killed) run's committed units (dsdata/beam/resume.py)
 """
 from __future__ import annotations
 
