@@ -267,6 +267,18 @@ def test_resume_with_nothing_to_resume_starts_fresh_and_says_so(tmp_path, monkey
                                        "records": {"reused": 0, "processed": 131}}
 
 
+def test_resume_of_a_recipe_with_nothing_per_document_says_it_commits_nothing(tmp_path, caplog, capsys):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text('{"id": "a", "text": "same words"}\n{"id": "b", "text": "same words"}\n')
+    (tmp_path / "r.yaml").write_text("input: {paths: [data/a.jsonl]}\nstages:\n  - dedup: {}\n", encoding="utf-8")
+    code, err = _cli(tmp_path, "--resume", "--quiet", capsys=capsys)
+    assert code == 0, err
+    why = "the recipe has no per-document stage before its first whole-corpus stage"
+    assert f"--resume: this run commits nothing: {why}" in caplog.messages
+    assert _resume_stats(tmp_path) == {"resumed": False, "why_not": why}
+    assert not (tmp_path / "out" / "resume").exists()
+
+
 def test_a_plain_run_replaces_an_unfinished_runs_committed_work_and_says_so(failed_run, capsys, caplog):
     old = set(_markers(failed_run / "out"))
     code, err = _cli(failed_run, "--max-errors", "1", capsys=capsys)

@@ -69,9 +69,9 @@ class CommitPlan:
         """stats.json's "resume" (only on --resume runs): units and input records reused and processed."""
         if not self.resume:
             return None
-        out: dict[str, Any] = {"resumed": bool(self.work is not None and self.work.resumed)}
-        if self.why_not:
-            out["why_not"] = self.why_not
+        if self.work is None:
+            return {"resumed": False, "why_not": self.why_not}
+        out: dict[str, Any] = {"resumed": self.work.resumed}
         for what, index in (("units", 0), ("records", 1)):
             out[what] = {kind: counts.get(kind, [0, 0])[index] for kind in ("reused", "processed")}
         return out
@@ -128,28 +128,32 @@ def run_fingerprint(recipe, stages: list[Stage], n_committed: int) -> dict[str, 
 def plan_commits(recipe, stages: list[Stage], output: str, several_workers: bool, resume: bool) -> CommitPlan:
     """Decide how this run commits, set up OUT/resume, and (resume) check that OUT's committed work
     is this run's: ResumeRefused (one line, nothing touched) when it is not.  Called under OUT's lock
-    before the run's old outputs are removed."""
+    before the run's old outputs are removed.  (A remote OUT and --limit never come here with
+    resume: prepare_run refuses them.)"""
     n = committed_stage_count(stages)
-    why_not = None
-    if "://" in output:
+    local = "://" not in output
+    if resume and local:
+        recorded = read_fingerprint(output)
+        if recorded is not None:
+            # Same recipe, so n > 0 as when it was recorded.  A multi-worker runner on big files it
+            # cannot cut commits too when resuming (each such file is then read by one worker): the
+            # committed work is worth more than the spread.
+            work = continue_committed(output, run_fingerprint(recipe, stages, n), recorded)
+            log.info("resuming %s: %d unit(s) committed by the earlier run", output, len(work.committed))
+            return CommitPlan(n, work, resume=True)
+        log.warning("--resume: %s holds no committed work to resume; starting a fresh run", output)
+    if not local:
         why_not = "the output is remote (object stores have no atomic rename to commit with)"
     elif recipe.limit is not None:
         why_not = "a --limit run commits nothing"
     elif n == 0:
         why_not = "the recipe has no per-document stage before its first whole-corpus stage"
-    if resume and why_not is None:
-        recorded = read_fingerprint(output)
-        if recorded is not None:
-            # A multi-worker runner on big files it cannot cut commits too when resuming (each such
-            # file is then read by one worker): the committed work is worth more than the spread.
-            work = continue_committed(output, run_fingerprint(recipe, stages, n), recorded)
-            log.info("resuming %s: %d unit(s) committed by the earlier run", output, len(work.committed))
-            return CommitPlan(n, work, resume=True)
-        log.warning("--resume: %s holds no committed work to resume; starting a fresh run", output)
-    if why_not is None and several_workers and not all_cuttable(list(recipe.inputs), recipe.input_format):
+    elif several_workers and not all_cuttable(list(recipe.inputs), recipe.input_format):
         why_not = ("several workers read the inputs and a big one cannot be cut into ranges, so its documents "
                    "are spread after reading")
-    if "://" not in output:
+    else:
+        why_not = None
+    if local:
         units = unfinished_units(output)
         if units and not resume:
             log.info("%s holds the committed work of an unfinished run (%d unit(s)); this run replaces it "
