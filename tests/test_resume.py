@@ -22,8 +22,8 @@ import pytest
 
 from dsdata import cli
 from dsdata.document import Document, Rejected
-from dsdata.io.resume import (RESUME_REFUSED_EXIT, NotCommittable, UnitWriter, fingerprint_difference, read_unit,
-                              unit_key, unit_problem, unit_record_batch)
+from dsdata.io.resume import (RESUME_REFUSED_EXIT, CommitGroup, NotCommittable, committed_index,
+                              fingerprint_difference, read_unit, unit_key, unit_problem, unit_record_batch)
 from dsdata.stages import REGISTRY
 from dsdata.stages.base import DocumentStage
 from run_outputs import assert_same_outputs
@@ -32,21 +32,33 @@ REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "pipelines" / "pretrain.yaml"
 
 
-def _markers(out: Path) -> list[str]:
-    return sorted(glob.glob(str(out / "resume" / "units" / "*.json")))
+def _markers(out: Path) -> list[Path]:
+    return sorted(Path(p) for p in glob.glob(str(out / "resume" / "units" / "*.json")))
+
+
+def _committed(out: Path) -> int:
+    """Units committed in OUT (each marker lists the units of one commit group)."""
+    count = 0
+    for marker in _markers(out):
+        try:
+            count += len(json.loads(marker.read_text())["units"])
+        except (OSError, ValueError):  # being renamed into place this instant
+            pass
+    return count
 
 
 # --- the pretrain recipe, SIGKILLed and resumed ----------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def corpus(shared_data, tmp_path_factory) -> Path:
-    """1,200 documents of benchmarks/million_corpus.py (real prose, other languages, junk, duplicates)
-    in 6 files: enough that the run is killed with files left to read."""
+    """1,800 documents of benchmarks/million_corpus.py (real prose, other languages, junk, duplicates)
+    in 6 files: enough that the run is killed with files left to read (units finished within about a
+    second are committed together)."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     from million_corpus import generate
 
     folder = tmp_path_factory.mktemp("corpus")
-    generate(folder, 1200, docs_per_file=200)
+    generate(folder, 1800, docs_per_file=300)
     return folder
 
 
@@ -56,20 +68,20 @@ def _dsdata(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
                           text=True, timeout=1200)
 
 
-def _kill_after_markers(args: list[str], out: Path, markers: int) -> int:
-    """Start `dsdata run ARGS`, SIGKILL it once `markers` units are committed; the markers then."""
+def _kill_after_commits(args: list[str], out: Path, units: int) -> int:
+    """Start `dsdata run ARGS`, SIGKILL it once `units` units are committed; the units committed then."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "dsdata.cli", "run", *args], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 900
-    while len(_markers(out)) < markers:
-        assert proc.poll() is None, f"the run ended before {markers} units were committed: {proc.stderr.read()[-3000:]}"
+    while _committed(out) < units:
+        assert proc.poll() is None, f"the run ended before {units} units were committed: {proc.stderr.read()[-3000:]}"
         assert time.time() < deadline, "timed out waiting for commit markers"
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL
-    return len(_markers(out))
+    return _committed(out)
 
 
 def test_a_sigkilled_pretrain_run_resumes_to_an_uninterrupted_runs_outputs(corpus, tmp_path):
@@ -80,7 +92,7 @@ def test_a_sigkilled_pretrain_run_resumes_to_an_uninterrupted_runs_outputs(corpu
     assert not (base / "resume").exists(), "a finished run keeps no committed work"
 
     out = tmp_path / "out"
-    committed = _kill_after_markers([str(PRETRAIN), *inputs, "--output", str(out), "--quiet"], out, 2)
+    committed = _kill_after_commits([str(PRETRAIN), *inputs, "--output", str(out), "--quiet"], out, 2)
     assert 2 <= committed < 6, "the run was to be killed with input files left"
     assert not (out / "stats.json").exists()
 
@@ -91,7 +103,7 @@ def test_a_sigkilled_pretrain_run_resumes_to_an_uninterrupted_runs_outputs(corpu
     assert_same_outputs(base, out)
     stats = json.loads((out / "stats.json").read_text())
     assert stats["resume"] == {"resumed": True, "units": {"reused": committed, "processed": 6 - committed},
-                               "records": {"reused": 200 * committed, "processed": 200 * (6 - committed)}}
+                               "records": {"reused": 300 * committed, "processed": 300 * (6 - committed)}}
     # Only the files not committed were read from the input (the reader logs one line per file read).
     read = [line for line in resumed.stderr.splitlines() if line.startswith(f"dsdata: read {corpus}")]
     assert len(read) == 6 - committed, read
@@ -167,7 +179,7 @@ def failed_run(tmp_path, monkeypatch, capsys) -> Path:
     _light_corpus(tmp_path)
     code, err = _cli(tmp_path, "--quiet", "--max-errors", "0", capsys=capsys)
     assert code == 1 and "over the budget" in err[-1], err
-    assert len(_markers(tmp_path / "out")) == 3, "the unit with a tuple in its metadata is not committed"
+    assert _committed(tmp_path / "out") == 3, "the unit with a tuple in its metadata is not committed"
     return tmp_path
 
 
@@ -280,47 +292,56 @@ def test_resume_of_a_recipe_with_nothing_per_document_says_it_commits_nothing(tm
 
 
 def test_a_plain_run_replaces_an_unfinished_runs_committed_work_and_says_so(failed_run, capsys, caplog):
-    old = set(_markers(failed_run / "out"))
     code, err = _cli(failed_run, "--max-errors", "1", capsys=capsys)
     assert code == 0, err
     assert any("holds the committed work of an unfinished run (3 unit(s)); this run replaces it" in line
                for line in caplog.messages), caplog.messages
     assert "resume" not in json.loads((failed_run / "out" / "stats.json").read_text())
-    assert not (failed_run / "out" / "resume").exists() and old
+    assert not (failed_run / "out" / "resume").exists()
+
+
+def _units(out: Path) -> tuple[Path, dict]:
+    """The one commit group of the failed run: its marker's path and content."""
+    [marker] = _markers(out)
+    return marker, json.loads(marker.read_text())
 
 
 def test_resume_discards_partial_and_damaged_units_and_follows_no_link(failed_run, finished, capsys, caplog,
                                                                       tmp_path_factory):
-    units = failed_run / "out" / "resume" / "units"
-    markers = _markers(failed_run / "out")
+    units_dir = failed_run / "out" / "resume" / "units"
+    marker, content = _units(failed_run / "out")
+    data = marker.with_suffix(".arrow")
     outside = tmp_path_factory.mktemp("outside") / "target.json"
     outside.write_text("keep me")
-    # A unit whose data lost its marker (the run died between the two), one whose data was changed
-    # after its marker was written, a temporary file, and links planted where markers and data go.
-    os.remove(markers[0])
-    data = Path(markers[1]).with_suffix(".arrow")
+    # One unit's bytes changed after its marker was written; a group's data left without a marker
+    # (the run died before committing it) and a temporary file; a marker whose data is gone; links
+    # planted where markers and data go.
     raw = bytearray(data.read_bytes())
-    raw[-20] ^= 0xFF
+    damaged = content["units"][1]
+    raw[damaged["offset"] + damaged["bytes"] - 40] ^= 0xFF
     data.write_bytes(bytes(raw))
-    (units / ".tmp-0123.arrow").write_bytes(b"partial")
-    (units / ("f" * 32 + ".json")).symlink_to(outside)
-    (units / ("e" * 32 + ".arrow")).symlink_to(outside)
+    (units_dir / ("a" * 32 + ".arrow")).write_bytes(bytes(raw))
+    (units_dir / (".tmp-" + "b" * 32 + ".arrow")).write_bytes(b"partial")
+    (units_dir / ("c" * 32 + ".json")).write_text(marker.read_text().replace(data.name, "c" * 32 + ".arrow"))
+    (units_dir / ("f" * 32 + ".json")).symlink_to(outside)
+    (units_dir / ("e" * 32 + ".arrow")).symlink_to(outside)
     code, err = _cli(failed_run, "--resume", "--max-errors", "1", capsys=capsys)
     assert code == 0, err
     assert any("is not reused" in line and "size or sha256 differ" in line for line in caplog.messages), caplog.messages
-    assert _resume_stats(failed_run)["units"] == {"reused": 1, "processed": 3}
+    assert _resume_stats(failed_run)["units"] == {"reused": 2, "processed": 2}
     assert_same_outputs(finished, failed_run / "out", side_files=(), shards=False)
     assert outside.read_text() == "keep me"
 
 
 def test_a_crafted_unit_whose_marker_matches_stops_the_run_in_one_line(failed_run, capsys):
-    marker_path = Path(_markers(failed_run / "out")[0])
-    data = marker_path.with_suffix(".arrow")
+    marker, content = _units(failed_run / "out")
+    data = marker.with_suffix(".arrow")
     crafted = b"\xff\xff\xff\xff" + b"\x00" * 64  # not an Arrow stream
-    data.write_bytes(crafted)
-    marker = json.loads(marker_path.read_text())
-    marker.update(bytes=len(crafted), sha256=hashlib.sha256(crafted).hexdigest())
-    marker_path.write_text(json.dumps(marker))
+    size = data.stat().st_size
+    with open(data, "ab") as fh:
+        fh.write(crafted)
+    content["units"][0].update(offset=size, bytes=len(crafted), sha256=hashlib.sha256(crafted).hexdigest())
+    marker.write_text(json.dumps(content))
     code, err = _cli(failed_run, "--resume", "--quiet", "--max-errors", "1", capsys=capsys)
     assert code == 1
     assert len(err) == 1 and "is damaged" in err[0] and "run again without --resume" in err[0], err
@@ -359,14 +380,27 @@ def test_committed_records_read_back_exactly(tmp_path):
                 Rejected(Document("f:3", "", {}), "read", "bad_json", "line 3")]
     units = tmp_path / "units"
     units.mkdir()
-    description = ["file", "/data/f.jsonl"]
-    writer = UnitWriter(str(units), description)
-    writer.add(docs, rejected)
-    writer.add(docs[:1], [])
-    assert writer.commit()
-    marker, why = unit_problem(str(units), unit_key(description), description)
-    assert why is None
-    back = list(read_unit(str(units), marker))
+    first, failed, spoiled, last = (["file", f"/data/{n}.jsonl"] for n in "abcd")
+    group = CommitGroup(str(units))
+    group.begin(first)
+    group.add(docs, rejected)
+    group.add(docs[:1], [])
+    assert group.end()
+    group.begin(failed)  # a unit whose reading failed part-way
+    group.add(docs, [])
+    group.drop()
+    group.begin(spoiled)
+    group.add([Document("t", "t", {"pair": (1, 2)})], [])
+    assert not group.end() and "JSON cannot hold exactly" in group.spoiled
+    group.begin(last)  # a unit with no record (an empty file) is committed too
+    assert group.end()
+    assert group.commit() == 2
+    index = committed_index(str(units))
+    assert sorted(index) == sorted([unit_key(first), unit_key(last)])
+    unit = index[unit_key(first)]
+    assert unit_problem(unit, first) is None
+    assert "describes another unit" in unit_problem(unit, last)
+    back = list(read_unit(unit))
     assert len(back) == 2
     (docs_back, rejected_back), (second, none) = back
     assert [d.id for d in second] == ["a"] and none == []
@@ -375,8 +409,7 @@ def test_committed_records_read_back_exactly(tmp_path):
     assert json.dumps(docs_back[0].metadata) == json.dumps(docs[0].metadata)
     assert [(r.doc.id, r.doc.text, r.doc.metadata, r.doc.annotations, r.stage, r.reason, r.detail) for r in rejected_back] \
         == [(r.doc.id, r.doc.text, r.doc.metadata, r.doc.annotations, r.stage, r.reason, r.detail) for r in rejected]
-    # Another unit's description under this key is not this unit.
-    assert unit_problem(str(units), unit_key(description), ["file", "/data/g.jsonl"])[0] is None
+    assert list(read_unit(index[unit_key(last)])) == []
 
 
 @pytest.mark.parametrize("value", [(1, 2), {1: "a"}, np.float32(0.5), np.int64(3), b"bytes", {"s": {"x"}}])

@@ -542,7 +542,7 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     if commits is not None and commits.work is not None:
         lead = commits.stages
         reader = CommitUnitsDoFn(recipe.input_format, recipe.text_field, recipe.id_field, BATCH_DOCS, stages[:lead],
-                                 commits.work.units_dir, commits.work.committed)
+                                 commits.work.units_dir, commits.work.resumed)
         read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
                                            unit_reader=reader, **reading)
         batches = read[KEPT]

@@ -3,11 +3,12 @@
 A run's *committed stages* are its leading stages that work one document at a time and can run
 inside one DoFn on the reader's Batches (kinds.committable: for pretrain.yaml clean, lang, rules,
 decontaminate and relevance; everything before the first whole-corpus stage — dedup, difficulty,
-augment, shards — or side output).  Each *unit* (an input file, or the byte range / row groups of one that a
-worker reads: dsdata/io/readers/ranges.py) is read and run through them by ONE DoFn call
-(CommitUnitsDoFn), whose results are written to OUT/resume/units as they come and committed when the
-unit is done (dsdata/io/resume.py: fsync, rename, then the marker).  The batches go on downstream as
-they are made, as they would without commits.
+augment, shards — or side output).  Each *unit* (an input file, or the byte range / row groups of
+one that a worker reads: dsdata/io/readers/ranges.py) is read and run through them by ONE DoFn call
+(CommitUnitsDoFn), whose results are written to OUT/resume/units as they come and committed once the
+unit is done, with the units finished just before it (dsdata/io/resume.py CommitGroup: fsync,
+rename, then the marker).  The batches go on downstream as they are made, as they would without
+commits.
 
 `dsdata run --resume` after a killed or failed run compares OUT/resume/fingerprint.json with its own
 (recipe after --set, the files the committed stages read, the inputs' names, sizes and modification
@@ -22,6 +23,7 @@ runs) sums the latter.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -39,9 +41,9 @@ from dsdata.beam.transforms import UNIT_LEDGER, Batch, FileRange, ReadFileDoFn, 
 from dsdata.document import Rejected
 from dsdata.io.inputs import shown_path
 from dsdata.io.readers import READ_STAGE
-from dsdata.io.resume import (FINGERPRINT_FORMAT, CommittedUnitDamaged, CommittedWork, UnitWriter, continue_committed, path_fingerprint,
-                              read_fingerprint, read_unit, remove_resume_folder, start_fresh, unfinished_units,
-                              unit_key, unit_problem)
+from dsdata.io.resume import (FINGERPRINT_FORMAT, CommitGroup, CommittedUnit, CommittedUnitDamaged, CommittedWork,
+                              committed_index, continue_committed, path_fingerprint, read_fingerprint, read_unit,
+                              remove_resume_folder, start_fresh, unfinished_units, unit_key, unit_problem)
 from dsdata.stages import Stage
 
 log = logging.getLogger("dsdata")
@@ -139,7 +141,7 @@ def plan_commits(recipe, stages: list[Stage], output: str, several_workers: bool
             # cannot cut commits too when resuming (each such file is then read by one worker): the
             # committed work is worth more than the spread.
             work = continue_committed(output, run_fingerprint(recipe, stages, n), recorded)
-            log.info("resuming %s: %d unit(s) committed by the earlier run", output, len(work.committed))
+            log.info("resuming %s: %d unit(s) committed by the earlier run", output, work.committed)
             return CommitPlan(n, work, resume=True)
         log.warning("--resume: %s holds no committed work to resume; starting a fresh run", output)
     if not local:
@@ -175,35 +177,42 @@ def unit_description(element: fileio.FileMetadata | FileRange) -> list:
 
 
 class CommitUnitsDoFn(ReadFileDoFn):
-    """Reads a unit (ReadFileDoFn's batches), runs the committed stages on each batch, writes the
-    results to OUT/resume/units as they come and commits the unit when it is done; a unit an earlier
-    run committed (`committed`) is read back from there instead.  Main output: the batches after
-    the committed stages; UNIT_LEDGER: the unit's input count and what was reused or processed."""
+    """Reads a unit (ReadFileDoFn's batches), runs the committed stages on each batch and writes the
+    results to OUT/resume/units as they come; finished units are committed in groups (CommitGroup:
+    about a second of work at most), the last group when the bundle ends, or when a unit fails (the
+    units finished before it).  With `resumed`, a unit an earlier run committed is read back from
+    there instead (the index of committed units is read once per worker).  Main output: the batches
+    after the committed stages; UNIT_LEDGER: each unit's input count and whether it was reused or
+    processed."""
 
     def __init__(self, fmt: str, text_field: str, id_field: str, batch_docs: int, stages: list[Stage],
-                 units_dir: str, committed: frozenset[str]):
+                 units_dir: str, resumed: bool):
         super().__init__(fmt, text_field, id_field, batch_docs)
-        self.stages, self.units_dir, self.committed = list(stages), units_dir, committed
+        self.stages, self.units_dir, self.resumed = list(stages), units_dir, resumed
         self._shared = [shared.Shared() for _ in self.stages]  # made here: one handle per stage for every worker
 
     def setup(self):
         super().setup()
         self._runs = [batch_run(stage, handle) for stage, handle in zip(self.stages, self._shared)]
+        self._committed = committed_index(self.units_dir) if self.resumed else {}
+        self._group: CommitGroup | None = None
 
     def process(self, element: fileio.FileMetadata | FileRange):
         description = unit_description(element)
-        key = unit_key(description)
-        if key in self.committed:
-            marker, why = unit_problem(self.units_dir, key, description)
-            if marker is not None:
-                yield from self._reuse(marker)
+        unit = self._committed.get(unit_key(description))
+        if unit is not None:
+            why = unit_problem(unit, description)
+            if why is None:
+                yield from self._reuse(unit)
                 return
-            log.warning("committed unit %s (%s) is not reused: %s; reading it again", key,
-                        shown_path(element.path), why)
+            log.warning("committed unit %s is not reused: %s; reading it again", shown_path(element.path), why)
         yield from self._process(element, description)
 
     def _process(self, element, description: list):
-        writer = UnitWriter(self.units_dir, description)
+        if self._group is None:
+            self._group = CommitGroup(self.units_dir)
+        group = self._group
+        group.begin(description)
         n_input = records = 0
         try:
             for chunk in self._chunks(element, self.batch_docs):
@@ -213,21 +222,29 @@ class CommitUnitsDoFn(ReadFileDoFn):
                 batch = run_batch_chain(self._runs, batch)
                 if batch is None:
                     continue
-                writer.add(batch.docs, batch.rejected)  # before any later stage can change the documents
+                group.add(batch.docs, batch.rejected)  # before any later stage can change the documents
                 yield batch
         except BaseException:
-            writer.abandon()
+            group.drop()
+            with contextlib.suppress(OSError):  # what stopped the unit is the error to report
+                self._commit_group()  # the units finished before this one
             raise
-        if not writer.commit():
-            log.info("unit %s of %s is not committed (%s); a resumed run reads it again", writer.key,
-                     shown_path(element.path), writer.spoiled)
+        if not group.end():
+            log.info("%s is not committed (%s); a resumed run reads it again", shown_path(element.path), group.spoiled)
+        if group.due():
+            self._commit_group()
         yield beam.pvalue.TaggedOutput(UNIT_LEDGER, ("count", ("input",), n_input))
         yield beam.pvalue.TaggedOutput(UNIT_LEDGER, ("resume", "processed", (1, records)))
 
-    def _reuse(self, marker: dict):
+    def _commit_group(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            group.commit()
+
+    def _reuse(self, unit: CommittedUnit):
         """The committed unit's batches, timed and counted as the read stage's work."""
         n_input = records = 0
-        batches = iter(read_unit(self.units_dir, marker))
+        batches = iter(read_unit(unit))
         while True:
             start = self._clock_start()
             try:
@@ -246,9 +263,14 @@ class CommitUnitsDoFn(ReadFileDoFn):
         yield beam.pvalue.TaggedOutput(UNIT_LEDGER, ("resume", "reused", (1, records)))
 
     def finish_bundle(self):
+        self._commit_group()
         super().finish_bundle()
         for run in self._runs:
             run.finish_bundle()
+
+    def teardown(self):
+        if self._group is not None:  # a bundle that failed: nothing of its open group is committed
+            self._group.abandon()
 
 
 def _not_read_rejections(rejected: list[Rejected]) -> int:

@@ -3,16 +3,20 @@ killed or failed.  No Beam here: the Beam side (which steps are committed, the D
 and reuses units) is dsdata/beam/resume.py.
 
     OUT/resume/fingerprint.json     the recipe as run, the files its committed stages read, the inputs
-    OUT/resume/units/KEY.arrow      one unit's records after the committed stages (Arrow IPC stream)
-    OUT/resume/units/KEY.json       the unit's commit marker: what the unit is, the data's size and sha256
+    OUT/resume/units/G.arrow        a group of units' records after the committed stages: one Arrow IPC
+                                    stream per unit, one after the other
+    OUT/resume/units/G.json         the group's commit marker: per unit its description, key (a digest of
+                                    the description), offset, size and sha256 in G.arrow, records, batches
 
 A *unit* is what one worker reads at once: an input file, or a byte range of a JSON Lines file / a
 run of row groups of a Parquet file when the runner spreads ranges (dsdata/io/readers/ranges.py).
-KEY is a digest of the unit's description.  A unit's data is written as the unit is read, then made
-durable (fsync), renamed into place and the directory synced; only then is its marker written the
-same way.  Data without a marker (the run died inside the unit), a temporary file, a marker without
-data, and anything in the folder that is not a regular file dsdata made are removed before a resumed
-run starts; a marker whose data does not have the size and sha256 it names is not reused.
+A unit's records are written as the unit is read.  Units finished one after the other are committed
+together (CommitGroup: at most about a second of work, 64 MiB or 1,000 units): the data is made
+durable (fsync), renamed into place and the folder synced; only then is the marker written the same
+way.  Data without a marker (the run died before the group was committed), a temporary file, a
+marker without data, and anything in the folder that is not a regular file dsdata made are removed
+before a resumed run starts; a unit whose bytes do not have the size and sha256 its marker names is
+not reused.
 
 OUT is untrusted: files here are opened with O_NOFOLLOW, markers and the fingerprint are read as
 bounded JSON, the Arrow data is fully validated, and every metadata/annotation value is bounded JSON.
@@ -25,6 +29,7 @@ import io
 import json
 import os
 import stat
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -39,13 +44,13 @@ RESUME_DIR = "resume"
 UNITS_DIR = "units"
 FINGERPRINT_NAME = "fingerprint.json"
 FINGERPRINT_FORMAT = "dsdata-resume-1"
-MARKER_FORMAT = "dsdata-unit-1"
+MARKER_FORMAT = "dsdata-units-1"
 # `dsdata run --resume` refused (the committed work is another recipe's or other inputs'): its own
 # status, so that a script can tell "start again without --resume" from a run that failed.
 RESUME_REFUSED_EXIT = 3
 # Metadata nests as deep as the readers let JSON nest (100 levels) plus the record around it.
 _VALUE_DEPTH = 128
-_MARKER_BYTES = 1 << 16
+_MARKER_BYTES = 16 << 20  # a group's marker: GROUP_UNITS entries of a few hundred bytes
 _FINGERPRINT_BYTES = 256 << 20
 _TEMP_PREFIX = ".tmp-"
 
@@ -155,13 +160,14 @@ def _records(batch: pa.RecordBatch, what: str) -> tuple[list[Document], list[Rej
     return docs, rejected
 
 
-# --- writing a unit -------------------------------------------------------------------------------
+# --- writing committed units ---------------------------------------------------------------------
 
-class _HashingFile(io.RawIOBase):
-    """A file descriptor written whole, every byte hashed (the marker names the data's sha256)."""
+class _SegmentFile(io.RawIOBase):
+    """The group's data file, written at its end; the bytes of the unit being written are hashed
+    (each unit's segment has its own sha256 in the marker)."""
 
-    def __init__(self, fd: int):
-        self.fd, self.sha256, self.size = fd, hashlib.sha256(), 0
+    def __init__(self, fd: int, offset: int):
+        self.fd, self.offset, self.size, self.sha256 = fd, offset, 0, hashlib.sha256()
 
     def writable(self) -> bool:
         return True
@@ -176,21 +182,43 @@ class _HashingFile(io.RawIOBase):
         return len(view)
 
 
-class UnitWriter:
-    """One unit's records written as they come (`add`), then committed (`commit`): data fsynced,
-    renamed to KEY.arrow, the folder synced, then the marker KEY.json written the same way.  A unit
-    whose records cannot be stored exactly is `spoiled`: nothing more is written and it is not
-    committed (the run goes on; a resumed run processes that unit again)."""
+# A group is committed once its units hold this much data, this many units, or this much time went
+# into them: one data file, one marker and four fsyncs (~20 ms here) per group rather than per unit
+# (a corpus of a million small HTML files), while a kill loses at most about a second of work
+# beside the unit it interrupts.
+GROUP_BYTES = 64 << 20
+GROUP_UNITS = 1000
+GROUP_SECONDS = 1.0
 
-    def __init__(self, units_dir: str, description: list):
-        self.units_dir, self.description = units_dir, description
-        self.key = unit_key(description)
-        self.temp = os.path.join(units_dir, f"{_TEMP_PREFIX}{uuid.uuid4().hex}.arrow")
-        self.spoiled: str | None = None
-        self.records = self.batches = 0
+
+class CommitGroup:
+    """Units committed together: their records in one data file, one Arrow IPC stream per unit
+    (`begin`, `add`, `end`), then `commit`: the data fsynced and renamed to G.arrow, the folder
+    synced, then the marker G.json — each unit's description, key, offset, size, sha256, records
+    and batches — written the same way.  A unit whose records cannot be stored exactly (`add`
+    spoils it) or whose reading failed (`drop`) is left out; its bytes stay as unused space."""
+
+    def __init__(self, units_dir: str):
+        self.units_dir = units_dir
+        self.name = uuid.uuid4().hex
+        self.temp = os.path.join(units_dir, f"{_TEMP_PREFIX}{self.name}.arrow")
+        self.entries: list[dict] = []
+        self.started = time.monotonic()
+        self.spoiled: str | None = None  # why the current unit is not committed
         self._fd: int | None = None
-        self._file: _HashingFile | None = None
+        self._size = 0
+        self._unit: list | None = None
+        self._file: _SegmentFile | None = None
         self._writer = None
+        self._records = self._batches = 0
+
+    def begin(self, description: list) -> None:
+        if self._fd is None:
+            self._fd = create_exclusive(self.temp)
+        self._unit, self.spoiled = description, None
+        self._file = _SegmentFile(self._fd, self._size)
+        self._writer = pa.ipc.new_stream(self._file, UNIT_SCHEMA)
+        self._records = self._batches = 0
 
     def add(self, docs: list[Document], rejected: list[Rejected]) -> None:
         if self.spoiled is not None:
@@ -199,50 +227,59 @@ class UnitWriter:
             batch = unit_record_batch(docs, rejected)
         except NotCommittable as exc:
             self.spoiled = str(exc)
-            self.abandon()
             return
-        if self._writer is None:
-            self._open()
         self._writer.write_batch(batch)
-        self.records += batch.num_rows
-        self.batches += 1
+        self._records += batch.num_rows
+        self._batches += 1
 
-    def _open(self) -> None:
-        self._fd = create_exclusive(self.temp)
-        self._file = _HashingFile(self._fd)
-        self._writer = pa.ipc.new_stream(self._file, UNIT_SCHEMA)
-
-    def commit(self) -> bool:
-        """Make the unit durable and mark it committed; False when it was spoiled."""
-        if self.spoiled is not None:
-            return False
-        if self._writer is None:  # a unit with no record (an empty file) is committed all the same
-            self._open()
+    def end(self) -> bool:
+        """The current unit is done: True when it will be committed with the group."""
         self._writer.close()
+        self._size += self._file.size
+        if self.spoiled is None:
+            self.entries.append({"unit": self._unit, "key": unit_key(self._unit), "offset": self._file.offset,
+                                 "bytes": self._file.size, "sha256": self._file.sha256.hexdigest(),
+                                 "records": self._records, "batches": self._batches})
+        self._unit = self._writer = self._file = None
+        return self.spoiled is None
+
+    def drop(self) -> None:
+        """The current unit failed part-way: it is not committed (the units before it may be)."""
+        if self._file is not None:
+            self._size += self._file.size
+        self._unit = self._writer = self._file = None
+
+    def due(self) -> bool:
+        return (self._size >= GROUP_BYTES or len(self.entries) >= GROUP_UNITS
+                or time.monotonic() - self.started >= GROUP_SECONDS)
+
+    def commit(self) -> int:
+        """Make the finished units durable and mark them committed; how many were."""
+        if not self.entries:
+            self.abandon()
+            return 0
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = None
-        data_name = f"{self.key}.arrow"
+        data_name = f"{self.name}.arrow"
         os.replace(self.temp, os.path.join(self.units_dir, data_name))
         sync_dir(self.units_dir)
-        marker = {"format": MARKER_FORMAT, "unit": self.description, "data": data_name, "bytes": self._file.size,
-                  "sha256": self._file.sha256.hexdigest(), "records": self.records, "batches": self.batches}
-        write_file_in_out(self.units_dir, f"{self.key}.json", json.dumps(marker, ensure_ascii=True) + "\n",
+        marker = {"format": MARKER_FORMAT, "data": data_name, "units": self.entries}
+        write_file_in_out(self.units_dir, f"{self.name}.json", json.dumps(marker, ensure_ascii=True) + "\n",
                           durable=True)
-        return True
+        return len(self.entries)
 
     def abandon(self) -> None:
-        """Drop what was written (a spoiled unit, or one whose reading failed)."""
+        """Drop the group's data: nothing of it is committed."""
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
-        self._writer = None
         with contextlib.suppress(OSError):
             os.unlink(self.temp)
 
 
-# --- reading a committed unit ---------------------------------------------------------------------
+# --- reading committed units ----------------------------------------------------------------------
 
 def _open_regular(path: str) -> int:
     """A file dsdata made in OUT, opened without following a link; OSError/UntrustedFileError else."""
@@ -253,9 +290,15 @@ def _open_regular(path: str) -> int:
     return fd
 
 
-def read_marker(units_dir: str, key: str) -> dict:
-    """KEY.json, checked: UntrustedFileError (one line) when it is not a marker dsdata writes."""
-    path = os.path.join(units_dir, f"{key}.json")
+def _entry_ok(entry: Any) -> bool:
+    return (isinstance(entry, dict) and isinstance(entry.get("unit"), list) and isinstance(entry.get("key"), str)
+            and entry["key"] == unit_key(entry["unit"]) and isinstance(entry.get("sha256"), str)
+            and all(type(entry.get(k)) is int and entry[k] >= 0 for k in ("offset", "bytes", "records", "batches")))
+
+
+def read_marker(units_dir: str, name: str) -> dict:
+    """G.json, checked: UntrustedFileError (one line) when it is not a marker dsdata writes."""
+    path = os.path.join(units_dir, f"{name}.json")
     fd = _open_regular(path)
     with os.fdopen(fd, "rb") as fh:
         data = fh.read(_MARKER_BYTES + 1)
@@ -263,113 +306,150 @@ def read_marker(units_dir: str, key: str) -> dict:
         raise UntrustedFileError(f"commit marker {path} is over {_MARKER_BYTES} bytes")
     marker = loads_bounded(data, f"commit marker {path}")
     if (not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT
-            or marker.get("data") != f"{key}.arrow" or not isinstance(marker.get("unit"), list)
-            or not all(type(marker.get(k)) is int and marker[k] >= 0 for k in ("bytes", "records", "batches"))
-            or not isinstance(marker.get("sha256"), str)):
+            or marker.get("data") != f"{name}.arrow" or not isinstance(marker.get("units"), list)
+            or not all(_entry_ok(entry) for entry in marker["units"])):
         raise UntrustedFileError(f"commit marker {path} is not one dsdata writes")
     return marker
 
 
-def unit_problem(units_dir: str, key: str, description: list) -> tuple[dict | None, str | None]:
-    """(the marker, None) when unit `key` is committed for `description` and its data has the size
-    and sha256 the marker names; (None, why) otherwise."""
+@dataclass(frozen=True)
+class CommittedUnit:
+    """Where a committed unit's records are: the group's data file and the unit's marker entry."""
+
+    data: str
+    entry: dict
+
+
+def committed_index(units_dir: str) -> dict[str, CommittedUnit]:
+    """Every committed unit in the (tidied) units folder by its key."""
+    index: dict[str, CommittedUnit] = {}
+    with os.scandir(units_dir) as entries:
+        names = sorted(e.name[:-5] for e in entries if e.name.endswith(".json"))
+    for name in names:
+        try:
+            marker = read_marker(units_dir, name)
+        except (OSError, UntrustedFileError):
+            continue
+        for entry in marker["units"]:
+            index[entry["key"]] = CommittedUnit(os.path.join(units_dir, marker["data"]), entry)
+    return index
+
+
+class _Segment(io.RawIOBase):
+    """A unit's bytes in its group's data file, read with pread (nothing outside them)."""
+
+    def __init__(self, fd: int, offset: int, size: int):
+        self.fd, self.pos, self.end = fd, offset, offset + size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self.end - self.pos)
+        if n <= 0:
+            return 0
+        data = os.pread(self.fd, n, self.pos)
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def unit_problem(unit: CommittedUnit, description: list) -> str | None:
+    """Why the committed unit cannot be reused for `description` (None: its segment has the size and
+    sha256 its marker names)."""
+    if unit.entry["unit"] != description:
+        return f"its marker describes another unit ({unit.entry['unit']!r})"
     try:
-        marker = read_marker(units_dir, key)
-    except FileNotFoundError:
-        return None, "no commit marker"
+        fd = _open_regular(unit.data)
     except (OSError, UntrustedFileError) as exc:
-        return None, str(exc)
-    if marker["unit"] != description:
-        return None, f"its marker describes another unit ({marker['unit']!r})"
-    path = os.path.join(units_dir, marker["data"])
-    try:
-        fd = _open_regular(path)
-    except (OSError, UntrustedFileError) as exc:
-        return None, f"{path}: {exc}"
+        return f"{unit.data}: {exc}"
     digest, size = hashlib.sha256(), 0
-    with os.fdopen(fd, "rb") as fh:
-        while chunk := fh.read(1 << 20):
+    try:
+        segment = _Segment(fd, unit.entry["offset"], unit.entry["bytes"])
+        while chunk := segment.read(1 << 20):
             digest.update(chunk)
             size += len(chunk)
-    if size != marker["bytes"] or digest.hexdigest() != marker["sha256"]:
-        return None, f"{path} is not the data its marker names (size or sha256 differ)"
-    return marker, None
+    finally:
+        os.close(fd)
+    if size != unit.entry["bytes"] or digest.hexdigest() != unit.entry["sha256"]:
+        return f"{unit.data} does not hold the data its marker names (size or sha256 differ)"
+    return None
 
 
-def read_unit(units_dir: str, marker: dict) -> Iterator[tuple[list[Document], list[Rejected]]]:
+def read_unit(unit: CommittedUnit) -> Iterator[tuple[list[Document], list[Rejected]]]:
     """The committed unit's batches, (kept documents, rejections) each, as they were written.
     CommittedUnitDamaged (one line) when the data, which matched its sha256, is not what dsdata
     writes (a file crafted with a matching marker)."""
-    path = os.path.join(units_dir, marker["data"])
-    what = f"committed unit {path}"
-    fd = _open_regular(path)
+    entry = unit.entry
+    what = f"committed unit {unit.data} (bytes {entry['offset']}+{entry['bytes']})"
+    fd = _open_regular(unit.data)
     n_batches = n_records = 0
-    with os.fdopen(fd, "rb") as fh:
-        try:
-            reader = pa.ipc.open_stream(fh)
-            if not reader.schema.equals(UNIT_SCHEMA, check_metadata=False):
-                raise UntrustedFileError(f"{what}: unexpected columns")
-            for batch in reader:
-                batch.validate(full=True)
-                n_batches += 1
-                n_records += batch.num_rows
-                yield _records(batch, what)
-        except (pa.ArrowException, UntrustedFileError, UnicodeError, ValueError) as exc:
-            raise CommittedUnitDamaged(f"{what} is damaged ({' '.join(str(exc).split())[:300]}); "
-                                       "run again without --resume") from None
-    if (n_batches, n_records) != (marker["batches"], marker["records"]):
+    try:
+        reader = pa.ipc.open_stream(pa.PythonFile(_Segment(fd, entry["offset"], entry["bytes"]), mode="r"))
+        if not reader.schema.equals(UNIT_SCHEMA, check_metadata=False):
+            raise UntrustedFileError(f"{what}: unexpected columns")
+        for batch in reader:
+            batch.validate(full=True)
+            n_batches += 1
+            n_records += batch.num_rows
+            yield _records(batch, what)
+    except (pa.ArrowException, UntrustedFileError, UnicodeError, ValueError) as exc:
+        raise CommittedUnitDamaged(f"{what} is damaged ({' '.join(str(exc).split())[:300]}); "
+                                   "run again without --resume") from None
+    finally:
+        os.close(fd)
+    if (n_batches, n_records) != (entry["batches"], entry["records"]):
         raise CommittedUnitDamaged(f"{what} holds {n_records} records in {n_batches} batches, its marker "
-                                   f"{marker['records']} in {marker['batches']}; run again without --resume")
+                                   f"{entry['records']} in {entry['batches']}; run again without --resume")
 
 
 # --- the folder -----------------------------------------------------------------------------------
 
 @dataclass
 class CommittedWork:
-    """What `open_resume_folder` found and set up: the units folder, the keys of the committed units
-    (a resumed run reuses those its plan reads), whether a resume found work to continue."""
+    """The units folder of this run, and whether it resumes an earlier run's committed units (then
+    the unit reader reads their index, committed_index, in each worker)."""
 
     units_dir: str
-    committed: frozenset[str]
     resumed: bool
+    committed: int = 0  # how many units the earlier run committed
 
 
 def resume_folder(output: str) -> str:
     return os.path.join(output, RESUME_DIR)
 
 
-def committed_units(units_dir: str) -> frozenset[str]:
-    """Tidy the units folder of a killed or failed run and return the keys of its committed units:
-    temporary files, data without a marker, markers without data or unreadable, and whatever is
-    not a regular file (a planted link: removed, never followed) are removed."""
+def tidy_units(units_dir: str) -> int:
+    """Tidy the units folder of a killed or failed run; how many units it holds committed.  Removed:
+    temporary files (a group being written when the run died), data without a marker, markers
+    without data or unreadable, and whatever is not a regular file named as dsdata names them (a
+    planted link: removed, never followed)."""
     data: set[str] = set()
     markers: set[str] = set()
     with os.scandir(units_dir) as entries:
         for entry in entries:
             stem, dot, ext = entry.name.rpartition(".")
-            if (not entry.is_file(follow_symlinks=False) or entry.name.startswith(_TEMP_PREFIX)
-                    or not dot or ext not in ("arrow", "json") or len(stem) != 32
-                    or any(c not in "0123456789abcdef" for c in stem)):
+            if (not entry.is_file(follow_symlinks=False) or not dot or ext not in ("arrow", "json")
+                    or len(stem) != 32 or any(c not in "0123456789abcdef" for c in stem)):
                 remove_entry(entry.path)
             elif ext == "arrow":
                 data.add(stem)
             else:
                 markers.add(stem)
-    for key in data - markers:
-        remove_entry(os.path.join(units_dir, f"{key}.arrow"))
-    committed = set()
-    for key in markers:
+    for name in data - markers:
+        remove_entry(os.path.join(units_dir, f"{name}.arrow"))
+    committed = 0
+    for name in markers:
         try:
-            read_marker(units_dir, key)
-            readable = True
+            units = len(read_marker(units_dir, name)["units"]) if name in data else None
         except (OSError, UntrustedFileError):
-            readable = False
-        if readable and key in data:
-            committed.add(key)
-        else:
+            units = None
+        if units is None:
             for ext in ("json", "arrow"):
-                remove_entry(os.path.join(units_dir, f"{key}.{ext}"))
-    return frozenset(committed)
+                remove_entry(os.path.join(units_dir, f"{name}.{ext}"))
+        else:
+            committed += units
+    return committed
 
 
 def read_fingerprint(output: str) -> dict | None:
@@ -399,18 +479,18 @@ def start_fresh(output: str, fingerprint: dict) -> CommittedWork:
     units = fresh_dir(os.path.join(folder, UNITS_DIR))
     write_file_in_out(folder, FINGERPRINT_NAME, json.dumps(fingerprint, ensure_ascii=True, sort_keys=True) + "\n",
                       durable=True)
-    return CommittedWork(units, frozenset(), resumed=False)
+    return CommittedWork(units, resumed=False)
 
 
 def continue_committed(output: str, fingerprint: dict, recorded: dict) -> CommittedWork:
     """The committed work of OUT for a resumed run: ResumeRefused when `recorded` (OUT's fingerprint)
-    is not this run's; else the folder tidied (committed_units)."""
+    is not this run's; else the folder tidied (tidy_units)."""
     difference = fingerprint_difference(recorded, fingerprint)
     if difference:
         raise ResumeRefused(f"cannot resume {output}: {difference}; its committed work is not this run's "
                             "(run without --resume to start again)")
     units = ensure_dir(os.path.join(ensure_dir(resume_folder(output)), UNITS_DIR))
-    return CommittedWork(units, committed_units(units), resumed=True)
+    return CommittedWork(units, resumed=True, committed=tidy_units(units))
 
 
 def remove_resume_folder(output: str) -> None:
@@ -423,8 +503,7 @@ def unfinished_units(output: str) -> int:
     try:
         if not stat.S_ISDIR(os.lstat(units).st_mode):
             return 0
-        with os.scandir(units) as entries:
-            return sum(1 for e in entries if e.name.endswith(".json") and e.is_file(follow_symlinks=False))
+        return len(committed_index(units))
     except OSError:
         return 0
 
