@@ -333,6 +333,21 @@ def test_resume_discards_partial_and_damaged_units_and_follows_no_link(failed_ru
     assert outside.read_text() == "keep me"
 
 
+def test_a_resume_folder_planted_as_a_link_is_not_followed(failed_run, capsys, caplog, tmp_path_factory):
+    import shutil
+
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "resume"
+    shutil.move(str(failed_run / "out" / "resume"), elsewhere)
+    (failed_run / "out" / "resume").symlink_to(elsewhere, target_is_directory=True)
+    before = {p: p.stat().st_mtime_ns for p in elsewhere.rglob("*")}
+    code, err = _cli(failed_run, "--resume", "--max-errors", "1", capsys=capsys)
+    assert code == 0, err
+    assert any("holds no committed work to resume" in line for line in caplog.messages), caplog.messages
+    assert _resume_stats(failed_run)["units"] == {"reused": 0, "processed": 4}
+    assert not (failed_run / "out" / "resume").exists()
+    assert {p: p.stat().st_mtime_ns for p in elsewhere.rglob("*")} == before, "the link's target is untouched"
+
+
 def test_a_crafted_unit_whose_marker_matches_stops_the_run_in_one_line(failed_run, capsys):
     marker, content = _units(failed_run / "out")
     data = marker.with_suffix(".arrow")

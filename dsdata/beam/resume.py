@@ -24,8 +24,10 @@ runs) sums the latter.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,10 +86,19 @@ def _jsonable(value: Any) -> Any:
 
 
 def input_listing(patterns: list[str]) -> dict[str, list | None]:
-    """The files the patterns name now: path → [size in bytes, modification time in seconds]
-    (None: nothing matches it now; the reader will reject it as unreadable)."""
+    """The files the patterns name now: path → [size in bytes, modification time] (None: nothing
+    matches it now; the reader will reject it as unreadable).  A local file named as it is (what
+    dsdata/io/inputs.py hands on for every local input but names with glob characters, which it
+    escapes) is stat-ed here (ns); any other pattern is listed by Beam's file systems (seconds)."""
     listing: dict[str, list | None] = {}
     for pattern in patterns:
+        if "://" not in pattern and not glob.has_magic(pattern):
+            try:
+                info = os.stat(pattern)
+                listing[shown_path(pattern)] = [info.st_size, info.st_mtime_ns]
+            except OSError:
+                listing[shown_path(pattern)] = None
+            continue
         try:
             found = FileSystems.match([pattern])[0].metadata_list
         except Exception:  # noqa: BLE001 - unmatchable: its reading fails, and so does its fingerprint

@@ -452,8 +452,18 @@ def tidy_units(units_dir: str) -> int:
     return committed
 
 
+def _is_real_dir(path: str) -> bool:
+    """A folder, not a link to one (OUT is untrusted: OUT/resume may be a planted link)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def read_fingerprint(output: str) -> dict | None:
     """OUT/resume/fingerprint.json, or None when there is none (or it is no fingerprint dsdata wrote)."""
+    if not _is_real_dir(resume_folder(output)):
+        return None
     path = os.path.join(resume_folder(output), FINGERPRINT_NAME)
     try:
         fd = _open_regular(path)
@@ -500,9 +510,9 @@ def remove_resume_folder(output: str) -> None:
 def unfinished_units(output: str) -> int:
     """How many units an unfinished run left committed in OUT (0 when none, or no such folder)."""
     units = os.path.join(resume_folder(output), UNITS_DIR)
+    if not (_is_real_dir(resume_folder(output)) and _is_real_dir(units)):
+        return 0
     try:
-        if not stat.S_ISDIR(os.lstat(units).st_mode):
-            return 0
         return len(committed_index(units))
     except OSError:
         return 0
