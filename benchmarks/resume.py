@@ -9,14 +9,16 @@ after the other, each timed by the CPU seconds (user + system) the kernel report
 
   uninterrupted   the recipe on the whole corpus
   killed          the same into another OUT, SIGKILLed once --kill-at of the input files are committed
-                  (OUT/resume/units/*.json markers, polled every 20 ms)
+                  (the units OUT/resume/units/*.json markers list, polled every 20 ms)
   resumed         `dsdata run … --resume` into that OUT
 
 The issue's goal: the resumed run spends at most 75 % of the uninterrupted run's CPU (it reruns the
 whole-corpus stages — dedup, difficulty, tokenize, shards — over everything, but not the per-document
 stages of the committed files).  Also printed: killed + resumed against uninterrupted (what the kill
 cost in all), and whether every output is identical (kept/rejected rows, stats.json without timing,
-difficulty.json, every shard file byte for byte).  The last line printed is one JSON object.
+difficulty.json, every shard file byte for byte).  With --rounds N the three runs are repeated and
+the ratios are medians: CPU time on a shared machine drifts by ±15 % between runs.  The last line
+printed is one JSON object.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-at", type=float, default=0.6, help="share of the input files committed at the kill")
     parser.add_argument("--corpus-dir", type=Path, default=None, help="generated once per size (default: temporary)")
     parser.add_argument("--work-dir", type=Path, default=None, help="the runs' outputs (default: temporary)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat the three runs; the ratios are medians (CPU time drifts on a shared machine)")
     args = parser.parse_args(argv)
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="dsdata-resume-"))
@@ -103,43 +108,71 @@ def main(argv: list[str] | None = None) -> int:
         generate(corpus, args.docs, docs_per_file=per_file)
     files = len(glob.glob(str(corpus / "*.jsonl")))
     inputs = ["--input", str(corpus / "*.jsonl"), "--quiet", "--progress=off"]
-    full, resumed = work / "uninterrupted", work / "resumed"
-    for out in (full, resumed):
-        shutil.rmtree(out, ignore_errors=True)
-
-    print(f"corpus: {args.docs} documents in {files} files; uninterrupted run …", file=sys.stderr)
-    first = run_timed([str(RECIPE), *inputs, "--output", str(full)], work / "uninterrupted.log")
     target = max(1, round(args.kill_at * files))
-    markers = str(resumed / "resume" / "units" / "*.json")
-    print(f"killed run (SIGKILL after {target} of {files} files are committed) …", file=sys.stderr)
-    killed = run_timed([str(RECIPE), *inputs, "--output", str(resumed)], work / "killed.log",
-                       kill_when=lambda: len(glob.glob(markers)) >= target)
-    committed = len(glob.glob(markers))
-    print("resumed run …", file=sys.stderr)
-    second = run_timed([str(RECIPE), *inputs, "--output", str(resumed), "--resume"], work / "resumed.log")
-    ok = first["rc"] == 0 and second["rc"] == 0 and killed["killed"]
-    identical = ok and outputs(full) == outputs(resumed)
-    reuse = json.loads((resumed / "stats.json").read_text()).get("resume") if second["rc"] == 0 else None
-    ratio = round(second["cpu_s"] / first["cpu_s"], 3) if first["cpu_s"] else None
-    pair = round((killed["cpu_s"] + second["cpu_s"]) / first["cpu_s"], 3) if first["cpu_s"] else None
-    print(f"uninterrupted: {first['cpu_s']} CPU-s ({first['wall_s']} s wall)\n"
-          f"killed at {committed}/{files} files committed: {killed['cpu_s']} CPU-s\n"
-          f"resumed: {second['cpu_s']} CPU-s ({second['wall_s']} s wall), reused {reuse and reuse['units']}\n"
-          f"resumed / uninterrupted = {ratio} (goal <= 0.75); killed + resumed / uninterrupted = {pair}; "
-          f"outputs identical: {identical}", file=sys.stderr)
+    rounds = []
+    for r in range(args.rounds):
+        print(f"round {r + 1}/{args.rounds}: {args.docs} documents in {files} files; SIGKILL once {target} "
+              "are committed", file=sys.stderr)
+        rounds.append(one_round(work, inputs, target))
+        print(f"  {json.dumps(rounds[-1])}", file=sys.stderr)
+
+    def median(values):
+        present = [v for v in values if v is not None]
+        return round(statistics.median(present), 3) if present else None
+
+    identical = all(r["outputs_identical"] for r in rounds)
+    ratio = median([r["resumed_vs_uninterrupted_cpu"] for r in rounds])
     result = {
         "benchmark": "resume", "docs": args.docs, "files": files, "kill_at": args.kill_at,
-        "committed_at_kill": committed, "cpu_s": {"uninterrupted": first["cpu_s"], "killed": killed["cpu_s"],
-                                                 "resumed": second["cpu_s"]},
-        "wall_s": {"uninterrupted": first["wall_s"], "killed": killed["wall_s"], "resumed": second["wall_s"]},
-        "resumed_vs_uninterrupted_cpu": ratio, "killed_plus_resumed_vs_uninterrupted_cpu": pair,
+        "rounds": len(rounds),
+        "cpu_s": {k: median([r["cpu_s"][k] for r in rounds]) for k in ("uninterrupted", "killed", "resumed")},
+        "resumed_vs_uninterrupted_cpu": ratio,
+        "resumed_vs_uninterrupted_cpu_rounds": [r["resumed_vs_uninterrupted_cpu"] for r in rounds],
+        "killed_plus_resumed_vs_uninterrupted_cpu": median([r["killed_plus_resumed_vs_uninterrupted_cpu"]
+                                                            for r in rounds]),
         "goal_met": bool(identical and ratio is not None and ratio <= 0.75), "outputs_identical": identical,
-        "reused": reuse, "exit_codes": [first["rc"], killed["rc"], second["rc"]],
+        "committed_at_kill": [r["committed_at_kill"] for r in rounds], "reused": rounds[-1]["reused"],
+        "wall_s": rounds[-1]["wall_s"], "exit_codes": rounds[-1]["exit_codes"],
     }
     if args.work_dir is None:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))
     return 0 if identical else 1
+
+
+def committed_units(out: Path) -> int:
+    """Units listed in OUT's commit markers (each marker lists one commit group's)."""
+    count = 0
+    for marker in glob.glob(str(out / "resume" / "units" / "*.json")):
+        try:
+            count += len(json.loads(Path(marker).read_text())["units"])
+        except (OSError, ValueError, KeyError):  # being renamed into place this instant
+            pass
+    return count
+
+
+def one_round(work: Path, inputs: list[str], target: int) -> dict:
+    """Uninterrupted, killed once `target` units are committed, resumed: CPU, ratios, identical outputs."""
+    full, resumed = work / "uninterrupted", work / "resumed"
+    for out in (full, resumed):
+        shutil.rmtree(out, ignore_errors=True)
+    first = run_timed([str(RECIPE), *inputs, "--output", str(full)], work / "uninterrupted.log")
+    killed = run_timed([str(RECIPE), *inputs, "--output", str(resumed)], work / "killed.log",
+                       kill_when=lambda: committed_units(resumed) >= target)
+    committed = committed_units(resumed)
+    second = run_timed([str(RECIPE), *inputs, "--output", str(resumed), "--resume"], work / "resumed.log")
+    ok = first["rc"] == 0 and second["rc"] == 0 and killed["killed"]
+    identical = ok and outputs(full) == outputs(resumed)
+    reuse = json.loads((resumed / "stats.json").read_text()).get("resume") if second["rc"] == 0 else None
+    return {
+        "committed_at_kill": committed,
+        "cpu_s": {"uninterrupted": first["cpu_s"], "killed": killed["cpu_s"], "resumed": second["cpu_s"]},
+        "wall_s": {"uninterrupted": first["wall_s"], "killed": killed["wall_s"], "resumed": second["wall_s"]},
+        "resumed_vs_uninterrupted_cpu": round(second["cpu_s"] / first["cpu_s"], 3) if first["cpu_s"] else None,
+        "killed_plus_resumed_vs_uninterrupted_cpu":
+            round((killed["cpu_s"] + second["cpu_s"]) / first["cpu_s"], 3) if first["cpu_s"] else None,
+        "outputs_identical": identical, "reused": reuse, "exit_codes": [first["rc"], killed["rc"], second["rc"]],
+    }
 
 
 if __name__ == "__main__":
