@@ -164,12 +164,13 @@ def _storage_failed(failure, output: str) -> Exception:
 
     from dsdata.beam.errors import RunFailed
     from dsdata.beam.pipeline import mark_incomplete
+    from dsdata.io.inputs import shown_path
 
     gc.collect()  # the failed run's writers, and the space their open files hold, are let go
     line = failure.describe(where=output)
     with contextlib.suppress(OSError):
         mark_incomplete(output, line, discard=True)
-    return RunFailed(f"{line}; the run's partial outputs were removed from {output}")
+    return RunFailed(f"{line}; the run's partial outputs were removed from {shown_path(output)}")
 
 
 def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] | None = None,

@@ -12,6 +12,7 @@ import warnings
 
 from dsdata.collector import collect_young_less
 
+from dsdata.io.inputs import shown_path
 from dsdata.api import DEFAULT_RECIPE, RunError, execute, one_line_errors, prepare_run
 
 # Sub-commands implemented in their own modules (dsdata/commands/NAME.py, each with main(argv)).
@@ -40,8 +41,13 @@ class CommandInterrupted(Exception):
 
 def one_line(exc: BaseException | str) -> str:
     """An error's text as the one line dsdata prints: a message that quotes a multi-line source
-    (a library's error with its context lines) has its line breaks folded into spaces."""
-    return " ".join(str(exc).split())
+    (a library's error with its context lines) has its line breaks folded into spaces, and a path's
+    bytes that are not UTF-8 (held as lone surrogates) are written `\\xNN`, as shown_path writes them."""
+    text = " ".join(str(exc).split())
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte: Python's own escape
+        return text
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -150,7 +156,7 @@ def _execute_stoppable(prepared, beam_args: list[str], progress: str) -> dict:
         if stop.signum is not None:
             mark_incomplete(output, f"the run was stopped by {stop.name}")
             raise CommandInterrupted(stop, f"stopped by {stop.name}: workers stopped, lock released; "
-                                           f"{output} is incomplete (see {output}/INCOMPLETE)")
+                                           f"{shown_path(output)} is incomplete (see {shown_path(output)}/INCOMPLETE)")
     return stats
 
 
@@ -170,8 +176,8 @@ def cmd_run(argv: list[str]) -> int:
             print(f"dsdata: {line}", file=sys.stderr)
         recipe, output = prepared.recipe, prepared.output
         if not args.quiet:
-            print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
-                  f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
+            print(f"dsdata: running {shown_path(recipe.path)} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
+                  f"on {len(recipe.inputs)} input path(s) → {shown_path(output)}", file=sys.stderr)
         _say_what_is_replaced(output, recipe)
         _collect_after_startup()
         stats = _execute_stoppable(prepared, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
@@ -188,7 +194,7 @@ def _print_summary(stats: dict, output: str) -> None:
           f"rejected {stats['rejected_total']} ({rej}) in {stats['seconds']} s; ledger ok", file=sys.stderr)
     report = os.path.join(output, "report.html")
     if "://" not in output and os.path.isfile(report):
-        print(f"dsdata: report: {report} (open it in a browser)", file=sys.stderr)
+        print(f"dsdata: report: {shown_path(report)} (open it in a browser)", file=sys.stderr)
 
 
 def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info: bool) -> list[str]:
@@ -234,7 +240,7 @@ def _say_what_is_replaced(output: str, recipe) -> None:
         names = ([f"{s.name}/" for s in sides if s.directory] + [s.name for s in sides if not s.directory]
                  + ["kept/", "rejected/"])
         present = [n for n in names if os.path.exists(os.path.join(output, n.rstrip("/")))]
-        print(f"dsdata: {output} holds the outputs of recipe '{previous}' ({', '.join(present + ['stats.json'])}); "
+        print(f"dsdata: {shown_path(output)} holds the outputs of recipe '{previous}' ({', '.join(present + ['stats.json'])}); "
               f"this run of '{recipe.name}' replaces them (pass --output DIR to keep them)", file=sys.stderr)
 
 

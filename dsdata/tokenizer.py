@@ -43,9 +43,10 @@ def iter_training_texts(patterns: list[str], text_field: str = "text") -> Iterat
     for path in paths:
         lower = path.lower()
         if lower.endswith(".parquet"):
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            table = pq.read_table(path, columns=[text_field])
+            table = pq.read_table(pa.OSFile(os.fsencode(path)), columns=[text_field])
             for text in table.column(text_field).to_pylist():
                 if text:
                     yield text

@@ -7,8 +7,10 @@ import os
 import resource
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
@@ -56,19 +58,55 @@ def test_non_utf8_names_are_read_and_named_losslessly(tmp_path, form):
     assert b"Traceback" not in proc.stderr
 
 
-def test_an_out_path_that_is_not_utf8_is_one_line(tmp_path):
-    base = _tree(tmp_path)
-    proc = _run(base, "--output", os.fsdecode(b"out-\xfe"))
-    lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "not a UTF-8 path" in lines[0], lines
+def _dsdata(*args, cwd=REPO):
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "dsdata.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          timeout=900)
 
 
-def test_shown_path_is_utf8_and_invertible():
-    for raw in [b"plain.jsonl", "caf\u00e9.jsonl".encode(), b"\xff\xfe.jsonl", b"a\\xff\x80.jsonl"]:
-        path = os.fsdecode(raw)
-        shown = shown_path(path)
-        shown.encode("utf-8")
-        assert os.fsencode(recovered_path(shown)) == raw
+def test_an_out_path_that_is_not_utf8_gets_every_output(tmp_path):
+    """pretrain.yaml (every stage kind: spill files, side outputs, shards, the report) into OUT named
+    b'out-\\xff': every output is written there, and every line names OUT as shown_path shows it."""
+    out = os.fsencode(str(tmp_path)) + b"/out-\xff"
+    shown = str(tmp_path) + "/out-\\xff"
+    proc = _dsdata("run", "pipelines/pretrain.yaml", "--output", os.fsdecode(out))
+    err = proc.stderr.decode("utf-8")  # strict: every line dsdata printed is UTF-8
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "\\udc" not in err, err[-3000:]
+    assert f"→ {shown}" in err and f"report: {shown}/report.html" in err, err
+    stats = json.loads(open(out + b"/stats.json", "rb").read())
+    assert stats["ledger_ok"] and stats["kept"] > 0 and stats["rejected_total"] > 0
+    # pyarrow is handed the bytes: a str path crosses into Arrow as UTF-8.
+    kept = pq.read_table(pa.OSFile(out + b"/kept/part-00000-of-00001.parquet"))
+    rejected = pq.read_table(pa.OSFile(out + b"/rejected/part-00000-of-00001.parquet"))
+    assert (kept.num_rows, rejected.num_rows) == (stats["kept"], stats["rejected_total"])
+    page = open(out + b"/report.html", "rb").read().decode("utf-8")
+    assert shown in page and 'id="funnel"' in page
+    assert json.loads(open(out + b"/run.json", "rb").read())["recipe"]
+    assert json.loads(open(out + b"/difficulty.json", "rb").read())
+    assert sorted(os.listdir(out)) == [b"difficulty.json", b"kept", b"rejected", b"report.html", b"run.json",
+                                       b"shards", b"stats.json"]  # no lock, no .spill, no temporary folder
+    verify = _dsdata("shards", "verify", os.fsdecode(out))
+    assert verify.returncode == 0 and f"in {shown}/shards; every sha256 matches" in verify.stdout.decode(), verify
+    # The shown name, as the run's lines print it, is accepted where the real one is not there.
+    os.remove(out + b"/report.html")
+    again = _dsdata("report", shown)
+    assert again.returncode == 0 and again.stdout.decode().strip() == shown + "/report.html", again
+    assert os.path.getsize(out + b"/report.html") > 0
+
+
+def test_shown_path_is_printable_utf8_on_one_line_and_invertible():
+    # A UTF-8 name that holds `\\xff` as text and one whose byte is 0xff were both shown `\\xff`;
+    # a newline in a name split the log line it was in.
+    names = [b"plain.jsonl", "caf\u00e9.jsonl".encode(), b"\xff\xfe.jsonl", b"a\\xff\x80.jsonl", b"a\\xff.jsonl",
+             b"two\nlines.jsonl", b"tab\tbell\x07del\x7f", b"\\\\", "csi\u009b2J nel\u0085 ls\u2028".encode()]
+    shown = [shown_path(os.fsdecode(raw)) for raw in names]
+    assert shown[:2] == ["plain.jsonl", "caf\u00e9.jsonl"]  # nearly every name: unchanged
+    assert len(set(shown)) == len(names)
+    for raw, text in zip(names, shown):
+        text.encode("utf-8")
+        assert len(text.splitlines()) == 1 and not any(unicodedata.category(c) == "Cc" for c in text), text
+        assert os.fsencode(recovered_path(text)) == raw
 
 
 def _bomb(path, payload: bytes, total: int):

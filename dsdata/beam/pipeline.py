@@ -411,13 +411,15 @@ class ParquetParts:
                                   use_compliant_nested_type=False)
         return fh, writer
 
-    def commit(self, temp_paths: list[str]) -> None:
-        if not temp_paths:
+    def commit(self, temp_names: list[str]) -> None:
+        """temp_names: the names (not paths) of the bundles' files in the temporary folder."""
+        if not temp_names:
             fh, writer = self.open(FileSystems.join(self.folder, "part-00000-of-00001.parquet"))
             writer.close()
             fh.close()
-        n = len(temp_paths)
-        for i, src in enumerate(sorted(temp_paths)):
+        n = len(temp_names)
+        for i, name in enumerate(sorted(temp_names)):
+            src = FileSystems.join(self.temp, name)
             dst = FileSystems.join(self.folder, f"part-{i:05d}-of-{n:05d}.parquet")
             if FileSystems.exists(src):
                 FileSystems.rename([src], [dst])
@@ -453,11 +455,12 @@ class _ParquetPartFiles(_ArrowTables):
         for table in super().finish_bundle():
             self._write(table.value)
         if self._file is not None:
-            path, fh, writer = self._file
+            name, fh, writer = self._file
             self._file = None
             writer.close()
             fh.close()
-            yield GlobalWindows.windowed_value((LEDGER_KEY, ("file", self.parts.sub, path)))
+            # The name only: OUT's path may not be UTF-8, and what crosses Beam's coders as str must be.
+            yield GlobalWindows.windowed_value((LEDGER_KEY, ("file", self.parts.sub, name)))
 
     def _write(self, table) -> None:
         if self._file is None:
@@ -465,8 +468,8 @@ class _ParquetPartFiles(_ArrowTables):
                 FileSystems.mkdirs(self.parts.temp)
             except OSError:  # made by another bundle (or a file system without folders)
                 pass
-            path = FileSystems.join(self.parts.temp, f"{uuid.uuid4().hex}.parquet")
-            self._file = (path, *self.parts.open(path))
+            name = f"{uuid.uuid4().hex}.parquet"
+            self._file = (name, *self.parts.open(FileSystems.join(self.parts.temp, name)))
         self._file[2].write_table(table)
 
 

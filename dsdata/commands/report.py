@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -10,20 +11,24 @@ def main(argv: list[str]) -> int:
                                      "reasons with examples, histograms, recipe as run) from a run's output directory.")
     parser.add_argument("output", help="the run's output directory (holds stats.json, kept/, rejected/)")
     args = parser.parse_args(argv)
+    from dsdata.io.inputs import recovered_path, shown_path
     from dsdata.report.files import is_remote
     from dsdata.report.page import is_run_output, write_report
 
     if is_remote(args.output):
         import dsdata.beam.run_files  # noqa: F401 - registers Beam's FileSystems for gs://, s3://, hdfs://
-
+    elif not os.path.exists(args.output) and os.path.isdir(recovered_path(args.output)):
+        # OUT as dsdata's lines show it (`dsdata report out-\xff`, pasted from a run's last line).
+        args.output = recovered_path(args.output)
+    shown = shown_path(args.output)
     if not is_run_output(args.output):
-        print(f"dsdata: error: {args.output} has no stats.json; pass the output directory of a 'dsdata run'",
+        print(f"dsdata: error: {shown} has no stats.json; pass the output directory of a 'dsdata run'",
               file=sys.stderr)
         return 2
     try:
         path = write_report(args.output)
     except Exception as exc:  # noqa: BLE001 - a damaged output directory: one line, not a traceback
-        print(f"dsdata: error: could not build the report of {args.output}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"dsdata: error: could not build the report of {shown}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(path)
+    print(shown_path(path))
     return 0

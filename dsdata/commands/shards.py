@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from dsdata.io.inputs import shown_path
 from dsdata.io.shard_tokenizer import verify_shard_set
 from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest
 
@@ -15,12 +16,12 @@ def cmd_verify(args) -> int:
     for problem in problems:
         print(f"dsdata: bad shard: {problem}", file=sys.stderr)
     if problems:
-        print(f"dsdata: {len(problems)} of {len(manifest['shards'])} shard(s) in {args.dir} failed verification",
+        print(f"dsdata: {len(problems)} of {len(manifest['shards'])} shard(s) in {shown_path(args.dir)} failed verification",
               file=sys.stderr)
         return 1
     totals = manifest.get("totals", {})
     print(f"ok: {len(manifest['shards'])} shards, {totals.get('docs', '?')} documents, "
-          f"{totals.get('tokens', '?')} tokens in {args.dir}; every sha256 matches")
+          f"{totals.get('tokens', '?')} tokens in {shown_path(args.dir)}; every sha256 matches")
     return 0
 
 
@@ -31,7 +32,7 @@ def cmd_info(args) -> int:
         return 0
     totals = manifest.get("totals", {})
     tok = manifest.get("tokenizer") or {}
-    print(f"{args.dir}: {totals.get('shards')} shards, {totals.get('docs')} documents, {totals.get('tokens')} tokens, "
+    print(f"{shown_path(args.dir)}: {totals.get('shards')} shards, {totals.get('docs')} documents, {totals.get('tokens')} tokens, "
           f"dtype {manifest['dtype']}")
     print(f"tokenizer: {tok.get('path')} (vocab {tok.get('vocab_size')}, eos {tok.get('eos_token')}={tok.get('eos_id')}, "
           f"sha256 {str(tok.get('sha256'))[:12]}…)")

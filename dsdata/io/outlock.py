@@ -37,10 +37,6 @@ def check_output_dir(path: str) -> str:
     absolute = os.path.abspath(path)
     from dsdata.io.inputs import shown_path
 
-    if shown_path(absolute) != absolute:
-        # The part files' names cross Beam's coders as UTF-8 str: refused up front, not a traceback.
-        raise OutputDirError(f"--output {shown_path(path)} is not a UTF-8 path; dsdata writes its outputs only "
-                             "under UTF-8 paths: choose another --output")
     if os.path.exists(absolute) and not os.path.isdir(absolute):
         raise OutputDirError(f"--output {path} is a file, not a directory")
     parent = absolute

@@ -39,7 +39,9 @@ class StorageFailure:
         path = self.path or where
         parts = [STORAGE_ERRNOS[self.errno]]
         if path:
-            parts.append(f"writing {path}")
+            from dsdata.io.inputs import shown_path
+
+            parts.append(f"writing {shown_path(path)}")
         facts = []
         needed = self.needed if needed is None else needed
         if needed is not None:
