@@ -27,6 +27,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 
+from dsdata.io import local_paths
 from dsdata.io.readers import InputFormatError, detect_format
 
 
@@ -43,6 +44,9 @@ class ExpandedInputs:
     # (path, the spelling read): files and directories matched again under another name
     duplicates: list[tuple[str, str]] = field(default_factory=list)
     not_followed: list[str] = field(default_factory=list)  # links to directories inside input directories
+    # (folder, why): folders inside input directories that could not be listed; each is read as a
+    # file, whose open fails, so it is one `unreadable_file` row (never silently absent)
+    not_listed: list[tuple[str, str]] = field(default_factory=list)
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
@@ -51,16 +55,15 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR,
 
 def _not_a_file(path: str) -> str | None:
     """Why `path` (not a directory) is not a regular file to read, or None when it is one (or cannot be
-    examined: opening it then gives the reader's `unreadable_file` row with the system's reason)."""
+    examined: opening it then gives the reader's `unreadable_file` row with the system's reason —
+    no permission, a link cycle (ELOOP), gone since it was listed)."""
     try:
-        mode = os.stat(path).st_mode
+        mode = local_paths.path_stat(path).st_mode
     except FileNotFoundError:
-        if os.path.islink(path):
-            return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+        if local_paths.is_link(path):
+            return f"a symbolic link to {shown_path(local_paths.read_link(path))!r}, which does not exist"
         return None
-    except OSError as exc:
-        if os.path.islink(path):  # a link cycle (ELOOP) and the like
-            return f"a symbolic link that cannot be followed ({exc.strerror or exc})"
+    except OSError:
         return None
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
@@ -117,15 +120,6 @@ def recovered_path(shown: str) -> str:
     return os.fsdecode(bytes(out))
 
 
-def _files_under(directory: str, links: list[str]) -> list[str]:
-    found = []
-    for root, dirs, files in os.walk(directory, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        links.extend(os.path.join(root, d) for d in dirs if os.path.islink(os.path.join(root, d)))
-        found.extend(os.path.join(root, f) for f in sorted(files) if not f.startswith("."))
-    return found
-
-
 def _has_format(path: str) -> bool:
     """A file found in an input directory is read with format auto when its name gives a data
     format; .txt/.md files there are the folder's README, LICENSE.txt, notes: read only with
@@ -141,13 +135,13 @@ def _inside(path: str, directory: str) -> bool:
 
 
 def _real(path: str) -> str:
-    return os.path.realpath(path)
+    return local_paths.real_path(path)
 
 
 def _identity(path: str) -> tuple[int, int] | str:
     """The file itself: its device and inode (hard links to one file are one file), else its real path."""
     try:
-        st = os.stat(path)
+        st = local_paths.path_stat(path)
     except OSError:
         return _real(path)
     return (st.st_dev, st.st_ino)
@@ -190,12 +184,12 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
             raise InputPathError(f"input path {pattern!r} holds a NUL byte; no file name can")
         named = not glob.has_magic(pattern)
         if named:
-            why = None if os.path.isdir(pattern) else _not_a_file(pattern)
+            why = None if local_paths.is_dir(pattern) else _not_a_file(pattern)
             if why is not None:
                 raise InputPathError(f"input '{pattern}' is {why}; pass regular files or directories "
                                      "(write a stream to a file first)")
-            if not os.path.isdir(pattern):
-                if take(pattern) or not os.path.lexists(pattern):
+            if not local_paths.is_dir(pattern):
+                if take(pattern) or not local_paths.exists(pattern, follow_symlinks=False):
                     out.patterns.append(pattern)  # a missing path is the caller's to report
                 continue
             matches = [pattern]
@@ -204,8 +198,8 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
         chosen: list[str] = []
         # Files before directories, and within each the links last: a link to a file or directory that
         # the same glob also names is the repeat, not the file or directory itself.
-        for match in sorted(matches, key=lambda m: (os.path.isdir(m), os.path.islink(m))):
-            if not os.path.isdir(match):
+        for match in sorted(matches, key=lambda m: (local_paths.is_dir(m), local_paths.is_link(m))):
+            if not local_paths.is_dir(match):
                 if take(match):
                     chosen.append(match)
                 continue
@@ -214,16 +208,24 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
             if holder is not None:
                 out.duplicates.append((match, walked[holder]))
                 continue
-            if not named and os.path.islink(match) and _inside(_real(os.path.dirname(os.path.abspath(match))), real):
+            if not named and local_paths.is_link(match) and _inside(_real(os.path.dirname(os.path.abspath(match))), real):
                 out.not_followed.append(match)  # a link to a directory holding it: a cycle
                 continue
             walked[real] = match
-            links: list[str] = []
-            files = _files_under(match, links)
-            out.not_followed.extend(links)
+            try:
+                listing = local_paths.walk_files(match)
+            except OSError as exc:
+                if match == pattern:
+                    raise InputPathError(f"input directory '{shown_path(pattern)}' cannot be listed: "
+                                         f"{exc.strerror or exc}") from None
+                listing = local_paths.Listing(not_listed=[(match, exc.strerror or str(exc))])
+            files = listing.files
+            out.not_followed.extend(listing.dir_links)
+            out.not_listed.extend(listing.not_listed)
+            chosen.extend(folder for folder, _ in listing.not_listed)
             regular = [f for f in files if _not_a_file(f) is None]
             readable = regular if fmt != "auto" else [f for f in regular if _has_format(f)]
-            if not readable and match == pattern:
+            if not readable and not listing.not_listed and match == pattern:
                 what = ("no files" if not files else
                         f"no regular file ({len(files)} other entries)" if not regular else
                         f"no file whose name gives its format ({len(files)} other files)")
@@ -232,7 +234,7 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
             kept = set(readable)
             out.skipped.extend(f for f in regular if f not in kept)
             regular_set = set(regular)
-            for f in sorted(files, key=os.path.islink):
+            for f in sorted(files, key=local_paths.is_link):
                 if f not in regular_set:
                     take(f)  # records why it is not read
                 elif f in kept and take(f):
@@ -259,7 +261,8 @@ def resolve_recipe_inputs(recipe, confined: bool) -> ExpandedInputs:
     if not recipe.inputs:
         raise InputPathError(f"no input: {recipe.path} names no input.paths; pass --input GLOB")
     for pattern in recipe.inputs:
-        if "://" not in pattern and not glob.glob(pattern):
+        if "://" not in pattern and not (glob.glob(pattern) if glob.has_magic(pattern)
+                                         else local_paths.exists(pattern, follow_symlinks=False)):
             raise InputPathError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
     expanded = expand_directories(recipe.inputs, recipe.input_format,
                                   confine_to=recipe.directory if confined else None)
@@ -300,14 +303,19 @@ def input_notes(expanded: ExpandedInputs, quiet: bool = False) -> list[str]:
     lines = []
     if expanded.not_read:
         lines.append(f"warning: {len(expanded.not_read)} matched path(s) are not read: {_listed(_why(expanded.not_read))}")
+    if expanded.not_listed:
+        lines.append(f"warning: {len(expanded.not_listed)} folder(s) in the input directories cannot be listed, each "
+                     "one unreadable_file row: " + _listed([f"{shown_path(p)} ({why})" for p, why in expanded.not_listed]))
     if quiet:
         return lines
     if expanded.duplicates:
         lines.append(f"{len(expanded.duplicates)} input path(s) name a file or directory already read and add "
-                     "nothing: " + _listed([f"{p} (named twice)" if p == first else f"{p} (read as {first})"
+                     "nothing: " + _listed([f"{shown_path(p)} (named twice)" if p == first
+                                            else f"{shown_path(p)} (read as {shown_path(first)})"
                                             for p, first in expanded.duplicates]))
     if expanded.not_followed:
-        shown = ", ".join(expanded.not_followed[:3]) + (", …" if len(expanded.not_followed) > 3 else "")
+        shown = (", ".join(shown_path(p) for p in expanded.not_followed[:3])
+                 + (", …" if len(expanded.not_followed) > 3 else ""))
         lines.append(f"{len(expanded.not_followed)} link(s) to directories are not followed ({shown}): they lie "
                      "inside an input directory or lead back to one holding them; pass a directory as --input to read it")
     return lines
