@@ -16,6 +16,7 @@ from typing import Sequence
 from dsdata.lm.normalize import normalize_line
 from dsdata.io.untrusted_files import UntrustedFileError, confined_file, load_json_file
 from dsdata.lm.training import META_FILE, SP_FILE
+from dsdata.native_panics import hidden_panic_reports
 
 LN10 = math.log(10.0)
 log = logging.getLogger(__name__)
@@ -146,6 +147,12 @@ class CausalLMScorer:
             self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadError(f"causal LM '{model_dir}' does not load ({str(exc).splitlines()[0]})") from None
+        from dsdata.tokenizer import TokenizerError, check_transformers_tokenizer
+
+        try:
+            check_transformers_tokenizer(self.tokenizer, f"of causal LM '{model_dir}'")
+        except TokenizerError as exc:
+            raise ModelLoadError(str(exc)) from None
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -170,7 +177,8 @@ class CausalLMScorer:
                  max(self.batch_tokens, self.max_length) * self.vocab * 4 >> 20)
 
     def _sequence(self, text: str) -> list[int]:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        with hidden_panic_reports():  # a panic is this record's error (a row), its report no line
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         seq = ([self.start_id] if self.start_id is not None else []) + list(ids)
         if self.end_id is not None:
             seq.append(self.end_id)
