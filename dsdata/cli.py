@@ -12,7 +12,7 @@ import warnings
 
 from dsdata.collector import collect_young_less
 
-from dsdata.io.inputs import shown_path
+from dsdata.report.names import shown_path
 from dsdata.api import DEFAULT_RECIPE, RunError, execute, one_line_errors, prepare_run
 
 # Sub-commands implemented in their own modules (dsdata/commands/NAME.py, each with main(argv)).

@@ -426,6 +426,9 @@ class ParquetParts:
             elif not FileSystems.exists(dst):  # a retried commit finds its renames done
                 raise OSError(f"{self.sub}: the part file {src} written by the run is gone")
         # What failed or retried bundles left (on object stores a "folder" is only its files' prefix).
+        if not location.is_remote(self.temp):
+            remove_entry(self.temp)  # not Beam's delete, which takes a local path for a glob (OUT may be `out-*`)
+            return
         left = [m.path for m in FileSystems.match([FileSystems.join(self.temp, "*")])[0].metadata_list]
         if left:
             FileSystems.delete(left)

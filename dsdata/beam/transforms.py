@@ -23,7 +23,7 @@ from dsdata.beam.engines import speedups
 from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, retry_one_at_a_time, passes_through
 from dsdata.document import Document, Rejected
 from dsdata.io import local_paths
-from dsdata.io.inputs import shown_path
+from dsdata.report.names import shown_path
 from dsdata.io.readers import READ_STAGE, READERS, InputFormatError, cuttable_format, range_bytes_for, read_file
 from dsdata.beam.counters import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage, Stage

@@ -11,7 +11,7 @@ def main(argv: list[str]) -> int:
                                      "reasons with examples, histograms, recipe as run) from a run's output directory.")
     parser.add_argument("output", help="the run's output directory (holds stats.json, kept/, rejected/)")
     args = parser.parse_args(argv)
-    from dsdata.io.inputs import recovered_path, shown_path
+    from dsdata.report.names import recovered_path, shown_path
     from dsdata.report.files import is_remote
     from dsdata.report.page import is_run_output, write_report
 

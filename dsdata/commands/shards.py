@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dsdata.io.inputs import shown_path
+from dsdata.report.names import shown_path
 from dsdata.io.shard_tokenizer import verify_shard_set
 from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest
 

@@ -24,6 +24,7 @@ from typing import Any, Iterable
 from dsdata.report import svgchart
 from dsdata.report.cjkfont import embedded_font
 from dsdata.report.files import LOCAL, files_for
+from dsdata.report.names import shown_path
 
 log = logging.getLogger("dsdata")
 
@@ -67,8 +68,6 @@ def write_report_safely(output: str, info: dict[str, Any] | None = None) -> str 
             write_run_info(output, info)
         return write_report(output)
     except Exception as exc:  # noqa: BLE001 - the report must never fail a finished run
-        from dsdata.io.inputs import shown_path
-
         log.warning("warning: could not write %s: %s: %s (the run itself succeeded; "
                     "retry with 'dsdata report %s')", shown_path(output.rstrip("/") + "/" + REPORT_NAME),
                     type(exc).__name__, exc, shown_path(output))
@@ -102,7 +101,7 @@ def _read_json(output: str, name: str) -> dict[str, Any] | None:
 
 def _parquet_files(output: str, sub: str) -> list[str]:
     fs = files_for(output)
-    return sorted(fs.match(fs.join(output, sub, "*.parquet")))
+    return sorted(fs.files_in(fs.join(output, sub), ".parquet"))
 
 
 def _open_parquet(path: str):
@@ -416,8 +415,6 @@ def tallies_section(stats: dict[str, Any]) -> list[str]:
 
 
 def build_html(output: str) -> str:
-    from dsdata.io.inputs import shown_path
-
     stats = _read_json(output, "stats.json")
     if stats is None:
         raise FileNotFoundError(f"{shown_path(files_for(output).join(output, 'stats.json'))} not found: "
