@@ -326,6 +326,22 @@ def _stdout_closed() -> int:
     return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
 
 
+def _main_stoppable(module, argv: list[str], name: str) -> int:
+    """A sub-command's main(), stopped by SIGINT/SIGTERM as `dsdata run` is: one line and 130/143
+    (Ctrl-C during `dsdata tokenizer train` was a KeyboardInterrupt traceback; SIGTERM ended it
+    without its `finally` clauses, which remove what it was writing)."""
+    from dsdata.stop_signals import Interrupted, stop_on_signals
+
+    # A sub-command may sit in a native call that never checks for signals (the Rust BPE trainer):
+    # five seconds after a signal it has not taken, the process ends with the same line.
+    with stop_on_signals(unresponsive=(5.0, f"dsdata: {name} stopped by {{signal}}")) as stop:
+        try:
+            return int(module.main(argv) or 0)
+        except Interrupted:
+            pass
+    raise CommandInterrupted(stop, f"{name} stopped by {stop.name}")
+
+
 def cmd_dispatch(commands, argv: list[str]) -> int:
     from dsdata.api import _problem_classes
 
@@ -343,7 +359,7 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
             except ModuleNotFoundError as exc:
                 raise UserError(f"'dsdata {name}' needs module {exc.name}, which is not installed "
                                 "(pip install -e '.[all]')") from None
-            return int(module.main(rest) or 0)
+            return _main_stoppable(module, rest, name)
         if name.startswith("-") or name.endswith((".yaml", ".yml")):
             return commands["run"][0](argv)
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")

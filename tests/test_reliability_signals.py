@@ -170,3 +170,24 @@ def test_the_trainer_stopped_while_setting_up_is_one_line(tmp_path):
     # Before the loop: nothing to save; inside it: a checkpoint.  Either way one line.
     assert last.startswith("dsdata-train: stopped by SIGINT"), err[-2000:]
     assert sum("stopped by" in ln for ln in err.splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------ the sub-commands
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_a_sub_command_in_one_line(tmp_path, sig):
+    """`dsdata tokenizer train` (any sub-command): Ctrl-C was a KeyboardInterrupt traceback, and
+    SIGTERM ended it without its cleanup; now one line, exit 130/143, no tokenizer left behind."""
+    _corpus(tmp_path / "big.jsonl", 1_000_000)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "dsdata.cli", "tokenizer", "train", "--input", "big.jsonl",
+                             "--out", "tok", "--vocab-size", "4000"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)  # reading and counting a million documents takes well over that
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert err.strip().splitlines() == [f"dsdata: tokenizer stopped by {signal.Signals(sig).name}"], err
+    assert not (tmp_path / "tok" / "tokenizer.json").exists()
