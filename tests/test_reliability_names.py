@@ -135,14 +135,15 @@ def _rows(out: Path) -> tuple[dict, list[dict], list[dict]]:
     return stats, pq.read_table(out / "kept").to_pylist(), pq.read_table(out / "rejected").to_pylist()
 
 
-@pytest.mark.parametrize("form", ["folder", "glob"])
-def test_a_path_longer_than_path_max_in_an_input_folder_is_read(tmp_path, form):
-    """os.walk could not list the folder that holds it: the file was silently not read, ledger ok."""
+@pytest.mark.parametrize("given", ["in", "in/*", "in/**/*.jsonl"], ids=["folder", "glob", "recursive-glob"])
+def test_a_path_longer_than_path_max_in_an_input_folder_is_read(tmp_path, given):
+    """os.walk could not list the folder that holds it, nor Python's glob go there: the file was
+    silently not read, ledger ok."""
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_text(json.dumps({"text": "near the top"}) + "\n")
     deep = _deep_file(str(tmp_path / "in"), "at the bottom of a very deep folder")
     (tmp_path / "r.yaml").write_text("input: {paths: [in]}\noutput: out\nstages: []\n")
-    proc = _run(os.fsencode(str(tmp_path)), "--input", "in" if form == "folder" else "in/*")
+    proc = _run(os.fsencode(str(tmp_path)), "--input", given)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     stats, kept, rejected = _rows(tmp_path / "out")
     assert stats["input"] == 2 and stats["kept"] == 2 and stats["ledger_ok"] and not rejected, (stats, rejected)
@@ -158,7 +159,8 @@ def _without_privileges():
     return ["setpriv", "--inh-caps=-all", "--bounding-set=-all"] if os.geteuid() == 0 else []
 
 
-def test_entries_the_os_lists_but_cannot_open_are_rows_never_absent(tmp_path):
+@pytest.mark.parametrize("given", ["in", "in/**/*.jsonl"], ids=["folder", "recursive-glob"])
+def test_entries_the_os_lists_but_cannot_open_are_rows_never_absent(tmp_path, given):
     """No read permission, a folder that cannot be listed, a link cycle (ELOOP): each one
     `unreadable_file` row with the system's reason; the other files are read; the ledger holds."""
     data = tmp_path / "in"
@@ -172,7 +174,8 @@ def test_entries_the_os_lists_but_cannot_open_are_rows_never_absent(tmp_path):
     (tmp_path / "r.yaml").write_text("input: {paths: [in]}\noutput: out\nstages: []\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     try:
-        proc = subprocess.run([*_without_privileges(), sys.executable, "-m", "dsdata.cli", "run", "r.yaml"],
+        proc = subprocess.run([*_without_privileges(), sys.executable, "-m", "dsdata.cli", "run", "r.yaml",
+                               "--input", given],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     finally:
         (data / "locked").chmod(0o755)

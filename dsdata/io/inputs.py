@@ -21,6 +21,7 @@ directory it is left out and listed in `not_read` with the reason, for the calle
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import stat
@@ -69,6 +70,58 @@ def _not_a_file(path: str) -> str | None:
         return None
     kind = next((name for test, name in _KINDS if test(mode)), "of another kind")
     return f"not a regular file but {kind}"
+
+
+def local_glob(pattern: str) -> list[str]:
+    """What a local glob matches, sorted.  A `**` component is matched here against the folder walk
+    (local_paths.walk_files: any depth, hidden names and links to folders skipped), giving the files
+    it matches or that lie in a folder it matches, and the folders there that cannot be listed:
+    Python's glob lists folders by their path and silently stopped at PATH_MAX or at a folder it
+    could not read.  Other globs are Python's (they name no folder that deep)."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return sorted(glob.glob(pattern))
+    first_magic = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    root = os.sep.join(parts[:first_magic]) or ("." if not pattern.startswith(os.sep) else os.sep)
+    wanted = parts[first_magic:]
+    if first_magic and parts[:first_magic] == [""]:
+        root = os.sep
+    if not local_paths.is_dir(root):
+        return []
+    try:
+        listing = local_paths.walk_files(root)
+    except OSError:
+        return []
+    found = []
+    unlisted = {folder for folder, _ in listing.not_listed}
+    for path in listing.files + sorted(unlisted):
+        names = os.path.relpath(path, root).split(os.sep) if root != "." else os.path.normpath(path).split(os.sep)
+        # A folder that cannot be listed, where the glob could match something, goes on as a match:
+        # expanding it makes it its unreadable_file row.
+        if any(_glob_match(wanted, names[:k]) for k in range(len(names), 0, -1)) or (
+                path in unlisted and _glob_prefix(wanted, names)):
+            found.append(path if root != "." else os.path.normpath(path))
+    return sorted(found)
+
+
+def _glob_prefix(pattern: list[str], names: list[str]) -> bool:
+    """Whether glob components `pattern` could match something inside the folder `names`."""
+    if not names:
+        return bool(pattern)
+    if not pattern:
+        return False
+    if pattern[0] == "**":
+        return True
+    return fnmatch.fnmatchcase(names[0], pattern[0]) and _glob_prefix(pattern[1:], names[1:])
+
+
+def _glob_match(pattern: list[str], names: list[str]) -> bool:
+    """Whether path components `names` match glob components `pattern` (`**`: any number of them)."""
+    if not pattern:
+        return not names
+    if pattern[0] == "**":
+        return _glob_match(pattern[1:], names) or (bool(names) and _glob_match(pattern, names[1:]))
+    return bool(names) and fnmatch.fnmatchcase(names[0], pattern[0]) and _glob_match(pattern[1:], names[1:])
 
 
 def _has_format(path: str) -> bool:
@@ -145,7 +198,7 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
                 continue
             matches = [pattern]
         else:
-            matches = sorted(glob.glob(pattern, recursive=True))
+            matches = local_glob(pattern)
         chosen: list[str] = []
         # Files before directories, and within each the links last: a link to a file or directory that
         # the same glob also names is the repeat, not the file or directory itself.
@@ -212,7 +265,7 @@ def resolve_recipe_inputs(recipe, confined: bool) -> ExpandedInputs:
     if not recipe.inputs:
         raise InputPathError(f"no input: {recipe.path} names no input.paths; pass --input GLOB")
     for pattern in recipe.inputs:
-        if "://" not in pattern and not (glob.glob(pattern) if glob.has_magic(pattern)
+        if "://" not in pattern and not (local_glob(pattern) if glob.has_magic(pattern)
                                          else local_paths.exists(pattern, follow_symlinks=False)):
             raise InputPathError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
     expanded = expand_directories(recipe.inputs, recipe.input_format,
