@@ -1,13 +1,14 @@
 """`dsdata report OUT`: (re)build OUT/report.html from a finished run's outputs."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
+from dsdata.commands import CommandParser
+
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dsdata report", description="Rebuild OUT/report.html (funnel, rejection "
+    parser = CommandParser(prog="dsdata report", description="Rebuild OUT/report.html (funnel, rejection "
                                      "reasons with examples, histograms, recipe as run) from a run's output directory.")
     parser.add_argument("output", help="the run's output directory (holds stats.json, kept/, rejected/)")
     args = parser.parse_args(argv)

@@ -2,13 +2,13 @@
 `dsdata shards export --format megatron|mds|hf SRC DST`: write it for other trainers (dsdata/export/)."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-from dsdata.report.names import shown_path
+from dsdata.commands import CommandParser
 from dsdata.io.shard_tokenizer import verify_shard_set
 from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest
+from dsdata.report.names import shown_path
 
 
 def cmd_verify(args) -> int:
@@ -57,7 +57,7 @@ def cmd_export(args) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dsdata shards", description="Inspect, verify and export training shards.")
+    parser = CommandParser(prog="dsdata shards", description="Inspect, verify and export training shards.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_verify = sub.add_parser("verify", help="check every shard against the manifest's sha256; exit 1 naming bad files")
     p_verify.add_argument("dir", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")

@@ -1,16 +1,16 @@
 """`dsdata shm publish|list|remove`: shard sets in shared memory (/dev/shm/dsdata/NAME)."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from dsdata.commands import CommandParser
 from dsdata.io.shards import ShardError, locate_shard_dir
 from dsdata.io.shm import ShmError, list_published, publish, remove, shm_root
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dsdata shm", description="Publish shard sets to shared memory "
+    parser = CommandParser(prog="dsdata shm", description="Publish shard sets to shared memory "
                                      "(root: /dev/shm/dsdata or $DSDATA_SHM_ROOT).")
     parser.add_argument("--root", default=None, help="shared-memory root directory (default: %(default)s → "
                         "$DSDATA_SHM_ROOT or /dev/shm/dsdata)")
