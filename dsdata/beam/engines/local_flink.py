@@ -37,8 +37,11 @@ RPC_PORT = 6123
 WORKER_POOL_PORT = 50000
 # Small JVMs: CI machines are shared.  Flink's own scripts derive every memory component from these.
 JOBMANAGER_PROCESS_SIZE = "768m"
-TASKMANAGER_PROCESS_SIZE = "1280m"
+TASKMANAGER_PROCESS_SIZE = "1664m"
 TASKMANAGER_MANAGED_SIZE = "64m"
+# Direct memory for Beam's gRPC data and state channels (its vendored Netty): with Flink's default of
+# none, a 100k-document pretrain run ended in "OutOfMemoryError: Direct buffer memory".
+TASKMANAGER_TASK_OFF_HEAP_SIZE = "384m"
 # pretrain.yaml's job has dozens of shuffle edges: Flink's 64 MB minimum of network buffers is too few.
 TASKMANAGER_NETWORK_SIZE = "160m"
 JOB_SERVER_PORT = 8099
@@ -184,6 +187,7 @@ class LocalFlinkCluster:
             "jobmanager.memory.process.size": JOBMANAGER_PROCESS_SIZE,
             "taskmanager.memory.process.size": TASKMANAGER_PROCESS_SIZE,
             "taskmanager.memory.managed.size": TASKMANAGER_MANAGED_SIZE,
+            "taskmanager.memory.task.off-heap.size": TASKMANAGER_TASK_OFF_HEAP_SIZE,
             "taskmanager.memory.network.min": TASKMANAGER_NETWORK_SIZE,
             "taskmanager.memory.network.max": TASKMANAGER_NETWORK_SIZE,
             "parallelism.default": self.taskmanagers * self.slots,
