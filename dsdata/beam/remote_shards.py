@@ -18,12 +18,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from dsdata.beam import location
-from dsdata.io.shard_tokenizer import bundled_files
+from dsdata.io.shard_tokenizer import MAX_TOKENIZER_FILE_BYTES, bundled_files
 from dsdata.io.shards import MANIFEST, ShardError, read_manifest, resolve_shard_path
 from dsdata.io.untrusted_files import MAX_JSON_BYTES
-
-# A bundled tokenizer file is at most this large (dsdata/io/shard_tokenizer.py refuses to bundle more).
-_MAX_TOKENIZER_FILE_BYTES = 1 << 30
 
 
 def locate_remote_shard_dir(path: str) -> str:
@@ -73,7 +70,7 @@ def local_shard_set(path: str, with_files: bool = True) -> Iterator[tuple[str, s
 def _fetch_files(local: str, remote: str) -> None:
     manifest = read_manifest(local)  # the names it lists are checked to stay inside the folder
     wanted = [(s["file"], s["bytes"]) for s in manifest["shards"]]
-    wanted += [(f["file"], _MAX_TOKENIZER_FILE_BYTES) for f in bundled_files(local, manifest)]
+    wanted += [(f["file"], MAX_TOKENIZER_FILE_BYTES) for f in bundled_files(local, manifest)]
     needed, free = sum(s["bytes"] for s in manifest["shards"]), shutil.disk_usage(local).free
     if needed > free:
         raise ShardError(f"copying the shard set {remote} to {os.path.dirname(local)} needs {needed} bytes, {free} "
