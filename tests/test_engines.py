@@ -444,7 +444,10 @@ def test_flink_cluster_two_taskmanagers_pretrain_identical_to_default_runner(bas
     # Both TaskManagers did work, in SDK worker processes the pool started for them.
     records = _records_per_taskmanager(cluster)
     assert sorted(records) == ["tm-0", "tm-1"] and all(n > 0 for n in records.values()), records
-    assert len(list((cluster.work_dir / "pool").glob("worker-*.log"))) - workers_before >= 2
+    started = len(list((cluster.work_dir / "pool").glob("worker-*.log"))) - workers_before
+    # ... and kept them from stage to stage (Beam's jar on the cluster's classpath, environment cache):
+    # one worker per TaskManager, where closing them after every stage forked ~18 per run.
+    assert 2 <= started <= 2 * cluster.taskmanagers, started
     # Nothing reachable from beyond loopback: the namespace has no other interface; Flink's own
     # listeners are bound to 127.0.0.1; Beam's (job server, the TaskManagers' gRPC servers) cannot be
     # told a host and listen on the wildcard, which here reaches loopback only.

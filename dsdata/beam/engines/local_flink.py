@@ -44,6 +44,9 @@ TASKMANAGER_NETWORK_SIZE = "160m"
 JOB_SERVER_PORT = 8099
 # The job server only translates and submits (the TaskManagers run the job): a small heap.
 JOB_SERVER_HEAP = "-Xmx768m"
+# How long a TaskManager keeps an idle SDK worker (and the models it loaded) for the job's next task.
+# Beam honours it only when its classes come from Flink's own class loader (see _write_lib).
+ENVIRONMENT_CACHE_MS = 60_000
 
 
 class ClusterError(RuntimeError):
@@ -106,8 +109,10 @@ class LocalFlinkCluster:
     Use as a context manager; every process it started (and any process left in its namespace, such as
     a job server a launcher started there) is stopped on exit, also when starting failed half-way."""
 
-    def __init__(self, work_dir: str | os.PathLike, taskmanagers: int = 2, slots: int = 1, home: Path | None = None):
+    def __init__(self, work_dir: str | os.PathLike, taskmanagers: int = 2, slots: int = 1, home: Path | None = None,
+                 beam_jar: str | None = None):
         self.work_dir = Path(work_dir)
+        self.beam_jar = beam_jar if beam_jar is not None else artifacts.flink_job_server_jar()
         self.taskmanagers = taskmanagers
         self.slots = slots
         self.home = home or flink_home()
@@ -153,7 +158,8 @@ class LocalFlinkCluster:
                 raise ClusterError("the network namespace's loopback interface did not come up")
             time.sleep(0.05)
         self._netns = os.readlink(f"/proc/{self._holder.pid}/ns/net")
-        env = dict(os.environ, FLINK_CONF_DIR=str(conf), FLINK_LOG_DIR=str(self.work_dir / "log"))
+        env = dict(os.environ, FLINK_CONF_DIR=str(conf), FLINK_LOG_DIR=str(self.work_dir / "log"),
+                   FLINK_LIB_DIR=str(self._write_lib()))
         self._spawn("jobmanager", [str(self.home / "bin" / "jobmanager.sh"), "start-foreground"], env)
         for i in range(self.taskmanagers):
             self._spawn(f"taskmanager-{i}", [str(self.home / "bin" / "taskmanager.sh"), "start-foreground",
@@ -185,9 +191,31 @@ class LocalFlinkCluster:
             # A failed job fails the test or run at once instead of restarting for minutes.
             "restart-strategy.type": "none",
         })
+        if self.beam_jar:
+            # Every class the job's jar carries (Beam and its shaded joda, grpc, …) from the one copy in lib/:
+            # a Beam class from the parent loader meeting a joda class from the job's loader fails.
+            settings["classloader.resolve-order"] = "parent-first"
         (conf / "config.yaml").write_text(yaml.safe_dump(settings, default_flow_style=False), encoding="utf-8")
         shutil.copy(self.home / "conf" / "log4j-console.properties", conf / "log4j-console.properties")
         return conf
+
+    def _write_lib(self) -> Path:
+        """The cluster's lib/: the distribution's jars plus Beam's job-server jar (links to both).
+
+        Beam closes a job's SDK workers as soon as no task of the job runs on the TaskManager unless its
+        own classes were loaded by Flink's class loader (FlinkExecutableStageContextFactory releases
+        "synchronously" for classes from a job's user-code class loader).  In a batch job every stage
+        is a new task, so each stage forked fresh workers that loaded every model again (18 workers
+        per pretrain.yaml run on 2 TaskManagers).  With the jar here, `classloader.resolve-order: parent-first`
+        and --environment_cache_millis, a worker lives from stage to stage."""
+        lib = self.work_dir / "lib"
+        shutil.rmtree(lib, ignore_errors=True)
+        lib.mkdir()
+        for jar in sorted((self.home / "lib").glob("*.jar")):
+            os.symlink(jar, lib / jar.name)
+        if self.beam_jar:
+            os.symlink(os.path.abspath(self.beam_jar), lib / os.path.basename(self.beam_jar))
+        return lib
 
     def _spawn(self, name: str, argv: list[str], env: dict, in_namespace: bool = True, **kwargs) -> subprocess.Popen:
         log = open(self.work_dir / "log" / f"{name}.out", "wb")
@@ -265,6 +293,7 @@ class LocalFlinkCluster:
         return ["--runner=FlinkRunner", f"--flink_master={self.master}", f"--flink_job_server_jar={job_server_jar}",
                 f"--flink_version={artifacts.FLINK_VERSION}", f"--parallelism={self.taskmanagers * self.slots}",
                 "--environment_type=EXTERNAL", f"--environment_config={self.worker_pool}",
+                f"--environment_cache_millis={ENVIRONMENT_CACHE_MS}",
                 # The job's state/message streams get this as a gRPC deadline (apache/beam#35867).
                 "--job_server_timeout=86400"]
 
@@ -294,7 +323,8 @@ class LocalFlinkCluster:
         """`dsdata run` options that submit to this cluster through PortableRunner and a job server."""
         return ["--runner=PortableRunner", f"--job_endpoint={job_endpoint}",
                 f"--parallelism={self.taskmanagers * self.slots}",
-                "--environment_type=EXTERNAL", f"--environment_config={self.worker_pool}", "--job_server_timeout=86400"]
+                "--environment_type=EXTERNAL", f"--environment_config={self.worker_pool}",
+                f"--environment_cache_millis={ENVIRONMENT_CACHE_MS}", "--job_server_timeout=86400"]
 
     def listening(self) -> list[tuple[str, int]]:
         """Every listening TCP socket in the namespace."""
