@@ -14,6 +14,7 @@ from dsdata.collector import collect_young_less
 
 from dsdata.report.names import shown_path
 from dsdata.api import DEFAULT_RECIPE, RunError, execute, one_line_errors, prepare_run
+from dsdata.io.object_storage import add_object_storage_flags, object_storage_beam_args
 
 # Sub-commands implemented in their own modules (dsdata/commands/NAME.py, each with main(argv)).
 SUBCOMMANDS = {
@@ -79,6 +80,7 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--progress", default="auto", choices=["auto", "bar", "lines", "off"],
                         help="live progress every 10 s on long runs: a bar on a terminal (auto), "
                         "lines (logs), or off; --quiet turns it off")
+    add_object_storage_flags(parser)
     return parser
 
 
@@ -165,6 +167,7 @@ def cmd_run(argv: list[str]) -> int:
     parser = _run_parser()
     _refuse_unknown_flags(parser, argv)
     args, beam_args = parser.parse_known_args(argv)
+    beam_args = object_storage_beam_args(args) + beam_args  # Beam's S3Options: forwarded to every worker
     from dsdata.report.display import resolve_mode
 
     if not args.quiet:

@@ -75,7 +75,21 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
         # itself.  Through Beam's DirectRunner they would first try the Prism runner, which downloads
         # its binary from GitHub: offline a failed request, online a run on Prism that ignores them.
         args.append(f"--runner={DEFAULT_RUNNER}")
-    return PipelineOptions(args)
+    return PipelineOptions(args + _flink_job_server_jar(args))
+
+
+def _flink_job_server_jar(args: list[str]) -> list[str]:
+    """`--flink_job_server_jar=JAR` for a FlinkRunner run that names none, when the engines cache has
+    the job server .ci/engines-setup assembles for this Flink version: Beam would download its published
+    jar, which Maven Central does not serve for this Beam (docs/engines.md "The job server")."""
+    from dsdata.beam.engines import artifacts
+    from dsdata.beam.engines.options import last_option
+
+    if (last_option(args, "runner") != "FlinkRunner" or last_option(args, "flink_job_server_jar")
+            or last_option(args, "job_endpoint") or last_option(args, "flink_version") != artifacts.FLINK_VERSION):
+        return []
+    jar = artifacts.flink_job_server_jar()
+    return [f"--flink_job_server_jar={jar}"] if jar else []
 
 
 def in_process_runner(options: PipelineOptions):

@@ -53,15 +53,21 @@ class _MdsWriter:
                        "column_sizes": [None] * len(self.names), "compression": None, "format": "mds",
                        "hashes": [], "size_limit": size_limit, "version": 2}
         self.config_bytes = json.dumps(self.config, sort_keys=True).encode("utf-8")
+        # A shard's bytes besides its samples: the sample count, the offset past the last sample,
+        # the config.  Counted against the limit (4 more bytes of offset per sample) as streaming's
+        # MDSWriter counts them, so both split a bucket at the same samples and a shard file
+        # stays within the limit unless one sample alone is larger.
+        self.shard_overhead = 4 + 4 + len(self.config_bytes)
         self.samples: list[bytes] = []
-        self.pending = 0
+        self.pending = self.shard_overhead
         self.shards: list[dict[str, Any]] = []
 
     def add(self, values: dict[str, Any]) -> None:
         parts = [values["difficulty"].encode("utf-8"), values["id"].encode("utf-8"),
                  _ndarray_bytes(values["input_ids"]), values["source"].encode("utf-8")]
         sample = np.array([len(p) for p in parts], dtype=np.uint32).tobytes() + b"".join(parts)
-        # streaming counts 4 bytes of offset per sample against the limit, as here.
+        # Unlike streaming, never flush an empty shard (streaming writes one, with 0 samples, before
+        # a sample larger than the limit).
         if self.samples and self.pending + len(sample) + 4 > self.size_limit:
             self.flush()
         self.samples.append(sample)
@@ -85,7 +91,7 @@ class _MdsWriter:
                 fh.write(sample)
         self.shards.append({**self.config, "raw_data": {"basename": basename, "bytes": int(offsets[-1]), "hashes": {}},
                             "samples": len(self.samples), "zip_data": None})
-        self.samples, self.pending = [], 0
+        self.samples, self.pending = [], self.shard_overhead
 
     def close(self) -> None:
         self.flush()

@@ -37,13 +37,19 @@ RPC_PORT = 6123
 WORKER_POOL_PORT = 50000
 # Small JVMs: CI machines are shared.  Flink's own scripts derive every memory component from these.
 JOBMANAGER_PROCESS_SIZE = "768m"
-TASKMANAGER_PROCESS_SIZE = "1280m"
+TASKMANAGER_PROCESS_SIZE = "1664m"
 TASKMANAGER_MANAGED_SIZE = "64m"
+# Direct memory for Beam's gRPC data and state channels (its vendored Netty): with Flink's default of
+# none, a 100k-document pretrain run ended in "OutOfMemoryError: Direct buffer memory".
+TASKMANAGER_TASK_OFF_HEAP_SIZE = "384m"
 # pretrain.yaml's job has dozens of shuffle edges: Flink's 64 MB minimum of network buffers is too few.
 TASKMANAGER_NETWORK_SIZE = "160m"
 JOB_SERVER_PORT = 8099
 # The job server only translates and submits (the TaskManagers run the job): a small heap.
 JOB_SERVER_HEAP = "-Xmx768m"
+# How long a TaskManager keeps an idle SDK worker (and the models it loaded) for the job's next task.
+# Beam honours it only when its classes come from Flink's own class loader (see _write_lib).
+ENVIRONMENT_CACHE_MS = 60_000
 
 
 class ClusterError(RuntimeError):
@@ -106,8 +112,10 @@ class LocalFlinkCluster:
     Use as a context manager; every process it started (and any process left in its namespace, such as
     a job server a launcher started there) is stopped on exit, also when starting failed half-way."""
 
-    def __init__(self, work_dir: str | os.PathLike, taskmanagers: int = 2, slots: int = 1, home: Path | None = None):
+    def __init__(self, work_dir: str | os.PathLike, taskmanagers: int = 2, slots: int = 1, home: Path | None = None,
+                 beam_jar: str | None = None):
         self.work_dir = Path(work_dir)
+        self.beam_jar = beam_jar if beam_jar is not None else artifacts.flink_job_server_jar()
         self.taskmanagers = taskmanagers
         self.slots = slots
         self.home = home or flink_home()
@@ -117,6 +125,7 @@ class LocalFlinkCluster:
         self._holder: subprocess.Popen | None = None
         self._procs: list[subprocess.Popen] = []
         self._netns: str | None = None  # e.g. "net:[4026532xxx]": still names it after the holder is gone
+        self._relayed: set[int] = set()  # host loopback ports reachable inside (relay_host_ports)
 
     # --- starting -------------------------------------------------------------------------------------
 
@@ -152,7 +161,8 @@ class LocalFlinkCluster:
                 raise ClusterError("the network namespace's loopback interface did not come up")
             time.sleep(0.05)
         self._netns = os.readlink(f"/proc/{self._holder.pid}/ns/net")
-        env = dict(os.environ, FLINK_CONF_DIR=str(conf), FLINK_LOG_DIR=str(self.work_dir / "log"))
+        env = dict(os.environ, FLINK_CONF_DIR=str(conf), FLINK_LOG_DIR=str(self.work_dir / "log"),
+                   FLINK_LIB_DIR=str(self._write_lib()))
         self._spawn("jobmanager", [str(self.home / "bin" / "jobmanager.sh"), "start-foreground"], env)
         for i in range(self.taskmanagers):
             self._spawn(f"taskmanager-{i}", [str(self.home / "bin" / "taskmanager.sh"), "start-foreground",
@@ -178,38 +188,77 @@ class LocalFlinkCluster:
             "jobmanager.memory.process.size": JOBMANAGER_PROCESS_SIZE,
             "taskmanager.memory.process.size": TASKMANAGER_PROCESS_SIZE,
             "taskmanager.memory.managed.size": TASKMANAGER_MANAGED_SIZE,
+            "taskmanager.memory.task.off-heap.size": TASKMANAGER_TASK_OFF_HEAP_SIZE,
             "taskmanager.memory.network.min": TASKMANAGER_NETWORK_SIZE,
             "taskmanager.memory.network.max": TASKMANAGER_NETWORK_SIZE,
             "parallelism.default": self.taskmanagers * self.slots,
             # A failed job fails the test or run at once instead of restarting for minutes.
             "restart-strategy.type": "none",
         })
+        if self.beam_jar:
+            # Every class the job's jar carries (Beam and its shaded joda, grpc, …) from the one copy in lib/:
+            # a Beam class from the parent loader meeting a joda class from the job's loader fails.
+            settings["classloader.resolve-order"] = "parent-first"
         (conf / "config.yaml").write_text(yaml.safe_dump(settings, default_flow_style=False), encoding="utf-8")
         shutil.copy(self.home / "conf" / "log4j-console.properties", conf / "log4j-console.properties")
         return conf
 
-    def _spawn(self, name: str, argv: list[str], env: dict, **kwargs) -> subprocess.Popen:
+    def _write_lib(self) -> Path:
+        """The cluster's lib/: the distribution's jars plus Beam's job-server jar (links to both).
+
+        Beam closes a job's SDK workers as soon as no task of the job runs on the TaskManager unless its
+        own classes were loaded by Flink's class loader (FlinkExecutableStageContextFactory releases
+        "synchronously" for classes from a job's user-code class loader).  In a batch job every stage
+        is a new task, so each stage forked fresh workers that loaded every model again (18 workers
+        per pretrain.yaml run on 2 TaskManagers).  With the jar here, `classloader.resolve-order: parent-first`
+        and --environment_cache_millis, a worker lives from stage to stage."""
+        lib = self.work_dir / "lib"
+        shutil.rmtree(lib, ignore_errors=True)
+        lib.mkdir()
+        for jar in sorted((self.home / "lib").glob("*.jar")):
+            os.symlink(jar, lib / jar.name)
+        if self.beam_jar:
+            os.symlink(os.path.abspath(self.beam_jar), lib / os.path.basename(self.beam_jar))
+        return lib
+
+    def _spawn(self, name: str, argv: list[str], env: dict, in_namespace: bool = True, **kwargs) -> subprocess.Popen:
         log = open(self.work_dir / "log" / f"{name}.out", "wb")
         try:
-            proc = subprocess.Popen(self.nsenter(argv), env=env, cwd=self.work_dir, stdin=subprocess.DEVNULL,
-                                    stdout=kwargs.pop("stdout", log), stderr=log, start_new_session=True, **kwargs)
+            proc = subprocess.Popen(self.nsenter(argv) if in_namespace else argv, env=env, cwd=self.work_dir,
+                                    stdin=subprocess.DEVNULL, stdout=kwargs.pop("stdout", log), stderr=log,
+                                    start_new_session=True, **kwargs)
         finally:
             log.close()
         self._procs.append(proc)
         return proc
 
-    def _start_worker_pool(self) -> None:
-        # -P and the package's own directory first: the pool (and so its workers) imports this dsdata,
-        # whatever the working directory holds.
+    def _spawn_python_module(self, name: str, module: str, args: list[str], in_namespace: bool = True) -> str:
+        """`python -P -m module args` (this dsdata's package directory first on its path: it imports this
+        dsdata, whatever the working directory holds); returns the first line it prints, its sign of life."""
         package_root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
-        pool = self._spawn("worker-pool", [sys.executable, "-P", "-m", "dsdata.beam.engines.worker_pool", "--host", "127.0.0.1",
-                                           "--port", str(WORKER_POOL_PORT), "--work-dir", str(self.work_dir / "pool")],
-                           env, stdout=subprocess.PIPE)
-        line = pool.stdout.readline()
-        pool.stdout.close()
+        proc = self._spawn(name, [sys.executable, "-P", "-m", module, *args], env, in_namespace, stdout=subprocess.PIPE)
+        line = proc.stdout.readline()
+        proc.stdout.close()
         if not line:
-            raise ClusterError(f"the worker pool did not start: see {self.work_dir / 'log' / 'worker-pool.out'}")
+            raise ClusterError(f"{name} did not start: see {self.work_dir / 'log' / (name + '.out')}")
+        return line.decode(errors="replace").strip()
+
+    def _start_worker_pool(self) -> None:
+        self._spawn_python_module("worker-pool", "dsdata.beam.engines.worker_pool",
+                                  ["--host", "127.0.0.1", "--port", str(WORKER_POOL_PORT),
+                                   "--work-dir", str(self.work_dir / "pool")])
+
+    def relay_host_ports(self, ports: list[int]) -> None:
+        """Make services on the host's loopback (an S3 server the recipe reads and writes) reachable inside
+        the namespace at the same 127.0.0.1:PORT, for the launcher, the job server and every SDK worker
+        (loopback_relay.py: it listens on 127.0.0.1 inside the namespace and only connects outside)."""
+        ports = [port for port in dict.fromkeys(ports) if port not in self._relayed]
+        if ports:
+            self._spawn_python_module(f"relay-{'-'.join(map(str, ports))}", "dsdata.beam.engines.loopback_relay",
+                                      ["--netns", f"/proc/{self._holder.pid}/ns/net",
+                                       *[f"--port={port}" for port in ports]], in_namespace=False)
+            self._relayed.update(ports)
 
     def _wait_for_taskmanagers(self, timeout: float) -> None:
         deadline = time.time() + timeout
@@ -248,6 +297,7 @@ class LocalFlinkCluster:
         return ["--runner=FlinkRunner", f"--flink_master={self.master}", f"--flink_job_server_jar={job_server_jar}",
                 f"--flink_version={artifacts.FLINK_VERSION}", f"--parallelism={self.taskmanagers * self.slots}",
                 "--environment_type=EXTERNAL", f"--environment_config={self.worker_pool}",
+                f"--environment_cache_millis={ENVIRONMENT_CACHE_MS}",
                 # The job's state/message streams get this as a gRPC deadline (apache/beam#35867).
                 "--job_server_timeout=86400"]
 
@@ -277,7 +327,8 @@ class LocalFlinkCluster:
         """`dsdata run` options that submit to this cluster through PortableRunner and a job server."""
         return ["--runner=PortableRunner", f"--job_endpoint={job_endpoint}",
                 f"--parallelism={self.taskmanagers * self.slots}",
-                "--environment_type=EXTERNAL", f"--environment_config={self.worker_pool}", "--job_server_timeout=86400"]
+                "--environment_type=EXTERNAL", f"--environment_config={self.worker_pool}",
+                f"--environment_cache_millis={ENVIRONMENT_CACHE_MS}", "--job_server_timeout=86400"]
 
     def listening(self) -> list[tuple[str, int]]:
         """Every listening TCP socket in the namespace."""
@@ -338,6 +389,7 @@ class LocalFlinkCluster:
             self._holder.kill()
             self._holder.wait()
         self._procs.clear()
+        self._relayed.clear()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,10 +397,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--taskmanagers", type=int, default=2)
     parser.add_argument("--slots", type=int, default=1, help="task slots per TaskManager")
     parser.add_argument("--work-dir", default=None, help="configuration, logs and worker directories (default: a temp dir)")
+    parser.add_argument("--relay-port", type=int, action="append", default=[], metavar="PORT",
+                        help="a service on this machine's 127.0.0.1:PORT (an S3 server) the cluster may reach at the "
+                        "same address (repeatable)")
     args = parser.parse_args(argv)
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="dsdata-flink-")
     try:
         with LocalFlinkCluster(work_dir, args.taskmanagers, args.slots) as cluster:
+            cluster.relay_host_ports(args.relay_port)
             jar = artifacts.flink_job_server_jar() or "JOB_SERVER_JAR"
             print(f"Flink is up: {args.taskmanagers} TaskManagers, REST {cluster.master} in the namespace of pid "
                   f"{cluster._holder.pid}; logs in {work_dir}/log.  Submit with:\n  "
