@@ -199,7 +199,7 @@ def test_a_parquet_decompression_bomb_is_too_large_rows_in_bounded_memory(tmp_pa
     bomb = tmp_path / "bomb.parquet"
     writer = pq.ParquetWriter(str(bomb), pa.schema([("text", pa.large_string())]), compression="zstd")
     writer.write_table(pa.table({"text": pa.array([TEXT, TEXT], type=pa.large_string())}))
-    writer.write_table(pa.table({"text": pa.array(["a" * (200 << 20)], type=pa.large_string())}))
+    writer.write_table(pa.table({"text": pa.array(["a" * (128 << 20)], type=pa.large_string())}))
     writer.write_table(pa.table({"text": pa.array([TEXT], type=pa.large_string())}))
     writer.close()
     assert bomb.stat().st_size < 100_000
@@ -209,11 +209,11 @@ def test_a_parquet_decompression_bomb_is_too_large_rows_in_bounded_memory(tmp_pa
             # The child's own peak (VmHWM): ru_maxrss survives execve and would report pytest's.
             "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))\n")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", code, str(bomb)], capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([sys.executable, "-c", code, str(bomb)], capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, PYTHONPATH=repo))
     assert proc.returncode == 0, proc.stderr[-2000:]
     out, peak_kb = proc.stdout.splitlines()
     rows = json.loads(out)
     assert [r[:2] for r in rows] == [["Document", ""], ["Document", ""], ["Rejected", "too_large"], ["Document", ""]]
     assert "decompression bomb" in rows[2][2]
-    assert int(peak_kb) < 400_000, peak_kb  # the bomb's 200 MB text was never made
+    assert int(peak_kb) < 250_000, peak_kb  # reading the bomb's 128 MB text took ~540 MB
