@@ -31,6 +31,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,40 +96,52 @@ def run_monitored(cmd: list[str], timeout: float, env: dict, log_dir: Path, max_
     timeline: list[tuple[int, int]] = []  # (seconds since start, tree RSS in MiB), once a minute
     root = psutil.Process(proc.pid)
     timed_out = over_memory = False
-    while proc.poll() is None:
-        total = 0
+    try:
+        while proc.poll() is None:
+            total = 0
+            try:
+                procs = [root] + root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                break
+            tree = {p.pid for p in procs}
+            for pid in more_pids():
+                if pid not in tree:
+                    try:
+                        procs.append(psutil.Process(pid))
+                    except psutil.NoSuchProcess:
+                        pass
+            for p in procs:
+                try:
+                    rss = p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    continue
+                total += rss
+                peak_by_pid[p.pid] = max(peak_by_pid.get(p.pid, 0), rss)
+            peak_tree = max(peak_tree, total)
+            elapsed = time.time() - start
+            if not timeline or elapsed - timeline[-1][0] >= 60:
+                timeline.append((round(elapsed), round(total / 2**20)))
+            over_memory = total > max_rss
+            if elapsed > timeout or over_memory:
+                timed_out = not over_memory
+                for p in reversed(procs[:len(tree)]):  # children first, then the CLI process, each by PID
+                    try:
+                        p.kill()
+                    except psutil.NoSuchProcess:
+                        pass
+                break
+            time.sleep(0.5)
+    except BaseException:  # the benchmark itself stopped (Ctrl-C; SIGTERM, see main): take the run with it
         try:
             procs = [root] + root.children(recursive=True)
         except psutil.NoSuchProcess:
-            break
-        tree = {p.pid for p in procs}
-        for pid in more_pids():
-            if pid not in tree:
-                try:
-                    procs.append(psutil.Process(pid))
-                except psutil.NoSuchProcess:
-                    pass
-        for p in procs:
+            procs = []
+        for p in reversed(procs):
             try:
-                rss = p.memory_info().rss
+                p.kill()
             except psutil.NoSuchProcess:
-                continue
-            total += rss
-            peak_by_pid[p.pid] = max(peak_by_pid.get(p.pid, 0), rss)
-        peak_tree = max(peak_tree, total)
-        elapsed = time.time() - start
-        if not timeline or elapsed - timeline[-1][0] >= 60:
-            timeline.append((round(elapsed), round(total / 2**20)))
-        over_memory = total > max_rss
-        if elapsed > timeout or over_memory:
-            timed_out = not over_memory
-            for p in reversed(procs[:len(tree)]):  # children first, then the CLI process, each by PID
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            break
-        time.sleep(0.5)
+                pass
+        raise
     proc.wait()
     return {"rc": proc.returncode, "timed_out": timed_out, "over_memory": over_memory,
             "wall_s": round(time.time() - start, 1),
@@ -169,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true",
                         help="take a runner's result from --work-dir when an earlier invocation finished it")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so a stopped benchmark stops its run and its Flink cluster too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     tmp = Path(tempfile.mkdtemp(prefix="dsdata-million-"))
     corpus = args.corpus_dir or tmp / "corpus"

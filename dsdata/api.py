@@ -42,13 +42,14 @@ def _problem_classes() -> tuple[tuple[type[BaseException], ...], tuple[type[Base
     from dsdata.beam.errors import RunFailed
     from dsdata.runners import BeamOptionError
     from dsdata.io.inputs import InputPathError
+    from dsdata.io.object_storage import ObjectStorageError
     from dsdata.io.outlock import OutputDirError
     from dsdata.io.readers import InputFormatError
     from dsdata.recipe import RecipeError
     from dsdata.stages import StageConfigError
 
     before = (RecipeError, StageConfigError, InputFormatError, InputPathError, FileNotFoundError,
-              BeamOptionError, OutputDirError, EngineError)
+              BeamOptionError, OutputDirError, EngineError, ObjectStorageError)
     return before, (RunFailed,)
 
 
@@ -136,7 +137,8 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
         from dsdata.beam import location
         from dsdata.beam.pipeline import pipeline_options
 
-        location.use_options(pipeline_options(list(recipe.beam_args) + list(beam_args)))
+        location.use_object_storage(remote_inputs + ([output] if "://" in output else []),
+                                    pipeline_options(list(recipe.beam_args) + list(beam_args)))
         location.check_remote_inputs(remote_inputs)
     # May refuse an input, before OUT is made.
     expanded = resolve_recipe_inputs(recipe, confined=given is None)
@@ -179,12 +181,13 @@ def _storage_failed(failure, output: str) -> Exception:
 
     from dsdata.beam.errors import RunFailed
     from dsdata.beam.pipeline import mark_incomplete
+    from dsdata.report.names import shown_path
 
     gc.collect()  # the failed run's writers, and the space their open files hold, are let go
     line = failure.describe(where=output)
     with contextlib.suppress(OSError):
         mark_incomplete(output, line, discard=True)
-    return RunFailed(f"{line}; the run's partial outputs were removed from {output}")
+    return RunFailed(f"{line}; the run's partial outputs were removed from {shown_path(output)}")
 
 
 def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] | None = None,

@@ -12,7 +12,9 @@ import warnings
 
 from dsdata.collector import collect_young_less
 
+from dsdata.report.names import shown_path
 from dsdata.api import DEFAULT_RECIPE, RunError, execute, one_line_errors, prepare_run
+from dsdata.io.object_storage import add_object_storage_flags, object_storage_beam_args
 
 # Sub-commands implemented in their own modules (dsdata/commands/NAME.py, each with main(argv)).
 SUBCOMMANDS = {
@@ -40,8 +42,13 @@ class CommandInterrupted(Exception):
 
 def one_line(exc: BaseException | str) -> str:
     """An error's text as the one line dsdata prints: a message that quotes a multi-line source
-    (a library's error with its context lines) has its line breaks folded into spaces."""
-    return " ".join(str(exc).split())
+    (a library's error with its context lines) has its line breaks folded into spaces, and a path's
+    bytes that are not UTF-8 (held as lone surrogates) are written `\\xNN`, as shown_path writes them."""
+    text = " ".join(str(exc).split())
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte: Python's own escape
+        return text
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -78,6 +85,7 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--progress", default="auto", choices=["auto", "bar", "lines", "off"],
                         help="live progress every 10 s on long runs: a bar on a terminal (auto), "
                         "lines (logs), or off; --quiet turns it off")
+    add_object_storage_flags(parser)
     return parser
 
 
@@ -155,7 +163,7 @@ def _execute_stoppable(prepared, beam_args: list[str], progress: str) -> dict:
         if stop.signum is not None:
             mark_incomplete(output, f"the run was stopped by {stop.name}")
             raise CommandInterrupted(stop, f"stopped by {stop.name}: workers stopped, lock released; "
-                                           f"{output} is incomplete (see {output}/INCOMPLETE)")
+                                           f"{shown_path(output)} is incomplete (see {shown_path(output)}/INCOMPLETE)")
     return stats
 
 
@@ -164,6 +172,7 @@ def cmd_run(argv: list[str]) -> int:
     parser = _run_parser()
     _refuse_unknown_flags(parser, argv)
     args, beam_args = parser.parse_known_args(argv)
+    beam_args = object_storage_beam_args(args) + beam_args  # Beam's S3Options: forwarded to every worker
     from dsdata.report.display import resolve_mode
 
     if not args.quiet:
@@ -176,8 +185,8 @@ def cmd_run(argv: list[str]) -> int:
             print(f"dsdata: {line}", file=sys.stderr)
         recipe, output = prepared.recipe, prepared.output
         if not args.quiet:
-            print(f"dsdata: running {recipe.path} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
-                  f"on {len(recipe.inputs)} input path(s) → {output}", file=sys.stderr)
+            print(f"dsdata: running {shown_path(recipe.path)} ({' → '.join(s.name for s in recipe.stages) or 'no stages'}) "
+                  f"on {len(recipe.inputs)} input path(s) → {shown_path(output)}", file=sys.stderr)
         _say_what_is_replaced(output, recipe)
         _collect_after_startup()
         stats = _execute_stoppable(prepared, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
@@ -194,7 +203,7 @@ def _print_summary(stats: dict, output: str) -> None:
           f"rejected {stats['rejected_total']} ({rej}) in {stats['seconds']} s; ledger ok", file=sys.stderr)
     report = os.path.join(output, "report.html")
     if "://" not in output and os.path.isfile(report):
-        print(f"dsdata: report: {report} (open it in a browser)", file=sys.stderr)
+        print(f"dsdata: report: {shown_path(report)} (open it in a browser)", file=sys.stderr)
 
 
 def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info: bool) -> list[str]:
@@ -240,7 +249,7 @@ def _say_what_is_replaced(output: str, recipe) -> None:
         names = ([f"{s.name}/" for s in sides if s.directory] + [s.name for s in sides if not s.directory]
                  + ["kept/", "rejected/"])
         present = [n for n in names if os.path.exists(os.path.join(output, n.rstrip("/")))]
-        print(f"dsdata: {output} holds the outputs of recipe '{previous}' ({', '.join(present + ['stats.json'])}); "
+        print(f"dsdata: {shown_path(output)} holds the outputs of recipe '{previous}' ({', '.join(present + ['stats.json'])}); "
               f"this run of '{recipe.name}' replaces them (pass --output DIR to keep them)", file=sys.stderr)
 
 
@@ -326,6 +335,22 @@ def _stdout_closed() -> int:
     return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
 
 
+def _main_stoppable(module, argv: list[str], name: str) -> int:
+    """A sub-command's main(), stopped by SIGINT/SIGTERM as `dsdata run` is: one line and 130/143
+    (Ctrl-C during `dsdata tokenizer train` was a KeyboardInterrupt traceback; SIGTERM ended it
+    without its `finally` clauses, which remove what it was writing)."""
+    from dsdata.stop_signals import Interrupted, stop_on_signals
+
+    # A sub-command may sit in a native call that never checks for signals (the Rust BPE trainer):
+    # five seconds after a signal it has not taken, the process ends with the same line.
+    with stop_on_signals(unresponsive=(5.0, f"dsdata: {name} stopped by {{signal}}")) as stop:
+        try:
+            return int(module.main(argv) or 0)
+        except Interrupted:
+            pass
+    raise CommandInterrupted(stop, f"{name} stopped by {stop.name}")
+
+
 def cmd_dispatch(commands, argv: list[str]) -> int:
     from dsdata.api import _problem_classes
 
@@ -343,7 +368,7 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
             except ModuleNotFoundError as exc:
                 raise UserError(f"'dsdata {name}' needs module {exc.name}, which is not installed "
                                 "(pip install -e '.[all]')") from None
-            return int(module.main(rest) or 0)
+            return _main_stoppable(module, rest, name)
         if name.startswith("-") or name.endswith((".yaml", ".yml")):
             return commands["run"][0](argv)
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")

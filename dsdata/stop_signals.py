@@ -43,17 +43,26 @@ class SignalState:
 
 
 @contextmanager
-def stop_on_signals(raise_first: bool = True) -> Iterator[SignalState]:
+def stop_on_signals(raise_first: bool = True, unresponsive: tuple[float, str] | None = None) -> Iterator[SignalState]:
     """While the block runs, SIGINT/SIGTERM record themselves in the yielded state; the first one
     also raises Interrupted in the main thread (unless raise_first is False: a loop that polls the
     state stops at its own boundary).  Later signals are only recorded: cleanup is not interrupted.
-    Outside the main thread (signals cannot be handled there) the block runs unchanged."""
+    Outside the main thread (signals cannot be handled there) the block runs unchanged.
+
+    unresponsive: (seconds, line).  Python runs a signal's handler only when the main thread runs
+    Python again; inside a native call that never checks (a Rust tokenizer trainer merging pairs)
+    a stop waited for minutes, and SIGTERM, which used to kill at once, did too.  The signal's
+    arrival is also written to a pipe a watcher thread reads (signal.set_wakeup_fd): when the
+    handler has not run `seconds` later, the watcher prints `line` (with the signal's name for
+    {signal}), stops the child processes and ends the process with 128 + the signal number."""
     state = SignalState()
     if threading.current_thread() is not threading.main_thread():
         yield state
         return
+    handled = threading.Event()
 
     def handler(signum, frame):
+        handled.set()
         if state.signum is not None:
             return
         state.signum = signum
@@ -68,11 +77,48 @@ def stop_on_signals(raise_first: bool = True) -> Iterator[SignalState]:
             raise Interrupted(signal.Signals(signum).name)
 
     previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    watch = _watch_unresponsive(handled, *unresponsive) if unresponsive else None
     try:
         yield state
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        if watch is not None:
+            watch()
+
+
+def _watch_unresponsive(handled: threading.Event, seconds: float, line: str):
+    """Start the watcher stop_on_signals describes; returns what stops it."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        old_wakeup = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread after all, or a wakeup fd the caller's loop owns
+        os.close(read_end)
+        os.close(write_end)
+        return lambda: None
+    done = threading.Event()
+
+    def watch():
+        while True:
+            data = os.read(read_end, 1)
+            if not data or done.is_set():  # closed: the block ended
+                return
+            if data[0] not in STOP_SIGNALS:
+                continue
+            if handled.wait(seconds) or done.is_set():
+                return  # the main thread took it: it stops (and cleans up) itself
+            stop_child_processes(grace=0)
+            os.write(2, (line.format(signal=signal.Signals(data[0]).name) + "\n").encode("utf-8", "replace"))
+            os._exit(128 + data[0])
+
+    threading.Thread(target=watch, name="dsdata-stop-watch", daemon=True).start()
+
+    def stop():
+        done.set()
+        signal.set_wakeup_fd(old_wakeup)
+        os.close(write_end)  # the watcher reads EOF and returns
+    return stop
 
 
 def stop_child_processes(grace: float = 5.0) -> None:

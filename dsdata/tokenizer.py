@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from dsdata.io.shards import file_sha256
 from dsdata.io.untrusted_files import load_json_file
+from dsdata.native_panics import hidden_panic_reports
 
 EOS_TOKEN = "<|endoftext|>"
 # Tried in this order when a tokenizer's config does not name its EOS token.
@@ -43,9 +45,10 @@ def iter_training_texts(patterns: list[str], text_field: str = "text") -> Iterat
     for path in paths:
         lower = path.lower()
         if lower.endswith(".parquet"):
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            table = pq.read_table(path, columns=[text_field])
+            table = pq.read_table(pa.OSFile(os.fsencode(path)), columns=[text_field])
             for text in table.column(text_field).to_pylist():
                 if text:
                     yield text
@@ -171,6 +174,87 @@ def _pick_eos(token_to_id: Callable[[str], int | None], configured: str | None, 
     raise TokenizerError(f"tokenizer {where} has no end-of-text token ({wanted}); set tokenize.eos_token to one it has")
 
 
+# A tokenizer.json may carry regexes of its own (a Split pre-tokenizer, a Replace normalizer), which
+# Oniguruma runs by backtracking; past its retry limit (10 million steps for one search) it gives up
+# and the binding panics.  A pattern with nested quantifiers ((a+)+$, (\w+\s?)+$) needs 2^n steps on
+# n characters of one kind followed by one that fails it, so texts of that shape find it at load:
+# a run of each kind of character, then each kind of end.  The runs are long enough for an
+# exponential pattern (256) and, for a few, for a quadratic one to pass the limit (4096).
+_PROBE_CHARS = ("a", "A", "1", " ", "\t", "\n", ".", "-", "'", "_", ",", "\u4e2d", "\u00e9", "\u3042", "\U0001f600",
+                "e\u0301")
+_PROBE_ENDS = ("", "!", "a", " ", "\n", "1", ".", "\u4e2d", "\x00")
+# (run, times, end): the text run * times + end.
+REGEX_PROBES = tuple([(c, 256, end) for c in _PROBE_CHARS for end in _PROBE_ENDS if end != c]
+                     + [(pair, 128, "!") for pair in ("ab", "a ", ". ", "a1", "aA", "\r\n", "a.")]
+                     + [(c, 4096, "!") for c in ("a", " ", "\n", "1", ".")])
+
+
+def _regexes(spec: Any) -> list[str]:
+    """Every regex a tokenizer.json holds ({"Regex": PATTERN} anywhere in it)."""
+    if isinstance(spec, dict):
+        found = [spec["Regex"]] if isinstance(spec.get("Regex"), str) else []
+        return found + [r for value in spec.values() for r in _regexes(value)]
+    if isinstance(spec, list):
+        return [r for value in spec for r in _regexes(value)]
+    return []
+
+
+def _is_native_failure(exc: BaseException) -> bool:
+    """An exception encoding a text raised that is the text's (an Exception, or pyo3's PanicException,
+    a BaseException), not a stop (KeyboardInterrupt, SystemExit, a signal's Interrupted)."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
+def _probes_for(patterns: list[str]) -> list[tuple[str, int, str]]:
+    """REGEX_PROBES, then runs of each character a pattern names literally ((x+x+)+y needs x's)."""
+    literal = sorted({c for p in patterns for c in re.sub(r"\\.", "", p)
+                      if c.isprintable() and c not in "()[]{}?*+|^$.\\"})[:64]
+    if not literal:
+        return list(REGEX_PROBES)
+    # Also each run followed by the literals: an engine that first looks for a pattern's required
+    # literal ('z' in (\d|1)+z) fails a text without it at once, and blows up on one with it.
+    named = "!" + "".join(literal)
+    joined = "".join(literal)  # (q|z|qz)+$ on qzqz…
+    return (list(REGEX_PROBES) + [(c, 256, end) for c in literal for end in ("", "!", "\x00", named) if c not in _PROBE_CHARS]
+            + [(c, 256, named) for c in _PROBE_CHARS]
+            + [(joined, max(1, 256 // len(joined)), end) for end in ("", "!", "\x00")])
+
+
+def check_regexes(tokenizer: Any, where: str) -> None:
+    """Encode probe texts with `tokenizer` (a `tokenizers.Tokenizer`) once, at load: a regex in it
+    that gives up on them (the binding panics) is a TokenizerError naming the pattern and the text,
+    one line, before any record meets it.  The panic's report is kept off stderr."""
+    try:
+        patterns = _regexes(json.loads(tokenizer.to_str()))
+    except Exception:  # noqa: BLE001 - the fixed probes still run
+        patterns = []
+    failed = None
+    with hidden_panic_reports():
+        for run, times, end in _probes_for(patterns):  # one at a time: a bad pattern costs its retry limit once
+            try:
+                tokenizer.encode(run * times + end, add_special_tokens=False)
+            except BaseException as exc:  # noqa: BLE001 - a PanicException is a BaseException
+                if not _is_native_failure(exc):
+                    raise
+                failed = (run, times, end, exc)
+                break
+    if failed is not None:
+        run, times, end, exc = failed
+        named = ", ".join(repr(p) for p in patterns[:3]) or "its regexes"
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise TokenizerError(
+            f"tokenizer {where}: {named} fails on {times} × {run!r}" + (f" then {end!r}" if end else "")
+            + f" ({type(exc).__name__}: {reason}); the regex engine gives up "
+            "past its backtracking limit, so documents like it would fail: rewrite the pattern without nested "
+            "quantifiers such as (a+)+") from None
+
+
+def check_transformers_tokenizer(auto: Any, where: str) -> None:
+    """check_regexes for a transformers tokenizer backed by a `tokenizers.Tokenizer` (a fast one)."""
+    if getattr(auto, "is_fast", False):
+        check_regexes(auto.backend_tokenizer, where)
+
+
 def load_tokenizer(path: str, eos_token: str | None = None) -> LoadedTokenizer:
     """Load a tokenizer directory (tokenizer.json inside, or any local AutoTokenizer directory) or a
     bare tokenizer.json file.  `eos_token` overrides the EOS token named in the tokenizer's config."""
@@ -191,9 +275,11 @@ def load_tokenizer(path: str, eos_token: str | None = None) -> LoadedTokenizer:
             raise TokenizerError(f"tokenizer file '{json_path}' cannot be read by `tokenizers` ({exc}); "
                                  "pass a tokenizer.json written by 'dsdata tokenizer train' or transformers") from None
         name, eos_id = _pick_eos(tokenizer.token_to_id, configured, json_path)
+        check_regexes(tokenizer, f"file '{json_path}'")
 
         def encode_batch(texts: list[str]) -> list[list[int]]:
-            return [enc.ids for enc in tokenizer.encode_batch(texts, add_special_tokens=False)]
+            with hidden_panic_reports():  # a panic is the record's error (a row), its report no line
+                return [enc.ids for enc in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
         return LoadedTokenizer(path, "tokenizers", tokenizer.get_vocab_size(with_added_tokens=True), eos_id,
                                name, file_sha256(json_path), encode_batch)
@@ -207,8 +293,10 @@ def load_tokenizer(path: str, eos_token: str | None = None) -> LoadedTokenizer:
         raise TokenizerError(f"'{path}' holds no tokenizer.json and AutoTokenizer cannot load it ({exc})") from None
     vocab = auto.get_vocab()
     name, eos_id = _pick_eos(vocab.get, configured or auto.eos_token, path)
+    check_transformers_tokenizer(auto, f"'{path}'")
 
     def encode_auto(texts: list[str]) -> list[list[int]]:
-        return auto(texts, add_special_tokens=False)["input_ids"]
+        with hidden_panic_reports():
+            return auto(texts, add_special_tokens=False)["input_ids"]
 
     return LoadedTokenizer(path, "transformers", len(auto), eos_id, name, None, encode_auto)

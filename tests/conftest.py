@@ -3,6 +3,9 @@ from pathlib import Path
 
 import pytest
 
+# Assertions in the shared S3 test helpers (tests/object_store.py) report their operands as in a test.
+pytest.register_assert_rewrite("object_store")
+
 REPO = Path(__file__).resolve().parents[1]
 # The real dev data lives beside the checkout (../shared/data); DSDATA_SHARED_DATA names it elsewhere
 # (a worktree whose sibling folder is not `shared`).

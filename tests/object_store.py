@@ -200,3 +200,60 @@ def _wait_until_serving(server: S3Server, log_path: str) -> S3Server:
         tail = fh.read()[-2000:]
     server.stop()
     raise RuntimeError(f"{server.kind} did not serve S3 within {WEED_START_S} s (last error: {last}); log tail:\n{tail}")
+
+
+# --- comparing a run's outputs in a bucket with a local run's ------------------------------------------
+
+def local_files(root) -> dict[str, bytes]:
+    """Every file under the folder `root` (a pathlib.Path): relative name → bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def bucket_files(server: S3Server, bucket: str, prefix: str) -> dict[str, bytes]:
+    """Every object under `prefix`: name relative to the prefix → bytes."""
+    return {key[len(prefix):]: server.read(bucket, key) for key in server.keys(bucket, prefix)}
+
+
+def parquet_rows(data: bytes, columns: list[str]) -> list[tuple]:
+    import io
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(data), columns=columns)
+    return sorted(zip(*(table.column(c).to_pylist() for c in columns)))
+
+
+def assert_same_run_outputs(here: dict[str, bytes], there: dict[str, bytes], secret: str) -> None:
+    """`there` (a run's objects, local_files/bucket_files) holds the outputs of the local run `here` and
+    nothing else: the same files (kept/ and rejected/ cut into as many Parquet parts as the runner
+    chose), stats.json counts, kept and rejected rows, byte-identical shards, manifest and
+    difficulty.json; the credential flags are not written beside them."""
+    def files(run: dict[str, bytes]) -> list[str]:
+        return sorted({"kept/part-*.parquet" if k.startswith("kept/part-") and k.endswith(".parquet") else
+                       "rejected/part-*.parquet" if k.startswith("rejected/part-") and k.endswith(".parquet") else k
+                       for k in run})
+
+    # Every output is in the bucket, and nothing else: no lock, spill or temporary object, nothing stale.
+    assert files(there) == files(here), (f"only in the bucket: {sorted(set(files(there)) - set(files(here)))}; "
+                                         f"only in the local run: {sorted(set(files(here)) - set(files(there)))}")
+    assert {"stats.json", "report.html", "run.json", "difficulty.json", "shards/manifest.json",
+            "kept/part-*.parquet", "rejected/part-*.parquet"} <= set(files(there))
+    assert sum(k.startswith("shards/shard-") for k in there) > 3
+
+    stats_here, stats_there = json.loads(here["stats.json"]), json.loads(there["stats.json"])
+    assert stats_there["ledger_ok"] is True
+    for key in ("input", "kept", "augmented", "rejected", "rejected_total", "stages"):
+        assert stats_there[key] == stats_here[key], key
+    for sub, columns in (("kept", ["id", "text"]), ("rejected", ["id", "stage", "reason"])):
+        rows_here = [r for k, v in here.items() if k.startswith(sub + "/") for r in parquet_rows(v, columns)]
+        rows_there = [r for k, v in there.items() if k.startswith(sub + "/") for r in parquet_rows(v, columns)]
+        assert sorted(rows_there) == sorted(rows_here), sub
+    for name in here:
+        if name.startswith("shards/") or name == "difficulty.json":
+            assert there[name] == here[name], name
+    manifest = json.loads(there["shards/manifest.json"])
+    assert manifest["totals"]["docs"] == stats_there["kept"]
+    assert b"<html" in there["report.html"][:200].lower()
+    for name in ("run.json", "report.html"):
+        assert secret.encode() not in there[name], name
+    assert json.loads(there["run.json"])["pipeline_options"]["s3_secret_access_key"] == "<redacted>"

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from object_store import assert_same_run_outputs, bucket_files, local_files
 
 from dsdata.beam.engines import artifacts as engines
 from dsdata.beam.engines import local_flink
@@ -305,6 +306,26 @@ def _flink_args(jar: str, master: str) -> list[str]:
             "--job_server_timeout=3600"]
 
 
+def test_flink_runner_without_a_jar_flag_gets_the_assembled_job_server(tmp_path, monkeypatch):
+    """Beam would download its published job-server jar, which is not served: a FlinkRunner run for
+    this Flink version that names no jar (nor a job endpoint) is given the one engines-setup built."""
+    from dsdata.beam.pipeline import pipeline_options
+
+    jar = tmp_path / "job-server.jar"
+    jar.write_bytes(b"PK")
+    monkeypatch.setenv("DSDATA_FLINK_JOB_SERVER_JAR", str(jar))
+
+    def given(*args):
+        return pipeline_options(["--runner=FlinkRunner", "--flink_master=h:8081", *args]).get_all_options(
+            drop_default=True).get("flink_job_server_jar")
+
+    assert given(f"--flink_version={engines.FLINK_VERSION}") == str(jar)
+    assert given(f"--flink_version={engines.FLINK_VERSION}", "--flink_job_server_jar=/other.jar") == "/other.jar"
+    assert given(f"--flink_version={engines.FLINK_VERSION}", "--job_endpoint=h:8099") is None
+    assert given("--flink_version=1.19") is None  # the assembled jar speaks Flink 1.20 only
+    assert pipeline_options(["--runner=PrismRunner"]).get_all_options(drop_default=True).get("flink_job_server_jar") is None
+
+
 @pytest.mark.slow
 def test_flink_minicluster_pretrain_identical_to_default_runner(baseline, tmp_path):
     jar = _flink_jar_or_skip()
@@ -402,3 +423,47 @@ def test_flink_cluster_two_taskmanagers_pretrain_identical_to_default_runner(bas
     by_port = {port: str(_unmapped(ip)) for ip, port in sampler.seen}
     assert by_port.get(local_flink.REST_PORT) == "127.0.0.1" and by_port.get(local_flink.RPC_PORT) == "127.0.0.1"
     assert by_port.get(local_flink.WORKER_POOL_PORT) == "127.0.0.1"
+
+
+@pytest.mark.slow
+def test_flink_cluster_pretrain_on_s3_writes_every_output_as_a_local_run_does(flink_cluster, s3_server, tmp_path):
+    """pretrain.yaml reading s3:// and writing every output to s3:// from the two-TaskManager cluster
+    (EXTERNAL SDK workers), against the real S3 server: the bucket holds what a local in-process run
+    of the same input writes.  The server runs on the host's loopback; the cluster's loopback-only
+    namespace reaches it at the same 127.0.0.1:PORT through LocalFlinkCluster.relay_host_ports."""
+    cluster, jar = flink_cluster
+    bucket = s3_server.new_bucket()
+    docs = (REPO / "pipelines" / "samples" / "docs.jsonl").read_bytes()
+    s3_server.client().put_object(Bucket=bucket, Key="in/docs.jsonl", Body=docs)
+    (tmp_path / "docs.jsonl").write_bytes(docs)
+    common = ["run", str(PRETRAIN), "--set", "shards.shard_size=3000", "--quiet"]
+    assert cli_main([*common, "--input", str(tmp_path / "docs.jsonl"), "--output", str(tmp_path / "local")]) == 0
+
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    cluster.relay_host_ports([port])
+    env = dict(cluster.job_server_env(), PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    # The README's Flink command, with the worker pool instead of Docker: no --flink_job_server_jar (dsdata
+    # finds the one .ci/engines-setup assembled), the endpoint and credential flags as for any run.
+    readme_flags = ["--runner=FlinkRunner", f"--flink_master={cluster.master}", "--flink_version=1.20",
+                    "--environment_type=EXTERNAL", f"--environment_config={cluster.worker_pool}",
+                    f"--parallelism={cluster.taskmanagers}", "--job_server_timeout=86400"]
+    with _ListenerSampler(cluster) as sampler:
+        proc = subprocess.run(cluster.nsenter([sys.executable, "-m", "dsdata.cli", *common,
+                                               "--input", f"s3://{bucket}/in/*.jsonl", "--output", f"s3://{bucket}/out",
+                                               *s3_server.beam_args(), *readme_flags]),
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (tmp_path / "out").exists()  # nothing written beside the launcher
+
+    here, there = local_files(tmp_path / "local"), bucket_files(s3_server, bucket, "out/")
+    assert_same_run_outputs(here, there, s3_server.secret_key)
+    assert json.loads(there["stats.json"])["input"] == 178
+    assert s3_server.keys(bucket, "in/") == ["in/docs.jsonl"]  # the input untouched, nothing else written
+    run_options = json.loads(there["run.json"])["pipeline_options"]
+    assert run_options["runner"] == "FlinkRunner" and run_options["flink_job_server_jar"] == jar
+    # Both TaskManagers read and wrote records of this job.
+    records = _records_per_taskmanager(cluster)
+    assert sorted(records) == ["tm-0", "tm-1"] and all(n > 0 for n in records.values()), records
+    # The S3 endpoint inside the namespace is the relay, on loopback only; the namespace has no other interface.
+    assert cluster.interfaces() == ["lo"]
+    assert {str(_unmapped(ip)) for ip, p in sampler.seen if p == port} == {"127.0.0.1"}

@@ -64,3 +64,45 @@ def test_pipeline_ledger_under_broken_input(tmp_path_factory, ls):
     binary = stats["rejected"].get("read", {}).get("binary_file", 0)
     assert stats["input"] == (1 if binary else _records(ls))
     assert stats["input"] == stats["kept"] + stats["rejected_total"]
+
+
+name_bytes = st.binary(min_size=1, max_size=30).map(lambda b: b.replace(b"/", b"_").replace(b"\0", b"_")).filter(
+    lambda b: b not in (b".", b".."))
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(names=st.lists(name_bytes, min_size=1, max_size=5, unique=True), out_name=name_bytes)
+def test_pipeline_ledger_with_any_file_names_and_any_out_name(tmp_path_factory, names, out_name):
+    """Input files and OUT named by any bytes the OS allows (not UTF-8, control characters,
+    backslashes): a real run reads every file not hidden, its rows name each file so that
+    recovered_path gives it back, and every output lands in OUT (issue 35)."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import dsdata
+    from dsdata.report.names import recovered_path
+
+    tmp = os.fsencode(str(tmp_path_factory.mktemp("n")))
+    folder = tmp + b"/in"
+    os.mkdir(folder)
+    for i, name in enumerate(names):
+        with open(folder + b"/" + name + b".jsonl", "wb") as fh:
+            fh.write(json.dumps({"text": f"record {i}"}).encode() + b"\n{broken\n")
+    visible = {folder + b"/" + n + b".jsonl" for n in names if not n.startswith(b".")}
+    if not visible:
+        return
+    out = tmp + b"/" + out_name
+    stats = dsdata.run(inputs=os.fsdecode(folder), output=os.fsdecode(out), overrides=None,
+                       recipe=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                           "pipelines", "langid.yaml"))
+    assert stats["ledger_ok"] and stats["input"] == 2 * len(visible), stats
+    rows = []
+    for sub in (b"kept", b"rejected"):
+        for part in sorted(os.listdir(out + b"/" + sub)):
+            rows += pq.read_table(pa.OSFile(out + b"/" + sub + b"/" + part)).to_pylist()
+    assert len(rows) == stats["input"]
+    files = {os.fsencode(recovered_path(r["id"].rsplit(":", 1)[0])) for r in rows}
+    assert files == visible
+    assert json.loads(open(out + b"/stats.json", "rb").read())["ledger_ok"]

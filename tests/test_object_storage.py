@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from object_store import assert_same_run_outputs, bucket_files, local_files, parquet_rows
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "pipelines" / "samples"
@@ -23,19 +24,6 @@ def _dsdata(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "dsdata.cli", *args], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=timeout)
-
-
-def _local_files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-
-
-def _bucket_files(server, bucket: str, prefix: str) -> dict[str, bytes]:
-    return {key[len(prefix):]: server.read(bucket, key) for key in server.keys(bucket, prefix)}
-
-
-def _rows(data: bytes, columns: list[str]) -> list[tuple]:
-    table = pq.read_table(io.BytesIO(data), columns=columns)
-    return sorted(zip(*(table.column(c).to_pylist() for c in columns)))
 
 
 def test_s3_server_listens_on_loopback_only(s3_server):
@@ -66,34 +54,11 @@ def test_pretrain_on_s3_writes_every_output_as_a_local_run_does(s3_server, tmp_p
                      *s3_server.beam_args())
     assert remote.returncode == 0, remote.stderr[-3000:]
 
-    here = _local_files(tmp_path / "out")
-    there = _bucket_files(s3_server, bucket, "out/")
-    # Every output is in the bucket, and nothing else: no lock, spill or temporary object, nothing stale.
-    assert sorted(there) == sorted(here)
-    assert {"stats.json", "report.html", "run.json", "difficulty.json", "shards/manifest.json"} <= set(there)
-    assert any(k.startswith("kept/part-") for k in there) and any(k.startswith("rejected/part-") for k in there)
-    assert sum(k.startswith("shards/shard-") for k in there) > 3
-
-    stats_here, stats_there = json.loads(here["stats.json"]), json.loads(there["stats.json"])
-    assert stats_there["ledger_ok"] is True
-    for key in ("input", "kept", "augmented", "rejected", "rejected_total", "stages"):
-        assert stats_there[key] == stats_here[key], key
-    assert stats_there["input"] == 178 and stats_there["kept"] > 100
-    # The same kept and rejected rows, byte-identical shards, manifest and side file.
-    for sub, columns in (("kept", ["id", "text"]), ("rejected", ["id", "stage", "reason"])):
-        rows_here = [r for k, v in here.items() if k.startswith(sub + "/") for r in _rows(v, columns)]
-        rows_there = [r for k, v in there.items() if k.startswith(sub + "/") for r in _rows(v, columns)]
-        assert sorted(rows_there) == sorted(rows_here), sub
-    for name in here:
-        if name.startswith("shards/") or name == "difficulty.json":
-            assert there[name] == here[name], name
-    manifest = json.loads(there["shards/manifest.json"])
-    assert manifest["totals"]["docs"] == stats_there["kept"]
-    assert b"<html" in there["report.html"][:200].lower()
-    # The credentials given as flags are not written beside the outputs.
-    for name in ("run.json", "report.html"):
-        assert s3_server.secret_key.encode() not in there[name], name
-    assert json.loads(there["run.json"])["pipeline_options"]["s3_secret_access_key"] == "<redacted>"
+    here = local_files(tmp_path / "out")
+    there = bucket_files(s3_server, bucket, "out/")
+    assert_same_run_outputs(here, there, s3_server.secret_key)
+    stats = json.loads(there["stats.json"])
+    assert stats["input"] == 178 and stats["kept"] > 100
 
 
 def _reader_inputs(root: Path) -> None:
@@ -196,7 +161,7 @@ def test_missing_bucket_or_input_is_one_line_before_anything_runs(s3_server, tmp
         assert s3_server.keys(bucket, "out/") == []
 
 
-def test_small_run_on_s3_ledger_and_rows(s3_server, tmp_path):
+def test_small_run_on_s3_ledger_andparquet_rows(s3_server, tmp_path):
     """A recipe without whole-corpus stages: kept/rejected rows and stats.json in the bucket."""
     bucket = s3_server.new_bucket()
     real = [json.loads(line) for line in (SAMPLES / "docs.jsonl").read_text(encoding="utf-8").splitlines()[:40]]
@@ -210,9 +175,9 @@ def test_small_run_on_s3_ledger_and_rows(s3_server, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     stats = json.loads(s3_server.read(bucket, "out/stats.json"))
     assert stats["ledger_ok"] and stats["input"] == 50 and stats["kept"] + stats["rejected_total"] == 50
-    kept = [r[0] for k in s3_server.keys(bucket, "out/kept/") for r in _rows(s3_server.read(bucket, k), ["id"])]
+    kept = [r[0] for k in s3_server.keys(bucket, "out/kept/") for r in parquet_rows(s3_server.read(bucket, k), ["id"])]
     rejected = [r for k in s3_server.keys(bucket, "out/rejected/")
-                for r in _rows(s3_server.read(bucket, k), ["id", "reason"])]
+                for r in parquet_rows(s3_server.read(bucket, k), ["id", "reason"])]
     assert len(kept) == stats["kept"] > 0 and len(rejected) == stats["rejected_total"]
     assert sorted(kept + [r[0] for r in rejected]) == sorted(d["id"] for d in docs)
     assert {d["id"] for d in docs if d["text"] == "x"} <= {doc_id for doc_id, _ in rejected}

@@ -52,15 +52,19 @@ def _files(root: Path):
     return [p for p in root.rglob("*") if p.is_file()]
 
 
-@pytest.mark.parametrize("stages", ["[]", "\n  - dedup: {threshold: 0.8}\n"])
-def test_a_full_out_is_one_line_and_leaves_no_partial_output(tmp_path, stages):
+@pytest.mark.parametrize("stages, out_name", [("[]", "out"), ("\n  - dedup: {threshold: 0.8}\n", "out"),
+                                              ("[]", os.fsdecode(b"out-\xff"))],
+                         ids=["no-stages", "dedup", "non-utf8-out"])
+def test_a_full_out_is_one_line_and_leaves_no_partial_output(tmp_path, stages, out_name):
     _corpus(tmp_path / "in.jsonl", 20_000)  # ~8 MB of text: kept/ (or dedup's .spill) cannot fit in 1 MiB
     (tmp_path / "r.yaml").write_text(f"input: {{paths: [in.jsonl]}}\noutput: out\nstages: {stages}\n")
-    with tmpfs(tmp_path / "out", "size=1m") as out:
-        proc = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--quiet"], cwd=tmp_path,
-                              env=_env(), capture_output=True, text=True, timeout=600)
+    with tmpfs(tmp_path / out_name, "size=1m") as out:
+        proc = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--quiet", "--output", out_name],
+                              cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
         line = _one_error_line(proc)
-        assert "no space left on device writing " + str(out) in line and "bytes free there" in line, line
+        # The line shows a name's bytes that are not UTF-8 as \xNN (shown_path).
+        shown = str(tmp_path / ("out" if out_name == "out" else "out-\\xff"))
+        assert "no space left on device writing " + shown in line and "bytes free there" in line, line
         assert "partial outputs were removed" in line
         left = [p.relative_to(out).as_posix() for p in _files(out)]
         assert left == ["INCOMPLETE"], left

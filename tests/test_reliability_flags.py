@@ -77,3 +77,19 @@ def test_a_recipe_refusal_is_one_line(tmp_path, body):
     (work / "bad.yaml").write_text(body)
     line = _one_error_line(_cli(["run", "bad.yaml"], cwd=work))
     assert "line " in line and "^" not in line
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["lm", "train", "--corpsu", "c.txt", "--lang", "en", "--out", "m"],
+     "dsdata lm train: unknown option --corpsu; did you mean --corpus?"),
+    (["tokenizer", "train", "--inptu=x.jsonl", "--out", "t"],
+     "dsdata tokenizer train: unknown option --inptu; did you mean --input?"),
+    (["shm", "publish", "--nmae", "x", "shards"], "dsdata shm publish: unknown option --nmae; did you mean --name?"),
+    (["shards", "info", "--flies", "out"], "dsdata shards: unknown option --flies; did you mean --files?"),
+    (["report"], "dsdata report: the following arguments are required: output"),
+])
+def test_a_sub_commands_mistyped_flag_is_one_line_with_a_suggestion(tmp_path, args, expected):
+    """argparse printed its usage first, and took `--corpsu x` for missing arguments."""
+    line = _one_error_line(_cli(args, cwd=tmp_path))
+    assert line == f"dsdata: error: {expected}", line
+    assert not list(tmp_path.iterdir())

@@ -287,6 +287,198 @@ def test_models_that_pass_the_check_load_in_the_fasttext_binding(tmp_path):
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
 
 
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TOKENIZER = os.path.join(_REPO, "pipelines", "models", "tokenizer", "tokenizer.json")
+_NGRAM = os.path.join(_REPO, "pipelines", "models", "lm", "en")
+N_TOKENIZER, N_LM_JSON = 60, 80
+
+# Regexes as a tokenizer.json could carry them: atoms, quantifiers, groups quantified again
+# (nested quantifiers are what make a backtracking engine give up), alternations, anchors.
+_atom = st.sampled_from(["a", "b", "x", " ", "\\w", "\\s", "\\d", ".", "[ab]", "[^ ]", "\\p{L}", "'s", "\\x71"])
+_quant = st.sampled_from(["", "", "+", "*", "?", "{1,3}", "+?", "*+"])
+_piece = st.tuples(_atom, _quant).map("".join)
+regexes = st.recursive(
+    st.lists(_piece, min_size=1, max_size=4).map("".join),
+    lambda inner: st.tuples(st.lists(inner, min_size=1, max_size=3).map("|".join), _quant,
+                            st.sampled_from(["", "$", "z", "!"])).map(lambda t: f"({t[0]}){t[1] or '+'}{t[2]}"),
+    max_leaves=6)
+texts = st.lists(st.one_of(st.text(max_size=80),
+                           st.tuples(st.text(min_size=1, max_size=3), st.integers(1, 200), st.text(max_size=3))
+                           .map(lambda t: t[0] * t[1] + t[2])), min_size=1, max_size=6)
+
+
+def _stderr_of(call):
+    """What `call()` wrote on file descriptor 2 (where a Rust panic report goes), and its result."""
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            result = call()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        return capture.read().decode("utf-8", "replace"), result
+
+
+@fuzz(N_TOKENIZER)
+@given(damage=st.one_of(
+    st.tuples(st.just("pre_tokenizer"), regexes), st.tuples(st.just("normalizer"), regexes),
+    st.tuples(st.just("cut"), st.floats(0, 1)),
+    st.tuples(st.just("flip"), st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=4))),
+    sample=texts)
+def test_a_damaged_or_hostile_tokenizer_json_is_one_error_or_encodes(tmp_path_factory, damage, sample):
+    """tokenizer.json with a generated Split or Replace regex, cut short, or with flipped bytes:
+    loading it raises TokenizerError (one line) or gives a tokenizer; a loaded one encodes any text
+    or fails that text alone (the per-record rule), and no panic report reaches stderr."""
+    from dsdata.tokenizer import TokenizerError, load_tokenizer
+
+    with open(_TOKENIZER, "rb") as fh:
+        data = fh.read()
+    kind, how = damage
+    if kind in ("pre_tokenizer", "normalizer"):
+        spec = json.loads(data)
+        if kind == "pre_tokenizer":
+            spec[kind] = {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": how}, "behavior": "Isolated", "invert": False}, spec[kind]]}
+        else:
+            spec[kind] = {"type": "Replace", "pattern": {"Regex": how}, "content": " "}
+        data = json.dumps(spec).encode()
+    elif kind == "cut":
+        data = data[:int(len(data) * how)]
+    else:
+        raw = bytearray(data)
+        for where, value in how:
+            raw[min(len(raw) - 1, int(len(raw) * where))] = value
+        data = bytes(raw)
+    folder = tmp_path_factory.mktemp("tok")
+    (folder / "tokenizer.json").write_bytes(data)
+
+    def load_and_encode():
+        try:
+            loaded = load_tokenizer(str(folder))
+        except TokenizerError as exc:
+            assert "\n" not in str(exc)
+            return "refused"
+        for text in sample:
+            try:
+                ids = loaded.encode_batch([text])[0]
+                assert all(isinstance(i, int) and 0 <= i < loaded.vocab_size for i in ids)
+            except BaseException as exc:  # noqa: BLE001 - a panic is this text's error (its row)
+                assert isinstance(exc, Exception) or type(exc).__name__ == "PanicException", repr(exc)
+        return "loaded"
+
+    err, _ = _stderr_of(load_and_encode)
+    assert "panicked" not in err, err[-2000:]
+
+
+lm_paths = st.one_of(st.sampled_from(["sp.model", "lm.arpa.gz", "./sp.model", "sub/../sp.model", "../en/sp.model",
+                                      "../../etc/passwd", "/etc/passwd", "", ".", "sub", "fifo", "link-out",
+                                      "link-in", "a" * 300, "x\0y"]),
+                     st.text(max_size=20))
+
+
+@fuzz(N_LM_JSON)
+@given(meta=st.one_of(json_values, st.fixed_dictionaries({}, optional={"sentencepiece": lm_paths, "arpa": lm_paths,
+                                                                        "order": json_values})))
+def test_an_ngram_folders_lm_json_names_only_its_own_files(tmp_path_factory, meta):
+    """Whatever lm.json holds, the files it makes the scorer open are regular files inside the folder
+    (never a path out of it, a link out, a FIFO or a folder), else one ModelLoadError line."""
+    import shutil
+
+    from dsdata.lm.scorers import ModelLoadError, ngram_model_files
+
+    root = tmp_path_factory.mktemp("lm")
+    folder = root / "en"
+    folder.mkdir()
+    for name in ("sp.model", "lm.arpa.gz"):
+        shutil.copyfile(os.path.join(_NGRAM, name), folder / name)
+    (folder / "sub").mkdir()
+    os.mkfifo(folder / "fifo")
+    (root / "outside").write_text("secret")
+    (folder / "link-out").symlink_to(root / "outside")
+    (folder / "link-in").symlink_to("sp.model")
+    (folder / "lm.json").write_text(json.dumps(meta))
+    try:
+        _, sp_path, lm_path = ngram_model_files(str(folder))
+    except ModelLoadError as exc:
+        assert "\n" not in str(exc)
+        return
+    real = os.path.realpath(folder)
+    for path in (sp_path, lm_path):
+        assert os.path.realpath(path).startswith(real + os.sep) and os.path.isfile(path), path
+
+
+def _damaged_bytes(data: bytes, rng, kind: str) -> bytes:
+    if kind == "cut":
+        return data[:rng.randrange(len(data))]
+    if kind == "flip":
+        out = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            out[rng.randrange(len(out))] = rng.randrange(256)
+        return bytes(out)
+    lines = data.split(b"\n")  # a line dropped or doubled
+    i = rng.randrange(len(lines))
+    lines[i:i + 1] = [] if kind == "drop" else [lines[i], lines[i]]
+    return b"\n".join(lines)
+
+
+def test_damaged_ngram_model_files_are_one_error_or_load(tmp_path):
+    """A SentencePiece model or an ARPA file (plain or gzipped) cut short, with flipped bytes, or a
+    line dropped or doubled: the scorer loads and scores, or refuses with one ModelLoadError line
+    (KenLM's message once came out as UnicodeDecodeError, sentencepiece's as a bare RuntimeError);
+    in a child process, so a crash is an exit status, not the test run's end."""
+    import random
+    import shutil
+    import subprocess
+    import sys
+
+    rng = random.Random(35)
+    with open(os.path.join(_NGRAM, "lm.arpa.gz"), "rb") as fh:
+        arpa = gzip.decompress(fh.read())
+    with open(os.path.join(_NGRAM, "sp.model"), "rb") as fh:
+        sp = fh.read()
+    folders = []
+    for i in range(36):
+        folder = tmp_path / f"m{i}"
+        shutil.copytree(_NGRAM, folder)
+        target, kind = ["sp", "arpa", "arpa.gz"][i % 3], ["cut", "flip", "drop", "double"][(i // 3) % 4]
+        if target == "sp":
+            (folder / "sp.model").write_bytes(_damaged_bytes(sp, rng, "cut" if kind in ("drop", "double") else kind))
+        else:
+            damaged = _damaged_bytes(arpa, rng, kind)
+            meta = json.loads((folder / "lm.json").read_text())
+            (folder / "lm.arpa.gz").unlink()
+            if target == "arpa":
+                (folder / "lm.arpa").write_bytes(damaged)
+                meta["arpa"] = "lm.arpa"
+            else:
+                (folder / "lm.arpa.gz").write_bytes(gzip.compress(damaged, 1))
+            (folder / "lm.json").write_text(json.dumps(meta))
+        folders.append(str(folder))
+    code = ("import json, sys\nfrom dsdata.lm.scorers import NgramScorer, ModelLoadError\n"
+            "for p in sys.argv[1:]:\n"
+            "    try:\n"
+            "        NgramScorer(p).score_documents(['Some plain words.', 'Zwei Wörter'])\n"
+            "        print(json.dumps(['ok', '']), flush=True)\n"
+            "    except Exception as exc:\n"
+            "        print(json.dumps([type(exc).__name__, str(exc)]), flush=True)\n")
+    env = dict(os.environ, PYTHONPATH=_REPO)
+    proc = subprocess.run([sys.executable, "-c", code, *folders], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    outcomes = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(outcomes) == len(folders)
+    for (kind, message), folder in zip(outcomes, folders):
+        assert kind in ("ok", "ModelLoadError"), (folder, kind, message)
+        assert "\n" not in message
+    assert sum(k == "ModelLoadError" for k, _ in outcomes) >= len(folders) // 2  # the damage was real
+
+
 # --------------------------------------------------------------------------- file names (issue 35)
 
 N_NAMES = 80
@@ -294,16 +486,23 @@ name_bytes = st.binary(min_size=1, max_size=40).map(lambda b: b.replace(b"/", b"
     lambda b: b not in (b".", b".."))
 
 
+def _one_line_no_controls(text: str) -> bool:
+    import unicodedata
+
+    return len(text.splitlines()) == 1 and not any(unicodedata.category(c) == "Cc" for c in text)
+
+
 @fuzz(N_NAMES)
 @given(names=st.lists(name_bytes, min_size=1, max_size=6, unique=True))
 def test_any_file_name_is_listed_read_and_shown_losslessly(tmp_path_factory, names):
     """Any name the OS allows: the folder form lists every non-hidden one, each is read under its
-    shown name (UTF-8: a UTF-8 name unchanged, another one's bytes given back by recovered_path)."""
+    shown name (printable UTF-8 whose bytes recovered_path gives back; a plain UTF-8 name unchanged)."""
     import re
 
     import pytest
 
-    from dsdata.io.inputs import InputPathError, expand_directories, recovered_path, shown_path
+    from dsdata.io.inputs import InputPathError, expand_directories
+    from dsdata.report.names import recovered_path, shown_path
 
     folder = os.fsencode(str(tmp_path_factory.mktemp("names")))
     for name in names:
@@ -320,11 +519,9 @@ def test_any_file_name_is_listed_read_and_shown_losslessly(tmp_path_factory, nam
     for path in real:
         shown = shown_path(path)
         shown.encode("utf-8")
-        try:
-            os.fsencode(path).decode("utf-8")
+        assert _one_line_no_controls(shown) and recovered_path(shown) == path
+        if not re.search(r"[\\\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]", path):  # UTF-8, no \\, no control
             assert shown == path
-        except UnicodeDecodeError:
-            assert recovered_path(shown) == path
         with open(path, "rb") as fh:
             rows = list(read_file(shown, fh))
         assert [r.id for r in rows] == [f"{shown}:1"]

@@ -186,3 +186,34 @@ def test_jsonl_with_lone_cr_line_endings_is_read_as_lines(tmp_path):
     # CRLF files are unchanged: the CR goes with the line ending as before
     (tmp_path / "dos.jsonl").write_bytes(("\r\n".join(lines[:5]) + "\r\n").encode())
     assert [r.id for r in read_local(str(tmp_path / "dos.jsonl"))] == [f"c{i}" for i in range(5)]
+
+
+def test_a_parquet_decompression_bomb_is_too_large_rows_in_bounded_memory(tmp_path):
+    """A 10 KB Parquet file (zstd) held one 300 MB text: it was kept, and reading it took 1.3 GB.
+    A row group whose column decompresses past 16 MiB at over 1032:1 (the bound zstd and gzip input
+    has) is a `too_large` row per row; the other row groups are read (in a child: its peak memory)."""
+    import os
+    import subprocess
+    import sys
+
+    bomb = tmp_path / "bomb.parquet"
+    writer = pq.ParquetWriter(str(bomb), pa.schema([("text", pa.large_string())]), compression="zstd")
+    writer.write_table(pa.table({"text": pa.array([TEXT, TEXT], type=pa.large_string())}))
+    writer.write_table(pa.table({"text": pa.array(["a" * (128 << 20)], type=pa.large_string())}))
+    writer.write_table(pa.table({"text": pa.array([TEXT], type=pa.large_string())}))
+    writer.close()
+    assert bomb.stat().st_size < 100_000
+    code = ("import json, sys\nfrom dsdata.io.readers import read_local\n"
+            "rows = read_local(sys.argv[1])\n"
+            "print(json.dumps([[type(r).__name__, getattr(r, 'reason', ''), getattr(r, 'detail', '')] for r in rows]))\n"
+            # The child's own peak (VmHWM): ru_maxrss survives execve and would report pytest's.
+            "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))\n")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code, str(bomb)], capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, PYTHONPATH=repo))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out, peak_kb = proc.stdout.splitlines()
+    rows = json.loads(out)
+    assert [r[:2] for r in rows] == [["Document", ""], ["Document", ""], ["Rejected", "too_large"], ["Document", ""]]
+    assert "decompression bomb" in rows[2][2]
+    assert int(peak_kb) < 250_000, peak_kb  # reading the bomb's 128 MB text took ~540 MB

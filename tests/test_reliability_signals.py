@@ -74,15 +74,19 @@ def _progress_shows(run, word):
     return lambda: any(ln.startswith("dsdata: 0:") and word in ln for ln in run.lines)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_while_reading_stops_the_run(tmp_path, sig):
+@pytest.mark.parametrize("sig, out_name", [(signal.SIGINT, "out"), (signal.SIGTERM, "out"),
+                                           (signal.SIGTERM, os.fsdecode(b"out-\xff"))],
+                         ids=["SIGINT", "SIGTERM", "SIGTERM-non-utf8-out"])
+def test_a_signal_while_reading_stops_the_run(tmp_path, sig, out_name):
     _corpus(tmp_path / "big.jsonl", 600_000)
     (tmp_path / "r.yaml").write_text("input: {paths: [big.jsonl]}\noutput: out\nstages:\n  - clean: {}\n")
-    run = _Run(["r.yaml", "--progress=lines"], tmp_path)
+    run = _Run(["r.yaml", "--progress=lines", "--output", out_name], tmp_path)
     run.wait_for(lambda: any(ln.startswith("dsdata: running") for ln in run.lines))
     time.sleep(3)  # Beam has started and the reader is reading (600,000 records take well over that)
     children = run.stop(sig)
-    _assert_stopped_cleanly(run, sig, tmp_path / "out", children)
+    _assert_stopped_cleanly(run, sig, tmp_path / out_name, children)
+    if out_name != "out":  # the stop line names OUT as every line shows a name: its bytes as \xNN
+        assert "out-\\xff is incomplete" in run.lines[-1], run.lines[-1]
 
 
 def test_a_signal_inside_a_model_stage_keeps_nothing_that_looks_complete(tmp_path, monkeypatch):
@@ -166,3 +170,24 @@ def test_the_trainer_stopped_while_setting_up_is_one_line(tmp_path):
     # Before the loop: nothing to save; inside it: a checkpoint.  Either way one line.
     assert last.startswith("dsdata-train: stopped by SIGINT"), err[-2000:]
     assert sum("stopped by" in ln for ln in err.splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------ the sub-commands
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_a_sub_command_in_one_line(tmp_path, sig):
+    """`dsdata tokenizer train` (any sub-command): Ctrl-C was a KeyboardInterrupt traceback, and
+    SIGTERM ended it without its cleanup; now one line, exit 130/143, no tokenizer left behind."""
+    _corpus(tmp_path / "big.jsonl", 1_000_000)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "dsdata.cli", "tokenizer", "train", "--input", "big.jsonl",
+                             "--out", "tok", "--vocab-size", "4000"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)  # reading and counting a million documents takes well over that
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert err.strip().splitlines() == [f"dsdata: tokenizer stopped by {signal.Signals(sig).name}"], err
+    assert not (tmp_path / "tok" / "tokenizer.json").exists()

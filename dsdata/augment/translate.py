@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsdata.model_limits import input_token_limit, output_token_limit
+from dsdata.native_panics import hidden_panic_reports
 
 DEFAULT_MODELS = {"en_zh": "Helsinki-NLP/opus-mt-en-zh", "zh_en": "Helsinki-NLP/opus-mt-zh-en"}
 
@@ -124,6 +125,12 @@ class Seq2SeqTranslator:
                 f"augment.{param}: cannot load a seq2seq model and tokenizer from '{model_dir}' "
                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
             ) from None
+        from dsdata.tokenizer import TokenizerError, check_transformers_tokenizer
+
+        try:
+            check_transformers_tokenizer(self.tokenizer, f"of augment.{param} '{model_dir}'")
+        except TokenizerError as exc:
+            raise ModelNotFoundError(str(exc)) from None
         self.device = torch.device(device)
         self.model.to(self.device).eval()
         # Multi-target opus-mt models (en→zh) need a target-language token such as >>cmn_Hans<<;
@@ -145,13 +152,14 @@ class Seq2SeqTranslator:
         max_new = min(x for x in (settings.max_new_tokens, self.max_output_tokens) if x is not None)
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            encoded = self.tokenizer(
-                [self.source_prefix + texts[i] for i in rows],
-                return_tensors="pt",
-                padding=True,
-                truncation=True,
-                max_length=max_input,
-            ).to(self.device)
+            with hidden_panic_reports():  # a panic is the batch's error (then each record's), its report no line
+                encoded = self.tokenizer(
+                    [self.source_prefix + texts[i] for i in rows],
+                    return_tensors="pt",
+                    padding=True,
+                    truncation=True,
+                    max_length=max_input,
+                ).to(self.device)
             kwargs: dict[str, Any] = dict(settings.extra)
             kwargs.update(max_new_tokens=max_new, do_sample=False)
             if settings.do_sample:

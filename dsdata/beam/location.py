@@ -56,6 +56,23 @@ def upload(local_path: str, path: str) -> None:
             dst.write(block)
 
 
+def download(path: str, local_path: str, max_bytes: int | None = None) -> int:
+    """Copy the remote file `path` to `local_path` (a new file), streamed in chunks; at most
+    `max_bytes` + 1 bytes are copied (what an untrusted object may not exceed; the caller sees the
+    surplus byte).  Returns the bytes written."""
+    written = 0
+    limit = None if max_bytes is None else max_bytes + 1
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as src, \
+            open(local_path, "xb") as dst:
+        while limit is None or written < limit:
+            block = src.read(_COPY_CHUNK if limit is None else min(_COPY_CHUNK, limit - written))
+            if not block:
+                break
+            dst.write(block)
+            written += len(block)
+    return written
+
+
 def storage_error(exc: BaseException) -> str:
     """One line for what a file system raised: Beam wraps a client's error (S3's AccessDenied,
     NoSuchBucket, a refused connection) in a BeamIOError holding it per path."""
@@ -67,10 +84,74 @@ def storage_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def use_options(options) -> None:
+def use_object_storage(paths: list[str], options) -> None:
     """Give Beam's file systems the run's PipelineOptions before its Pipeline exists (a remote file
-    system, S3's --s3_endpoint_url and credentials, reads its settings from them)."""
+    system, S3's --s3_endpoint_url and credentials, reads its settings from them; or the flags
+    themselves), and when `paths` name s3:// objects, check once that the endpoint answers
+    (`probe_s3_endpoint`)."""
+    if isinstance(options, (list, tuple)):
+        from apache_beam.options.pipeline_options import PipelineOptions
+
+        options = PipelineOptions(list(options))
     FileSystems.set_options(options)
+    s3 = [p for p in paths if p.startswith("s3://")]
+    if s3:
+        probe_s3_endpoint(options, s3[0][len("s3://"):].split("/", 1)[0])
+
+
+# How long the launch probe waits for the S3 endpoint to accept a connection and answer.
+PROBE_TIMEOUT_S = 5
+
+
+def probe_s3_endpoint(options, bucket: str) -> None:
+    """One request (HEAD of `bucket`) to the S3 endpoint the options name, with a short timeout and no
+    retry: ObjectStorageError in one line, naming the endpoint, when it is unreachable (refused, no
+    route, a timeout, a TLS failure) or no credentials are found.  Any answer from the server (even
+    403 or 404) passes: the listing and the output probe then say what is wrong with the bucket.
+
+    Why: Beam's S3 file system retries every call that fails without an HTTP status 7 times with
+    exponential backoff (5 s doubling, ~10 minutes), over boto3's own retries, so a wrong port or a
+    missing credential used to fail only after ~9 minutes of silence."""
+    import boto3
+    from apache_beam.options.pipeline_options import S3Options
+    from botocore import exceptions as boto_errors
+    from botocore.config import Config
+
+    from dsdata.io.object_storage import ObjectStorageError
+
+    s3 = options.view_as(S3Options)
+    given = s3.s3_endpoint_url or "AWS's default"
+    try:
+        # The same settings Beam's S3 client (apache_beam/io/aws/clients/s3/boto3_client.py) is made with.
+        client = boto3.session.Session().client(
+            "s3", region_name=s3.s3_region_name, api_version=s3.s3_api_version, use_ssl=not s3.s3_disable_ssl,
+            verify=s3.s3_verify, endpoint_url=s3.s3_endpoint_url, aws_access_key_id=s3.s3_access_key_id,
+            aws_secret_access_key=s3.s3_secret_access_key, aws_session_token=s3.s3_session_token,
+            config=Config(connect_timeout=PROBE_TIMEOUT_S, read_timeout=PROBE_TIMEOUT_S,
+                          retries={"total_max_attempts": 1}))
+    except (ValueError, boto_errors.BotoCoreError) as exc:
+        raise ObjectStorageError(f"S3 endpoint {given}: {_first_line(exc)} (check --s3_endpoint_url)") from None
+    endpoint = client.meta.endpoint_url
+    try:
+        client.head_bucket(Bucket=bucket)
+    except boto_errors.ClientError:
+        return  # the server answered
+    except (boto_errors.NoCredentialsError, boto_errors.PartialCredentialsError) as exc:
+        raise ObjectStorageError(
+            f"no S3 credentials for {endpoint} ({_first_line(exc)}): pass --s3_access_key_id and "
+            "--s3_secret_access_key, or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws, an "
+            "instance role)") from None
+    except (boto_errors.ConnectionError, boto_errors.HTTPClientError) as exc:
+        raise ObjectStorageError(
+            f"cannot reach the S3 endpoint {endpoint}: {_first_line(exc)} (check --s3_endpoint_url and that "
+            "the server runs)") from None
+    except boto_errors.BotoCoreError as exc:  # an invalid bucket name, region, …: Beam would retry these too
+        raise ObjectStorageError(f"S3 endpoint {endpoint}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def check_remote_output(path: str) -> str:

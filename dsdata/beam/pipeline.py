@@ -80,7 +80,21 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
         # itself.  Through Beam's DirectRunner they would first try the Prism runner, which downloads
         # its binary from GitHub: offline a failed request, online a run on Prism that ignores them.
         args.append(f"--runner={DEFAULT_RUNNER}")
-    return PipelineOptions(args)
+    return PipelineOptions(args + _flink_job_server_jar(args))
+
+
+def _flink_job_server_jar(args: list[str]) -> list[str]:
+    """`--flink_job_server_jar=JAR` for a FlinkRunner run that names none, when the engines cache has
+    the job server .ci/engines-setup assembles for this Flink version: Beam would download its published
+    jar, which Maven Central does not serve for this Beam (docs/engines.md "The job server")."""
+    from dsdata.beam.engines import artifacts
+    from dsdata.beam.engines.options import last_option
+
+    if (last_option(args, "runner") != "FlinkRunner" or last_option(args, "flink_job_server_jar")
+            or last_option(args, "job_endpoint") or last_option(args, "flink_version") != artifacts.FLINK_VERSION):
+        return []
+    jar = artifacts.flink_job_server_jar()
+    return [f"--flink_job_server_jar={jar}"] if jar else []
 
 
 def in_process_runner(options: PipelineOptions):
@@ -426,19 +440,24 @@ class ParquetParts:
                                   use_compliant_nested_type=False)
         return fh, writer
 
-    def commit(self, temp_paths: list[str]) -> None:
-        if not temp_paths:
+    def commit(self, temp_names: list[str]) -> None:
+        """temp_names: the names (not paths) of the bundles' files in the temporary folder."""
+        if not temp_names:
             fh, writer = self.open(FileSystems.join(self.folder, "part-00000-of-00001.parquet"))
             writer.close()
             fh.close()
-        n = len(temp_paths)
-        for i, src in enumerate(sorted(temp_paths)):
+        n = len(temp_names)
+        for i, name in enumerate(sorted(temp_names)):
+            src = FileSystems.join(self.temp, name)
             dst = FileSystems.join(self.folder, f"part-{i:05d}-of-{n:05d}.parquet")
             if FileSystems.exists(src):
                 FileSystems.rename([src], [dst])
             elif not FileSystems.exists(dst):  # a retried commit finds its renames done
                 raise OSError(f"{self.sub}: the part file {src} written by the run is gone")
         # What failed or retried bundles left (on object stores a "folder" is only its files' prefix).
+        if not location.is_remote(self.temp):
+            remove_entry(self.temp)  # not Beam's delete, which takes a local path for a glob (OUT may be `out-*`)
+            return
         left = [m.path for m in FileSystems.match([FileSystems.join(self.temp, "*")])[0].metadata_list]
         if left:
             FileSystems.delete(left)
@@ -468,11 +487,12 @@ class _ParquetPartFiles(_ArrowTables):
         for table in super().finish_bundle():
             self._write(table.value)
         if self._file is not None:
-            path, fh, writer = self._file
+            name, fh, writer = self._file
             self._file = None
             writer.close()
             fh.close()
-            yield GlobalWindows.windowed_value((LEDGER_KEY, ("file", self.parts.sub, path)))
+            # The name only: OUT's path may not be UTF-8, and what crosses Beam's coders as str must be.
+            yield GlobalWindows.windowed_value((LEDGER_KEY, ("file", self.parts.sub, name)))
 
     def _write(self, table) -> None:
         if self._file is None:
@@ -480,8 +500,8 @@ class _ParquetPartFiles(_ArrowTables):
                 FileSystems.mkdirs(self.parts.temp)
             except OSError:  # made by another bundle (or a file system without folders)
                 pass
-            path = FileSystems.join(self.parts.temp, f"{uuid.uuid4().hex}.parquet")
-            self._file = (path, *self.parts.open(path))
+            name = f"{uuid.uuid4().hex}.parquet"
+            self._file = (name, *self.parts.open(FileSystems.join(self.parts.temp, name)))
         self._file[2].write_table(table)
 
 

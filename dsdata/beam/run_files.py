@@ -15,7 +15,7 @@ from typing import IO, Any
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from dsdata.io.inputs import shown_path
+from dsdata.report.names import shown_path
 from dsdata.report.files import register_remote_files
 
 
@@ -35,8 +35,8 @@ class BeamFiles:
     def create(self, path: str) -> IO[bytes]:
         return FileSystems.create(path)
 
-    def match(self, pattern: str) -> list[str]:
-        return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+    def files_in(self, folder: str, suffix: str) -> list[str]:
+        return [m.path for m in FileSystems.match([FileSystems.join(folder, "*" + suffix)])[0].metadata_list]
 
     def delete(self, paths: list[str]) -> None:
         FileSystems.delete(paths)

@@ -53,13 +53,14 @@ def check_vocabulary(doc_id: str, tokens: np.ndarray, vocab_size: int | None) ->
                          f"tokenizer's vocabulary size {vocab_size}; was it tokenized with another tokenizer?")
 
 
-def write_shard_group(keyed, directory: str, dtype_name: str) -> dict[str, Any]:
-    """Write one shard from its GroupByKey group of fragment files and return its manifest entry."""
+def write_shard_group(keyed, directory: str, dtype_name: str, spill_dir: str) -> dict[str, Any]:
+    """Write one shard from its GroupByKey group of fragment files (their names in `spill_dir`) and
+    return its manifest entry."""
     (bucket, index, count), fragments = keyed
     dtype = np.dtype(dtype_name)
     records = []
-    for path in fragments:
-        for doc_id, data in read_spill(path):
+    for name in fragments:
+        for doc_id, data in read_spill(location.join(spill_dir, name)):
             records.append((id_hash(doc_id), doc_id, data))
     # Sorting by (id hash, id) fixes the shard's bytes whatever order the runner delivered, and
     # spreads documents of one source across the shard.
@@ -82,12 +83,13 @@ def write_manifest_from(entries: list[dict[str, Any]], directory: str, dtype_nam
     """manifest.json, written after every shard it names is there with its size, with the
     tokenizer's files bundled beside the shards (local: by dsdata.io.shards.write_manifest,
     atomically; remote: bundled in a local temporary folder and uploaded, the manifest the last
-    object written)."""
+    object written).  Returns the manifest's file name (a path would cross Beam's coders, which
+    write str as UTF-8: OUT's path need not be)."""
     if not location.is_remote(directory):
         os.makedirs(directory, exist_ok=True)
         tokenizer = bundle_tokenizer(directory, tokenizer)  # the shard set carries its tokenizer (portable)
         manifest = shard_io.build_manifest(entries, np.dtype(dtype_name), tokenizer, extra)
-        return shard_io.write_manifest(directory, manifest)
+        return os.path.basename(shard_io.write_manifest(directory, manifest))
     with tempfile.TemporaryDirectory(prefix="dsdata-tokenizer-") as tmp:
         tokenizer = bundle_tokenizer(tmp, tokenizer)
         for root, _, names in os.walk(tmp):
@@ -100,9 +102,8 @@ def write_manifest_from(entries: list[dict[str, Any]], directory: str, dtype_nam
         if not location.exists(path) or location.size(path) != shard["bytes"]:
             raise shard_io.ShardError(f"{path}: missing or not {shard['bytes']} bytes; not writing a manifest "
                                       "that names it")
-    path = location.join(directory, shard_io.MANIFEST)
-    location.write_bytes(path, shard_io.manifest_bytes(manifest))
-    return path
+    location.write_bytes(location.join(directory, shard_io.MANIFEST), shard_io.manifest_bytes(manifest))
+    return shard_io.MANIFEST
 
 
 def tokenizer_info(config: dict[str, Any], upstream) -> dict[str, Any]:
@@ -117,11 +118,11 @@ def tokenizer_info(config: dict[str, Any], upstream) -> dict[str, Any]:
                            "(or set shards.tokenizer if documents already carry token ids)")
 
 
-def export_written(manifest_path: str, formats: list[str], export_dir: str) -> None:
-    """The `export` option: the shard set just written (its manifest is `manifest_path`) → export_dir/<format>."""
+def export_written(manifest_name: str, directory: str, formats: list[str], export_dir: str) -> None:
+    """The `export` option: the shard set just written in `directory` (once its manifest is) → export_dir/<format>."""
     from dsdata.export import export_shards
 
-    export_shards(os.path.dirname(manifest_path), export_dir, formats)
+    export_shards(directory, export_dir, formats)
 
 
 _PARKED = "parked"
@@ -175,7 +176,9 @@ class _ParkRecords(StageCounters, beam.DoFn):
 
     def _roll(self):
         self._writer.close()
-        self._done.append(self._writer.path)
+        # Names in spill_dir, not paths: what crosses Beam's coders as str is written as UTF-8, and
+        # OUT's path need not be.
+        self._done.append(self._writer.name)
         self._writer, self._bytes = None, 0
 
     def finish_bundle(self):
@@ -184,8 +187,8 @@ class _ParkRecords(StageCounters, beam.DoFn):
             self._roll()
         self._cpu += thread_time() - start
         super().finish_bundle()
-        for path in self._done:
-            yield beam.pvalue.TaggedOutput(_PARKED, GlobalWindows.windowed_value(path))
+        for name in self._done:
+            yield beam.pvalue.TaggedOutput(_PARKED, GlobalWindows.windowed_value(name))
         for bucket, n in self._totals.items():
             yield beam.pvalue.TaggedOutput(_TOTALS, GlobalWindows.windowed_value((bucket, n)))
         self._done, self._totals = [], {}
@@ -202,10 +205,10 @@ class _CutByShard(beam.DoFn):
     def setup(self):
         self._cpu_counter = Metrics.counter(f"dsdata.{self.stage_name}", CPU_COUNTER)
 
-    def process(self, path: str, totals: dict[str, int]):
+    def process(self, name: str, totals: dict[str, int]):
         start = thread_time()
         by_shard: dict[tuple[str, int, int], list] = {}
-        for bucket, doc_id, data in read_spill(path):
+        for bucket, doc_id, data in read_spill(location.join(self.spill_dir, name)):
             by_shard.setdefault(shard_key(bucket, doc_id, totals, self.shard_size), []).append((doc_id, data))
         out = []
         for key in sorted(by_shard):
@@ -213,7 +216,7 @@ class _CutByShard(beam.DoFn):
             for record in by_shard[key]:
                 writer.write(record)
             writer.close()
-            out.append((key, writer.path))
+            out.append((key, writer.name))
         self._cpu_counter.inc(round((thread_time() - start) * 1e6))
         return out
 
@@ -223,8 +226,9 @@ class _WriteShard(beam.DoFn):
     """One shard's fragment files → its file and manifest entry; a write error (disk, permissions)
     stops the run."""
 
-    def __init__(self, directory: str, dtype_name: str, stage_name: str):
+    def __init__(self, directory: str, dtype_name: str, stage_name: str, spill_dir: str):
         self.directory, self.dtype_name, self.stage_name = directory, dtype_name, stage_name
+        self.spill_dir = spill_dir
 
     def setup(self):
         self._cpu_counter = Metrics.counter(f"dsdata.{self.stage_name}", CPU_COUNTER)
@@ -232,7 +236,7 @@ class _WriteShard(beam.DoFn):
 
     def process(self, keyed):
         start = thread_time()
-        entry = write_shard_group(keyed, self.directory, self.dtype_name)
+        entry = write_shard_group(keyed, self.directory, self.dtype_name, self.spill_dir)
         self._cpu += thread_time() - start
         yield entry
 
@@ -265,12 +269,12 @@ class WriteShards(beam.PTransform):
                    | "CutByShard" >> beam.ParDo(_CutByShard(self.spill_dir, config["shard_size"], self.stage_name),
                                                 beam.pvalue.AsDict(totals))
                    | "GroupShards" >> beam.GroupByKey()
-                   | "WriteShard" >> beam.ParDo(_WriteShard(directory, dtype_name, self.stage_name)))
+                   | "WriteShard" >> beam.ParDo(_WriteShard(directory, dtype_name, self.stage_name, self.spill_dir)))
         manifest = (written
                     | "GatherShards" >> beam.combiners.ToList()
                     | "WriteManifest" >> beam.Map(write_manifest_from, directory, dtype_name, info, extra))
         if config.get("export"):
-            manifest | "Export" >> beam.Map(export_written, config["export"], self.export_dir)
+            manifest | "Export" >> beam.Map(export_written, directory, config["export"], self.export_dir)
         return {KEPT: split[KEPT], REJECTED: split[REJECTED]}
 
 

@@ -8,12 +8,13 @@ import glob
 import logging
 import os
 import pickle
+import re
 from dataclasses import dataclass
 from time import perf_counter, thread_time
 from typing import Any, Iterator
 
 import apache_beam as beam
-from apache_beam.io import fileio
+from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
@@ -21,7 +22,8 @@ from apache_beam.metrics import Metrics
 from dsdata.beam.engines import speedups
 from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, retry_one_at_a_time, passes_through
 from dsdata.document import Document, Rejected
-from dsdata.io.inputs import shown_path
+from dsdata.io import local_paths
+from dsdata.report.names import shown_path
 from dsdata.io.readers import READ_STAGE, READERS, InputFormatError, cuttable_format, range_bytes_for, read_file
 from dsdata.beam.counters import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage, Stage
@@ -380,7 +382,7 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
     def setup(self):
         self._init_counters(READ_STAGE)
 
-    def process(self, element: fileio.FileMetadata | FileRange):
+    def process(self, element: FileMetadata | FileRange):
         """Each record (kept on the main output, a rejection tagged), or with batch_docs Batches of up
         to batch_docs records / BATCH_CHARS characters (main output only)."""
         if not self.batch_docs:
@@ -395,7 +397,7 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
         rejected: list[Rejected] = []
         return Batch(self._collect(results, rejected), rejected)
 
-    def _chunks(self, element: fileio.FileMetadata | FileRange, size: int) -> Iterator[list[Document | Rejected]]:
+    def _chunks(self, element: FileMetadata | FileRange, size: int) -> Iterator[list[Document | Rejected]]:
         """The file's (or range's) records, Documents or Rejected, in lists of up to `size` records
         or BATCH_CHARS characters of text, counted as read (`in`).  The reader is timed a list at a
         time (no yield happens while one fills: a yield hands records on to the fused stages
@@ -407,7 +409,7 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
         path = shown_path(real)
         part = element if isinstance(element, FileRange) else None
         try:
-            fh = FileSystems.open(real, compression_type=CompressionTypes.UNCOMPRESSED)
+            fh = open_input(real)
             if part is not None:  # the format's own range reader (dsdata/io/readers REGISTRY)
                 try:
                     records = iter(READERS[part.fmt].read_range(path, fh, part.start, part.end, part.first_line,
@@ -417,7 +419,7 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
                     raise
         except Exception as exc:  # noqa: BLE001 - any filesystem error means this file is unreadable
             yield [Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file",
-                            shown_path(str(exc)))]
+                            unreadable_reason(exc))]
             return
         n = bad = 0
         size = max(1, int(size))
@@ -507,14 +509,14 @@ class PlanRanges(beam.DoFn):
     def __init__(self, fmt: str = "auto", range_bytes: int | None = None):
         self.fmt, self.range_bytes = fmt, range_bytes
 
-    def process(self, metadata: fileio.FileMetadata):
+    def process(self, metadata: FileMetadata):
         path, size = metadata.path, metadata.size_in_bytes
         range_bytes = self.range_bytes or range_bytes_for(size)
         kind = cuttable_format(path, self.fmt)
         ranges = None
         if size > range_bytes and kind is not None:
             try:
-                with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+                with open_input(path) as fh:
                     ranges = READERS[kind].ranges(fh, range_bytes)
             except Exception as exc:  # noqa: BLE001 - the reader then meets the same problem and reports it
                 log.info("read %s: not cut into ranges (%s: %s); read whole", path, type(exc).__name__, exc)
@@ -541,9 +543,27 @@ def all_cuttable(patterns: list[str], fmt: str = "auto", range_bytes: int | None
     return True
 
 
+def open_input(path: str):
+    """An input file opened for reading, raw bytes.  Local files are opened here: Beam's local open
+    takes no path over PATH_MAX (dsdata/io/local_paths.py), and a folder that reaches the reader
+    (one an input folder holds and that could not be listed) is refused saying why."""
+    if "://" in path:
+        return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    return local_paths.open_binary(path)
+
+
+def unreadable_reason(exc: Exception) -> str:
+    """Why a file could not be opened, for its `unreadable_file` row: the system's reason without
+    the path (the row's id names the file as shown_path shows it; str(OSError) quotes the name's
+    repr, whose non-UTF-8 bytes read as \\udcNN)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"[Errno {exc.errno}] {exc.strerror}" if exc.errno else exc.strerror
+    return " ".join(str(exc).encode("utf-8", "backslashreplace").decode("utf-8").split())
+
+
 class MatchPatterns(beam.DoFn):
     """An input pattern (as bytes: a name that is not UTF-8 has no str form Beam's coders can write)
-    → the files it matches, as fileio.MatchAll does.  A named file (no wildcard) that does not match
+    → the files it matches, as Beam's fileio.MatchAll does.  A named file (no wildcard) that does not match
     — gone since it was listed, or a path the OS cannot stat (longer than PATH_MAX) — still goes on,
     so that the reader's open fails and the file is an `unreadable_file` row, never silently absent."""
 
@@ -554,10 +574,26 @@ class MatchPatterns(beam.DoFn):
         except Exception as exc:  # noqa: BLE001 - an unmatchable name: the reader's open says why
             log.debug("match %s: %s", shown_path(text), exc)
             found = []
-        if found:
+        name = named_file(text)
+        if found or name is None:
             yield from found
-        elif not glob.has_magic(text):
-            yield fileio.FileMetadata(text, 0)
+            return
+        size = 0
+        if "://" not in name:
+            try:
+                size = local_paths.path_stat(name).st_size
+            except OSError:
+                pass
+        yield FileMetadata(name, size)
+
+
+def named_file(pattern: str) -> str | None:
+    """The one file `pattern` names, or None for a pattern that may match several: a path without
+    wildcards, or one glob.escape made of a listed file's name (its `[`, `*` and `?` bracketed)."""
+    if not glob.has_magic(pattern):
+        return pattern
+    name = re.sub(r"\[([*?[])\]", r"\1", pattern)
+    return name if glob.escape(name) == pattern else None
 
 
 class ReadFirstDoFn(ReadFileDoFn):

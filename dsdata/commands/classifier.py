@@ -10,12 +10,12 @@ shown to a model.  `eval` prints the figures and, as its last line, one JSON obj
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 
+from dsdata.commands import CommandParser
 from dsdata.relevance.data import LabelledDataError, load_labelled, split_grouped
 from dsdata.relevance.fasttext_backend import FastTextTrainingFailed, FastTextUnavailable
 
@@ -55,7 +55,7 @@ def _print_report(report: dict, header: str) -> None:
 
 
 def cmd_train(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="dsdata classifier train", description="Train a relevance classifier.")
+    p = CommandParser(prog="dsdata classifier train", description="Train a relevance classifier.")
     p.add_argument("--backend", required=True, choices=["bert", "fasttext"])
     p.add_argument("--data", required=True, help="labelled JSONL (text, label 0/1)")
     p.add_argument("--out", required=True, help="output directory (the relevance stage's model=)")
@@ -115,7 +115,7 @@ def cmd_train(argv: list[str]) -> int:
 
 
 def cmd_eval(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="dsdata classifier eval", description="Evaluate a relevance classifier.")
+    p = CommandParser(prog="dsdata classifier eval", description="Evaluate a relevance classifier.")
     p.add_argument("--model", required=True, help="model directory (or fastText .ftz)")
     p.add_argument("--data", required=True, help="labelled JSONL (text, label 0/1)")
     p.add_argument("--backend", default="auto", choices=["auto", "bert", "fasttext"])
@@ -153,7 +153,7 @@ def cmd_eval(argv: list[str]) -> int:
 
 
 def cmd_split(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="dsdata classifier split",
+    p = CommandParser(prog="dsdata classifier split",
                                 description="Write the grouped train/validation split used by --holdout.")
     p.add_argument("--data", required=True)
     p.add_argument("--holdout", type=float, default=0.2, metavar="FRACTION")

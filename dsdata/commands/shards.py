@@ -1,26 +1,31 @@
 """`dsdata shards verify|info DIR`: check a shard set's checksums; summarise it.
-`dsdata shards export --format megatron|mds|hf SRC DST`: write it for other trainers (dsdata/export/)."""
+`dsdata shards export --format megatron|mds|hf SRC DST`: write it for other trainers (dsdata/export/).
+DIR and SRC may be on object storage (s3://BUCKET/out, gs://…; the S3 flags as for `dsdata run`): the
+set is copied to a temporary folder first (dsdata/beam/remote_shards.py)."""
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import sys
 
+from dsdata.commands import CommandParser
+from dsdata.io.object_storage import add_object_storage_flags, object_storage_beam_args
 from dsdata.io.shard_tokenizer import verify_shard_set
 from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest
+from dsdata.report.names import shown_path
 
 
 def cmd_verify(args) -> int:
     manifest, problems = verify_shard_set(args.dir)
     for problem in problems:
-        print(f"dsdata: bad shard: {problem}", file=sys.stderr)
+        print(f"dsdata: bad shard: {args.show(problem)}", file=sys.stderr)
     if problems:
-        print(f"dsdata: {len(problems)} of {len(manifest['shards'])} shard(s) in {args.dir} failed verification",
-              file=sys.stderr)
+        print(f"dsdata: {len(problems)} of {len(manifest['shards'])} shard(s) in {args.show(shown_path(args.dir))} failed "
+              "verification", file=sys.stderr)
         return 1
     totals = manifest.get("totals", {})
     print(f"ok: {len(manifest['shards'])} shards, {totals.get('docs', '?')} documents, "
-          f"{totals.get('tokens', '?')} tokens in {args.dir}; every sha256 matches")
+          f"{totals.get('tokens', '?')} tokens in {args.show(shown_path(args.dir))}; every sha256 matches")
     return 0
 
 
@@ -31,7 +36,7 @@ def cmd_info(args) -> int:
         return 0
     totals = manifest.get("totals", {})
     tok = manifest.get("tokenizer") or {}
-    print(f"{args.dir}: {totals.get('shards')} shards, {totals.get('docs')} documents, {totals.get('tokens')} tokens, "
+    print(f"{args.show(shown_path(args.dir))}: {totals.get('shards')} shards, {totals.get('docs')} documents, {totals.get('tokens')} tokens, "
           f"dtype {manifest['dtype']}")
     print(f"tokenizer: {tok.get('path')} (vocab {tok.get('vocab_size')}, eos {tok.get('eos_token')}={tok.get('eos_id')}, "
           f"sha256 {str(tok.get('sha256'))[:12]}…)")
@@ -56,7 +61,7 @@ def cmd_export(args) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dsdata shards", description="Inspect, verify and export training shards.")
+    parser = CommandParser(prog="dsdata shards", description="Inspect, verify and export training shards.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_verify = sub.add_parser("verify", help="check every shard against the manifest's sha256; exit 1 naming bad files")
     p_verify.add_argument("dir", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")
@@ -72,14 +77,20 @@ def main(argv: list[str]) -> int:
                           "set's folder name, or its run directory's for RUN/shards)")
     p_export.add_argument("dir", metavar="SRC", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")
     p_export.add_argument("dst", metavar="DST", help="output folder: one sub-folder per format (DST/megatron, …)")
+    for sub_parser in (p_verify, p_info, p_export):
+        add_object_storage_flags(sub_parser)
     args = parser.parse_args(argv)
     from dsdata.export import ExportError
 
     try:
-        args.dir = locate_shard_dir(args.dir)
-        if args.command == "export":
-            return cmd_export(args)
-        return cmd_verify(args) if args.command == "verify" else cmd_info(args)
+        if args.command == "export" and "://" in args.dst:
+            raise ExportError(f"DST {args.dst} is remote: the export writes a local folder (copy it up afterwards)")
+        with located(args.dir, object_storage_beam_args(args), with_files=args.command != "info") as (local, show, name):
+            args.dir, args.show = local, show
+            if args.command == "export":
+                args.source = args.source or name
+                return cmd_export(args)
+            return cmd_verify(args) if args.command == "verify" else cmd_info(args)
     except (ShardError, ExportError) as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
@@ -88,3 +99,28 @@ def main(argv: list[str]) -> int:
             raise
         print(f"dsdata: error: cannot write the export under {args.dst}: {exc}", file=sys.stderr)
         return 2
+
+
+@contextlib.contextmanager
+def located(path: str, storage_args: list[str], with_files: bool = True):
+    """(the shard folder to read, a function that names the user's files in a line about it, the set's
+    name or None): `path`'s shard folder (the set itself or a run's shards/).  A remote set is copied
+    to a temporary folder first (only its manifest when not `with_files`); lines about the copy name
+    the remote files, and the set is named after the remote folder (export's source column)."""
+    if "://" not in path:
+        yield locate_shard_dir(path), lambda text: text, None
+        return
+    from dsdata.beam.location import use_object_storage
+    from dsdata.beam.remote_shards import local_shard_set, shown
+    from dsdata.export.source import shard_set_name
+
+    use_object_storage([path], storage_args)  # an unreachable endpoint, no credentials: one line
+    with local_shard_set(path, with_files) as (local, remote):
+        show = lambda text: shown(text, local, remote)  # noqa: E731
+        try:
+            yield local, show, shard_set_name(remote.split("://", 1)[1])
+        except Exception as exc:
+            # A one-line error about the copy (a corrupt shard, a bad manifest) names the remote file.
+            if len(exc.args) == 1 and isinstance(exc.args[0], str):
+                exc.args = (show(exc.args[0]),)
+            raise

@@ -1,23 +1,27 @@
 """`dsdata shm publish|list|remove`: shard sets in shared memory (/dev/shm/dsdata/NAME)."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-from dsdata.io.shards import ShardError, locate_shard_dir
+from dsdata.commands import CommandParser
+from dsdata.commands.shards import located
+from dsdata.io.object_storage import add_object_storage_flags, object_storage_beam_args
+from dsdata.io.shards import ShardError
 from dsdata.io.shm import ShmError, list_published, publish, remove, shm_root
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dsdata shm", description="Publish shard sets to shared memory "
+    parser = CommandParser(prog="dsdata shm", description="Publish shard sets to shared memory "
                                      "(root: /dev/shm/dsdata or $DSDATA_SHM_ROOT).")
     parser.add_argument("--root", default=None, help="shared-memory root directory (default: %(default)s → "
                         "$DSDATA_SHM_ROOT or /dev/shm/dsdata)")
     sub = parser.add_subparsers(dest="command", required=True)
     p_pub = sub.add_parser("publish", help="copy + verify a shard directory into ROOT/NAME (atomic)")
-    p_pub.add_argument("shard_dir", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")
+    p_pub.add_argument("shard_dir", help="a `dsdata run` output directory (e.g. out) or its shards/ folder; "
+                       "local or on object storage (s3://BUCKET/out, copied through a temporary folder)")
     p_pub.add_argument("--name", required=True, help="dataset name under the root")
+    add_object_storage_flags(p_pub)
     p_list = sub.add_parser("list", help="list published datasets")
     p_list.add_argument("--verify", action="store_true", help="also check every shard's sha256")
     p_list.add_argument("--json", action="store_true", help="print one JSON array")
@@ -26,8 +30,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "publish":
-            result = publish(locate_shard_dir(args.shard_dir), args.name, args.root)
-            print(json.dumps(result))
+            with located(args.shard_dir, object_storage_beam_args(args)) as (shard_dir, show, _):
+                result = publish(shard_dir, args.name, args.root)
+            print(show(json.dumps(result)))
             return 0
         if args.command == "list":
             items = list_published(args.root, verify=args.verify)

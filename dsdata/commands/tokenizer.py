@@ -1,16 +1,16 @@
 """`dsdata tokenizer train|encode`: train a byte-level BPE tokenizer; try one on a text."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
+from dsdata.commands import CommandParser
 from dsdata.tokenizer import TokenizerError, iter_training_texts, load_tokenizer, train_bpe
 
 
 def cmd_train(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dsdata tokenizer train",
+    parser = CommandParser(prog="dsdata tokenizer train",
                                      description="Train a byte-level BPE tokenizer (zh + en safe: no unknown tokens).")
     parser.add_argument("--input", action="append", required=True, metavar="GLOB",
                         help="training text: .txt (documents separated by blank lines), .jsonl or .parquet; repeatable")
@@ -45,7 +45,7 @@ def cmd_train(argv: list[str]) -> int:
 
 
 def cmd_encode(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dsdata tokenizer encode", description="Print the token ids of a text.")
+    parser = CommandParser(prog="dsdata tokenizer encode", description="Print the token ids of a text.")
     parser.add_argument("tokenizer", help="tokenizer directory or tokenizer.json")
     parser.add_argument("text", help="text to encode")
     args = parser.parse_args(argv)

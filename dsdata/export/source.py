@@ -72,7 +72,7 @@ class ShardSource:
         """One shard's documents, after checking the file against its manifest entry."""
         verify_shard_file(self.directory, shard)
         path = os.path.join(self.directory, shard["file"])
-        with pa.memory_map(path, "r") as mapped:
+        with pa.memory_map(os.fsencode(path), "r") as mapped:
             buffer = mapped.read_buffer()
             values = check_shard_buffer(path, buffer, self.token_column, self.dtype, shard["tokens"])
             batch = pa.ipc.open_file(pa.BufferReader(buffer)).get_batch(0)

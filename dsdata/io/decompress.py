@@ -33,12 +33,12 @@ _PROBE = 1 << 14
 # Decompression bombs.  zstd's decoder has no output limit per call, and an RLE block turns 4 bytes
 # into 128 KiB (32768:1): one 64 KiB feed could return 2 GiB at once (a few KB of .zst drove memory
 # to ~2.5 GB).  So zstd is fed _ZSTD_FEED bytes at a time, at most 32 MiB out per call, and a frame
-# whose output passes _BOMB_MIN_OUTPUT at over _BOMB_RATIO times the compressed bytes fed is a bomb:
+# whose output passes BOMB_MIN_OUTPUT at over BOMB_RATIO times the compressed bytes fed is a bomb:
 # one `too_large` row, and reading goes on at the next frame.  1032:1 is deflate's own ceiling (no
 # gzip member can pass it), so zstd is held to what gzip can do; real text compresses 3-20:1.
 _ZSTD_FEED = 1 << 10
-_BOMB_RATIO = 1032
-_BOMB_MIN_OUTPUT = 16 << 20
+BOMB_RATIO = 1032
+BOMB_MIN_OUTPUT = 16 << 20
 
 
 class _Bomb(Exception):
@@ -166,7 +166,7 @@ def _without_checksum(frame: bytes, skip: int, dictionary: Any) -> tuple[bytes, 
             piece = bytes(patched[fed:fed + _ZSTD_FEED])
             out += decoder.decompress(piece)
             fed += len(piece)
-            if len(out) > _BOMB_MIN_OUTPUT and len(out) > _BOMB_RATIO * fed:
+            if len(out) > BOMB_MIN_OUTPUT and len(out) > BOMB_RATIO * fed:
                 return None
     except _decode_errors("zstd"):
         return None
@@ -306,9 +306,9 @@ def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[b
                 break
             fed += len(piece)
             produced += len(out)
-            if produced > _BOMB_MIN_OUTPUT and produced > _BOMB_RATIO * fed:
+            if produced > BOMB_MIN_OUTPUT and produced > BOMB_RATIO * fed:
                 yield Damage("too_large", f"the {kind} member at offset {member_start} decodes to over {produced} "
-                             f"bytes from {fed} compressed bytes (over {_BOMB_RATIO}:1, a decompression bomb); "
+                             f"bytes from {fed} compressed bytes (over {BOMB_RATIO}:1, a decompression bomb); "
                              "the rest of it is not decoded", member_start)
                 history.extend(piece)
                 failure = _Bomb()

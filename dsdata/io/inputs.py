@@ -21,12 +21,15 @@ directory it is left out and listed in `not_read` with the reason, for the calle
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import stat
 from dataclasses import dataclass, field
 
+from dsdata.io import local_paths
 from dsdata.io.readers import InputFormatError, detect_format
+from dsdata.report.names import shown_path
 
 
 class InputPathError(ValueError):
@@ -42,6 +45,9 @@ class ExpandedInputs:
     # (path, the spelling read): files and directories matched again under another name
     duplicates: list[tuple[str, str]] = field(default_factory=list)
     not_followed: list[str] = field(default_factory=list)  # links to directories inside input directories
+    # (folder, why): folders inside input directories that could not be listed; each is read as a
+    # file, whose open fails, so it is one `unreadable_file` row (never silently absent)
+    not_listed: list[tuple[str, str]] = field(default_factory=list)
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
@@ -50,16 +56,15 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR,
 
 def _not_a_file(path: str) -> str | None:
     """Why `path` (not a directory) is not a regular file to read, or None when it is one (or cannot be
-    examined: opening it then gives the reader's `unreadable_file` row with the system's reason)."""
+    examined: opening it then gives the reader's `unreadable_file` row with the system's reason —
+    no permission, a link cycle (ELOOP), gone since it was listed)."""
     try:
-        mode = os.stat(path).st_mode
+        mode = local_paths.path_stat(path).st_mode
     except FileNotFoundError:
-        if os.path.islink(path):
-            return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+        if local_paths.is_link(path):
+            return f"a symbolic link to {shown_path(local_paths.read_link(path))!r}, which does not exist"
         return None
-    except OSError as exc:
-        if os.path.islink(path):  # a link cycle (ELOOP) and the like
-            return f"a symbolic link that cannot be followed ({exc.strerror or exc})"
+    except OSError:
         return None
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
@@ -67,43 +72,56 @@ def _not_a_file(path: str) -> str | None:
     return f"not a regular file but {kind}"
 
 
-def shown_path(path: str) -> str:
-    """A file name as it appears in ids, rows and logs.  Names are bytes: a name that is not UTF-8
-    (Python holds its bytes as lone surrogates, os.fsdecode) has each such byte written `\\xNN` and
-    each backslash doubled, so the shown name is valid UTF-8 and the bytes can be recovered
-    (`recovered_path`); a UTF-8 name is shown unchanged."""
-    raw = os.fsencode(path)
+def local_glob(pattern: str) -> list[str]:
+    """What a local glob matches, sorted.  A `**` component is matched here against the folder walk
+    (local_paths.walk_files: any depth, hidden names and links to folders skipped), giving the files
+    it matches or that lie in a folder it matches, and the folders there that cannot be listed:
+    Python's glob lists folders by their path and silently stopped at PATH_MAX or at a folder it
+    could not read.  Other globs are Python's (they name no folder that deep)."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return sorted(glob.glob(pattern))
+    first_magic = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    root = os.sep.join(parts[:first_magic]) or ("." if not pattern.startswith(os.sep) else os.sep)
+    wanted = parts[first_magic:]
+    if first_magic and parts[:first_magic] == [""]:
+        root = os.sep
+    if not local_paths.is_dir(root):
+        return []
     try:
-        raw.decode("utf-8")
-        return path
-    except UnicodeDecodeError:
-        return raw.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
-
-
-def recovered_path(shown: str) -> str:
-    """The path `shown_path` showed (for a shown name with `\\xNN` escapes)."""
-    out, i = bytearray(), 0
-    data = shown.encode("utf-8")
-    while i < len(data):
-        if data[i:i + 2] == b"\\\\":
-            out += b"\\"
-            i += 2
-        elif data[i:i + 2] == b"\\x" and i + 4 <= len(data):
-            out.append(int(data[i + 2:i + 4], 16))
-            i += 4
-        else:
-            out.append(data[i])
-            i += 1
-    return os.fsdecode(bytes(out))
-
-
-def _files_under(directory: str, links: list[str]) -> list[str]:
+        listing = local_paths.walk_files(root)
+    except OSError:
+        return []
     found = []
-    for root, dirs, files in os.walk(directory, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        links.extend(os.path.join(root, d) for d in dirs if os.path.islink(os.path.join(root, d)))
-        found.extend(os.path.join(root, f) for f in sorted(files) if not f.startswith("."))
-    return found
+    unlisted = {folder for folder, _ in listing.not_listed}
+    for path in listing.files + sorted(unlisted):
+        names = os.path.relpath(path, root).split(os.sep) if root != "." else os.path.normpath(path).split(os.sep)
+        # A folder that cannot be listed, where the glob could match something, goes on as a match:
+        # expanding it makes it its unreadable_file row.
+        if any(_glob_match(wanted, names[:k]) for k in range(len(names), 0, -1)) or (
+                path in unlisted and _glob_prefix(wanted, names)):
+            found.append(path if root != "." else os.path.normpath(path))
+    return sorted(found)
+
+
+def _glob_prefix(pattern: list[str], names: list[str]) -> bool:
+    """Whether glob components `pattern` could match something inside the folder `names`."""
+    if not names:
+        return bool(pattern)
+    if not pattern:
+        return False
+    if pattern[0] == "**":
+        return True
+    return fnmatch.fnmatchcase(names[0], pattern[0]) and _glob_prefix(pattern[1:], names[1:])
+
+
+def _glob_match(pattern: list[str], names: list[str]) -> bool:
+    """Whether path components `names` match glob components `pattern` (`**`: any number of them)."""
+    if not pattern:
+        return not names
+    if pattern[0] == "**":
+        return _glob_match(pattern[1:], names) or (bool(names) and _glob_match(pattern, names[1:]))
+    return bool(names) and fnmatch.fnmatchcase(names[0], pattern[0]) and _glob_match(pattern[1:], names[1:])
 
 
 def _has_format(path: str) -> bool:
@@ -121,13 +139,13 @@ def _inside(path: str, directory: str) -> bool:
 
 
 def _real(path: str) -> str:
-    return os.path.realpath(path)
+    return local_paths.real_path(path)
 
 
 def _identity(path: str) -> tuple[int, int] | str:
     """The file itself: its device and inode (hard links to one file are one file), else its real path."""
     try:
-        st = os.stat(path)
+        st = local_paths.path_stat(path)
     except OSError:
         return _real(path)
     return (st.st_dev, st.st_ino)
@@ -170,22 +188,22 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
             raise InputPathError(f"input path {pattern!r} holds a NUL byte; no file name can")
         named = not glob.has_magic(pattern)
         if named:
-            why = None if os.path.isdir(pattern) else _not_a_file(pattern)
+            why = None if local_paths.is_dir(pattern) else _not_a_file(pattern)
             if why is not None:
                 raise InputPathError(f"input '{pattern}' is {why}; pass regular files or directories "
                                      "(write a stream to a file first)")
-            if not os.path.isdir(pattern):
-                if take(pattern) or not os.path.lexists(pattern):
+            if not local_paths.is_dir(pattern):
+                if take(pattern) or not local_paths.exists(pattern, follow_symlinks=False):
                     out.patterns.append(pattern)  # a missing path is the caller's to report
                 continue
             matches = [pattern]
         else:
-            matches = sorted(glob.glob(pattern, recursive=True))
+            matches = local_glob(pattern)
         chosen: list[str] = []
         # Files before directories, and within each the links last: a link to a file or directory that
         # the same glob also names is the repeat, not the file or directory itself.
-        for match in sorted(matches, key=lambda m: (os.path.isdir(m), os.path.islink(m))):
-            if not os.path.isdir(match):
+        for match in sorted(matches, key=lambda m: (local_paths.is_dir(m), local_paths.is_link(m))):
+            if not local_paths.is_dir(match):
                 if take(match):
                     chosen.append(match)
                 continue
@@ -194,16 +212,24 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
             if holder is not None:
                 out.duplicates.append((match, walked[holder]))
                 continue
-            if not named and os.path.islink(match) and _inside(_real(os.path.dirname(os.path.abspath(match))), real):
+            if not named and local_paths.is_link(match) and _inside(_real(os.path.dirname(os.path.abspath(match))), real):
                 out.not_followed.append(match)  # a link to a directory holding it: a cycle
                 continue
             walked[real] = match
-            links: list[str] = []
-            files = _files_under(match, links)
-            out.not_followed.extend(links)
+            try:
+                listing = local_paths.walk_files(match)
+            except OSError as exc:
+                if match == pattern:
+                    raise InputPathError(f"input directory '{shown_path(pattern)}' cannot be listed: "
+                                         f"{exc.strerror or exc}") from None
+                listing = local_paths.Listing(not_listed=[(match, exc.strerror or str(exc))])
+            files = listing.files
+            out.not_followed.extend(listing.dir_links)
+            out.not_listed.extend(listing.not_listed)
+            chosen.extend(folder for folder, _ in listing.not_listed)
             regular = [f for f in files if _not_a_file(f) is None]
             readable = regular if fmt != "auto" else [f for f in regular if _has_format(f)]
-            if not readable and match == pattern:
+            if not readable and not listing.not_listed and match == pattern:
                 what = ("no files" if not files else
                         f"no regular file ({len(files)} other entries)" if not regular else
                         f"no file whose name gives its format ({len(files)} other files)")
@@ -212,7 +238,7 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
             kept = set(readable)
             out.skipped.extend(f for f in regular if f not in kept)
             regular_set = set(regular)
-            for f in sorted(files, key=os.path.islink):
+            for f in sorted(files, key=local_paths.is_link):
                 if f not in regular_set:
                     take(f)  # records why it is not read
                 elif f in kept and take(f):
@@ -239,7 +265,8 @@ def resolve_recipe_inputs(recipe, confined: bool) -> ExpandedInputs:
     if not recipe.inputs:
         raise InputPathError(f"no input: {recipe.path} names no input.paths; pass --input GLOB")
     for pattern in recipe.inputs:
-        if "://" not in pattern and not glob.glob(pattern):
+        if "://" not in pattern and not (local_glob(pattern) if glob.has_magic(pattern)
+                                         else local_paths.exists(pattern, follow_symlinks=False)):
             raise InputPathError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
     expanded = expand_directories(recipe.inputs, recipe.input_format,
                                   confine_to=recipe.directory if confined else None)
@@ -280,14 +307,19 @@ def input_notes(expanded: ExpandedInputs, quiet: bool = False) -> list[str]:
     lines = []
     if expanded.not_read:
         lines.append(f"warning: {len(expanded.not_read)} matched path(s) are not read: {_listed(_why(expanded.not_read))}")
+    if expanded.not_listed:
+        lines.append(f"warning: {len(expanded.not_listed)} folder(s) in the input directories cannot be listed, each "
+                     "one unreadable_file row: " + _listed([f"{shown_path(p)} ({why})" for p, why in expanded.not_listed]))
     if quiet:
         return lines
     if expanded.duplicates:
         lines.append(f"{len(expanded.duplicates)} input path(s) name a file or directory already read and add "
-                     "nothing: " + _listed([f"{p} (named twice)" if p == first else f"{p} (read as {first})"
+                     "nothing: " + _listed([f"{shown_path(p)} (named twice)" if p == first
+                                            else f"{shown_path(p)} (read as {shown_path(first)})"
                                             for p, first in expanded.duplicates]))
     if expanded.not_followed:
-        shown = ", ".join(expanded.not_followed[:3]) + (", …" if len(expanded.not_followed) > 3 else "")
+        shown = (", ".join(shown_path(p) for p in expanded.not_followed[:3])
+                 + (", …" if len(expanded.not_followed) > 3 else ""))
         lines.append(f"{len(expanded.not_followed)} link(s) to directories are not followed ({shown}): they lie "
                      "inside an input directory or lead back to one holding them; pass a directory as --input to read it")
     return lines

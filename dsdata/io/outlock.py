@@ -24,6 +24,7 @@ from typing import Iterator
 
 from dsdata.io.shm import pid_alive
 from dsdata.io.untrusted_files import load_json_file
+from dsdata.report.names import shown_path
 
 LOCK_NAME = ".dsdata.lock"
 
@@ -35,23 +36,18 @@ class OutputDirError(ValueError):
 def check_output_dir(path: str) -> str:
     """Create `path` if needed and make sure it is a writable directory; returns its absolute path."""
     absolute = os.path.abspath(path)
-    from dsdata.io.inputs import shown_path
-
-    if shown_path(absolute) != absolute:
-        # The part files' names cross Beam's coders as UTF-8 str: refused up front, not a traceback.
-        raise OutputDirError(f"--output {shown_path(path)} is not a UTF-8 path; dsdata writes its outputs only "
-                             "under UTF-8 paths: choose another --output")
+    shown = shown_path(path)
     if os.path.exists(absolute) and not os.path.isdir(absolute):
-        raise OutputDirError(f"--output {path} is a file, not a directory")
+        raise OutputDirError(f"--output {shown} is a file, not a directory")
     parent = absolute
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise OutputDirError(f"--output {path} cannot be created: {parent} is a file, not a directory")
+        raise OutputDirError(f"--output {shown} cannot be created: {shown_path(parent)} is a file, not a directory")
     try:
         os.makedirs(absolute, exist_ok=True)
     except OSError as exc:
-        raise OutputDirError(f"--output {path} cannot be created: {exc.strerror or exc}") from None
+        raise OutputDirError(f"--output {shown} cannot be created: {exc.strerror or exc}") from None
     from dsdata.io.outfiles import create_exclusive
 
     probe = os.path.join(absolute, f".dsdata-write-probe-{os.getpid()}")
@@ -60,7 +56,7 @@ def check_output_dir(path: str) -> str:
             fh.write(b"x")
         os.remove(probe)
     except OSError as exc:
-        raise OutputDirError(f"--output {path} is not writable: {exc.strerror or exc}") from None
+        raise OutputDirError(f"--output {shown} is not writable: {exc.strerror or exc}") from None
     return absolute
 
 
@@ -94,17 +90,17 @@ def output_lock(directory: str) -> Iterator[str]:
                 os.unlink(path)
                 continue
             if exc.errno == errno.EISDIR:
-                raise OutputDirError(f"{path} is a directory, not a lock file dsdata made; remove it") from None
-            raise OutputDirError(f"cannot create the lock {path}: {exc.strerror or exc}") from None
+                raise OutputDirError(f"{shown_path(path)} is a directory, not a lock file dsdata made; remove it") from None
+            raise OutputDirError(f"cannot create the lock {shown_path(path)}: {exc.strerror or exc}") from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted there
             os.close(fd)
-            raise OutputDirError(f"{path} is not a regular file, not a lock file dsdata made; remove it")
+            raise OutputDirError(f"{shown_path(path)} is not a regular file, not a lock file dsdata made; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise OutputDirError(
-                f"another run is writing {directory} ({_describe(_read_holder(path))}); wait for it to "
+                f"another run is writing {shown_path(directory)} ({_describe(_read_holder(path))}); wait for it to "
                 "finish or choose another --output"
             ) from None
         except OSError as exc:
@@ -117,7 +113,7 @@ def output_lock(directory: str) -> Iterator[str]:
             if live and holder.get("pid") != me["pid"]:
                 os.close(fd)
                 raise OutputDirError(
-                    f"another run holds {path} ({_describe(holder)}); the file system has no flock, so "
+                    f"another run holds {shown_path(path)} ({_describe(holder)}); the file system has no flock, so "
                     "remove the file if that run is gone"
                 ) from None
         # The file we locked must still be the one at `path` (a releasing run unlinks it).

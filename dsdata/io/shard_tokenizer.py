@@ -27,7 +27,7 @@ BUNDLE_DIR = "tokenizer"
 # What AutoTokenizer / tokenizers read; model weights or anything else in the folder stay behind.
 _TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "vocab", "merges", "spiece",
                             "sentencepiece")
-_MAX_FILE_BYTES = 1 << 30
+MAX_TOKENIZER_FILE_BYTES = 1 << 30
 
 
 def tokenizer_sources(path: str) -> list[tuple[str, str]]:
@@ -61,8 +61,8 @@ def bundle_tokenizer(directory: str, tokenizer: dict[str, Any] | None) -> dict[s
     os.makedirs(target, exist_ok=True)
     files = []
     for source, name in sources:
-        if os.path.getsize(source) > _MAX_FILE_BYTES:
-            raise ShardError(f"tokenizer file {source} is over {_MAX_FILE_BYTES} bytes; not bundling it with the shards")
+        if os.path.getsize(source) > MAX_TOKENIZER_FILE_BYTES:
+            raise ShardError(f"tokenizer file {source} is over {MAX_TOKENIZER_FILE_BYTES} bytes; not bundling it with the shards")
         with open(source, "rb") as fh:
             data = fh.read()
         atomic_write_bytes(os.path.join(target, name), data)

@@ -139,7 +139,7 @@ def write_shard(directory: str, name: str, token_arrays: Sequence[np.ndarray], i
     tmp = os.path.join(directory, f".{name}{_TMP_MARK}{uuid.uuid4().hex}")
     try:
         # One record batch: the token values stay one contiguous buffer for the whole shard.
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        with pa.OSFile(os.fsencode(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table, max_chunksize=max(1, table.num_rows))
         # Hash what is on disk (just written, so still in the page cache), then make it durable.
         digest = hashlib.sha256()
@@ -449,7 +449,7 @@ def verify_shard_file(directory: str, shard: dict[str, Any], dtype: str | None =
     if actual != shard["sha256"]:
         raise ShardError(f"{path}: sha256 {actual} does not match the manifest's {shard['sha256']} (corrupt shard)")
     if dtype is not None:
-        with pa.memory_map(path, "r") as mapped:
+        with pa.memory_map(os.fsencode(path), "r") as mapped:
             check_shard_buffer(path, mapped.read_buffer(), token_column, np.dtype(dtype), shard["tokens"], vocab_size)
 
 

@@ -15,6 +15,8 @@ import re
 import shutil
 from dataclasses import dataclass
 
+from dsdata.report.names import shown_path
+
 # Never a record's fault nor the code's: the disk, the quota or the mount.
 STORAGE_ERRNOS = {
     errno.ENOSPC: "no space left on device",
@@ -39,7 +41,7 @@ class StorageFailure:
         path = self.path or where
         parts = [STORAGE_ERRNOS[self.errno]]
         if path:
-            parts.append(f"writing {path}")
+            parts.append(f"writing {shown_path(path)}")
         facts = []
         needed = self.needed if needed is None else needed
         if needed is not None:

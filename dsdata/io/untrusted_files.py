@@ -19,6 +19,8 @@ import os
 import stat
 from typing import Any
 
+from dsdata.report.names import shown_path  # names in messages as every line shows them
+
 MAX_JSON_DEPTH = 64
 MAX_JSON_BYTES = 256 << 20
 
@@ -40,11 +42,11 @@ def regular_file(path: str, what: str) -> str:
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise UntrustedFileError(f"{what} {path} does not exist") from None
+        raise UntrustedFileError(f"{what} {shown_path(path)} does not exist") from None
     except OSError as exc:
-        raise UntrustedFileError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+        raise UntrustedFileError(f"{what} {shown_path(path)} cannot be read: {exc.strerror or exc}") from None
     if not stat.S_ISREG(info.st_mode):
-        raise UntrustedFileError(f"{what} {path} is {_kind(info.st_mode)}, not a regular file")
+        raise UntrustedFileError(f"{what} {shown_path(path)} is {_kind(info.st_mode)}, not a regular file")
     return path
 
 
@@ -52,12 +54,12 @@ def confined_path(directory: str, name: Any, what: str) -> str:
     """The path of `name` inside `directory` with links resolved; UntrustedFileError when the name is
     not a plain relative path or leads out of the folder.  (It need not exist.)"""
     if not isinstance(name, str) or not name or os.path.isabs(name) or "\x00" in name or "\\" in name:
-        raise UntrustedFileError(f"{what}: {name!r} is not a plain relative file name inside {directory}")
+        raise UntrustedFileError(f"{what}: {name!r} is not a plain relative file name inside {shown_path(directory)}")
     base = os.path.realpath(directory)
     resolved = os.path.realpath(os.path.join(base, name))
     if resolved == base or os.path.commonpath([base, resolved]) != base:
-        raise UntrustedFileError(f"{what}: {name!r} escapes {directory}: it leads out of it to {resolved}; "
-                                 "refusing to follow it")
+        raise UntrustedFileError(f"{what}: {name!r} escapes {shown_path(directory)}: it leads out of it to "
+                                 f"{shown_path(resolved)}; refusing to follow it")
     return resolved
 
 
@@ -109,7 +111,7 @@ def load_json_file(path: str, what: str, max_bytes: int = MAX_JSON_BYTES, max_de
         with open(path, "rb") as fh:
             data = fh.read(max_bytes + 1)
     except OSError as exc:
-        raise UntrustedFileError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+        raise UntrustedFileError(f"{what} {shown_path(path)} cannot be read: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
-        raise UntrustedFileError(f"{what} {path} is over {max_bytes} bytes")
-    return loads_bounded(data, f"{what} {path}", max_depth)
+        raise UntrustedFileError(f"{what} {shown_path(path)} is over {max_bytes} bytes")
+    return loads_bounded(data, f"{what} {shown_path(path)}", max_depth)

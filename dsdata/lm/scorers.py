@@ -16,6 +16,7 @@ from typing import Sequence
 from dsdata.lm.normalize import normalize_line
 from dsdata.io.untrusted_files import UntrustedFileError, confined_file, load_json_file
 from dsdata.lm.training import META_FILE, SP_FILE
+from dsdata.native_panics import hidden_panic_reports
 
 LN10 = math.log(10.0)
 log = logging.getLogger(__name__)
@@ -47,6 +48,33 @@ def is_causal_lm_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "config.json"))
 
 
+def ngram_model_files(model_dir: str) -> tuple[dict, str, str]:
+    """An n-gram folder's lm.json and the two files it names (SentencePiece, ARPA or KenLM binary),
+    each a regular file inside the folder: a name leading out of it (../../x, an absolute path, a
+    link to /elsewhere) is refused, not followed; so is a FIFO or folder where a file belongs."""
+    meta_path = os.path.join(model_dir, META_FILE)
+    try:
+        meta = load_json_file(meta_path, f"n-gram model {META_FILE}")
+    except UntrustedFileError as exc:
+        raise ModelLoadError(f"{exc}; train one with `dsdata lm train --corpus F --lang L --out DIR/L`") from None
+    if not isinstance(meta, dict):
+        raise ModelLoadError(f"{meta_path}: holds a {type(meta).__name__}, not an object")
+    arpa = meta.get("arpa")
+    try:
+        sp_path = confined_file(model_dir, meta.get("sentencepiece", SP_FILE), f"{meta_path} sentencepiece")
+        if arpa:
+            lm_path = confined_file(model_dir, arpa, f"{meta_path} arpa")
+        else:
+            found = [c for c in _ARPA_CANDIDATES if os.path.lexists(os.path.join(model_dir, c))]
+            lm_path = confined_file(model_dir, found[0], f"n-gram model '{model_dir}'") if found else None
+    except UntrustedFileError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if lm_path is None:
+        raise ModelLoadError(f"n-gram model '{model_dir}' lacks {SP_FILE} or an lm.arpa[.gz]/lm.binary file; "
+                             "retrain it with `dsdata lm train`")
+    return meta, sp_path, lm_path
+
+
 class NgramScorer:
     """SentencePiece pieces scored by KenLM, line by line."""
 
@@ -54,35 +82,20 @@ class NgramScorer:
         import kenlm
         import sentencepiece as spm
 
-        meta_path = os.path.join(model_dir, META_FILE)
+        self.meta, sp_path, lm_path = ngram_model_files(model_dir)
         try:
-            self.meta = load_json_file(meta_path, f"n-gram model {META_FILE}")
-        except UntrustedFileError as exc:
-            raise ModelLoadError(f"{exc}; train one with `dsdata lm train --corpus F --lang L --out DIR/L`") from None
-        if not isinstance(self.meta, dict):
-            raise ModelLoadError(f"{meta_path}: holds a {type(self.meta).__name__}, not an object")
-        # The files lm.json names are the folder's own: a name leading out of it (../../x, a link to
-        # /elsewhere) is refused, not followed; so is a FIFO or folder where a file belongs.
-        arpa = self.meta.get("arpa")
-        try:
-            sp_path = confined_file(model_dir, self.meta.get("sentencepiece", SP_FILE), f"{meta_path} sentencepiece")
-            if arpa:
-                lm_path = confined_file(model_dir, arpa, f"{meta_path} arpa")
-            else:
-                found = [c for c in _ARPA_CANDIDATES if os.path.lexists(os.path.join(model_dir, c))]
-                lm_path = confined_file(model_dir, found[0], f"n-gram model '{model_dir}'") if found else None
-        except UntrustedFileError as exc:
-            raise ModelLoadError(str(exc)) from None
-        if lm_path is None:
-            raise ModelLoadError(f"n-gram model '{model_dir}' lacks {SP_FILE} or an lm.arpa[.gz]/lm.binary file; "
-                                 "retrain it with `dsdata lm train`")
-        self.sp = spm.SentencePieceProcessor(model_file=sp_path)
+            self.sp = spm.SentencePieceProcessor(model_file=sp_path)
+        except (OSError, RuntimeError) as exc:  # a damaged model: "could not parse ModelProto", …
+            raise ModelLoadError(f"SentencePiece model '{sp_path}' does not load ({one_line_of(exc)}); "
+                                 "retrain the folder with `dsdata lm train`") from None
         config = kenlm.Config()
         config.show_progress = False
         try:
             self.lm = _load_quietly(kenlm.Model, lm_path, config)
         except (OSError, RuntimeError) as exc:
-            raise ModelLoadError(f"n-gram model '{lm_path}' does not load in KenLM ({exc})") from None
+            raise ModelLoadError(f"n-gram model '{lm_path}' does not load in KenLM ({one_line_of(exc)})") from None
+        except UnicodeDecodeError:  # KenLM's own message quoted the damaged bytes, which its binding decodes
+            raise ModelLoadError(f"n-gram model '{lm_path}' does not load in KenLM (damaged bytes in the file)") from None
 
     def score_documents(self, texts: Sequence[str]) -> list[tuple[float, int]]:
         """(Σ log10 p, predicted tokens) per text."""
@@ -103,6 +116,10 @@ class NgramScorer:
                 results[owner][0] += score(" ".join(pieces), bos=True, eos=True)
                 results[owner][1] += len(pieces) + 1
         return [(s, n) for s, n in results]
+
+
+def one_line_of(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
 def _load_quietly(load, *args):
@@ -146,6 +163,12 @@ class CausalLMScorer:
             self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadError(f"causal LM '{model_dir}' does not load ({str(exc).splitlines()[0]})") from None
+        from dsdata.tokenizer import TokenizerError, check_transformers_tokenizer
+
+        try:
+            check_transformers_tokenizer(self.tokenizer, f"of causal LM '{model_dir}'")
+        except TokenizerError as exc:
+            raise ModelLoadError(str(exc)) from None
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -170,7 +193,8 @@ class CausalLMScorer:
                  max(self.batch_tokens, self.max_length) * self.vocab * 4 >> 20)
 
     def _sequence(self, text: str) -> list[int]:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        with hidden_panic_reports():  # a panic is this record's error (a row), its report no line
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         seq = ([self.start_id] if self.start_id is not None else []) + list(ids)
         if self.end_id is not None:
             seq.append(self.end_id)

@@ -143,7 +143,7 @@ class CorpusReader:
         import pyarrow.parquet as pq
 
         try:
-            pf = pq.ParquetFile(self.path)
+            pf = pq.ParquetFile(pa.OSFile(os.fsencode(self.path)))
         except (pa.ArrowException, OSError) as exc:
             raise TrainingError(f"corpus '{self.path}' is not a readable Parquet file ({exc})") from None
         names = pf.schema_arrow.names

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from dsdata.model_limits import input_token_limit
 from dsdata.io.untrusted_files import load_json_file
+from dsdata.native_panics import hidden_panic_reports
 
 META_FILE = "dsdata-relevance.json"
 LONG_POLICIES = ("head_tail", "head")
@@ -135,8 +136,9 @@ class WindowTokenizer:
                 heads.append(text)
         encode = lambda batch: self.tokenizer(list(batch), add_special_tokens=False, truncation=False,  # noqa: E731
                                               return_attention_mask=False, verbose=False)["input_ids"]
-        head_ids = encode(heads) if heads else []
-        tail_ids = dict(zip(long_docs, encode(tails))) if tails else {}
+        with hidden_panic_reports():  # a panic is the batch's error (then each record's), its report no line
+            head_ids = encode(heads) if heads else []
+            tail_ids = dict(zip(long_docs, encode(tails))) if tails else {}
         out: list[Window] = []
         for i, ids in enumerate(head_ids):
             end_ids = tail_ids.get(i, ids)
@@ -202,6 +204,9 @@ class BertScorer:
         except (OSError, ValueError, pickle.UnpicklingError) as exc:  # a pickle weights_only refuses
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"cannot load a sequence classifier from '{model_dir}': {first}") from None
+        from dsdata.tokenizer import check_transformers_tokenizer
+
+        check_transformers_tokenizer(self.tokenizer, f"of '{model_dir}'")  # a TokenizerError is a ValueError
         self.model = model.to(self.device).eval()
         # The window never exceeds what the model takes: its position table and its tokenizer's limit.
         limit = input_token_limit(model.config, self.tokenizer) or 512

@@ -7,7 +7,6 @@ report of a local run never loads it.
 """
 from __future__ import annotations
 
-import glob
 import os
 from typing import IO, Protocol
 
@@ -19,7 +18,7 @@ class RunFiles(Protocol):
     def exists(self, path: str) -> bool: ...
     def open(self, path: str) -> IO[bytes]: ...  # binary, seekable (pyarrow reads Parquet footers)
     def create(self, path: str) -> IO[bytes]: ...
-    def match(self, pattern: str) -> list[str]: ...
+    def files_in(self, folder: str, suffix: str) -> list[str]: ...  # the files directly in `folder` named *SUFFIX
     def delete(self, paths: list[str]) -> None: ...
 
 
@@ -37,8 +36,14 @@ class LocalFiles:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         return open(path, "wb")
 
-    def match(self, pattern: str) -> list[str]:
-        return sorted(glob.glob(pattern))
+    def files_in(self, folder: str, suffix: str) -> list[str]:
+        # Listed, not globbed: OUT's own name may hold *, ? or [ (a glob took `out-*/kept/*.parquet`
+        # for a pattern and read every run's files).
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return []
+        return sorted(os.path.join(folder, n) for n in names if n.endswith(suffix) and not n.startswith("."))
 
     def delete(self, paths: list[str]) -> None:
         for path in paths:

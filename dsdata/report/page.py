@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import logging
 import math
 from collections import Counter
@@ -23,6 +24,7 @@ from typing import Any, Iterable
 from dsdata.report import svgchart
 from dsdata.report.cjkfont import embedded_font
 from dsdata.report.files import LOCAL, files_for
+from dsdata.report.names import shown_path
 
 log = logging.getLogger("dsdata")
 
@@ -46,9 +48,10 @@ NUMERIC_HISTOGRAMS = [
 
 
 def write_run_info(output: str, info: dict[str, Any]) -> None:
+    data = json.dumps(info, indent=2, ensure_ascii=False).encode("utf-8")  # before the file is created
     fs = files_for(output)
     with fs.create(fs.join(output, RUN_INFO_NAME)) as fh:
-        fh.write(json.dumps(info, indent=2, ensure_ascii=False).encode("utf-8"))
+        fh.write(data)
 
 
 def is_run_output(output: str) -> bool:
@@ -66,8 +69,8 @@ def write_report_safely(output: str, info: dict[str, Any] | None = None) -> str 
         return write_report(output)
     except Exception as exc:  # noqa: BLE001 - the report must never fail a finished run
         log.warning("warning: could not write %s: %s: %s (the run itself succeeded; "
-                    "retry with 'dsdata report %s')", output.rstrip("/") + "/" + REPORT_NAME,
-                    type(exc).__name__, exc, output)
+                    "retry with 'dsdata report %s')", shown_path(output.rstrip("/") + "/" + REPORT_NAME),
+                    type(exc).__name__, exc, shown_path(output))
         return None
 
 
@@ -98,17 +101,20 @@ def _read_json(output: str, name: str) -> dict[str, Any] | None:
 
 def _parquet_files(output: str, sub: str) -> list[str]:
     fs = files_for(output)
-    return sorted(fs.match(fs.join(output, sub, "*.parquet")))
+    return sorted(fs.files_in(fs.join(output, sub), ".parquet"))
 
 
 def _open_parquet(path: str):
     import pyarrow.parquet as pq
 
+    import pyarrow as pa
+
     fs = files_for(path)
     if fs is not LOCAL:
         # A seekable handle: pyarrow reads the footer and the column chunks it needs, not the file.
         return pq.ParquetFile(fs.open(path))
-    return pq.ParquetFile(path)
+    # As bytes: pyarrow writes a str path as UTF-8, and OUT's path need not be.
+    return pq.ParquetFile(pa.OSFile(os.fsencode(path)))
 
 
 # Text bytes from which utf8_lengths hands the column to pyarrow.compute: its import costs
@@ -411,12 +417,13 @@ def tallies_section(stats: dict[str, Any]) -> list[str]:
 def build_html(output: str) -> str:
     stats = _read_json(output, "stats.json")
     if stats is None:
-        raise FileNotFoundError(f"{files_for(output).join(output, 'stats.json')} not found: is {output} the output of a dsdata run?")
+        raise FileNotFoundError(f"{shown_path(files_for(output).join(output, 'stats.json'))} not found: "
+                                f"is {shown_path(output)} the output of a dsdata run?")
     info = _read_json(output, RUN_INFO_NAME) or {}
     difficulty = _read_json(output, "difficulty.json")
     parts: list[str] = []
     nav = [("summary", "Summary"), ("funnel-section", "Funnel"), ("reasons", "Rejections")]
-    _summary_section(parts, output, stats, info)
+    _summary_section(parts, shown_path(output), stats, info)
     _rejections_section(parts, output, stats)
     _distributions_section(parts, nav, output, info, difficulty)
     _time_section(parts, nav, stats)
@@ -432,11 +439,11 @@ def build_html(output: str) -> str:
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{_e(title)}</title>"
             f"<style>{font_face}{_CSS}</style></head><body>{body}"
             f'<p class="muted">Written by dsdata {_e(info.get("dsdata_version", ""))}; rebuild with '
-            f"<code>dsdata report {_e(output)}</code>.</p></body></html>\n")
+            f"<code>dsdata report {_e(shown_path(output))}</code>.</p></body></html>\n")
 
 
 def _summary_section(parts: list[str], output: str, stats: dict[str, Any], info: dict[str, Any]) -> None:
-    """The run in numbers and whether its ledger holds."""
+    """The run in numbers and whether its ledger holds; `output` as shown (shown_path)."""
     ok = stats.get("ledger_ok")
     seconds = info.get("seconds", stats.get("seconds"))
     parts.append('<section id="summary"><h2>Summary</h2><table>')
@@ -614,10 +621,10 @@ def _cutoff_caption(difficulty: dict[str, Any] | None) -> str:
 
 def write_report(output: str) -> str:
     """Build OUTPUT/report.html from the run's outputs and return its path."""
-    page = build_html(output)
+    page = build_html(output).encode("utf-8")  # before the file is created: a failure leaves none
     fs = files_for(output)
     path = fs.join(output, REPORT_NAME)
     with fs.create(path) as fh:
-        fh.write(page.encode("utf-8"))
+        fh.write(page)
     return path
 

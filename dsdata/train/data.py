@@ -95,7 +95,7 @@ class _OpenShard:
     def __init__(self, info: _ShardInfo, dtype: np.dtype, token_column: str, verify: bool,
                  vocab_size: int | None = None):
         self.info = info
-        mapped = pa.memory_map(info.path, "r")
+        mapped = pa.memory_map(os.fsencode(info.path), "r")
         # One buffer over the whole mapping; everything below is a zero-copy slice of it.
         self.buffer = mapped.read_buffer()
         if self.buffer.size != info.bytes:

@@ -5,6 +5,7 @@
     artifacts.py    where the non-Python engine artifacts live: Prism's binary, Flink's job-server jar
     worker_pool.py  the worker pool TaskManagers ask for SDK workers (--environment_type=EXTERNAL)
     local_flink.py  a real Flink cluster on this machine in a loopback-only network namespace (tests, benchmark)
+    loopback_relay.py  a host loopback service (an S3 server) reachable inside that namespace at the same address
     speedups.py     Beam patches applied at import (option views, DoFn specs, collections)
     mlimport.py     Beam's RunInference imported without torch/scipy (installed by dsdata/beam/__init__.py)
 

@@ -37,8 +37,11 @@ RPC_PORT = 6123
 WORKER_POOL_PORT = 50000
 # Small JVMs: CI machines are shared.  Flink's own scripts derive every memory component from these.
 JOBMANAGER_PROCESS_SIZE = "768m"
-TASKMANAGER_PROCESS_SIZE = "1280m"
+TASKMANAGER_PROCESS_SIZE = "1664m"
 TASKMANAGER_MANAGED_SIZE = "64m"
+# Direct memory for Beam's gRPC data and state channels (its vendored Netty): with Flink's default of
+# none, a 100k-document pretrain run ended in "OutOfMemoryError: Direct buffer memory".
+TASKMANAGER_TASK_OFF_HEAP_SIZE = "384m"
 # pretrain.yaml's job has dozens of shuffle edges: Flink's 64 MB minimum of network buffers is too few.
 TASKMANAGER_NETWORK_SIZE = "160m"
 JOB_SERVER_PORT = 8099
@@ -122,6 +125,7 @@ class LocalFlinkCluster:
         self._holder: subprocess.Popen | None = None
         self._procs: list[subprocess.Popen] = []
         self._netns: str | None = None  # e.g. "net:[4026532xxx]": still names it after the holder is gone
+        self._relayed: set[int] = set()  # host loopback ports reachable inside (relay_host_ports)
 
     # --- starting -------------------------------------------------------------------------------------
 
@@ -184,6 +188,7 @@ class LocalFlinkCluster:
             "jobmanager.memory.process.size": JOBMANAGER_PROCESS_SIZE,
             "taskmanager.memory.process.size": TASKMANAGER_PROCESS_SIZE,
             "taskmanager.memory.managed.size": TASKMANAGER_MANAGED_SIZE,
+            "taskmanager.memory.task.off-heap.size": TASKMANAGER_TASK_OFF_HEAP_SIZE,
             "taskmanager.memory.network.min": TASKMANAGER_NETWORK_SIZE,
             "taskmanager.memory.network.max": TASKMANAGER_NETWORK_SIZE,
             "parallelism.default": self.taskmanagers * self.slots,
@@ -216,28 +221,44 @@ class LocalFlinkCluster:
             os.symlink(os.path.abspath(self.beam_jar), lib / os.path.basename(self.beam_jar))
         return lib
 
-    def _spawn(self, name: str, argv: list[str], env: dict, **kwargs) -> subprocess.Popen:
+    def _spawn(self, name: str, argv: list[str], env: dict, in_namespace: bool = True, **kwargs) -> subprocess.Popen:
         log = open(self.work_dir / "log" / f"{name}.out", "wb")
         try:
-            proc = subprocess.Popen(self.nsenter(argv), env=env, cwd=self.work_dir, stdin=subprocess.DEVNULL,
-                                    stdout=kwargs.pop("stdout", log), stderr=log, start_new_session=True, **kwargs)
+            proc = subprocess.Popen(self.nsenter(argv) if in_namespace else argv, env=env, cwd=self.work_dir,
+                                    stdin=subprocess.DEVNULL, stdout=kwargs.pop("stdout", log), stderr=log,
+                                    start_new_session=True, **kwargs)
         finally:
             log.close()
         self._procs.append(proc)
         return proc
 
-    def _start_worker_pool(self) -> None:
-        # -P and the package's own directory first: the pool (and so its workers) imports this dsdata,
-        # whatever the working directory holds.
+    def _spawn_python_module(self, name: str, module: str, args: list[str], in_namespace: bool = True) -> str:
+        """`python -P -m module args` (this dsdata's package directory first on its path: it imports this
+        dsdata, whatever the working directory holds); returns the first line it prints, its sign of life."""
         package_root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
-        pool = self._spawn("worker-pool", [sys.executable, "-P", "-m", "dsdata.beam.engines.worker_pool", "--host", "127.0.0.1",
-                                           "--port", str(WORKER_POOL_PORT), "--work-dir", str(self.work_dir / "pool")],
-                           env, stdout=subprocess.PIPE)
-        line = pool.stdout.readline()
-        pool.stdout.close()
+        proc = self._spawn(name, [sys.executable, "-P", "-m", module, *args], env, in_namespace, stdout=subprocess.PIPE)
+        line = proc.stdout.readline()
+        proc.stdout.close()
         if not line:
-            raise ClusterError(f"the worker pool did not start: see {self.work_dir / 'log' / 'worker-pool.out'}")
+            raise ClusterError(f"{name} did not start: see {self.work_dir / 'log' / (name + '.out')}")
+        return line.decode(errors="replace").strip()
+
+    def _start_worker_pool(self) -> None:
+        self._spawn_python_module("worker-pool", "dsdata.beam.engines.worker_pool",
+                                  ["--host", "127.0.0.1", "--port", str(WORKER_POOL_PORT),
+                                   "--work-dir", str(self.work_dir / "pool")])
+
+    def relay_host_ports(self, ports: list[int]) -> None:
+        """Make services on the host's loopback (an S3 server the recipe reads and writes) reachable inside
+        the namespace at the same 127.0.0.1:PORT, for the launcher, the job server and every SDK worker
+        (loopback_relay.py: it listens on 127.0.0.1 inside the namespace and only connects outside)."""
+        ports = [port for port in dict.fromkeys(ports) if port not in self._relayed]
+        if ports:
+            self._spawn_python_module(f"relay-{'-'.join(map(str, ports))}", "dsdata.beam.engines.loopback_relay",
+                                      ["--netns", f"/proc/{self._holder.pid}/ns/net",
+                                       *[f"--port={port}" for port in ports]], in_namespace=False)
+            self._relayed.update(ports)
 
     def _wait_for_taskmanagers(self, timeout: float) -> None:
         deadline = time.time() + timeout
@@ -368,6 +389,7 @@ class LocalFlinkCluster:
             self._holder.kill()
             self._holder.wait()
         self._procs.clear()
+        self._relayed.clear()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,10 +397,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--taskmanagers", type=int, default=2)
     parser.add_argument("--slots", type=int, default=1, help="task slots per TaskManager")
     parser.add_argument("--work-dir", default=None, help="configuration, logs and worker directories (default: a temp dir)")
+    parser.add_argument("--relay-port", type=int, action="append", default=[], metavar="PORT",
+                        help="a service on this machine's 127.0.0.1:PORT (an S3 server) the cluster may reach at the "
+                        "same address (repeatable)")
     args = parser.parse_args(argv)
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="dsdata-flink-")
     try:
         with LocalFlinkCluster(work_dir, args.taskmanagers, args.slots) as cluster:
+            cluster.relay_host_ports(args.relay_port)
             jar = artifacts.flink_job_server_jar() or "JOB_SERVER_JAR"
             print(f"Flink is up: {args.taskmanagers} TaskManagers, REST {cluster.master} in the namespace of pid "
                   f"{cluster._holder.pid}; logs in {work_dir}/log.  Submit with:\n  "

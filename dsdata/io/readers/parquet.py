@@ -53,16 +53,21 @@ def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: 
     end = pf.num_row_groups if end is None else min(end, pf.num_row_groups)
     for group in range(first, end):
         rows = pf.metadata.row_group(group).num_rows
+        bomb = _decompression_bomb(pf.metadata.row_group(group))
         try:
+            if bomb:
+                raise _Bomb(bomb)
             records = _parquet_records(_text_as_string(pf.read_row_group(group), text_field))
         except Exception as exc:  # noqa: BLE001 - a damaged row group: its rows are lost, each one counted
-            detail = f"row group {group} of {pf.num_row_groups} unreadable ({type(exc).__name__}: {exc})"
+            reason = "too_large" if isinstance(exc, _Bomb) else "bad_parquet"
+            detail = (f"row group {group} of {pf.num_row_groups} " +
+                      (str(exc) if isinstance(exc, _Bomb) else f"unreadable ({type(exc).__name__}: {exc})"))
             if rows > _LOST_ROWS_LISTED:  # the footer's count; not millions of rows of nothing
-                yield _file_rejection(f"{path}:group{group}", "bad_parquet",
+                yield _file_rejection(f"{path}:group{group}", reason,
                                       f"{detail}; its {rows} rows are lost (one row here, over {_LOST_ROWS_LISTED})")
             else:
                 for lost in range(row, row + rows):
-                    yield _file_rejection(f"{path}:{lost}", "bad_parquet", detail)
+                    yield _file_rejection(f"{path}:{lost}", reason, detail)
             row += rows
             continue
         for record in records:
@@ -84,6 +89,26 @@ def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: 
             except Exception as exc:  # noqa: BLE001 - one record's failure rejects that record only
                 result = Rejected(Document(doc_id, "", {}), READ_STAGE, "bad_value", f"{type(exc).__name__}: {exc}")
             yield result
+
+
+class _Bomb(ValueError):
+    """A row group whose column chunks decompress to far more than a codec's ratio allows."""
+
+
+def _decompression_bomb(group_meta) -> str | None:
+    """Why reading this row group would be a decompression bomb, from the sizes its footer declares:
+    a column chunk that decompresses past BOMB_MIN_OUTPUT at over BOMB_RATIO:1 (deflate's own
+    ceiling, the bound zstd input has too).  A 10 KB file held one 300 MB text (zstd) and reading
+    it took 1.3 GB; real text compresses a few times, never a thousand."""
+    from dsdata.io.decompress import BOMB_MIN_OUTPUT, BOMB_RATIO
+
+    for i in range(group_meta.num_columns):
+        chunk = group_meta.column(i)
+        packed, unpacked = chunk.total_compressed_size, chunk.total_uncompressed_size
+        if unpacked > BOMB_MIN_OUTPUT and unpacked > BOMB_RATIO * max(1, packed):
+            return (f"column '{chunk.path_in_schema}' decompresses to {unpacked} bytes from {packed} "
+                    f"(over {BOMB_RATIO}:1, a decompression bomb); not read")
+    return None
 
 
 # A damaged row group up to this many rows (the footer says how many) gets one rejected row per row,

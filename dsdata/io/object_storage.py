@@ -1,0 +1,59 @@
+"""The object-storage flags every command that takes a location accepts (`dsdata run`, `dsdata report`,
+`dsdata shards …`, `dsdata shm publish`): one parser, so `--s3_endpoint_url` and the credential flags
+mean the same thing everywhere.
+
+They are Beam's own S3Options (the names its S3 file system reads, forwarded by `dsdata run` to every
+worker); `object_storage_beam_args` turns the parsed values back into those flags.  Declared here,
+without importing Beam, so that a command's `--help` and its parsing cost nothing for local paths;
+tests/test_object_storage_flags.py checks the names against Beam's S3Options.  GCS (gs://) takes no
+flags: Google's application-default credentials.
+"""
+from __future__ import annotations
+
+import argparse
+
+# (flag, metavar, help); the values Beam's S3 file system gives boto3's client.
+S3_VALUE_FLAGS = (
+    ("--s3_endpoint_url", "URL", "the S3 endpoint (MinIO, SeaweedFS, Ceph, a private AWS endpoint), "
+     "e.g. https://s3.example.internal:8333; default: AWS's, from boto3's configuration"),
+    ("--s3_region_name", "REGION", "the endpoint's region, e.g. us-east-1"),
+    ("--s3_access_key_id", "KEY", "access key id (default: boto3's chain: AWS_ACCESS_KEY_ID, ~/.aws, an "
+     "instance or pod role; prefer it: flags show in the runner's UI, run.json shows them <redacted>)"),
+    ("--s3_secret_access_key", "SECRET", "secret access key (default: boto3's chain, as above)"),
+    ("--s3_session_token", "TOKEN", "session token of temporary credentials"),
+    ("--s3_verify", "CA_BUNDLE", "a CA bundle (.pem) to check the endpoint's TLS certificate with"),
+    ("--s3_api_version", "VERSION", "the S3 API version boto3 asks for (rarely needed)"),
+)
+S3_SWITCHES = (("--s3_disable_ssl", "no TLS (an http:// --s3_endpoint_url is plain HTTP already)"),)
+
+
+class ObjectStorageError(Exception):
+    """An object store that cannot be used at all (its endpoint unreachable, no credentials): one line,
+    found before anything runs."""
+
+
+def add_object_storage_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the S3 endpoint and credential flags to `parser`, as one group in its --help."""
+    group = parser.add_argument_group(
+        "object storage (s3://, gs://)",
+        "S3's endpoint and credentials (Beam's S3Options; `dsdata run` forwards them to every worker). "
+        "An endpoint that does not answer is one line within seconds. gs:// uses Google's "
+        "application-default credentials.")
+    for flag, metavar, help_ in S3_VALUE_FLAGS:
+        group.add_argument(flag, default=None, metavar=metavar, help=help_)
+    for flag, help_ in S3_SWITCHES:
+        group.add_argument(flag, action="store_true", default=False, help=help_)
+
+
+def object_storage_beam_args(args: argparse.Namespace) -> list[str]:
+    """The parsed object-storage flags, written back as Beam options (`--s3_endpoint_url=URL`, …)."""
+    out = []
+    for flag, _, _ in S3_VALUE_FLAGS:
+        value = getattr(args, flag[2:], None)
+        if value is not None:
+            out.append(f"{flag}={value}")
+    for flag, _ in S3_SWITCHES:
+        if getattr(args, flag[2:], False):
+            out.append(flag)
+    return out
+

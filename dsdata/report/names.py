@@ -1,0 +1,55 @@
+"""How a file name is shown to people: in ids, rejected rows, stats.json, logs, error lines and
+the report.  Names are bytes, and not every byte string is printable UTF-8 on one line; the shown
+name is, and gives the bytes back (`recovered_path`).  Imports nothing: every layer shows names."""
+from __future__ import annotations
+
+import os
+import re
+
+# What a shown name cannot hold as itself: a backslash (the escape), control characters (C0, DEL
+# and C1: a newline would split a log line or forge one, U+009B starts a terminal escape), the line
+# and paragraph separators (str.splitlines breaks there), and the lone surrogates os.fsdecode makes
+# of bytes that are not UTF-8.
+_NOT_SHOWN_AS_IS = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def shown_path(path: str) -> str:
+    """A file name as it appears in ids, rows, logs and reports.  Names are bytes: each byte that is
+    not UTF-8 (Python holds it as a lone surrogate, os.fsdecode) and each byte of a control
+    character or line separator is written `\\xNN`, and each backslash doubled, so the shown name
+    is UTF-8 on one line with no control character, and `recovered_path` gives the bytes back,
+    whatever they are; a UTF-8 name without those (nearly every name) is shown unchanged."""
+    if not _NOT_SHOWN_AS_IS.search(path):
+        return path
+    try:
+        raw = os.fsencode(path)
+    except UnicodeEncodeError:  # a str holding a surrogate no byte stands for: its UTF-8 bytes
+        raw = path.encode("utf-8", "surrogatepass")
+    out = []
+    for ch in raw.decode("utf-8", "surrogateescape"):
+        if ch == "\\":
+            out.append("\\\\")
+        elif "\udc80" <= ch <= "\udcff":
+            out.append(f"\\x{ord(ch) - 0xdc00:02x}")
+        elif _NOT_SHOWN_AS_IS.match(ch):  # a control character or separator: its UTF-8 bytes
+            out.extend(f"\\x{byte:02x}" for byte in ch.encode("utf-8"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def recovered_path(shown: str) -> str:
+    """The path `shown_path` showed (its exact bytes, as os.fsdecode holds them)."""
+    out, i = bytearray(), 0
+    data = shown.encode("utf-8")
+    while i < len(data):
+        if data[i:i + 2] == b"\\\\":
+            out += b"\\"
+            i += 2
+        elif data[i:i + 2] == b"\\x" and i + 4 <= len(data):
+            out.append(int(data[i + 2:i + 4], 16))
+            i += 4
+        else:
+            out.append(data[i])
+            i += 1
+    return os.fsdecode(bytes(out))
