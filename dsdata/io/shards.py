@@ -27,6 +27,7 @@ plain file names: one that would escape the manifest's directory is refused.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -37,6 +38,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from dsdata.io.outfiles import sync_dir
 from dsdata.io.untrusted_files import UntrustedFileError, confined_path, load_json_file
 
 MANIFEST = "manifest.json"
@@ -78,16 +80,9 @@ def shard_name(bucket: str, index: int, count: int) -> str:
 
 
 def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """sync_dir, best effort: a folder that cannot be synced (some filesystems refuse) costs only durability."""
+    with contextlib.suppress(OSError):
+        sync_dir(directory)
 
 
 def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
