@@ -42,6 +42,7 @@ from dsdata.beam.kinds import batch_run, committable
 from dsdata.beam.transforms import UNIT_LEDGER, Batch, FileRange, ReadFileDoFn, all_cuttable, run_batch_chain
 from dsdata.document import Rejected
 from dsdata.io.inputs import shown_path
+from dsdata.io.local_paths import path_stat
 from dsdata.io.readers import READ_STAGE
 from dsdata.io.resume import (FINGERPRINT_FORMAT, CommitGroup, CommittedUnit, CommittedUnitDamaged, CommittedWork,
                               committed_index, continue_committed, path_fingerprint, read_fingerprint, read_unit,
@@ -94,7 +95,7 @@ def input_listing(patterns: list[str]) -> dict[str, list | None]:
     for pattern in patterns:
         if "://" not in pattern and not glob.has_magic(pattern):
             try:
-                info = os.stat(pattern)
+                info = path_stat(pattern)  # a path of any length, as the readers open it
                 listing[shown_path(pattern)] = [info.st_size, info.st_mtime_ns]
             except OSError:
                 listing[shown_path(pattern)] = None
