@@ -80,6 +80,15 @@ def runner_flags(name: str, cores: int, dask_memory_limit: str, spill_dir: str,
 FLINK_TASKMANAGERS = {"flink-1tm": 1, "flink": 2}
 
 
+def _kill_each(procs) -> None:
+    """Kill each process by PID; one already gone is skipped."""
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def run_monitored(cmd: list[str], timeout: float, env: dict, log_dir: Path, max_rss: float = float("inf"),
                   more_pids=lambda: []) -> dict:
     """Run cmd; sample its process tree's RSS every 0.5 s. Peak per process and of the whole tree,
@@ -124,23 +133,14 @@ def run_monitored(cmd: list[str], timeout: float, env: dict, log_dir: Path, max_
             over_memory = total > max_rss
             if elapsed > timeout or over_memory:
                 timed_out = not over_memory
-                for p in reversed(procs[:len(tree)]):  # children first, then the CLI process, each by PID
-                    try:
-                        p.kill()
-                    except psutil.NoSuchProcess:
-                        pass
+                _kill_each(reversed(procs[:len(tree)]))  # children first, then the CLI process
                 break
             time.sleep(0.5)
     except BaseException:  # the benchmark itself stopped (Ctrl-C; SIGTERM, see main): take the run with it
         try:
-            procs = [root] + root.children(recursive=True)
-        except psutil.NoSuchProcess:
-            procs = []
-        for p in reversed(procs):
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+            _kill_each(reversed([root] + root.children(recursive=True)))
+        except psutil.NoSuchProcess:  # the CLI process is already gone
+            pass
         raise
     proc.wait()
     return {"rc": proc.returncode, "timed_out": timed_out, "over_memory": over_memory,
