@@ -295,7 +295,11 @@ class LocalFlinkCluster:
         """`dsdata run` options that submit to this cluster through FlinkRunner (the launcher must run
         inside the namespace: see nsenter)."""
         return ["--runner=FlinkRunner", f"--flink_master={self.master}", f"--flink_job_server_jar={job_server_jar}",
-                f"--flink_version={artifacts.FLINK_VERSION}", f"--parallelism={self.taskmanagers * self.slots}",
+                f"--flink_version={artifacts.FLINK_VERSION}", *self._job_args()]
+
+    def _job_args(self) -> list[str]:
+        """What every submission to this cluster says, whichever runner submits it."""
+        return [f"--parallelism={self.taskmanagers * self.slots}",
                 "--environment_type=EXTERNAL", f"--environment_config={self.worker_pool}",
                 f"--environment_cache_millis={ENVIRONMENT_CACHE_MS}",
                 # The job's state/message streams get this as a gRPC deadline (apache/beam#35867).
@@ -325,10 +329,7 @@ class LocalFlinkCluster:
 
     def portable_run_args(self, job_endpoint: str) -> list[str]:
         """`dsdata run` options that submit to this cluster through PortableRunner and a job server."""
-        return ["--runner=PortableRunner", f"--job_endpoint={job_endpoint}",
-                f"--parallelism={self.taskmanagers * self.slots}",
-                "--environment_type=EXTERNAL", f"--environment_config={self.worker_pool}",
-                f"--environment_cache_millis={ENVIRONMENT_CACHE_MS}", "--job_server_timeout=86400"]
+        return ["--runner=PortableRunner", f"--job_endpoint={job_endpoint}", *self._job_args()]
 
     def listening(self) -> list[tuple[str, int]]:
         """Every listening TCP socket in the namespace."""
