@@ -210,3 +210,71 @@ def test_difficulty_recipe_annotates_every_document_and_rejects_nothing(tmp_path
     assert len(scored) >= 110 and {r["lang"] for r in scored} <= {"zh", "en"}
     summary = json.loads((out / "difficulty.json").read_text(encoding="utf-8"))
     assert {"en", "zh"} <= set(summary["languages"])
+
+
+def _parked_inputs(tmp_path: Path, shared_data: Path) -> None:
+    docs = _docs(shared_data, {"en": 120, "zh": 80})
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), "utf-8")
+    # Metadata holding a time in a named zone: not in the spill format, so these documents wait in
+    # the runner while the others wait in spill files; both are graded against the same quantiles.
+    import datetime as dt
+
+    seen = pa.array([dt.datetime(2024, 3, 31, 1, 30)] * 3, pa.timestamp("us")).cast(
+        pa.timestamp("us", tz="Europe/Berlin"))
+    pq.write_table(pa.table({"id": ["z0", "z1", "z2"], "text": [d["text"] for d in docs[:3]],
+                             "lang": ["en"] * 3, "seen": seen}), tmp_path / "zoned.parquet")
+
+
+def _parked_run(tmp_path: Path, name: str, spill_on: bool, flags: list[str]) -> Path:
+    recipe = tmp_path / f"{name}.yaml"
+    recipe.write_text("name: t\ninput: {paths: [docs.jsonl, zoned.parquet]}\nstages:\n"
+                      f"  - difficulty: {{outlier_percentile: 95, batch_size: 8, spill: {str(spill_on).lower()}}}\n",
+                      "utf-8")
+    out = tmp_path / name
+    stats = run_recipe(load_recipe(str(recipe), [f"difficulty.model_dir={MODELS}"]), str(out), flags)
+    assert stats["ledger_ok"]
+    return out
+
+
+def _sorted_rows(out: Path, kind: str) -> list[dict]:
+    rows = [r for f in sorted((out / kind).glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+    return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True, default=str))
+
+
+@pytest.mark.parametrize("flags", [[], ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]],
+                         ids=["in_process", "multi_processing"])
+def test_parked_scored_documents_are_graded_exactly_as_waiting_ones(tmp_path, shared_data, monkeypatch, flags):
+    """With `spill: true` (the default) scored documents wait for the quantiles in spill files, not in
+    the runner's memory (at 1M documents they were 6.2 GB of the in-process peak); grades,
+    rejections, difficulty.json and stats.json are those of `spill: false`."""
+    import dsdata.beam.difficulty as beam_difficulty
+    from dsdata.beam.dedup import spill
+
+    _parked_inputs(tmp_path, shared_data)
+    read: list[int] = []
+    if not flags:  # in-process: the DoFns run here, so the files they read can be seen
+        def counting(path, _real=beam_difficulty.read_spill):
+            for record in _real(path):
+                read.append(1)
+                yield record
+
+        monkeypatch.setattr(beam_difficulty, "read_spill", counting)
+        monkeypatch.setattr(beam_difficulty, "SPILL_FILE_BYTES", 4000)  # several files per bundle
+    waiting = _parked_run(tmp_path, "waiting", False, flags)
+    assert not read
+    parked = _parked_run(tmp_path, "parked", True, flags)
+    kept, rejected = _sorted_rows(parked, "kept"), _sorted_rows(parked, "rejected")
+    if not flags:
+        # Every scored document but the three zoned ones came back from a spill file.
+        scored = sum(r["perplexity"] is not None for r in kept) + sum(r["reason"] == "perplexity_outlier"
+                                                                       for r in rejected)
+        assert len(read) == scored - 3 > 150, (len(read), scored)
+    assert kept == _sorted_rows(waiting, "kept") and rejected == _sorted_rows(waiting, "rejected")
+    assert {r["id"] for r in kept} >= {"z0", "z1", "z2"} - {r["id"] for r in rejected}
+    assert {r["reason"] for r in rejected} == {"perplexity_outlier"}
+    for name in ("difficulty.json", "stats.json"):
+        a, b = (json.loads((out / name).read_text("utf-8")) for out in (parked, waiting))
+        for key in ("seconds", "stage_time", "stage_time_unavailable"):
+            a.pop(key, None), b.pop(key, None)
+        assert a == b, name
+    assert not (parked / spill.SPILL_DIR).exists(), "spill files are removed when the run ends"

@@ -2,9 +2,17 @@
 
   docs ─► BatchElements ─► score (perplexity) ─┬─► (lang, perplexity) ─► ApproximateQuantiles.PerKey
                                                │                               │ side input (AsDict)
-                                               └──────────────────────────► grade ─► kept / rejected
+                                               └─► parked in spill files ─► grade ─► kept / rejected
   kept + rejected ─► counts per (lang, grade) ─► summary (cut-offs, counts, sampling weights): the
                                                  stage's stats and OUT/difficulty.json (the builder writes it)
+
+Memory: no document can be graded before the quantiles of all of them are known, and a runner holds
+the PCollection that waits for a side input.  When the scored documents themselves waited, the
+in-process runner held every kept document's text at once (6.2 GB of the 9.1 GB peak at 1M
+documents).  With a spill directory (the stage's `spill: true`, the default) each bundle's scored
+documents go to spill files under RUN_DIR/.spill/difficulty (dsdata/beam/dedup/spill.py: plain
+values only, no pickle) and only the files' names wait; grading reads one file at a time.  A
+document with a value the spill format cannot carry waits in the runner as before.
 """
 from __future__ import annotations
 
@@ -13,13 +21,25 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.transforms.stats import ApproximateQuantiles
 
+from apache_beam.transforms.window import GlobalWindows
+
+from dsdata.beam import location
+from dsdata.beam.dedup.spill import (SpillWriter, Unspillable, encode as spill_encode, make_private_dir, read_spill,
+                                     spill_directory)
 from dsdata.beam.errors import retry_one_at_a_time, passes_through
-from dsdata.beam.transforms import KEPT, REJECTED, StageCounters
-from dsdata.document import Document, Rejected
+from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageCounters
+from dsdata.document import Document, Rejected, pack_document, unpack_document
 from dsdata.stages.difficulty import GRADES, SUMMARY_FILE, DifficultyConfig, DifficultyStage
 
 # 1001 quantiles = every 0.1 percentile; ApproximateQuantiles then guarantees rank error <= 0.1 %.
 NUM_QUANTILES = 1001
+# A bundle's parked documents roll over to a new spill file past this many bytes: grading holds one
+# file's worth of documents' encoded bytes at a time (it reads records one by one).
+SPILL_FILE_BYTES = 32 << 20
+# Tags of _ScoreDoFn's outputs besides the documents: (grouping key, perplexity) of every scored
+# document, and the names of complete spill files.
+_PERPLEXITY = "perplexity"
+_PARKED = "parked"
 
 
 def quantile_at(quantiles: list[float], percentile: float) -> float:
@@ -30,16 +50,25 @@ def quantile_at(quantiles: list[float], percentile: float) -> float:
     return quantiles[lo] + (quantiles[hi] - quantiles[lo]) * (pos - lo)
 
 
+@ANY_OUTPUT
 class _ScoreDoFn(StageCounters, beam.DoFn):
     """Batches → scored documents; a batch that raises is scored again one document at a time, and a
-    document that raises alone is rejected (reason `error`)."""
+    document that raises alone is rejected (reason `error`).  Every scored document's (group,
+    perplexity) goes to tag `perplexity`.  With `spill_dir` the scored documents are parked in this
+    bundle's spill files, whose names go to tag `parked` once complete; a document the spill format
+    cannot carry is emitted as it is."""
 
-    def __init__(self, stage: DifficultyStage):
-        self.stage = stage
+    def __init__(self, stage: DifficultyStage, spill_dir: str | None = None):
+        self.stage, self.spill_dir = stage, spill_dir
 
     def setup(self):
         self._init_counters(self.stage.name)
         self._setup_stage(self.stage)
+        if self.spill_dir:
+            make_private_dir(self.spill_dir)
+
+    def start_bundle(self):
+        self._writer, self._bytes, self._done = None, 0, []
 
     def process(self, batch: list[Document]):
         docs = list(batch)
@@ -47,13 +76,49 @@ class _ScoreDoFn(StageCounters, beam.DoFn):
         declared = self.stage.environment_errors
         results = retry_one_at_a_time(self.stage.name, docs, self.stage.score_batch,
                                       lambda doc, exc: self._error(doc, exc, declared), declared)
-        self._clock_stop(start)
+        out = []
         for result in results:
             if isinstance(result, Rejected):  # scored documents are counted when graded
                 self._in.inc()
-                yield self._route(result)
-            else:
-                yield result
+                out.append(self._route(result))
+                continue
+            perplexity = result.annotations.get("perplexity")
+            if perplexity is not None:
+                out.append(beam.pvalue.TaggedOutput(_PERPLEXITY, (self.stage.grouping_key(result), perplexity)))
+            out.append(self._park(result))
+        self._clock_stop(start)
+        return [item for item in out if item is not None]
+
+    def _park(self, doc: Document):
+        """None once `doc` is in this bundle's spill file; else `doc`, to be emitted."""
+        if not self.spill_dir:
+            return doc
+        try:
+            record = spill_encode(pack_document(doc))
+        except Unspillable:
+            return doc
+        if self._writer is None:
+            self._writer = SpillWriter(self.spill_dir)
+        self._writer.write_encoded(record)
+        self._bytes += len(record)
+        if self._bytes >= SPILL_FILE_BYTES:
+            self._roll()
+        return None
+
+    def _roll(self):
+        self._writer.close()
+        # Names in spill_dir, not paths: what crosses Beam's coders as str is written as UTF-8, and
+        # OUT's path need not be.
+        self._done.append(self._writer.name)
+        self._writer, self._bytes = None, 0
+
+    def finish_bundle(self):
+        if self._writer is not None:
+            self._roll()
+        super().finish_bundle()
+        for name in self._done:
+            yield beam.pvalue.TaggedOutput(_PARKED, GlobalWindows.windowed_value(name))
+        self._done = []
 
 
 def _thresholds(stage: DifficultyStage):
@@ -79,6 +144,9 @@ class _GradeDoFn(StageCounters, beam.DoFn):
         self._setup_stage(self.stage)
 
     def process(self, doc: Document, thresholds: dict[str, dict[str, Any]]):
+        yield self._graded(doc, thresholds)
+
+    def _graded(self, doc: Document, thresholds: dict[str, dict[str, Any]]):
         self._in.inc()
         start = self._clock_start()
         try:
@@ -91,7 +159,19 @@ class _GradeDoFn(StageCounters, beam.DoFn):
                 raise
             result = self._error(doc, exc, self.stage.environment_errors)
         self._clock_stop(start)
-        yield self._route(result)
+        return self._route(result)
+
+
+class _GradeParked(_GradeDoFn):
+    """One spill file of scored documents → each of them graded, read one record at a time."""
+
+    def __init__(self, stage: DifficultyStage, spill_dir: str):
+        super().__init__(stage)
+        self.spill_dir = spill_dir
+
+    def process(self, name: str, thresholds: dict[str, dict[str, Any]]):
+        for fields in read_spill(location.join(self.spill_dir, name)):
+            yield self._graded(unpack_document(fields), thresholds)
 
 
 def _count_key(stage: DifficultyStage):
@@ -152,42 +232,48 @@ def summarize(stage: DifficultyStage, config: DifficultyConfig, counts: list[tup
 
 
 class GradeByPerplexity(beam.PTransform):
-    """PCollection[Document] → {"kept", "rejected", "stats" and "difficulty.json": one summary dict}."""
+    """PCollection[Document] → {"kept", "rejected", "stats" and "difficulty.json": one summary dict};
+    with `spill_dir` the scored documents wait for the quantiles in spill files there."""
 
-    def __init__(self, stage: DifficultyStage, config: DifficultyConfig):
+    def __init__(self, stage: DifficultyStage, config: DifficultyConfig, spill_dir: str | None = None):
         super().__init__()
-        self.stage, self.config = stage, config
+        self.stage, self.config, self.spill_dir = stage, config, spill_dir
 
     def expand(self, docs):
         stage, config = self.stage, self.config
         scored = (
             docs
             | "Batch" >> beam.BatchElements(min_batch_size=min(8, config.batch_size), max_batch_size=config.batch_size)
-            | "Score" >> beam.ParDo(_ScoreDoFn(stage)).with_outputs(REJECTED, main=KEPT)
+            | "Score" >> beam.ParDo(_ScoreDoFn(stage, self.spill_dir)).with_outputs(
+                _PERPLEXITY, _PARKED, REJECTED, main=KEPT)
         )
-        failed, scored = scored[REJECTED], scored[KEPT]
+        failed = scored[REJECTED]
         thresholds = (
-            scored
-            | "ScoredByLang" >> beam.FlatMap(
-                lambda d: [(stage.grouping_key(d), d.annotations["perplexity"])]
-                if d.annotations.get("perplexity") is not None else [])
+            scored[_PERPLEXITY]
             | "Quantiles" >> ApproximateQuantiles.PerKey(NUM_QUANTILES)
             | "Thresholds" >> beam.Map(_thresholds(stage))
         )
-        graded = scored | "Grade" >> beam.ParDo(_GradeDoFn(stage), beam.pvalue.AsDict(thresholds)).with_outputs(
-            REJECTED, main=KEPT)
-        rejected = (graded[REJECTED], failed) | "AllRejected" >> beam.Flatten()
+        side = beam.pvalue.AsDict(thresholds)
+        graded = [scored[KEPT] | "Grade" >> beam.ParDo(_GradeDoFn(stage), side).with_outputs(REJECTED, main=KEPT)]
+        if self.spill_dir:
+            graded.append(scored[_PARKED] | "GradeParked" >> beam.ParDo(
+                _GradeParked(stage, self.spill_dir), side).with_outputs(REJECTED, main=KEPT))
+        kept = graded[0][KEPT] if len(graded) == 1 else (
+            tuple(g[KEPT] for g in graded) | "AllGraded" >> beam.Flatten())
+        rejected = (*(g[REJECTED] for g in graded), failed) | "AllRejected" >> beam.Flatten()
         summary = (
-            (graded[KEPT], rejected)
+            (kept, rejected)
             | "Everything" >> beam.Flatten()
             | "CountKeys" >> beam.Map(_count_key(stage))
             | "Count" >> beam.combiners.Count.PerElement()
             | "Gather" >> beam.combiners.ToList()
-            | "Summary" >> beam.Map(lambda counts, found: summarize(stage, config, counts, found), beam.pvalue.AsDict(thresholds))
+            | "Summary" >> beam.Map(lambda counts, found: summarize(stage, config, counts, found), side)
         )
-        return {KEPT: graded[KEPT], REJECTED: rejected, "stats": summary, SUMMARY_FILE: summary}
+        return {KEPT: kept, REJECTED: rejected, "stats": summary, SUMMARY_FILE: summary}
 
 
 def composite(stage: DifficultyStage, context) -> GradeByPerplexity:
-    """The difficulty stage's transform (registered in dsdata/beam/kinds.py)."""
-    return GradeByPerplexity(stage, stage.transform_config())
+    """The difficulty stage's transform (registered in dsdata/beam/kinds.py); scored documents wait
+    for the quantiles in spill files under the run directory unless the stage says `spill: false`."""
+    spill_dir = spill_directory(context.run_dir, stage.name) if stage.spill else None
+    return GradeByPerplexity(stage, stage.transform_config(), spill_dir)

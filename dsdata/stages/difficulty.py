@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import CorpusStage, Param, SideOutput, StageConfigError
-from dsdata.stages.params import BadValue, Choice, Integer, ListOf, MappingOf, Number, ParamType, Path, Text
+from dsdata.stages.params import (BadValue, Boolean, Choice, Integer, ListOf, MappingOf, Number, ParamType, Path,
+                                  Text)
 
 GRADES = ("easy", "medium", "hard")
 SUMMARY_FILE = "difficulty.json"
@@ -121,6 +122,9 @@ class DifficultyStage(CorpusStage):
                                   "curriculum default: probability of drawing the next document from each bucket "
                                   "(written to difficulty.json; renormalised over non-empty buckets)", BucketWeights()),
         "batch_size": Param(64, "documents scored per model call", Integer(min=1)),
+        "spill": Param(True, "scored documents wait for the corpus quantiles in files under RUN_DIR/.spill "
+                             "(bounded memory on the in-process runner); false: they wait in the runner",
+                       Boolean()),
         "device": Param("auto", "causal_lm device: auto (cuda when present), cpu, cuda, cuda:1", Text(nonempty=True)),
         "max_length": Param(1024, "causal_lm window in tokens (longer documents are scored window by window)",
                             Integer(min=1)),
