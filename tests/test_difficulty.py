@@ -247,19 +247,20 @@ def test_parked_scored_documents_are_graded_exactly_as_waiting_ones(tmp_path, sh
     """With `spill: true` (the default) scored documents wait for the quantiles in spill files, not in
     the runner's memory (at 1M documents they were 6.2 GB of the in-process peak); grades,
     rejections, difficulty.json and stats.json are those of `spill: false`."""
-    import dsdata.beam.difficulty as beam_difficulty
+    import dsdata.beam.park as park
     from dsdata.beam.dedup import spill
 
     _parked_inputs(tmp_path, shared_data)
     read: list[int] = []
     if not flags:  # in-process: the DoFns run here, so the files they read can be seen
-        def counting(path, _real=beam_difficulty.read_spill):
+        def counting(path, _real=park.read_spill):
             for record in _real(path):
-                read.append(1)
+                if "/difficulty/" in str(path):
+                    read.append(1)
                 yield record
 
-        monkeypatch.setattr(beam_difficulty, "read_spill", counting)
-        monkeypatch.setattr(beam_difficulty, "SPILL_FILE_BYTES", 4000)  # several files per bundle
+        monkeypatch.setattr(park, "read_spill", counting)
+        monkeypatch.setattr(park, "PARK_FILE_BYTES", 4000)  # several files per bundle
     waiting = _parked_run(tmp_path, "waiting", False, flags)
     assert not read
     parked = _parked_run(tmp_path, "parked", True, flags)

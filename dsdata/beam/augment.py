@@ -31,6 +31,8 @@ from dsdata.augment.similarity import chrf
 from dsdata.augment.translate import load_translator
 from dsdata.beam.errors import (ERROR, environment_failure, error_rejection, first_line,
                                 retry_one_at_a_time, passes_through)
+from dsdata.beam.dedup.spill import spill_directory
+from dsdata.beam.park import FlattenParked
 from dsdata.beam.transforms import CPU_COUNTER, REJECTED, StageCounters
 from dsdata.document import Document, Rejected
 from dsdata.stages.augment import REPORT_NAME, AugmentConfig, BackTranslationConfig, ReplacementConfig
@@ -324,9 +326,9 @@ class Augment(beam.PTransform):
     """The whole stage: originals plus every method's copies as "kept", the copies whose making raised
     as "rejected", and the outcome counts as the report (augment.json)."""
 
-    def __init__(self, config: AugmentConfig):
+    def __init__(self, config: AugmentConfig, spill_dir: str | None = None):
         super().__init__()
-        self.config = config
+        self.config, self.spill_dir = config, spill_dir
 
     def expand(self, docs):
         kept = [docs]
@@ -353,9 +355,12 @@ class Augment(beam.PTransform):
         # Originals are never rejected; a copy whose making raised is (reason `error`), and counts as
         # augmented in the ledger like every derived document.
         rejected = failed | "AllFailed" >> beam.Flatten(pipeline=docs.pipeline)
-        return {"kept": kept | "AllKept" >> beam.Flatten(), "rejected": rejected, REPORT_NAME: report}
+        # Originals and copies wait for the next stage in spill files under `spill_dir`, not in the
+        # runner (dsdata/beam/park.py).
+        return {"kept": tuple(kept) | "AllKept" >> FlattenParked(self.spill_dir), "rejected": rejected, REPORT_NAME: report}
 
 
 def composite(stage, context) -> Augment:
-    """The augment stage's transform (registered in dsdata/beam/kinds.py)."""
-    return Augment(stage.transform_config())
+    """The augment stage's transform (registered in dsdata/beam/kinds.py); its documents are parked
+    under the run directory."""
+    return Augment(stage.transform_config(), spill_directory(context.run_dir, stage.name))

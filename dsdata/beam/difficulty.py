@@ -23,9 +23,8 @@ from apache_beam.transforms.stats import ApproximateQuantiles
 
 from apache_beam.transforms.window import GlobalWindows
 
-from dsdata.beam import location
-from dsdata.beam.dedup.spill import (SpillWriter, Unspillable, encode as spill_encode, make_private_dir, read_spill,
-                                     spill_directory)
+from dsdata.beam.dedup.spill import spill_directory
+from dsdata.beam.park import ParkRecords, read_entry
 from dsdata.beam.errors import retry_one_at_a_time, passes_through
 from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageCounters
 from dsdata.document import Document, Rejected, pack_document, unpack_document
@@ -33,13 +32,10 @@ from dsdata.stages.difficulty import GRADES, SUMMARY_FILE, DifficultyConfig, Dif
 
 # 1001 quantiles = every 0.1 percentile; ApproximateQuantiles then guarantees rank error <= 0.1 %.
 NUM_QUANTILES = 1001
-# A bundle's parked documents roll over to a new spill file past this many bytes: grading holds one
-# file's worth of documents' encoded bytes at a time (it reads records one by one).
-SPILL_FILE_BYTES = 32 << 20
-# Tags of _ScoreDoFn's outputs besides the documents: (grouping key, perplexity) of every scored
-# document, and the names of complete spill files.
+# Tags of _ScoreDoFn's outputs besides its rejections: (grouping key, perplexity) of every scored
+# document, and the entries (dsdata/beam/park.py) of the scored documents waiting to be graded.
 _PERPLEXITY = "perplexity"
-_PARKED = "parked"
+_WAITING = "waiting"
 
 
 def quantile_at(quantiles: list[float], percentile: float) -> float:
@@ -52,11 +48,12 @@ def quantile_at(quantiles: list[float], percentile: float) -> float:
 
 @ANY_OUTPUT
 class _ScoreDoFn(StageCounters, beam.DoFn):
-    """Batches → scored documents; a batch that raises is scored again one document at a time, and a
-    document that raises alone is rejected (reason `error`).  Every scored document's (group,
-    perplexity) goes to tag `perplexity`.  With `spill_dir` the scored documents are parked in this
-    bundle's spill files, whose names go to tag `parked` once complete; a document the spill format
-    cannot carry is emitted as it is."""
+    """Batches → scored documents, each as an entry (tag `waiting`) that grading reads
+    (dsdata/beam/park.py): with `spill_dir` the scored documents are parked in this bundle's spill
+    files and an entry names each complete file; without, or for a document the spill format cannot
+    carry, the entry holds the document.  A batch that raises is scored again one document at a
+    time, and a document that raises alone is rejected (reason `error`).  Every scored document's
+    (group, perplexity) goes to tag `perplexity`."""
 
     def __init__(self, stage: DifficultyStage, spill_dir: str | None = None):
         self.stage, self.spill_dir = stage, spill_dir
@@ -64,11 +61,13 @@ class _ScoreDoFn(StageCounters, beam.DoFn):
     def setup(self):
         self._init_counters(self.stage.name)
         self._setup_stage(self.stage)
-        if self.spill_dir:
-            make_private_dir(self.spill_dir)
+        self._parker = ParkRecords(self.spill_dir, pack=pack_document) if self.spill_dir else None
+        if self._parker:
+            self._parker.setup()
 
     def start_bundle(self):
-        self._writer, self._bytes, self._done = None, 0, []
+        if self._parker:
+            self._parker.start_bundle()
 
     def process(self, batch: list[Document]):
         docs = list(batch)
@@ -85,40 +84,16 @@ class _ScoreDoFn(StageCounters, beam.DoFn):
             perplexity = result.annotations.get("perplexity")
             if perplexity is not None:
                 out.append(beam.pvalue.TaggedOutput(_PERPLEXITY, (self.stage.grouping_key(result), perplexity)))
-            out.append(self._park(result))
+            entry = self._parker.park(result) if self._parker else (False, result)
+            if entry is not None:
+                out.append(beam.pvalue.TaggedOutput(_WAITING, entry))
         self._clock_stop(start)
-        return [item for item in out if item is not None]
-
-    def _park(self, doc: Document):
-        """None once `doc` is in this bundle's spill file; else `doc`, to be emitted."""
-        if not self.spill_dir:
-            return doc
-        try:
-            record = spill_encode(pack_document(doc))
-        except Unspillable:
-            return doc
-        if self._writer is None:
-            self._writer = SpillWriter(self.spill_dir)
-        self._writer.write_encoded(record)
-        self._bytes += len(record)
-        if self._bytes >= SPILL_FILE_BYTES:
-            self._roll()
-        return None
-
-    def _roll(self):
-        self._writer.close()
-        # Names in spill_dir, not paths: what crosses Beam's coders as str is written as UTF-8, and
-        # OUT's path need not be.
-        self._done.append(self._writer.name)
-        self._writer, self._bytes = None, 0
+        return out
 
     def finish_bundle(self):
-        if self._writer is not None:
-            self._roll()
         super().finish_bundle()
-        for name in self._done:
-            yield beam.pvalue.TaggedOutput(_PARKED, GlobalWindows.windowed_value(name))
-        self._done = []
+        for entry in self._parker.parked_entries() if self._parker else ():
+            yield beam.pvalue.TaggedOutput(_WAITING, GlobalWindows.windowed_value(entry))
 
 
 def _thresholds(stage: DifficultyStage):
@@ -136,15 +111,19 @@ def _thresholds(stage: DifficultyStage):
 
 
 class _GradeDoFn(StageCounters, beam.DoFn):
-    def __init__(self, stage: DifficultyStage):
-        self.stage = stage
+    """Entries of scored documents (a document, or a spill file of them read one record at a time)
+    → each document graded against the quantiles."""
+
+    def __init__(self, stage: DifficultyStage, spill_dir: str | None = None):
+        self.stage, self.spill_dir = stage, spill_dir
 
     def setup(self):
         self._init_counters(self.stage.name)
         self._setup_stage(self.stage)
 
-    def process(self, doc: Document, thresholds: dict[str, dict[str, Any]]):
-        yield self._graded(doc, thresholds)
+    def process(self, entry, thresholds: dict[str, dict[str, Any]]):
+        for doc in read_entry(self.spill_dir, entry, unpack_document):
+            yield self._graded(doc, thresholds)
 
     def _graded(self, doc: Document, thresholds: dict[str, dict[str, Any]]):
         self._in.inc()
@@ -160,18 +139,6 @@ class _GradeDoFn(StageCounters, beam.DoFn):
             result = self._error(doc, exc, self.stage.environment_errors)
         self._clock_stop(start)
         return self._route(result)
-
-
-class _GradeParked(_GradeDoFn):
-    """One spill file of scored documents → each of them graded, read one record at a time."""
-
-    def __init__(self, stage: DifficultyStage, spill_dir: str):
-        super().__init__(stage)
-        self.spill_dir = spill_dir
-
-    def process(self, name: str, thresholds: dict[str, dict[str, Any]]):
-        for fields in read_spill(location.join(self.spill_dir, name)):
-            yield self._graded(unpack_document(fields), thresholds)
 
 
 def _count_key(stage: DifficultyStage):
@@ -245,7 +212,7 @@ class GradeByPerplexity(beam.PTransform):
             docs
             | "Batch" >> beam.BatchElements(min_batch_size=min(8, config.batch_size), max_batch_size=config.batch_size)
             | "Score" >> beam.ParDo(_ScoreDoFn(stage, self.spill_dir)).with_outputs(
-                _PERPLEXITY, _PARKED, REJECTED, main=KEPT)
+                _PERPLEXITY, _WAITING, REJECTED, main=KEPT)
         )
         failed = scored[REJECTED]
         thresholds = (
@@ -254,17 +221,16 @@ class GradeByPerplexity(beam.PTransform):
             | "Thresholds" >> beam.Map(_thresholds(stage))
         )
         side = beam.pvalue.AsDict(thresholds)
-        graded = [scored[KEPT] | "Grade" >> beam.ParDo(_GradeDoFn(stage), side).with_outputs(REJECTED, main=KEPT)]
-        if self.spill_dir:
-            graded.append(scored[_PARKED] | "GradeParked" >> beam.ParDo(
-                _GradeParked(stage, self.spill_dir), side).with_outputs(REJECTED, main=KEPT))
-        kept = graded[0][KEPT] if len(graded) == 1 else (
-            tuple(g[KEPT] for g in graded) | "AllGraded" >> beam.Flatten())
-        rejected = (*(g[REJECTED] for g in graded), failed) | "AllRejected" >> beam.Flatten()
+        graded = scored[_WAITING] | "Grade" >> beam.ParDo(_GradeDoFn(stage, self.spill_dir), side).with_outputs(
+            REJECTED, main=KEPT)
+        kept = graded[KEPT]
+        rejected = (graded[REJECTED], failed) | "AllRejected" >> beam.Flatten()
+        # Counted where each is produced: a Flatten of the documents themselves would hold every
+        # graded document in the in-process runner until the last of them is graded (park.py).
         summary = (
-            (kept, rejected)
-            | "Everything" >> beam.Flatten()
-            | "CountKeys" >> beam.Map(_count_key(stage))
+            (kept | "CountKeptKeys" >> beam.Map(_count_key(stage)),
+             rejected | "CountRejectedKeys" >> beam.Map(_count_key(stage)))
+            | "AllCountKeys" >> beam.Flatten()
             | "Count" >> beam.combiners.Count.PerElement()
             | "Gather" >> beam.combiners.ToList()
             | "Summary" >> beam.Map(lambda counts, found: summarize(stage, config, counts, found), side)

@@ -42,7 +42,8 @@ from dsdata.io.inputs import resolve_recipe_inputs
 from dsdata.io.readers import READ_STAGE
 from dsdata.io.outfiles import remove_entry, write_file_in_out
 from dsdata.io.resume import remove_resume_folder
-from dsdata.beam.dedup.spill import remove_spill
+from dsdata.beam.dedup.spill import remove_spill, spill_directory
+from dsdata.beam.park import FlattenParked
 from dsdata.report.progress import watch as watch_progress
 from dsdata.recipe import Recipe, is_remote, recipe_output
 from dsdata.runners import IN_PROCESS_RUNNER, find_runner, is_in_process, resolve_runner
@@ -58,6 +59,8 @@ log = logging.getLogger("dsdata")
 # pipeline_options).  Users who want Prism, Flink, Dataflow or a PortableRunner pass --runner
 # explicitly.
 DEFAULT_RUNNER = IN_PROCESS_RUNNER
+# Under RUN_DIR/.spill: the rejected records of every stage, parked until the writer reads them.
+PARKED_REJECTIONS = "rejected"
 
 
 class LedgerError(RuntimeError):
@@ -586,7 +589,9 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     else:
         split = batches | "Unbatch" >> beam.ParDo(Unbatch()).with_outputs(REJECTED, main=KEPT)
         docs, stage_rejected, stage_stats = _apply_stages(split[KEPT], stages, output, start=lead)
-        all_rejected = [split[REJECTED], *stage_rejected] | "AllRejected" >> beam.Flatten()
+        # Every stage's rejections wait for the writer in spill files, not in the runner (park.py).
+        all_rejected = (split[REJECTED], *stage_rejected) | "AllRejected" >> FlattenParked(
+            spill_directory(output, PARKED_REJECTIONS))
         parts, part_files = _write_rows(docs, all_rejected, stages, output)
         keys = (input_keys,
                 docs | "KeptKeys" >> beam.ParDo(_TallyKeys(KEPT, tallied=tallied)),

@@ -79,6 +79,7 @@ from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json, pack_document, unpack_document
 from dsdata.stages.dedup import DedupConfig
+from dsdata.beam.park import FlattenParked, parked_sibling
 from dsdata.beam.dedup.spill import (SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
                              spill_directory, spill_name)
 from dsdata.beam.dedup.spill import encode as spill_encode
@@ -738,8 +739,11 @@ class DedupTransform(beam.PTransform):
         )
         kept.append(decided[KEPT])
         rejected.append(decided[REJECTED])
-        kept = kept[0] if len(kept) == 1 else tuple(kept) | "AllKept" >> beam.Flatten()
-        rejected = tuple(rejected) | "AllRejected" >> beam.Flatten()
+        # With spill files the decided documents wait for the next stage in files too: a Flatten of
+        # the documents would hold all of them in the in-process runner (dsdata/beam/park.py).
+        parked = c.spill_dir and parked_sibling(c.spill_dir, "decided")
+        kept = kept[0] if len(kept) == 1 else tuple(kept) | "AllKept" >> FlattenParked(parked)
+        rejected = tuple(rejected) | "AllRejected" >> FlattenParked(parked)
         return {KEPT: kept, REJECTED: rejected}
 
 

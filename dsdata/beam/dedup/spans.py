@@ -20,6 +20,7 @@ from typing import Any
 import apache_beam as beam
 
 from dsdata.beam.dedup.composite import node_key
+from dsdata.beam.park import FlattenParked, parked_sibling
 from dsdata.beam.transforms import KEPT, REJECTED
 from dsdata.dedup.minhash import exact_hash
 from dsdata.dedup.spans import normalise_url, remove_units, unit_keys
@@ -86,7 +87,8 @@ class UrlDedup(ConfiguredStep):
             | "UrlGroups" >> beam.GroupByKey()
             | "PickUrl" >> beam.ParDo(_PickUrl(name)).with_outputs(REJECTED, main=KEPT)
         )
-        kept = (out[KEPT], without) | "UrlKept" >> beam.Flatten()
+        parked = self.cfg.spill_dir and parked_sibling(self.cfg.spill_dir, "url")
+        kept = (out[KEPT], without) | "UrlKept" >> FlattenParked(parked)
         return {KEPT: kept, REJECTED: out[REJECTED]}
 
 

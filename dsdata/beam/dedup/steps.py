@@ -11,6 +11,7 @@ from dsdata.beam.dedup.composite import DedupTransform
 from dsdata.beam.dedup.composite import composite as document_composite
 from dsdata.beam.dedup.index import AgainstIndex, WriteIndex
 from dsdata.beam.dedup.spans import ConfiguredStep, LineDedup, UrlDedup
+from dsdata.beam.park import FlattenParked, parked_sibling
 from dsdata.beam.transforms import KEPT, REJECTED
 
 
@@ -35,7 +36,8 @@ class DedupSteps(ConfiguredStep):
             rejected.append(out[REJECTED])
         if c.index:
             _ = docs | "Index" >> WriteIndex(c)
-        return {KEPT: docs, REJECTED: tuple(rejected) | "StepsRejected" >> beam.Flatten()}
+        parked = c.spill_dir and parked_sibling(c.spill_dir, "steps")
+        return {KEPT: docs, REJECTED: tuple(rejected) | "StepsRejected" >> FlattenParked(parked)}
 
 
 def composite(stage, context) -> beam.PTransform:

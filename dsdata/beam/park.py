@@ -1,0 +1,141 @@
+"""Flattens that do not hold the documents in the runner: each input parks its records in spill files.
+
+A Flatten whose inputs come from different runner stages is materialised by Beam's in-process
+runner (FnApiRunner's `sink_flattens`: every input writes into one buffer, read back only when all
+of them are done), and the same holds for any collection that waits for a stage further on.  Over
+documents that is the corpus in memory: at 1M documents, dedup's kept documents (one Flatten of its
+decision paths) and every stage's rejections (the pipeline's Flatten before the writer) were most
+of the in-process peak.
+
+`FlattenParked` parks each input's records in spill files under a spill directory, in a step fused
+into the input's own producer, and flattens only entries: `(True, file name)` per complete file,
+or `(False, record)` for a record with a value the spill format cannot carry
+(dsdata/beam/dedup/spill.py: plain values only, no pickle).  One step after the Flatten reads each
+file once, one record at a time, and emits the records; what the runner holds is file names.
+Without a spill directory it is a plain Flatten.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
+
+from dsdata.beam import location
+from dsdata.beam.dedup.spill import SpillWriter, Unspillable, encode, make_private_dir, read_spill
+from dsdata.beam.transforms import ANY_OUTPUT
+from dsdata.document import Document, Rejected, pack_document, unpack_document
+
+# A bundle's parked records roll over to a new spill file past this many bytes: the reading step
+# holds one record at a time, the runner one name per file.
+PARK_FILE_BYTES = 32 << 20
+
+
+def parked_sibling(spill_dir: str, name: str) -> str:
+    """A spill directory beside `spill_dir` (RUN_DIR/.spill/dedup → RUN_DIR/.spill/dedup-NAME), for
+    a stage's records parked between its steps; local or remote alike."""
+    return f"{spill_dir.rstrip('/')}-{name}"
+
+
+def pack_record(item: Document | Rejected) -> tuple:
+    """A Document or a Rejected as a tuple of plain values (spill.encode may still refuse what its
+    metadata or annotations hold: Unspillable)."""
+    if type(item) is Document:
+        return ("d", pack_document(item))
+    if type(item) is Rejected:
+        return ("r", pack_document(item.doc), item.stage, item.reason, item.detail)
+    raise Unspillable(f"a record of type {type(item).__qualname__}")
+
+
+def unpack_record(fields: tuple) -> Document | Rejected:
+    if fields[0] == "d":
+        return unpack_document(fields[1])
+    _, doc, stage, reason, detail = fields
+    return Rejected(unpack_document(doc), stage, reason, detail)
+
+
+@ANY_OUTPUT
+class ParkRecords(beam.DoFn):
+    """Records → entries: (True, name) per complete spill file of this bundle, emitted when the
+    bundle finishes; (False, record) for a record the spill format cannot carry."""
+
+    def __init__(self, spill_dir: str, pack=pack_record):
+        self.spill_dir, self.pack = spill_dir, pack
+
+    def setup(self):
+        make_private_dir(self.spill_dir)
+
+    def start_bundle(self):
+        self._writer, self._bytes, self._done = None, 0, []
+
+    def process(self, item):
+        parked = self.park(item)
+        if parked is not None:
+            yield parked
+
+    def park(self, item) -> tuple[bool, Any] | None:
+        """None once `item` is in this bundle's spill file; else the entry that carries it."""
+        try:
+            record = encode(self.pack(item))
+        except Unspillable:
+            return False, item
+        if self._writer is None:
+            self._writer = SpillWriter(self.spill_dir)
+        self._writer.write_encoded(record)
+        self._bytes += len(record)
+        if self._bytes >= PARK_FILE_BYTES:
+            self._roll()
+        return None
+
+    def _roll(self):
+        self._writer.close()
+        # Names in spill_dir, not paths: what crosses Beam's coders as str is written as UTF-8, and
+        # OUT's path need not be.
+        self._done.append(self._writer.name)
+        self._writer, self._bytes = None, 0
+
+    def finish_bundle(self):
+        for entry in self.parked_entries():
+            yield GlobalWindows.windowed_value(entry)
+
+    def parked_entries(self) -> list[tuple[bool, str]]:
+        """The bundle's last file closed; an entry for each of its complete files."""
+        if self._writer is not None:
+            self._roll()
+        done, self._done = self._done, []
+        return [(True, name) for name in done]
+
+
+def read_entry(spill_dir: str, entry: tuple[bool, Any], unpack=unpack_record):
+    """The records an entry stands for: its spill file's, one at a time, or the one it carries."""
+    parked, value = entry
+    if not parked:
+        yield value
+        return
+    for fields in read_spill(location.join(spill_dir, value)):
+        yield unpack(fields)
+
+
+@ANY_OUTPUT
+class _Unpark(beam.DoFn):
+    def __init__(self, spill_dir: str):
+        self.spill_dir = spill_dir
+
+    def process(self, entry):
+        yield from read_entry(self.spill_dir, entry)
+
+
+class FlattenParked(beam.PTransform):
+    """Flatten of PCollections of Documents or Rejected, whose records wait in spill files under
+    `spill_dir` instead of in the runner; a plain Flatten when `spill_dir` is None."""
+
+    def __init__(self, spill_dir: str | None):
+        super().__init__()
+        self.spill_dir = spill_dir
+
+    def expand(self, pcolls):
+        pcolls = tuple(pcolls)
+        if not self.spill_dir or len(pcolls) < 2:  # a one-input Flatten is fused: nothing waits
+            return pcolls | "Flatten" >> beam.Flatten()
+        entries = tuple(p | f"Park{i}" >> beam.ParDo(ParkRecords(self.spill_dir)) for i, p in enumerate(pcolls))
+        return entries | "Entries" >> beam.Flatten() | "Unpark" >> beam.ParDo(_Unpark(self.spill_dir))
