@@ -161,7 +161,12 @@ def outputs_digest(out: Path) -> dict:
     stats = json.loads((out / "stats.json").read_text())
     stats.pop("seconds", None)
     stats.pop("stage_time", None)  # CPU seconds: timing, not output
-    return {"ids": ids, "stats": stats}
+    manifest = out / "shards" / "manifest.json"
+    shards = sorted((s["file"], s["sha256"]) for s in json.loads(manifest.read_text())["shards"]) \
+        if manifest.is_file() else None
+    difficulty = out / "difficulty.json"
+    return {"ids": ids, "stats": stats, "shards": shards,
+            "difficulty": json.loads(difficulty.read_text()) if difficulty.is_file() else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = json.loads(saved.read_text())
             if name == "default":
                 base_digest = outputs_digest(out)
+            elif base_digest is not None:  # a run taken from an earlier invocation, compared with this one's default
+                results[name]["same_outputs_as_default"] = outputs_digest(out) == base_digest
             print(json.dumps({name: results[name], "reused": True}), flush=True)
             continue
         spill = work / f"{name}-spill"

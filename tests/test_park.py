@@ -63,3 +63,35 @@ def test_records_pack_to_plain_values_and_back(item):
     from dsdata.beam.dedup.spill import decode, encode
 
     assert park.unpack_record(decode(encode(park.pack_record(item)))) == item
+
+
+def test_a_run_passes_rejections_and_dedups_kept_documents_through_parked_files(tmp_path, monkeypatch):
+    """In a real in-process run every rejection reaches the writer from a parked file, and dedup's
+    decided documents reach the next stage from parked files: none waits in the runner's Flatten."""
+    from dsdata.beam.dedup import spill
+    from dsdata.beam.pipeline import run_recipe
+    from dsdata.recipe import load_recipe
+
+    import test_dedup_spill as corpus
+
+    corpus._write_inputs(tmp_path)
+    reads: dict[str, int] = {}
+
+    def counting(path, _real=park.read_spill):
+        folder = Path(str(path)).parent.name
+        for record in _real(path):
+            reads[folder] = reads.get(folder, 0) + 1
+            yield record
+
+    monkeypatch.setattr(park, "read_spill", counting)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: t\ninput: {paths: [in-0.jsonl, in-1.jsonl, in-2.parquet]}\nstages:\n"
+                      "  - dedup: {threshold: 0.8, batch_size: 8}\n"
+                      "  - pii: {}\n", "utf-8")
+    stats = run_recipe(load_recipe(str(recipe)), str(tmp_path / "out"))
+    assert stats["ledger_ok"] and stats["stages"]["dedup"]["rejected"] > 5
+    # The zoned documents cannot be spilled: they travel in the Flatten itself, and only they do.
+    zoned = {"kept": 1, "rejected": 1}
+    assert reads["rejected"] == stats["rejected_total"] - zoned["rejected"], reads
+    assert reads["dedup-decided"] == stats["kept"] + stats["stages"]["dedup"]["rejected"] - sum(zoned.values()), reads
+    assert not (tmp_path / "out" / spill.SPILL_DIR).exists()
