@@ -202,17 +202,14 @@ def main(argv: list[str] | None = None) -> int:
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     results: dict[str, dict] = {}
-    base_digest = None
+    digests: dict[str, dict] = {}  # finished runners' outputs, compared with the default's at the end
     for name in [r for r in args.runners.split(",") if r]:
         out = work / name
         saved = work / f"{name}.result.json"
         if args.reuse and saved.is_file() and (out / "stats.json").is_file():
             # A finished runner's result from an earlier invocation on the same corpus and work dir.
             results[name] = json.loads(saved.read_text())
-            if name == "default":
-                base_digest = outputs_digest(out)
-            elif base_digest is not None:  # a run taken from an earlier invocation, compared with this one's default
-                results[name]["same_outputs_as_default"] = outputs_digest(out) == base_digest
+            digests[name] = outputs_digest(out)
             print(json.dumps({name: results[name], "reused": True}), flush=True)
             continue
         spill = work / f"{name}-spill"
@@ -256,16 +253,17 @@ def main(argv: list[str] | None = None) -> int:
             result["kept"], result["rejected"] = stats["kept"], stats["rejected_total"]
             result["stages_kept_after"] = {s: v["kept_after"] for s, v in stats["stages"].items()}
             result["stage_cpu_s"] = {s: v.get("cpu_s") for s, v in (stats.get("stage_time") or {}).items()}
-            digest = outputs_digest(out)
-            if name == "default":
-                base_digest = digest
-            elif base_digest is not None:
-                result["same_outputs_as_default"] = digest == base_digest
+            digests[name] = outputs_digest(out)
         results[name] = result
         saved.write_text(json.dumps(result))
         print(json.dumps({name: result}), flush=True)
         shutil.rmtree(spill, ignore_errors=True)
 
+    # Kept and rejected ids, stats.json, shard hashes and difficulty.json against the default runner's,
+    # whichever order the runners ran in (or an earlier invocation ran them, with --reuse).
+    for name, digest in digests.items():
+        if name != "default" and "default" in digests:
+            results[name]["same_outputs_as_default"] = digest == digests["default"]
     base = results.get("default", {})
     ratios = {}
     for name, r in results.items():
