@@ -37,8 +37,13 @@ RPC_PORT = 6123
 WORKER_POOL_PORT = 50000
 # Small JVMs: CI machines are shared.  Flink's own scripts derive every memory component from these.
 JOBMANAGER_PROCESS_SIZE = "768m"
-TASKMANAGER_PROCESS_SIZE = "1664m"
-TASKMANAGER_MANAGED_SIZE = "64m"
+TASKMANAGER_PROCESS_SIZE = "2112m"
+# Managed memory is what Flink's batch sorters (every GroupByKey and combine) share in a slot, by
+# operator: pretrain.yaml's job has dozens of them, and a sorter cannot take a record larger than
+# its buffer.  With 64 MB the 1M-document run failed in the difficulty stage ("Cannot write record
+# to fresh sort buffer. Record too large": a language's partial quantile accumulator is a single
+# record of ~1 MB and more).  The heap is unchanged: the 448 MB added to the process are all managed.
+TASKMANAGER_MANAGED_SIZE = "512m"
 # Direct memory for Beam's gRPC data and state channels (its vendored Netty): with Flink's default of
 # none, a 100k-document pretrain run ended in "OutOfMemoryError: Direct buffer memory".
 TASKMANAGER_TASK_OFF_HEAP_SIZE = "384m"
