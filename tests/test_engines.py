@@ -425,6 +425,57 @@ def test_flink_cluster_two_taskmanagers_pretrain_identical_to_default_runner(bas
     assert by_port.get(local_flink.WORKER_POOL_PORT) == "127.0.0.1"
 
 
+_LARGE_RECORD_JOB = """
+import sys
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+
+class Large(beam.CombineFn):
+    # Every partial accumulator is `size` bytes: one record of that size through the combine's sort.
+    def __init__(self, size):
+        self.size = size
+
+    def create_accumulator(self):
+        return b""
+
+    def add_input(self, acc, x):
+        return acc or b"x" * self.size
+
+    def merge_accumulators(self, accs):
+        return max(accs, key=len)
+
+    def extract_output(self, acc):
+        return len(acc)
+
+
+with beam.Pipeline(options=PipelineOptions(sys.argv[4:])) as p:
+    x = p | beam.Create([("k%d" % (i % 2), i) for i in range(4000)])
+    for j in range(int(sys.argv[1])):  # as many sorts as pretrain.yaml's job has, sharing the slot's memory
+        x = x | "G%d" % j >> beam.GroupByKey() | "F%d" % j >> beam.FlatMap(lambda kv: [(kv[0], v) for v in kv[1]])
+    sizes = x | beam.CombinePerKey(Large(int(sys.argv[2]))) | beam.Map(lambda kv: "%s %d" % kv)
+    sizes | beam.io.WriteToText(sys.argv[3])
+"""
+
+
+@pytest.mark.slow
+def test_flink_cluster_sorts_records_of_megabytes_among_dozens_of_shuffles(flink_cluster, tmp_path):
+    """A partial combine's accumulator is one record in a sort (the 1M pretrain run's difficulty
+    quantiles: over a megabyte), and the slot's sorters share its managed memory: with 64 MB, 30
+    shuffles and a 4 MB record failed 'Record too large'."""
+    cluster, jar = flink_cluster
+    script = tmp_path / "large_record_job.py"
+    script.write_text(_LARGE_RECORD_JOB, "utf-8")
+    env = dict(cluster.job_server_env(), PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    args = [a for a in cluster.dsdata_run_args(jar) if a.startswith("--")]
+    out = tmp_path / "sizes"
+    proc = subprocess.run(cluster.nsenter([sys.executable, str(script), "30", str(4 << 20), str(out), *args]),
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    assert "Record too large" not in proc.stderr and proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for f in tmp_path.glob("sizes*") for line in f.read_text().splitlines())
+    assert lines == [f"k0 {4 << 20}", f"k1 {4 << 20}"]
+
+
 @pytest.mark.slow
 def test_flink_cluster_pretrain_on_s3_writes_every_output_as_a_local_run_does(flink_cluster, s3_server, tmp_path):
     """pretrain.yaml reading s3:// and writing every output to s3:// from the two-TaskManager cluster
