@@ -20,11 +20,10 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.transforms.stats import ApproximateQuantiles
-
 from apache_beam.transforms.window import GlobalWindows
 
-from dsdata.beam.dedup.spill import spill_directory
-from dsdata.beam.park import ParkRecords, read_entry
+from dsdata.beam.dedup.spill import make_private_dir, spill_directory
+from dsdata.beam.park import bundle_spill, park, parked_entries, read_entry
 from dsdata.beam.errors import retry_one_at_a_time, passes_through
 from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageCounters
 from dsdata.document import Document, Rejected, pack_document, unpack_document
@@ -32,8 +31,8 @@ from dsdata.stages.difficulty import GRADES, SUMMARY_FILE, DifficultyConfig, Dif
 
 # 1001 quantiles = every 0.1 percentile; ApproximateQuantiles then guarantees rank error <= 0.1 %.
 NUM_QUANTILES = 1001
-# Tags of _ScoreDoFn's outputs besides its rejections: (grouping key, perplexity) of every scored
-# document, and the entries (dsdata/beam/park.py) of the scored documents waiting to be graded.
+# The tag of _ScoreDoFn's (grouping key, perplexity) of every scored document; its main output is
+# the entries (dsdata/beam/park.py) of the scored documents waiting to be graded.
 _PERPLEXITY = "perplexity"
 _WAITING = "waiting"
 
@@ -48,7 +47,7 @@ def quantile_at(quantiles: list[float], percentile: float) -> float:
 
 @ANY_OUTPUT
 class _ScoreDoFn(StageCounters, beam.DoFn):
-    """Batches → scored documents, each as an entry (tag `waiting`) that grading reads
+    """Batches → scored documents, each as an entry (the main output) that grading reads
     (dsdata/beam/park.py): with `spill_dir` the scored documents are parked in this bundle's spill
     files and an entry names each complete file; without, or for a document the spill format cannot
     carry, the entry holds the document.  A batch that raises is scored again one document at a
@@ -61,13 +60,11 @@ class _ScoreDoFn(StageCounters, beam.DoFn):
     def setup(self):
         self._init_counters(self.stage.name)
         self._setup_stage(self.stage)
-        self._parker = ParkRecords(self.spill_dir, pack=pack_document) if self.spill_dir else None
-        if self._parker:
-            self._parker.setup()
+        if self.spill_dir:
+            make_private_dir(self.spill_dir)
 
     def start_bundle(self):
-        if self._parker:
-            self._parker.start_bundle()
+        self._spill = bundle_spill(self.spill_dir) if self.spill_dir else None
 
     def process(self, batch: list[Document]):
         docs = list(batch)
@@ -84,16 +81,16 @@ class _ScoreDoFn(StageCounters, beam.DoFn):
             perplexity = result.annotations.get("perplexity")
             if perplexity is not None:
                 out.append(beam.pvalue.TaggedOutput(_PERPLEXITY, (self.stage.grouping_key(result), perplexity)))
-            entry = self._parker.park(result) if self._parker else (False, result)
+            entry = park(self._spill, result, pack_document) if self._spill else (False, result)
             if entry is not None:
-                out.append(beam.pvalue.TaggedOutput(_WAITING, entry))
+                out.append(entry)
         self._clock_stop(start)
         return out
 
     def finish_bundle(self):
         super().finish_bundle()
-        for entry in self._parker.parked_entries() if self._parker else ():
-            yield beam.pvalue.TaggedOutput(_WAITING, GlobalWindows.windowed_value(entry))
+        for entry in parked_entries(self._spill) if self._spill else ():
+            yield GlobalWindows.windowed_value(entry)
 
 
 def _thresholds(stage: DifficultyStage):
@@ -212,7 +209,7 @@ class GradeByPerplexity(beam.PTransform):
             docs
             | "Batch" >> beam.BatchElements(min_batch_size=min(8, config.batch_size), max_batch_size=config.batch_size)
             | "Score" >> beam.ParDo(_ScoreDoFn(stage, self.spill_dir)).with_outputs(
-                _PERPLEXITY, _WAITING, REJECTED, main=KEPT)
+                _PERPLEXITY, REJECTED, main=_WAITING)
         )
         failed = scored[REJECTED]
         thresholds = (

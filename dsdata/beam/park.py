@@ -22,7 +22,7 @@ import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
 from dsdata.beam import location
-from dsdata.beam.dedup.spill import SpillWriter, Unspillable, encode, make_private_dir, read_spill
+from dsdata.beam.dedup.spill import RollingSpill, Unspillable, encode, make_private_dir, read_spill
 from dsdata.beam.transforms import ANY_OUTPUT
 from dsdata.document import Document, Rejected, pack_document, unpack_document
 
@@ -54,56 +54,49 @@ def unpack_record(fields: tuple) -> Document | Rejected:
     return Rejected(unpack_document(doc), stage, reason, detail)
 
 
+def bundle_spill(spill_dir: str) -> RollingSpill:
+    """Where a bundle parks its records: files of PARK_FILE_BYTES under `spill_dir`."""
+    return RollingSpill(spill_dir, PARK_FILE_BYTES)
+
+
+def park(spill: RollingSpill, item, pack=pack_record) -> tuple[bool, Any] | None:
+    """None once `item` is in the bundle's spill files; else the entry that carries it (a value the
+    spill format cannot carry)."""
+    try:
+        record = encode(pack(item))
+    except Unspillable:
+        return False, item
+    spill.write_encoded(record)
+    return None
+
+
+def parked_entries(spill: RollingSpill) -> list[tuple[bool, str]]:
+    """The bundle's last file closed; an entry for each of its complete files."""
+    return [(True, name) for name in spill.close()]
+
+
 @ANY_OUTPUT
 class ParkRecords(beam.DoFn):
     """Records → entries: (True, name) per complete spill file of this bundle, emitted when the
     bundle finishes; (False, record) for a record the spill format cannot carry."""
 
-    def __init__(self, spill_dir: str, pack=pack_record):
-        self.spill_dir, self.pack = spill_dir, pack
+    def __init__(self, spill_dir: str):
+        self.spill_dir = spill_dir
 
     def setup(self):
         make_private_dir(self.spill_dir)
 
     def start_bundle(self):
-        self._writer, self._bytes, self._done = None, 0, []
+        self._spill = bundle_spill(self.spill_dir)
 
     def process(self, item):
-        parked = self.park(item)
-        if parked is not None:
-            yield parked
-
-    def park(self, item) -> tuple[bool, Any] | None:
-        """None once `item` is in this bundle's spill file; else the entry that carries it."""
-        try:
-            record = encode(self.pack(item))
-        except Unspillable:
-            return False, item
-        if self._writer is None:
-            self._writer = SpillWriter(self.spill_dir)
-        self._writer.write_encoded(record)
-        self._bytes += len(record)
-        if self._bytes >= PARK_FILE_BYTES:
-            self._roll()
-        return None
-
-    def _roll(self):
-        self._writer.close()
-        # Names in spill_dir, not paths: what crosses Beam's coders as str is written as UTF-8, and
-        # OUT's path need not be.
-        self._done.append(self._writer.name)
-        self._writer, self._bytes = None, 0
+        entry = park(self._spill, item)
+        if entry is not None:
+            yield entry
 
     def finish_bundle(self):
-        for entry in self.parked_entries():
+        for entry in parked_entries(self._spill):
             yield GlobalWindows.windowed_value(entry)
-
-    def parked_entries(self) -> list[tuple[bool, str]]:
-        """The bundle's last file closed; an entry for each of its complete files."""
-        if self._writer is not None:
-            self._roll()
-        done, self._done = self._done, []
-        return [(True, name) for name in done]
 
 
 def read_entry(spill_dir: str, entry: tuple[bool, Any], unpack=unpack_record):

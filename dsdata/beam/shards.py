@@ -35,7 +35,7 @@ from dsdata.beam.errors import passes_through
 from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, KEPT, REJECTED, StageCounters
 
 from dsdata.beam import location
-from dsdata.beam.dedup.spill import SpillWriter, make_private_dir, read_spill, spill_directory
+from dsdata.beam.dedup.spill import RollingSpill, SpillWriter, make_private_dir, read_spill, spill_directory
 from dsdata.io import shards as shard_io
 from dsdata.io.shard_tokenizer import bundle_tokenizer
 from dsdata.stages.base import StageConfigError
@@ -147,7 +147,7 @@ class _ParkRecords(StageCounters, beam.DoFn):
         make_private_dir(self.spill_dir)
 
     def start_bundle(self):
-        self._writer, self._bytes, self._done = None, 0, []
+        self._spill = RollingSpill(self.spill_dir, SPILL_FILE_BYTES)
         self._totals: dict[str, int] = {}
 
     def process(self, doc):
@@ -164,34 +164,21 @@ class _ParkRecords(StageCounters, beam.DoFn):
             return
         check_vocabulary(doc_id, tokens, self.vocab_size)
         data = tokens.astype(self._dtype, copy=False).tobytes()
-        if self._writer is None:
-            self._writer = SpillWriter(self.spill_dir)
-        self._writer.write((bucket, doc_id, data))
-        self._bytes += len(data) + len(doc_id) + 32
+        self._spill.write((bucket, doc_id, data))
         self._totals[bucket] = self._totals.get(bucket, 0) + len(tokens)
-        if self._bytes >= SPILL_FILE_BYTES:
-            self._roll()
         self._clock_stop(start)
         yield self._route(doc)
 
-    def _roll(self):
-        self._writer.close()
-        # Names in spill_dir, not paths: what crosses Beam's coders as str is written as UTF-8, and
-        # OUT's path need not be.
-        self._done.append(self._writer.name)
-        self._writer, self._bytes = None, 0
-
     def finish_bundle(self):
         start = thread_time()
-        if self._writer is not None:
-            self._roll()
+        names = self._spill.close()
         self._cpu += thread_time() - start
         super().finish_bundle()
-        for name in self._done:
+        for name in names:
             yield beam.pvalue.TaggedOutput(_PARKED, GlobalWindows.windowed_value(name))
         for bucket, n in self._totals.items():
             yield beam.pvalue.TaggedOutput(_TOTALS, GlobalWindows.windowed_value((bucket, n)))
-        self._done, self._totals = [], {}
+        self._totals = {}
 
 
 @ANY_OUTPUT

@@ -205,6 +205,40 @@ class SpillWriter:
         self._fh.close()
 
 
+class RollingSpill:
+    """One bundle's records appended to spill files under `directory`, a new file once the open one
+    holds `file_bytes`; `close()` ends the open file and hands over the names of the files completed
+    since the last call (names, not paths: what crosses Beam's coders as str is written as UTF-8,
+    and OUT's path need not be)."""
+
+    def __init__(self, directory: str, file_bytes: int):
+        self.directory, self.file_bytes = directory, file_bytes
+        self._writer: SpillWriter | None = None
+        self._bytes, self._done = 0, []
+
+    def write(self, value: Any) -> None:
+        self.write_encoded(encode(value))
+
+    def write_encoded(self, data: bytes) -> None:
+        if self._writer is None:
+            self._writer = SpillWriter(self.directory)
+        self._writer.write_encoded(data)
+        self._bytes += len(data)
+        if self._bytes >= self.file_bytes:
+            self._roll()
+
+    def _roll(self) -> None:
+        self._writer.close()
+        self._done.append(self._writer.name)
+        self._writer, self._bytes = None, 0
+
+    def close(self) -> list[str]:
+        if self._writer is not None:
+            self._roll()
+        done, self._done = self._done, []
+        return done
+
+
 def read_spill(path: str) -> Iterator[Any]:
     """The records of one spill file, in the order written."""
     with FileSystems.open(path) as fh:
