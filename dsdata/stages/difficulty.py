@@ -5,8 +5,8 @@ stage, else its input metadata "lang", else the `lang` parameter) and annotated 
 (CCNet's 10 ** (-Σ log10 p / Σ (tokens + 1)), lines weighted by their token counts) and
 `difficulty`. The grade uses fixed cut-offs (`cutoffs`) or, by default, per-language percentiles of
 the corpus being processed (30th / 60th, as CCNet's head / middle / tail), computed in the same
-pipeline with Beam's ApproximateQuantiles: the stage is a whole-corpus stage (its composite:
-dsdata/beam/difficulty.py), and writes OUT/difficulty.json.
+pipeline from a fixed-bin histogram of perplexities (the same on every runner): the stage is a
+whole-corpus stage (its composite: dsdata/beam/difficulty.py), and writes OUT/difficulty.json.
 
 Documents without a model for their language, or without any scorable token, are kept with
 `perplexity` null and difficulty `unscored_grade` ("medium": the middle of a curriculum), or rejected
