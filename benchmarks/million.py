@@ -15,7 +15,15 @@ runner runs `dsdata run` in its own process tree, sampled every 0.5 s with psuti
   flink-1tm, flink  a real local Flink cluster (dsdata/beam/engines/local_flink.py: JobManager + 1 or 2 one-slot
                     TaskManagers, SDK workers from dsdata's worker pool, all in a loopback-only netns),
                     submitted with FlinkRunner at parallelism 1 or 2; the cluster is started before and
-                    stopped after the timed run; RSS covers every process in the namespace
+                    stopped after the timed run; RSS covers every process in the namespace.  With
+                    --cores-per-taskmanager K the cluster, its workers and the launcher are pinned to
+                    K cores per TaskManager (sched_setaffinity, inherited by every process they start):
+                    on a 2-core machine one unpinned TaskManager already keeps ~1.5 cores busy (its
+                    JVM, the SDK worker and the job server overlap), so 2 vs 1 TaskManagers there
+                    measures the machine, not Flink's scale-out; pinned, each TaskManager has one core.
+
+With both Flink runners, the JSON also gives the machine's own two-process ceiling on the same
+cores (benchmarks/filters.py's reference loop: one process alone, then two at once).
 
 Per runner: finished (exit 0 within --timeout and under --max-rss-gb, ledger ok), wall seconds,
 docs/s, docs/s per core (input documents / wall / cores of the machine), peak RSS of the largest
@@ -78,6 +86,35 @@ def runner_flags(name: str, cores: int, dask_memory_limit: str, spill_dir: str,
 
 # Flink runner names and their TaskManager counts (one slot each).
 FLINK_TASKMANAGERS = {"flink-1tm": 1, "flink": 2}
+
+
+def pinned_cores(taskmanagers: int, per_taskmanager: int) -> set[int] | None:
+    """The first per_taskmanager × taskmanagers cores this process may use, or None (not pinned)."""
+    if per_taskmanager <= 0:
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    want = per_taskmanager * taskmanagers
+    if want > len(allowed):
+        raise ValueError(f"--cores-per-taskmanager {per_taskmanager} × {taskmanagers} TaskManagers needs "
+                         f"{want} cores; this process may use {len(allowed)}")
+    return set(allowed[:want])
+
+
+class pinned:
+    """Runs the block (and every process started in it) on `cores`; None leaves the affinity alone."""
+
+    def __init__(self, cores: set[int] | None):
+        self.cores, self.saved = cores, None
+
+    def __enter__(self):
+        if self.cores:
+            self.saved = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, self.cores)
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved:
+            os.sched_setaffinity(0, self.saved)
 
 
 def _kill_each(procs) -> None:
@@ -184,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per runner")
     parser.add_argument("--max-rss-gb", type=float, default=20.0,
                         help="stop a runner whose process tree passes this (the machine's memory is finite)")
+    parser.add_argument("--cores-per-taskmanager", type=int, default=0,
+                        help="pin each Flink run to this many cores per TaskManager (0: not pinned)")
     parser.add_argument("--reuse", action="store_true",
                         help="take a runner's result from --work-dir when an earlier invocation finished it")
     args = parser.parse_args(argv)
@@ -228,12 +267,14 @@ def main(argv: list[str] | None = None) -> int:
             if jar is None:
                 results[name] = {"finished": False, "skipped": "no Flink job-server jar (run .ci/engines-setup)"}
                 continue
+            cores = pinned_cores(FLINK_TASKMANAGERS[name], args.cores_per_taskmanager)
             try:
-                with LocalFlinkCluster(work / f"{name}-cluster", taskmanagers=FLINK_TASKMANAGERS[name]) as cluster:
+                with pinned(cores), LocalFlinkCluster(work / f"{name}-cluster",
+                                                      taskmanagers=FLINK_TASKMANAGERS[name]) as cluster:
                     run = run_monitored(cluster.nsenter(cli + cluster.dsdata_run_args(jar)), args.timeout,
                                         dict(cluster.job_server_env(), PYTHONPATH=env["PYTHONPATH"]),
                                         work / f"{name}-logs", args.max_rss_gb * 2**30, cluster.namespace_pids)
-            except ClusterError as exc:
+            except (ClusterError, ValueError) as exc:
                 results[name] = {"finished": False, "skipped": str(exc)}
                 continue
         else:
@@ -242,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         result = {k: run[k] for k in ("wall_s", "peak_rss_max_process_mb", "peak_rss_tree_mb", "processes",
                                       "rss_tree_mb_by_minute")}
         result["finished"] = finished
+        if name in FLINK_TASKMANAGERS:
+            result["pinned_cores"] = sorted(cores) if cores else None
         if not finished:
             result["error"] = ("timed out" if run["timed_out"] else
                                f"stopped: process tree over {args.max_rss_gb} GB" if run["over_memory"] else
@@ -273,6 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     one, two = results.get("flink-1tm", {}), results.get("flink", {})
     if one.get("finished") and two.get("finished"):
         ratios["flink_2tm_speedup_over_1tm"] = round(one["wall_s"] / two["wall_s"], 2)
+        if one.get("pinned_cores") != two.get("pinned_cores"):
+            ratios["flink_pinned_cores"] = {"flink-1tm": one.get("pinned_cores"), "flink": two.get("pinned_cores")}
+        # The same cores' ceiling for two processes of pure Python (filters.py --scaling's reference).
+        from filters import machine_two_vs_one
+
+        with pinned(pinned_cores(2, args.cores_per_taskmanager)):
+            alone, together, ceiling = machine_two_vs_one(next(corpus.glob("part-*.jsonl")), 4)
+        ratios["machine_two_process_ceiling"] = round(ceiling, 2)
     if args.corpus_dir is None and args.work_dir is None:
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps({"benchmark": "million", "docs": args.docs, "bytes": corpus_summary["bytes"],

@@ -351,6 +351,8 @@ def flink_cluster(tmp_path_factory):
     finally:
         cluster.stop()
         assert cluster.namespace_pids() == []
+        # The TaskManagers' working directories (spill files, blobs) went with the cluster.
+        assert not (cluster.work_dir / "tmp").exists()
 
 
 class _ListenerSampler:
@@ -474,6 +476,9 @@ def test_flink_cluster_sorts_records_of_megabytes_among_dozens_of_shuffles(flink
     assert "Record too large" not in proc.stderr and proc.returncode == 0, proc.stderr[-3000:]
     lines = sorted(line for f in tmp_path.glob("sizes*") for line in f.read_text().splitlines())
     assert lines == [f"k0 {4 << 20}", f"k1 {4 << 20}"]
+    # The sorts spilled under the cluster's own directory (removed when it stops), not /tmp, where a
+    # TaskManager with a fixed resource id leaves its working directory behind.
+    assert sorted(p.name for p in (cluster.work_dir / "tmp").glob("tm_*")) == ["tm_tm-0", "tm_tm-1"]
 
 
 @pytest.mark.slow
