@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         from filters import machine_two_vs_one
 
         with pinned(pinned_cores(2, args.cores_per_taskmanager)):
-            alone, together, ceiling = machine_two_vs_one(next(corpus.glob("part-*.jsonl")), 4)
+            ceiling = machine_two_vs_one(next(corpus.glob("part-*.jsonl")), 4)[2]
         ratios["machine_two_process_ceiling"] = round(ceiling, 2)
     if args.corpus_dir is None and args.work_dir is None:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -166,11 +166,12 @@ def _thresholds(stage: DifficultyStage):
         low, high = stage.percentiles
         outlier = stage.outlier_percentile
         shown = (0, 10, 50, 90, 100)
-        values = percentiles_from_histogram(histogram, (low, high, *shown, *(() if outlier is None else (outlier,))))
+        wanted = (low, high, *shown, *(() if outlier is None else (outlier,)))
+        at = dict(zip(wanted, percentiles_from_histogram(histogram, wanted)))
         return lang, {
-            "percentile_cutoffs": values[:2],
-            "outlier_threshold": values[7] if outlier is not None else None,
-            "perplexity_percentiles": {f"p{p}": round(v, 4) for p, v in zip(shown, values[2:7])},
+            "percentile_cutoffs": [at[low], at[high]],
+            "outlier_threshold": at[outlier] if outlier is not None else None,
+            "perplexity_percentiles": {f"p{p}": round(at[p], 4) for p in shown},
         }
 
     return build
