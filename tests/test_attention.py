@@ -2,6 +2,7 @@
 block-sparse FlexAttention kernels (kernel="flex") against the same definition and against the
 gather references, forward and backward."""
 import math
+import shutil
 
 import pytest
 import torch
@@ -240,3 +241,62 @@ def test_unknown_kernel_is_refused():
         DynamicSparseAttention(8, kernel="triton")
     with pytest.raises(ValueError, match="sparse_kernel"):
         ModelArgs(attention="lsh", sparse_kernel="fast").validate()
+
+
+needs_compiler = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("c++") is None,
+                                    reason="torch.compile on CPU needs a C++ compiler (gcc / c++ not on PATH)")
+
+
+@needs_compiler
+@pytest.mark.parametrize("t,top_k,window,block", [(512, 16, 64, 64), (300, 4, 32, 16)])
+def test_fused_dynamic_sparse_equals_the_gather_reference(t, top_k, window, block):
+    """`fused` is the reference compiled whole by Inductor (here its C++ backend): the same output and
+    gradients of q, k, v and the gate.  Compiled, the local-window `unfold` the reference once used
+    gave wrong key gradients (torch 2.13's Inductor, C++ backend, more than one thread), which this
+    catches."""
+    torch.manual_seed(t)  # the model's own settings (gate_hidden 32), fp32
+    reference = DynamicSparseAttention(16, top_k=top_k, window=window, block=block, kernel="reference")
+    fused = DynamicSparseAttention(16, top_k=top_k, window=window, block=block, kernel="fused")
+    fused.load_state_dict(reference.state_dict())
+    q, k, v = (x.detach().float().requires_grad_() for x in qkv(seed=t, b=1, h=4, t=t, d=16))
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(5))
+    want = _outputs_and_grads(reference, q, k, v, grad)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the miscompiled backward was wrong only when run by several threads
+    try:
+        got = _outputs_and_grads(fused, q, k, v, grad)
+    finally:
+        torch.set_num_threads(threads)
+    assert got[-1] is not None and got[-1].abs().sum() > 0  # the gate learns through the fused kernel
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5 * max(1.0, w.abs().max().item()))
+
+
+@needs_compiler
+def test_fused_lsh_equals_the_gather_reference_and_layers_share_one_compiled_graph():
+    from torch._dynamo.utils import counters
+
+    q, k, v = (x.detach().float().requires_grad_() for x in qkv(seed=4, b=1, h=2, t=200, d=16))
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(5))
+    for layer in range(2):  # another layer: another seed (its rotations), the same compiled code
+        graphs = counters["stats"]["unique_graphs"]
+        want = _outputs_and_grads(LSHAttention(16, 16, seed=7 + layer, kernel="reference"), q, k, v, grad)
+        got = _outputs_and_grads(LSHAttention(16, 16, seed=7 + layer, kernel="fused"), q, k, v, grad)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+        if layer == 1:
+            assert counters["stats"]["unique_graphs"] == graphs, "the second layer compiled again"
+    sparse = [make_sparse(4, 16, 16, kernel="fused", dim=16).float() for _ in range(2)]
+    sparse[0](q, k, v)
+    graphs = counters["stats"]["unique_graphs"]
+    sparse[1](q, k, v)  # other weights, same settings
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_auto_kernel_is_the_eager_reference_off_cuda():
+    from dsdata.train.attention import _implementation
+
+    q = torch.zeros(1, 1, 4, 8)
+    assert _implementation("auto", q, cuda_default="fused") == "reference"
+    assert _implementation("fused", q, cuda_default="flex") == "fused"
+    ModelArgs(attention="dynamic_sparse", sparse_kernel="fused").validate()

@@ -26,10 +26,15 @@ def test_smoke_runs_every_section_and_ends_with_one_json_object():
     # 6·N + 12·L·T·d per token, the formula
     assert trainer["gflops_per_token"] == round((6 * trainer["parameters"] + 12 * 2 * 64 * 64) / 1e9, 3)
     attention = summary["attention"]
-    assert set(attention["ms"]) == {f"{k}@256" for k in ("dense", "dynamic_sparse", "dynamic_sparse_reference",
-                                                          "dynamic_sparse_kv64", "lsh", "lsh_reference")}
-    for diffs in attention["flex_vs_reference_max_abs_diff"].values():
-        assert max(diffs.values()) < 1e-4
+    assert set(attention["ms"]) == {f"{k}@256" for k in ("dense", "dynamic_sparse", "dynamic_sparse_flex",
+                                                          "dynamic_sparse_reference", "lsh", "lsh_fused",
+                                                          "lsh_reference")}
+    diffs = attention["kernel_vs_reference_max_abs_diff"]
+    assert set(diffs) == {"dynamic_sparse_fused", "dynamic_sparse_flex", "lsh_flex", "lsh_fused"}
+    for kernel_diffs in diffs.values():
+        assert max(kernel_diffs.values()) < 1e-4
+    profile = attention["profile"]["dynamic_sparse@256"]
+    assert profile["launches"] > 0 and profile["top"] and profile["top"][0][2] > 0
     assert summary["ratios"]["eager_vs_hf"] > 0
     assert "skipped" in summary["trainer_compiled"]
 

@@ -22,6 +22,7 @@ CUDA when torch has FlexAttention.  Tests hold the two equal, forward and backwa
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -30,15 +31,35 @@ from torch import nn
 
 from dsdata.train.block_sparse import FLEX_BLOCK, band_blocks, block_mask_from_pairs, flex_available, flex_with_lse
 
-KERNEL_CHOICES = ("auto", "flex", "reference")
+KERNEL_CHOICES = ("auto", "fused", "flex", "reference")
 
 
-def _use_flex(kernel: str, q: torch.Tensor) -> bool:
+def _implementation(kernel: str, q: torch.Tensor, cuda_default: str) -> str:
+    """The implementation a call runs: ``kernel``, with ``auto`` resolved (``cuda_default`` on CUDA,
+    the eager reference elsewhere)."""
     if kernel not in KERNEL_CHOICES:
         raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
-    if kernel == "auto":
-        return q.device.type == "cuda" and flex_available()
-    return kernel == "flex"
+    if kernel != "auto":
+        return kernel
+    if q.device.type != "cuda":
+        return "reference"
+    return "flex" if cuda_default == "flex" and not flex_available() else cuda_default
+
+
+@functools.cache
+def _fused(method):
+    """``method`` (a reference forward, called with the module) compiled whole by Inductor: the
+    gathers, masks, softmax and sums become a few fused kernels (Triton on CUDA, C++ on CPU) around
+    the batched matmuls, instead of the hundreds of small kernels the eager reference launches.
+    Module settings are plain attributes, so layers that share them share one compiled graph; under
+    an enclosing torch.compile (training.compile) the method is simply traced into that graph."""
+    return torch.compile(method, dynamic=False)
+
+
+def _run_fused(method, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return method(module, q, k, v)
+    return _fused(method)(module, q, k, v)
 
 
 class DenseAttention(nn.Module):
@@ -54,6 +75,16 @@ def _accum_dtype(t: torch.Tensor) -> torch.dtype:
 def _local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The full value of a parameter that a parallel wrapper may have turned into a DTensor."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _local_windows(x: torch.Tensor, lag: int, n_blocks: int) -> torch.Tensor:
+    """(B, H, nb, (lag + 1)·bs, D): for each block b of x (B, H, nb·bs, D), blocks b − lag .. b in order
+    (zeros before the start).  Contiguous copies made by concatenating shifted block views: batched
+    matmuls over overlapping strided views hit slow non-BLAS paths on CPU, and Inductor (torch 2.13,
+    CPU) miscompiles the backward of the `unfold` that built them before (wrong key gradients)."""
+    bsz, heads, _, dim = x.shape
+    blocks = F.pad(x, (0, 0, lag * (x.shape[2] // n_blocks), 0)).view(bsz, heads, n_blocks + lag, -1, dim)
+    return torch.cat([blocks[:, :, j:j + n_blocks] for j in range(lag + 1)], dim=3)
 
 
 class DynamicSparseAttention(nn.Module):
@@ -109,8 +140,11 @@ class DynamicSparseAttention(nn.Module):
         return F.linear(hidden, w2.to(v.dtype), b2.to(v.dtype)).squeeze(-1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if _use_flex(self.kernel, q):
+        implementation = _implementation(self.kernel, q, cuda_default="fused")
+        if implementation == "flex":
             return self._forward_flex(q, k, v)
+        if implementation == "fused":
+            return _run_fused(DynamicSparseAttention._forward_reference, self, q, k, v)
         return self._forward_reference(q, k, v)
 
     def _selection(self, v: torch.Tensor, seqlen: int, n_blocks: int):
@@ -256,10 +290,7 @@ class DynamicSparseAttention(nn.Module):
         logit_cand = logit_cand.masked_fill(~selected, float("-inf"))
 
         # Local window: keys [b·bs − window, (b+1)·bs) of block b.
-        # Contiguous copies (2x the size of k): batched matmuls over overlapping strided views hit
-        # slow non-BLAS paths on CPU, in backward especially.
-        k_local = F.pad(k, (0, 0, window, 0)).unfold(2, window + bs, bs).transpose(-1, -2).contiguous()
-        v_local = F.pad(v, (0, 0, window, 0)).unfold(2, window + bs, bs).transpose(-1, -2).contiguous()
+        k_local, v_local = _local_windows(k, window // bs, n_blocks), _local_windows(v, window // bs, n_blocks)
         logit_local = torch.matmul(q_blocks, k_local.transpose(-1, -2)) * scale
         kpos_local = (torch.arange(n_blocks, device=device)[:, None] * bs - window
                       + torch.arange(window + bs, device=device)[None, :])  # (nb, window+bs)
@@ -313,9 +344,9 @@ class DynamicSparseAttention(nn.Module):
         blocks = torch.arange(n_blocks, device=device)
 
         own_idx = (blocks - lag)[:, None] * bs + torch.arange(bs, device=device)[None, :]  # (nb, bs)
-        own_ok = own_idx >= 0
         own_idx = own_idx.clamp(min=0)
-        own_val = score[:, :, own_idx.flatten()].view(bsz, heads, n_blocks, bs).masked_fill(~own_ok, float("-inf"))
+        # Key block b − lag of every query block b: the scores shifted by lag blocks (−inf before 0).
+        own_val = F.pad(score, (lag * bs, 0), value=float("-inf"))[..., :padded].view(bsz, heads, n_blocks, bs)
 
         cand_val = torch.cat([prefix_val, own_val], dim=-1)
         cand_idx = torch.cat([prefix_idx, own_idx.expand(bsz, heads, -1, -1)], dim=-1)
@@ -386,8 +417,11 @@ class LSHAttention(nn.Module):
         return torch.where(use_top, top, bottom + proj.shape[-1]).squeeze(-1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if _use_flex(self.kernel, q):
+        implementation = _implementation(self.kernel, q, cuda_default="flex")
+        if implementation == "flex":
             return self._forward_flex(q, k, v)
+        if implementation == "fused":
+            return _run_fused(LSHAttention._forward_reference, self, q, k, v)
         return self._forward_reference(q, k, v)
 
     def _sorted(self, q, k, v):

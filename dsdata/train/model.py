@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsdata.train.attention import build_attention_kernel
+from dsdata.train.attention import KERNEL_CHOICES, build_attention_kernel
 from dsdata.train.moe import MoEFeedForward
 
 ATTENTION_KINDS = ("dense", "dynamic_sparse", "lsh")
@@ -55,7 +55,7 @@ class ModelArgs:
     sparse_gate_hidden: int = 32
     sparse_refresh_steps: int = 4  # the gate that selects keys is re-snapshotted every N steps
     sparse_summary: bool = True  # attend to the mean of the unselected far past
-    sparse_kernel: str = "auto"  # auto (flex on CUDA, reference elsewhere) | flex | reference (attention.py)
+    sparse_kernel: str = "auto"  # auto | fused | flex | reference (attention.py: KERNEL_CHOICES)
     lsh_chunk: int = 64
     lsh_buckets: int = 0  # 0: one bucket per chunk of the sequence (Reformer's choice)
     lsh_seed: int = 1234
@@ -87,8 +87,8 @@ class ModelArgs:
             raise ValueError("model.dim / model.n_heads (the head size) must be even for RoPE")
         if self.sparse_window <= 0 or self.sparse_window % self.sparse_block:
             raise ValueError(f"model.sparse_window ({self.sparse_window}) must be a positive multiple of model.sparse_block ({self.sparse_block})")
-        if self.sparse_kernel not in ("auto", "flex", "reference"):
-            raise ValueError(f"model.sparse_kernel = {self.sparse_kernel!r}; choose auto, flex or reference")
+        if self.sparse_kernel not in KERNEL_CHOICES:
+            raise ValueError(f"model.sparse_kernel = {self.sparse_kernel!r}; choose one of {', '.join(KERNEL_CHOICES)}")
         if self.moe_experts and self.moe_top_k > self.moe_experts:
             raise ValueError("model.moe_top_k must not exceed model.moe_experts")
 
