@@ -4,7 +4,8 @@
     python benchmarks/attention.py --max-len 16384 # adds 16k (dense takes minutes there)
 
 Each (kernel, length) runs in a forked child so its peak RSS growth is its own.  Shapes: batch 1,
-8 heads, head size 64, fp32; dynamic_sparse with its defaults (top-k 16, window 64, block 64),
+8 heads, head size 64, fp32; dynamic_sparse with its defaults (top-k 16, window 64, block 64), eager
+(`reference`, the CPU default) and `fused` (compiled by Inductor; peak memory includes compiling),
 lsh with chunk 64.  Last line: one JSON object with speedup_8k (dynamic_sparse vs dense).
 """
 from __future__ import annotations
@@ -26,6 +27,9 @@ from dsdata.train.attention import DenseAttention, DynamicSparseAttention, LSHAt
 KERNELS = {
     "dense": lambda d: DenseAttention(),
     "dynamic_sparse": lambda d: DynamicSparseAttention(d, top_k=16, window=64, block=64),
+    # the same kernel compiled whole by Inductor (the CUDA default; here its C++ backend; the
+    # warm-up run compiles)
+    "sparse_fused": lambda d: DynamicSparseAttention(d, top_k=16, window=64, block=64, kernel="fused"),
     "lsh": lambda d: LSHAttention(d, chunk=64),
 }
 
@@ -93,6 +97,7 @@ def main() -> None:
         tag = f"{n // 1024}k"
         dense = results[n]["dense"]["seconds"]
         summary[f"speedup_{tag}"] = round(dense / results[n]["dynamic_sparse"]["seconds"], 3)
+        summary[f"fused_speedup_{tag}"] = round(dense / results[n]["sparse_fused"]["seconds"], 3)
         summary[f"lsh_speedup_{tag}"] = round(dense / results[n]["lsh"]["seconds"], 3)
         summary[f"seconds_{tag}"] = {k: round(v["seconds"], 4) for k, v in results[n].items()}
         summary[f"peak_mb_{tag}"] = {k: round(v["peak_mb"], 1) for k, v in results[n].items()}

@@ -60,3 +60,18 @@ def test_compiled_blocks_under_every_layout_train_the_one_process_losses(tmp_pat
     want = _losses(tmp_path / "single")
     for name in layouts:
         assert _losses(tmp_path / name) == pytest.approx(want, rel=2e-3), name
+
+
+def test_compiled_blocks_with_dynamic_sparse_attention_train_the_eager_losses(tmp_path):
+    """The sparse kernel traced into each compiled block (selection, gathers, summary, the gate's
+    straight-through term), two threads: the compiled run trains the eager losses and gradient norms."""
+    sets = ["training.steps=6", "checkpoint.interval=0", "model.n_layers=2", "optimizer.lr=0.003",
+            "schedule.warmup_steps=2", "training.threads=2", "model.attention=dynamic_sparse",
+            "model.sparse_top_k=8", "model.sparse_window=64", "model.sparse_block=32", "model.max_seq_len=256",
+            "training.seq_len=256", "training.global_batch_size=2", "export.enabled=false"]
+    run_train(tmp_path / "eager", sets + ["training.compile=false"])
+    run_train(tmp_path / "compiled", sets + ["training.compile=true"])
+    want, got = metrics(tmp_path / "eager"), metrics(tmp_path / "compiled")
+    assert len(got) == 6 and got[-1]["loss"] < got[0]["loss"]
+    for key in ("loss", "grad_norm"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in want], rel=2e-3, abs=2e-3), key
