@@ -14,11 +14,14 @@
 
 All kernels take the head count from the tensors, so heads may be split by tensor parallelism.
 
-The sparse kernels come in two implementations of the same function (``kernel``): ``reference``,
-the gathers above (the definition; the CPU default), and ``flex``, block-sparse FlexAttention
-(dsdata/train/block_sparse.py: the selection is computed as above, the attention runs as one fused
-kernel over only the key blocks that hold selected keys; the CUDA default).  ``auto`` picks flex on
-CUDA when torch has FlexAttention.  Tests hold the two equal, forward and backward.
+The sparse kernels come in three implementations of the same function (``kernel``):
+``reference``, the gathers above (the definition; the CPU default); ``fused``, the reference
+compiled whole by Inductor (a few generated kernels around batched matmuls; dynamic_sparse's CUDA
+default: per query it computes the ~window + block + top-k + block candidate keys, whatever the
+length); and ``flex``, block-sparse FlexAttention (dsdata/train/block_sparse.py: the selection is
+computed as above, the attention runs as one fused kernel over only the key blocks that hold
+selected keys; lsh's CUDA default).  ``auto`` picks the CUDA default on CUDA and the reference
+elsewhere.  Tests hold all three equal, forward and backward.
 """
 from __future__ import annotations
 
