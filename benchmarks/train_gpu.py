@@ -14,6 +14,8 @@ section prints one `{"section": ...}` line as it finishes):
   `Trainer.train_step` — the code path `python -m dsdata.train` runs;
 - ``hf_llama``: transformers' LlamaForCausalLM, same shape, SDPA attention, fp32 weights under bf16
   autocast (as the Trainer), fused AdamW, clipping at 1.0: the reference, in the same run;
+- each of the three then profiles one more step (``profile``: GPU time by kind of kernel — matmul,
+  attention, Inductor-generated, optimizer, other — the 12 kernels with the most time, launches);
 - ``attention``: forward+backward, bf16, batch 1, 16 heads × 128, at 8k/16k/32k/64k: dense SDPA
   (flash) against dynamic_sparse and lsh as a user gets them (``sparse_kernel = auto``: the fused
   reference for dynamic_sparse, FlexAttention for lsh) and in their other implementations (flex,
@@ -174,11 +176,45 @@ class Bench:
         self.sync()
         seconds = (time.perf_counter() - began) / timed
         tokens = t.global_batch_size * t.seq_len
+        peak = self.peak_gb()
         return {**self.throughput(tokens / seconds, trainer.parameter_count, m.n_layers, t.seq_len, m.dim),
                 "step_s": round(seconds, 4), "warmup_s": round(warmup_s, 1), "tokens_per_step": tokens,
                 "parameters": trainer.parameter_count,
                 "losses": [round(x, 4) if x is not None else None for x in losses],
-                "peak_gb": self.peak_gb()}
+                "peak_gb": peak, "profile": self._profile(trainer.train_step)}
+
+    # Kernel-name fragments → where a step's GPU time goes (first match wins).
+    CATEGORIES = (("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
+                  ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "matmul", "aten::mm", "aten::bmm", "addmm")),
+                  ("optimizer", ("adam", "foreach", "multi_tensor")),
+                  ("generated", ("triton", "cpp_fused")),
+                  ("other", ("",)))
+
+    def _profile(self, fn) -> dict:
+        """One more call of `fn` under the profiler: device time by kind of kernel (matmul, attention,
+        Inductor-generated, optimizer — the multi-tensor kernels, grad norm and clipping included —,
+        other), the kernels with the most time, and the launch count: where a step's time goes when
+        the figures miss their goal (on CPU, operators' self time instead)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        cuda = self.device.type == "cuda"
+        with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+            fn()
+            self.sync()
+        rows = []
+        for event in prof.key_averages():
+            us = event.self_device_time_total if cuda else event.self_cpu_time_total
+            if us > 0 and (not cuda or event.device_type.name == "CUDA"):
+                rows.append((us, event.count, event.key))
+        rows.sort(reverse=True)
+        by_kind: dict[str, float] = {}
+        for us, _, name in rows:
+            low = name.lower()
+            kind = next(kind for kind, parts in self.CATEGORIES if any(part in low for part in parts))
+            by_kind[kind] = by_kind.get(kind, 0.0) + us / 1e3
+        return {"launches": sum(count for _, count, _ in rows), "total_ms": round(sum(us for us, _, _ in rows) / 1e3, 3),
+                "by_kind_ms": {kind: round(ms, 3) for kind, ms in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+                "top": [[name[:90], count, round(us / 1e3, 3)] for us, count, name in rows[:12]]}
 
     def throughput(self, tokens_per_s: float, params: int, layers: int, seq: int, dim: int) -> dict:
         flops_per_token = 6 * params + 12 * layers * seq * dim
@@ -235,7 +271,8 @@ class Bench:
         seconds = (time.perf_counter() - began) / timed
         tokens = micro * accumulation * seq
         out = {**self.throughput(tokens / seconds, params, shape["num_hidden_layers"], seq, shape["hidden_size"]),
-               "step_s": round(seconds, 4), "parameters": params, "peak_gb": self.peak_gb()}
+               "step_s": round(seconds, 4), "parameters": params, "peak_gb": self.peak_gb(),
+               "profile": self._profile(step)}
         del model, optimizer
         return out
 
@@ -311,26 +348,11 @@ class Bench:
         return out
 
     def _profile_attention(self, module, seqlen: int, heads: int, dim: int, dtype) -> dict:
-        """Where one forward+backward spends its time: the kernels (CUDA; operators on CPU) with the
-        most self time, and how many were launched — what to attack next if the kernel is slow."""
-        from torch.profiler import ProfilerActivity, profile
-
+        """Where one forward+backward spends its time (`_profile`): what to attack next if it is slow."""
         q, k, v = (torch.randn(1, heads, seqlen, dim, device=self.device, dtype=dtype, requires_grad=True)
                    for _ in range(3))
         grad = torch.randn(1, heads, seqlen, dim, device=self.device, dtype=dtype)
-        cuda = self.device.type == "cuda"
-        activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-        with profile(activities=activities) as prof:
-            module(q, k, v).backward(grad)
-            self.sync()
-        rows = []
-        for event in prof.key_averages():
-            us = event.self_device_time_total if cuda else event.self_cpu_time_total
-            if us > 0 and (not cuda or event.device_type.name == "CUDA"):
-                rows.append((us, event.count, event.key))
-        rows.sort(reverse=True)
-        return {"launches": sum(count for _, count, _ in rows), "total_ms": round(sum(us for us, _, _ in rows) / 1e3, 3),
-                "top": [[name[:90], count, round(us / 1e3, 3)] for us, count, name in rows[:12]]}
+        return self._profile(lambda: module(q, k, v).backward(grad))
 
     def _compare(self, flex, reference, heads: int, dim: int) -> dict:
         """Max |flex − reference| of the output and of dq, dk, dv (fp32, 1,000 positions: not a

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -23,6 +25,11 @@ def test_smoke_runs_every_section_and_ends_with_one_json_object():
     trainer = summary["trainer_eager"]
     assert trainer["tokens_per_s"] > 0 and trainer["tokens_per_step"] == 4 * 64
     assert all(loss is not None and loss > 0 for loss in trainer["losses"])
+    for section in ("trainer_eager", "hf_llama"):  # one more step profiled: where the time goes
+        profile = summary[section]["profile"]
+        assert profile["launches"] > 0 and profile["top"]
+        assert sum(profile["by_kind_ms"].values()) == pytest.approx(profile["total_ms"], rel=0.01, abs=0.01)
+        assert profile["by_kind_ms"].get("matmul", 0) > 0  # the linear layers, whatever the device
     # 6·N + 12·L·T·d per token, the formula
     assert trainer["gflops_per_token"] == round((6 * trainer["parameters"] + 12 * 2 * 64 * 64) / 1e9, 3)
     attention = summary["attention"]
