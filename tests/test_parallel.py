@@ -276,7 +276,7 @@ def _assert_close_params(got: dict, want: dict, what: str) -> None:
             torch.testing.assert_close(got[name], value, rtol=RTOL, atol=RTOL, msg=lambda m: f"{what} {name}: {m}")
 
 
-def _torchrun(nproc: int, plan: list[dict], tmp: Path) -> None:
+def _torchrun(nproc: int, plan: list[dict], tmp: Path) -> subprocess.CompletedProcess:
     spec = tmp / f"plan_{nproc}.json"
     spec.write_text(json.dumps(plan))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
@@ -290,6 +290,7 @@ def _torchrun(nproc: int, plan: list[dict], tmp: Path) -> None:
         if proc.returncode == 0 or attempt or "terminate called without an active exception" not in proc.stderr:
             break
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
 
 
 @pytest.fixture(scope="module")
@@ -394,8 +395,9 @@ def _worker(plan_path: str) -> None:
         if dist.is_initialized():
             dist.barrier()
         began = time.perf_counter()
-        train(load_config(TINY, run["overrides"]), run["run_dir"])
-        print(f"{run['run_dir']}: {time.perf_counter() - began:.1f} s", file=sys.stderr)
+        summary = train(load_config(TINY, run["overrides"]), run["run_dir"])
+        print(f"{run['run_dir']}: {time.perf_counter() - began:.1f} s, compiled blocks: {summary['compiled']}",
+              file=sys.stderr)
     if dist.is_initialized():
         dist.destroy_process_group()
 

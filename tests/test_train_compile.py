@@ -2,6 +2,7 @@
 
 Runs the real command (python -m dsdata.train) with inductor's CPU backend (needs a C++ compiler,
 as torch.compile on CPU always does)."""
+import re
 import shutil
 
 import pytest
@@ -40,10 +41,11 @@ def test_compiled_blocks_train_the_eager_losses_and_resume_exactly(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_compiled_blocks_under_every_layout_train_the_one_process_losses(tmp_path):
-    """DDP, FSDP2 and pipeline parallel over 2 gloo processes, each block compiled, against one eager
-    process: the compiled forward keeps the layouts' hooks (DDP's and FSDP2's, pipeline stages)
-    working.  Under tensor parallelism training.compile is declined (the blocks run eagerly, one
-    warning) and the run still trains the one-process losses."""
+    """DDP, FSDP2, tensor and pipeline parallel over 2 gloo processes, each block compiled, against
+    one eager process: the compiled forward keeps the layouts' hooks (DDP's and FSDP2's, tensor
+    parallel's DTensor plumbing, pipeline stages) working.  Tensor parallel with compiled blocks once
+    failed in backward (the embedding's all-reduced output reached the compiled block as an
+    AsyncCollectiveTensor); every rank of every run reports compiled blocks."""
     from dsdata.train.config import load_config
     from dsdata.train.loop import train
     from tests.test_parallel import BASE, TINY, _losses, _torchrun
@@ -54,8 +56,11 @@ def test_compiled_blocks_under_every_layout_train_the_one_process_losses(tmp_pat
                "fsdp": ["parallel.data_parallel_size=2", "parallel.data_parallel=fsdp"],
                "tp2": ["parallel.tensor_parallel_size=2"],
                "pp2": ["parallel.pipeline_parallel_size=2", "parallel.pipeline_schedule=1f1b"]}
-    _torchrun(2, [{"run_dir": str(tmp_path / name), "overrides": sets + extra + ["training.compile=true"]}
-                  for name, extra in layouts.items()], tmp_path)
+    proc = _torchrun(2, [{"run_dir": str(tmp_path / name), "overrides": sets + extra + ["training.compile=true"]}
+                         for name, extra in layouts.items()], tmp_path)
+    for name in layouts:  # both ranks of every run trained compiled blocks (no layout declines it)
+        reported = re.findall(rf"{re.escape(str(tmp_path / name))}: [\d.]+ s, compiled blocks: (\w+)", proc.stderr)
+        assert reported == ["True", "True"], (name, proc.stderr[-3000:])
     train(load_config(TINY, sets + ["training.compile=false"]), str(tmp_path / "single"))
     want = _losses(tmp_path / "single")
     for name in layouts:

@@ -51,7 +51,7 @@ def test_setup_first_progress_line_and_one_log_format(tmp_path):
         [x for x in lines if not (LINE.match(x) or PROGRESS.match(x))]
     text = proc.stderr
     assert "1 process on cpu, layout one process, dp 1 × tp 1 × pp 1, 1 micro-batch of 2 per rank" in text
-    assert re.search(r"model [\d,]+ parameters \(2 layers, dim 32, dense\), fp32, optimizer adamw", text)
+    assert re.search(r"model [\d,]+ parameters \(2 layers, dim 32, dense\), fp32, optimizer adamw, eager", text)
     assert "synthetic stream (64-token vocabulary" in text and "2 × 32 = 64 tokens per step, 12 steps" in text
     steps = [int(m) for m in re.findall(r"^dsdata-train: \d+:\d\d:\d\d step (\d+)/12, ", text, re.M)]
     assert steps == [1, 10, 12]  # the first progress line comes at step 1, not step 10
@@ -70,7 +70,8 @@ def test_a_finished_run_says_so_and_neither_trains_nor_exports_again(tmp_path):
     proc = _run(run, ["training.steps=3", "export.enabled=true"])
     assert "already complete at step 3" in proc.stderr
     summary = json.loads(proc.stdout)  # strict JSON: no NaN
-    assert summary == {"steps": 3, "loss": last_loss, "run_dir": str(run), "vocab_size": 64, "already_complete": True}
+    assert summary == {"steps": 3, "loss": last_loss, "run_dir": str(run), "vocab_size": 64, "compiled": False,
+                       "already_complete": True}
     assert not (run / "hf").exists()
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
 

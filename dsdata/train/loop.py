@@ -55,13 +55,6 @@ class Trainer:
         self.parameter_count = sum(p.numel() for p in self.model.parameters())  # before a layout splits it
         self.model_train = self.layout.parallelize(self.model)
         self.compiled = t.compile if t.compile is not None else self.env.device.type == "cuda"
-        if self.compiled and self.layout.dims.tp > 1:
-            # A compiled block hands tensor parallel's DTensor redistribution a plain-tensor gradient
-            # in backward (torch 2.13, 'Tensor' object has no attribute '_local_tensor'): eager.
-            if t.compile and self.layout.writes_metrics:
-                log.warning("training.compile is not applied under tensor parallelism "
-                            "(parallel.tensor_parallel_size > 1): the blocks run eagerly")
-            self.compiled = False
         self._lm_loss = lm_cross_entropy
         if self.compiled:
             compile_blocks(self.model)
@@ -138,7 +131,7 @@ class Trainer:
         variant = args.attention + (f", MoE {args.moe_experts} experts" if args.moe_experts else "")
         return [f"run {self.run_dir}: {processes}{backend} on {env.device}, layout {self.layout.describe()}",
                 f"model {_count(self.parameter_count)} parameters ({args.n_layers} layers, dim {args.dim}, {variant}), "
-                f"{t.precision}, optimizer {self.config.optimizer.name}",
+                f"{t.precision}, optimizer {self.config.optimizer.name}, {'compiled blocks' if self.compiled else 'eager'}",
                 f"data {data}; {t.global_batch_size} × {t.seq_len} = {t.global_batch_size * t.seq_len} tokens per step, "
                 f"{t.steps} steps"]
 
@@ -182,7 +175,8 @@ class Trainer:
 
     def _summary(self, loss: float | None, **extra) -> dict:
         return {"steps": self.step, "loss": _finite_or_none(loss) if loss is not None else None,
-                "run_dir": self.run_dir, "vocab_size": self.config.model.vocab_size, **extra}
+                "run_dir": self.run_dir, "vocab_size": self.config.model.vocab_size, "compiled": self.compiled,
+                **extra}
 
     def _already_complete(self, step: int) -> dict:
         """A finished run started again: nothing is trained, saved or exported."""

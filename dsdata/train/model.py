@@ -279,7 +279,21 @@ def compile_blocks(model: nn.Module) -> None:
     stages compile just the blocks they own.  Compilation happens on the first call.
     """
     for block in model.layers.values():
-        block.forward = torch.compile(block.forward)
+        block.forward = _plain_input(torch.compile(block.forward))
+
+
+def _plain_input(compiled):
+    """Hand the compiled block a plain tensor.  Under tensor parallelism the embedding's all-reduced
+    output arrives as an AsyncCollectiveTensor (a functional collective not yet waited on); given to
+    a compiled graph as its input, its gradient came back as a plain tensor that DTensor's
+    redistribution could not take ('Tensor' object has no attribute '_local_tensor', torch 2.13).
+    An eager clone waits for the collective and keeps the autograd link."""
+    def forward(x, *args, **kwargs):
+        if type(x) is not torch.Tensor and hasattr(x, "trigger_wait"):
+            x = x.clone()
+        return compiled(x, *args, **kwargs)
+
+    return forward
 
 
 def lm_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
