@@ -37,11 +37,15 @@ from dsdata.train.block_sparse import FLEX_BLOCK, band_blocks, block_mask_from_p
 KERNEL_CHOICES = ("auto", "fused", "flex", "reference")
 
 
-def _implementation(kernel: str, q: torch.Tensor, cuda_default: str) -> str:
-    """The implementation a call runs: ``kernel``, with ``auto`` resolved (``cuda_default`` on CUDA,
-    the eager reference elsewhere)."""
+def _checked_kernel(kernel: str) -> str:
     if kernel not in KERNEL_CHOICES:
         raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
+    return kernel
+
+
+def _implementation(kernel: str, q: torch.Tensor, cuda_default: str) -> str:
+    """The implementation a call runs: ``kernel`` (checked when the module was built), with ``auto``
+    resolved (``cuda_default`` on CUDA, the eager reference elsewhere)."""
     if kernel != "auto":
         return kernel
     if q.device.type != "cuda":
@@ -104,9 +108,7 @@ class DynamicSparseAttention(nn.Module):
     def __init__(self, head_dim: int, top_k: int = 16, window: int = 64, block: int = 64,
                  gate_hidden: int = 32, refresh_steps: int = 4, summary: bool = True, kernel: str = "auto"):
         super().__init__()
-        if kernel not in KERNEL_CHOICES:
-            raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
-        self.kernel = kernel
+        self.kernel = _checked_kernel(kernel)
         self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
         if window <= 0 or window % block:
             raise ValueError(f"sparse window ({window}) must be a positive multiple of the block ({block})")
@@ -386,9 +388,7 @@ class LSHAttention(nn.Module):
 
     def __init__(self, head_dim: int, chunk: int = 64, n_buckets: int = 0, seed: int = 1234, kernel: str = "auto"):
         super().__init__()
-        if kernel not in KERNEL_CHOICES:
-            raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
-        self.kernel = kernel
+        self.kernel = _checked_kernel(kernel)
         self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
         self.head_dim, self.chunk, self.n_buckets, self.seed = head_dim, chunk, n_buckets, seed
         self._rotations: dict[tuple[int, str], torch.Tensor] = {}
