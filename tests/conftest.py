@@ -1,4 +1,5 @@
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,10 @@ REPO = Path(__file__).resolve().parents[1]
 # The real dev data lives beside the checkout (../shared/data); DSDATA_SHARED_DATA names it elsewhere
 # (a worktree whose sibling folder is not `shared`).
 SHARED_DATA = Path(os.environ.get("DSDATA_SHARED_DATA") or REPO.parent / "shared" / "data")
+
+# torch.compile on CPU builds C++ (Inductor's CPU backend): tests that compile skip without a compiler.
+needs_compiler = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("c++") is None,
+                                    reason="torch.compile on CPU needs a C++ compiler (gcc / c++ not on PATH)")
 
 # Tests never reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -2,13 +2,13 @@
 block-sparse FlexAttention kernels (kernel="flex") against the same definition and against the
 gather references, forward and backward."""
 import math
-import shutil
 
 import pytest
 import torch
 
 from dsdata.train.attention import DenseAttention, DynamicSparseAttention, LSHAttention
 from dsdata.train.model import ModelArgs, Transformer
+from tests.conftest import needs_compiler
 
 torch.set_num_threads(1)
 
@@ -241,10 +241,6 @@ def test_unknown_kernel_is_refused():
         DynamicSparseAttention(8, kernel="triton")
     with pytest.raises(ValueError, match="sparse_kernel"):
         ModelArgs(attention="lsh", sparse_kernel="fast").validate()
-
-
-needs_compiler = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("c++") is None,
-                                    reason="torch.compile on CPU needs a C++ compiler (gcc / c++ not on PATH)")
 
 
 @needs_compiler

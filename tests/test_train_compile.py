@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
+from tests.conftest import needs_compiler
 from tests.test_train import metrics, run_train
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("c++") is None,
-                                reason="torch.compile on CPU needs a C++ compiler (gcc / c++ not on PATH)")
+pytestmark = needs_compiler
 
 STEPS = 20
 COMMON = [f"training.steps={STEPS}", "checkpoint.interval=10", "model.n_layers=2", "optimizer.lr=0.003",
