@@ -41,10 +41,6 @@ BOMB_RATIO = 1032
 BOMB_MIN_OUTPUT = 16 << 20
 
 
-class _Bomb(Exception):
-    """A member stopped at the bomb bound (its Damage already yielded)."""
-
-
 class _MemberEnd:
     def __repr__(self) -> str:
         return "MEMBER_END"
@@ -182,194 +178,217 @@ def _is_skippable_frame(head: bytes | bytearray) -> bool:
 
 
 def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[bytes | Damage | _MemberEnd]:
-    magic = GZIP_MAGIC if kind == "gzip" else ZSTD_MAGIC
-    errors = _decode_errors(kind)
-    buf = bytearray()  # compressed bytes not yet fed to a decoder; buf[0] is at file offset `pos`
-    pos = 0
-    exhausted = False
-    dictionary = None  # a zstd dictionary the file carries (IIPC's WARC-zstd: a skippable frame first)
+    return _MemberReader(raw, kind, member_ends).chunks()
 
-    def fill(n: int) -> None:
-        nonlocal exhausted
-        while len(buf) < n and not exhausted:
-            chunk = raw.read(max(_FEED, n - len(buf)))
+
+class _MemberReader:
+    """One pass over a compressed file: `buf` holds the compressed bytes not yet fed to a decoder,
+    `buf[0]` at file offset `pos`.  `chunks` walks member by member; each damaged place yields one
+    Damage and reading resumes at the next header that really decodes."""
+
+    def __init__(self, raw: IO[bytes], kind: str, member_ends: bool):
+        self.raw, self.kind, self.member_ends = raw, kind, member_ends
+        self.magic = GZIP_MAGIC if kind == "gzip" else ZSTD_MAGIC
+        self.errors = _decode_errors(kind)
+        self.buf = bytearray()
+        self.pos = 0
+        self.exhausted = False
+        self.dictionary = None  # a zstd dictionary the file carries (IIPC's WARC-zstd: a skippable frame first)
+
+    def fill(self, n: int) -> None:
+        while len(self.buf) < n and not self.exhausted:
+            chunk = self.raw.read(max(_FEED, n - len(self.buf)))
             if chunk:
-                buf.extend(chunk)
+                self.buf.extend(chunk)
             else:
-                exhausted = True
+                self.exhausted = True
 
-    def skip_to_member(search_from: int, begin: int, why: str) -> Iterator[Damage]:
-        """Drop bytes up to the next header that really decodes; one Damage for the gap."""
-        nonlocal pos
+    def drop(self, n: int) -> None:
+        """Forget the first `n` bytes of the buffer (they are behind the reading position now)."""
+        del self.buf[:n]
+        self.pos += n
+
+    def chunks(self) -> Iterator[bytes | Damage | _MemberEnd]:
+        magic, buf = self.magic, self.buf
         while True:
-            fill(search_from + _PROBE + len(magic))
-            found = buf.find(magic, search_from)
-            if found < 0:
-                if exhausted:
-                    lost = pos + len(buf) - begin
-                    pos += len(buf)
-                    buf.clear()
-                    yield Damage("corrupt_compression",
-                                 f"{why}; the {lost} compressed bytes from offset {begin} to the end hold no "
-                                 f"further {kind} member: what did not decode from them is lost", begin)
-                    return
-                # Keep only a possible partial header at the end; everything before it is lost.
-                keep = max(search_from, len(buf) - len(magic) + 1)
-                del buf[:keep]
-                pos += keep
-                search_from = 0
-                continue
-            fill(found + _PROBE)
-            if _decodes(kind, bytes(buf[found:found + _PROBE]), dictionary):
-                lost = pos + found - begin
-                del buf[:found]
-                pos += found
-                yield Damage("corrupt_compression",
-                             f"{why}; {lost} compressed bytes from offset {begin} skipped, "
-                             f"reading resumed at the next {kind} member (offset {pos})", begin)
+            self.fill(len(magic))
+            if self.kind == "gzip":
+                self._skip_zero_padding()
+            if not buf and self.exhausted:
                 return
-            search_from = found + 1
-
-    while True:
-        fill(len(magic))
-        if kind == "gzip":
-            # gzip allows zero padding after a member (tape blocks); Python's gzip skips it too.
-            while buf[:1] == b"\x00":
-                zeros = len(buf) - len(buf.lstrip(b"\x00"))
-                del buf[:zeros]
-                pos += zeros
-                fill(len(magic))
-        if not buf and exhausted:
-            return
-        if kind == "zstd":
-            fill(8)
-            if _is_skippable_frame(buf):
-                # Metadata, not data: pzstd puts one before every frame, and its frames cut lines
-                # anywhere, so a line goes on in the next frame.  `zstd -d` skips them, and so does this.
-                frame_start = pos
-                keep = frame_start == 0 and buf[0] == 0x5D  # the dictionary frame of a WARC-zstd file
-                size = 8 + int.from_bytes(buf[4:8], "little")
-                payload = bytearray()
-                while size:
-                    fill(min(size, _FEED))
-                    if not buf:
-                        break
-                    step = min(size, len(buf))
-                    if keep and len(payload) <= _MAX_DICTIONARY:
-                        payload.extend(buf[:step])
-                    del buf[:step]
-                    pos += step
-                    size -= step
-                if size:
+            if self.kind == "zstd":
+                self.fill(8)
+                if _is_skippable_frame(buf):
+                    if (yield from self._skippable_frame()):
+                        return
+                    continue
+            if not buf.startswith(magic):
+                if self.exhausted and len(buf) < len(magic) and magic.startswith(bytes(buf)):
                     yield Damage("truncated_compression",
-                                 f"the file ends inside the zstd skippable frame that starts at offset {frame_start}",
-                                 frame_start)
+                                 f"the file ends {len(buf)} bytes into a {self.kind} header at offset {self.pos}",
+                                 self.pos)
                     return
-                if keep:
-                    dictionary, problem = _zstd_dictionary(bytes(payload[8:]))
-                    if problem:
-                        yield Damage("corrupt_compression", f"the zstd dictionary frame at offset 0 {problem}; "
-                                     "the frames compressed with it cannot be read", 0)
+                begin = self.pos
+                yield from self.skip_to_member(1, begin, f"bytes at offset {begin} are not a {self.kind} member")
                 continue
-        if not buf.startswith(magic):
-            if exhausted and len(buf) < len(magic) and magic.startswith(bytes(buf)):
-                yield Damage("truncated_compression",
-                             f"the file ends {len(buf)} bytes into a {kind} header at offset {pos}", pos)
+            if not (yield from self._member()):
                 return
-            begin = pos
-            yield from skip_to_member(1, begin, f"bytes at offset {begin} are not a {kind} member")
-            continue
-        member_start = pos
-        decoder = _decoder(kind, dictionary)
+
+    def _skip_zero_padding(self) -> None:
+        """gzip allows zero padding after a member (tape blocks); Python's gzip skips it too."""
+        while self.buf[:1] == b"\x00":
+            self.drop(len(self.buf) - len(self.buf.lstrip(b"\x00")))
+            self.fill(len(self.magic))
+
+    def _skippable_frame(self) -> Iterator[Damage]:
+        """Pass a zstd skippable frame: metadata, not data (pzstd puts one before every frame, and its
+        frames cut lines anywhere, so a line goes on in the next frame; `zstd -d` skips them too).
+        The first one of a WARC-zstd file holds its dictionary.  Returns True when the file ends in it."""
+        buf = self.buf
+        frame_start = self.pos
+        keep = frame_start == 0 and buf[0] == 0x5D  # the dictionary frame of a WARC-zstd file
+        size = 8 + int.from_bytes(buf[4:8], "little")
+        payload = bytearray()
+        while size:
+            self.fill(min(size, _FEED))
+            if not buf:
+                break
+            step = min(size, len(buf))
+            if keep and len(payload) <= _MAX_DICTIONARY:
+                payload.extend(buf[:step])
+            self.drop(step)
+            size -= step
+        if size:
+            yield Damage("truncated_compression",
+                         f"the file ends inside the zstd skippable frame that starts at offset {frame_start}",
+                         frame_start)
+            return True
+        if keep:
+            self.dictionary, problem = _zstd_dictionary(bytes(payload[8:]))
+            if problem:
+                yield Damage("corrupt_compression", f"the zstd dictionary frame at offset 0 {problem}; "
+                             "the frames compressed with it cannot be read", 0)
+        return False
+
+    def _member(self) -> Iterator[bytes | Damage | _MemberEnd]:
+        """Decode the member at the reading position; after damage, find the next one.  Returns
+        False when the file ends inside it (its Damage said), True to go on."""
+        kind, buf = self.kind, self.buf
+        member_start = self.pos
+        decoder = _decoder(kind, self.dictionary)
         history = bytearray()  # the member's bytes already fed (the last _RESYNC_WINDOW of them)
-        history_start = pos
-        failure = None
+        history_start = self.pos
         feed = _FEED if kind == "gzip" else _ZSTD_FEED
         fed = produced = 0  # this member's compressed bytes fed and decoded bytes out
         while True:
             if not buf:
-                fill(1)
+                self.fill(1)
                 if not buf:
                     yield Damage("truncated_compression",
                                  f"the file ends inside the {kind} member that starts at offset {member_start} "
-                                 f"({pos - member_start} compressed bytes of it present); its undecoded rest is lost",
-                                 member_start)
-                    return
+                                 f"({self.pos - member_start} compressed bytes of it present); its undecoded rest "
+                                 "is lost", member_start)
+                    return False
             piece = bytes(buf[:feed])
             before = decoder.copy() if kind == "gzip" else None
             try:
                 out = decoder.decompress(piece)
-            except errors as exc:
-                failure = exc
+            except self.errors as failure:
                 if before is not None:
-                    yield from _sound_part(before, piece, errors)
-                break
+                    yield from _sound_part(before, piece, self.errors)
+                return (yield from self._after_failure(failure, member_start, history, history_start, produced))
             fed += len(piece)
             produced += len(out)
             if produced > BOMB_MIN_OUTPUT and produced > BOMB_RATIO * fed:
                 yield Damage("too_large", f"the {kind} member at offset {member_start} decodes to over {produced} "
                              f"bytes from {fed} compressed bytes (over {BOMB_RATIO}:1, a decompression bomb); "
                              "the rest of it is not decoded", member_start)
-                history.extend(piece)
-                failure = _Bomb()
-                break
+                self.drop(len(piece))
+                self._skip_past_bomb()
+                return True
             if out:
                 yield out
             if decoder.eof:
-                used = len(piece) - len(decoder.unused_data)
-                del buf[:used]
-                pos += used
-                if member_ends:
+                self.drop(len(piece) - len(decoder.unused_data))
+                if self.member_ends:
                     yield MEMBER_END
-                break
-            del buf[:len(piece)]
-            pos += len(piece)
+                return True
+            self.drop(len(piece))
             history.extend(piece)
             if len(history) > 2 * _RESYNC_WINDOW:  # trim in big steps: amortised O(1) per byte
                 cut = len(history) - _RESYNC_WINDOW
                 del history[:cut]
                 history_start += cut
-        if failure is None:
-            continue
+
+    def _after_failure(self, failure: BaseException, member_start: int, history: bytearray, history_start: int,
+                       produced: int) -> Iterator[bytes | Damage]:
+        """The member at `member_start` failed to decode: keep what a zstd frame with only a bad
+        checksum decoded, or search for the next member.  Returns True (reading goes on)."""
+        kind, buf = self.kind, self.buf
         if kind == "zstd" and "checksum" in str(failure) and history_start == member_start:
-            # The frame decoded whole and only its checksum differs (a flipped bit in the last 4
-            # bytes, or in data that still decodes): as gzip's CRC failure, what it decoded is kept
-            # (the reader holds back lines that do not parse) and the row names the check.
-            recovered = _without_checksum(bytes(history) + bytes(buf), produced, dictionary)
+            recovered = _without_checksum(bytes(history) + bytes(buf), produced, self.dictionary)
             if recovered is not None:
+                # The frame decoded whole and only its checksum differs (a flipped bit in the last 4
+                # bytes, or in data that still decodes): as gzip's CRC failure, what it decoded is kept
+                # (the reader holds back lines that do not parse) and the row names the check.
                 tail, frame_bytes = recovered
                 if tail:
                     yield tail
-                consumed = frame_bytes - len(history)
-                del buf[:consumed]
-                pos += consumed
+                self.drop(frame_bytes - len(history))
                 yield Damage("corrupt_compression", f"the zstd frame at offset {member_start} decoded whole but "
                              "fails its checksum: its lines are kept as decoded", member_start)
-                continue
-        if isinstance(failure, _Bomb):
-            # Its Damage is said: skip to the next member without a corrupt_compression row of its rest.
-            del buf[:len(piece)]
-            pos += len(piece)
-            while True:
-                fill(len(magic) + _PROBE)
-                found = buf.find(magic)
-                if found >= 0 and (fill(found + _PROBE) or _decodes(kind, bytes(buf[found:found + _PROBE]), dictionary)):
-                    del buf[:found]
-                    pos += found
-                    break
-                if found < 0 and exhausted:
-                    pos += len(buf)
-                    buf.clear()
-                    break
-                cut = found + 1 if found >= 0 else max(0, len(buf) - len(magic) + 1)
-                del buf[:cut]
-                pos += cut
-            continue
+                return True
         # Search for the next member from just after this member's header, through the bytes of
         # this member already fed (the decoder may notice damage well after it) and onwards.
         buf[:0] = history
-        pos = history_start
+        self.pos = history_start
         start = max(1, member_start + 1 - history_start)
         first_line = str(failure).splitlines()[0] if str(failure) else type(failure).__name__
-        yield from skip_to_member(start, member_start,
-                                  f"corrupt {kind} data in the member at offset {member_start} ({first_line})")
+        yield from self.skip_to_member(start, member_start,
+                                       f"corrupt {kind} data in the member at offset {member_start} ({first_line})")
+        return True
+
+    def _skip_past_bomb(self) -> None:
+        """After a bomb's Damage: go to the next member that decodes, without a corrupt_compression
+        row for the rest of the bomb."""
+        buf, magic = self.buf, self.magic
+        while True:
+            self.fill(len(magic) + _PROBE)
+            found = buf.find(magic)
+            if found >= 0:
+                self.fill(found + _PROBE)
+                if _decodes(self.kind, bytes(buf[found:found + _PROBE]), self.dictionary):
+                    self.drop(found)
+                    return
+            elif self.exhausted:
+                self.drop(len(buf))
+                return
+            self.drop(found + 1 if found >= 0 else max(0, len(buf) - len(magic) + 1))
+
+    def skip_to_member(self, search_from: int, begin: int, why: str) -> Iterator[Damage]:
+        """Drop bytes up to the next header that really decodes; one Damage for the gap."""
+        buf, magic, kind = self.buf, self.magic, self.kind
+        while True:
+            self.fill(search_from + _PROBE + len(magic))
+            found = buf.find(magic, search_from)
+            if found < 0:
+                if self.exhausted:
+                    lost = self.pos + len(buf) - begin
+                    self.drop(len(buf))
+                    yield Damage("corrupt_compression",
+                                 f"{why}; the {lost} compressed bytes from offset {begin} to the end hold no "
+                                 f"further {kind} member: what did not decode from them is lost", begin)
+                    return
+                # Keep only a possible partial header at the end; everything before it is lost.
+                self.drop(max(search_from, len(buf) - len(magic) + 1))
+                search_from = 0
+                continue
+            self.fill(found + _PROBE)
+            if _decodes(kind, bytes(buf[found:found + _PROBE]), self.dictionary):
+                lost = self.pos + found - begin
+                self.drop(found)
+                yield Damage("corrupt_compression",
+                             f"{why}; {lost} compressed bytes from offset {begin} skipped, "
+                             f"reading resumed at the next {kind} member (offset {self.pos})", begin)
+                return
+            search_from = found + 1
