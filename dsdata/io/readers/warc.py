@@ -204,11 +204,10 @@ def _warc_frames(src: _Source, arc_allowed: bool = False) -> Iterator[Any]:
             return
         start = src.offset - len(line)
         if not _WARC_VERSION.match(line):
+            src.unread(line)
             if arc_allowed and _ARC_LINE.match(line):
-                src.unread(line)
                 yield from _arc_records(src, loader)
                 return
-            src.unread(line)
             skipped, found = _skip_to_record(src)
             what = f"{skipped} bytes at offset {start} are not a WARC record (they begin {line[:40]!r})"
             yield Damage("bad_warc", what + (f"; reading resumed at the next record (offset {src.offset})"
@@ -216,97 +215,119 @@ def _warc_frames(src: _Source, arc_allowed: bool = False) -> Iterator[Any]:
             arc_allowed = False
             continue
         arc_allowed = False
-        head = [line]
-        size = len(line)
-        while True:
-            h = src.readline(_LINE_CAP)
-            if not h:
-                yield Damage("truncated_record", f"the file ends inside a record at offset {start} "
-                             f"({size} bytes of it present)", start)
-                return
-            head.append(h)
-            size += len(h)
-            if not h.strip() or size > _MAX_HEADERS:
+        head = yield from _header_block(src, line, start)
+        if head is None:
+            return
+        if head:
+            yield from _framed_record(src, loader, head, start)
+
+
+def _header_block(src: _Source, line: bytes, start: int) -> Iterator[Damage]:
+    """The header lines of the record whose version `line` starts at `start`, through the blank
+    line; [] when they are unusable (one bad_warc Damage, and the stream moved to the next record),
+    None when the stream ends inside them (one truncated_record Damage)."""
+    head = [line]
+    size = len(line)
+    while True:
+        h = src.readline(_LINE_CAP)
+        if not h:
+            yield Damage("truncated_record", f"the file ends inside a record at offset {start} "
+                         f"({size} bytes of it present)", start)
+            return None
+        head.append(h)
+        size += len(h)
+        if not h.strip() or size > _MAX_HEADERS:
+            break
+    problem = "headers over 1 MiB" if size > _MAX_HEADERS else _header_problem(head)
+    if problem is None:
+        return head
+    src.unread(b"".join(head[1:]))
+    skipped, found = _skip_to_record(src)
+    yield Damage("bad_warc", f"malformed WARC record at offset {start}: {problem}; "
+                 + (f"{skipped + len(line)} bytes skipped, reading resumed at the next record "
+                    f"(offset {src.offset})" if found else
+                    f"the {skipped + len(line)} bytes to the end of the file hold no further record"),
+                 start)
+    return []
+
+
+def _framed_record(src: _Source, loader: Any, head: list[bytes], start: int) -> Iterator[Any]:
+    """The record with these sound headers: its block read, and handed out when a record boundary
+    (or the end) follows it; otherwise its Content-Length is wrong (`_misframed`)."""
+    length = int(_header_value(head, b"content-length"))
+    header = b"".join(head)
+    if length > _MAX_LINE:  # too large to hold: streamed to the caller (a too_large row)
+        src.unread(header)
+        record = _parse_record(loader, src, start)
+        yield record
+        if not isinstance(record, Damage):
+            while record.raw_stream.read(1 << 20):
+                pass
+        return
+    block = src.read(length)
+    record_src = _Source(io.BytesIO(block))
+    record_src.unread(header)
+    if len(block) < length:
+        # The stream ends inside this record: it is handed out (truncated_record), then the
+        # records its length swallowed are framed again.
+        yield _parse_record(loader, record_src, start)
+        src.unread(block)
+        _skip_to_record(src)
+        return
+    trail = [src.readline(_LINE_CAP)]  # the lines after the block, to its first non-blank one
+    while trail[-1] and not trail[-1].strip():
+        trail.append(src.readline(_LINE_CAP))
+    after = trail[-1]
+    if not after or _WARC_VERSION.match(after):  # the end, or the next record's version line
+        src.unread(after)
+        yield _parse_record(loader, record_src, start)
+        return
+    following = b"".join(trail)
+    inner = _WARC_LINE.search(block)
+    cut = inner.start() if inner is not None else None
+    if cut is None:  # a version line that the block's end cuts in two
+        tail_start = block.rfind(b"\n") + 1
+        m = _WARC_LINE.search(block[tail_start:] + following[:16])
+        if m is not None and tail_start + m.start() < len(block):
+            cut = tail_start + m.start()
+    if len(trail) > 1 and cut is None:
+        # Blank lines, then bytes that are framed on their own (garbage between records).
+        src.unread(after)
+        yield _parse_record(loader, record_src, start)
+        return
+    src.unread(following)
+    yield from _misframed(src, loader, head, start, block, cut, following)
+
+
+def _misframed(src: _Source, loader: Any, head: list[bytes], start: int, block: bytes, cut: int | None,
+               following: bytes) -> Iterator[Any]:
+    """A record whose block is not followed by a record boundary: its Content-Length is wrong.
+    Too long (the next record starts at `cut` inside the block): read as ending there, and the rest
+    of the block framed again.  Too short: what follows is the rest of this record, skipped."""
+    end = src.offset
+    length = len(block)
+    rec_id = (_header_value(head, b"warc-record-id") or b"").strip()[:80].decode("utf-8", "replace")
+    if cut is not None:
+        body = block[:cut]
+        for tail in (b"\r\n\r\n", b"\n\n"):
+            if body.endswith(tail):
+                body = body[: -len(tail)]
                 break
-        problem = "headers over 1 MiB" if size > _MAX_HEADERS else _header_problem(head)
-        if problem is not None:
-            src.unread(b"".join(head[1:]))
-            skipped, found = _skip_to_record(src)
-            yield Damage("bad_warc", f"malformed WARC record at offset {start}: {problem}; "
-                         + (f"{skipped + len(line)} bytes skipped, reading resumed at the next record "
-                            f"(offset {src.offset})" if found else
-                            f"the {skipped + len(line)} bytes to the end of the file hold no further record"),
-                         start)
-            continue
-        length = int(_header_value(head, b"content-length"))
-        header = b"".join(head)
-        if length > _MAX_LINE:  # too large to hold: streamed to the caller (a too_large row)
-            src.unread(header)
-            record = _parse_record(loader, src, start)
-            yield record
-            if not isinstance(record, Damage):
-                while record.raw_stream.read(1 << 20):
-                    pass
-            continue
-        block = src.read(length)
-        record_src = _Source(io.BytesIO(block))
-        record_src.unread(header)
-        if len(block) < length:
-            # The stream ends inside this record: it is handed out (truncated_record), then the
-            # records its length swallowed are framed again.
-            yield _parse_record(loader, record_src, start)
-            src.unread(block)
-            _skip_to_record(src)
-            continue
-        trail = [src.readline(_LINE_CAP)]  # the lines after the block, to its first non-blank one
-        while trail[-1] and not trail[-1].strip():
-            trail.append(src.readline(_LINE_CAP))
-        after = trail[-1]
-        if not after or _WARC_VERSION.match(after):  # the end, or the next record's version line
-            src.unread(after)
-            yield _parse_record(loader, record_src, start)
-            continue
-        following = b"".join(trail)
-        inner = _WARC_LINE.search(block)
-        cut = inner.start() if inner is not None else None
-        if cut is None:  # a version line that the block's end cuts in two
-            tail_start = block.rfind(b"\n") + 1
-            m = _WARC_LINE.search(block[tail_start:] + following[:16])
-            if m is not None and tail_start + m.start() < len(block):
-                cut = tail_start + m.start()
-        if len(trail) > 1 and cut is None:
-            # Blank lines, then bytes that are framed on their own (garbage between records).
-            src.unread(after)
-            yield _parse_record(loader, record_src, start)
-            continue
-        # The block is not followed by a record boundary: the Content-Length is wrong.
-        src.unread(following)
-        end = src.offset
-        rec_id = (_header_value(head, b"warc-record-id") or b"").strip()[:80].decode("utf-8", "replace")
-        if cut is not None:
-            # Too long: the next record starts inside the block.  The record is read as ending
-            # there (one bad_warc row says so), and the rest of the block is framed again.
-            body = block[:cut]
-            for tail in (b"\r\n\r\n", b"\n\n"):
-                if body.endswith(tail):
-                    body = body[: -len(tail)]
-                    break
-            src.unread(block[cut:])
-            fixed = [b"Content-Length: %d\r\n" % len(body) if _field_name(h) == b"content-length" else h
-                     for h in head]
-            record_src = _Source(io.BytesIO(body))
-            record_src.unread(b"".join(fixed))
-            yield _parse_record(loader, record_src, start)
-            yield Damage("bad_warc", f"record {rec_id} at offset {start}: its Content-Length {length} runs "
-                         f"into the next record (offset {start + len(header) + cut}); read as ending there",
-                         start)
-            continue
-        # Too short: what follows the block is the rest of this record; the record is one row.
-        skipped, found = _skip_to_record(src)
-        yield Damage("bad_warc", f"record {rec_id} at offset {start}: its Content-Length {length} ends inside "
-                     f"the record (followed by {following[:30]!r} at offset {end}, not by the next record); "
-                     + (f"{skipped} bytes skipped, reading resumed at the next record (offset {src.offset})"
-                        if found else f"the {skipped} bytes after it hold no further record"), start)
+        src.unread(block[cut:])
+        fixed = [b"Content-Length: %d\r\n" % len(body) if _field_name(h) == b"content-length" else h
+                 for h in head]
+        record_src = _Source(io.BytesIO(body))
+        record_src.unread(b"".join(fixed))
+        yield _parse_record(loader, record_src, start)
+        yield Damage("bad_warc", f"record {rec_id} at offset {start}: its Content-Length {length} runs "
+                     f"into the next record (offset {start + len(b''.join(head)) + cut}); read as ending there",
+                     start)
+        return
+    skipped, found = _skip_to_record(src)
+    yield Damage("bad_warc", f"record {rec_id} at offset {start}: its Content-Length {length} ends inside "
+                 f"the record (followed by {following[:30]!r} at offset {end}, not by the next record); "
+                 + (f"{skipped} bytes skipped, reading resumed at the next record (offset {src.offset})"
+                    if found else f"the {skipped} bytes after it hold no further record"), start)
 
 
 def _record_loader() -> Any:
