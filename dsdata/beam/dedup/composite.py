@@ -360,50 +360,58 @@ class _VerifyComponent(beam.DoFn):
             return []
         nodes = [m[0] for m in members]
         data = [np.frombuffer(m[2], dtype=np.uint32) for m in members]
-        sizes = [len(d) for d in data]
         buckets: dict[int, list[int]] = {}
         for i, m in enumerate(members):
             for key in np.frombuffer(m[1], dtype=np.uint64).tolist():
                 buckets.setdefault(key, []).append(i)
-        parent = list(range(n))
-
-        def find(x: int) -> int:
-            while parent[x] != x:
-                parent[x] = parent[parent[x]]
-                x = parent[x]
-            return x
-
-        exact = self.mode == "exact"
-        verified = dropped = 0
-        for bucket in buckets.values():
-            k = len(bucket)
-            if k < 2:
-                continue
-            if k <= _ALL_PAIRS_LIMIT:
-                pairs = ((bucket[i], b) for i in range(k) for b in bucket[i + 1:])
-            else:
-                pairs = ((bucket[0], b) for b in bucket[1:])
-            for a, b in pairs:
-                ra, rb = find(a), find(b)
-                if ra == rb:
-                    continue
-                small, large = sorted((sizes[a], sizes[b]))
-                if exact and (large == 0 or small < self.threshold * large):
-                    dropped += 1
-                    continue
-                if _similarity(data[a], data[b], self.mode) >= self.threshold:
-                    verified += 1
-                    # The smaller index becomes the root: roots are their sets' smallest nodes.
-                    parent[max(ra, rb)] = min(ra, rb)
-                else:
-                    dropped += 1
+        roots, verified, dropped = _verified_roots(data, buckets, self.threshold, self.mode)
         self.kept.inc(verified)
         self.dropped.inc(dropped)
-        roots = [find(i) for i in range(n)]
         counts: dict[int, int] = {}
         for r in roots:
             counts[r] = counts.get(r, 0) + 1
         return [(nodes[i], nodes[r]) for i, r in enumerate(roots) if counts[r] > 1]
+
+
+def _verified_roots(data: list[np.ndarray], buckets: dict[int, list[int]], threshold: float,
+                    mode: str) -> tuple[list[int], int, int]:
+    """Union-find over the candidate pairs that share a bucket and pass the similarity check:
+    (each member's root, the smallest index of its set; pairs verified; pairs dropped)."""
+    n = len(data)
+    sizes = [len(d) for d in data]
+    parent = list(range(n))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    exact = mode == "exact"
+    verified = dropped = 0
+    for bucket in buckets.values():
+        k = len(bucket)
+        if k < 2:
+            continue
+        if k <= _ALL_PAIRS_LIMIT:
+            pairs = ((bucket[i], b) for i in range(k) for b in bucket[i + 1:])
+        else:
+            pairs = ((bucket[0], b) for b in bucket[1:])
+        for a, b in pairs:
+            ra, rb = find(a), find(b)
+            if ra == rb:
+                continue
+            small, large = sorted((sizes[a], sizes[b]))
+            if exact and (large == 0 or small < threshold * large):
+                dropped += 1
+                continue
+            if _similarity(data[a], data[b], mode) >= threshold:
+                verified += 1
+                # The smaller index becomes the root: roots are their sets' smallest nodes.
+                parent[max(ra, rb)] = min(ra, rb)
+            else:
+                dropped += 1
+    return [find(i) for i in range(n)], verified, dropped
 
 
 def _merge_exact(item):
@@ -653,7 +661,6 @@ class DedupTransform(beam.PTransform):
 
     def expand(self, docs):
         c = self.cfg
-        prefix_len = _SCORE_HEX if c.score_field else 0
         out = (
             docs
             | "Batch" >> beam.BatchElements(min_batch_size=min(16, c.batch_size), max_batch_size=c.batch_size)
@@ -666,39 +673,9 @@ class DedupTransform(beam.PTransform):
             | "ExactPick" >> beam.ParDo(_ExactGroups()).with_outputs("edges", main="reps")
         )
         if c.near:
-            candidate_labels = (
-                exact["reps"]
-                | "BandItems" >> beam.FlatMap(_band_items)
-                | "Buckets" >> beam.GroupByKey()
-                | "BucketStars" >> beam.FlatMap(_bucket_star)
-                | "DistinctCandidates" >> beam.Distinct()
-                | "CandidateComponents" >> ConnectedComponents(c.cc_rounds)
-            )
-            if c.verify == "none":
-                near_labels = candidate_labels
-            else:
-                if c.spill_dir:
-                    # Only candidate nodes' data is read back, from the bundles' verify files.
-                    members = (
-                        {"label": candidate_labels, "where": out[_WHERE]}
-                        | "LocateComponentData" >> beam.CoGroupByKey()
-                        | "RouteComponentData" >> beam.FlatMap(_route_verification)
-                        | "ByVerifyFile" >> beam.GroupByKey()
-                        | "ReadComponentData" >> beam.ParDo(_ReadVerification(c.spill_dir, c.stage_name))
-                    )
-                else:
-                    members = (
-                        {"label": candidate_labels, "data": out[_SIGNATURES]}
-                        | "JoinComponentData" >> beam.CoGroupByKey()
-                        | "ToComponent" >> beam.FlatMap(_to_component)
-                    )
-                near_labels = (
-                    members
-                    | "ComponentGroup" >> beam.GroupByKey()
-                    | "VerifyComponent" >> beam.ParDo(_VerifyComponent(c.threshold, c.verify, c.stage_name))
-                )
             labels = (
-                {"near": near_labels, "members": exact["edges"] | "ByRepresentative" >> beam.Map(lambda e: (e[1], e[0]))}
+                {"near": self._near_labels(exact["reps"], out),
+                 "members": exact["edges"] | "ByRepresentative" >> beam.Map(lambda e: (e[1], e[0]))}
                 | "JoinExactMembers" >> beam.CoGroupByKey()
                 | "MergeExact" >> beam.FlatMap(_merge_exact)
             )
@@ -711,6 +688,47 @@ class DedupTransform(beam.PTransform):
             | "ClusterGroup" >> beam.GroupByKey()
             | "ClusterSizes" >> beam.FlatMap(_cluster_sizes)
         )
+        return self._decided(out, decisions)
+
+    def _near_labels(self, reps, out):
+        """(node, component label) for every exact group's representative: LSH buckets give
+        candidate components, which are verified by their documents' similarity unless verify=none."""
+        c = self.cfg
+        candidate_labels = (
+            reps
+            | "BandItems" >> beam.FlatMap(_band_items)
+            | "Buckets" >> beam.GroupByKey()
+            | "BucketStars" >> beam.FlatMap(_bucket_star)
+            | "DistinctCandidates" >> beam.Distinct()
+            | "CandidateComponents" >> ConnectedComponents(c.cc_rounds)
+        )
+        if c.verify == "none":
+            return candidate_labels
+        if c.spill_dir:
+            # Only candidate nodes' data is read back, from the bundles' verify files.
+            members = (
+                {"label": candidate_labels, "where": out[_WHERE]}
+                | "LocateComponentData" >> beam.CoGroupByKey()
+                | "RouteComponentData" >> beam.FlatMap(_route_verification)
+                | "ByVerifyFile" >> beam.GroupByKey()
+                | "ReadComponentData" >> beam.ParDo(_ReadVerification(c.spill_dir, c.stage_name))
+            )
+        else:
+            members = (
+                {"label": candidate_labels, "data": out[_SIGNATURES]}
+                | "JoinComponentData" >> beam.CoGroupByKey()
+                | "ToComponent" >> beam.FlatMap(_to_component)
+            )
+        return (
+            members
+            | "ComponentGroup" >> beam.GroupByKey()
+            | "VerifyComponent" >> beam.ParDo(_VerifyComponent(c.threshold, c.verify, c.stage_name))
+        )
+
+    def _decided(self, out, decisions) -> dict:
+        """Each document joined with its cluster's decision: kept, or rejected as a duplicate."""
+        c = self.cfg
+        prefix_len = _SCORE_HEX if c.score_field else 0
         kept, rejected = [], [out[REJECTED]]
         if c.spill_dir:
             # Documents wait in spill files; only node keys and decisions meet here (see _park).
@@ -745,7 +763,6 @@ class DedupTransform(beam.PTransform):
         kept = kept[0] if len(kept) == 1 else tuple(kept) | "AllKept" >> FlattenParked(parked)
         rejected = tuple(rejected) | "AllRejected" >> FlattenParked(parked)
         return {KEPT: kept, REJECTED: rejected}
-
 
 
 def composite(stage, context) -> DedupTransform:
