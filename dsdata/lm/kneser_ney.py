@@ -166,27 +166,8 @@ def estimate(sentences: Iterable[Sequence[int]], order: int, vocab_size: int, *,
     """
     if order < 1:
         raise EstimationError(f"order must be >= 1 (got {order})")
-    thresholds = [0] * order
-    if prune:
-        prune = [int(x) for x in prune]
-        thresholds = (prune + [prune[-1]] * order)[:order]
-        if any(b < a for a, b in zip(thresholds[1:], thresholds[2:])):
-            raise EstimationError(f"prune thresholds must not decrease with order (got {list(prune)})")
-    chunks = []
-    sent_chunks = []
-    n_sent = 0
-    for sentence in sentences:
-        arr = np.asarray(sentence, dtype=np.int64)
-        if len(arr) and (arr.min() < 0 or arr.max() >= vocab_size):
-            raise EstimationError(f"word id out of range [0, {vocab_size}) in sentence {n_sent}")
-        chunks.append(np.concatenate(([bos], arr, [eos])).astype(np.int64))
-        sent_chunks.append(np.full(len(arr) + 2, n_sent, dtype=np.int64))
-        n_sent += 1
-    if n_sent == 0:
-        raise EstimationError("the corpus has no sentences")
-    tokens = np.concatenate(chunks)
-    sent = np.concatenate(sent_chunks)
-    del chunks, sent_chunks
+    thresholds = _prune_thresholds(prune, order)
+    tokens, sent = _token_stream(sentences, vocab_size, bos, eos)
     levels = _count_levels(tokens, sent, order, vocab_size)
     del tokens, sent
 
@@ -203,6 +184,21 @@ def estimate(sentences: Iterable[Sequence[int]], order: int, vocab_size: int, *,
     uni.adjusted[is_bos] = 0
     uniform_size = vocab_size - 1
 
+    used_discounts = _interpolate(levels, vocab_size, is_bos, discounts, discount_fallback)
+    levels[-1].backoff = np.ones(len(levels[-1].keys))
+
+    if any(thresholds[1:]):
+        _prune(levels, thresholds, vocab_size)
+    return KneserNeyModel(order=order, vocab_size=vocab_size, bos=bos, eos=eos, unk=unk, levels=levels,
+                          discounts=used_discounts, uniform_size=uniform_size)
+
+
+def _interpolate(levels: list[NgramLevel], vocab_size: int, is_bos: np.ndarray,
+                 discounts: Sequence[tuple[float, float, float]] | None,
+                 discount_fallback: tuple[float, float, float] | None) -> list[tuple[float, float, float]]:
+    """Each level's interpolated probabilities and its context's backoff weights, lowest order
+    first (each order interpolates with the one below); returns the discounts used per order."""
+    uniform_size = vocab_size - 1
     used_discounts = []
     for n, level in enumerate(levels, start=1):
         a = level.adjusted
@@ -233,12 +229,35 @@ def estimate(sentences: Iterable[Sequence[int]], order: int, vocab_size: int, *,
             level.prob = u + gamma[ctx] * levels[n - 2].prob[level.suffix]
             levels[n - 2].backoff = gamma
         level.keep = np.ones(len(a), dtype=bool)
-    levels[-1].backoff = np.ones(len(levels[-1].keys))
+    return used_discounts
 
-    if any(thresholds[1:]):
-        _prune(levels, thresholds, vocab_size)
-    return KneserNeyModel(order=order, vocab_size=vocab_size, bos=bos, eos=eos, unk=unk, levels=levels,
-                          discounts=used_discounts, uniform_size=uniform_size)
+
+def _prune_thresholds(prune: Sequence[int] | None, order: int) -> list[int]:
+    thresholds = [0] * order
+    if prune:
+        prune = [int(x) for x in prune]
+        thresholds = (prune + [prune[-1]] * order)[:order]
+        if any(b < a for a, b in zip(thresholds[1:], thresholds[2:])):
+            raise EstimationError(f"prune thresholds must not decrease with order (got {list(prune)})")
+    return thresholds
+
+
+def _token_stream(sentences: Iterable[Sequence[int]], vocab_size: int, bos: int, eos: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """All sentences as one token array with <s>/</s> around each, and each token's sentence number."""
+    chunks = []
+    sent_chunks = []
+    n_sent = 0
+    for sentence in sentences:
+        arr = np.asarray(sentence, dtype=np.int64)
+        if len(arr) and (arr.min() < 0 or arr.max() >= vocab_size):
+            raise EstimationError(f"word id out of range [0, {vocab_size}) in sentence {n_sent}")
+        chunks.append(np.concatenate(([bos], arr, [eos])).astype(np.int64))
+        sent_chunks.append(np.full(len(arr) + 2, n_sent, dtype=np.int64))
+        n_sent += 1
+    if n_sent == 0:
+        raise EstimationError("the corpus has no sentences")
+    return np.concatenate(chunks), np.concatenate(sent_chunks)
 
 
 def _prune(levels: list[NgramLevel], thresholds: list[int], vocab: int) -> None:

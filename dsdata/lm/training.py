@@ -199,16 +199,7 @@ def train_model(corpus: str, lang: str, out_dir: str, options: TrainOptions, log
         raise TrainingError(f"corpus '{corpus}' has only {len(lines)} usable line(s) for language '{lang}'; "
                             "a model needs real text (thousands of lines)")
     log(f"lm train: {len(lines)} lines from {corpus}")
-    rng = random.Random(options.seed)
-    sp_lines = lines if len(lines) <= options.sp_sample_lines else rng.sample(lines, options.sp_sample_lines)
-    model_bytes = io.BytesIO()
-    base = lang.split("-")[0].split("_")[0].lower()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sp_lines), model_writer=model_bytes, vocab_size=options.vocab_size,
-        model_type="unigram", character_coverage=0.9995 if base in _CJK_LANGS else 1.0,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=False, num_threads=2,
-        minloglevel=2, seed_sentencepiece_size=200_000, max_sentence_length=1 << 16,
-    )
+    model_bytes = _train_sentencepiece(lines, lang, options)
     sp = spm.SentencePieceProcessor(model_proto=model_bytes.getvalue())
     vocab = sp.get_piece_size()
     ids = sp.encode(lines, out_type=int)
@@ -223,12 +214,43 @@ def train_model(corpus: str, lang: str, out_dir: str, options: TrainOptions, log
         fh.write(model_bytes.getvalue())
     arpa_path = os.path.join(out_dir, ARPA_FILE)
     counts = write_arpa(model, words, arpa_path)
+    meta = _metadata(lang, options, reader, corpus, model, counts, vocab, len(lines), n_tokens)
+    with open(os.path.join(out_dir, META_FILE), "w", encoding="utf-8") as fh:
+        json.dump(meta, fh, indent=2, ensure_ascii=False)
+        fh.write("\n")
+    log(f"lm train: wrote {out_dir} (n-grams per order {counts}, {os.path.getsize(arpa_path)} bytes ARPA.gz)")
+    return meta
+
+
+def _train_sentencepiece(lines: list[str], lang: str, options: TrainOptions) -> io.BytesIO:
+    """A unigram SentencePiece model (serialized) trained on a seeded sample of `lines`."""
+    import sentencepiece as spm
+
+    rng = random.Random(options.seed)
+    sp_lines = lines if len(lines) <= options.sp_sample_lines else rng.sample(lines, options.sp_sample_lines)
+    model_bytes = io.BytesIO()
+    base = lang.split("-")[0].split("_")[0].lower()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sp_lines), model_writer=model_bytes, vocab_size=options.vocab_size,
+        model_type="unigram", character_coverage=0.9995 if base in _CJK_LANGS else 1.0,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=False, num_threads=2,
+        minloglevel=2, seed_sentencepiece_size=200_000, max_sentence_length=1 << 16,
+    )
+    return model_bytes
+
+
+def _sha256_of(path: str) -> str:
     sha = hashlib.sha256()
-    with open(corpus, "rb") as fh:
+    with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             sha.update(block)
-    digest = sha.hexdigest()
-    meta = {
+    return sha.hexdigest()
+
+
+def _metadata(lang: str, options: TrainOptions, reader: CorpusReader, corpus: str, model, counts, vocab: int,
+              training_lines: int, n_tokens: int) -> dict:
+    """What a model folder's metadata file says of the model and of the corpus it was trained on."""
+    return {
         "format": "dsdata-ngram-lm/1",
         "lang": lang,
         "order": options.order,
@@ -240,16 +262,11 @@ def train_model(corpus: str, lang: str, out_dir: str, options: TrainOptions, log
         "prune": list(options.prune),
         "discounts": [list(d) for d in model.discounts],
         "ngrams": counts,
-        "training_lines": len(lines),
+        "training_lines": training_lines,
         "training_tokens": n_tokens,
         "corpus": os.path.basename(corpus),
         "corpus_format": reader.format,
         "lang_field": options.lang_field if reader.format != "txt" else None,
         "corpus_records_used": reader.used if reader.format != "txt" else None,
-        "corpus_sha256": digest,
+        "corpus_sha256": _sha256_of(corpus),
     }
-    with open(os.path.join(out_dir, META_FILE), "w", encoding="utf-8") as fh:
-        json.dump(meta, fh, indent=2, ensure_ascii=False)
-        fh.write("\n")
-    log(f"lm train: wrote {out_dir} (n-grams per order {counts}, {os.path.getsize(arpa_path)} bytes ARPA.gz)")
-    return meta
