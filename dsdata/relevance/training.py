@@ -82,53 +82,23 @@ def train_bert_model(records: Sequence[LabelledText], out_dir: str, encoder: str
     train_layers: top transformer layers to train (0 = frozen encoder + head, -1 = all)."""
     _offline()
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     encoder = encoder or default_encoder_dir()
     check_model_dir(encoder, "encoder")
     device = resolve_device(device)
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    tokenizer = AutoTokenizer.from_pretrained(encoder, trust_remote_code=False)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        encoder, trust_remote_code=False, num_labels=2, id2label={0: "irrelevant", 1: "relevant"}, label2id={"irrelevant": 0, "relevant": 1})
-    model.to(device)
+    tokenizer, model = _load_encoder(encoder, device)
     n_layers = int(model.config.num_hidden_layers)
     k = n_layers if train_layers < 0 or train_layers >= n_layers else train_layers
     limit = int(getattr(model.config, "max_position_embeddings", 512) or 512)
     windows_of = WindowTokenizer(tokenizer, min(max_length, limit), "head_tail")
-    # Every window of a document is a training example with the document's label (head and tail).
-    windows = windows_of.windows([r.text for r in records])
-    labels = [records[w.doc].label for w in windows]
-    for i, w in enumerate(windows):
-        w.doc = i  # from here on a window indexes its label
+    windows, labels = _labelled_windows(windows_of, records)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     start = time.time()
 
     if k < n_layers:
-        first_trained = n_layers - k
-        top = _TopLayers(model, first_trained)
-        cache: dict[int, torch.Tensor] = {}
-        model.eval()
-        with torch.inference_mode():
-            for batch in length_batches(windows, 64, 16384):
-                ids, mask = pad_batch(batch, pad_id)
-                hidden = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                          output_hidden_states=True).hidden_states[first_trained]
-                for row, w in enumerate(batch):
-                    cache[w.doc] = hidden[row, : len(w.ids)].clone()
-        log(f"bert: frozen layers 1–{first_trained} ran once over {len(windows)} windows "
-            f"in {time.time() - start:.0f} s")
-        params = list(top.parameters())
-
-        def forward(batch):
-            width = max(len(w.ids) for w in batch)
-            hidden = torch.zeros(len(batch), width, model.config.hidden_size, device=device)
-            mask = torch.zeros(len(batch), width, dtype=torch.long, device=device)
-            for row, w in enumerate(batch):
-                hidden[row, : len(w.ids)] = cache[w.doc]
-                mask[row, : len(w.ids)] = 1
-            return top(hidden, mask)
+        forward, params = _frozen_below(model, n_layers - k, windows, pad_id, device, log, start)
     else:
         params = list(model.parameters())
 
@@ -136,17 +106,64 @@ def train_bert_model(records: Sequence[LabelledText], out_dir: str, encoder: str
             ids, mask = pad_batch(batch, pad_id)
             return model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
 
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for p in params:
-        p.requires_grad_(True)
+    _train_only(model, params)
     batches = length_batches(windows, batch_size, batch_size * windows_of.max_length)
+    model.train()
+    _fit(forward, params, batches, labels, epochs, lr, rng, device, log, start)
+    model.eval()
+    os.makedirs(out_dir, exist_ok=True)
+    model.to("cpu").save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    meta = {"backend": "bert", "encoder": os.path.abspath(encoder), "train_layers": k, "num_layers": n_layers,
+            "epochs": epochs, "lr": lr, "batch_size": batch_size, "max_length": windows_of.max_length,
+            "long_documents": "head_tail", "positive_index": 1, "train_records": len(records),
+            "train_windows": len(windows), "seed": seed, "train_seconds": round(time.time() - start, 1)}
+    _write_meta(out_dir, meta)
+    log(f"bert: trained {k}/{n_layers} layers + head on {len(records)} records in {meta['train_seconds']} s → {out_dir}")
+    return meta
+
+
+def _frozen_below(model, first_trained: int, windows, pad_id: int, device: str, log: Log, start: float):
+    """(forward over the top layers, their parameters): the frozen layers below `first_trained` run
+    once over every window, and their hidden states are cached for all epochs."""
+    import torch
+
+    top = _TopLayers(model, first_trained)
+    cache: dict[int, torch.Tensor] = {}
+    model.eval()
+    with torch.inference_mode():
+        for batch in length_batches(windows, 64, 16384):
+            ids, mask = pad_batch(batch, pad_id)
+            hidden = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                      output_hidden_states=True).hidden_states[first_trained]
+            for row, w in enumerate(batch):
+                cache[w.doc] = hidden[row, : len(w.ids)].clone()
+    log(f"bert: frozen layers 1–{first_trained} ran once over {len(windows)} windows "
+        f"in {time.time() - start:.0f} s")
+
+    def forward(batch):
+        width = max(len(w.ids) for w in batch)
+        hidden = torch.zeros(len(batch), width, model.config.hidden_size, device=device)
+        mask = torch.zeros(len(batch), width, dtype=torch.long, device=device)
+        for row, w in enumerate(batch):
+            hidden[row, : len(w.ids)] = cache[w.doc]
+            mask[row, : len(w.ids)] = 1
+        return top(hidden, mask)
+
+    return forward, list(top.parameters())
+
+
+def _fit(forward, params, batches, labels, epochs: int, lr: float, rng: random.Random, device: str, log: Log,
+         start: float) -> None:
+    """AdamW with linear warm-up and decay over `epochs` passes of the batches, in random order."""
+    import torch
+
+    n_windows = sum(len(b) for b in batches)
     total_steps = max(1, epochs * len(batches))
     warmup = max(1, total_steps // 10)
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, (total_steps - s) / total_steps))
-    model.train()
     for epoch in range(epochs):
         rng.shuffle(batches)  # length-sorted batches in random order: little padding, no length curriculum
         epoch_loss = 0.0
@@ -159,15 +176,34 @@ def train_bert_model(records: Sequence[LabelledText], out_dir: str, encoder: str
             optimizer.step()
             schedule.step()
             epoch_loss += float(loss.detach()) * len(batch)
-        log(f"bert: epoch {epoch + 1}/{epochs} loss {epoch_loss / len(windows):.4f} ({time.time() - start:.0f} s)")
-    model.eval()
-    os.makedirs(out_dir, exist_ok=True)
-    model.to("cpu").save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    meta = {"backend": "bert", "encoder": os.path.abspath(encoder), "train_layers": k, "num_layers": n_layers,
-            "epochs": epochs, "lr": lr, "batch_size": batch_size, "max_length": windows_of.max_length,
-            "long_documents": "head_tail", "positive_index": 1, "train_records": len(records),
-            "train_windows": len(windows), "seed": seed, "train_seconds": round(time.time() - start, 1)}
-    _write_meta(out_dir, meta)
-    log(f"bert: trained {k}/{n_layers} layers + head on {len(records)} records in {meta['train_seconds']} s → {out_dir}")
-    return meta
+        log(f"bert: epoch {epoch + 1}/{epochs} loss {epoch_loss / n_windows:.4f} ({time.time() - start:.0f} s)")
+
+
+def _load_encoder(encoder: str, device: str):
+    """(tokenizer, a two-label sequence classifier on `encoder`), on `device`; no remote code."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(encoder, trust_remote_code=False)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        encoder, trust_remote_code=False, num_labels=2, id2label={0: "irrelevant", 1: "relevant"},
+        label2id={"irrelevant": 0, "relevant": 1})
+    model.to(device)
+    return tokenizer, model
+
+
+def _labelled_windows(windows_of: WindowTokenizer, records: Sequence[LabelledText]):
+    """Every window of a document is a training example with the document's label (head and
+    tail); from here on a window's `doc` indexes its label."""
+    windows = windows_of.windows([r.text for r in records])
+    labels = [records[w.doc].label for w in windows]
+    for i, w in enumerate(windows):
+        w.doc = i
+    return windows, labels
+
+
+def _train_only(model, params) -> None:
+    """Gradients for `params` alone."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
