@@ -264,41 +264,15 @@ def _jsonl_rows(path: str, chunks, text_field: str, id_field: str, lineno: int,
     """read_jsonl's rows in file order, before the binary-file rule.  With `watch` (compressed
     input) each row waits until _LOOKBEHIND decoded bytes follow it, and from a member's first line
     that does not parse the rows (with those still waiting) are held (a `_Suspect`) until the
-    member's end says whether they are data."""
-    suspect: _Suspect | None = None
-    lag: collections.deque = collections.deque()  # (line number, row, size) of the rows still waiting
-    lag_bytes = 0
-
-    def flush() -> Iterator[Document | Rejected]:
-        nonlocal suspect, lag_bytes
-        if suspect is not None:
-            yield from suspect.release()
-            suspect = None
-        while lag:
-            yield lag.popleft()[1]
-        lag_bytes = 0
-
+    member's end says whether they are data (`_HeldRows`)."""
+    held = _HeldRows()
     try:
         for line in _iter_lines(chunks):
             if line is MEMBER_END:
-                yield from flush()
+                yield from held.flush()
                 continue
             if isinstance(line, Damage):
-                detail = f"after line {lineno}: {line.detail}"
-                row_line = lineno + 1
-                if suspect is not None and line.reason == "corrupt_compression":
-                    row_line = suspect.after_line + 1
-                    detail = (f"after line {suspect.after_line}: {line.detail}; the {lineno - suspect.after_line} "
-                              f"lines ({suspect.bytes} bytes) this member decoded from line {row_line} on are part "
-                              f"of the loss: line {suspect.first_bad} is the first that does not parse, and the "
-                              f"decoder cannot resynchronise inside a member, so its output from shortly before "
-                              f"that line on is not data (the {_LOOKBEHIND} bytes before it go too: a back-reference "
-                              f"can copy a whole earlier line)")
-                    suspect.discard()
-                    suspect = None
-                # else a cut, or an error with no sign of garbage before it: what decoded is kept
-                yield from flush()
-                yield _file_rejection(f"{path}:{row_line}", line.reason, detail)
+                yield from held.damage(path, line, lineno)
                 continue
             if isinstance(line, _LineTooLong):
                 lineno += 1
@@ -315,40 +289,86 @@ def _jsonl_rows(path: str, chunks, text_field: str, id_field: str, lineno: int,
                 size = len(line) + 1
                 result = _jsonl_record(line, f"{path}:{lineno}", text_field, id_field)
                 if result is None:
-                    if suspect is not None:
-                        suspect.bytes += size
-                    else:
-                        lag_bytes += size
+                    held.blank(size)
                     continue
-            if not watch:
+            if watch:
+                yield from held.add(result, size, lineno)
+            else:
                 yield result
-                continue
-            if suspect is not None:
-                if suspect.add(result, size):
-                    yield from suspect.release()
-                    suspect = None
-                continue
-            if type(result) is Rejected and result.reason in _UNPARSED:
-                suspect = _Suspect(lag[0][0] - 1 if lag else lineno - 1, lineno)
-                for _, row, row_size in lag:
-                    suspect.add(row, row_size)
-                lag.clear()
-                lag_bytes = 0
-                suspect.add(result, size)
-                continue
-            lag.append((lineno, result, size))
-            lag_bytes += size
-            while lag and lag_bytes - lag[0][2] >= _LOOKBEHIND:
-                lag_bytes -= lag[0][2]
-                yield lag.popleft()[1]
-            if not lag:
-                lag_bytes = 0
     except OSError as exc:  # the file system failed mid-read (a network file system, a vanished file)
-        yield from flush()
+        yield from held.flush()
         yield _file_rejection(f"{path}:{lineno + 1}", "unreadable_file",
                               f"{type(exc).__name__} after line {lineno}: {exc}; the rest of the file is unreadable")
         return
-    yield from flush()
+    yield from held.flush()
+
+
+class _HeldRows:
+    """The rows of compressed input not yet handed out: `lag`, (line number, row, size) of the
+    last _LOOKBEHIND decoded bytes, and from a member's first unparsable line on, `suspect`."""
+
+    def __init__(self):
+        self.suspect: _Suspect | None = None
+        self.lag: collections.deque = collections.deque()
+        self.lag_bytes = 0
+
+    def flush(self) -> Iterator[Document | Rejected]:
+        if self.suspect is not None:
+            yield from self.suspect.release()
+            self.suspect = None
+        while self.lag:
+            yield self.lag.popleft()[1]
+        self.lag_bytes = 0
+
+    def blank(self, size: int) -> None:
+        """A blank line: no row, but its bytes count towards what follows the held rows."""
+        if self.suspect is not None:
+            self.suspect.bytes += size
+        else:
+            self.lag_bytes += size
+
+    def add(self, result: Document | Rejected, size: int, lineno: int) -> Iterator[Document | Rejected]:
+        """Hold the row of line `lineno`; hand out the rows that are now far enough behind."""
+        suspect, lag = self.suspect, self.lag
+        if suspect is not None:
+            if suspect.add(result, size):
+                yield from suspect.release()
+                self.suspect = None
+            return
+        if type(result) is Rejected and result.reason in _UNPARSED:
+            suspect = self.suspect = _Suspect(lag[0][0] - 1 if lag else lineno - 1, lineno)
+            for _, row, row_size in lag:
+                suspect.add(row, row_size)
+            lag.clear()
+            self.lag_bytes = 0
+            suspect.add(result, size)
+            return
+        lag.append((lineno, result, size))
+        self.lag_bytes += size
+        while lag and self.lag_bytes - lag[0][2] >= _LOOKBEHIND:
+            self.lag_bytes -= lag[0][2]
+            yield lag.popleft()[1]
+        if not lag:
+            self.lag_bytes = 0
+
+    def damage(self, path: str, line: Damage, lineno: int) -> Iterator[Document | Rejected]:
+        """A damaged stretch after line `lineno`: with a suspect member, its held rows are part of
+        the loss; otherwise (a cut, or an error with no sign of garbage before it) what decoded is kept."""
+        suspect = self.suspect
+        detail = f"after line {lineno}: {line.detail}"
+        row_line = lineno + 1
+        if suspect is not None and line.reason == "corrupt_compression":
+            row_line = suspect.after_line + 1
+            detail = (f"after line {suspect.after_line}: {line.detail}; the {lineno - suspect.after_line} "
+                      f"lines ({suspect.bytes} bytes) this member decoded from line {row_line} on are part "
+                      f"of the loss: line {suspect.first_bad} is the first that does not parse, and the "
+                      f"decoder cannot resynchronise inside a member, so its output from shortly before "
+                      f"that line on is not data (the {_LOOKBEHIND} bytes before it go too: a back-reference "
+                      f"can copy a whole earlier line)")
+            suspect.discard()
+            self.suspect = None
+        yield from self.flush()
+        yield _file_rejection(f"{path}:{row_line}", line.reason, detail)
 
 
 def jsonl_ranges(raw: IO[bytes], range_bytes: int) -> list[tuple[int, int | None, int]] | None:
