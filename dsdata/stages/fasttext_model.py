@@ -65,51 +65,12 @@ class CompiledFastText:
         self.path = path
         self._k = kernels_module
         r = ModelReader(data)
-        magic, version = r.take("<ii")
-        if magic != MAGIC or not 0 < version <= MAX_VERSION:
-            raise ValueError("not a fastText model")
-        (dim, _ws, _epoch, _min_count, _neg, word_ngrams, loss, model, bucket, minn, maxn, _lr_update,
-         _t) = r.take("<12id")
-        if model != SUPERVISED or loss not in (HS, SOFTMAX):
-            raise LookupError(f"loss {loss}, model {model}")
-        if version == 11:
-            maxn = 0  # as fastText: old supervised models have no character n-grams
-        if bucket == 0 and ((maxn > 0 and maxn >= minn) or word_ngrams > 1):
-            raise UnusableModel(f"{path}: bucket is 0 but the model hashes character or word n-grams into buckets "
-                                "(fastText would divide by zero); this file is damaged or was not written by fastText")
-        size, nwords, nlabels = r.take("<iii")
-        _ntokens, prune_size = r.take("<qq")
-        if not (0 <= nwords <= size and nlabels == size - nwords and nlabels > 0 and bucket >= 0
-                and dim > 0 and word_ngrams >= 1 and maxn <= 64 and minn >= 0):
-            raise ValueError("bad dictionary header")
-        words, offsets, is_label, counts = bytearray(), [0], np.zeros(size, np.bool_), []
-        data_bytes = r.data
-        for i in range(size):
-            end = data_bytes.find(b"\0", r.pos)
-            if end < 0:
-                raise ValueError("truncated dictionary")
-            words += data_bytes[r.pos:end]
-            offsets.append(len(words))
-            r.pos = end + 1
-            count, kind = r.take("<qb")
-            is_label[i] = kind == 1
-            if kind == 1:
-                counts.append(count)
-        if is_label[:nwords].any() or not is_label[nwords:].all():
-            raise ValueError("dictionary order")
+        dim, word_ngrams, loss, bucket, minn, maxn, size, nwords, nlabels, prune_size = _read_header(r, path)
+        words, offsets, is_label, counts = _read_dictionary(r, size, nwords)
         self.labels = [bytes(words[offsets[nwords + i]:offsets[nwords + i + 1]]).decode("utf-8", "replace")
                        for i in range(nlabels)]
         pruned = prune_size >= 0
-        prune_keys = prune_values = np.zeros(0, np.int32)
-        if pruned:
-            if prune_size > bucket:
-                raise ValueError("bad pruned index")
-            pairs = r.array("<i4", 2 * prune_size).reshape(-1, 2)
-            if len(pairs) and (pairs.min() < 0 or pairs[:, 0].max() >= bucket):
-                raise ValueError("bad pruned index")
-            # fastText reads the pairs into a map: a key given twice keeps its last value.
-            keys, last = np.unique(pairs[::-1, 0], return_index=True)
-            prune_keys, prune_values = keys.astype(np.int32), pairs[::-1, 1][last].astype(np.int32)
+        prune_keys, prune_values = _read_pruned_index(r, prune_size, bucket)
         prune_map, prune_bits = self._k.build_prune_table(prune_keys, prune_values, int(bucket))
         quant_input = r.take("<?")
         self._input = ModelMatrix(r, quant_input)
@@ -169,3 +130,61 @@ def load(path: str) -> CompiledFastText | None:
         raise
     except (OSError, ValueError, LookupError, struct.error, IndexError, OverflowError, MemoryError):
         return None
+
+
+def _read_dictionary(r: ModelReader, size: int, nwords: int):
+    """The dictionary's entries: (their bytes end to end, each one's start offset and the end,
+    which entries are labels, the labels' counts); words come first, then labels."""
+    words, offsets, is_label, counts = bytearray(), [0], np.zeros(size, np.bool_), []
+    data_bytes = r.data
+    for i in range(size):
+        end = data_bytes.find(b"\0", r.pos)
+        if end < 0:
+            raise ValueError("truncated dictionary")
+        words += data_bytes[r.pos:end]
+        offsets.append(len(words))
+        r.pos = end + 1
+        count, kind = r.take("<qb")
+        is_label[i] = kind == 1
+        if kind == 1:
+            counts.append(count)
+    if is_label[:nwords].any() or not is_label[nwords:].all():
+        raise ValueError("dictionary order")
+    return words, offsets, is_label, counts
+
+
+def _read_pruned_index(r: ModelReader, prune_size: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
+    """A quantized model's pruned bucket index (keys, the rows they map to); empty when not pruned."""
+    if prune_size < 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    if prune_size > bucket:
+        raise ValueError("bad pruned index")
+    pairs = r.array("<i4", 2 * prune_size).reshape(-1, 2)
+    if len(pairs) and (pairs.min() < 0 or pairs[:, 0].max() >= bucket):
+        raise ValueError("bad pruned index")
+    # fastText reads the pairs into a map: a key given twice keeps its last value.
+    keys, last = np.unique(pairs[::-1, 0], return_index=True)
+    return keys.astype(np.int32), pairs[::-1, 1][last].astype(np.int32)
+
+
+def _read_header(r: ModelReader, path: str):
+    """The model's arguments and dictionary sizes, checked: (dim, word_ngrams, loss, bucket, minn,
+    maxn, size, nwords, nlabels, prune_size)."""
+    magic, version = r.take("<ii")
+    if magic != MAGIC or not 0 < version <= MAX_VERSION:
+        raise ValueError("not a fastText model")
+    (dim, _ws, _epoch, _min_count, _neg, word_ngrams, loss, model, bucket, minn, maxn, _lr_update,
+     _t) = r.take("<12id")
+    if model != SUPERVISED or loss not in (HS, SOFTMAX):
+        raise LookupError(f"loss {loss}, model {model}")
+    if version == 11:
+        maxn = 0  # as fastText: old supervised models have no character n-grams
+    if bucket == 0 and ((maxn > 0 and maxn >= minn) or word_ngrams > 1):
+        raise UnusableModel(f"{path}: bucket is 0 but the model hashes character or word n-grams into buckets "
+                            "(fastText would divide by zero); this file is damaged or was not written by fastText")
+    size, nwords, nlabels = r.take("<iii")
+    _ntokens, prune_size = r.take("<qq")
+    if not (0 <= nwords <= size and nlabels == size - nwords and nlabels > 0 and bucket >= 0
+            and dim > 0 and word_ngrams >= 1 and maxn <= 64 and minn >= 0):
+        raise ValueError("bad dictionary header")
+    return dim, word_ngrams, loss, bucket, minn, maxn, size, nwords, nlabels, prune_size
