@@ -76,46 +76,12 @@ def _read_holder(path: str) -> dict:
 @contextmanager
 def output_lock(directory: str) -> Iterator[str]:
     """Hold OUT's lock for the duration of the block; OutputDirError if a live run holds it."""
-    import fcntl
-
     path = os.path.join(directory, LOCK_NAME)
     me = {"pid": os.getpid(), "host": socket.gethostname(),
           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv[:8]}
     while True:
-        try:
-            # O_NOFOLLOW: a link planted as the lock would have the run truncate its target.
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:  # a symbolic link: no run made it; remove the link itself
-                os.unlink(path)
-                continue
-            if exc.errno == errno.EISDIR:
-                raise OutputDirError(f"{shown_path(path)} is a directory, not a lock file dsdata made; remove it") from None
-            raise OutputDirError(f"cannot create the lock {shown_path(path)}: {exc.strerror or exc}") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted there
-            os.close(fd)
-            raise OutputDirError(f"{shown_path(path)} is not a regular file, not a lock file dsdata made; remove it")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise OutputDirError(
-                f"another run is writing {shown_path(directory)} ({_describe(_read_holder(path))}); wait for it to "
-                "finish or choose another --output"
-            ) from None
-        except OSError as exc:
-            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                os.close(fd)
-                raise
-            holder = _read_holder(path)
-            live = holder and not (holder.get("host") == me["host"] and isinstance(holder.get("pid"), int)
-                                   and not pid_alive(holder["pid"]))
-            if live and holder.get("pid") != me["pid"]:
-                os.close(fd)
-                raise OutputDirError(
-                    f"another run holds {shown_path(path)} ({_describe(holder)}); the file system has no flock, so "
-                    "remove the file if that run is gone"
-                ) from None
+        fd = _open_lock_file(path)
+        _lock(fd, path, directory, me)
         # The file we locked must still be the one at `path` (a releasing run unlinks it).
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
@@ -134,3 +100,50 @@ def output_lock(directory: str) -> Iterator[str]:
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+def _open_lock_file(path: str) -> int:
+    """The lock file, opened (made when absent) without following a link; a link planted there is
+    removed, and anything else that is not a regular file is refused."""
+    while True:
+        try:
+            # O_NOFOLLOW: a link planted as the lock would have the run truncate its target.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symbolic link: no run made it; remove the link itself
+                os.unlink(path)
+                continue
+            if exc.errno == errno.EISDIR:
+                raise OutputDirError(f"{shown_path(path)} is a directory, not a lock file dsdata made; remove it") from None
+            raise OutputDirError(f"cannot create the lock {shown_path(path)}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted there
+            os.close(fd)
+            raise OutputDirError(f"{shown_path(path)} is not a regular file, not a lock file dsdata made; remove it")
+        return fd
+
+
+def _lock(fd: int, path: str, directory: str, me: dict) -> None:
+    """flock the lock file; where the file system has no flock, the holder it names must be gone."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OutputDirError(
+            f"another run is writing {shown_path(directory)} ({_describe(_read_holder(path))}); wait for it to "
+            "finish or choose another --output"
+        ) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            os.close(fd)
+            raise
+        holder = _read_holder(path)
+        live = holder and not (holder.get("host") == me["host"] and isinstance(holder.get("pid"), int)
+                               and not pid_alive(holder["pid"]))
+        if live and holder.get("pid") != me["pid"]:
+            os.close(fd)
+            raise OutputDirError(
+                f"another run holds {shown_path(path)} ({_describe(holder)}); the file system has no flock, so "
+                "remove the file if that run is gone"
+            ) from None
