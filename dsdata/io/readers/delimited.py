@@ -73,20 +73,31 @@ def read_csv(path: str, raw: IO[bytes], text_field: str = "text", id_field: str 
             if not row:
                 continue  # a blank line
             row_no += 1
-            default_id = f"{path}:{row_no}"
-            raw_row = delimiter.join(row)
-            if len(row) != len(header):
-                yield Rejected(Document(default_id, raw_row, {"source": path}), READ_STAGE, "bad_row",
-                               f"line {reader.line_num}: {len(row)} fields, the header has {len(header)}")
-                continue
-            if lines & bad:
-                yield Rejected(Document(default_id, raw_row, {"source": path}), READ_STAGE, "invalid_utf8",
-                               f"line {min(lines & bad)} is not UTF-8")
-                continue
-            yield record_to_document(dict(zip(header, row)), default_id, text_field, id_field, raw_row)
+            bad_lines = lines & bad
+            yield _csv_row(row, header, f"{path}:{row_no}", path, delimiter, reader.line_num,
+                           min(bad_lines) if bad_lines else None, text_field, id_field)
     except OSError as exc:
         yield _file_rejection(path, "unreadable_file", f"{type(exc).__name__}: {exc}")
         return
+    yield from _file_problems(path, problems)
+
+
+def _csv_row(row: list[str], header: list[str], default_id: str, path: str, delimiter: str, line_num: int,
+             bad_line: int | None, text_field: str, id_field: str) -> Document | Rejected:
+    """One data row: a document, or `bad_row` (its field count is not the header's) or
+    `invalid_utf8` (`bad_line`, one of its lines, is not UTF-8)."""
+    raw_row = delimiter.join(row)
+    if len(row) != len(header):
+        return Rejected(Document(default_id, raw_row, {"source": path}), READ_STAGE, "bad_row",
+                        f"line {line_num}: {len(row)} fields, the header has {len(header)}")
+    if bad_line is not None:
+        return Rejected(Document(default_id, raw_row, {"source": path}), READ_STAGE, "invalid_utf8",
+                        f"line {bad_line} is not UTF-8")
+    return record_to_document(dict(zip(header, row)), default_id, text_field, id_field, raw_row)
+
+
+def _file_problems(path: str, problems: list) -> Iterator[Rejected]:
+    """What stopped the line reader (damaged compression, a line too long): one row each."""
     for problem in problems:
         if isinstance(problem, Damage):
             yield _file_rejection(path, problem.reason, problem.detail)

@@ -59,36 +59,43 @@ def read_parquet(path: str, raw: IO[bytes], text_field: str = "text", id_field: 
                 raise _Bomb(bomb)
             records = _parquet_records(_text_as_string(pf.read_row_group(group), text_field))
         except Exception as exc:  # noqa: BLE001 - a damaged row group: its rows are lost, each one counted
-            reason = "too_large" if isinstance(exc, _Bomb) else "bad_parquet"
-            detail = (f"row group {group} of {pf.num_row_groups} " +
-                      (str(exc) if isinstance(exc, _Bomb) else f"unreadable ({type(exc).__name__}: {exc})"))
-            if rows > _LOST_ROWS_LISTED:  # the footer's count; not millions of rows of nothing
-                yield _file_rejection(f"{path}:group{group}", reason,
-                                      f"{detail}; its {rows} rows are lost (one row here, over {_LOST_ROWS_LISTED})")
-            else:
-                for lost in range(row, row + rows):
-                    yield _file_rejection(f"{path}:{lost}", reason, detail)
+            yield from _lost_group(path, pf.num_row_groups, group, row, rows, exc)
             row += rows
             continue
         for record in records:
-            doc_id = f"{path}:{row}"
+            yield _parquet_row(record, f"{path}:{row}", text_field, id_field)
             row += 1
-            if isinstance(record, _BadValue):
-                yield Rejected(Document(doc_id, "", {}), READ_STAGE, "bad_value", record.detail)
-                continue
-            raw_text = record.get(text_field)
-            if isinstance(raw_text, bytes):  # a binary text column that is not all UTF-8 (_text_as_string)
-                try:
-                    record[text_field] = raw_text.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    yield Rejected(Document(doc_id, raw_text.decode("utf-8", "replace"), {}), READ_STAGE,
-                                   "invalid_utf8", f"field '{text_field}' is binary and this value is not UTF-8: {exc}")
-                    continue
-            try:
-                result = record_to_document(record, doc_id, text_field, id_field)
-            except Exception as exc:  # noqa: BLE001 - one record's failure rejects that record only
-                result = Rejected(Document(doc_id, "", {}), READ_STAGE, "bad_value", f"{type(exc).__name__}: {exc}")
-            yield result
+
+
+def _lost_group(path: str, groups: int, group: int, row: int, rows: int, exc: Exception) -> Iterator[Rejected]:
+    """The rows of a row group that could not be read (or is a decompression bomb): one row each,
+    or one for the group when it claims more than _LOST_ROWS_LISTED."""
+    reason = "too_large" if isinstance(exc, _Bomb) else "bad_parquet"
+    detail = (f"row group {group} of {groups} " +
+              (str(exc) if isinstance(exc, _Bomb) else f"unreadable ({type(exc).__name__}: {exc})"))
+    if rows > _LOST_ROWS_LISTED:  # the footer's count; not millions of rows of nothing
+        yield _file_rejection(f"{path}:group{group}", reason,
+                              f"{detail}; its {rows} rows are lost (one row here, over {_LOST_ROWS_LISTED})")
+    else:
+        for lost in range(row, row + rows):
+            yield _file_rejection(f"{path}:{lost}", reason, detail)
+
+
+def _parquet_row(record, doc_id: str, text_field: str, id_field: str) -> Document | Rejected:
+    """One Parquet record as a document, or its rejection (a bad value, a binary text that is not UTF-8)."""
+    if isinstance(record, _BadValue):
+        return Rejected(Document(doc_id, "", {}), READ_STAGE, "bad_value", record.detail)
+    raw_text = record.get(text_field)
+    if isinstance(raw_text, bytes):  # a binary text column that is not all UTF-8 (_text_as_string)
+        try:
+            record[text_field] = raw_text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return Rejected(Document(doc_id, raw_text.decode("utf-8", "replace"), {}), READ_STAGE,
+                            "invalid_utf8", f"field '{text_field}' is binary and this value is not UTF-8: {exc}")
+    try:
+        return record_to_document(record, doc_id, text_field, id_field)
+    except Exception as exc:  # noqa: BLE001 - one record's failure rejects that record only
+        return Rejected(Document(doc_id, "", {}), READ_STAGE, "bad_value", f"{type(exc).__name__}: {exc}")
 
 
 class _Bomb(ValueError):
