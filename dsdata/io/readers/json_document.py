@@ -38,18 +38,7 @@ def read_json(path: str, raw: IO[bytes], text_field: str = "text", id_field: str
             return
     value = problem = None
     if not damaged:
-        text = bytes(data).removeprefix(b"\xef\xbb\xbf")
-        try:
-            value = json.loads(text.decode("utf-8"))
-        except RecursionError:
-            problem = f"nested deeper than the JSON decoder can follow (at most {MAX_JSON_DEPTH} levels are read)"
-        except UnicodeDecodeError:
-            damaged = True  # UTF-16, or a bad byte: the JSON Lines reader says which line
-        except ValueError as exc:
-            if str(exc).startswith("Extra data") or not text.strip():
-                damaged = True  # several values: JSON Lines in a .json file
-            else:
-                problem = f"not a JSON document: {exc}"
+        value, problem, damaged = _parsed(bytes(data))
     if damaged:
         spool.seek(0)
         yield from read_jsonl(path, spool, text_field, id_field)
@@ -67,3 +56,19 @@ def read_json(path: str, raw: IO[bytes], text_field: str = "text", id_field: str
             yield record_to_document(item, f"{path}:{i}", text_field, id_field, raw=json.dumps(item)[:1000])
     else:
         yield _file_rejection(path, "bad_json", f"a JSON {type(value).__name__}, not an object or an array of objects")
+
+
+def _parsed(data: bytes) -> tuple[object, str | None, bool]:
+    """(the JSON value, what makes it no document, whether to read the file as JSON Lines instead:
+    not UTF-8 — the JSON Lines reader says which line — or several values)."""
+    text = data.removeprefix(b"\xef\xbb\xbf")
+    try:
+        return json.loads(text.decode("utf-8")), None, False
+    except RecursionError:
+        return None, f"nested deeper than the JSON decoder can follow (at most {MAX_JSON_DEPTH} levels are read)", False
+    except UnicodeDecodeError:
+        return None, None, True  # UTF-16, or a bad byte
+    except ValueError as exc:
+        if str(exc).startswith("Extra data") or not text.strip():
+            return None, None, True  # several values: JSON Lines in a .json file
+        return None, f"not a JSON document: {exc}", False
