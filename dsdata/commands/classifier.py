@@ -80,25 +80,7 @@ def cmd_train(argv: list[str]) -> int:
     records, (train, valid) = _load(args.data, args.holdout, args.seed, "train")
     _log(f"classifier: {len(train)} training records" + (f", {len(valid)} held out" if valid else "")
          + f" from {args.data}")
-    if args.backend == "fasttext":
-        from dsdata.relevance.training import train_fasttext_model
-
-        overrides = {"thread": args.threads, "seed": args.seed}
-        if args.epochs is not None:
-            overrides["epoch"] = args.epochs
-        if args.lr is not None:
-            overrides["lr"] = args.lr
-        meta = train_fasttext_model(train, args.out, quantize=not args.no_quantize, log=_log, **overrides)
-    else:
-        import torch
-
-        from dsdata.relevance.training import train_bert_model
-
-        torch.set_num_threads(max(1, args.threads))
-        layers = -1 if args.train_layers == "all" else int(args.train_layers)
-        meta = train_bert_model(train, args.out, encoder=args.encoder, train_layers=layers,
-                                epochs=args.epochs or 3, lr=args.lr or 1e-4, batch_size=args.batch_size,
-                                max_length=args.max_length, device=args.device, seed=args.seed, log=_log)
+    meta = _train(args, train)
     result = {"backend": args.backend, "out": args.out, "train_records": len(train),
               "train_seconds": meta["train_seconds"]}
     if valid:
@@ -186,3 +168,24 @@ def main(argv: list[str]) -> int:
     except (LabelledDataError, ValueError, FastTextUnavailable, FastTextTrainingFailed, OSError) as exc:
         _err(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         return 2
+
+def _train(args, train) -> dict:
+    """Train the chosen backend on `train` into args.out; returns the model's metadata."""
+    if args.backend == "fasttext":
+        from dsdata.relevance.training import train_fasttext_model
+
+        overrides = {"thread": args.threads, "seed": args.seed}
+        if args.epochs is not None:
+            overrides["epoch"] = args.epochs
+        if args.lr is not None:
+            overrides["lr"] = args.lr
+        return train_fasttext_model(train, args.out, quantize=not args.no_quantize, log=_log, **overrides)
+    import torch
+
+    from dsdata.relevance.training import train_bert_model
+
+    torch.set_num_threads(max(1, args.threads))
+    layers = -1 if args.train_layers == "all" else int(args.train_layers)
+    return train_bert_model(train, args.out, encoder=args.encoder, train_layers=layers,
+                            epochs=args.epochs or 3, lr=args.lr or 1e-4, batch_size=args.batch_size,
+                            max_length=args.max_length, device=args.device, seed=args.seed, log=_log)

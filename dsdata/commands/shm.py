@@ -35,22 +35,7 @@ def main(argv: list[str]) -> int:
             print(show(json.dumps(result)))
             return 0
         if args.command == "list":
-            items = list_published(args.root, verify=args.verify)
-            broken = any("error" in i or not i.get("ok", True) for i in items)
-            if args.json:
-                # stdout is one JSON document only, for scripts; problems are in the items themselves.
-                print(json.dumps(items))
-                return 1 if broken else 0
-            if not items:
-                print(f"no datasets published under {shm_root(args.root)}")
-            for item in items:
-                if "error" in item:
-                    print(f"{item['name']}\tBROKEN\t{item['error']}")
-                else:
-                    flag = "" if item.get("ok", True) else "\tCORRUPT: " + "; ".join(item["problems"])
-                    print(f"{item['name']}\t{item['shards']} shards\t{item['tokens']} tokens\t{item['bytes']} bytes\t"
-                          f"{item['dtype']}\t{item['path']}{flag}")
-            return 1 if broken else 0
+            return _list(args)
         if args.command == "remove":
             if not remove(args.name, args.root):
                 print(f"dsdata: error: no dataset named '{args.name}' under {shm_root(args.root)}", file=sys.stderr)
@@ -61,3 +46,23 @@ def main(argv: list[str]) -> int:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
     return 2
+
+
+def _list(args) -> int:
+    """`dsdata shm list`: one line per dataset (or one JSON array); exit 1 when any is broken."""
+    items = list_published(args.root, verify=args.verify)
+    broken = any("error" in i or not i.get("ok", True) for i in items)
+    if args.json:
+        # stdout is one JSON document only, for scripts; problems are in the items themselves.
+        print(json.dumps(items))
+        return 1 if broken else 0
+    if not items:
+        print(f"no datasets published under {shm_root(args.root)}")
+    for item in items:
+        if "error" in item:
+            print(f"{item['name']}\tBROKEN\t{item['error']}")
+        else:
+            flag = "" if item.get("ok", True) else "\tCORRUPT: " + "; ".join(item["problems"])
+            print(f"{item['name']}\t{item['shards']} shards\t{item['tokens']} tokens\t{item['bytes']} bytes\t"
+                  f"{item['dtype']}\t{item['path']}{flag}")
+    return 1 if broken else 0
