@@ -652,15 +652,20 @@ def _capped(html: str, max_depth: int) -> str:
         elif closed_early.get(name):
             closed_early[name] -= 1
             edits.append((m.start(), m.end(), ""))
+    return _edited(html, edits)
+
+
+def _edited(text: str, edits: list[tuple[int, int, str]]) -> str:
+    """`text` with each (start, end, replacement) applied; the edits are in order and do not overlap."""
     if not edits:
-        return html
+        return text
     parts = []
     last = 0
     for start, end, replacement in edits:
-        parts.append(html[last:start])
+        parts.append(text[last:start])
         parts.append(replacement)
         last = end
-    parts.append(html[last:])
+    parts.append(text[last:])
     return "".join(parts)
 
 
