@@ -400,17 +400,7 @@ def check_shard_buffer(path: str, buffer: pa.Buffer, token_column: str, dtype: n
             raise
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ShardError(f"{path}: not a valid dsdata shard ({first})") from None
-    start, end = buffer.address, buffer.address + buffer.size
-    for position, array in enumerate(batch.columns):
-        stack = [array]
-        while stack:
-            arr = stack.pop()
-            for buf in _buffers(arr):
-                if buf.size and not (start <= buf.address and buf.address + buf.size <= end):
-                    raise ShardError(f"{path}: a buffer of column '{batch.schema.field(position).name}' "
-                                     "lies outside the file (tampered Arrow metadata)")
-            if isinstance(arr, (pa.ListArray, pa.LargeListArray)):
-                stack.append(arr.values)
+    _check_inside(path, batch, buffer)
     if not isinstance(column, (pa.ListArray, pa.LargeListArray)):
         raise ShardError(f"{path}: column '{token_column}' is {column.type}, not a list of token ids")
     values = column.values
@@ -428,6 +418,21 @@ def check_shard_buffer(path: str, buffer: pa.Buffer, token_column: str, dtype: n
         raise ShardError(f"{path}: token id {int(ids.max())} is outside the tokenizer's vocabulary of {vocab_size} "
                          "(written with another tokenizer, or tampered)")
     return ids
+
+
+def _check_inside(path: str, batch: pa.RecordBatch, buffer: pa.Buffer) -> None:
+    """Every buffer of every column (list values included) lies inside the mapped file."""
+    start, end = buffer.address, buffer.address + buffer.size
+    for position, array in enumerate(batch.columns):
+        stack = [array]
+        while stack:
+            arr = stack.pop()
+            for buf in _buffers(arr):
+                if buf.size and not (start <= buf.address and buf.address + buf.size <= end):
+                    raise ShardError(f"{path}: a buffer of column '{batch.schema.field(position).name}' "
+                                     "lies outside the file (tampered Arrow metadata)")
+            if isinstance(arr, (pa.ListArray, pa.LargeListArray)):
+                stack.append(arr.values)
 
 
 def verify_shard_file(directory: str, shard: dict[str, Any], dtype: str | None = None,
