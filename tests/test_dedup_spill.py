@@ -1,4 +1,4 @@
-"""Dedup parks documents in spill files (dsdata/beam/dedup/spill.py) while only keys and decisions shuffle:
+"""Dedup parks documents in spill files (dsdata/beam/spill.py) while only keys and decisions shuffle:
 the format round-trips what a packed Document holds and runs no code, and a run with `spill: true`
 (the default) decides every document exactly as `spill: false` does — clusters, duplicate records
 split across workers' files, and a document whose metadata the format cannot carry."""
@@ -16,7 +16,7 @@ import pytest
 
 from dsdata.beam.pipeline import run_recipe
 from dsdata.document import Document, pack_document, unpack_document
-from dsdata.beam.dedup import spill
+from dsdata.beam import spill
 from dsdata.recipe import load_recipe
 
 MP2 = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]

@@ -248,7 +248,7 @@ def test_parked_scored_documents_are_graded_exactly_as_waiting_ones(tmp_path, sh
     the runner's memory (at 1M documents they were 6.2 GB of the in-process peak); grades,
     rejections, difficulty.json and stats.json are those of `spill: false`."""
     import dsdata.beam.park as park
-    from dsdata.beam.dedup import spill
+    from dsdata.beam import spill
 
     _parked_inputs(tmp_path, shared_data)
     read: list[int] = []

@@ -60,7 +60,7 @@ def test_a_one_input_flatten_parks_nothing(tmp_path):
 
 @pytest.mark.parametrize("item", [Rejected(Document("x", "t"), "s", "r", "d"), Document("y", "u", {"k": [1, 2.5]})])
 def test_records_pack_to_plain_values_and_back(item):
-    from dsdata.beam.dedup.spill import decode, encode
+    from dsdata.beam.spill import decode, encode
 
     assert park.unpack_record(decode(encode(park.pack_record(item)))) == item
 
@@ -68,7 +68,7 @@ def test_records_pack_to_plain_values_and_back(item):
 def test_a_run_passes_rejections_and_dedups_kept_documents_through_parked_files(tmp_path, monkeypatch):
     """In a real in-process run every rejection reaches the writer from a parked file, and dedup's
     decided documents reach the next stage from parked files: none waits in the runner's Flatten."""
-    from dsdata.beam.dedup import spill
+    from dsdata.beam import spill
     from dsdata.beam.pipeline import run_recipe
     from dsdata.recipe import load_recipe
 

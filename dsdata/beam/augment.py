@@ -31,7 +31,7 @@ from dsdata.augment.similarity import chrf
 from dsdata.augment.translate import load_translator
 from dsdata.beam.errors import (ERROR, environment_failure, error_rejection, first_line,
                                 retry_one_at_a_time, passes_through)
-from dsdata.beam.dedup.spill import spill_directory
+from dsdata.beam.spill import spill_directory
 from dsdata.beam.park import FlattenParked
 from dsdata.beam.transforms import CPU_COUNTER, REJECTED, StageCounters
 from dsdata.document import Document, Rejected

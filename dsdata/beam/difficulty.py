@@ -10,7 +10,7 @@ Memory: no document can be graded before the quantiles of all of them are known,
 the PCollection that waits for a side input.  When the scored documents themselves waited, the
 in-process runner held every kept document's text at once (6.2 GB of the 9.1 GB peak at 1M
 documents).  With a spill directory (the stage's `spill: true`, the default) each bundle's scored
-documents go to spill files under RUN_DIR/.spill/difficulty (dsdata/beam/dedup/spill.py: plain
+documents go to spill files under RUN_DIR/.spill/difficulty (dsdata/beam/spill.py: plain
 values only, no pickle) and only the files' names wait; grading reads one file at a time.  A
 document with a value the spill format cannot carry waits in the runner as before.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from dsdata.beam.dedup.spill import make_private_dir, spill_directory
+from dsdata.beam.spill import make_private_dir, spill_directory
 from dsdata.beam.park import bundle_spill, park, parked_entries, read_entry
 from dsdata.beam.errors import retry_one_at_a_time, passes_through
 from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageCounters

@@ -10,7 +10,7 @@ of the in-process peak.
 `FlattenParked` parks each input's records in spill files under a spill directory, in a step fused
 into the input's own producer, and flattens only entries: `(True, file name)` per complete file,
 or `(False, record)` for a record with a value the spill format cannot carry
-(dsdata/beam/dedup/spill.py: plain values only, no pickle).  One step after the Flatten reads each
+(dsdata/beam/spill.py: plain values only, no pickle).  One step after the Flatten reads each
 file once, one record at a time, and emits the records; what the runner holds is file names.
 Without a spill directory it is a plain Flatten.
 """
@@ -22,7 +22,7 @@ import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
 from dsdata.beam import location
-from dsdata.beam.dedup.spill import RollingSpill, Unspillable, encode, make_private_dir, read_spill
+from dsdata.beam.spill import RollingSpill, Unspillable, encode, make_private_dir, read_spill
 from dsdata.beam.transforms import ANY_OUTPUT
 from dsdata.document import Document, Rejected, pack_document, unpack_document
 

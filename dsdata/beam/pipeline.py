@@ -42,7 +42,7 @@ from dsdata.io.inputs import resolve_recipe_inputs
 from dsdata.io.readers import READ_STAGE
 from dsdata.io.outfiles import remove_entry, write_file_in_out
 from dsdata.io.resume import remove_resume_folder
-from dsdata.beam.dedup.spill import remove_spill, spill_directory
+from dsdata.beam.spill import remove_spill, spill_directory
 from dsdata.beam.park import FlattenParked
 from dsdata.report.progress import watch as watch_progress
 from dsdata.recipe import Recipe, is_remote, recipe_output
@@ -683,7 +683,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
             raise
         raise fatal from None
     finally:
-        remove_spill(output)  # documents parked by whole-corpus stages (dsdata/beam/dedup/spill.py)
+        remove_spill(output)  # documents parked by whole-corpus stages (dsdata/beam/spill.py)
     stats_path = FileSystems.join(output, "stats.json")
     with FileSystems.open(stats_path) as fh:
         stats = json.loads(fh.read().decode("utf-8"))

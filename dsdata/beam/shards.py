@@ -15,7 +15,7 @@ shard count n comes from them), and a runner holds a PCollection that waits for 
 the records themselves waited (and then crossed a GroupByKey), every token id of the corpus was in
 the in-process runner's memory at once (11.7 GB peak at 1M documents).  Now only file names and
 counts wait and shuffle; the token ids stay in spill files under RUN_DIR/.spill/shards (on the
-same storage as the output, so the workers of a cluster all reach them; dsdata/beam/dedup/spill.py), are
+same storage as the output, so the workers of a cluster all reach them; dsdata/beam/spill.py), are
 written twice (parked, then cut per shard) and read twice, and a worker holds at most one spill file
 (≤ SPILL_FILE_BYTES) or one shard at a time.
 """
@@ -35,7 +35,7 @@ from dsdata.beam.errors import passes_through
 from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, KEPT, REJECTED, StageCounters
 
 from dsdata.beam import location
-from dsdata.beam.dedup.spill import RollingSpill, SpillWriter, make_private_dir, read_spill, spill_directory
+from dsdata.beam.spill import RollingSpill, SpillWriter, make_private_dir, read_spill, spill_directory
 from dsdata.io import shards as shard_io
 from dsdata.io.shard_tokenizer import bundle_tokenizer
 from dsdata.stages.base import StageConfigError

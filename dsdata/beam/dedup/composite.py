@@ -34,7 +34,7 @@ Steps (each a Beam shuffle; no step ever holds the corpus in one process):
 6. **Decide** — exact duplicates take their representative's cluster label; nodes are grouped by
    label for the cluster size.  With a spill directory (the stage's default, `spill: true`) the
    documents never entered the shuffles: step 1 parked each bundle's documents in one spill file
-   under RUN_DIR/.spill (dsdata/beam/dedup/spill.py) and emitted only a `where` record (node → file).  A
+   under RUN_DIR/.spill (dsdata/beam/spill.py) and emitted only a `where` record (node → file).  A
    `CoGroupByKey` on node routes each cluster member's decision to its file, and each file is then
    read once with its (few) decisions: the label node is kept, the others are rejected as
    `exact_duplicate` (same normalised text as the kept one) or `near_duplicate`; a document without
@@ -80,9 +80,9 @@ from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json, pack_document, unpack_document
 from dsdata.stages.dedup import DedupConfig
 from dsdata.beam.park import FlattenParked, parked_sibling
-from dsdata.beam.dedup.spill import (SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
+from dsdata.beam.spill import (SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
                              spill_directory, spill_name)
-from dsdata.beam.dedup.spill import encode as spill_encode
+from dsdata.beam.spill import encode as spill_encode
 from dsdata.beam.counters import stage_counter
 
 log = logging.getLogger("dsdata")
