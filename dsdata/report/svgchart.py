@@ -410,17 +410,9 @@ def bar_chart(labels: Sequence[Any], counts: Sequence[Any], *, title: str, xlabe
     span more than `log_ratio`×.  Non-finite counts are dropped with their label."""
     pairs = [(str(label), f) for label, c in zip(labels, counts) if (f := _finite(c)) is not None]
     n = len(pairs)
-    values = [v for _, v in pairs]
-    positive = [v for v in values if v > 0]
-    log_y = bool(positive) and max(values) > log_ratio * max(1.0, min(positive))
+    lo, hi, log_y = _bar_range([v for _, v in pairs], log_ratio)
     if log_y:
         ylabel += " (log scale)"
-        lo = 10.0 ** math.floor(math.log10(min(positive)) - 0.3)
-        span = math.log10(max(positive)) - math.log10(lo)
-        hi = 10.0 ** (math.log10(max(positive)) + 0.06 * span)
-    else:
-        lo, hi = min(values + [0.0]), max(values + [0.0])
-        lo, hi = (lo * 1.05, hi * 1.05) if hi > lo else (0.0, 1.0)
     rotate = n > rotate_above
     label_ws = [text_width(label) for label, _ in pairs]
     top, right = 32.0, 12.0
@@ -450,16 +442,101 @@ def bar_chart(labels: Sequence[Any], counts: Sequence[Any], *, title: str, xlabe
         y = ys(max(v, lo)) if log_y else ys(v)
         svg.rect(cx - 0.4 * slot, min(y, base), 0.8 * slot, abs(base - y), color, cls="bar",
                  data={"label": label, "value": _value_str(v)})
-        svg.line(cx, plot_bottom, cx, plot_bottom + 4, AXIS)
-        if rotate:
-            svg.text(cx + 3, plot_bottom + 10, fit(label, 110), anchor="end", rotate=-45, cls="category",
-                     data={"label": label})
-        else:
-            svg.text(cx, plot_bottom + 15, fit(label, max(slot - 2, 12)), anchor="middle", cls="category",
-                     data={"label": label})
+        _category_label(svg, label, cx, plot_bottom, slot, rotate)
     svg.text(left + pw / 2, height - 6, xlabel, anchor="middle", cls="xlabel")
     svg.text(12, (top + plot_bottom) / 2, ylabel, anchor="middle", middle=True, rotate=-90, cls="ylabel")
     return svg.render()
+
+
+def _counted_panel(p: dict[str, Any], plot_height: float, log_x: bool):
+    """(panel, edges, per series (counts, label, colour, opacity), the highest count, the x range
+    with the panel's lines, the width of its y tick labels)."""
+    import numpy as np
+
+    edges = np.asarray(p["edges"], dtype="float64")
+    counts = []
+    for values, label, color, opacity in p.get("series", []):
+        v = finite_values(values)
+        c = np.histogram(np.clip(v, edges[0], edges[-1]), bins=edges)[0] if len(v) else np.zeros(len(edges) - 1, int)
+        counts.append((c, label, color, opacity))
+    ymax = max([int(c.max()) for c, *_ in counts if len(c)] + [0])
+    ys = Scale(0.0, max(1.0, ymax * 1.05), plot_height, 0.0)
+    tick_width = _y_tick_width(ys, max(2, int(plot_height / 40)), integer=True)
+    xlo, xhi = float(edges[0]), float(edges[-1])
+    for x, *_ in p.get("lines", []):
+        x = _finite(x)
+        if x is not None and (x > 0 or not log_x):
+            xlo, xhi = min(xlo, x), max(xhi, x)
+    return p, edges, counts, ymax, xlo, xhi, tick_width
+
+
+def _histogram_panel(svg: "Svg", p: dict[str, Any], edges, counts, ymax: int, xlo: float, xhi: float, top: float,
+                     plot_height: float, left: float, pw: float, log_x: bool) -> float:
+    """Draw one panel of histogram_panels with its plot's top at `top`; returns the plot's bottom."""
+    svg.title(p.get("title", ""), y=top - 8, size=p.get("title_size", TITLE))
+    bottom = top + plot_height
+    if log_x:
+        a, b = math.log10(xlo), math.log10(xhi)
+        pad = 0.02 * (b - a if b > a else 1.0)
+        xs = Scale(10 ** (a - pad), 10 ** (b + pad), left, left + pw, log=True)
+    else:
+        pad = 0.02 * (xhi - xlo if xhi > xlo else 1.0)
+        xs = Scale(xlo - pad, xhi + pad, left, left + pw)
+    ys = Scale(0.0, max(1.0, ymax * 1.05), bottom, top)
+    _y_axis(svg, ys, left, left + pw, max(2, int(plot_height / 40)), integer=True)
+    _x_axis(svg, xs, bottom, top, max(2, int(pw / 80)))
+    if not any(c.sum() for c, *_ in counts):
+        svg.no_data(left + pw / 2, (top + bottom) / 2)
+    for c, label, color, opacity in counts:
+        for i, n in enumerate(c):
+            x0, x1 = xs(float(edges[i])), xs(float(edges[i + 1]))
+            y = ys(float(n))
+            svg.rect(x0, y, x1 - x0, bottom - y, color, opacity=opacity, cls="bar",
+                     data={"label": label, "n": int(n)})
+    entries = [(label, color, "patch", opacity) for _, label, color, opacity in counts]
+    for x, label, color in p.get("lines", []):
+        xv = _finite(x)
+        if xv is not None and (xv > 0 or not log_x):
+            px = xs(xv)
+            svg.line(px, top, px, bottom, color, width=1.3, dash="5 3", cls="cutoff", data={"label": label})
+        entries.append((label, color, "line", 1.0))
+    if p.get("legend", len(counts) > 1 or bool(p.get("lines"))):
+        # the upper corner over the lower bars ("best" location, cheaply)
+        n_bins = len(edges) - 1
+        third = max(1, n_bins // 3)
+        left_h = max([int(c[:third].max()) for c, *_ in counts if len(c)] + [0])
+        right_h = max([int(c[-third:].max()) for c, *_ in counts if len(c)] + [0])
+        if right_h <= left_h:
+            _legend(svg, entries, left + pw - 6, top + 4, anchor="end")
+        else:
+            _legend(svg, entries, left + 6, top + 4)
+    svg.text(12, (top + bottom) / 2, p.get("ylabel", "documents"), anchor="middle", middle=True, rotate=-90,
+             cls="ylabel")
+    return bottom
+
+
+def _bar_range(values: list[float], log_ratio: float) -> tuple[float, float, bool]:
+    """(low, high, logarithmic?) of bar_chart's y axis: logarithmic when the positive counts span
+    more than `log_ratio`×."""
+    positive = [v for v in values if v > 0]
+    if positive and max(values) > log_ratio * max(1.0, min(positive)):
+        lo = 10.0 ** math.floor(math.log10(min(positive)) - 0.3)
+        span = math.log10(max(positive)) - math.log10(lo)
+        return lo, 10.0 ** (math.log10(max(positive)) + 0.06 * span), True
+    lo, hi = min(values + [0.0]), max(values + [0.0])
+    lo, hi = (lo * 1.05, hi * 1.05) if hi > lo else (0.0, 1.0)
+    return lo, hi, False
+
+
+def _category_label(svg: "Svg", label: str, cx: float, plot_bottom: float, slot: float, rotate: bool) -> None:
+    """A bar's tick and its category under the axis (turned 45° when there are many)."""
+    svg.line(cx, plot_bottom, cx, plot_bottom + 4, AXIS)
+    if rotate:
+        svg.text(cx + 3, plot_bottom + 10, fit(label, 110), anchor="end", rotate=-45, cls="category",
+                 data={"label": label})
+    else:
+        svg.text(cx, plot_bottom + 15, fit(label, max(slot - 2, 12)), anchor="middle", cls="category",
+                 data={"label": label})
 
 
 def finite_values(values: Any):
@@ -513,72 +590,15 @@ def histogram_panels(panels: Sequence[dict[str, Any]], *, xlabel: str, log_x: bo
     title_h, ticks_h, gap = 26.0, 22.0, 14.0
     xlabel_h = 20.0
     height = sum(title_h + plot_height + ticks_h for _ in panels) + gap * max(0, len(panels) - 1) + xlabel_h + 4
-    prepared = []
-    widest = 8.0
-    for p in panels:
-        edges = np.asarray(p["edges"], dtype="float64")
-        counts = []
-        for values, label, color, opacity in p.get("series", []):
-            v = finite_values(values)
-            c = np.histogram(np.clip(v, edges[0], edges[-1]), bins=edges)[0] if len(v) else np.zeros(len(edges) - 1, int)
-            counts.append((c, label, color, opacity))
-        ymax = max([int(c.max()) for c, *_ in counts if len(c)] + [0])
-        ys = Scale(0.0, max(1.0, ymax * 1.05), plot_height, 0.0)
-        target = max(2, int(plot_height / 40))
-        widest = max(widest, _y_tick_width(ys, target, integer=True))
-        xlo, xhi = float(edges[0]), float(edges[-1])
-        for x, *_ in p.get("lines", []):
-            x = _finite(x)
-            if x is not None and (x > 0 or not log_x):
-                xlo, xhi = min(xlo, x), max(xhi, x)
-        prepared.append((p, edges, counts, ymax, xlo, xhi))
+    prepared = [_counted_panel(p, plot_height, log_x) for p in panels]
+    widest = max([8.0] + [w for *_, w in prepared])
     left, right = 24 + widest + 10, 14.0
     width = max(width, left + right + 200)
     pw = width - left - right
     svg = Svg(width, height)
     y0 = 0.0
-    for k, (p, edges, counts, ymax, xlo, xhi) in enumerate(prepared):
-        size = p.get("title_size", TITLE)
-        svg.title(p.get("title", ""), y=y0 + 18, size=size)
-        top = y0 + title_h
-        bottom = top + plot_height
-        if log_x:
-            a, b = math.log10(xlo), math.log10(xhi)
-            pad = 0.02 * (b - a if b > a else 1.0)
-            xs = Scale(10 ** (a - pad), 10 ** (b + pad), left, left + pw, log=True)
-        else:
-            pad = 0.02 * (xhi - xlo if xhi > xlo else 1.0)
-            xs = Scale(xlo - pad, xhi + pad, left, left + pw)
-        ys = Scale(0.0, max(1.0, ymax * 1.05), bottom, top)
-        _y_axis(svg, ys, left, left + pw, max(2, int(plot_height / 40)), integer=True)
-        _x_axis(svg, xs, bottom, top, max(2, int(pw / 80)))
-        if not any(c.sum() for c, *_ in counts):
-            svg.no_data(left + pw / 2, (top + bottom) / 2)
-        for c, label, color, opacity in counts:
-            for i, n in enumerate(c):
-                x0, x1 = xs(float(edges[i])), xs(float(edges[i + 1]))
-                y = ys(float(n))
-                svg.rect(x0, y, x1 - x0, bottom - y, color, opacity=opacity, cls="bar",
-                         data={"label": label, "n": int(n)})
-        entries = [(label, color, "patch", opacity) for _, label, color, opacity in counts]
-        for x, label, color in p.get("lines", []):
-            xv = _finite(x)
-            if xv is not None and (xv > 0 or not log_x):
-                px = xs(xv)
-                svg.line(px, top, px, bottom, color, width=1.3, dash="5 3", cls="cutoff", data={"label": label})
-            entries.append((label, color, "line", 1.0))
-        if p.get("legend", len(counts) > 1 or bool(p.get("lines"))):
-            # the upper corner over the lower bars ("best" location, cheaply)
-            n_bins = len(edges) - 1
-            third = max(1, n_bins // 3)
-            left_h = max([int(c[:third].max()) for c, *_ in counts if len(c)] + [0])
-            right_h = max([int(c[-third:].max()) for c, *_ in counts if len(c)] + [0])
-            if right_h <= left_h:
-                _legend(svg, entries, left + pw - 6, top + 4, anchor="end")
-            else:
-                _legend(svg, entries, left + 6, top + 4)
-        svg.text(12, (top + bottom) / 2, p.get("ylabel", "documents"), anchor="middle", middle=True, rotate=-90,
-                 cls="ylabel")
+    for p, edges, counts, ymax, xlo, xhi, _ in prepared:
+        bottom = _histogram_panel(svg, p, edges, counts, ymax, xlo, xhi, y0 + title_h, plot_height, left, pw, log_x)
         y0 = bottom + ticks_h + gap
     svg.text(left + pw / 2, height - 8, xlabel, anchor="middle", cls="xlabel")
     return svg.render()
