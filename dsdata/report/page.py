@@ -18,10 +18,10 @@ import json
 import os
 import logging
 import math
-from collections import Counter
 from typing import Any, Iterable
 
-from dsdata.report import svgchart
+from dsdata.report import charts, svgchart
+from dsdata.report.charts import histogram_chart
 from dsdata.report.cjkfont import embedded_font
 from dsdata.report.files import LOCAL, files_for
 from dsdata.report.names import shown_path
@@ -36,11 +36,6 @@ EXAMPLE_TEXT_CHARS = 400
 # Scanning for examples of a rare reason stops after this many rejected rows.
 EXAMPLE_SCAN_ROWS = 2_000_000
 
-# Kept-column name → (element id, title, x label).  Only columns present in kept/*.parquet are drawn.
-NUMERIC_HISTOGRAMS = [
-    ("lang_score", "hist-lang-score", "Language-ID confidence (lang_score)", "lang_score"),
-    ("relevance_score", "hist-relevance", "Relevance score", "relevance_score"),
-]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,7 +139,9 @@ def utf8_lengths(column, compute_bytes: int | None = None) -> Any:
 class KeptSample:
     """Columns of kept/*.parquet read from a spread of row groups: at most ~SAMPLE_ROWS rows."""
 
-    def __init__(self, output: str, sample_rows: int = SAMPLE_ROWS):
+    def __init__(self, output: str, sample_rows: int = SAMPLE_ROWS, columns: Iterable[str] | None = None):
+        """`columns`: the kept columns to read besides the text's length (None: all but the text,
+        id and metadata)."""
         import pyarrow as pa
 
         self.total_rows = 0
@@ -157,8 +154,9 @@ class KeptSample:
             self.total_rows += f.metadata.num_rows
             groups.extend((f, i, f.metadata.row_group(i).num_rows) for i in range(f.num_row_groups))
         self.names = names
-        wanted = [c for c in ("lang", "lang_score", "relevance_score", "perplexity", "difficulty",
-                              "dup_cluster", "dup_cluster_size") if c in names]
+        if columns is None:
+            columns = sorted(names - {"text", "id", "metadata"})
+        wanted = [c for c in columns if c in names]
         # Evenly spaced row groups, not the first ones: the first files hold the first inputs.
         step = max(1, self.total_rows // max(1, sample_rows))
         chosen, rows = [], 0
@@ -279,72 +277,6 @@ def funnel_chart(stats: dict[str, Any]) -> str:
                                        ("rejected by the stage", svgchart.RED)])
 
 
-def histogram_chart(values, title: str, xlabel: str, *, lines: list[tuple[float, str, str]] = (),
-                    log_x: bool = False, overlay=None, labels: tuple[str, str] = ("kept", "rejected")) -> str:
-    import numpy as np
-
-    data = [svgchart.finite_values(values)]
-    if overlay is not None and len(overlay):
-        data.append(svgchart.finite_values(overlay))
-    present = [d for d in data if len(d)]
-    if log_x:
-        lo = max(1.0, min((float(np.min(d)) for d in present), default=1.0))
-        hi = max(lo * 10, max((float(np.max(d)) for d in present), default=0.0))
-        edges = svgchart.log_edges(lo, hi, 40)  # values below lo are counted in the first bin
-    else:
-        edges = svgchart.linear_edges(data, 40)
-    series = [(data[0], labels[0], svgchart.BLUE, 0.85)]
-    if len(data) > 1:
-        series.append((data[1], labels[1], svgchart.RED, 0.6))
-    panel = {"title": title, "edges": edges, "series": series, "ylabel": "documents",
-             "lines": [(x, label, color) for x, label, color in lines], "legend": len(data) > 1 or bool(lines)}
-    return svgchart.histogram_panels([panel], xlabel=xlabel, log_x=log_x)
-
-
-def bar_chart(labels: list[str], counts: list[int], title: str, xlabel: str, ylabel: str = "documents") -> str:
-    # A long tail (cluster sizes, rare languages) turns the y axis logarithmic: counts spanning > 50×.
-    return svgchart.bar_chart(labels, counts, title=title, xlabel=xlabel, ylabel=ylabel, color=svgchart.BLUE)
-
-
-def _cutoff_label(kind: str, sign: str, value: Any) -> str:
-    return f"{kind} {sign} {value:g}" if isinstance(value, (int, float)) else f"{kind} {sign} {value}"
-
-
-def perplexity_chart(sample: KeptSample, difficulty: dict[str, Any] | None) -> str | None:
-    """Perplexity per language group (log scale) with that group's easy/medium/hard cut-offs."""
-    import numpy as np
-
-    ppl = sample.numbers("perplexity")
-    if ppl is None:
-        return None
-    col = sample.columns["perplexity"].to_numpy(zero_copy_only=False).astype("float64")
-    langs = sample.strings("lang") or [None] * len(col)
-    per_lang = (difficulty or {}).get("languages") or {}
-    groups: list[tuple[str, Any, dict]] = []
-    if per_lang:
-        arr_langs = np.array([str(x) for x in langs])
-        for lang, info in sorted(per_lang.items(), key=lambda kv: -kv[1].get("documents", 0))[:6]:
-            values = col[(arr_langs == lang) & np.isfinite(col)]
-            if len(values):
-                groups.append((lang, values, info.get("cutoffs") or {}))
-    if not groups:
-        groups = [("all", ppl, (difficulty or {}).get("cutoffs") or {})]
-    panels = []
-    for lang, values, cutoffs in groups:
-        lo, hi = max(1e-3, float(values.min())), float(values.max())
-        lines = []
-        if cutoffs.get("easy_below") is not None:
-            lines.append((cutoffs["easy_below"], _cutoff_label("easy", "<", cutoffs["easy_below"]), svgchart.GREEN))
-        if cutoffs.get("hard_above") is not None:
-            lines.append((cutoffs["hard_above"], _cutoff_label("hard", ">", cutoffs["hard_above"]), svgchart.RED))
-        panels.append({"title": f"perplexity, lang {lang} ({len(values)} documents)", "title_size": 12,
-                       "edges": svgchart.log_edges(lo, max(hi, lo * 1.01), 40),  # values below lo: first bin
-                       "series": [(values, "kept", svgchart.BLUE, 1.0)], "lines": lines, "ylabel": "documents",
-                       "legend": bool(cutoffs)})
-    return svgchart.histogram_panels(panels, xlabel="perplexity (log scale); between the lines: medium", log_x=True,
-                                     plot_height=140)
-
-
 def stage_time_chart(rows: list[tuple[str, float, float | None]]) -> str:
     bars = []
     for name, sec, rate in rows:
@@ -420,12 +352,11 @@ def build_html(output: str) -> str:
         raise FileNotFoundError(f"{shown_path(files_for(output).join(output, 'stats.json'))} not found: "
                                 f"is {shown_path(output)} the output of a dsdata run?")
     info = _read_json(output, RUN_INFO_NAME) or {}
-    difficulty = _read_json(output, "difficulty.json")
     parts: list[str] = []
     nav = [("summary", "Summary"), ("funnel-section", "Funnel"), ("reasons", "Rejections")]
     _summary_section(parts, shown_path(output), stats, info)
     _rejections_section(parts, output, stats)
-    _distributions_section(parts, nav, output, info, difficulty)
+    _distributions_section(parts, nav, output, info)
     _time_section(parts, nav, stats)
     _recipe_section(parts, nav, stats, info)
 
@@ -489,10 +420,11 @@ def _rejections_section(parts: list[str], output: str, stats: dict[str, Any]) ->
     parts.extend(tallies_section(stats))
 
 
-def _distributions_section(parts: list[str], nav: list[tuple[str, str]], output: str, info: dict[str, Any],
-                           difficulty: dict[str, Any] | None) -> None:
-    """Histograms of what was kept (length, language, scores, perplexity, grades, cluster sizes)."""
-    sample = KeptSample(output)
+def _distributions_section(parts: list[str], nav: list[tuple[str, str]], output: str, info: dict[str, Any]) -> None:
+    """Histograms of what was kept: document length, then the charts the run's stages declare
+    (dsdata/report/charts.py)."""
+    declared = charts.declared_charts(info.get("stages", []))
+    sample = KeptSample(output, columns=charts.chart_columns(declared))
     hists: list[str] = []
     note = (f'<p class="muted">From {sample.sample_rows} of {sample.total_rows} kept documents '
             f'(whole row groups spread over the output).</p>')
@@ -503,69 +435,17 @@ def _distributions_section(parts: list[str], nav: list[tuple[str, str]], output:
         labels = ("kept", "rejected") if lengths is not None else ("rejected", "")
         hists.append(_img("hist-length", histogram_chart(main, "Document length", "characters (log scale)",
                                                          log_x=True, overlay=over, labels=labels), "document length"))
-    langs = sample.strings("lang")
-    if langs is not None:
-        counts: dict[str, int] = {}
-        for lang, n in Counter(langs).items():  # counted at C speed, then keyed by str (None → "None")
-            counts[str(lang)] = counts.get(str(lang), 0) + n
-        top = sorted(counts.items(), key=lambda kv: -kv[1])[:20]
-        hists.append(_img("hist-lang", bar_chart([k for k, _ in top], [v for _, v in top], "Language mix (kept)",
-                                                 "lang"), "language mix"))
-    params = {s["name"]: s.get("params", {}) for s in info.get("stages", [])}
-    for column, element_id, title, xlabel in NUMERIC_HISTOGRAMS:
-        values = sample.numbers(column)
-        if values is None:
-            continue
-        lines = []
-        if column == "relevance_score" and isinstance(params.get("relevance", {}).get("threshold"), (int, float)):
-            lines.append((params["relevance"]["threshold"], f"threshold {params['relevance']['threshold']:g}", "#e45756"))
-        if column == "lang_score" and isinstance(params.get("lang", {}).get("min_score"), (int, float)):
-            lines.append((params["lang"]["min_score"], f"min_score {params['lang']['min_score']:g}", "#e45756"))
-        hists.append(_img(element_id, histogram_chart(values, title, xlabel, lines=lines), title))
-    ppl = perplexity_chart(sample, difficulty)
-    if ppl is not None:
-        hists.append(_img("hist-perplexity", ppl, "perplexity with difficulty cut-offs") + _cutoff_caption(difficulty))
-    grades = sample.strings("difficulty")
-    if grades is not None and (difficulty or {}).get("counts"):
-        c = difficulty["counts"]
-        hists.append(_img("hist-difficulty", bar_chart(list(c), list(c.values()), "Difficulty grades (all kept)", "grade"),
-                          "difficulty grades"))
-    clusters = _cluster_size_chart(sample)
-    if clusters is not None:
-        hists.append(clusters)
+    sides: dict[str, Any] = {}
+    for chart, params in declared:
+        if chart.side_output and chart.side_output not in sides:
+            sides[chart.side_output] = _read_json(output, chart.side_output)
+        shown = charts.KINDS[chart.kind](chart, sample, params, sides)
+        if shown is not None:
+            hists.append(shown)
     if hists:
         nav.append(("histograms", "Distributions"))
         parts.append('<section id="histograms"><h2>Distributions</h2>' + note + '<div class="grid">'
                      + "".join(f"<div>{h}</div>" for h in hists) + "</div></section>")
-
-
-def _cluster_size_chart(sample: KeptSample) -> str | None:
-    """Bars of duplicate-cluster sizes (powers of two past 30 distinct sizes); None without dedup columns."""
-    sizes = sample.numbers("dup_cluster_size")
-    if sizes is None and "dup_cluster" in sample.columns:
-        per_cluster: dict[str, int] = {}
-        for cluster in sample.strings("dup_cluster"):
-            per_cluster[cluster] = per_cluster.get(cluster, 0) + 1
-        import numpy as np
-
-        sizes = np.array(list(per_cluster.values()), dtype="float64") if per_cluster else None
-    if sizes is not None:
-        size_counts: dict[int, int] = {}
-        for s in sizes.astype(int):
-            size_counts[int(s)] = size_counts.get(int(s), 0) + 1
-        keys = sorted(size_counts)
-        if len(keys) > 30:  # long tail: bucket by powers of two
-            buckets: dict[str, int] = {}
-            for k in keys:
-                b = 2 ** int(math.log2(max(k, 1)))
-                buckets[f"{b}-{2 * b - 1}" if b > 1 else "1"] = buckets.get(f"{b}-{2 * b - 1}" if b > 1 else "1", 0) + size_counts[k]
-            labels_, values_ = list(buckets), list(buckets.values())
-        else:
-            labels_, values_ = [str(k) for k in keys], [size_counts[k] for k in keys]
-        chart = bar_chart(labels_, values_, "Duplicate-cluster sizes (one kept document per cluster)",
-                          "cluster size (documents)", "clusters")
-        return _img("hist-dup-cluster", chart, "duplicate cluster sizes")
-    return None
 
 
 def _time_section(parts: list[str], nav: list[tuple[str, str]], stats: dict[str, Any]) -> None:
@@ -601,22 +481,6 @@ def _recipe_section(parts: list[str], nav: list[tuple[str, str]], stats: dict[st
         parts.append(f"<p>{_e(RUN_INFO_NAME)} is missing (a run by an older dsdata); stage order: "
                      f"{_e(' → '.join(stats.get('stage_order', [])))}</p>")
     parts.append("</section>")
-
-
-def _cutoff_caption(difficulty: dict[str, Any] | None) -> str:
-    """The cut-offs drawn on the perplexity chart, as text (difficulty.json)."""
-    groups = dict((difficulty or {}).get("languages") or {})
-    if not groups and (difficulty or {}).get("cutoffs"):
-        groups = {"all": difficulty}
-    items = []
-    for lang, info in groups.items():
-        c = info.get("cutoffs") or {}
-        if c:
-            items.append(f"{_e(lang)}: easy &lt; {_e(c.get('easy_below'))}, hard &gt; {_e(c.get('hard_above'))}"
-                         f" ({_e(info.get('cutoff_source', 'cut-offs'))})")
-    if not items:
-        return ""
-    return f'<p id="perplexity-cutoffs" class="muted">Difficulty cut-offs (perplexity) — {"; ".join(items)}.</p>'
 
 
 def write_report(output: str) -> str:

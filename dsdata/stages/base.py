@@ -79,6 +79,27 @@ class SideOutput:
     ensure_ascii: bool = True
 
 
+@dataclass(frozen=True)
+class Chart:
+    """A chart of the run report (report.html), drawn from a column of the kept documents that the
+    declaring stage writes.  `kind` names a renderer of dsdata/report/charts.py: `histogram` (a
+    numeric column; `threshold` names the stage parameter drawn on it as a line), `categories` (the
+    20 most common values), `cutoffs` (one log-scale panel per value of `group`, with the cut-offs of
+    the stage's JSON side output `side_output`), `grades` (the counts of `side_output`), `clusters`
+    (cluster sizes from `column`, else counted from `also`).  `alt` is the image's text."""
+
+    kind: str
+    column: str
+    element_id: str
+    title: str
+    alt: str
+    label: str = ""
+    threshold: str = ""
+    group: str = ""
+    side_output: str = ""
+    also: str = ""
+
+
 class Stage:
     """What every kind shares: name, typed parameters, checks, setup and rejections."""
 
@@ -91,6 +112,8 @@ class Stage:
     # rejected by this or a later stage) into stats.json["tallies"][annotation][key] and the report:
     # counts a stage's rejection reasons cannot carry (which benchmark, how many e-mails redacted).
     tallies: ClassVar[tuple[str, ...]] = ()
+    # What the run report draws of this stage's columns (one Chart each; dsdata/report/charts.py).
+    charts: ClassVar[tuple[Chart, ...]] = ()
     # Exceptions that mean "this stage cannot run here" rather than "this record is bad": they stop
     # the run with one line instead of rejecting the record (ImportError, MemoryError and
     # StageConfigError always do; see dsdata/beam/errors.py).
@@ -117,6 +140,12 @@ class Stage:
 
     def setup(self) -> None:
         """Load models or other per-worker state. Called once per worker before processing."""
+
+    def preflight(self) -> str | None:
+        """What stops this stage from running here (a library that does not work, say), in one line,
+        checked before a run starts; None when nothing does.  Unlike `validate`, it looks at the
+        machine, not at the parameters."""
+        return None
 
     def reject(self, doc: Document, reason: str, detail: str = "") -> Rejected:
         return Rejected(doc=doc, stage=self.name, reason=reason, detail=detail)

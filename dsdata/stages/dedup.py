@@ -15,11 +15,10 @@ How it scales and why: dsdata/beam/dedup/composite.py (the composite, built from
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 
-from dsdata.stages.base import CorpusStage, Param, StageConfigError
+from dsdata.stages.base import Chart, CorpusStage, Param, StageConfigError
 from dsdata.dedup.spans import LINE_UNITS
 from dsdata.stages.params import Boolean, Choice, Integer, Number, Path, Text
 
@@ -61,6 +60,9 @@ VERIFY_MODES = ("exact", "signature", "none")
 
 class DedupStage(CorpusStage):
     name = "dedup"
+    charts = (Chart("clusters", "dup_cluster_size", "hist-dup-cluster",
+                    "Duplicate-cluster sizes (one kept document per cluster)", "duplicate cluster sizes",
+                    label="cluster size (documents)", also="dup_cluster"),)
     description = "exact + MinHash-LSH near-duplicate removal (keeps one document per cluster)"
     params = {
         "threshold": Param(0.8, "Jaccard similarity of shingle sets at or above which documents are near-duplicates",

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from dsdata.document import Document, Rejected
-from dsdata.stages.base import CorpusStage, Param, SideOutput, StageConfigError
+from dsdata.stages.base import Chart, CorpusStage, Param, SideOutput, StageConfigError
 from dsdata.stages.params import (BadValue, Boolean, Choice, Integer, ListOf, MappingOf, Number, ParamType, Path,
                                   Text)
 
@@ -96,6 +96,12 @@ class DifficultyConfig:
 
 class DifficultyStage(CorpusStage):
     name = "difficulty"
+    charts = (
+        Chart("cutoffs", "perplexity", "hist-perplexity", "perplexity", "perplexity with difficulty cut-offs",
+              group="lang", side_output="difficulty.json"),
+        Chart("grades", "difficulty", "hist-difficulty", "Difficulty grades (all kept)", "difficulty grades",
+              label="grade", side_output="difficulty.json"),
+    )
     description = "perplexity under a per-language reference LM, graded easy/medium/hard by corpus percentiles"
     params = {
         "model_dir": Param(SHIPPED_MODELS, "directory with one model subdirectory per language (en/, zh/, …) or one "

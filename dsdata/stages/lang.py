@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from dsdata.document import Document, Rejected
 from dsdata.stages import fasttext_model
-from dsdata.stages.base import BatchStage, Param, StageConfigError
+from dsdata.stages.base import BatchStage, Chart, Param, StageConfigError
 from dsdata.stages.params import Choice, Integer, ListOf, Number, Path, Text
 
 _LABEL = "__label__"
@@ -118,6 +118,11 @@ class LanguageCodes(ListOf):
 
 class LanguageStage(BatchStage):
     name = "lang"
+    charts = (
+        Chart("categories", "lang", "hist-lang", "Language mix (kept)", "language mix", label="lang"),
+        Chart("histogram", "lang_score", "hist-lang-score", "Language-ID confidence (lang_score)",
+              "Language-ID confidence (lang_score)", label="lang_score", threshold="min_score"),
+    )
     description = "Language ID (fastText lid.176 or langdetect): annotate lang/lang_score, keep listed languages."
     params = {
         "backend": Param("fasttext", "fasttext (default; the shipped lid.176.ftz) or langdetect",
@@ -138,6 +143,13 @@ class LanguageStage(BatchStage):
     _model = None  # loaded per worker by setup()
     _predict_lines = None  # the model's own multilinePredict (setup), when its binding has one
     _engine = None  # the compiled predictor (dsdata.stages.fasttext_model), when it covers the model
+
+    def preflight(self) -> str | None:
+        if self.backend != "fasttext":
+            return None
+        from dsdata.stages.fasttext_install import fasttext_problem
+
+        return fasttext_problem(need_training=False)
 
     def setup(self) -> None:
         # Backend label → (language, script the label names or None), filled as labels are met (a

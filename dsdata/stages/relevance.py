@@ -8,12 +8,14 @@ import pyarrow as pa
 
 from dsdata.document import Document, Rejected
 from dsdata.relevance.scorer import BACKENDS, SCORES, detect_backend, load_scorer
-from dsdata.stages.base import Param, ScoringStage, StageConfigError
+from dsdata.stages.base import Chart, Param, ScoringStage, StageConfigError
 from dsdata.stages.params import AnyOf, Choice, Integer, ListOf, Number, Path, Text
 
 
 class RelevanceStage(ScoringStage):
     name = "relevance"
+    charts = (Chart("histogram", "relevance_score", "hist-relevance", "Relevance score", "Relevance score",
+                    label="relevance_score", threshold="threshold"),)
     description = "learned relevance filter (BERT via RunInference, or fastText); rejects low_relevance"
     params = {
         "model": Param(None, "trained model: a save_pretrained BERT-family classifier directory or a fastText "
@@ -59,6 +61,14 @@ class RelevanceStage(ScoringStage):
         if self.score == "raw" and found == "fasttext":
             raise StageConfigError("relevance.score=raw is for a one-output BERT-family head; a fastText "
                                    "model's scores are probabilities")
+
+    def preflight(self) -> str | None:
+        """The fastText scorer needs fasttext-numpy2's full module (a predict-only one cannot load it)."""
+        if detect_backend(self.model) != "fasttext":
+            return None
+        from dsdata.stages.fasttext_install import fasttext_problem
+
+        return fasttext_problem(need_training=True)
 
     def load_options(self) -> dict:
         """Keyword arguments of `load_scorer` (also used by the RunInference model handler)."""
