@@ -585,8 +585,6 @@ def histogram_panels(panels: Sequence[dict[str, Any]], *, xlabel: str, log_x: bo
     "lines": [(x, label, colour)], "ylabel", "legend" (bool), "title_size"}.  Values are counted
     with numpy after dropping non-finite ones and clipping into [edges[0], edges[-1]], so every
     finite value lands in a bin (each bin is a rect with data-n)."""
-    import numpy as np
-
     title_h, ticks_h, gap = 26.0, 22.0, 14.0
     xlabel_h = 20.0
     height = sum(title_h + plot_height + ticks_h for _ in panels) + gap * max(0, len(panels) - 1) + xlabel_h + 4
