@@ -8,7 +8,8 @@ distributions declare in the `dsdata.stages` entry-point group:
 The group is read once per process, the first time a name is not a built-in stage or the whole list
 is asked for (`dsdata stages`): a run of built-in stages pays nothing for it.  An entry point's
 module is imported only when its stage is used or listed, once.  A plugin never breaks dsdata's own
-stages: an entry point that cannot be loaded, or that names a class which is no stage, is one line
+stages: an entry point that cannot be loaded (whatever its import raises, sys.exit() included; only
+the user's Ctrl-C passes), or that names a class which is no stage, is one line
 naming the distribution and the error (StageConfigError when a recipe names it, a warning line in
 `dsdata stages`); a name that is already taken (a built-in stage, one dsdata reserves, another
 distribution's) is refused in one line and the stage already there is the one that runs.
@@ -51,6 +52,12 @@ def custom_stage_problem(cls: object, name: str | None = None) -> str | None:
     if cls.side_outputs:
         return f"{cls.__qualname__} declares side_outputs, which only dsdata's whole-corpus stages can write"
     return None
+
+
+def _is_stop(exc: BaseException) -> bool:
+    from dsdata.stop_signals import Interrupted
+
+    return isinstance(exc, (KeyboardInterrupt, Interrupted))
 
 
 def _distribution(ep: importlib.metadata.EntryPoint) -> str:
@@ -122,7 +129,11 @@ class CustomStages:
         ep = self.pending.pop(name)
         try:
             cls = ep.load()
-        except Exception as exc:  # noqa: BLE001 - any fault of a plugin's import is that plugin's, in one line
+        except BaseException as exc:  # noqa: BLE001 - any fault of a plugin's import is that plugin's, in one line
+            # sys.exit() at import (SystemExit, even with status 0) ended dsdata silently; Ctrl-C
+            # (KeyboardInterrupt, or SIGINT/SIGTERM's Interrupted) during the import is the user's stop.
+            if _is_stop(exc):
+                raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             self.problems[name] = (f"stage '{name}' of {_distribution(ep)} cannot be loaded "
                                    f"({ep.value}): {type(exc).__name__}{': ' + first if first else ''}")
