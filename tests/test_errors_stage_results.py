@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -24,12 +25,15 @@ SEEN = " [seen]"
 
 class MisbehavingStage(DocumentStage):
     """Per marker in the text: returns None, a string, a Document whose text is None, a Rejected of a
-    string, or calls sys.exit(0); every other document is kept."""
+    string, a Document whose int64 annotation holds a string, or calls sys.exit(0); every other
+    document is kept."""
 
     name = "misbehaving_doc"
     description = "test-only"
+    annotations = {"score": pa.int64()}
 
     def process(self, doc: Document):
+        doc.annotations["score"] = "high" if "BAD_ANNOTATION" in doc.text else len(doc.text)
         if "RETURN_NONE" in doc.text:
             return None
         if "RETURN_STR" in doc.text:
@@ -73,9 +77,41 @@ class InterruptingStage(DocumentStage):
         return doc
 
 
+class ExitingSetupStage(DocumentStage):
+    name = "exiting_setup"
+    description = "test-only"
+
+    def setup(self):
+        sys.exit(0)
+
+    def process(self, doc):
+        return doc
+
+
+class FailingValidateStage(DocumentStage):
+    """Its constructor's check raises RuntimeError (or, with the marker in its name, calls sys.exit(0))."""
+
+    name = "failing_validate"
+    description = "test-only"
+
+    def validate(self):
+        raise RuntimeError("cannot configure\nsecond line")
+
+    def process(self, doc):
+        return doc
+
+
+class ExitingValidateStage(FailingValidateStage):
+    name = "exiting_validate"
+
+    def validate(self):
+        sys.exit(0)
+
+
 @pytest.fixture(autouse=True)
 def test_stages(monkeypatch):
-    for cls in (MisbehavingStage, MisbehavingBatchStage, InterruptingStage):
+    for cls in (MisbehavingStage, MisbehavingBatchStage, InterruptingStage, ExitingSetupStage, FailingValidateStage,
+                ExitingValidateStage):
         monkeypatch.setitem(REGISTRY, cls.name, f"{__name__}:{cls.__name__}")
 
 
@@ -96,10 +132,12 @@ def _rows(tmp_path: Path, kind: str) -> list[dict]:
 
 
 def test_a_document_stage_returning_no_document_or_exiting_rejects_that_record_only(tmp_path):
-    _corpus(tmp_path, {3: "RETURN_NONE", 9: "RETURN_STR", 17: "TEXT_NONE", 22: "REJECT_STR", 40: "EXIT"})
+    _corpus(tmp_path, {3: "RETURN_NONE", 9: "RETURN_STR", 17: "TEXT_NONE", 22: "REJECT_STR", 40: "EXIT",
+                       51: "BAD_ANNOTATION"})
     stats = _run(tmp_path, "misbehaving_doc")
-    assert stats["input"] == 60 and stats["kept"] == 55 and stats["ledger_ok"]
-    assert stats["rejected"] == {"misbehaving_doc": {"error": 5}}
+    assert stats["input"] == 60 and stats["kept"] == 54 and stats["ledger_ok"]
+    assert stats["rejected"] == {"misbehaving_doc": {"error": 6}}
+    assert all(isinstance(r["score"], int) for r in _rows(tmp_path, "kept"))
     details = {r["id"]: r["detail"] for r in _rows(tmp_path, "rejected")}
     assert details == {
         "doc003": "StageResultError: stage 'misbehaving_doc' returned NoneType, not a Document or Rejected",
@@ -107,6 +145,9 @@ def test_a_document_stage_returning_no_document_or_exiting_rejects_that_record_o
         "doc017": "StageResultError: stage 'misbehaving_doc' returned a Document whose text is NoneType, not str",
         "doc022": "StageResultError: stage 'misbehaving_doc' returned a Rejected of str, not of a Document",
         "doc040": "SystemExit: 0",
+        # an annotation its declared column cannot hold failed the kept/ writer for the whole run
+        "doc051": "StageResultError: stage 'misbehaving_doc' set annotation 'score' to str 'high', which its "
+                  "declared column cannot hold",
     }
 
 
@@ -163,3 +204,21 @@ def test_retries_start_from_copies_and_a_stop_passes():
     assert out[1] == ("failed", Document("d1", "text", {"nested": {"list": [1]}}, {"a": 1}))
     with pytest.raises(KeyboardInterrupt):
         retry_one_at_a_time("s", docs, lambda batch: (_ for _ in ()).throw(KeyboardInterrupt), lambda d, e: d)
+
+
+@pytest.mark.parametrize("stage, code, line", [
+    # sys.exit(0) in setup() was a 136-line traceback; in the constructor it ended the run with exit 0
+    # and no word; any other exception there was a 31-line traceback.
+    ("exiting_setup", 1, "dsdata: error: stage 'exiting_setup' cannot start: SystemExit: 0"),
+    ("exiting_validate", 2, "stage 'exiting_validate' cannot be built: SystemExit: 0"),
+    ("failing_validate", 2, "stage 'failing_validate' cannot be built: RuntimeError: cannot configure"),
+])
+def test_a_stage_that_exits_or_raises_while_built_or_set_up_is_one_line(tmp_path, capsys, stage, code, line):
+    from dsdata import cli
+
+    _corpus(tmp_path, {}, n=5)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"name: results\ninput: {{paths: [\"*.jsonl\"]}}\nstages:\n  - {stage}: {{}}\n", encoding="utf-8")
+    assert cli.main(["run", str(recipe), "--output", str(tmp_path / "out"), "--quiet"]) == code
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("dsdata: error: ") and err[0].endswith(line), err

@@ -68,9 +68,9 @@ def passes_through(exc: BaseException) -> bool:
     panic (pyo3's PanicException — a tokenizer regex over the engine's backtracking limit) derives
     from BaseException, not Exception, and killed the run; so did a stage's sys.exit() (SystemExit)
     for one record."""
-    from dsdata.stop_signals import Interrupted
+    from dsdata.stop_signals import is_stop
 
-    return isinstance(exc, (KeyboardInterrupt, GeneratorExit, Interrupted))
+    return is_stop(exc) or isinstance(exc, GeneratorExit)
 
 
 class StageResultError(TypeError):
@@ -100,15 +100,49 @@ def result_problem(result: object) -> str | None:
 _DOCUMENT_FIELDS = (("id", str), ("text", str), ("metadata", dict), ("annotations", dict))
 
 
-def checked_result(stage_name: str, result: object) -> Document | Rejected:
-    """`result` when it is a well-formed Document or Rejected; StageResultError otherwise."""
-    if type(result) is Document and type(result.text) is str and type(result.id) is str \
-            and type(result.metadata) is dict and type(result.annotations) is dict:
-        return result  # the common case, without the general checks' cost
-    problem = result_problem(result)
-    if problem is not None:
-        raise StageResultError(f"stage '{stage_name}' returned {problem}")
+def checked_result(stage_name: str, result: object, checks: tuple = ()) -> Document | Rejected:
+    """`result` when it is a well-formed Document or Rejected whose declared annotations (`checks`:
+    annotation_checks of the stage's) hold values of their column's kind; StageResultError otherwise."""
+    if not (type(result) is Document and type(result.text) is str and type(result.id) is str
+            and type(result.metadata) is dict and type(result.annotations) is dict):  # else the general checks
+        problem = result_problem(result)
+        if problem is not None:
+            raise StageResultError(f"stage '{stage_name}' returned {problem}")
+        if not isinstance(result, Document):
+            return result  # type: ignore[return-value]
+    annotations = result.annotations
+    for name, fast, kinds in checks:
+        value = annotations.get(name)
+        if value is not None and type(value) is not fast and not isinstance(value, kinds):
+            raise StageResultError(f"stage '{stage_name}' set annotation '{name}' to {type(value).__name__} "
+                                   f"{_short(value)}, which its declared column cannot hold")
     return result  # type: ignore[return-value]
+
+
+def annotation_checks(annotations) -> tuple:
+    """(name, the usual Python type, the accepted ones) for each declared annotation of a simple kind
+    (bool, integer, floating point, string): a value of another kind would fail the kept/ writer for
+    the whole bundle (pyarrow's ArrowInvalid, a 127-line traceback) instead of that one record."""
+    import numbers
+
+    import pyarrow as pa
+
+    checks = []
+    for name, kind in annotations.items():
+        if pa.types.is_boolean(kind):
+            checks.append((name, bool, (bool,)))
+        elif pa.types.is_integer(kind):
+            checks.append((name, int, (numbers.Integral,)))
+        elif pa.types.is_floating(kind):
+            checks.append((name, float, (numbers.Real,)))
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            checks.append((name, str, (str,)))
+    return tuple(checks)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def copy_document(doc: Document) -> Document:

@@ -20,8 +20,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dsdata.beam.engines import speedups
-from dsdata.beam.errors import (StageResultError, checked_result, copy_document, environment_failure, error_rejection,
-                                passes_through, retry_one_at_a_time)
+from dsdata.beam.errors import (StageResultError, annotation_checks, checked_result, copy_document, environment_failure,
+                                error_rejection, passes_through, retry_one_at_a_time)
 from dsdata.document import Document, Rejected
 from dsdata.io import local_paths
 from dsdata.report.names import shown_path
@@ -151,7 +151,9 @@ class StageCounters:
     def _setup_stage(self, stage: Stage) -> None:
         try:
             stage.setup()
-        except Exception as exc:  # noqa: BLE001 - whatever setup() raises, no record can be blamed
+        except BaseException as exc:  # noqa: BLE001 - whatever setup() raises (sys.exit() too), no record can be blamed
+            if passes_through(exc):
+                raise
             raise environment_failure(stage.name, exc, " cannot start") from exc
 
     def finish_bundle(self):
@@ -169,6 +171,7 @@ class _DocumentStageRun(StageCounters):
     def __init__(self, stage: DocumentStage):
         self.stage = stage
         self._declared = stage.environment_errors
+        self._checks = annotation_checks(stage.annotations)
         self._init_counters(stage.name)
         self._setup_stage(stage)
 
@@ -180,7 +183,7 @@ class _DocumentStageRun(StageCounters):
         """The stage's result for `doc`, timed; what it raises rejects `doc` (reason `error`)."""
         start = self._clock_start()
         try:
-            result = checked_result(self._stage_name, self.stage.process(doc))
+            result = checked_result(self._stage_name, self.stage.process(doc), self._checks)
         except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
             if passes_through(exc):  # a stop, not the record's fault; a native panic is
                 raise
@@ -224,6 +227,7 @@ class _BatchStageRun(StageCounters):
     def __init__(self, stage: BatchStage):
         self.stage = stage
         self._declared = stage.environment_errors
+        self._checks = annotation_checks(stage.annotations)
         self._init_counters(stage.name)
         self._setup_stage(stage)
 
@@ -238,7 +242,7 @@ class _BatchStageRun(StageCounters):
         out = []
         for doc, result in zip(docs, results):
             try:
-                out.append(checked_result(self.stage.name, result))
+                out.append(checked_result(self.stage.name, result, self._checks))
             except StageResultError as exc:
                 out.append(self._error(doc, exc))
         return out

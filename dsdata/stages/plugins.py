@@ -24,6 +24,7 @@ import re
 from typing import Callable, Mapping
 
 from dsdata.stages.base import BatchStage, CorpusStage, DocumentStage, Stage, StageConfigError
+from dsdata.stop_signals import is_stop
 
 ENTRY_POINT_GROUP = "dsdata.stages"
 
@@ -52,12 +53,6 @@ def custom_stage_problem(cls: object, name: str | None = None) -> str | None:
     if cls.side_outputs:
         return f"{cls.__qualname__} declares side_outputs, which only dsdata's whole-corpus stages can write"
     return None
-
-
-def _is_stop(exc: BaseException) -> bool:
-    from dsdata.stop_signals import Interrupted
-
-    return isinstance(exc, (KeyboardInterrupt, Interrupted))
 
 
 def _distribution(ep: importlib.metadata.EntryPoint) -> str:
@@ -132,7 +127,7 @@ class CustomStages:
         except BaseException as exc:  # noqa: BLE001 - any fault of a plugin's import is that plugin's, in one line
             # sys.exit() at import (SystemExit, even with status 0) ended dsdata silently; Ctrl-C
             # (KeyboardInterrupt, or SIGINT/SIGTERM's Interrupted) during the import is the user's stop.
-            if _is_stop(exc):
+            if is_stop(exc):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             self.problems[name] = (f"stage '{name}' of {_distribution(ep)} cannot be loaded "
