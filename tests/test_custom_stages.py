@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from dsdata.stages import CorpusStage, DocumentStage, StageConfigError, register_stage, stage_class
+from dsdata.stages import BatchStage, CorpusStage, DocumentStage, StageConfigError, register_stage, stage_class
 from dsdata.stages.plugins import CustomStages
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,8 +172,26 @@ def test_register_stage_refuses_what_cannot_be_a_custom_stage():
     class Again(Upper):
         pass
 
+    class BadBatch(BatchStage):  # a batch size as a string failed mid-run
+        name = "bad_batch_for_tests"
+        batch_max = "64"
+
+        def process_batch(self, docs):
+            return docs
+
+    class BadAnnotation(Upper):  # a column type that is no Arrow type failed the kept/ writer
+        name = "bad_annotation_for_tests"
+        annotations = {"score": int}
+
+    class BadErrors(Upper):  # a non-class failed the per-record error rule itself
+        name = "bad_errors_for_tests"
+        environment_errors = ("OSError",)
+
     for cls, words in [(Clean, "a built-in stage has that name"), (Corpus, "is a CorpusStage"),
-                       (Dotted, "must be a name such as"), (Again, "already registered for"), (int, "not a stage class")]:
+                       (Dotted, "must be a name such as"), (Again, "already registered for"), (int, "not a stage class"),
+                       (BadBatch, "batch_min and batch_max must be whole numbers"),
+                       (BadAnnotation, "annotations must map column names to pyarrow types"),
+                       (BadErrors, "environment_errors must be a tuple of exception classes")]:
         with pytest.raises(StageConfigError, match=words):
             registry.register(cls)
 

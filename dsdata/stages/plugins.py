@@ -52,6 +52,32 @@ def custom_stage_problem(cls: object, name: str | None = None) -> str | None:
         return f"{cls.__qualname__}.name is {cls.name!r}, but it is registered as {name!r}; the two must be equal"
     if cls.side_outputs:
         return f"{cls.__qualname__} declares side_outputs, which only dsdata's whole-corpus stages can write"
+    return _declaration_problem(cls)
+
+
+def _declaration_problem(cls: type[Stage]) -> str | None:
+    """What is wrong with the class attributes dsdata reads from a stage before and while it runs (a
+    wrong one failed mid-run with a traceback: a string batch_max, an annotation type that is no Arrow
+    type, an environment error that is no exception class)."""
+    import pyarrow as pa
+
+    from dsdata.stages.base import Param
+
+    where = cls.__qualname__
+    if not isinstance(cls.params, dict) or not all(isinstance(k, str) and isinstance(v, Param)
+                                                   for k, v in cls.params.items()):
+        return f"{where}.params must map parameter names to dsdata.stages.Param"
+    if not isinstance(cls.annotations, dict) or not all(isinstance(k, str) and isinstance(v, pa.DataType)
+                                                        for k, v in cls.annotations.items()):
+        return f"{where}.annotations must map column names to pyarrow types (pa.int64(), pa.string(), …)"
+    errors = cls.environment_errors
+    if not isinstance(errors, tuple) or not all(isinstance(e, type) and issubclass(e, BaseException) for e in errors):
+        return f"{where}.environment_errors must be a tuple of exception classes"
+    if issubclass(cls, BatchStage):
+        low, high = cls.batch_min, cls.batch_max
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (low, high)) or not 1 <= low <= high <= 1 << 20:
+            return f"{where}: batch_min and batch_max must be whole numbers, 1 <= batch_min <= batch_max <= {1 << 20}, " \
+                   f"got {low!r} and {high!r}"
     return None
 
 
