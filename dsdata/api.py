@@ -168,10 +168,21 @@ def execute(prepared: PreparedRun, beam_args: Iterable[str] = (), progress: str 
                               progress=progress, resume=prepared.resume)
         except Exception as exc:
             full = storage_failure(exc)
-            if full is None:
-                raise
+            if full is None or not _outs(full, exc, prepared.output):
+                raise  # not OUT's (a stage's own file elsewhere): its own line, OUT's files kept
         # Outside the handler: the traceback's frames (the failed run's open part files) are gone.
         raise _storage_failed(full, prepared.output)
+
+
+def _outs(failure, exc: BaseException, output: str) -> bool:
+    """Whether a full or read-only disk is OUT's: the failed write's path is under OUT, or, its path
+    unknown (a write on an open file), dsdata's own writers raised it, not a stage's code (which
+    writes nothing under OUT: the stage's error then names the stage, beam/errors.py)."""
+    from dsdata.beam.errors import find_environment_error
+
+    if failure.path is not None:
+        return failure.inside(output)
+    return find_environment_error(exc) is None
 
 
 def _storage_failed(failure, output: str) -> Exception:

@@ -32,6 +32,7 @@ from dsdata.io.readers import FORMATS as READER_FORMATS
 from dsdata.runners import BeamOptionError, find_runner
 from dsdata.safe_yaml import YamlBoundError, load_bounded, yaml_error_line
 from dsdata.stages import Stage, StageConfigError, stage_class
+from dsdata.stop_signals import is_stop
 
 INPUT_FORMATS = ("auto", *READER_FORMATS)  # dsdata/io/readers REGISTRY
 RECIPE_KEYS = ("name", "description", "input", "output", "stages", "beam")
@@ -88,6 +89,12 @@ class Recipe:
                 built.append(stage_class(spec.name)(**spec.params))
             except StageConfigError as exc:
                 raise RecipeError(f"{self.path}: {exc}") from None
+            except BaseException as exc:  # noqa: BLE001 - a custom stage's constructor: its fault, one line
+                if is_stop(exc):
+                    raise
+                text = str(exc).strip()
+                raise RecipeError(f"{self.path}: stage '{spec.name}' cannot be built: {type(exc).__name__}"
+                                  f"{': ' + text.splitlines()[0] if text else ''}") from None
         return built
 
 

@@ -27,6 +27,13 @@ class Interrupted(BaseException):
     an exception as `type(exn)(message + step name)`."""
 
 
+def is_stop(exc: BaseException) -> bool:
+    """The user's stop (Ctrl-C's KeyboardInterrupt, a signal's Interrupted): what a handler that takes
+    any BaseException from code it runs (a plug-in's import, a stage) must let pass.  SystemExit is
+    not one: a plug-in's sys.exit() is that plug-in's fault."""
+    return isinstance(exc, (KeyboardInterrupt, Interrupted))
+
+
 class SignalState:
     """Which stop signal arrived first (None: none yet)."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from dsdata.stages import CorpusStage, DocumentStage, StageConfigError, register_stage, stage_class
+from dsdata.stages import BatchStage, CorpusStage, DocumentStage, StageConfigError, register_stage, stage_class
 from dsdata.stages.plugins import CustomStages
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,23 +63,26 @@ def _distribution(root: Path, name: str, module: str, source: str, entry_points:
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory):
-    """PYTHONPATH with two installed distributions: `dsdata-drop-short` (a working stage) and
-    `dsdata-broken-stages` (one entry point whose module fails to import, one taking 'clean')."""
+    """PYTHONPATH with three installed distributions: `dsdata-drop-short` (a working stage),
+    `dsdata-broken-stages` (one entry point whose module fails to import, one taking 'clean') and
+    `dsdata-exiting-stage` (a module that calls sys.exit(0) when imported)."""
     root = tmp_path_factory.mktemp("plugins")
     good = _distribution(root, "dsdata-drop-short", "drop_short_stage", STAGE_MODULE,
                          {"drop_short": "drop_short_stage:DropShortStage"})
     broken = _distribution(root, "dsdata-broken-stages", "broken_stage",
                            "import no_such_module_for_dsdata_tests\n",
                            {"broken": "broken_stage:Broken", "clean": "drop_short_stage:DropShortStage"})
+    exiting = _distribution(root, "dsdata-exiting-stage", "exiting_stage", "import sys\nsys.exit(0)\n",
+                            {"exits": "exiting_stage:Exits"})
     target = root / "site"
     res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                          "--no-index", "--target", str(target), str(good), str(broken)],
+                          "--no-index", "--target", str(target), str(good), str(broken), str(exiting)],
                          capture_output=True, text=True, timeout=300)
     if res.returncode != 0 and "No module named 'setuptools" in res.stderr:
         pytest.skip("setuptools is not installed: the test's stage package cannot be built")
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in target.glob("*.dist-info")) == [
-        "dsdata_broken_stages-0.1.dist-info", "dsdata_drop_short-0.1.dist-info"]
+        "dsdata_broken_stages-0.1.dist-info", "dsdata_drop_short-0.1.dist-info", "dsdata_exiting_stage-0.1.dist-info"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(REPO)]))
     return env
 
@@ -96,13 +99,15 @@ def test_an_installed_stage_is_listed_and_broken_plugins_are_one_line_each(plugi
     assert "    min_chars = 20  (" in res.stdout and "adds columns: chars (int64)" in res.stdout
     assert "clean: " in res.stdout and "dedup: " in res.stdout  # the built-ins are all still there
     warnings = [line for line in res.stderr.splitlines() if line.startswith("dsdata: warning:")]
-    assert len(warnings) == 2, res.stderr
+    assert len(warnings) == 3, res.stderr
     assert "Traceback" not in res.stderr
     broken = next(w for w in warnings if "'broken'" in w)
     assert "distribution 'dsdata-broken-stages 0.1'" in broken
     assert "ModuleNotFoundError: No module named 'no_such_module_for_dsdata_tests'" in broken
     taken = next(w for w in warnings if "'clean'" in w)
     assert "distribution 'dsdata-broken-stages 0.1' is refused: a built-in stage has that name" in taken
+    exits = next(w for w in warnings if "'exits'" in w)
+    assert "distribution 'dsdata-exiting-stage 0.1' cannot be loaded (exiting_stage:Exits): SystemExit" in exits
 
 
 def test_a_recipe_runs_an_installed_stage_by_its_name(plugin_env, tmp_path):
@@ -123,13 +128,18 @@ def test_a_recipe_runs_an_installed_stage_by_its_name(plugin_env, tmp_path):
         ("d0", "drop_short", "too_short", "5"), ("d2", "drop_short", "too_short", "4")]
 
 
-def test_a_recipe_naming_a_broken_plugin_stops_in_one_line(plugin_env, tmp_path):
+@pytest.mark.parametrize("stage, words", [
+    ("broken", "stage 'broken' of distribution 'dsdata-broken-stages 0.1' cannot be loaded"),
+    # sys.exit(0) at import ended the run with exit 0, no output and no message
+    ("exits", "stage 'exits' of distribution 'dsdata-exiting-stage 0.1' cannot be loaded (exiting_stage:Exits): "
+              "SystemExit: 0")])
+def test_a_recipe_naming_a_broken_plugin_stops_in_one_line(plugin_env, tmp_path, stage, words):
     (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "x"}\n', encoding="utf-8")
-    (tmp_path / "r.yaml").write_text("input: {paths: [in.jsonl]}\nstages: [broken]\n", encoding="utf-8")
+    (tmp_path / "r.yaml").write_text(f"input: {{paths: [in.jsonl]}}\nstages: [{stage}]\n", encoding="utf-8")
     res = _dsdata(["run", "r.yaml", "--output", "out"], plugin_env, tmp_path)
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "Traceback" not in res.stderr
-    assert "stage 'broken' of distribution 'dsdata-broken-stages 0.1' cannot be loaded" in res.stderr
+    assert words in res.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -162,8 +172,26 @@ def test_register_stage_refuses_what_cannot_be_a_custom_stage():
     class Again(Upper):
         pass
 
+    class BadBatch(BatchStage):  # a batch size as a string failed mid-run
+        name = "bad_batch_for_tests"
+        batch_max = "64"
+
+        def process_batch(self, docs):
+            return docs
+
+    class BadAnnotation(Upper):  # a column type that is no Arrow type failed the kept/ writer
+        name = "bad_annotation_for_tests"
+        annotations = {"score": int}
+
+    class BadErrors(Upper):  # a non-class failed the per-record error rule itself
+        name = "bad_errors_for_tests"
+        environment_errors = ("OSError",)
+
     for cls, words in [(Clean, "a built-in stage has that name"), (Corpus, "is a CorpusStage"),
-                       (Dotted, "must be a name such as"), (Again, "already registered for"), (int, "not a stage class")]:
+                       (Dotted, "must be a name such as"), (Again, "already registered for"), (int, "not a stage class"),
+                       (BadBatch, "batch_min and batch_max must be whole numbers"),
+                       (BadAnnotation, "annotations must map column names to pyarrow types"),
+                       (BadErrors, "environment_errors must be a tuple of exception classes")]:
         with pytest.raises(StageConfigError, match=words):
             registry.register(cls)
 

@@ -123,3 +123,46 @@ def test_shm_publish_onto_a_file_system_that_fills_is_one_line_and_removes_its_c
         line = _one_error_line(_publish(tmp_path / "shards", shm / "dsdata"))
         assert "no space left on device" in line, line
         assert not _files(shm) and not [p for p in (shm / "dsdata").iterdir() if p.name != "set"]
+
+
+# A stage that writes a file of its own per document into FOLDER (a plug-in's cache, a side log).
+SIDE_WRITER = '''
+from dsdata.stages import DocumentStage, Param
+from dsdata.stages.params import Text
+
+
+class SideWriter(DocumentStage):
+    name = "side_writer"
+    description = "writes a file per document into folder"
+    params = {"folder": Param("", "where", Text())}
+
+    def process(self, doc):
+        with open(f"{self.folder}/{doc.id}.txt", "w", encoding="utf-8") as fh:
+            fh.write(doc.text * 20)
+        return doc
+'''
+
+
+@pytest.mark.parametrize("options, named", [("size=64k", False), ("size=1m,nr_inodes=4", True)],
+                         ids=["bytes-no-path", "inodes-path-named"])
+def test_a_full_disk_outside_out_is_the_stages_line_and_out_is_not_blamed_nor_cleared(tmp_path, options, named):
+    """A stage's own full disk (not OUT's) was reported as "no space left on device writing OUT" and the
+    run removed OUT's files: the line names the stage (and the file, where the error says it)."""
+    _corpus(tmp_path / "in.jsonl", 2_000)
+    (tmp_path / "side_writer_stage.py").write_text(SIDE_WRITER, encoding="utf-8")
+    (tmp_path / "r.yaml").write_text("input: {paths: [in.jsonl]}\noutput: out\nstages: [side_writer]\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("the user's own file in OUT")
+    code = ("import sys; from dsdata.stages import register_stage; from side_writer_stage import SideWriter; "
+            "register_stage(SideWriter); from dsdata.cli import main; sys.exit(main())")
+    with tmpfs(tmp_path / "side", options) as side:
+        proc = subprocess.run([sys.executable, "-c", code, "run", "r.yaml", "--quiet", "--output", "out",
+                               "--set", f"side_writer.folder={side}"],
+                              cwd=tmp_path, env=dict(_env(), PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}"),
+                              capture_output=True, text=True, timeout=600)
+        line = _one_error_line(proc)
+    assert line.startswith("dsdata: error: stage 'side_writer': OSError: [Errno 28] No space left on device"), line
+    assert (f"'{side}/d" in line) == named, line
+    assert str(tmp_path / "out") not in line and "partial outputs were removed" not in line, line
+    assert (tmp_path / "out" / "notes.txt").read_text() == "the user's own file in OUT"
+    assert not (tmp_path / "out" / "INCOMPLETE").exists()

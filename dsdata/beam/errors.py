@@ -2,8 +2,14 @@
 
 * An exception raised while one record is read or processed (a reader's generator, a stage's
   `process`, a model batch, a DoFn inside a composite) rejects that record: stage, reason `error`,
-  detail = the exception's first line ("TypeError: ...").  A failing batch is retried record by
-  record, so one poison record does not take its batch-mates with it.  The run goes on.
+  detail = the exception's first line ("TypeError: ...").  SystemExit is such an exception too (a
+  stage's sys.exit() for one record); only a stop (Ctrl-C, SIGTERM) ends the run.  A failing batch
+  is retried record by record, each retry starting from a copy of the documents as they were
+  before the failed attempt (a stage may have changed them in place), so one poison record does not
+  take its batch-mates with it.  The run goes on.
+* A stage's result that is not a Document or a Rejected (None, a string, a Document whose text is
+  not a string; a process_batch list of the wrong length) is that record's error the same way
+  (StageResultError: "stage 'x' returned NoneType, not a Document or Rejected").
 * An *environment* error is never blamed on a record: ImportError, MemoryError, StageConfigError
   (a missing model or file), anything raised by a stage's `setup()`, and the classes a stage
   declares in `environment_errors`.  It stops the run with one line (StageEnvironmentError).
@@ -14,6 +20,7 @@ No Beam import here: the DoFns in dsdata/beam/ apply these rules, run_recipe app
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
 from dataclasses import dataclass
@@ -57,12 +64,105 @@ def first_line(exc: BaseException) -> str:
 
 def passes_through(exc: BaseException) -> bool:
     """True for what a per-record handler must let pass: a stop (KeyboardInterrupt, SIGINT/SIGTERM's
-    Interrupted, SystemExit, GeneratorExit).  Every other BaseException is the record's: a native
-    binding's panic (pyo3's PanicException — a tokenizer regex over the engine's backtracking limit)
-    derives from BaseException, not Exception, and killed the run."""
-    from dsdata.stop_signals import Interrupted
+    Interrupted, GeneratorExit).  Every other BaseException is the record's: a native binding's
+    panic (pyo3's PanicException — a tokenizer regex over the engine's backtracking limit) derives
+    from BaseException, not Exception, and killed the run; so did a stage's sys.exit() (SystemExit)
+    for one record."""
+    from dsdata.stop_signals import is_stop
 
-    return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, Interrupted))
+    return is_stop(exc) or isinstance(exc, GeneratorExit)
+
+
+class StageResultError(TypeError):
+    """A stage returned something that is not a Document or a Rejected for a record."""
+
+
+def result_problem(result: object) -> str | None:
+    """What is wrong with a stage's result for one record (None: a well-formed Document or Rejected);
+    a malformed one would otherwise fail far from the stage (the writers, the ledger)."""
+    if isinstance(result, Rejected):
+        if not (isinstance(result.reason, str) and result.reason and isinstance(result.detail, str)):
+            return "a Rejected whose reason is not a non-empty string or whose detail is not a string"
+        doc, what = result.doc, "a Rejected of "
+        if not isinstance(doc, Document):
+            return f"a Rejected of {type(doc).__name__}, not of a Document"
+    elif isinstance(result, Document):
+        doc, what = result, ""
+    else:
+        return f"{type(result).__name__}, not a Document or Rejected"
+    for name, kind in _DOCUMENT_FIELDS:
+        value = getattr(doc, name)
+        if not isinstance(value, kind):
+            return f"{what}a Document whose {name} is {type(value).__name__}, not {kind.__name__}"
+    return None
+
+
+_DOCUMENT_FIELDS = (("id", str), ("text", str), ("metadata", dict), ("annotations", dict))
+
+
+def checked_result(stage_name: str, result: object, checks: tuple = ()) -> Document | Rejected:
+    """`result` when it is a well-formed Document or Rejected whose declared annotations (`checks`:
+    annotation_checks of the stage's) hold values of their column's kind; StageResultError otherwise."""
+    if not (type(result) is Document and type(result.text) is str and type(result.id) is str
+            and type(result.metadata) is dict and type(result.annotations) is dict):  # else the general checks
+        problem = result_problem(result)
+        if problem is not None:
+            raise StageResultError(f"stage '{stage_name}' returned {problem}")
+        if not isinstance(result, Document):
+            return result  # type: ignore[return-value]
+    annotations = result.annotations
+    for name, fast, kinds in checks:
+        value = annotations.get(name)
+        if value is not None and type(value) is not fast and not isinstance(value, kinds):
+            raise StageResultError(f"stage '{stage_name}' set annotation '{name}' to {type(value).__name__} "
+                                   f"{_short(value)}, which its declared column cannot hold")
+    return result  # type: ignore[return-value]
+
+
+def annotation_checks(annotations) -> tuple:
+    """(name, the usual Python type, the accepted ones) for each declared annotation of a simple kind
+    (bool, integer, floating point, string): a value of another kind would fail the kept/ writer for
+    the whole bundle (pyarrow's ArrowInvalid, a 127-line traceback) instead of that one record."""
+    import numbers
+
+    import pyarrow as pa
+
+    checks = []
+    for name, kind in annotations.items():
+        if pa.types.is_boolean(kind):
+            checks.append((name, bool, (bool,)))
+        elif pa.types.is_integer(kind):
+            checks.append((name, int, (numbers.Integral,)))
+        elif pa.types.is_floating(kind):
+            checks.append((name, float, (numbers.Real,)))
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            checks.append((name, str, (str,)))
+    return tuple(checks)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def copy_document(doc: Document) -> Document:
+    """A copy of `doc` that a stage can change in place without changing `doc`: its dicts and lists
+    (metadata, annotations, and what they hold) are new, its strings shared."""
+    return Document(doc.id, doc.text, _copied(doc.metadata), _copied(doc.annotations), doc.derived_from)
+
+
+def _copied(value):
+    kind = type(value)
+    if kind is dict:
+        return {key: item if type(item) in _IMMUTABLE else _copied(item) for key, item in value.items()}
+    if kind is list:
+        return [item if type(item) in _IMMUTABLE else _copied(item) for item in value]
+    if kind in _IMMUTABLE:
+        return value
+    return copy.deepcopy(value)
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 def is_environment_error(exc: BaseException, declared: tuple[type[BaseException], ...] = ()) -> bool:
@@ -89,13 +189,20 @@ def error_rejection(doc: Document, stage_name: str, exc: BaseException,
 
 def retry_one_at_a_time(stage_name: str, items: Sequence[T], run: Callable[[Sequence[T]], Iterable[R]],
                         on_error: Callable[[T, BaseException], R],
-                        declared: tuple[type[BaseException], ...] = ()) -> list[R]:
+                        declared: tuple[type[BaseException], ...] = (),
+                        fresh: Callable[[T], T] | None = None) -> list[R]:
     """`run(items)`, and when the batch raises, `run([item])` for each item so that only the items
     that raise alone are blamed: `on_error(item, exc)` stands in for each of them (a rejection, a
     failed score).  An environment error — ENVIRONMENT_ERRORS, the stage's `declared`
     environment_errors, a StageEnvironmentError — is no record's fault: it stops the run
     (StageEnvironmentError, one line), whether the batch or one item raised it.  The one batch-retry
-    rule of every DoFn and model handler that runs a stage on batches."""
+    rule of every DoFn and model handler that runs a stage on batches.
+
+    fresh: for a `run` that may change its items in place (a stage's process_batch changes its
+    documents): each item is copied with it before the batch runs, and every retry runs on a new
+    copy of that, so a retry starts from the item as it was before the failed attempt and
+    `on_error` gets it unchanged."""
+    saved = [fresh(item) for item in items] if fresh is not None else items
     try:
         return list(run(items))
     except BaseException as exc:  # noqa: BLE001 - find the item(s) that raise, one at a time
@@ -104,9 +211,9 @@ def retry_one_at_a_time(stage_name: str, items: Sequence[T], run: Callable[[Sequ
         if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, declared):
             raise environment_failure(stage_name, exc) from exc
     results: list[R] = []
-    for item in items:
+    for item in saved:
         try:
-            results.extend(run([item]))
+            results.extend(run([fresh(item) if fresh is not None else item]))
         except BaseException as one:  # noqa: BLE001 - this item alone raises
             if passes_through(one):
                 raise
@@ -126,7 +233,12 @@ def _unencodable(text: str) -> bool:
 
 def _writable(doc: Document) -> Document:
     """`doc`, or a copy whose lone surrogates are replaced: text that made a stage raise may be text no
-    UTF-8 encoder takes, and the rejected row must still be written (the error detail says why)."""
+    UTF-8 encoder takes, and the rejected row must still be written (the error detail says why).  A
+    field a stage set to the wrong type before it failed (text = None) is made one a row can hold."""
+    if result_problem(doc) is not None:
+        doc = Document(str(doc.id), "" if doc.text is None else str(doc.text),
+                       doc.metadata if isinstance(doc.metadata, dict) else {"metadata": str(doc.metadata)},
+                       doc.annotations if isinstance(doc.annotations, dict) else {}, doc.derived_from)
     if not any(_unencodable(s) for s in (doc.id, doc.text)) and not _unencodable(
             json.dumps([doc.metadata, doc.annotations], ensure_ascii=False, default=str)):
         return doc

@@ -198,11 +198,25 @@ class SpillWriter:
         self.write_encoded(encode(value))
 
     def write_encoded(self, data: bytes) -> None:
-        self._fh.write(_LEN.pack(len(data)) + data)
+        try:
+            self._fh.write(_LEN.pack(len(data)) + data)
+        except OSError as exc:
+            raise _named(exc, self.path)
         self.records += 1
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            self._fh.close()
+        except OSError as exc:
+            raise _named(exc, self.path)
+
+
+def _named(exc: OSError, path: str) -> OSError:
+    """`exc` naming the spill file it failed on: a full disk under OUT/.spill is OUT's, and a write on
+    an open file says no path (dsdata/api.py tells OUT's full disk from a stage's own by the path)."""
+    if exc.filename is None:
+        exc.filename = path
+    return exc
 
 
 class RollingSpill:

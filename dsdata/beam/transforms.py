@@ -20,7 +20,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dsdata.beam.engines import speedups
-from dsdata.beam.errors import StageEnvironmentError, environment_failure, error_rejection, retry_one_at_a_time, passes_through
+from dsdata.beam.errors import (StageResultError, annotation_checks, checked_result, copy_document, environment_failure,
+                                error_rejection, passes_through, retry_one_at_a_time)
 from dsdata.document import Document, Rejected
 from dsdata.io import local_paths
 from dsdata.report.names import shown_path
@@ -150,7 +151,9 @@ class StageCounters:
     def _setup_stage(self, stage: Stage) -> None:
         try:
             stage.setup()
-        except Exception as exc:  # noqa: BLE001 - whatever setup() raises, no record can be blamed
+        except BaseException as exc:  # noqa: BLE001 - whatever setup() raises (sys.exit() too), no record can be blamed
+            if passes_through(exc):
+                raise
             raise environment_failure(stage.name, exc, " cannot start") from exc
 
     def finish_bundle(self):
@@ -168,6 +171,7 @@ class _DocumentStageRun(StageCounters):
     def __init__(self, stage: DocumentStage):
         self.stage = stage
         self._declared = stage.environment_errors
+        self._checks = annotation_checks(stage.annotations)
         self._init_counters(stage.name)
         self._setup_stage(stage)
 
@@ -179,7 +183,7 @@ class _DocumentStageRun(StageCounters):
         """The stage's result for `doc`, timed; what it raises rejects `doc` (reason `error`)."""
         start = self._clock_start()
         try:
-            result = self.stage.process(doc)
+            result = checked_result(self._stage_name, self.stage.process(doc), self._checks)
         except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
             if passes_through(exc):  # a stop, not the record's fault; a native panic is
                 raise
@@ -223,23 +227,34 @@ class _BatchStageRun(StageCounters):
     def __init__(self, stage: BatchStage):
         self.stage = stage
         self._declared = stage.environment_errors
+        self._checks = annotation_checks(stage.annotations)
         self._init_counters(stage.name)
         self._setup_stage(stage)
 
     def _checked(self, docs: list[Document]) -> list[Document | Rejected]:
+        """process_batch(docs); a result list of the wrong kind or length fails the batch (each document
+        is then tried alone), a malformed result for one document rejects that document."""
         results = self.stage.process_batch(docs)
-        if len(results) != len(docs):
-            raise StageEnvironmentError(
-                f"stage '{self.stage.name}' returned {len(results)} results for a batch of {len(docs)}: "
-                "process_batch must return exactly one Document or Rejected per input"
-            )
-        return results
+        if not isinstance(results, (list, tuple)) or len(results) != len(docs):
+            got = f"{len(results)} results" if isinstance(results, (list, tuple)) else type(results).__name__
+            raise StageResultError(f"stage '{self.stage.name}' returned {got} for a batch of {len(docs)}: "
+                                   "process_batch must return a list of one Document or Rejected per input")
+        out = []
+        for doc, result in zip(docs, results):
+            try:
+                out.append(checked_result(self.stage.name, result, self._checks))
+            except StageResultError as exc:
+                out.append(self._error(doc, exc))
+        return out
 
     def run(self, docs: list[Document]) -> list[Document | Rejected]:
         self._in.inc(len(docs))
         start = self._clock_start()
+        # fresh: a retry after a failed batch starts from the documents as they were before it
+        # (process_batch may have changed them in place before it raised).
         results = retry_one_at_a_time(self.stage.name, docs, self._checked,
-                                      lambda doc, exc: self._error(doc, exc, self._declared), self._declared)
+                                      lambda doc, exc: self._error(doc, exc, self._declared), self._declared,
+                                      fresh=copy_document)
         self._clock_stop(start)
         return results
 

@@ -1,6 +1,7 @@
 """A run's MinHash index on disk (`dedup.index: DIR`) and the lookup `dedup.against: DIR` makes.
 
-Layout (no pickle anywhere: numpy arrays loaded with allow_pickle=False, JSON):
+Layout (no pickle anywhere: each .npy header checked before its data is read, JSON bounded:
+dsdata/io/untrusted_files.py; a folder that breaks a rule is BadIndex, one line):
   DIR/manifest.json            {"format": "dsdata-minhash-index", "version": 1, "num_perm", "seed",
                                 "ngram", "char_ngram", "documents", "parts": [name, …]}
   DIR/NAME.signatures.npy      uint32 [n, num_perm]: the MinHash signatures of one part's documents
@@ -20,11 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from dsdata.dedup.lsh import band_keys
+from dsdata.io.untrusted_files import (UntrustedFileError, confined_file, confined_path, load_json_file, load_npy,
+                                       npy_header)
 
 FORMAT = "dsdata-minhash-index"
 MANIFEST = "manifest.json"
 COMPARABLE = ("num_perm", "seed", "ngram", "char_ngram")
 _PART_NAME = re.compile(r"^[0-9a-f]{32}$")
+MAX_MANIFEST_BYTES = 64 << 20  # a part name is 35 bytes listed: over a million parts
 
 
 class BadIndex(ValueError):
@@ -53,20 +57,42 @@ def write_manifest(folder: str, params: dict, parts: list[str], documents: int) 
 
 
 def read_manifest(folder: str) -> dict:
+    """The index's manifest, read as an untrusted file (dsdata/io/untrusted_files.py: a regular file
+    inside the folder, bounded size and nesting); BadIndex in one line otherwise."""
     path = os.path.join(folder, MANIFEST)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise BadIndex(f"{folder} holds no {MANIFEST}: not a dedup index (write one with dedup.index: DIR)")
     try:
-        with open(path, encoding="utf-8") as fh:
-            manifest = json.load(fh)
-    except ValueError as exc:
-        raise BadIndex(f"{path} is not JSON ({exc})") from None
+        manifest = load_json_file(confined_path(folder, MANIFEST, "dedup index manifest"), "dedup index manifest",
+                                  max_bytes=MAX_MANIFEST_BYTES)
+    except UntrustedFileError as exc:
+        raise BadIndex(str(exc)) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != 1:
         raise BadIndex(f"{path} is not a {FORMAT} version 1 manifest")
     parts = manifest.get("parts")
     if not isinstance(parts, list) or not all(isinstance(p, str) and _PART_NAME.match(p) for p in parts):
         raise BadIndex(f"{path}: 'parts' must list part names (32 hex digits)")
+    if len(set(parts)) != len(parts):
+        raise BadIndex(f"{path}: 'parts' names a part twice")
     return manifest
+
+
+def check_parts(folder: str, manifest: dict, num_perm: int) -> None:
+    """Every part's files present and regular inside the folder, each signatures header honest
+    (uint32 [n, num_perm], exactly the file's bytes): read before a run, headers only."""
+    for part in manifest["parts"]:
+        _part_files(folder, part, num_perm)
+
+
+def _part_files(folder: str, part: str, num_perm: int) -> tuple[str, str]:
+    what = f"dedup index part {part}"
+    try:
+        sig_path = confined_file(folder, f"{part}.signatures.npy", what)
+        ids_path = confined_file(folder, f"{part}.ids.json", what)
+        npy_header(sig_path, what, "<u4", (None, num_perm))
+    except UntrustedFileError as exc:
+        raise BadIndex(f"{exc} (in the index {folder})") from None
+    return sig_path, ids_path
 
 
 @dataclass
@@ -86,18 +112,18 @@ def load_index(folder: str, params: dict, bands: int, rows: int) -> LoadedIndex:
     ids: list[str] = []
     sigs = []
     for part in manifest["parts"]:
-        sig_path = os.path.join(folder, f"{part}.signatures.npy")
+        sig_path, ids_path = _part_files(folder, part, params["num_perm"])
+        what = f"dedup index part {part}"
         try:
-            arr = np.load(sig_path, allow_pickle=False)
-            with open(os.path.join(folder, f"{part}.ids.json"), encoding="utf-8") as fh:
-                part_ids = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise BadIndex(f"index part {part} in {folder} cannot be read: {exc}") from None
-        if (arr.dtype != np.uint32 or arr.ndim != 2 or arr.shape[1] != params["num_perm"]
-                or not isinstance(part_ids, list) or len(part_ids) != arr.shape[0]):
-            raise BadIndex(f"index part {part} in {folder} is malformed (signatures {arr.dtype} {arr.shape}, "
-                              f"{len(part_ids) if isinstance(part_ids, list) else 'no'} ids)")
-        ids.extend(str(i) for i in part_ids)
+            arr = load_npy(sig_path, what, "<u4", (None, params["num_perm"]))
+            part_ids = load_json_file(ids_path, what)
+        except UntrustedFileError as exc:
+            raise BadIndex(f"{exc} (in the index {folder})") from None
+        if not isinstance(part_ids, list) or not all(isinstance(i, str) for i in part_ids):
+            raise BadIndex(f"index part {part} in {folder}: its ids.json must be a list of id strings")
+        if len(part_ids) != arr.shape[0]:
+            raise BadIndex(f"index part {part} in {folder} is malformed ({arr.shape[0]} signatures, {len(part_ids)} ids)")
+        ids.extend(part_ids)
         sigs.append(arr)
     signatures = np.concatenate(sigs) if sigs else np.empty((0, params["num_perm"]), dtype=np.uint32)
     all_keys = band_keys(signatures, bands, rows) if len(signatures) else np.empty((0, bands), dtype=np.uint64)

@@ -52,6 +52,19 @@ class StorageFailure:
         return " ".join(parts) + (f" ({'; '.join(facts)})" if facts else "")
 
 
+    def inside(self, folder: str) -> bool:
+        """Whether the failed write was under `folder` (False when the path is not known)."""
+        if self.path is None:
+            return False
+        if "://" in folder or "://" in self.path:
+            return self.path.rstrip("/").startswith(folder.rstrip("/") + "/") or self.path == folder
+        try:
+            path, folder = os.path.realpath(self.path), os.path.realpath(folder)
+            return os.path.commonpath([path, folder]) == folder
+        except ValueError:  # one relative, one absolute after all, or another drive
+            return False
+
+
 class OutOfSpace(OSError):
     """ENOSPC raised where the writer knows how many bytes it needed (a library hid the errno: torch's
     zip writer says "unexpected pos 704 vs 598")."""

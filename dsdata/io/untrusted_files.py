@@ -9,6 +9,9 @@ and the files it names — under one set of rules:
   resolved; a link out of it is refused.
 * **Bounded JSON.**  At most `MAX_JSON_BYTES`, nested at most `MAX_JSON_DEPTH` levels (measured
   before parsing: Python's decoder recursed into a RecursionError traceback, or a MemoryError).
+* **Honest .npy headers.**  An array file's header must give the expected dtype (never object: no
+  pickle), C order and a shape whose bytes are exactly the file's; a header that lies about its
+  shape asked numpy for terabytes, or read a short file.
 
 Every refusal is an `UntrustedFileError` (a ValueError) whose text is one line naming the path.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any
+from typing import Any, Sequence
 
 from dsdata.report.names import shown_path  # names in messages as every line shows them
 
@@ -115,3 +118,59 @@ def load_json_file(path: str, what: str, max_bytes: int = MAX_JSON_BYTES, max_de
     if len(data) > max_bytes:
         raise UntrustedFileError(f"{what} {shown_path(path)} is over {max_bytes} bytes")
     return loads_bounded(data, f"{what} {shown_path(path)}", max_depth)
+
+
+def npy_header(path: str, what: str, dtype: str, shape: Sequence[int | None]) -> tuple[tuple[int, ...], int]:
+    """(shape, offset of the data) of the .npy file `path` when its header says dtype `dtype` (e.g.
+    "<u4"), C order and a shape matching `shape` (None: any length) whose bytes are exactly what the
+    file holds after the header; else UntrustedFileError.  Reads the header only."""
+    import numpy as np
+
+    regular_file(path, what)
+    try:
+        with open(path, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            if version == (1, 0):
+                found, fortran, kind = np.lib.format.read_array_header_1_0(fh)
+            elif version in ((2, 0), (3, 0)):
+                found, fortran, kind = np.lib.format.read_array_header_2_0(fh)
+            else:
+                raise ValueError(f"unknown .npy version {version}")
+            offset = fh.tell()
+        size = os.stat(path).st_size
+    except OSError as exc:
+        raise UntrustedFileError(f"{what} {shown_path(path)} cannot be read: {exc.strerror or exc}") from None
+    except (ValueError, SyntaxError, TypeError) as exc:  # not an .npy file, or a header numpy refuses
+        raise UntrustedFileError(f"{what} {shown_path(path)} is not a .npy array file "
+                                 f"({' '.join(str(exc).split())[:200]})") from None
+    expected = np.dtype(dtype)
+    if kind != expected or kind.hasobject:
+        raise UntrustedFileError(f"{what} {shown_path(path)} holds {kind.str} values, not {expected.str}")
+    if fortran:
+        raise UntrustedFileError(f"{what} {shown_path(path)} is in Fortran order; expected C order")
+    if len(found) != len(shape) or any(want is not None and got != want for got, want in zip(found, shape)):
+        want = "(" + ", ".join("n" if w is None else str(w) for w in shape) + ")"
+        raise UntrustedFileError(f"{what} {shown_path(path)} has shape {tuple(found)}, expected {want}")
+    data_bytes = int(np.prod(found, dtype=object)) * expected.itemsize
+    if data_bytes != size - offset:
+        raise UntrustedFileError(f"{what} {shown_path(path)}: its header's shape {tuple(found)} needs {data_bytes} "
+                                 f"bytes of data, the file holds {size - offset}")
+    return tuple(found), offset
+
+
+def load_npy(path: str, what: str, dtype: str, shape: Sequence[int | None]):
+    """The array in `path`, its header checked first (npy_header): never more memory than the file's
+    own size, never pickle."""
+    import numpy as np
+
+    found, offset = npy_header(path, what, dtype, shape)
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            count = int(np.prod(found, dtype=object))
+            data = np.fromfile(fh, dtype=np.dtype(dtype), count=count)
+    except OSError as exc:
+        raise UntrustedFileError(f"{what} {shown_path(path)} cannot be read: {exc.strerror or exc}") from None
+    if data.size != count:  # shrunk since its header was read
+        raise UntrustedFileError(f"{what} {shown_path(path)} is shorter than its header says")
+    return data.reshape(found)

@@ -124,7 +124,7 @@ class DedupStage(CorpusStage):
         for key in ("index", "against"):
             need(getattr(self, key) is None or "://" not in getattr(self, key), f"{key} must be a local folder")
         if self.against is not None:
-            from dsdata.dedup.index import COMPARABLE, BadIndex, read_manifest
+            from dsdata.dedup.index import COMPARABLE, BadIndex, check_parts, read_manifest
 
             try:
                 manifest = read_manifest(self.against)
@@ -134,6 +134,10 @@ class DedupStage(CorpusStage):
                          if manifest.get(k) != getattr(self, k)]
             need(not different, f"against: the index in {self.against} was built with {', '.join(different)}; "
                                 "set the same values (signatures are only comparable then)")
+            try:  # each part's files and array header (not its data), before the run
+                check_parts(self.against, manifest, self.num_perm)
+            except BadIndex as exc:
+                raise StageConfigError(f"dedup.against: {exc}") from None
 
     def bands_rows(self) -> tuple[int, int]:
         """(bands, rows): as configured, or chosen from the threshold (see dsdata/dedup/lsh.py)."""

@@ -8,7 +8,8 @@ distributions declare in the `dsdata.stages` entry-point group:
 The group is read once per process, the first time a name is not a built-in stage or the whole list
 is asked for (`dsdata stages`): a run of built-in stages pays nothing for it.  An entry point's
 module is imported only when its stage is used or listed, once.  A plugin never breaks dsdata's own
-stages: an entry point that cannot be loaded, or that names a class which is no stage, is one line
+stages: an entry point that cannot be loaded (whatever its import raises, sys.exit() included; only
+the user's Ctrl-C passes), or that names a class which is no stage, is one line
 naming the distribution and the error (StageConfigError when a recipe names it, a warning line in
 `dsdata stages`); a name that is already taken (a built-in stage, one dsdata reserves, another
 distribution's) is refused in one line and the stage already there is the one that runs.
@@ -23,6 +24,7 @@ import re
 from typing import Callable, Mapping
 
 from dsdata.stages.base import BatchStage, CorpusStage, DocumentStage, Stage, StageConfigError
+from dsdata.stop_signals import is_stop
 
 ENTRY_POINT_GROUP = "dsdata.stages"
 
@@ -50,6 +52,32 @@ def custom_stage_problem(cls: object, name: str | None = None) -> str | None:
         return f"{cls.__qualname__}.name is {cls.name!r}, but it is registered as {name!r}; the two must be equal"
     if cls.side_outputs:
         return f"{cls.__qualname__} declares side_outputs, which only dsdata's whole-corpus stages can write"
+    return _declaration_problem(cls)
+
+
+def _declaration_problem(cls: type[Stage]) -> str | None:
+    """What is wrong with the class attributes dsdata reads from a stage before and while it runs (a
+    wrong one failed mid-run with a traceback: a string batch_max, an annotation type that is no Arrow
+    type, an environment error that is no exception class)."""
+    import pyarrow as pa
+
+    from dsdata.stages.base import Param
+
+    where = cls.__qualname__
+    if not isinstance(cls.params, dict) or not all(isinstance(k, str) and isinstance(v, Param)
+                                                   for k, v in cls.params.items()):
+        return f"{where}.params must map parameter names to dsdata.stages.Param"
+    if not isinstance(cls.annotations, dict) or not all(isinstance(k, str) and isinstance(v, pa.DataType)
+                                                        for k, v in cls.annotations.items()):
+        return f"{where}.annotations must map column names to pyarrow types (pa.int64(), pa.string(), …)"
+    errors = cls.environment_errors
+    if not isinstance(errors, tuple) or not all(isinstance(e, type) and issubclass(e, BaseException) for e in errors):
+        return f"{where}.environment_errors must be a tuple of exception classes"
+    if issubclass(cls, BatchStage):
+        low, high = cls.batch_min, cls.batch_max
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (low, high)) or not 1 <= low <= high <= 1 << 20:
+            return f"{where}: batch_min and batch_max must be whole numbers, 1 <= batch_min <= batch_max <= {1 << 20}, " \
+                   f"got {low!r} and {high!r}"
     return None
 
 
@@ -122,7 +150,11 @@ class CustomStages:
         ep = self.pending.pop(name)
         try:
             cls = ep.load()
-        except Exception as exc:  # noqa: BLE001 - any fault of a plugin's import is that plugin's, in one line
+        except BaseException as exc:  # noqa: BLE001 - any fault of a plugin's import is that plugin's, in one line
+            # sys.exit() at import (SystemExit, even with status 0) ended dsdata silently; Ctrl-C
+            # (KeyboardInterrupt, or SIGINT/SIGTERM's Interrupted) during the import is the user's stop.
+            if is_stop(exc):
+                raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             self.problems[name] = (f"stage '{name}' of {_distribution(ep)} cannot be loaded "
                                    f"({ep.value}): {type(exc).__name__}{': ' + first if first else ''}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
 from dsdata.report.display import MODES
+from dsdata.train.curriculum import MAX_SHARE
 from dsdata.train.model import ModelArgs
 
 
@@ -158,6 +159,7 @@ class Bound:
 
 
 _POSITIVE, _SIZE, _COUNT, _FRACTION = Bound(0, low_open=True), Bound(1), Bound(0), Bound(0, high=1)
+_SHARE = Bound(0, low_open=True, high=MAX_SHARE)
 
 # Every numeric key's range: a zero or negative size would otherwise end deep inside torch with a
 # traceback.  Keys not listed (seeds) take any integer.
@@ -176,8 +178,10 @@ BOUNDS: dict[str, dict[str, Bound]] = {
     "precision": {"init_scale": _POSITIVE, "growth_factor": Bound(1), "backoff_factor": Bound(0, True, 1),
                   "growth_interval": _SIZE},
     "clipping": {"max_norm": _POSITIVE, "factor": _POSITIVE, "window": _SIZE, "min_history": _COUNT},
-    "data": {"synthetic_vocab": Bound(2)},
-    "data.sources": {"weight": _POSITIVE, "epochs": _POSITIVE},  # each source table's numbers
+    "data": {"synthetic_vocab": Bound(2), "seed": _COUNT},  # a seed < 0 is refused by numpy's generators
+    # Each source table's numbers: relative shares, bounded so that their sum (and epochs × a source's
+    # tokens) stays a finite float; 1e308 overflowed into a silently wrong mix.
+    "data.sources": {"weight": _SHARE, "epochs": _SHARE},
     "checkpoint": {"interval": _COUNT, "keep": _SIZE},
     "logging": {"console_interval": _COUNT, "histogram_interval": _COUNT, "anomaly_window": _SIZE,
                 "anomaly_sigma": _POSITIVE},
@@ -300,6 +304,14 @@ def validate(config: Config, source: str) -> None:
         if config.data.path:
             raise ConfigError(f"{source}: data.path and data.sources are both set; use one (sources mixes several)")
         check_sources(config.data.sources, source)
+    if config.data.curriculum and isinstance(config.data.curriculum, dict) \
+            and not config.data.curriculum.get("weights_from"):
+        from dsdata.train.curriculum import schedule_from_spec
+
+        try:  # its numbers now, not at the first batch (the corpus mix it may default to is read then)
+            schedule_from_spec(config.data.curriculum, t.steps, natural={"easy": 1.0})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: data.curriculum: {exc}") from None
     if t.precision not in ("fp32", "bf16", "fp16"):
         raise ConfigError(f"{source}: training.precision = {t.precision!r}; choose fp32, bf16 or fp16")
     if t.device not in ("auto", "cpu", "cuda"):

@@ -26,6 +26,10 @@ import numpy as np
 from dsdata.io.untrusted_files import load_json_file
 
 BUCKETS = ("easy", "medium", "hard")
+# The largest relative share a mixture takes (a curriculum bucket's weight here, a data.sources weight
+# or epochs in dsdata/train/config.py): sums and interpolations of such numbers stay finite floats
+# (1e308 overflowed into inf and NaN probabilities, a silently wrong mix).
+MAX_SHARE = 1e6
 
 
 def _clean(weights: Mapping[str, float], what: str) -> dict[str, float]:
@@ -33,9 +37,12 @@ def _clean(weights: Mapping[str, float], what: str) -> dict[str, float]:
         raise ValueError(f"{what}: weights must be a non-empty mapping like {{'easy': 0.5, 'medium': 0.3, 'hard': 0.2}}")
     out = {}
     for bucket, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float, np.integer, np.floating)):
+            raise ValueError(f"{what}: weight of '{bucket}' must be a number, got {weight!r}")
         weight = float(weight)
-        if not np.isfinite(weight) or weight < 0:
-            raise ValueError(f"{what}: weight of '{bucket}' must be a finite number >= 0, got {weight}")
+        if not np.isfinite(weight) or not 0 <= weight < MAX_SHARE:
+            raise ValueError(f"{what}: weight of '{bucket}' must be a finite number >= 0 and < {MAX_SHARE:g}, "
+                             f"got {weight}")
         out[str(bucket)] = weight
     if sum(out.values()) <= 0:
         raise ValueError(f"{what}: weights sum to 0")
@@ -182,11 +189,17 @@ def schedule_from_spec(spec: Mapping[str, Any] | CurriculumSchedule | None, tota
         else:
             if total_steps is None:
                 raise ValueError("linear curriculum with warmup_fraction needs the run's total steps")
-            warmup = int(round(float(spec.get("warmup_fraction", 0.3)) * total_steps))
+            fraction = spec.get("warmup_fraction", 0.3)
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+                raise ValueError(f"linear curriculum: warmup_fraction must be a number in [0, 1], got {fraction!r}")
+            warmup = int(round(fraction * total_steps))
         start = spec.get("start") or {"easy": 0.7, "medium": 0.2, "hard": 0.1}
         return LinearSchedule(dict(start), dict(spec.get("end") or natural or uniform), warmup)
     if kind == "table":
-        return TableSchedule([(row[0], row[1]) for row in spec.get("rows", [])])
+        rows = spec.get("rows", [])
+        if not isinstance(rows, (list, tuple)) or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in rows):
+            raise ValueError("table curriculum: rows must be [step, {bucket: weight}] pairs")
+        return TableSchedule([(row[0], row[1]) for row in rows])
     raise ValueError(f"unknown curriculum schedule '{kind}' (fixed, linear or table)")
 
 

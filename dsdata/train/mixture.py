@@ -32,7 +32,7 @@ import torch
 
 from dsdata.export.source import shard_set_name
 from dsdata.io.shards import MANIFEST, ShardError, locate_shard_dir
-from dsdata.train.config import ConfigError, DataConfig
+from dsdata.train.config import ConfigError, DataConfig, check_sources
 
 _STATE_FORMAT = "dsdata-mixture"
 
@@ -56,6 +56,7 @@ class MixtureBatches:
     def __init__(self, data: DataConfig, seq_len: int, total_steps: int):
         from dsdata.train.data import ShardDataset
 
+        check_sources(data.sources, "data")  # as load_config does, for a DataConfig built in Python
         self.seq_len = seq_len
         self.paths, self.names, self.datasets = [], [], []
         for i, source in enumerate(data.sources):
