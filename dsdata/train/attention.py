@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dsdata.train.block_sparse import FLEX_BLOCK, band_blocks, block_mask_from_pairs, flex_available, flex_with_lse
-from dsdata.train.settings import ANY_INTEGER, COUNT, SIZE, NoOptions, Settings, setting
+from dsdata.train.settings import ANY_INTEGER, COUNT, SIZE, NoOptions, Registry, Settings, setting
 
 KERNEL_CHOICES = ("auto", "fused", "flex", "reference")
 
@@ -560,16 +560,25 @@ class LSHAttention(AttentionKernel):
         return self._unsort(out.reshape(bsz, heads, padded, dim)[:, :, :seqlen], order)
 
 
-# The kernels by `model.attention` name: one row each.
-ATTENTION_KERNELS: dict[str, type[AttentionKernel]] = {
+def _kernel_problem(kernel) -> str | None:
+    if not (isinstance(kernel, type) and issubclass(kernel, AttentionKernel)):
+        return f"{kernel!r} is not a subclass of dsdata.train.attention.AttentionKernel"
+    if not (isinstance(kernel.Config, type) and issubclass(kernel.Config, Settings) and is_dataclass(kernel.Config)):
+        return f"{kernel.__qualname__}.Config must be a dataclass subclassing dsdata.train.settings.Settings"
+    return None
+
+
+# The kernels by `model.attention` name: one row each.  Installed distributions add theirs as
+# `[project.entry-points."dsdata.attention_kernels"] name = "module:Class"`.
+ATTENTION_KERNELS = Registry("attention kernel", "dsdata.attention_kernels", _kernel_problem, {
     "dense": DenseAttention, "dynamic_sparse": DynamicSparseAttention, "lsh": LSHAttention,
-}
+})
 DEFAULT_ATTENTION = "dense"
 
 
 def register_attention(name: str, kernel: type[AttentionKernel]) -> None:
-    """Add a kernel row (a plugin or a test adds its kernel this way)."""
-    ATTENTION_KERNELS[name] = kernel
+    """Add a kernel row (ValueError when the name is taken or it is no kernel)."""
+    ATTENTION_KERNELS.register(name, kernel)
 
 
 def build_attention_kernel(args, layer_id: int) -> AttentionKernel:

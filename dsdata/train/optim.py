@@ -10,13 +10,13 @@ total_steps, device)`, where `common` is the `[optimizer]` table (lr, beta1, bet
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 
-from dsdata.train.settings import COUNT, FRACTION, POSITIVE, NoOptions, Settings, setting
+from dsdata.train.settings import COUNT, FRACTION, POSITIVE, NoOptions, Registry, Settings, setting
 
 
 def _full_norm(t: torch.Tensor) -> torch.Tensor:
@@ -224,17 +224,26 @@ def _lambdaopt(groups, common, options: LambdaOptConfig, total_steps, device):
                      weight_decay=common.weight_decay, max_trust=options.max_trust)
 
 
-# The optimizers by `optimizer.name`: one row each.
-OPTIMIZERS: dict[str, OptimizerRow] = {
+def _row_problem(row) -> str | None:
+    if not isinstance(row, OptimizerRow) or not callable(row.build):
+        return f"{row!r} is not a dsdata.train.optim.OptimizerRow(build, Config)"
+    if not (isinstance(row.Config, type) and issubclass(row.Config, Settings) and is_dataclass(row.Config)):
+        return "its Config must be a dataclass subclassing dsdata.train.settings.Settings"
+    return None
+
+
+# The optimizers by `optimizer.name`: one row each.  Installed distributions add theirs as
+# `[project.entry-points."dsdata.optimizers"] name = "module:ROW"` (an OptimizerRow).
+OPTIMIZERS = Registry("optimizer", "dsdata.optimizers", _row_problem, {
     "adamw": OptimizerRow(_adamw), "deepopt": OptimizerRow(_deepopt, DeepOptConfig),
     "lambdaopt": OptimizerRow(_lambdaopt, LambdaOptConfig),
-}
+})
 DEFAULT_OPTIMIZER = "adamw"
 
 
 def register_optimizer(name: str, build: Callable[..., torch.optim.Optimizer], config: type[Settings] = NoOptions) -> None:
-    """Add an optimizer row (a plugin or a test adds its optimizer this way)."""
-    OPTIMIZERS[name] = OptimizerRow(build, config)
+    """Add an optimizer row (ValueError when the name is taken or the row is malformed)."""
+    OPTIMIZERS.register(name, OptimizerRow(build, config))
 
 
 def build_optimizer(model: nn.Module, config, total_steps: int,
