@@ -5,7 +5,6 @@ spells a kernel or optimizer name."""
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
