@@ -111,3 +111,29 @@ def test_kernel_and_optimizer_names_are_spelled_only_in_their_registries():
                 if not (path.parent.name == "train" and match.group(1) in owners.get(path.name, ())):
                     found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert not found, found
+
+
+def test_every_batch_source_and_kernel_provides_every_protocol_member(tmp_path):
+    """The loop calls the protocols' members unconditionally: each implementation has all of them."""
+    import numpy as np
+
+    from dsdata.io.shards import ShardSetWriter
+    from dsdata.train.attention import ATTENTION_KERNELS
+    from dsdata.train.batches import build_batches
+    from dsdata.train.config import DataConfig
+    from dsdata.train.protocols import AttentionKernel, BatchSource
+
+    for name in ("a", "b"):
+        writer = ShardSetWriter(str(tmp_path / name), shard_size=1500, tokenizer={"vocab_size": 64, "eos_id": 0})
+        for i in range(20):
+            writer.add(f"{name}{i}", np.append(np.arange(1, 40) % 63 + 1, 0).astype(np.uint16), "easy")
+        writer.close()
+    sources = [{"path": str(tmp_path / "a"), "weight": 1}, {"path": str(tmp_path / "b"), "weight": 2}]
+    for data in (DataConfig(), DataConfig(path=str(tmp_path / "a")), DataConfig(sources=sources)):
+        batches = build_batches(data, seq_len=16, total_steps=4, batch_size=3)
+        assert isinstance(batches, BatchSource), type(batches).__name__
+        assert batches.next_batch(0).shape == (3, 17)
+        assert batches.vocab_size == (256 if not (data.path or data.sources) else 64)
+        assert (batches.tokenizer() is None) == (not (data.path or data.sources))
+    for name, kernel in ATTENTION_KERNELS.items():
+        assert isinstance(kernel.from_config(kernel.Config(), 16, 0), AttentionKernel), name

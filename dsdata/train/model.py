@@ -28,7 +28,7 @@ from torch import nn
 
 from dsdata.train.attention import ATTENTION_KERNELS, DEFAULT_ATTENTION, build_attention_kernel
 from dsdata.train.moe import MoEFeedForward
-from dsdata.train.settings import COUNT, POSITIVE, SIZE, Settings, options_for, setting
+from dsdata.train.settings import COUNT, POSITIVE, SIZE, Settings, one_of, options_for, setting
 
 
 @dataclass
@@ -62,7 +62,7 @@ class ModelArgs(Settings):
 
     def check(self, where: str = "model") -> None:
         if self.attention not in ATTENTION_KERNELS:
-            raise ValueError(f"{where}.attention = {self.attention!r}; choose one of {', '.join(ATTENTION_KERNELS)}")
+            raise ValueError(f"{where}.attention = {self.attention!r}; choose {one_of(ATTENTION_KERNELS)}")
         if not isinstance(self.attention_config, ATTENTION_KERNELS[self.attention].Config):
             raise ValueError(f"{where}.attention_config is a {type(self.attention_config).__name__}, not the options "
                              f"of attention {self.attention!r} ({ATTENTION_KERNELS[self.attention].Config.__name__})")
@@ -75,8 +75,6 @@ class ModelArgs(Settings):
             raise ValueError(f"{where}.dim / {where}.n_heads (the head size) must be even for RoPE")
         if self.moe_experts and self.moe_top_k > self.moe_experts:
             raise ValueError(f"{where}.moe_top_k must not exceed {where}.moe_experts")
-
-    validate = check
 
     @property
     def kv_heads(self) -> int:
@@ -194,7 +192,7 @@ class Transformer(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
-        args.validate()
+        args.check()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})

@@ -11,11 +11,12 @@ so the loop calls them unconditionally:
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 
+@runtime_checkable
 class BatchSource(Protocol):
     batch_size: int  # rows of every batch: training.global_batch_size
     vocab_size: int | None  # the data's vocabulary (the shards' tokenizer; the synthetic one), None: unknown
@@ -34,6 +35,7 @@ class BatchSource(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+@runtime_checkable
 class AttentionKernel(Protocol):
     Config: type  # its options dataclass ([model.attention_config])
     llama_compatible: bool  # its weights export as a Hugging Face LlamaForCausalLM
