@@ -22,6 +22,11 @@ length); and ``flex``, block-sparse FlexAttention (dsdata/train/block_sparse.py:
 computed as above, the attention runs as one fused kernel over only the key blocks that hold
 selected keys; lsh's CUDA default).  ``auto`` picks the CUDA default on CUDA and the reference
 elsewhere.  Tests hold all three equal, forward and backward.
+
+A kernel is one ``AttentionKernel`` subclass and one ``ATTENTION_KERNELS`` row: its ``Config``
+dataclass is the ``[model.attention_config]`` table when ``model.attention`` names it (fields declare
+their ranges: dsdata/train/settings.py), ``from_config`` builds one layer's kernel, and the per-step
+members (``on_training_step``, ``on_weights_initialised``) are no-ops unless it needs them.
 """
 from __future__ import annotations
 

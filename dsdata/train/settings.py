@@ -111,7 +111,7 @@ def parse(cls, values: Any, where: str):
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ConfigError(_unknown_message(cls, where, unknown, values))
+        raise ConfigError(_unknown_message(cls, where, unknown))
     hints = get_type_hints(cls)
     coerced = {}
     for key, value in values.items():
@@ -139,7 +139,7 @@ def parse(cls, values: Any, where: str):
     return instance
 
 
-def _unknown_message(cls, where: str, unknown: list[str], values: dict) -> str:
+def _unknown_message(cls, where: str, unknown: list[str]) -> str:
     """Unknown keys; a flat key that moved into a kernel's or optimizer's own table names its new place."""
     for spec in fields(cls):
         if "registry" not in spec.metadata:
