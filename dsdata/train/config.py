@@ -17,7 +17,7 @@ from dsdata.report.display import MODES
 from dsdata.train.model import ModelArgs
 from dsdata.train.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
 from dsdata.train.settings import (ANY_INTEGER, COUNT, FRACTION, POSITIVE, SIZE, Bound, ConfigError, Settings,
-                                   options_for, parse, setting)
+                                   options_for, parse, setting, settings_classes)
 
 
 @dataclass
@@ -249,7 +249,5 @@ def validate(config: Config, source: str) -> None:
 def settings_tables() -> list[tuple[str, type]]:
     """(table name, settings class) of every table the trainer reads, the options of every registered
     attention kernel and optimizer included (for the checks that hold them all to the same rules)."""
-    from dsdata.train.settings import settings_classes
-
     return [(f"{name}.{path}" if path else name, cls) for name, top in SECTIONS.items()
             for path, cls in settings_classes(top)]
