@@ -17,7 +17,7 @@ from dsdata.report.display import MODES
 from dsdata.train.model import ModelArgs
 from dsdata.train.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
 from dsdata.train.settings import (ANY_INTEGER, COUNT, FRACTION, POSITIVE, SIZE, Bound, ConfigError, Settings,
-                                   options_for, parse, setting, settings_classes)
+                                   options_for, parse, setting)
 
 
 @dataclass
@@ -245,9 +245,3 @@ def validate(config: Config, source: str) -> None:
     if t.seq_len > config.model.max_seq_len:
         raise ConfigError(f"{source}: training.seq_len ({t.seq_len}) exceeds model.max_seq_len ({config.model.max_seq_len})")
 
-
-def settings_tables() -> list[tuple[str, type]]:
-    """(table name, settings class) of every table the trainer reads, the options of every registered
-    attention kernel and optimizer included (for the checks that hold them all to the same rules)."""
-    return [(f"{name}.{path}" if path else name, cls) for name, top in SECTIONS.items()
-            for path, cls in settings_classes(top)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import math
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
 
@@ -152,16 +152,6 @@ def _unknown_message(cls, where: str, unknown: list[str]) -> str:
                 return (f"{where}.{key} is now {where}.{spec.name}.{key[len(prefix):]} (the options of "
                         f"{where}.{spec.metadata['selector']} = \"{name}\" have their own table)")
     return f"[{where}] has unknown key(s) {unknown}; known: {sorted(f.name for f in fields(cls))}"
-
-
-def settings_classes(cls) -> list[tuple[str, type]]:
-    """(path, class) of cls and of every options class its registry fields can hold (for checks/tests)."""
-    found = [("", cls)]
-    for spec in fields(cls):
-        if "registry" in spec.metadata:
-            found += [(f"{spec.name}[{name}]", row.Config) for name, row in spec.metadata["registry"].items()
-                      if is_dataclass(row.Config)]
-    return found
 
 
 class Registry:
