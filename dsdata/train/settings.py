@@ -45,7 +45,7 @@ ANY_INTEGER = Bound(-math.inf)  # seeds
 
 def setting(default: Any, bound: Bound | None = None, choices=None):
     """A field with its check: `bound` for numbers (every numeric field has one), `choices` for a
-    string (a tuple, or a registry dict whose keys are read when a config is checked)."""
+    string (a tuple, or a Registry, whose names are read when a config is checked)."""
     return field(default=default, metadata={"bound": bound, "choices": choices})
 
 
@@ -83,7 +83,7 @@ def _coerce(where: str, kind: type, value: Any) -> Any:
     return value
 
 
-def check_value(where: str, spec, value: Any) -> None:
+def _check_value(where: str, spec, value: Any) -> None:
     """A declared field's bound and choices (spec: a dataclass field)."""
     bound, choices = spec.metadata.get("bound"), spec.metadata.get("choices")
     if value is None:  # an optional key left unset: derived from others (model.n_kv_heads)
@@ -125,7 +125,7 @@ def parse(cls, values: Any, where: str):
     for key, spec in known.items():
         value = coerced.get(key, _default(spec))
         if "registry" not in spec.metadata:
-            check_value(f"{where}.{key}", spec, value)
+            _check_value(f"{where}.{key}", spec, value)
             continue
         registry, selector = spec.metadata["registry"], spec.metadata["selector"]
         row = registry.get(coerced.get(selector, _default(known[selector])))
