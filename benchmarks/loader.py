@@ -22,7 +22,7 @@ only tens of milliseconds.
                    slowest round is printed too.
   copyto           np.copyto from the shard mappings into one reused buffer: no read() syscalls,
                    no fresh pages — memory bandwidth alone (ratio_trainer_vs_copyto)
-  trainer          ShardBatches.next_batch(step, B): exactly what dsdata's training loop calls per step
+  trainer          ShardBatches.next_batch(step): exactly what dsdata's training loop calls per step
                    (dsdata/train/loop.py) — ShardDataset(batch_size=B, endless=True) iterated directly
                    (one gather per ~1 MB chunk of whole batches, a row view per batch) and set_step,
                    handing the step uint16 batches.  THE HEADLINE (ratio_vs_memcpy, ratio_vs_parquet):
@@ -143,23 +143,23 @@ def loader_runs(shm_dir: str, seq: int, batch: int) -> tuple[dict[str, Callable[
     from dsdata.train.config import DataConfig
 
     steps = ShardDataset(shm_dir, seq, seed=0).windows_per_epoch() // batch  # full batches per epoch
-    trainer = ShardBatches(DataConfig(path=shm_dir, seed=0), seq, total_steps=1_000 * steps)
+    trainer = ShardBatches(DataConfig(path=shm_dir, seed=0), seq, total_steps=1_000 * steps, batch_size=batch)
     next_step = [0]
 
     def trainer_epoch() -> int:
         delivered, first = 0, next_step[0]
         for step in range(first, first + steps):
-            delivered += trainer.next_batch(step, batch).shape[0] * seq
+            delivered += trainer.next_batch(step).shape[0] * seq
         next_step[0] = first + steps
         return delivered
 
-    widened = ShardBatches(DataConfig(path=shm_dir, seed=0), seq, total_steps=1_000 * steps)
+    widened = ShardBatches(DataConfig(path=shm_dir, seed=0), seq, total_steps=1_000 * steps, batch_size=batch)
     widened_step = [0]
 
     def trainer_long_epoch() -> int:
         delivered, first = 0, widened_step[0]
         for step in range(first, first + steps):
-            delivered += widened.next_batch(step, batch).long().shape[0] * seq
+            delivered += widened.next_batch(step).long().shape[0] * seq
         widened_step[0] = first + steps
         return delivered
 

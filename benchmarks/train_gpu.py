@@ -17,7 +17,7 @@ section prints one `{"section": ...}` line as it finishes):
 - each of the three then profiles one more step (``profile``: GPU time by kind of kernel — matmul,
   attention, Inductor-generated, optimizer, other — the 12 kernels with the most time, launches);
 - ``attention``: forward+backward, bf16, batch 1, 16 heads × 128, at 8k/16k/32k/64k: dense SDPA
-  (flash) against dynamic_sparse and lsh as a user gets them (``sparse_kernel = auto``: the fused
+  (flash) against dynamic_sparse and lsh as a user gets them (``model.attention_config.kernel = auto``: the fused
   reference for dynamic_sparse, FlexAttention for lsh) and in their other implementations (flex,
   fused, the eager gather reference); first, each against the reference on this device (max
   |difference| of output and gradients); then a profile of dynamic_sparse at 8k (the kernels with

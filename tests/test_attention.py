@@ -8,6 +8,7 @@ import torch
 
 from dsdata.train.attention import DenseAttention, DynamicSparseAttention, LSHAttention
 from dsdata.train.model import ModelArgs, Transformer
+from dsdata.train.settings import parse
 from tests.conftest import needs_compiler
 
 torch.set_num_threads(1)
@@ -139,8 +140,10 @@ def test_lsh_equals_explicit_mask_forward_and_backward(chunk, t, buckets, implem
 def test_model_is_strictly_causal(attention, implementation):
     """Changing tokens after position p changes no logit at positions <= p, and no gradient flows back."""
     torch.manual_seed(0)
-    args = ModelArgs(dim=32, n_layers=2, n_heads=2, vocab_size=50, max_seq_len=64, attention=attention,
-                     sparse_top_k=2, sparse_window=4, sparse_block=4, lsh_chunk=4, sparse_kernel=implementation)
+    options = {"dynamic_sparse": {"top_k": 2, "window": 4, "block": 4, "kernel": implementation},
+               "lsh": {"chunk": 4, "kernel": implementation}}.get(attention, {})
+    args = parse(ModelArgs, dict(dim=32, n_layers=2, n_heads=2, vocab_size=50, max_seq_len=64, attention=attention,
+                                 attention_config=options), "model")
     model = Transformer(args).double()
     for module in model.modules():  # make the gate discriminative so selection varies with content
         if isinstance(module, DynamicSparseAttention):
@@ -239,8 +242,8 @@ def test_torch_flex_attention_itself_computes_the_sparse_forward():
 def test_unknown_kernel_is_refused():
     with pytest.raises(ValueError, match="kernel"):
         DynamicSparseAttention(8, kernel="triton")
-    with pytest.raises(ValueError, match="sparse_kernel"):
-        ModelArgs(attention="lsh", sparse_kernel="fast").validate()
+    with pytest.raises(ValueError, match="model.attention_config.kernel = 'fast'; choose auto, fused, flex or reference"):
+        parse(ModelArgs, {"attention": "lsh", "attention_config": {"kernel": "fast"}}, "model")
 
 
 @needs_compiler
@@ -298,4 +301,4 @@ def test_auto_kernel_is_the_eager_reference_off_cuda():
     q = torch.zeros(1, 1, 4, 8)
     assert _implementation("auto", q, cuda_default="fused") == "reference"
     assert _implementation("fused", q, cuda_default="flex") == "fused"
-    ModelArgs(attention="dynamic_sparse", sparse_kernel="fused").validate()
+    parse(ModelArgs, {"attention": "dynamic_sparse", "attention_config": {"kernel": "fused"}}, "model")

@@ -148,8 +148,12 @@ def test_heads_come_from_weight_shapes():
 
 @pytest.mark.parametrize("bad,message", [({"attention": "flash"}, "model.attention"),
                                          ({"dim": 30, "n_heads": 4}, "multiple of model.n_heads"),
-                                         ({"sparse_window": 40, "sparse_block": 32}, "sparse_window"),
+                                         ({"attention": "dynamic_sparse", "attention_config": {"window": 40, "block": 32}},
+                                          "model.attention_config.window"),
+                                         ({"sparse_window": 40}, "model.sparse_window is now model.attention_config.window"),
                                          ({"nheads": 4}, "unknown key")])
 def test_bad_model_config_is_one_clear_error(bad, message):
+    from dsdata.train.settings import parse
+
     with pytest.raises(ValueError, match=message):
-        ModelArgs.from_dict(bad)
+        parse(ModelArgs, bad, "model")

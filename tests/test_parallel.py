@@ -305,9 +305,9 @@ def single_process_run(tmp_path_factory):
 
 # Attention variants and MoE under tp=2 (6 steps each; dynamic_sparse needs a far past within seq_len 64).
 VARIANTS = {
-    "dynamic_sparse": ["model.attention=dynamic_sparse", "model.sparse_window=16", "model.sparse_block=16",
-                       "model.sparse_top_k=4", "model.sparse_refresh_steps=2"],
-    "lsh": ["model.attention=lsh", "model.lsh_chunk=16"],
+    "dynamic_sparse": ["model.attention=dynamic_sparse", "model.attention_config.window=16", "model.attention_config.block=16",
+                       "model.attention_config.top_k=4", "model.attention_config.refresh_steps=2"],
+    "lsh": ["model.attention=lsh", "model.attention_config.chunk=16"],
     "moe": ["model.moe_experts=4"],
 }
 VARIANT_BASE = [b for b in BASE if not b.startswith("training.steps")] + ["training.steps=6", "checkpoint.interval=0"]

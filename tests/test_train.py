@@ -61,8 +61,8 @@ def wait_for_lines(path, n, proc, timeout=300):
 # snapshot (refreshed every 4 steps), MoE, the clipper's history (dynamic after 5 norms), the loader
 # position, progressive unfreezing.
 RICH = ["training.steps=32", "training.global_batch_size=4", "checkpoint.interval=5", "checkpoint.keep=2",
-        "optimizer.name=deepopt", "model.attention=dynamic_sparse", "model.sparse_top_k=4",
-        "model.sparse_window=8", "model.sparse_block=8", "model.moe_experts=2", "clipping.min_history=5",
+        "optimizer.name=deepopt", "model.attention=dynamic_sparse", "model.attention_config.top_k=4",
+        "model.attention_config.window=8", "model.attention_config.block=8", "model.moe_experts=2", "clipping.min_history=5",
         "clipping.window=10", "training.unfreeze_fraction=0.3", "schedule.warmup_steps=5"]
 
 

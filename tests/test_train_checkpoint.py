@@ -142,19 +142,25 @@ def test_out_of_range_config_values_are_one_line(tmp_path, capsys, item, message
 
 
 def test_every_numeric_key_has_a_declared_range():
+    """Every numeric field of every table, the options of every attention kernel and optimizer
+    included, declares its range (seeds declare ANY_INTEGER)."""
     from dataclasses import fields
     from typing import get_args, get_type_hints
 
-    from dsdata.train.config import BOUNDS, SECTIONS
+    from dsdata.train.config import SECTIONS
 
-    free = {("model", "lsh_seed"), ("training", "seed"), ("data", "seed")}  # any integer is a seed
-    for name, cls in SECTIONS.items():
+    tables = list(SECTIONS.items())
+    for name, cls in SECTIONS.items():  # a registry field: every row's options class
+        for spec in fields(cls):
+            if "registry" in spec.metadata:
+                tables += [(f"{name}.{spec.name}[{row}]", kind.Config) for row, kind in spec.metadata["registry"].items()]
+    assert {"model.attention_config[dynamic_sparse]", "optimizer.config[deepopt]"} <= {name for name, _ in tables}
+    for name, cls in tables:
         hints = get_type_hints(cls)
         for f in fields(cls):
             kinds = get_args(hints[f.name]) or (hints[f.name],)  # int | None: int
-            numeric = any(kind in (int, float) for kind in kinds)
-            if numeric and (name, f.name) not in free:
-                assert f.name in BOUNDS.get(name, {}), f"{name}.{f.name} has no range"
+            if any(kind in (int, float) for kind in kinds):
+                assert f.metadata.get("bound") is not None, f"{name}.{f.name} has no range"
     load_config(str(REPO / "models" / "llama-1b.toml"))  # the shipped configs are inside every range
 
 

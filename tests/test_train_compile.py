@@ -72,7 +72,7 @@ def test_compiled_blocks_with_dynamic_sparse_attention_train_the_eager_losses(tm
     straight-through term), two threads: the compiled run trains the eager losses and gradient norms."""
     sets = ["training.steps=6", "checkpoint.interval=0", "model.n_layers=2", "optimizer.lr=0.003",
             "schedule.warmup_steps=2", "training.threads=2", "model.attention=dynamic_sparse",
-            "model.sparse_top_k=8", "model.sparse_window=64", "model.sparse_block=32", "model.max_seq_len=256",
+            "model.attention_config.top_k=8", "model.attention_config.window=64", "model.attention_config.block=32", "model.max_seq_len=256",
             "training.seq_len=256", "training.global_batch_size=2", "export.enabled=false"]
     run_train(tmp_path / "eager", sets + ["training.compile=false"])
     run_train(tmp_path / "compiled", sets + ["training.compile=true"])

@@ -45,10 +45,10 @@ def data_config(sources, shares, key="weight", **extra) -> DataConfig:
 
 
 def test_realised_proportions_follow_the_weights_from_the_first_batch(sources):
-    mix = MixtureBatches(data_config(sources, [0.6, 0.3, 0.1]), seq_len=16, total_steps=100)
+    mix = MixtureBatches(data_config(sources, [0.6, 0.3, 0.1]), seq_len=16, total_steps=100, batch_size=10)
     seen = np.zeros(3)
     for step in range(60):
-        batch = mix.next_batch(step, 10)
+        batch = mix.next_batch(step)
         assert tuple(batch.shape) == (10, 17) and str(batch.dtype) == "torch.uint16"
         for s in window_sources(batch):
             seen[s] += 1
@@ -60,13 +60,13 @@ def test_realised_proportions_follow_the_weights_from_the_first_batch(sources):
 
 
 def test_epochs_weigh_sources_by_their_tokens_times_the_epochs(sources):
-    mix = MixtureBatches(data_config(sources, [1, 2, 4], key="epochs"), seq_len=16, total_steps=10)
+    mix = MixtureBatches(data_config(sources, [1, 2, 4], key="epochs"), seq_len=16, total_steps=10, batch_size=16)
     tokens = np.array([d.manifest["totals"]["tokens"] for d in mix.datasets], dtype=float)
     expected = tokens * [1, 2, 4] / (tokens * [1, 2, 4]).sum()
     assert np.allclose(mix.weights, expected)
     # a source seen more often than its size allows wraps into its next epoch (its own reshuffle)
     for step in range(40):
-        mix.next_batch(step, 16)
+        mix.next_batch(step)
     assert mix.datasets[2].state_dict()["groups"]["all"][0] >= 1
 
 
@@ -76,30 +76,30 @@ def test_epochs_weigh_sources_by_their_tokens_times_the_epochs(sources):
 def test_the_mix_is_deterministic_and_resumes_exactly_at_any_step(sources, curriculum):
     def fresh():
         return MixtureBatches(data_config(sources, [0.5, 0.3, 0.2], curriculum=curriculum), seq_len=16,
-                              total_steps=30)
+                              total_steps=30, batch_size=6)
 
     straight = fresh()
-    batches = [straight.next_batch(step, 6).clone() for step in range(30)]
+    batches = [straight.next_batch(step).clone() for step in range(30)]
     again = fresh()
-    assert all(np.array_equal(again.next_batch(step, 6), batches[step]) for step in range(30))
+    assert all(np.array_equal(again.next_batch(step), batches[step]) for step in range(30))
     for cut in (1, 7, 19):
         first = fresh()
         for step in range(cut):
-            first.next_batch(step, 6)
+            first.next_batch(step)
         state = json.loads(json.dumps(first.state_dict()))  # plain JSON, as checkpointed
         resumed = fresh()
         resumed.load_state_dict(state)
         for step in range(cut, 30):
-            assert np.array_equal(resumed.next_batch(step, 6), batches[step]), (cut, step)
+            assert np.array_equal(resumed.next_batch(step), batches[step]), (cut, step)
         assert resumed.proportions() == straight.proportions()
 
 
 def test_a_state_of_other_sources_or_weights_is_refused(sources):
-    state = MixtureBatches(data_config(sources, [0.5, 0.3, 0.2]), 16, 10).state_dict()
+    state = MixtureBatches(data_config(sources, [0.5, 0.3, 0.2]), 16, 10, 6).state_dict()
     with pytest.raises(ValueError, match="saved with other data.sources"):
-        MixtureBatches(data_config(sources, [0.4, 0.4, 0.2]), 16, 10).load_state_dict(state)
+        MixtureBatches(data_config(sources, [0.4, 0.4, 0.2]), 16, 10, 6).load_state_dict(state)
     with pytest.raises(ValueError, match="saved with other data.sources"):
-        MixtureBatches(data_config(sources[:2], [0.5, 0.3]), 16, 10).load_state_dict(state)
+        MixtureBatches(data_config(sources[:2], [0.5, 0.3]), 16, 10, 6).load_state_dict(state)
 
 
 def test_sources_of_another_tokenizer_are_refused(sources, tmp_path):
@@ -108,7 +108,7 @@ def test_sources_of_another_tokenizer_are_refused(sources, tmp_path):
     writer.add("x", np.arange(1, 200, dtype=np.uint16))
     writer.close()
     with pytest.raises(ConfigError, match="another tokenizer than .*vocab_size 999 vs 400"):
-        MixtureBatches(data_config([sources[0], other], [1, 1]), 16, 10)
+        MixtureBatches(data_config([sources[0], other], [1, 1]), 16, 10, 6)
 
 
 @pytest.mark.parametrize("sets, message", [

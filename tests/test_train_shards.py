@@ -106,9 +106,8 @@ def test_export_takes_only_the_tokenizer_the_manifest_recorded(tmp_path):
     good_sha = file_sha256(str(tok_dir / "tokenizer.json"))
 
     def named(path, sha):
-        manifest = {"tokenizer": {"path": path, "sha256": sha, "eos_id": 0}}
-        return _shard_tokenizer(SimpleNamespace(dataset=SimpleNamespace(manifest=manifest),
-                                                path=str(shards / "manifest.json")))
+        entry = {"path": path, "sha256": sha, "eos_id": 0}  # the manifest's tokenizer entry
+        return _shard_tokenizer(SimpleNamespace(tokenizer=lambda: (entry, str(shards / "manifest.json"))))
 
     assert named(str(secret), "0" * 64) == (None, 0)
     assert named(str(secret), None) == (None, 0)

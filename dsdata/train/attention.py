@@ -22,17 +22,24 @@ length); and ``flex``, block-sparse FlexAttention (dsdata/train/block_sparse.py:
 computed as above, the attention runs as one fused kernel over only the key blocks that hold
 selected keys; lsh's CUDA default).  ``auto`` picks the CUDA default on CUDA and the reference
 elsewhere.  Tests hold all three equal, forward and backward.
+
+A kernel is one ``AttentionKernel`` subclass and one ``ATTENTION_KERNELS`` row: its ``Config``
+dataclass is the ``[model.attention_config]`` table when ``model.attention`` names it (fields declare
+their ranges: dsdata/train/settings.py), ``from_config`` builds one layer's kernel, and the per-step
+members (``on_training_step``, ``on_weights_initialised``) are no-ops unless it needs them.
 """
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass, is_dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dsdata.train.block_sparse import FLEX_BLOCK, band_blocks, block_mask_from_pairs, flex_available, flex_with_lse
+from dsdata.train.settings import ANY_INTEGER, COUNT, SIZE, NoOptions, Registry, Settings, setting
 
 KERNEL_CHOICES = ("auto", "fused", "flex", "reference")
 
@@ -41,6 +48,27 @@ def _checked_kernel(kernel: str) -> str:
     if kernel not in KERNEL_CHOICES:
         raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
     return kernel
+
+
+class AttentionKernel(nn.Module):
+    """Base of the kernels: the `protocols.AttentionKernel` members, the per-step ones as no-ops.
+
+    A kernel is this subclass plus one `ATTENTION_KERNELS` row (`register_attention`): `Config` is
+    its options dataclass (the `[model.attention_config]` table when `model.attention` names it),
+    `from_config` builds one layer's kernel from it."""
+
+    Config: type[Settings] = NoOptions
+    llama_compatible = False  # the exported weights are a Hugging Face LlamaForCausalLM's
+
+    @classmethod
+    def from_config(cls, options, head_dim: int, layer_id: int) -> "AttentionKernel":
+        return cls()
+
+    def on_training_step(self, step: int) -> None:
+        """Called before optimizer step `step` (0-based) starts."""
+
+    def on_weights_initialised(self) -> None:
+        """Called after the model's weights were (re)initialised."""
 
 
 def _implementation(kernel: str, q: torch.Tensor, cuda_default: str) -> str:
@@ -69,7 +97,9 @@ def _run_fused(method, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: t
     return _fused(method)(module, q, k, v)
 
 
-class DenseAttention(nn.Module):
+class DenseAttention(AttentionKernel):
+    llama_compatible = True
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -94,7 +124,23 @@ def _local_windows(x: torch.Tensor, lag: int, n_blocks: int) -> torch.Tensor:
     return torch.cat([blocks[:, :, j:j + n_blocks] for j in range(lag + 1)], dim=3)
 
 
-class DynamicSparseAttention(nn.Module):
+@dataclass
+class DynamicSparseConfig(Settings):
+    legacy_prefix = "sparse_"
+    top_k: int = setting(16, SIZE)
+    window: int = setting(64, SIZE)  # local window; a multiple of block
+    block: int = setting(64, SIZE)  # query block size of the blocked kernel
+    gate_hidden: int = setting(32, SIZE)
+    refresh_steps: int = setting(4, SIZE)  # the gate that selects keys is re-snapshotted every N steps
+    summary: bool = True  # attend to the mean of the unselected far past
+    kernel: str = setting("auto", choices=KERNEL_CHOICES)
+
+    def check(self, where: str) -> None:
+        if self.window % self.block:
+            raise ValueError(f"{where}.window ({self.window}) must be a positive multiple of {where}.block ({self.block})")
+
+
+class DynamicSparseAttention(AttentionKernel):
     """Gated top-k + local window + mean summary attention (see the module docstring).
 
     The gate scores each key position from its value vector (per head; the gate weights are shared
@@ -130,9 +176,19 @@ class DynamicSparseAttention(nn.Module):
         for name, param in self._gate_params():
             getattr(self, f"snapshot_{name}").copy_(_local_tensor(param.detach()))
 
+    Config = DynamicSparseConfig
+
+    @classmethod
+    def from_config(cls, options: DynamicSparseConfig, head_dim: int, layer_id: int) -> "DynamicSparseAttention":
+        return cls(head_dim, options.top_k, options.window, options.block, options.gate_hidden, options.refresh_steps,
+                   options.summary, options.kernel)
+
     def on_training_step(self, step: int) -> None:
         if step % self.refresh_steps == 0:
             self.refresh_selection()
+
+    def on_weights_initialised(self) -> None:
+        self.refresh_selection()
 
     def gate_scores(self, v: torch.Tensor, snapshot: bool) -> torch.Tensor:
         """Gate score per key position, (B, H, T)."""
@@ -379,7 +435,16 @@ class DynamicSparseAttention(nn.Module):
         return means[0], means[1], has_rest
 
 
-class LSHAttention(nn.Module):
+@dataclass
+class LSHConfig(Settings):
+    legacy_prefix = "lsh_"
+    chunk: int = setting(64, SIZE)
+    buckets: int = setting(0, COUNT)  # 0: one bucket per chunk of the sequence (Reformer's choice)
+    seed: int = setting(1234, ANY_INTEGER)  # plus the layer id: each layer's rotations
+    kernel: str = setting("auto", choices=KERNEL_CHOICES)
+
+
+class LSHAttention(AttentionKernel):
     """Reformer-style LSH attention (one hash round; see the module docstring).
 
     Positions are hashed from their normalised key vectors with fixed random rotations (derived from
@@ -392,6 +457,12 @@ class LSHAttention(nn.Module):
         self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
         self.head_dim, self.chunk, self.n_buckets, self.seed = head_dim, chunk, n_buckets, seed
         self._rotations: dict[tuple[int, str], torch.Tensor] = {}
+
+    Config = LSHConfig
+
+    @classmethod
+    def from_config(cls, options: LSHConfig, head_dim: int, layer_id: int) -> "LSHAttention":
+        return cls(head_dim, options.chunk, options.buckets, options.seed + layer_id, options.kernel)
 
     def buckets_for(self, seqlen: int) -> int:
         if self.n_buckets:
@@ -494,14 +565,27 @@ class LSHAttention(nn.Module):
         return self._unsort(out.reshape(bsz, heads, padded, dim)[:, :, :seqlen], order)
 
 
-def build_attention_kernel(args, layer_id: int) -> nn.Module:
-    if args.attention == "dense":
-        return DenseAttention()
-    if args.attention == "dynamic_sparse":
-        return DynamicSparseAttention(args.head_dim, args.sparse_top_k, args.sparse_window, args.sparse_block,
-                                      args.sparse_gate_hidden, args.sparse_refresh_steps, args.sparse_summary,
-                                      args.sparse_kernel)
-    if args.attention == "lsh":
-        return LSHAttention(args.head_dim, args.lsh_chunk, args.lsh_buckets, args.lsh_seed + layer_id,
-                            args.sparse_kernel)
-    raise ValueError(f"model.attention = {args.attention!r}; choose dense, dynamic_sparse or lsh")
+def _kernel_problem(kernel) -> str | None:
+    if not (isinstance(kernel, type) and issubclass(kernel, AttentionKernel)):
+        return f"{kernel!r} is not a subclass of dsdata.train.attention.AttentionKernel"
+    if not (isinstance(kernel.Config, type) and issubclass(kernel.Config, Settings) and is_dataclass(kernel.Config)):
+        return f"{kernel.__qualname__}.Config must be a dataclass subclassing dsdata.train.settings.Settings"
+    return None
+
+
+# The kernels by `model.attention` name: one row each.  Installed distributions add theirs as
+# `[project.entry-points."dsdata.attention_kernels"] name = "module:Class"`.
+ATTENTION_KERNELS = Registry("attention kernel", "dsdata.attention_kernels", _kernel_problem, {
+    "dense": DenseAttention, "dynamic_sparse": DynamicSparseAttention, "lsh": LSHAttention,
+})
+DEFAULT_ATTENTION = "dense"
+
+
+def register_attention(name: str, kernel: type[AttentionKernel]) -> None:
+    """Add a kernel row (ValueError when the name is taken or it is no kernel)."""
+    ATTENTION_KERNELS.register(name, kernel)
+
+
+def build_attention_kernel(args, layer_id: int) -> AttentionKernel:
+    """Layer `layer_id`'s kernel: the `model.attention` row built from `model.attention_config`."""
+    return ATTENTION_KERNELS[args.attention].from_config(args.attention_config, args.head_dim, layer_id)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from dsdata.train.config import ConfigError, DataConfig
+from dsdata.train.protocols import BatchSource
 
 
 class ShardBatches:
@@ -24,44 +25,36 @@ class ShardBatches:
     device as they are and widens them to int64 there (`distributed.token_ids_on`; a quarter of the
     host→device bytes for uint16).  The window stream is the per-window one cut into steps of B, rolling over epoch ends,
     so the loader position means the same thing whatever B: a checkpoint resumes under another
-    global batch size as well.  B is the trainer's global batch size, fixed on the first step.
+    global batch size as well.  B is the trainer's global batch size (checked by the config).
     """
 
-    def __init__(self, data: DataConfig, seq_len: int, total_steps: int):
+    def __init__(self, data: DataConfig, seq_len: int, total_steps: int, batch_size: int):
+        from dsdata.train.data import ShardDataset
+
         self.path = resolve_shard_dir(data.path)
-        self._settings = dict(seq_len=seq_len, rank=0, world_size=1, seed=data.seed, verify=data.verify,
-                              curriculum=data.curriculum or None, prefetch=data.prefetch, total_steps=total_steps)
-        # Checks the manifest and shard files now (a bad data.path fails before the model is built);
-        # replaced by the batched dataset on the first step, once the batch size is known.
-        self.dataset = self._dataset(batch_size=None)
+        self.batch_size = batch_size
+        # Checks the manifest and shard files now: a bad data.path fails before the model is built.
+        self.dataset = ShardDataset(self.path, batch_size=batch_size, endless=True, seq_len=seq_len, rank=0,
+                                    world_size=1, seed=data.seed, verify=data.verify,
+                                    curriculum=data.curriculum or None, prefetch=data.prefetch,
+                                    total_steps=total_steps)
         if self.dataset.windows_per_epoch() == 0:
             raise ConfigError(f"{self.path}: the shards hold no complete window of training.seq_len + 1 = "
                               f"{seq_len + 1} tokens; use a smaller training.seq_len")
-        self.batch_size: int | None = None
         self._iter = None
-
-    def _dataset(self, batch_size: int | None):
-        from dsdata.train.data import ShardDataset
-
-        return ShardDataset(self.path, batch_size=batch_size, endless=True, **self._settings)
 
     @property
     def vocab_size(self) -> int | None:
-        tokenizer = self.dataset.manifest.get("tokenizer") or {}
-        return int(tokenizer["vocab_size"]) if tokenizer.get("vocab_size") else None
+        return tokenizer_vocab(self.dataset.manifest)
 
-    def next_batch(self, step: int, batch_size: int) -> torch.Tensor:
+    def tokenizer(self) -> tuple[dict, str] | None:
+        return self.dataset.manifest.get("tokenizer") or {}, self.path
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+    def next_batch(self, step: int) -> torch.Tensor:
         """The [batch_size, seq_len + 1] batch of `step`, in the shard's dtype (uint16 or uint32)."""
-        if self.batch_size is None:
-            if int(batch_size) < 1:
-                raise ConfigError(f"training.global_batch_size must be >= 1, got {batch_size}")
-            state = self.dataset.state_dict()
-            self.batch_size = int(batch_size)
-            self.dataset = self._dataset(self.batch_size)
-            self._load(state)
-        elif int(batch_size) != self.batch_size:
-            raise ValueError(f"ShardBatches serves a fixed batch size ({self.batch_size}, set by the first step); "
-                             f"got {batch_size}: the global batch size may not change within a run")
         self.dataset.set_step(step)
         if self._iter is None:
             self._iter = iter(self.dataset)
@@ -71,13 +64,10 @@ class ShardBatches:
         return self.dataset.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._load(state)
-        self._iter = None
-
-    def _load(self, state: dict[str, Any]) -> None:
         # Positions count windows, not batches: a state saved under another batch size (or by the
         # per-window trainer before it, batch_size None) continues the same window stream.
         self.dataset.load_state_dict({**state, "batch_size": self.dataset.batch_size})
+        self._iter = None
 
 
 class SyntheticBatches:
@@ -92,8 +82,8 @@ class SyntheticBatches:
     powers perm^(2^j) of d's binary digits (log2(seq_len) gathers over the whole batch).
     """
 
-    def __init__(self, vocab_size: int, seq_len: int, seed: int = 0):
-        self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+    def __init__(self, vocab_size: int, seq_len: int, batch_size: int, seed: int = 0):
+        self.vocab_size, self.seq_len, self.batch_size, self.seed = vocab_size, seq_len, batch_size, seed
         gen = torch.Generator().manual_seed(seed)
         self.successor = torch.randperm(vocab_size, generator=gen)
         self.position = 0
@@ -128,10 +118,16 @@ class SyntheticBatches:
     def window(self, index: int) -> torch.Tensor:
         return self.windows(index, 1)[0]
 
-    def next_batch(self, step: int, batch_size: int) -> torch.Tensor:
-        batch = self.windows(self.position, batch_size)
-        self.position += batch_size
+    def next_batch(self, step: int) -> torch.Tensor:
+        batch = self.windows(self.position, self.batch_size)
+        self.position += self.batch_size
         return batch
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+    def tokenizer(self) -> tuple[dict, str] | None:
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         return {"format": "dsdata-synthetic", "seed": self.seed, "position": self.position}
@@ -153,11 +149,19 @@ def resolve_shard_dir(path: str) -> str:
                       "point it at the shards of a `dsdata run` (RUN_DIR or RUN_DIR/shards)")
 
 
-def build_batches(data: DataConfig, seq_len: int, total_steps: int):
+def tokenizer_vocab(manifest: dict) -> int | None:
+    """The vocabulary of the tokenizer a shard manifest names (None: not recorded)."""
+    tokenizer = manifest.get("tokenizer") or {}
+    return int(tokenizer["vocab_size"]) if tokenizer.get("vocab_size") else None
+
+
+def build_batches(data: DataConfig, seq_len: int, total_steps: int, batch_size: int) -> BatchSource:
+    """The batch source of `data` (a mixture, one shard set, or the synthetic stream), serving
+    batches of `batch_size` (training.global_batch_size) windows."""
     if data.sources:
         from dsdata.train.mixture import MixtureBatches
 
-        return MixtureBatches(data, seq_len, total_steps)
+        return MixtureBatches(data, seq_len, total_steps, batch_size)
     if data.path:
-        return ShardBatches(data, seq_len, total_steps)
-    return SyntheticBatches(data.synthetic_vocab, seq_len, data.seed)
+        return ShardBatches(data, seq_len, total_steps, batch_size)
+    return SyntheticBatches(data.synthetic_vocab, seq_len, batch_size, data.seed)

@@ -16,6 +16,8 @@ from dataclasses import asdict
 
 import torch
 
+from dsdata.train.attention import ATTENTION_KERNELS
+
 log = logging.getLogger("dsdata.train")
 
 
@@ -75,7 +77,7 @@ def export_hf(state: dict[str, torch.Tensor], args, out_dir: str, tokenizer_path
     if tokenizer_path:
         _copy_tokenizer(tokenizer_path, out_dir)
         special_ids = special_token_ids(out_dir, eos_id)
-    if args.attention == "dense" and not args.moe_experts:
+    if ATTENTION_KERNELS[args.attention].llama_compatible and not args.moe_experts:
         from transformers import LlamaForCausalLM
         from transformers.utils import logging as hf_logging
 

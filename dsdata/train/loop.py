@@ -47,7 +47,7 @@ class Trainer:
             torch.set_num_threads(config.training.threads)
         self.layout = build_layout(config, self.env)
         t = config.training
-        self.batches = build_batches(config.data, t.seq_len, t.steps)
+        self.batches = build_batches(config.data, t.seq_len, t.steps, t.global_batch_size)
         self.config = config = replace(config, model=_model_args_for_data(config, self.batches))
 
         torch.manual_seed(t.seed)
@@ -58,7 +58,7 @@ class Trainer:
         self._lm_loss = lm_cross_entropy
         if self.compiled:
             compile_blocks(self.model)
-            if not getattr(self.layout, "vocab_parallel", False):  # loss_parallel's DTensor logits stay eager
+            if not self.layout.vocab_parallel:  # loss_parallel's DTensor logits stay eager
                 self._lm_loss = torch.compile(lm_cross_entropy)
         self.optimizer = build_optimizer(self.model, config.optimizer, t.steps, self.env.device)
         sc = config.schedule
@@ -193,7 +193,7 @@ class Trainer:
         t, layout = self.config.training, self.layout
         began = time.perf_counter()
         set_training_step(self.model, self.step)
-        micro_batches = layout.local_micro_batches(self.batches.next_batch(self.step, t.global_batch_size))
+        micro_batches = layout.local_micro_batches(self.batches.next_batch(self.step))
         histograms = bool(layout.writes_metrics and self.config.logging.histogram_interval
                           and (self.step + 1) % self.config.logging.histogram_interval == 0)
         activations = _ActivationCapture(self.model) if histograms else None
@@ -223,8 +223,7 @@ class Trainer:
                   "clip_threshold": threshold, "loss_scale": multiplier if self.scaler is not None else 1.0,
                   "tokens_per_s": t.global_batch_size * t.seq_len / max(time.perf_counter() - began, 1e-9),
                   "skipped": not applied, "fp32_retry": precision != t.precision}
-        if hasattr(self.batches, "step_metrics"):  # data.sources: the realised mix so far (mix/<name>)
-            record.update(self.batches.step_metrics())
+        record.update(self.batches.step_metrics())  # data.sources: the realised mix so far (mix/<name>)
         self._log_step(record, loss, activations)
         return record
 
@@ -304,7 +303,7 @@ class Trainer:
 def _model_args_for_data(config: Config, batches):
     """model.vocab_size = 0 takes the shards' tokenizer vocabulary; a smaller one than the data's is refused."""
     args = config.model
-    data_vocab = getattr(batches, "vocab_size", None)
+    data_vocab = batches.vocab_size
     if args.vocab_size == 0:
         if not data_vocab:
             raise ConfigError("model.vocab_size = 0 means 'from the shards', but the data has no tokenizer "
@@ -333,17 +332,17 @@ def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
     file's hash; a tokenizer changed since the shards were written is also not the right one); a
     directory without tokenizer.json (an AutoTokenizer one, no sha256 recorded) gives only its
     tokenizer files (export._copy_tokenizer)."""
-    dataset = getattr(batches, "dataset", None)
-    if dataset is None:
+    shards = batches.tokenizer()
+    if shards is None:
         return None, None
-    info = dataset.manifest.get("tokenizer") or {}
+    info, base = shards
     eos_id = info.get("eos_id")
     candidate = info.get("path")
     if not isinstance(candidate, str) or not candidate or "\x00" in candidate:
         return None, eos_id
     if not os.path.isabs(candidate):
         # relative to the shard directory (a bundled tokenizer is "tokenizer": dsdata/io/shard_tokenizer.py)
-        base = batches.path if os.path.isdir(batches.path) else os.path.dirname(batches.path)
+        base = base if os.path.isdir(base) else os.path.dirname(base)
         candidate = os.path.join(base, candidate)
     if not os.path.exists(candidate):
         return None, eos_id

@@ -32,6 +32,7 @@ import torch
 
 from dsdata.export.source import shard_set_name
 from dsdata.io.shards import MANIFEST, ShardError, locate_shard_dir
+from dsdata.train.batches import tokenizer_vocab
 from dsdata.train.config import ConfigError, DataConfig, check_sources
 
 _STATE_FORMAT = "dsdata-mixture"
@@ -53,11 +54,11 @@ def pick_sources(weights: np.ndarray, counts: np.ndarray, rows: int) -> np.ndarr
 class MixtureBatches:
     """Global batches mixed from several shard sets (the trainer's loader for `data.sources`)."""
 
-    def __init__(self, data: DataConfig, seq_len: int, total_steps: int):
+    def __init__(self, data: DataConfig, seq_len: int, total_steps: int, batch_size: int):
         from dsdata.train.data import ShardDataset
 
         check_sources(data.sources, "data")  # as load_config does, for a DataConfig built in Python
-        self.seq_len = seq_len
+        self.seq_len, self.batch_size = seq_len, batch_size
         self.paths, self.names, self.datasets = [], [], []
         for i, source in enumerate(data.sources):
             try:
@@ -86,7 +87,7 @@ class MixtureBatches:
         self.counts = np.zeros(len(self.datasets), dtype=np.int64)
         self._iters: list[Any] | None = None
         # what the trainer reads off its loader (vocabulary, the tokenizer to export): the first source's
-        self.dataset, self.path = self.datasets[0], self.paths[0]
+        self.path = self.paths[0]
 
     def _check_same_tokenizer(self) -> None:
         first = self.datasets[0].manifest.get("tokenizer") or {}
@@ -101,16 +102,18 @@ class MixtureBatches:
 
     @property
     def vocab_size(self) -> int | None:
-        tokenizer = self.dataset.manifest.get("tokenizer") or {}
-        return int(tokenizer["vocab_size"]) if tokenizer.get("vocab_size") else None
+        return tokenizer_vocab(self.datasets[0].manifest)
 
-    def next_batch(self, step: int, batch_size: int) -> torch.Tensor:
+    def tokenizer(self) -> tuple[dict, str] | None:
+        return self.datasets[0].manifest.get("tokenizer") or {}, self.path
+
+    def next_batch(self, step: int) -> torch.Tensor:
         """The [batch_size, seq_len + 1] batch of `step`, rows in the order their sources were picked."""
         if self._iters is None:
             self._iters = [iter(d) for d in self.datasets]
         for dataset in self.datasets:
             dataset.set_step(step)
-        chosen = pick_sources(self.weights, self.counts, int(batch_size))
+        chosen = pick_sources(self.weights, self.counts, self.batch_size)
         return torch.stack([next(self._iters[i]) for i in chosen.tolist()])
 
     def proportions(self) -> dict[str, float]:

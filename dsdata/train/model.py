@@ -20,77 +20,61 @@ to ``LlamaForCausalLM`` without permuting weights (see dsdata/train/export.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsdata.train.attention import KERNEL_CHOICES, build_attention_kernel
+from dsdata.train.attention import ATTENTION_KERNELS, DEFAULT_ATTENTION, build_attention_kernel
 from dsdata.train.moe import MoEFeedForward
-
-ATTENTION_KINDS = ("dense", "dynamic_sparse", "lsh")
+from dsdata.train.settings import COUNT, POSITIVE, SIZE, Settings, one_of, options_for, setting
 
 
 @dataclass
-class ModelArgs:
+class ModelArgs(Settings):
     """Architecture of the decoder (the ``[model]`` table of a TOML config)."""
 
-    dim: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int | None = None  # grouped-query attention when < n_heads
-    vocab_size: int = 32000
-    ffn_hidden_dim: int | None = None  # default: 8/3 · dim rounded up to multiple_of (SwiGLU)
-    multiple_of: int = 64
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    max_seq_len: int = 2048
+    dim: int = setting(256, SIZE)
+    n_layers: int = setting(4, SIZE)
+    n_heads: int = setting(4, SIZE)
+    n_kv_heads: int | None = setting(None, SIZE)  # grouped-query attention when < n_heads
+    vocab_size: int = setting(32000, COUNT)
+    ffn_hidden_dim: int | None = setting(None, COUNT)  # default: 8/3 · dim rounded up to multiple_of (SwiGLU)
+    multiple_of: int = setting(64, SIZE)
+    norm_eps: float = setting(1e-5, POSITIVE)
+    rope_theta: float = setting(10000.0, POSITIVE)
+    max_seq_len: int = setting(2048, SIZE)
     tie_embeddings: bool = False
-    # attention: "dense" (SDPA), "dynamic_sparse" (gated top-k + window + summary), "lsh" (Reformer)
-    attention: str = "dense"
-    sparse_top_k: int = 16
-    sparse_window: int = 64  # local window; a multiple of sparse_block
-    sparse_block: int = 64  # query block size of the blocked kernel
-    sparse_gate_hidden: int = 32
-    sparse_refresh_steps: int = 4  # the gate that selects keys is re-snapshotted every N steps
-    sparse_summary: bool = True  # attend to the mean of the unselected far past
-    sparse_kernel: str = "auto"  # auto | fused | flex | reference (attention.py: KERNEL_CHOICES)
-    lsh_chunk: int = 64
-    lsh_buckets: int = 0  # 0: one bucket per chunk of the sequence (Reformer's choice)
-    lsh_seed: int = 1234
+    # the attention kernel (a row of attention.ATTENTION_KERNELS) and its options ([model.attention_config])
+    attention: str = setting(DEFAULT_ATTENTION, choices=ATTENTION_KERNELS)
+    attention_config: Settings | None = options_for(ATTENTION_KERNELS, "attention")
     # mixture of experts feed-forward (0 experts: dense SwiGLU)
-    moe_experts: int = 0
-    moe_top_k: int = 2
-    moe_capacity_factor: float = 1.25
-    moe_aux_loss_weight: float = 0.01
-    init_std: float = 0.02
+    moe_experts: int = setting(0, COUNT)
+    moe_top_k: int = setting(2, SIZE)
+    moe_capacity_factor: float = setting(1.25, POSITIVE)
+    moe_aux_loss_weight: float = setting(0.01, COUNT)
+    init_std: float = setting(0.02, COUNT)
 
-    @classmethod
-    def from_dict(cls, values: dict) -> "ModelArgs":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"[model] has unknown key(s) {unknown}; known keys: {sorted(known)}")
-        args = cls(**values)
-        args.validate()
-        return args
+    def __post_init__(self):
+        if self.attention_config is None and self.attention in ATTENTION_KERNELS:
+            self.attention_config = ATTENTION_KERNELS[self.attention].Config()
 
-    def validate(self) -> None:
-        if self.attention not in ATTENTION_KINDS:
-            raise ValueError(f"model.attention = {self.attention!r}; choose one of {ATTENTION_KINDS}")
+    def check(self, where: str = "model") -> None:
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"{where}.attention = {self.attention!r}; choose {one_of(ATTENTION_KERNELS)}")
+        if not isinstance(self.attention_config, ATTENTION_KERNELS[self.attention].Config):
+            raise ValueError(f"{where}.attention_config is a {type(self.attention_config).__name__}, not the options "
+                             f"of attention {self.attention!r} ({ATTENTION_KERNELS[self.attention].Config.__name__})")
+        self.attention_config.check(f"{where}.attention_config")
         if self.dim % self.n_heads:
-            raise ValueError(f"model.dim ({self.dim}) must be a multiple of model.n_heads ({self.n_heads})")
+            raise ValueError(f"{where}.dim ({self.dim}) must be a multiple of {where}.n_heads ({self.n_heads})")
         if self.n_heads % self.kv_heads:
-            raise ValueError(f"model.n_heads ({self.n_heads}) must be a multiple of model.n_kv_heads ({self.kv_heads})")
+            raise ValueError(f"{where}.n_heads ({self.n_heads}) must be a multiple of {where}.n_kv_heads ({self.kv_heads})")
         if (self.dim // self.n_heads) % 2:
-            raise ValueError("model.dim / model.n_heads (the head size) must be even for RoPE")
-        if self.sparse_window <= 0 or self.sparse_window % self.sparse_block:
-            raise ValueError(f"model.sparse_window ({self.sparse_window}) must be a positive multiple of model.sparse_block ({self.sparse_block})")
-        if self.sparse_kernel not in KERNEL_CHOICES:
-            raise ValueError(f"model.sparse_kernel = {self.sparse_kernel!r}; choose one of {', '.join(KERNEL_CHOICES)}")
+            raise ValueError(f"{where}.dim / {where}.n_heads (the head size) must be even for RoPE")
         if self.moe_experts and self.moe_top_k > self.moe_experts:
-            raise ValueError("model.moe_top_k must not exceed model.moe_experts")
+            raise ValueError(f"{where}.moe_top_k must not exceed {where}.moe_experts")
 
     @property
     def kv_heads(self) -> int:
@@ -208,7 +192,7 @@ class Transformer(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
-        args.validate()
+        args.check()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
@@ -237,9 +221,7 @@ class Transformer(nn.Module):
                     nn.init.zeros_(param)
                 else:
                     nn.init.normal_(param, 0.0, std, generator=generator)
-            for module in block.modules():
-                if hasattr(module, "refresh_selection"):
-                    module.refresh_selection()
+            block.attention.kernel.on_weights_initialised()
         if self.norm is not None:
             self.norm.reset_parameters()
         if self.output is not None and not self.args.tie_embeddings:
@@ -263,11 +245,11 @@ class Transformer(nn.Module):
         return torch.stack(losses).sum() if losses else None
 
 
-def set_training_step(model: nn.Module, step: int) -> None:
-    """Tell step-scheduled modules (the dynamic-sparse key selector) which optimizer step starts."""
-    for module in model.modules():
-        if hasattr(module, "on_training_step"):
-            module.on_training_step(step)
+def set_training_step(model: Transformer, step: int) -> None:
+    """Tell each layer's attention kernel which optimizer step starts (the dynamic-sparse key selector
+    refreshes on a schedule)."""
+    for block in model.layers.values():
+        block.attention.kernel.on_training_step(step)
 
 
 def compile_blocks(model: nn.Module) -> None:

@@ -2,13 +2,21 @@
 
 All state is tensors (step counts, moments), so torch.distributed.checkpoint saves and
 reshards it like the model and no pickled Python objects end up in a checkpoint.
+
+An optimizer is one `OPTIMIZERS` row (`register_optimizer`): a `Config` dataclass of its own options
+(the `[optimizer.config]` table when `optimizer.name` names it) and `build(groups, common, options,
+total_steps, device)`, where `common` is the `[optimizer]` table (lr, beta1, beta2, eps, weight_decay).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, is_dataclass
+from typing import Callable
 
 import torch
 from torch import nn
+
+from dsdata.train.settings import COUNT, FRACTION, POSITIVE, NoOptions, Registry, Settings, setting
 
 
 def _full_norm(t: torch.Tensor) -> torch.Tensor:
@@ -178,25 +186,72 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
+@dataclass
+class DeepOptConfig(Settings):
+    beta2_final: float = setting(0.9999, FRACTION)  # β2 rises from optimizer.beta2 to this (capped below 1)
+    schedule_steps: int = setting(0, COUNT)  # T of the β schedules (0: training.steps)
+
+
+@dataclass
+class LambdaOptConfig(Settings):
+    max_trust: float = setting(10.0, POSITIVE)  # the trust ratio's cap
+
+
+@dataclass(frozen=True)
+class OptimizerRow:
+    """`build(groups, common, options, total_steps, device)` → the optimizer; `Config`: its options."""
+
+    build: Callable[..., torch.optim.Optimizer]
+    Config: type[Settings] = NoOptions
+
+
+def _adamw(groups, common, options, total_steps, device):
+    # On CUDA torch's fused kernel (one launch per group instead of ~10 per parameter); on CPU the
+    # per-parameter loop, whose results are bit-for-bit those of earlier runs and checkpoints.
+    kernel = {"fused": True} if device is not None and device.type == "cuda" else {"foreach": False}
+    return torch.optim.AdamW(groups, lr=common.lr, betas=(common.beta1, common.beta2), eps=common.eps,
+                             weight_decay=common.weight_decay, **kernel)
+
+
+def _deepopt(groups, common, options: DeepOptConfig, total_steps, device):
+    return DeepOpt(groups, lr=common.lr, betas=(common.beta1, common.beta2), beta2_final=options.beta2_final,
+                   schedule_steps=options.schedule_steps or total_steps, eps=common.eps,
+                   weight_decay=common.weight_decay)
+
+
+def _lambdaopt(groups, common, options: LambdaOptConfig, total_steps, device):
+    return LambdaOpt(groups, lr=common.lr, betas=(common.beta1, common.beta2), eps=common.eps,
+                     weight_decay=common.weight_decay, max_trust=options.max_trust)
+
+
+def _row_problem(row) -> str | None:
+    if not isinstance(row, OptimizerRow) or not callable(row.build):
+        return f"{row!r} is not a dsdata.train.optim.OptimizerRow(build, Config)"
+    if not (isinstance(row.Config, type) and issubclass(row.Config, Settings) and is_dataclass(row.Config)):
+        return "its Config must be a dataclass subclassing dsdata.train.settings.Settings"
+    return None
+
+
+# The optimizers by `optimizer.name`: one row each.  Installed distributions add theirs as
+# `[project.entry-points."dsdata.optimizers"] name = "module:ROW"` (an OptimizerRow).
+OPTIMIZERS = Registry("optimizer", "dsdata.optimizers", _row_problem, {
+    "adamw": OptimizerRow(_adamw), "deepopt": OptimizerRow(_deepopt, DeepOptConfig),
+    "lambdaopt": OptimizerRow(_lambdaopt, LambdaOptConfig),
+})
+DEFAULT_OPTIMIZER = "adamw"
+
+
+def register_optimizer(name: str, build: Callable[..., torch.optim.Optimizer], config: type[Settings] = NoOptions) -> None:
+    """Add an optimizer row (ValueError when the name is taken or the row is malformed)."""
+    OPTIMIZERS.register(name, OptimizerRow(build, config))
+
+
 def build_optimizer(model: nn.Module, config, total_steps: int,
                     device: torch.device | None = None) -> torch.optim.Optimizer:
-    """The optimizer named by config.optimizer (an OptimizerConfig).
-
-    AdamW on CUDA is torch's fused kernel (one launch per group instead of ~10 per parameter); on CPU
-    the per-parameter loop, whose results are bit-for-bit those of earlier runs and checkpoints."""
+    """The optimizer named by config.name (config: the [optimizer] table, an OptimizerConfig), weight
+    decay on matrices only (`parameter_groups`)."""
     groups = parameter_groups(model, config.weight_decay)
-    betas = (config.beta1, config.beta2)
-    if config.name == "adamw":
-        kernel = {"fused": True} if device is not None and device.type == "cuda" else {"foreach": False}
-        return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps, weight_decay=config.weight_decay,
-                                 **kernel)
-    if config.name == "deepopt":
-        return DeepOpt(groups, lr=config.lr, betas=betas, beta2_final=config.beta2_final,
-                       schedule_steps=config.schedule_steps or total_steps, eps=config.eps,
-                       weight_decay=config.weight_decay)
-    if config.name == "lambdaopt":
-        return LambdaOpt(groups, lr=config.lr, betas=betas, eps=config.eps, weight_decay=config.weight_decay)
-    raise ValueError(f"optimizer.name = {config.name!r}; choose adamw, deepopt or lambdaopt")
+    return OPTIMIZERS[config.name].build(groups, config, config.config, total_steps, device)
 
 
 class WarmupCosineSchedule:

@@ -30,6 +30,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 class Layout(Protocol):
     env: DistEnv
     dims: ParallelDims  # sizes and the global-batch split (dp × micro_batch_size × accumulation)
+    vocab_parallel: bool = False  # logits sharded over tp into loss_parallel (DTensor logits: loss stays eager)
 
     # ---------------------------------------------------------------- model and batches
 
