@@ -1,0 +1,355 @@
+"""The kinds of personal data the `pii` stage finds: their shapes, validators and context rules, and
+the finder that runs them in one pass.  The rules, with examples kept and redacted: docs/pii.md.
+
+How a text is read
+  1. Full-width forms (１３９, －, ＠, ．, ：, （）, the ideographic space) and the other dashes and
+     spaces are mapped to ASCII by a same-length table, so every offset found in the mapped text is
+     an offset in the original and the redaction lands on the characters as written.
+  2. Items are bounded by the characters around them, never by `\\b` (which counts Chinese characters
+     as word characters, so `请拨打13912345678咨询` has no boundary around the number): a digit kind
+     may not touch a digit, a Latin letter, `_` or `@`, nor a `.`/`-` that joins it to more digits or
+     letters; anything else — Chinese characters and punctuation, brackets, quotes, spaces, a line
+     start or end, a full stop — is a boundary.
+  3. One scan per family, each linear in the text: the digit kinds (phone, identity, card, IPv4) are
+     one alternation of bounded shapes whose every attempt reads at most ~70 characters; e-mail
+     addresses are read only around an `@`, IPv6 only around a `:`.  A candidate is found once and
+     validated once (checksum, issuer range, date, routability, context).
+"""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import re
+
+PII_TYPES = ("email", "ip", "phone", "id", "card")
+TOKENS = {"email": "<EMAIL>", "ip": "<IP>", "phone": "<PHONE>", "id": "<ID>", "card": "<CARD>"}
+
+# --- 1. normalisation: one character for one character ------------------------------------------
+_WIDE = {cp: cp - 0xFEE0 for cp in range(0xFF01, 0xFF5F)}  # ！..～ → ! .. ~ (digits, letters, ＠．：（）－＋)
+_WIDE.update(dict.fromkeys((0x3000, 0x00A0, 0x2002, 0x2003, 0x2009, 0x202F, 0x205F), 0x20))
+_WIDE.update(dict.fromkeys((0x2010, 0x2011, 0x2012, 0x2013, 0x2212, 0xFE63), 0x2D))
+_WIDE[0xFE6B] = 0x40  # small commercial at
+_NEEDS_MAP = re.compile("[\uff01-\uff5e\u3000\u00a0\u2002\u2003\u2009\u202f\u205f\u2010-\u2013\u2212\ufe63\ufe6b]")
+
+
+def normalise(text: str) -> str:
+    """`text` with full-width forms, dashes and spaces in ASCII; the same length, offset for offset."""
+    return text.translate(_WIDE) if not text.isascii() and _NEEDS_MAP.search(text) else text
+
+
+# --- 2. the digit kinds: one alternation of bounded shapes -----------------------------------------
+# What may not be next to an item: a digit, a Latin letter, _ or @ (it would be part of a longer
+# token: a hash, a UUID, an identifier, a mailbox), and a . or - joining it to more digits
+# (1.2.3.4.5, 2024-03-15-…) or a - joining it to letters (ABC-13812345678, a UUID's last group).
+_LEFT = r"(?<![0-9A-Za-z_@+])(?<![0-9][.\-])(?<![A-Za-z]-)"
+_LEFT_PLUS = r"(?<![0-9A-Za-z_@+=*/^])"
+_RIGHT = r"(?![0-9A-Za-z_@])(?![.\-][0-9A-Za-z])"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+SHAPES = {  # kind family → the shapes it is written in (each bounded)
+    "plus": r"\+[1-9][0-9]{0,3}(?:[ \-.]?(?:\(0?[0-9]{1,4}\)|[0-9]{1,8})){1,5}",   # +86 …, +1 (415) …, +44 20 …
+    "intl": r"00[1-9][0-9]{0,3}(?:[ \-]?(?:\([0-9]{1,4}\)|[0-9]{1,8})){1,5}",        # 0086 138 …
+    "id": r"[1-9][0-9]{5}(?:18|19|20)[0-9]{2}[01][0-9][0-3][0-9][0-9]{3}[0-9Xx]"
+          r"|[1-9][0-9]{5} (?:18|19|20)[0-9]{6} [0-9]{3}[0-9Xx]",
+    "card": r"[1-8][0-9]{12,18}|[1-8][0-9]{3}(?P<cs>[ \-])[0-9]{4}(?P=cs)[0-9]{4}(?P=cs)[0-9]{1,4}(?:(?P=cs)[0-9]{1,3})?"
+            r"|3[0-9]{3}(?P<as>[ \-])[0-9]{6}(?P=as)[0-9]{4,5}",
+    "land": r"(?:\(0[1-9][0-9]{1,3}\)[ \-]?|0[1-9][0-9]{1,3}[ \-])[1-9][0-9]{2,3}[ \-]?[0-9]{4}(?:-[0-9]{1,5})?",
+    "nanp": r"(?:1[ \-.])?(?:\([2-9][0-9]{2}\) ?[2-9][0-9]{2}[ \-.]?|[2-9][0-9]{2}(?P<ns>[ \-.])[2-9][0-9]{2}(?P=ns))[0-9]{4}",
+    "mobile": r"(?:86[ \-]?)?1[3-9][0-9](?:[0-9]{8}|(?P<ms>[ \-])[0-9]{4}(?P=ms)[0-9]{4}|[0-9]{4}[ \-][0-9]{4})",
+    "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
+}
+_NUMBER = re.compile(rf"{_LEFT_PLUS}(?:{SHAPES['plus']}){_RIGHT}|{_LEFT}(?:"
+                     + "|".join(f"(?:{SHAPES[k]})" for k in ("id", "card", "intl", "land", "nanp", "mobile", "ipv4"))
+                     + f"){_RIGHT}")
+_FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
+_PHONE_SHAPES = ("plus", "intl", "land", "nanp", "mobile")
+_NON_DIGIT = re.compile(r"[^0-9]")
+
+# Labels that name a number which is not personal data, within 20 characters before it.
+_NOT_PERSONAL = re.compile(r"(?:ISBN|ISSN|DOI|order|invoice|tracking|serial|SKU|订单|单号|运单|快递单|发票|序列号)"
+                           r"(?:\s*(?:no|nr|number|num|id|code)\.?)?[^0-9A-Za-z]{0,6}$", re.IGNORECASE)
+_MONEY_BEFORE = re.compile(r"(?:[$¥￥€£]|RMB|CNY|USD|HKD|EUR)\s*$", re.IGNORECASE)
+_MONEY_AFTER = re.compile(r"\s*(?:元|块|万|亿|美元|人民币|円|%|‰)")
+# A dotted quad that numbers a section or a version is not an address.
+_SECTION_BEFORE = re.compile(r"(?:section|sect\.?|sec\.|chapter|ch\.|clause|article|art\.|para(?:graph)?|§|table|figure|"
+                             r"fig\.|appendix|step|rule|item|第|见|見|参见|參見|参阅|參閱)\s*$", re.IGNORECASE)
+_SECTION_AFTER = re.compile(r"\s*[节節章条條款项項]")
+_VERSION_BEFORE = re.compile(r"(?<![A-Za-z])(?:version|release|build|ver|rev|revision|firmware|kernel|driver|update|patch|"
+                             r"v|版本|版)\.?\s*[:=]?\s*$", re.IGNORECASE)
+# A quad of small numbers (fewer than two ≥ 10: 9.2.1.4, 2.6.38.6) is an address only near an IP word.
+_HEADING = re.compile(r"(?<![0-9.])[0-9]{1,3}(?:\.[0-9]{1,3}){1,3}\.(?=\s|[^\x00-\x7f])")
+_IP_CONTEXT = re.compile(r"(?<![A-Za-z])(?:IP|IPv4|address|addr|DNS|nameserver|server|host|ping|gateway|router|"
+                         r"resolver|地址|服务器|伺服器|域名|网关|主机|位址)(?![a-z])", re.IGNORECASE)
+
+_PROVINCES = frozenset({11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 46,
+                        50, 51, 52, 53, 54, 61, 62, 63, 64, 65, 71, 81, 82})
+_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+_ID_CHECK = "10X98765432"
+
+
+def id_check_char(first17: str) -> str:
+    """ISO 7064 MOD 11-2 check character of an identity number's first 17 digits."""
+    return _ID_CHECK[sum(int(d) * w for d, w in zip(first17, _ID_WEIGHTS)) % 11]
+
+
+def valid_resident_id(number: str) -> bool:
+    """An 18-character PRC resident identity number with a province code, a real past birth date
+    (1900 on) and a correct check character."""
+    if len(number) != 18 or not number[:17].isdigit() or number[17] not in "0123456789Xx" \
+            or int(number[:2]) not in _PROVINCES or number[6:8] not in ("19", "20"):
+        return False
+    try:
+        born = datetime.date(int(number[6:10]), int(number[10:12]), int(number[12:14]))
+    except ValueError:
+        return False
+    return born <= datetime.date.today() and id_check_char(number[:17]) == number[17].upper()
+
+
+def luhn_ok(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+# Issuer identification ranges: (network, first digits from, to, lengths).  A number is a card when it
+# falls in one of them, has 13-19 digits and passes Luhn; the networks' own lengths are not required
+# (issuers have widened them, and a misfiled length is still someone's card).
+_ISSUERS = (("visa", 4, 4), ("mastercard", 51, 55), ("mastercard", 2221, 2720), ("amex", 34, 34), ("amex", 37, 37),
+            ("diners", 300, 305), ("diners", 36, 36), ("diners", 38, 39), ("discover", 6011, 6011),
+            ("discover", 644, 649), ("discover", 65, 65), ("jcb", 3528, 3589), ("jcb", 2131, 2131), ("jcb", 1800, 1800),
+            ("unionpay", 62, 62), ("unionpay", 81, 81), ("maestro", 50, 50), ("maestro", 56, 58), ("maestro", 6304, 6304),
+            ("maestro", 6759, 6759), ("maestro", 6761, 6763))
+
+
+def card_issuer(digits: str) -> str | None:
+    """The network whose issuer range (IIN) the number is in, else None."""
+    for network, low, high in _ISSUERS:
+        if low <= int(digits[:len(str(low))]) <= high:
+            return network
+    return None
+
+
+def valid_card(candidate: str) -> bool:
+    """13-19 digits (spaces and dashes ignored) in an issuer's range, passing Luhn, whose
+    digits before the check digit are not all one digit (0000…, 4444…8 are placeholders)."""
+    digits = candidate.replace(" ", "").replace("-", "")
+    return (13 <= len(digits) <= 19 and digits.isdigit() and card_issuer(digits) is not None
+            and len(set(digits[:-1])) > 1 and luhn_ok(digits))
+
+
+def public_ip(candidate: str) -> bool:
+    """A globally routable, non-multicast address (IPv4-mapped IPv6 judged by its IPv4)."""
+    try:
+        addr = ipaddress.ip_address(candidate)
+    except ValueError:
+        return False
+    if addr.version == 6 and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_global and not addr.is_multicast
+
+
+def _ip4_ok(text: str, start: int, end: int) -> bool:
+    quad = text[start:end]
+    if not public_ip(quad) or _VERSION_BEFORE.search(text, max(0, start - 12), start) \
+            or _SECTION_BEFORE.search(text, max(0, start - 12), start) or _SECTION_AFTER.match(text, end, end + 3):
+        return False
+    if sum(len(o) > 1 for o in quad.split(".")) >= 2:
+        return True
+    if text.startswith(".", end) and (_HEADING.search(text, max(0, start - 40), start)
+                                      or _HEADING.search(text, end + 1, end + 40)):
+        return False  # "6.2.4. 邮件传输代理 6.2.4.1. exim4 的配置 6.2.4.2. 带有…": a table of contents
+    return _IP_CONTEXT.search(text, max(0, start - 40), end + 40) is not None
+
+
+def _phone_ok(shape: str, c: str, digits: str) -> bool:
+    if len(set(digits[-8:])) <= 2:  # 13000000000, +1 555 5555555: placeholders and round numbers
+        return False
+    if shape in ("plus", "intl"):
+        body = digits[2:] if shape == "intl" else digits
+        solid = len(c) == len(digits) + (1 if shape == "plus" else 0)
+        if body.startswith("86"):
+            national = body[2:]
+            if len(national) == 11 and national[0] == "1":
+                return national[1] in "3456789"  # a mobile
+            return 9 <= len(national) <= 11 and national[0] != "0" and not solid  # area code + subscriber
+        if body[0] == "1":
+            return len(body) == 11 and body[1] in "23456789" and body[4] in "23456789"
+        return (11 if solid else 8) <= len(body) <= 15 and not (shape == "intl" and solid)
+    if shape == "mobile":
+        return digits[-11] == "1"
+    return True  # land, nanp: the shape is the rule (area code 0…, or NANP [2-9]xx [2-9]xx xxxx)
+
+
+class PiiFinder:
+    """Finds the PII of the chosen types in a text: sorted, non-overlapping (start, end, type) with
+    offsets in the text as given."""
+
+    def __init__(self, types: tuple[str, ...] = PII_TYPES):
+        self.types = tuple(t for t in PII_TYPES if t in types)
+        self._digit_kinds = {"ip", "phone", "id", "card"} & set(self.types)
+
+    def find(self, text: str) -> list[tuple[int, int, str]]:
+        norm = normalise(text)
+        spans: list[tuple[int, int, str]] = []
+        if "email" in self.types and "@" in norm:
+            spans = list(self._emails(norm))
+        if "ip" in self.types and ":" in norm:
+            spans = _claim(spans, self._ipv6(norm, text))
+        if self._digit_kinds:
+            spans = _claim(spans, self._numbers(norm))
+        return spans
+
+    # -- digit kinds ---------------------------------------------------------------------------
+    def _numbers(self, text: str):
+        pos = 0
+        while m := _NUMBER.search(text, pos):
+            start, end = m.span()
+            kind = self._classify(text, start, end)
+            if kind is None and " " in text[start:end]:
+                # A space-separated group after the item that belongs to other text ("+86 138 1234 5678
+                # 2024"): try without the last group, then the last two.
+                cut = end
+                for _ in range(2):
+                    cut = text.rfind(" ", start, cut)
+                    if cut == -1:
+                        break
+                    if kind := self._classify(text, start, cut):
+                        end = cut
+                        break
+            if kind:
+                yield start, end, kind
+                pos = end
+            else:  # or one before it ("2024 4111 1111 1111 1111"): go on from the next group
+                space = text.find(" ", start, end)
+                pos = space + 1 if space != -1 else end
+
+    def _classify(self, text: str, start: int, end: int) -> str | None:
+        c = text[start:end]
+        kinds = self._digit_kinds
+        if _FULL["ipv4"].fullmatch(c):
+            return "ip" if "ip" in kinds and _ip4_ok(text, start, end) else None
+        if _NOT_PERSONAL.search(text, max(0, start - 20), start):
+            return None
+        digits = _NON_DIGIT.sub("", c)
+        if c[-1] in "Xx" or len(digits) == 18:
+            number = digits + c[-1].upper() if c[-1] in "Xx" else digits
+            if "id" in kinds and _FULL["id"].fullmatch(c) and valid_resident_id(number):
+                return "id"
+            if c[-1] in "Xx":
+                return None
+        money = _MONEY_BEFORE.search(text, max(0, start - 5), start) or _MONEY_AFTER.match(text, end, end + 4)
+        if money:
+            return None
+        if "card" in kinds and 13 <= len(digits) <= 19 and _FULL["card"].fullmatch(c) and valid_card(digits):
+            return "card"
+        if "phone" in kinds:
+            for shape in _PHONE_SHAPES:
+                if _FULL[shape].fullmatch(c):
+                    return "phone" if _phone_ok(shape, c, digits) else None
+        return None
+
+    # -- e-mail ----------------------------------------------------------------------------------
+    def _emails(self, text: str):
+        at = text.find("@")
+        windows: list[list[int]] = []
+        while at != -1:  # merged windows around each @: a local part ≤ 64, a domain ≤ 253 characters
+            if windows and at - 65 <= windows[-1][1]:
+                windows[-1][1] = at + 256
+            else:
+                windows.append([max(0, at - 65), at + 256])
+            at = text.find("@", at + 1)
+        for lo, hi in windows:
+            for m in _EMAIL.finditer(text, lo, hi):
+                local, domain = m.group(1), m.group(2)
+                lead = len(local) - len(local.lstrip(".+-"))
+                local = local[lead:]
+                if local and not local.endswith(".") and ".." not in local and valid_mail_domain(domain):
+                    yield m.start() + lead, m.end(), "email"
+
+    # -- IPv6 ------------------------------------------------------------------------------------
+    def _ipv6(self, text: str, original: str):
+        """Around each ':' not already read: the run of hex digits, ':' and '.' that holds it (at most
+        45 characters, else it is part of something longer), a zone id, then validation."""
+        colon, size = text.find(":"), len(text)
+        while colon != -1:
+            left = _V6_RUN_REVERSED.match(text[max(0, colon - 46):colon][::-1]).end()
+            end = _V6_RUN.match(text, colon).end()
+            nxt = text.find(":", end)
+            start, stop = colon - left, end
+            while start < colon and text[start] == ".":
+                start += 1
+            while stop > colon and text[stop - 1] == ".":  # a sentence's full stop: "… ::1."
+                stop -= 1
+            if text.startswith(":", start) and not text.startswith("::", start):
+                start += 1  # "地址：2606:…" (the full-width colon is a ':' once normalised)
+            zone = _V6_ZONE.match(text, end) if end == stop else None
+            after = zone.end() if zone else stop
+            wide = original.rfind("\uff1a", start, stop)
+            if wide != -1 and ":" in original[start:stop]:
+                start = wide + 1  # "A：2a00:1450::200e": a full-width colon among ASCII ones is punctuation
+            if left < 46 and stop - start <= 45 and (after == size or text[after] not in _GLUE):
+                if not (start and text[start - 1] in _GLUE) and valid_ipv6(text[start:stop]):
+                    yield start, after, "ip"
+            colon = nxt
+
+
+_GLUE = frozenset("ghijklmnopqrstuvwxyzGHIJKLMNOPQRSTUVWXYZ_")  # a letter that cannot be hex: std::vector
+_V6_RUN = re.compile(r"[0-9A-Fa-f:.]*+")
+_V6_RUN_REVERSED = re.compile(r"[0-9A-Fa-f:.]{0,46}+")
+_V6_ZONE = re.compile(r"%[0-9A-Za-z_\-]{1,16}+")
+_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+
+
+def valid_ipv6(candidate: str) -> bool:
+    """Parses as IPv6 (RFC 5952 forms: '::', embedded IPv4), is public, and — outside 2000::/3, where
+    every assigned global address is — writes at least three groups ('dead::beef' is code)."""
+    if candidate.count(":") < 2:
+        return False
+    try:
+        addr = ipaddress.IPv6Address(candidate)
+    except ValueError:
+        return False
+    if not public_ip(str(addr)):
+        return False
+    groups = candidate.split("%")[0].split(":")
+    return addr in _GLOBAL_UNICAST or sum(1 + ("." in g) for g in groups if g) >= 3
+
+
+# --- e-mail ---------------------------------------------------------------------------------------
+# A local part of ASCII letters, digits and . _ % + - (RFC 5321's dot-atom without the rare symbols);
+# see docs/pii.md for why quoted and non-ASCII local parts are not taken.
+_EMAIL = re.compile(r"(?<![A-Za-z0-9._%+\-])([A-Za-z0-9._%+\-]{1,64}+)@((?:[A-Za-z0-9\-]{1,63}+\.)+[A-Za-z0-9\-]{1,63}+)")
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?")
+_TLD = re.compile(r"[A-Za-z]{2,24}|xn--[A-Za-z0-9\-]{1,59}")
+_RETINA = re.compile(r"[0-9]+x", re.IGNORECASE)  # icon@2x.png, logo@1.5x.jpg: a scale factor, not a host
+# A "TLD" that is a file extension: image names (logo@2x.png), asset paths, systemd unit instances.
+_FILE_EXTENSIONS = frozenset("png jpg jpeg gif svg webp bmp ico tif tiff avif heic js mjs cjs css scss less json html htm xml "
+                             "txt md pdf zip gz tgz tar bz2 xz py rb go rs java kt ts tsx jsx vue php sh yml yaml toml lock "
+                             "mp3 mp4 wav mov avi mkv woff woff2 ttf otf eot map wasm exe dll so dylib "
+                             "service socket target mount automount timer path slice scope device swap".split())
+
+
+def valid_mail_domain(domain: str) -> bool:
+    labels = domain.split(".")
+    tld = labels[-1]
+    return (len(domain) <= 253 and len(labels) >= 2 and _TLD.fullmatch(tld) is not None
+            and tld.lower() not in _FILE_EXTENSIONS and all(_LABEL.fullmatch(lb) for lb in labels)
+            and not any(_RETINA.fullmatch(lb) for lb in labels))
+
+
+def _claim(spans: list, found) -> list:
+    """`spans` (sorted, non-overlapping) with each of `found` (sorted) that overlaps none of them: the
+    kinds claimed first win.  One merge, linear in both."""
+    out, i, taken = [], 0, len(spans)
+    for span in found:
+        while i < taken and spans[i][1] <= span[0]:
+            out.append(spans[i])
+            i += 1
+        if (i < taken and spans[i][0] < span[1]) or (out and out[-1][1] > span[0]):
+            continue
+        out.append(span)
+    out.extend(spans[i:])
+    return out
