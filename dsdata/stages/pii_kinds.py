@@ -45,15 +45,17 @@ _LEFT = r"(?<![0-9A-Za-z_@+])(?<![0-9][.\-])(?<![A-Za-z]-)"
 _LEFT_PLUS = r"(?<![0-9A-Za-z_@+=*/^])"
 _RIGHT = r"(?![0-9A-Za-z_@])(?![.\-][0-9A-Za-z])"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_EXT = r"(?: ?(?:x|ext\.?|#|转|轉) ?[0-9]{1,5})?"  # an extension: 415-555-0132x123, 010-12345678转8001
 SHAPES = {  # kind family → the shapes it is written in (each bounded)
-    "plus": r"\+[1-9][0-9]{0,3}(?:[ \-.]?(?:\(0?[0-9]{1,4}\)|[0-9]{1,8})){1,5}",   # +86 …, +1 (415) …, +44 20 …
-    "intl": r"00[1-9][0-9]{0,3}(?:[ \-]?(?:\([0-9]{1,4}\)|[0-9]{1,8})){1,5}",        # 0086 138 …
+    "plus": r"\+[1-9][0-9]{0,3}(?:[ \-.]?(?:\(0?[0-9]{1,4}\)|[0-9]{1,8})){1,5}" + _EXT,   # +86 …, +1 (415) …, +44 20 …
+    "intl": r"00[1-9][0-9]{0,3}(?:[ \-]?(?:\([0-9]{1,4}\)|[0-9]{1,8})){1,5}" + _EXT,        # 0086 138 …, 001-415-…
     "id": r"[1-9][0-9]{5}(?:18|19|20)[0-9]{2}[01][0-9][0-3][0-9][0-9]{3}[0-9Xx]"
           r"|[1-9][0-9]{5} (?:18|19|20)[0-9]{6} [0-9]{3}[0-9Xx]",
-    "card": r"[1-8][0-9]{12,18}|[1-8][0-9]{3}(?P<cs>[ \-])[0-9]{4}(?P=cs)[0-9]{4}(?P=cs)[0-9]{1,4}(?:(?P=cs)[0-9]{1,3})?"
-            r"|3[0-9]{3}(?P<as>[ \-])[0-9]{6}(?P=as)[0-9]{4,5}",
-    "land": r"(?:\(0[1-9][0-9]{1,3}\)[ \-]?|0[1-9][0-9]{1,3}[ \-])[1-9][0-9]{2,3}[ \-]?[0-9]{4}(?:-[0-9]{1,5})?",
-    "nanp": r"(?:1[ \-.])?(?:\([2-9][0-9]{2}\) ?[2-9][0-9]{2}[ \-.]?|[2-9][0-9]{2}(?P<ns>[ \-.])[2-9][0-9]{2}(?P=ns))[0-9]{4}",
+    "card": r"[1-8][0-9]{11,18}|[1-8][0-9]{3}(?P<cs>[ \-])[0-9]{4}(?P=cs)[0-9]{4}(?P=cs)[0-9]{1,4}(?:(?P=cs)[0-9]{1,3})?"
+            r"|[1-8][0-9]{3}(?P<as>[ \-])[0-9]{6}(?P=as)[0-9]{4,5}",
+    "land": r"(?:\(0[1-9][0-9]{1,3}\)[ \-]?|0[1-9][0-9]{1,3}[ \-])[1-9][0-9]{2,3}[ \-]?[0-9]{4}(?:-[0-9]{1,5})?" + _EXT,
+    "nanp": r"(?:(?:1[ \-.])?(?:\([2-9][0-9]{2}\) ?[2-9][0-9]{2}[ \-.]?|[2-9][0-9]{2}(?P<ns>[ \-.])[2-9][0-9]{2}(?P=ns))[0-9]{4}"
+            r"|[2-9][0-9]{2}[2-9][0-9]{6})" + _EXT,
     "mobile": r"(?:86[ \-]?)?1[3-9][0-9](?:[0-9]{8}|(?P<ms>[ \-])[0-9]{4}(?P=ms)[0-9]{4}|[0-9]{4}[ \-][0-9]{4})",
     "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
 }
@@ -63,15 +65,19 @@ _NUMBER = re.compile(rf"{_LEFT_PLUS}(?:{SHAPES['plus']}){_RIGHT}|{_LEFT}(?:"
 _FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
 _PHONE_SHAPES = ("plus", "intl", "land", "nanp", "mobile")
 _NON_DIGIT = re.compile(r"[^0-9]")
+_EXTENSION = re.compile(r" ?(?:x|ext\.?|#|转|轉) ?[0-9]{1,5}$")
+# Ten digits written solid (4155550132) are a phone number only after a word that says so.
+_PHONE_WORD = re.compile(r"(?:phone|tel|call|mobile|cell|fax|dial|contact|电话|電話|手机|手機|致电|联系|聯繫|拨打|撥打|热线|熱線)"
+                         r"[^0-9]{0,12}$", re.IGNORECASE)
 
 # Labels that name a number which is not personal data, within 20 characters before it.
-_NOT_PERSONAL = re.compile(r"(?:ISBN|ISSN|DOI|order|invoice|tracking|serial|SKU|订单|单号|运单|快递单|发票|序列号)"
+_NOT_PERSONAL = re.compile(r"(?<![A-Za-z])(?:ISBN|ISSN|DOI|order|invoice|tracking|serial|SKU|订单|单号|运单|快递单|发票|序列号)"
                            r"(?:\s*(?:no|nr|number|num|id|code)\.?)?[^0-9A-Za-z]{0,6}$", re.IGNORECASE)
 _MONEY_BEFORE = re.compile(r"(?:[$¥￥€£]|RMB|CNY|USD|HKD|EUR)\s*$", re.IGNORECASE)
 _MONEY_AFTER = re.compile(r"\s*(?:元|块|万|亿|美元|人民币|円|%|‰)")
 # A dotted quad that numbers a section or a version is not an address.
 _SECTION_BEFORE = re.compile(r"(?:section|sect\.?|sec\.|chapter|ch\.|clause|article|art\.|para(?:graph)?|§|table|figure|"
-                             r"fig\.|appendix|step|rule|item|第|见|見|参见|參見|参阅|參閱)\s*$", re.IGNORECASE)
+                             r"fig\.|appendix|step|rule|item|第|见|見|参见|參見|参阅|參閱|节|節|章|条|條)\s*$", re.IGNORECASE)
 _SECTION_AFTER = re.compile(r"\s*[节節章条條款项項]")
 _VERSION_BEFORE = re.compile(r"(?<![A-Za-z])(?:version|release|build|ver|rev|revision|firmware|kernel|driver|update|patch|"
                              r"v|版本|版)\.?\s*[:=]?\s*$", re.IGNORECASE)
@@ -115,11 +121,11 @@ def luhn_ok(digits: str) -> bool:
 
 
 # Issuer identification ranges: (network, first digits from, to, lengths).  A number is a card when it
-# falls in one of them, has 13-19 digits and passes Luhn; the networks' own lengths are not required
+# falls in one of them, has 13-19 digits (Maestro 12-19) and passes Luhn; the networks' own lengths are not required
 # (issuers have widened them, and a misfiled length is still someone's card).
 _ISSUERS = (("visa", 4, 4), ("mastercard", 51, 55), ("mastercard", 2221, 2720), ("amex", 34, 34), ("amex", 37, 37),
             ("diners", 300, 305), ("diners", 36, 36), ("diners", 38, 39), ("discover", 6011, 6011),
-            ("discover", 644, 649), ("discover", 65, 65), ("jcb", 3528, 3589), ("jcb", 2131, 2131), ("jcb", 1800, 1800),
+            ("discover", 644, 649), ("discover", 65, 65), ("jcb", 35, 35), ("jcb", 2131, 2131), ("jcb", 1800, 1800),
             ("unionpay", 62, 62), ("unionpay", 81, 81), ("maestro", 50, 50), ("maestro", 56, 58), ("maestro", 6304, 6304),
             ("maestro", 6759, 6759), ("maestro", 6761, 6763))
 
@@ -133,10 +139,11 @@ def card_issuer(digits: str) -> str | None:
 
 
 def valid_card(candidate: str) -> bool:
-    """13-19 digits (spaces and dashes ignored) in an issuer's range, passing Luhn, whose
+    """13-19 digits (12 for Maestro; spaces and dashes ignored) in an issuer's range, passing Luhn, whose
     digits before the check digit are not all one digit (0000…, 4444…8 are placeholders)."""
     digits = candidate.replace(" ", "").replace("-", "")
-    return (13 <= len(digits) <= 19 and digits.isdigit() and card_issuer(digits) is not None
+    issuer = card_issuer(digits) if 12 <= len(digits) <= 19 and digits.isdigit() else None
+    return (issuer is not None and (len(digits) >= 13 or issuer == "maestro")
             and len(set(digits[:-1])) > 1 and luhn_ok(digits))
 
 
@@ -233,8 +240,9 @@ class PiiFinder:
             return "ip" if "ip" in kinds and _ip4_ok(text, start, end) else None
         if _NOT_PERSONAL.search(text, max(0, start - 20), start):
             return None
-        digits = _NON_DIGIT.sub("", c)
-        if c[-1] in "Xx" or len(digits) == 18:
+        ext = _EXTENSION.search(c) if c[-1].isdigit() else None
+        digits = _NON_DIGIT.sub("", c[:ext.start()] if ext else c)
+        if c[-1] in "Xx" and not ext or len(digits) == 18:
             number = digits + c[-1].upper() if c[-1] in "Xx" else digits
             if "id" in kinds and _FULL["id"].fullmatch(c) and valid_resident_id(number):
                 return "id"
@@ -243,12 +251,14 @@ class PiiFinder:
         money = _MONEY_BEFORE.search(text, max(0, start - 5), start) or _MONEY_AFTER.match(text, end, end + 4)
         if money:
             return None
-        if "card" in kinds and 13 <= len(digits) <= 19 and _FULL["card"].fullmatch(c) and valid_card(digits):
+        if "card" in kinds and 12 <= len(digits) <= 19 and not ext and _FULL["card"].fullmatch(c) and valid_card(digits):
             return "card"
         if "phone" in kinds:
             for shape in _PHONE_SHAPES:
                 if _FULL[shape].fullmatch(c):
-                    return "phone" if _phone_ok(shape, c, digits) else None
+                    if shape == "nanp" and c.isdigit() and not _PHONE_WORD.search(text, max(0, start - 24), start):
+                        return None
+                    return "phone" if _phone_ok(shape, c[:ext.start()] if ext else c, digits) else None
         return None
 
     # -- e-mail ----------------------------------------------------------------------------------
