@@ -18,6 +18,7 @@ How a text is read
 from __future__ import annotations
 
 import datetime
+import functools
 import ipaddress
 import re
 
@@ -29,12 +30,21 @@ _WIDE = {cp: cp - 0xFEE0 for cp in range(0xFF01, 0xFF5F)}  # ！..～ → ! .. ~
 _WIDE.update(dict.fromkeys((0x3000, 0x00A0, 0x2002, 0x2003, 0x2009, 0x202F, 0x205F), 0x20))
 _WIDE.update(dict.fromkeys((0x2010, 0x2011, 0x2012, 0x2013, 0x2212, 0xFE63), 0x2D))
 _WIDE[0xFE6B] = 0x40  # small commercial at
-_NEEDS_MAP = re.compile("[\uff01-\uff5e\u3000\u00a0\u2002\u2003\u2009\u202f\u205f\u2010-\u2013\u2212\ufe63\ufe6b]")
+# What is mapped: runs that start with a full-width digit, letter or @+-. , another dash or a wide
+# space (and go on through full-width colons and brackets: ２００１：ｄｂ８：：１).  Full-width
+# punctuation elsewhere (most Chinese text) is left alone: the patterns below accept （ ） as written.
+_SIGNIFICANT = "\uff10-\uff19\uff20-\uff3a\uff41-\uff5a\uff0b\uff0d\uff0e\u2010-\u2013\u2212\ufe63\ufe6b" \
+               "\u3000\u00a0\u2002\u2003\u2009\u202f\u205f"
+_MAPPED_RUN = re.compile(f"[{_SIGNIFICANT}][{_SIGNIFICANT}\uff1a\uff08\uff09]*")
 
 
 def normalise(text: str) -> str:
     """`text` with full-width forms, dashes and spaces in ASCII; the same length, offset for offset."""
-    return text.translate(_WIDE) if not text.isascii() and _NEEDS_MAP.search(text) else text
+    return text if text.isascii() else _MAPPED_RUN.sub(_map_run, text)
+
+
+def _map_run(m: re.Match) -> str:
+    return m.group().translate(_WIDE)
 
 
 # --- 2. the digit kinds: one alternation of bounded shapes -----------------------------------------
@@ -47,23 +57,23 @@ _RIGHT = r"(?![0-9A-Za-z_@])(?![.\-][0-9A-Za-z])"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _EXT = r"(?: ?(?:x|ext\.?|#|转|轉) ?[0-9]{1,5})?"  # an extension: 415-555-0132x123, 010-12345678转8001
 SHAPES = {  # kind family → the shapes it is written in (each bounded)
-    "plus": r"\+[1-9][0-9]{0,3}(?:[ \-.]?(?:\(0?[0-9]{1,4}\)|[0-9]{1,8})){1,5}" + _EXT,   # +86 …, +1 (415) …, +44 20 …
-    "intl": r"00[1-9][0-9]{0,3}(?:[ \-]?(?:\([0-9]{1,4}\)|[0-9]{1,8})){1,5}" + _EXT,        # 0086 138 …, 001-415-…
+    "plus": r"\+[1-9][0-9]{0,3}(?:[ \-.]?(?:[(\uff08]0?[0-9]{1,4}[)\uff09]|[0-9]{1,8})){1,5}" + _EXT,   # +86 …, +1 (415) …, +44 20 …
+    "intl": r"00[1-9][0-9]{0,3}(?:[ \-]?(?:[(\uff08][0-9]{1,4}[)\uff09]|[0-9]{1,8})){1,5}" + _EXT,        # 0086 138 …, 001-415-…
     "id": r"[1-9][0-9]{5}(?:18|19|20)[0-9]{2}[01][0-9][0-3][0-9][0-9]{3}[0-9Xx]"
           r"|[1-9][0-9]{5} (?:18|19|20)[0-9]{6} [0-9]{3}[0-9Xx]",
     "card": r"[1-8][0-9]{11,18}|[1-8][0-9]{3}(?P<cs>[ \-])[0-9]{4}(?P=cs)[0-9]{4}(?P=cs)[0-9]{1,4}(?:(?P=cs)[0-9]{1,3})?"
             r"|[1-8][0-9]{3}(?P<as>[ \-])[0-9]{6}(?P=as)[0-9]{4,5}",
-    "land": r"(?:\(0[1-9][0-9]{1,3}\)[ \-]?|0[1-9][0-9]{1,3}[ \-])[1-9][0-9]{2,3}[ \-]?[0-9]{4}(?:-[0-9]{1,5})?" + _EXT,
-    "nanp": r"(?:(?:1[ \-.])?(?:\([2-9][0-9]{2}\) ?[2-9][0-9]{2}[ \-.]?|[2-9][0-9]{2}(?P<ns>[ \-.])[2-9][0-9]{2}(?P=ns))[0-9]{4}"
+    "land": r"(?:[(\uff08]0[1-9][0-9]{1,3}[)\uff09][ \-]?|0[1-9][0-9]{1,3}[ \-])[1-9][0-9]{2,3}[ \-]?[0-9]{4}(?:-[0-9]{1,5})?" + _EXT,
+    "nanp": r"(?:(?:1[ \-.])?(?:[(\uff08][2-9][0-9]{2}[)\uff09] ?[2-9][0-9]{2}[ \-.]?|[2-9][0-9]{2}(?P<ns>[ \-.])[2-9][0-9]{2}(?P=ns))[0-9]{4}"
             r"|[2-9][0-9]{2}[2-9][0-9]{6})" + _EXT,
     "mobile": r"(?:86[ \-]?)?1[3-9][0-9](?:[0-9]{8}|(?P<ms>[ \-])[0-9]{4}(?P=ms)[0-9]{4}|[0-9]{4}[ \-][0-9]{4})",
     "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
 }
-_NUMBER = re.compile(rf"{_LEFT_PLUS}(?:{SHAPES['plus']}){_RIGHT}|{_LEFT}(?:"
-                     + "|".join(f"(?:{SHAPES[k]})" for k in ("id", "card", "intl", "land", "nanp", "mobile", "ipv4"))
-                     + f"){_RIGHT}")
+_ORDER = ("id", "card", "intl", "land", "nanp", "mobile", "ipv4")  # the first that fits is the match's shape
+_NUMBER = re.compile(rf"{_LEFT_PLUS}(?P<plus>{SHAPES['plus']}){_RIGHT}|{_LEFT}(?:"
+                     + "|".join(f"(?P<{k}>{SHAPES[k]})" for k in _ORDER) + f"){_RIGHT}")
+_HINT = re.compile("[0-9+(\uff08][0-9 ()+.\\-\uff08\uff09]{6,}+")
 _FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
-_PHONE_SHAPES = ("plus", "intl", "land", "nanp", "mobile")
 _NON_DIGIT = re.compile(r"[^0-9]")
 _EXTENSION = re.compile(r" ?(?:x|ext\.?|#|转|轉) ?[0-9]{1,5}$")
 # Ten digits written solid (4155550132) are a phone number only after a word that says so.
@@ -90,6 +100,7 @@ _PROVINCES = frozenset({11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 
                         50, 51, 52, 53, 54, 61, 62, 63, 64, 65, 71, 81, 82})
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 _ID_CHECK = "10X98765432"
+_TODAY = datetime.date.today()  # birth dates after it are not real (read once: a run does not span years)
 
 
 def id_check_char(first17: str) -> str:
@@ -107,7 +118,7 @@ def valid_resident_id(number: str) -> bool:
         born = datetime.date(int(number[6:10]), int(number[10:12]), int(number[12:14]))
     except ValueError:
         return False
-    return born <= datetime.date.today() and id_check_char(number[:17]) == number[17].upper()
+    return born <= _TODAY and id_check_char(number[:17]) == number[17].upper()
 
 
 def luhn_ok(digits: str) -> bool:
@@ -132,8 +143,13 @@ _ISSUERS = (("visa", 4, 4), ("mastercard", 51, 55), ("mastercard", 2221, 2720), 
 
 def card_issuer(digits: str) -> str | None:
     """The network whose issuer range (IIN) the number is in, else None."""
+    return _issuer(digits[:4])
+
+
+@functools.lru_cache(maxsize=None)
+def _issuer(prefix: str) -> str | None:
     for network, low, high in _ISSUERS:
-        if low <= int(digits[:len(str(low))]) <= high:
+        if low <= int(prefix[:len(str(low))]) <= high:
             return network
     return None
 
@@ -158,9 +174,29 @@ def public_ip(candidate: str) -> bool:
     return addr.is_global and not addr.is_multicast
 
 
+# IPv4 ranges that are not globally routable (RFC 6890's special-purpose registry), multicast and reserved.
+# Keyed by first octet: (network >> shift, shift) of each range that starts with it.
+_NOT_GLOBAL_V4: dict[int, list[tuple[int, int]]] = {}
+for _net in map(ipaddress.IPv4Network, (
+        "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.0.0.0/24",
+        "192.0.2.0/24", "192.31.196.0/24", "192.52.193.0/24", "192.88.99.0/24", "192.168.0.0/16", "192.175.48.0/24",
+        "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", *(f"{a}.0.0.0/8" for a in range(224, 256)))):
+    _NOT_GLOBAL_V4.setdefault(int(_net.network_address) >> 24, []).append(
+        (int(_net.network_address) >> (32 - _net.prefixlen), 32 - _net.prefixlen))
+
+
+def _public_v4(quad: str) -> bool:
+    a, b, c, d = map(int, quad.split("."))
+    ranges = _NOT_GLOBAL_V4.get(a)
+    if not ranges:
+        return True
+    value = a << 24 | b << 16 | c << 8 | d
+    return not any(value >> shift == net for net, shift in ranges)
+
+
 def _ip4_ok(text: str, start: int, end: int) -> bool:
     quad = text[start:end]
-    if not public_ip(quad) or _VERSION_BEFORE.search(text, max(0, start - 12), start) \
+    if not _public_v4(quad) or _VERSION_BEFORE.search(text, max(0, start - 12), start) \
             or _SECTION_BEFORE.search(text, max(0, start - 12), start) or _SECTION_AFTER.match(text, end, end + 3):
         return False
     if sum(len(o) > 1 for o in quad.split(".")) >= 2:
@@ -211,54 +247,60 @@ class PiiFinder:
 
     # -- digit kinds ---------------------------------------------------------------------------
     def _numbers(self, text: str):
-        pos = 0
-        while m := _NUMBER.search(text, pos):
-            start, end = m.span()
-            kind = self._classify(text, start, end)
-            if kind is None and " " in text[start:end]:
-                # A space-separated group after the item that belongs to other text ("+86 138 1234 5678
-                # 2024"): try without the last group, then the last two.
-                cut = end
-                for _ in range(2):
-                    cut = text.rfind(" ", start, cut)
-                    if cut == -1:
-                        break
-                    if kind := self._classify(text, start, cut):
-                        end = cut
-                        break
-            if kind:
-                yield start, end, kind
-                pos = end
-            else:  # or one before it ("2024 4111 1111 1111 1111"): go on from the next group
-                space = text.find(" ", start, end)
-                pos = space + 1 if space != -1 else end
+        # Where a digit kind can be: a run of 7 or more of its characters (the shortest, an IPv4
+        # address, has 7).  This scan starts with a character class, so the engine skips the other
+        # characters fast; the full pattern then runs only inside those runs (and 16 characters on,
+        # for an extension or the look-ahead at its end).
+        for run in _HINT.finditer(text):
+            pos, run_end = run.start(), run.end()
+            while pos < run_end and (m := _NUMBER.search(text, pos, run_end + 16)):
+                start, end = m.span()
+                if start >= run_end:
+                    break
+                kind = self._classify(text, start, end, m.lastgroup)
+                if kind is None and " " in text[start:end]:
+                    # A space-separated group after the item that belongs to other text ("+86 138 1234 5678
+                    # 2024"): try without the last group, then the last two.
+                    cut = end
+                    for _ in range(2):
+                        cut = text.rfind(" ", start, cut)
+                        if cut == -1:
+                            break
+                        if kind := self._classify(text, start, cut):
+                            end = cut
+                            break
+                if kind:
+                    yield start, end, kind
+                    pos = end
+                else:  # or one before it ("2024 4111 1111 1111 1111"): go on from the next group
+                    space = text.find(" ", start, end)
+                    pos = space + 1 if space != -1 else end
 
-    def _classify(self, text: str, start: int, end: int) -> str | None:
+    def _classify(self, text: str, start: int, end: int, shape: str | None = None) -> str | None:
+        """The kind of text[start:end] (written in `shape`, when the scan knows it), or None."""
         c = text[start:end]
-        kinds = self._digit_kinds
-        if _FULL["ipv4"].fullmatch(c):
-            return "ip" if "ip" in kinds and _ip4_ok(text, start, end) else None
+        if shape == "ipv4" or (shape is None and _FULL["ipv4"].fullmatch(c)):
+            return "ip" if "ip" in self._digit_kinds and _ip4_ok(text, start, end) else None
         if _NOT_PERSONAL.search(text, max(0, start - 20), start):
             return None
-        ext = _EXTENSION.search(c) if c[-1].isdigit() else None
-        digits = _NON_DIGIT.sub("", c[:ext.start()] if ext else c)
-        if c[-1] in "Xx" and not ext or len(digits) == 18:
-            number = digits + c[-1].upper() if c[-1] in "Xx" else digits
-            if "id" in kinds and _FULL["id"].fullmatch(c) and valid_resident_id(number):
-                return "id"
-            if c[-1] in "Xx":
-                return None
+        ext = _EXTENSION.search(c) if c[-1].isdigit() and not c.isdigit() else None
+        core = c[:ext.start()] if ext else c
+        digits = _NON_DIGIT.sub("", core)
         money = _MONEY_BEFORE.search(text, max(0, start - 5), start) or _MONEY_AFTER.match(text, end, end + 4)
-        if money:
-            return None
-        if "card" in kinds and 12 <= len(digits) <= 19 and not ext and _FULL["card"].fullmatch(c) and valid_card(digits):
-            return "card"
-        if "phone" in kinds:
-            for shape in _PHONE_SHAPES:
-                if _FULL[shape].fullmatch(c):
-                    if shape == "nanp" and c.isdigit() and not _PHONE_WORD.search(text, max(0, start - 24), start):
-                        return None
-                    return "phone" if _phone_ok(shape, c[:ext.start()] if ext else c, digits) else None
+        for candidate in ((shape,) if shape else ()) + _ORDER[:-1]:
+            if candidate != shape and not _FULL[candidate].fullmatch(c):
+                continue
+            if candidate == "id":
+                if "id" in self._digit_kinds and valid_resident_id(digits + c[-1].upper() if c[-1] in "Xx" else digits):
+                    return "id"
+            elif money:
+                return None
+            elif candidate == "card":
+                if "card" in self._digit_kinds and not ext and valid_card(digits):
+                    return "card"
+            elif "phone" in self._digit_kinds and _phone_ok(candidate, core, digits) and not (
+                    candidate == "nanp" and c.isdigit() and not _PHONE_WORD.search(text, max(0, start - 24), start)):
+                return "phone"
         return None
 
     # -- e-mail ----------------------------------------------------------------------------------
@@ -322,7 +364,7 @@ def valid_ipv6(candidate: str) -> bool:
         addr = ipaddress.IPv6Address(candidate)
     except ValueError:
         return False
-    if not public_ip(str(addr)):
+    if not (_public_v4(str(addr.ipv4_mapped)) if addr.ipv4_mapped else addr.is_global and not addr.is_multicast):
         return False
     groups = candidate.split("%")[0].split(":")
     return addr in _GLOBAL_UNICAST or sum(1 + ("." in g) for g in groups if g) >= 3
