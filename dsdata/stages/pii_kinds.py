@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import functools
 import ipaddress
+import operator
 import re
 
 PII_TYPES = ("email", "ip", "phone", "id", "card")
@@ -70,8 +71,16 @@ SHAPES = {  # kind family → the shapes it is written in (each bounded)
     "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
 }
 _ORDER = ("id", "card", "intl", "land", "nanp", "mobile", "ipv4")  # the first that fits is the match's shape
-_NUMBER = re.compile(rf"{_LEFT_PLUS}(?P<plus>{SHAPES['plus']}){_RIGHT}|{_LEFT}(?:"
-                     + "|".join(f"(?P<{k}>{SHAPES[k]})" for k in _ORDER) + f"){_RIGHT}")
+_SHAPES_OF = {"ip": ("ipv4",), "id": ("id",), "card": ("card",), "phone": ("plus", "intl", "land", "nanp", "mobile")}
+
+
+@functools.lru_cache(maxsize=None)
+def _number_pattern(kinds: frozenset) -> re.Pattern:
+    """One alternation of the shapes of the chosen digit kinds, each a named group."""
+    shapes = {shape for kind in kinds for shape in _SHAPES_OF[kind]}
+    rest = "|".join(f"(?P<{k}>{SHAPES[k]})" for k in _ORDER if k in shapes)
+    plus = rf"{_LEFT_PLUS}(?P<plus>{SHAPES['plus']}){_RIGHT}" if "plus" in shapes else ""
+    return re.compile("|".join(p for p in (plus, rf"{_LEFT}(?:{rest}){_RIGHT}" if rest else "") if p))
 _HINT = re.compile("[0-9+(\uff08][0-9 ()+.\\-\uff08\uff09]{6,}+")
 _FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
 _NON_DIGIT = re.compile(r"[^0-9]")
@@ -83,6 +92,8 @@ _PHONE_WORD = re.compile(r"(?:phone|tel|call|mobile|cell|fax|dial|contact|电话
 # Labels that name a number which is not personal data, within 20 characters before it.
 _NOT_PERSONAL = re.compile(r"(?<![A-Za-z])(?:ISBN|ISSN|DOI|order|invoice|tracking|serial|SKU|订单|单号|运单|快递单|发票|序列号)"
                            r"(?:\s*(?:no|nr|number|num|id|code)\.?)?[^0-9A-Za-z]{0,6}$", re.IGNORECASE)
+_LABEL_WORDS = re.compile("isbn|issn|doi|order|invoice|tracking|serial|sku|订单|单号|运单|快递单|发票|序列号")  # a fast first look
+_MONEY_CHARS = frozenset("$¥￥€£rmbcnyusdhkeRMBCNYUSDHKE元块万亿美人円%‰")
 _MONEY_BEFORE = re.compile(r"(?:[$¥￥€£]|RMB|CNY|USD|HKD|EUR)\s*$", re.IGNORECASE)
 _MONEY_AFTER = re.compile(r"\s*(?:元|块|万|亿|美元|人民币|円|%|‰)")
 # A dotted quad that numbers a section or a version is not an address.
@@ -105,7 +116,7 @@ _TODAY = datetime.date.today()  # birth dates after it are not real (read once: 
 
 def id_check_char(first17: str) -> str:
     """ISO 7064 MOD 11-2 check character of an identity number's first 17 digits."""
-    return _ID_CHECK[sum(int(d) * w for d, w in zip(first17, _ID_WEIGHTS)) % 11]
+    return _ID_CHECK[sum(map(operator.mul, map(int, first17), _ID_WEIGHTS)) % 11]
 
 
 def valid_resident_id(number: str) -> bool:
@@ -121,14 +132,12 @@ def valid_resident_id(number: str) -> bool:
     return born <= _TODAY and id_check_char(number[:17]) == number[17].upper()
 
 
+_DOUBLED = {str(d): d * 2 - 9 if d > 4 else d * 2 for d in range(10)}
+
+
 def luhn_ok(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = ord(ch) - 48
-        if i % 2:
-            d = d * 2 - 9 if d > 4 else d * 2
-        total += d
-    return total % 10 == 0
+    backwards = digits[::-1]
+    return (sum(map(int, backwards[::2])) + sum(map(_DOUBLED.__getitem__, backwards[1::2]))) % 10 == 0
 
 
 # Issuer identification ranges: (network, first digits from, to, lengths).  A number is a card when it
@@ -232,7 +241,10 @@ class PiiFinder:
 
     def __init__(self, types: tuple[str, ...] = PII_TYPES):
         self.types = tuple(t for t in PII_TYPES if t in types)
-        self._digit_kinds = {"ip", "phone", "id", "card"} & set(self.types)
+        self._digit_kinds = frozenset({"ip", "phone", "id", "card"} & set(self.types))
+        if self._digit_kinds:
+            self._number = _number_pattern(self._digit_kinds)
+            self._shapes = tuple(k for k in _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
 
     def find(self, text: str) -> list[tuple[int, int, str]]:
         norm = normalise(text)
@@ -253,7 +265,7 @@ class PiiFinder:
         # for an extension or the look-ahead at its end).
         for run in _HINT.finditer(text):
             pos, run_end = run.start(), run.end()
-            while pos < run_end and (m := _NUMBER.search(text, pos, run_end + 16)):
+            while pos < run_end and (m := self._number.search(text, pos, run_end + 16)):
                 start, end = m.span()
                 if start >= run_end:
                     break
@@ -281,13 +293,16 @@ class PiiFinder:
         c = text[start:end]
         if shape == "ipv4" or (shape is None and _FULL["ipv4"].fullmatch(c)):
             return "ip" if "ip" in self._digit_kinds and _ip4_ok(text, start, end) else None
-        if _NOT_PERSONAL.search(text, max(0, start - 20), start):
+        before = text[max(0, start - 20):start].lower()
+        if _LABEL_WORDS.search(before) and _NOT_PERSONAL.search(before):
             return None
-        ext = _EXTENSION.search(c) if c[-1].isdigit() and not c.isdigit() else None
+        solid = c.isdigit()
+        ext = _EXTENSION.search(c) if not solid and c[-1].isdigit() else None
         core = c[:ext.start()] if ext else c
-        digits = _NON_DIGIT.sub("", core)
-        money = _MONEY_BEFORE.search(text, max(0, start - 5), start) or _MONEY_AFTER.match(text, end, end + 4)
-        for candidate in ((shape,) if shape else ()) + _ORDER[:-1]:
+        digits = c if solid else _NON_DIGIT.sub("", core)
+        money = (not _MONEY_CHARS.isdisjoint(before[-5:]) and _MONEY_BEFORE.search(before[-5:])) or (
+            not _MONEY_CHARS.isdisjoint(text[end:end + 4]) and _MONEY_AFTER.match(text, end, end + 4))
+        for candidate in ((shape,) if shape else ()) + self._shapes:
             if candidate != shape and not _FULL[candidate].fullmatch(c):
                 continue
             if candidate == "id":
@@ -299,7 +314,7 @@ class PiiFinder:
                 if "card" in self._digit_kinds and not ext and valid_card(digits):
                     return "card"
             elif "phone" in self._digit_kinds and _phone_ok(candidate, core, digits) and not (
-                    candidate == "nanp" and c.isdigit() and not _PHONE_WORD.search(text, max(0, start - 24), start)):
+                    candidate == "nanp" and solid and not _PHONE_WORD.search(text, max(0, start - 24), start)):
                 return "phone"
         return None
 
@@ -395,6 +410,8 @@ def valid_mail_domain(domain: str) -> bool:
 def _claim(spans: list, found) -> list:
     """`spans` (sorted, non-overlapping) with each of `found` (sorted) that overlaps none of them: the
     kinds claimed first win.  One merge, linear in both."""
+    if not spans:
+        return list(found)
     out, i, taken = [], 0, len(spans)
     for span in found:
         while i < taken and spans[i][1] <= span[0]:
