@@ -111,7 +111,8 @@ _PROVINCES = frozenset({11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 
                         50, 51, 52, 53, 54, 61, 62, 63, 64, 65, 71, 81, 82})
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 _ID_CHECK = "10X98765432"
-_TODAY = datetime.date.today()  # birth dates after it are not real (read once: a run does not span years)
+_TODAY = datetime.date.today().timetuple()[:3]  # birth dates after it are not real (read once per process)
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
 def id_check_char(first17: str) -> str:
@@ -125,11 +126,11 @@ def valid_resident_id(number: str) -> bool:
     if len(number) != 18 or not number[:17].isdigit() or number[17] not in "0123456789Xx" \
             or int(number[:2]) not in _PROVINCES or number[6:8] not in ("19", "20"):
         return False
-    try:
-        born = datetime.date(int(number[6:10]), int(number[10:12]), int(number[12:14]))
-    except ValueError:
+    year, month, day = int(number[6:10]), int(number[10:12]), int(number[12:14])
+    if not (1 <= month <= 12 and 1 <= day <= _MONTH_DAYS[month - 1]) or (year, month, day) > _TODAY \
+            or (month == 2 and day == 29 and not (year % 4 == 0 and (year % 100 != 0 or year % 400 == 0))):
         return False
-    return born <= _TODAY and id_check_char(number[:17]) == number[17].upper()
+    return id_check_char(number[:17]) == number[17].upper()
 
 
 _DOUBLED = {str(d): d * 2 - 9 if d > 4 else d * 2 for d in range(10)}
@@ -244,7 +245,7 @@ class PiiFinder:
         self._digit_kinds = frozenset({"ip", "phone", "id", "card"} & set(self.types))
         if self._digit_kinds:
             self._number = _number_pattern(self._digit_kinds)
-            self._shapes = tuple(k for k in _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
+            self._shapes = tuple(k for k in ("plus",) + _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
 
     def find(self, text: str) -> list[tuple[int, int, str]]:
         norm = normalise(text)
