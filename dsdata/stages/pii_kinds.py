@@ -252,7 +252,7 @@ class PiiFinder:
         spans: list[tuple[int, int, str]] = []
         if "email" in self.types and "@" in norm:
             spans = list(self._emails(norm))
-        if "ip" in self.types and ":" in norm:
+        if "ip" in self.types and ("::" in norm or norm.count(":") >= 7):  # an IPv6 address has one or the other
             spans = _claim(spans, self._ipv6(norm, text))
         if self._digit_kinds:
             spans = _claim(spans, self._numbers(norm))
@@ -369,6 +369,10 @@ _V6_RUN = re.compile(r"[0-9A-Fa-f:.]*+")
 _V6_RUN_REVERSED = re.compile(r"[0-9A-Fa-f:.]{0,46}+")
 _V6_ZONE = re.compile(r"%[0-9A-Za-z_\-]{1,16}+")
 _GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+# IPv6 ranges that are not globally routable (Python's is_private list for IPv6) and multicast.
+_NOT_GLOBAL_V6 = tuple((int(n.network_address) >> (128 - n.prefixlen), 128 - n.prefixlen) for n in map(ipaddress.IPv6Network, (
+    "::1/128", "::/128", "100::/64", "2001::/23", "2001:2::/48", "2001:db8::/32", "2001:10::/28", "fc00::/7", "fe80::/10",
+    "ff00::/8")))
 
 
 def valid_ipv6(candidate: str) -> bool:
@@ -380,7 +384,10 @@ def valid_ipv6(candidate: str) -> bool:
         addr = ipaddress.IPv6Address(candidate)
     except ValueError:
         return False
-    if not (_public_v4(str(addr.ipv4_mapped)) if addr.ipv4_mapped else addr.is_global and not addr.is_multicast):
+    if addr.ipv4_mapped:
+        return _public_v4(str(addr.ipv4_mapped))
+    value = int(addr)
+    if any(value >> shift == net for net, shift in _NOT_GLOBAL_V6):
         return False
     groups = candidate.split("%")[0].split(":")
     return addr in _GLOBAL_UNICAST or sum(1 + ("." in g) for g in groups if g) >= 3
