@@ -13,7 +13,8 @@ import pytest
 from dsdata.beam.pipeline import run_recipe
 from dsdata.document import Document, Rejected
 from dsdata.recipe import load_recipe
-from dsdata.stages.pii import PiiFinder, PiiStage, id_check_char, luhn_ok, valid_card, valid_resident_id
+from dsdata.stages.pii import PiiStage
+from dsdata.stages.pii_kinds import PiiFinder, id_check_char, luhn_ok, valid_card, valid_resident_id
 
 
 def _resident_id(rng: random.Random) -> str:

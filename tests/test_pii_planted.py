@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dsdata.stages.pii import PiiFinder
+from dsdata.stages.pii_kinds import PiiFinder
 from pii_planted import KINDS, SANITY, Generator, score
 
 

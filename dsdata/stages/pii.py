@@ -19,8 +19,7 @@ import pyarrow as pa
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import DocumentStage, Param
 from dsdata.stages.params import Choice, ListOf
-from dsdata.stages.pii_kinds import (PII_TYPES, TOKENS, PiiFinder, id_check_char, luhn_ok, normalise,  # noqa: F401
-                                     valid_card, valid_resident_id)
+from dsdata.stages.pii_kinds import PII_TYPES, TOKENS, PiiFinder
 
 COUNTS = "pii_counts"
 
