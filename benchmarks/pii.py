@@ -1,16 +1,19 @@
-"""PII throughput: dsdata's `pii` stage side by side with datatrove's PIIFormatter on the same documents.
+"""PII: dsdata's `pii` stage side by side with datatrove's PIIFormatter on the same documents —
+recall and precision per kind, and documents per CPU-second.
 
-    python benchmarks/pii.py            # ~1 minute on 2 busy cores
+    python benchmarks/pii.py            # ~2 minutes on 2 busy cores
 
-Documents: the real paragraphs of ../shared/data/prose-en.txt, prose-zh.txt and langid-dev.jsonl
-(pipelines/samples when absent), with e-mail addresses, IPv4 addresses, mainland mobiles, identity
-and card numbers planted in --planted of them.  datatrove's formatter finds e-mail and IPv4
-addresses only, so dsdata runs twice: `types: [email, ip]` (the like-for-like figure, "per_core")
-and with every type (e-mail, IPv4/IPv6, phones, identity numbers, bank cards: "per_core_all_types").
-Each side runs in its own child process (datatrove in the peers' venv, benchmarks/peer_venv.py) and
-times its loop over the documents with process_time (CPU seconds, one core); interleaved --repeat
-times, medians.  The redactions each side made are counted (datatrove replaces with example
-addresses, dsdata with <EMAIL>/<IP>/…).  The last line printed is one JSON object.
+Two corpora:
+  dense  held-out style documents from tests/pii_planted.py: real en/zh paragraphs (Faker text when
+         ../shared/data is absent) with 3 items of PII (e-mail, IPv4/IPv6, phones, identity and card
+         numbers, made by Faker en_US/zh_CN and independent templates) and 2 hard negatives each
+  clean  the real paragraphs of ../shared/data (prose-en, prose-zh, langid-dev) as they are
+Both sides redact and hand back their output texts; a planted item counts as found when its value is
+gone from the output, a hard negative as a false positive when it is gone.  datatrove's formatter
+knows e-mail and IPv4 only, so dsdata runs twice: `types: [email, ip]` (like for like) and with every
+kind.  Each side runs in its own child process (datatrove in the peers' venv, benchmarks/peer_venv.py)
+and times its loop with process_time (CPU seconds, one core); interleaved --repeat times, medians.
+The last line printed is one JSON object.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ import peer_venv  # noqa: E402
 from decontaminate import SHARED  # noqa: E402
 
 REPO = peer_venv.REPO
+sys.path.insert(0, str(REPO / "tests"))
+from pii_planted import KINDS, Generator  # noqa: E402
 
 _DSDATA = r"""
 import json, sys, time
@@ -34,13 +39,12 @@ from dsdata.document import Document
 from dsdata.stages.pii import PiiStage
 job = json.loads(sys.argv[1])
 stage = PiiStage(mode="redact", types=job["types"])
-docs = [Document(d["id"], d["text"]) for d in map(json.loads, open(job["docs"], encoding="utf-8"))]
+docs = [Document(str(i), t) for i, t in enumerate(json.load(open(job["docs"], encoding="utf-8")))]
 t = time.process_time()
-found = {}
-for doc in docs:
-    for kind, n in stage.process(doc).annotations["pii_counts"].items():
-        found[kind] = found.get(kind, 0) + n
-print(json.dumps({"cpu_s": time.process_time() - t, "found": found}))
+out = [stage.process(doc).text for doc in docs]
+cpu = time.process_time() - t
+json.dump(out, open(job["out"], "w", encoding="utf-8"), ensure_ascii=False)
+print(json.dumps({"cpu_s": cpu}))
 """
 
 _DATATROVE = r"""
@@ -48,10 +52,12 @@ import json, sys, time
 from datatrove.pipeline.formatters import PIIFormatter
 job = json.loads(sys.argv[1])
 fmt = PIIFormatter()
-texts = [d["text"] for d in map(json.loads, open(job["docs"], encoding="utf-8"))]
+texts = json.load(open(job["docs"], encoding="utf-8"))
 t = time.process_time()
-changed = sum(fmt.format(text) != text for text in texts)
-print(json.dumps({"cpu_s": time.process_time() - t, "changed_docs": changed}))
+out = [fmt.format(text) for text in texts]
+cpu = time.process_time() - t
+json.dump(out, open(job["out"], "w", encoding="utf-8"), ensure_ascii=False)
+print(json.dumps({"cpu_s": cpu}))
 """
 
 
@@ -68,60 +74,66 @@ def real_texts() -> list[str]:
     return texts
 
 
-def planted_value(rng: random.Random) -> str:
-    kind = rng.randrange(5)
-    if kind == 0:
-        return f"user{rng.randrange(1000)}@example{rng.randrange(9)}.com"
-    if kind == 1:
-        return f"{rng.randrange(11, 200)}.{rng.randrange(10, 250)}.{rng.randrange(250)}.{rng.randrange(1, 250)}"
-    if kind == 2:
-        return f"1{rng.choice('3589')}{rng.randrange(10**8, 10**9)}"
-    if kind == 3:
-        return "11010519491231002X"
-    return "4539 1488 0343 6467"
+def scores(corpus, outputs: list[str]) -> dict:
+    """Recall per kind (value gone from the output) and precision against the hard negatives."""
+    found: dict[str, list[int]] = {k: [0, 0] for k in KINDS}
+    fp = 0
+    for (_, planted), out in zip(corpus, outputs):
+        for p in planted:
+            gone = p.value not in out
+            if p.kind is None:
+                fp += gone
+            else:
+                found[p.kind][0] += gone
+                found[p.kind][1] += 1
+    tp = sum(a for a, _ in found.values())
+    return {"recall": round(tp / sum(n for _, n in found.values()), 3),
+            "recall_per_kind": {k: round(a / n, 3) for k, (a, n) in found.items()},
+            "precision": round(tp / (tp + fp), 3) if tp + fp else 1.0, "false_positives": fp}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--docs", type=int, default=20000)
-    ap.add_argument("--planted", type=float, default=0.1)
+    ap.add_argument("--dense", type=int, default=3000, help="held-out style documents with planted PII")
+    ap.add_argument("--clean", type=int, default=10000, help="real paragraphs as they are")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
     py = peer_venv.python()
-    rng = random.Random(0)
+    corpus = Generator(20261206, SHARED if SHARED.is_dir() else None).corpus(args.dense)
     texts = real_texts()
+    clean = [texts[i % len(texts)] for i in range(args.clean)]
+    random.Random(0).shuffle(clean)
+    sides = {"dsdata_email_ip": ["email", "ip"], "dsdata_all_kinds": list(KINDS), "datatrove": None}
+    speed: dict[str, dict[str, float]] = {}
+    quality: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="pii-bench-") as tmp:
-        docs_path = Path(tmp) / "docs.jsonl"
-        chars = 0
-        with open(docs_path, "w", encoding="utf-8") as fh:
-            for i in range(args.docs):
-                text = texts[i % len(texts)]
-                if rng.random() < args.planted:
-                    cut = text.rfind(" ", 0, len(text) // 2) + 1
-                    text = f"{text[:cut]}{planted_value(rng)} {text[cut:]}"
-                chars += len(text)
-                fh.write(json.dumps({"id": f"d{i}", "text": text}, ensure_ascii=False) + "\n")
-        runs: dict[str, list[dict]] = {"dsdata": [], "dsdata_all_types": [], "datatrove": []}
-        for _ in range(args.repeat):
-            for name, types in (("dsdata", ["email", "ip"]), ("dsdata_all_types", ["email", "ip", "phone", "id", "card"])):
-                job = {"docs": str(docs_path), "types": types}
-                proc, _, _ = peer_venv.timed_child([sys.executable, "-c", _DSDATA, json.dumps(job)], cwd=str(REPO),
-                                                   env=peer_venv.dsdata_env())
-                runs[name].append(peer_venv.last_json(proc.stdout))
-            proc, _, _ = peer_venv.timed_child([str(py), "-c", _DATATROVE, json.dumps({"docs": str(docs_path)})], cwd=tmp)
-            runs["datatrove"].append(peer_venv.last_json(proc.stdout))
-    speed = {name: args.docs / statistics.median(r["cpu_s"] for r in rs) for name, rs in runs.items()}
-    for name in runs:
-        extra = runs[name][0].get("found") or {"documents changed": runs[name][0]["changed_docs"]}
-        print(f"{name:17s} {speed[name]:>10.1f} docs/CPU-s  {extra}")
-    ratio = round(speed["dsdata"] / speed["datatrove"], 2)
-    ratio_all = round(speed["dsdata_all_types"] / speed["datatrove"], 2)
-    print(f"per core: dsdata (email+ip) / datatrove = {ratio}x; dsdata (all five types) / datatrove = {ratio_all}x "
-          f"({args.docs} documents, {chars / args.docs:.0f} characters each on average, median of {args.repeat})")
-    print(json.dumps({"benchmark": "pii", "documents": args.docs, "per_core": ratio, "per_core_all_types": ratio_all,
-                      **{f"{name}_docs_per_cpu_s": round(v, 1) for name, v in speed.items()},
-                      "dsdata_found": runs["dsdata_all_types"][0]["found"],
-                      "datatrove_changed_docs": runs["datatrove"][0]["changed_docs"]}))
+        for name, docs in (("dense", [t for t, _ in corpus]), ("clean", clean)):
+            path = Path(tmp) / f"{name}.json"
+            path.write_text(json.dumps(docs, ensure_ascii=False), encoding="utf-8")
+            cpu: dict[str, list[float]] = {side: [] for side in sides}
+            for _ in range(args.repeat):
+                for side, types in sides.items():
+                    job = {"docs": str(path), "out": str(Path(tmp) / f"{name}-{side}.out.json"), "types": types}
+                    cmd = [str(py), "-c", _DATATROVE] if types is None else [sys.executable, "-c", _DSDATA]
+                    proc, _, _ = peer_venv.timed_child([*cmd, json.dumps(job)], cwd=str(REPO) if types else tmp,
+                                                       **({"env": peer_venv.dsdata_env()} if types else {}))
+                    cpu[side].append(peer_venv.last_json(proc.stdout)["cpu_s"])
+                    if name == "dense" and side not in quality:
+                        quality[side] = scores(corpus, json.loads(Path(job["out"]).read_text(encoding="utf-8")))
+            speed[name] = {side: round(len(docs) / statistics.median(v), 1) for side, v in cpu.items()}
+    print(f"{'':18s}{'recall':>8s}{'precision':>10s}  " + "".join(f"{k:>7s}" for k in KINDS)
+          + f"{'dense docs/CPU-s':>18s}{'clean docs/CPU-s':>18s}")
+    for side in sides:
+        q = quality[side]
+        print(f"{side:18s}{q['recall']:>8.3f}{q['precision']:>10.3f}  "
+              + "".join(f"{q['recall_per_kind'][k]:>7.3f}" for k in KINDS)
+              + f"{speed['dense'][side]:>18.1f}{speed['clean'][side]:>18.1f}")
+    ratios = {f"{name}_{side}_vs_datatrove": round(speed[name][side] / speed[name]["datatrove"], 2)
+              for name in speed for side in ("dsdata_email_ip", "dsdata_all_kinds")}
+    print(f"documents per CPU-second, dsdata / datatrove (median of {args.repeat}): "
+          + ", ".join(f"{k} {v}x" for k, v in ratios.items()))
+    print(json.dumps({"benchmark": "pii", "dense_documents": args.dense, "clean_documents": args.clean, **ratios,
+                      "docs_per_cpu_s": speed, "quality_dense": quality}, ensure_ascii=False))
     return 0
 
 
