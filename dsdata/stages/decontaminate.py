@@ -29,6 +29,7 @@ import os
 import re
 import threading
 import unicodedata
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,15 +42,22 @@ from dsdata.stages.rules import CJK_CHARS
 # A CJK character alone, or a run of letters/digits of other scripts (no underscore: `a_b` is two).
 TOKEN_RE = re.compile(f"[{CJK_CHARS}]|(?:(?![{CJK_CHARS}])[^\\W_])+")
 _CJK_RE = re.compile(f"[{CJK_CHARS}]")
+# An English clitic (s, t, re, ll, ve, d, m) joins the word before it across an apostrophe or spaces:
+# "don't", "dont" and "don t" are one token, whichever a copy of the text was given.
+_CLITIC_RE = re.compile(r"(?<=[a-z])(?:['\u2019\u02bc\u0060\u00b4]\s*|\s+)(?=(?:s|t|re|ll|ve|d|m)(?![^\W_]))")
 # Odd 64-bit multiplier of the polynomial n-gram hash (wraps modulo 2**64).
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 # The annotation (and stats.json tally) naming the benchmark a rejected document matched.
 TALLY = "decontaminate_benchmark"
+# The stage's note in stats.json (stage_stats.decontaminate.notes, shown by the report): the most
+# shared of the n-grams the document-frequency cap set aside, with the documents holding each.
+CAPPED_NOTE = "n-grams shared by more than max_doc_frequency documents (not used to reject)"
+CAPPED_LISTED = 50
 
 
 def tokens(text: str) -> list[str]:
     """Decontamination tokens of `text`: NFKC, case-folded, CJK characters and other words."""
-    return TOKEN_RE.findall(unicodedata.normalize("NFKC", text).casefold())
+    return TOKEN_RE.findall(_CLITIC_RE.sub("", unicodedata.normalize("NFKC", text).casefold()))
 
 
 def window_hashes(toks: list[str], lengths) -> dict[int, np.ndarray]:
@@ -83,6 +91,16 @@ def ngram_hashes(toks: list[str], n: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class Match:
+    """One benchmark n-gram found in a document: its tokens as text, its benchmark, its length."""
+
+    key: str
+    benchmark: str
+    n: int
+    at: int  # the token position of its first occurrence in the document
+
+
+@dataclass(frozen=True)
 class BenchmarkIndex:
     """Sorted n-gram hashes of every benchmark and, for each, the benchmark (file) it came from."""
 
@@ -101,53 +119,99 @@ class BenchmarkIndex:
         hit = np.flatnonzero(self.hashes[pos] == doc_hashes)
         return int(hit[0]) if len(hit) else None
 
+    def all_matches(self, doc_hashes: np.ndarray) -> np.ndarray:
+        """Positions in `doc_hashes` of every hash in the index."""
+        if not len(doc_hashes) or not len(self.hashes):
+            return np.empty(0, dtype=np.int64)
+        pos = np.searchsorted(self.hashes, doc_hashes)
+        pos[pos == len(self.hashes)] = 0
+        return np.flatnonzero(self.hashes[pos] == doc_hashes)
+
     def benchmark_of(self, h: np.uint64) -> str:
         return self.names[int(self.source[np.searchsorted(self.hashes, h)])]
 
 
-def _open_text(path: str):
-    if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+# A benchmark line longer than this is not an item but a file that is not line-based text (or a
+# decompression bomb): refused rather than read whole into memory.
+MAX_LINE_BYTES = 16 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _strings(value, out: list[str]) -> None:
-    if isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, list):
-        for v in value:
-            _strings(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _strings(v, out)
+    # Iterative: a JSON value nested as deep as the parser allows does not exhaust Python's stack here.
+    stack = [value]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, list):
+            stack.extend(reversed(value))
+        elif isinstance(value, dict):
+            stack.extend(reversed(list(value.values())))
+
+
+def _lines(path: str):
+    """(line number, text) of a benchmark file, `.gz` decompressed; StageConfigError, one line, for a
+    file that is not UTF-8 text: binary (a NUL byte, or bytes that are not UTF-8), a `.gz` that is not
+    gzip or is truncated, a plain file that is really gzip, a line over MAX_LINE_BYTES."""
+    def bad(why: str) -> StageConfigError:
+        return StageConfigError(f"decontaminate: benchmark {path} {why}: it must be UTF-8 text "
+                                f"(.jsonl/.ndjson or one item per line, optionally .gz)")
+
+    with open(path, "rb") as raw:
+        gz = path.endswith(".gz")
+        if not gz and raw.read(2) == _GZIP_MAGIC:
+            raise bad("is gzip-compressed but not named .gz")
+        raw.seek(0)
+        fh = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        lineno = 0
+        try:
+            while True:
+                line = fh.readline(MAX_LINE_BYTES + 1)
+                if not line:
+                    return
+                lineno += 1
+                if len(line) > MAX_LINE_BYTES:
+                    raise bad(f"line {lineno} is longer than {MAX_LINE_BYTES >> 20} MiB")
+                if b"\0" in line:
+                    raise bad(f"line {lineno} holds a NUL byte (a binary file?)")
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise bad(f"line {lineno} is not UTF-8 (byte {exc.start + 1}: a binary file?)") from None
+                yield lineno, text
+        except (OSError, EOFError, zlib.error) as exc:
+            if isinstance(exc, StageConfigError):
+                raise
+            raise bad(f"cannot be decompressed after line {lineno} ({exc.__class__.__name__}: {exc})") from None
 
 
 def benchmark_items(path: str, fields: list[str] | None):
     """The text items of one benchmark file (see the module docstring); StageConfigError on a bad line."""
     base = path[:-3] if path.endswith(".gz") else path
     is_jsonl = base.lower().endswith((".jsonl", ".ndjson"))
-    with _open_text(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            if not is_jsonl:
-                yield line
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise StageConfigError(f"decontaminate: benchmark {path} line {lineno} is not JSON ({exc})") from None
-            found: list[str] = []
-            if fields is None:
-                _strings(obj, found)
-            elif isinstance(obj, dict):
-                for field in fields:
-                    _strings(obj.get(field), found)
-            else:
-                raise StageConfigError(f"decontaminate: benchmark {path} line {lineno} is not a JSON object, "
-                                       f"so it has no field {fields[0]!r}")
-            yield from found
+    for lineno, line in _lines(path):
+        line = line.strip().lstrip("\ufeff") if lineno == 1 else line.strip()
+        if not line:
+            continue
+        if not is_jsonl:
+            yield line
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise StageConfigError(f"decontaminate: benchmark {path} line {lineno} is not JSON ({why})") from None
+        found: list[str] = []
+        if fields is None:
+            _strings(obj, found)
+        elif isinstance(obj, dict):
+            for field in fields:
+                _strings(obj.get(field), found)
+        else:
+            raise StageConfigError(f"decontaminate: benchmark {path} line {lineno} is not a JSON object, "
+                                   f"so it has no field {fields[0]!r}")
+        yield from found
 
 
 def _item_hashes(item: str, n: int, min_tokens: int, lengths: set[int]) -> np.ndarray:
@@ -228,6 +292,10 @@ class DecontaminateStage(DocumentStage):
                               "null: every string value", ListOf(Text(nonempty=True), nonempty=True, single=True),
                         nullable=True),
         "ngram": Param(13, "tokens per n-gram (a token is a word, or one CJK character)", Integer(min=1)),
+        "max_doc_frequency": Param(
+            20, "a benchmark n-gram found in more than this many documents of the corpus is shared text "
+                "(a footer, licence, navigation), counted and listed in stats.json but not used to reject; "
+                "null: every n-gram rejects, one document at a time", Integer(min=1), nullable=True),
         "min_tokens": Param(8, "an item shorter than ngram but with at least this many tokens is indexed whole "
                                "(0: never)", Integer(min=0)),
     }
@@ -257,20 +325,51 @@ class DecontaminateStage(DocumentStage):
             self.setup()
         return self._index
 
-    def process(self, doc: Document) -> Document | Rejected:
+    def uses_composite(self) -> bool:
+        # With a document-frequency cap the decision needs the whole corpus (dsdata/beam/decontaminate.py).
+        return self.max_doc_frequency is not None
+
+    def matches(self, doc: Document) -> list[Match]:
+        """Every distinct benchmark n-gram of `doc`, in the order they first occur in it (at one
+        position, the longer window first).  Its key is the n-gram's tokens as text: the same in
+        every worker process (the hashes are not), so the corpus-wide counts can be keyed on it."""
         index = self.index
         toks = tokens(doc.text)
         if len(toks) < index.lengths[0]:
-            return doc
-        # The earliest match in the document, the longest window first at a position.
-        best: tuple[int, int] | None = None
+            return []
+        found: list[tuple[int, int]] = []
         for n, hashes in window_hashes(toks, index.lengths).items():
-            hit = index.first_match(hashes)
-            if hit is not None and (best is None or hit < best[0] or (hit == best[0] and n > best[1])):
-                best = (hit, n)
-        if best is None:
-            return doc
-        hit, n = best
-        bench = index.benchmark_of(ngram_hashes(toks[hit:hit + n], n)[0])
-        doc.annotations[TALLY] = {bench: 1}
-        return self.reject(doc, "contaminated", f"benchmark {bench}: {n}-gram {shown(toks[hit:hit + n])!r}")
+            found.extend((int(i), -n) for i in index.all_matches(hashes))
+        out: dict[str, Match] = {}
+        for i, neg in sorted(found):
+            n = -neg
+            key = shown(toks[i:i + n])
+            if key not in out:
+                out[key] = Match(key, index.benchmark_of(ngram_hashes(toks[i:i + n], n)[0]), n, i)
+        return list(out.values())
+
+    def decide(self, doc: Document, matches: list[Match], capped=frozenset()) -> Document | Rejected:
+        """`doc` rejected `contaminated` on its first benchmark n-gram that is neither `capped` (shared
+        by more than max_doc_frequency documents of the corpus) nor mostly made of capped n-grams'
+        tokens in this document (the text just before or after a footer: "…式" + the footer's first
+        twelve characters is under the cap, but it is the footer); kept when it has none."""
+        covered = None
+        if capped:
+            spans = [(m.at, m.at + m.n) for m in matches if m.key in capped]
+            if spans:
+                covered = np.zeros(max(end for _, end in spans) + 1, dtype=bool)
+                for start, end in spans:
+                    covered[start:end] = True
+        for m in matches:
+            if m.key in capped:
+                continue
+            if covered is not None and 2 * int(covered[m.at:m.at + m.n].sum()) >= m.n:
+                continue
+            doc.annotations[TALLY] = {m.benchmark: 1}
+            return self.reject(doc, "contaminated", f"benchmark {m.benchmark}: {m.n}-gram {m.key!r}")
+        return doc
+
+    def process(self, doc: Document) -> Document | Rejected:
+        """Without the corpus: every benchmark n-gram rejects (what the stage does with
+        max_doc_frequency null, and what a direct call does)."""
+        return self.decide(doc, self.matches(doc))
