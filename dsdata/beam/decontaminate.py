@@ -18,7 +18,7 @@ from dsdata.beam.errors import passes_through
 from dsdata.beam.park import FlattenParked
 from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageCounters
 from dsdata.document import Document
-from dsdata.stages.decontaminate import CAPPED_NOTE, CAPPED_LISTED, DecontaminateStage, Match
+from dsdata.stages.decontaminate import CAPPED_LISTED, CAPPED_NOTE, DecontaminateStage, Match, shown
 
 _WAITING = "waiting"
 _GRAMS = "grams"
@@ -81,7 +81,7 @@ def summarize(stage: DecontaminateStage, capped: dict[str, int]) -> dict:
     """The stage's stats: the cap, how many n-grams it set aside, and the most shared of them."""
     top = sorted(capped.items(), key=lambda kv: (-kv[1], kv[0]))[:CAPPED_LISTED]
     return {"max_doc_frequency": stage.max_doc_frequency, "capped_ngrams": len(capped),
-            "notes": {CAPPED_NOTE: dict(top)}}
+            "notes": {CAPPED_NOTE: {shown(key.split(" ")): n for key, n in top}}}
 
 
 class DecontaminateWithCap(beam.PTransform):

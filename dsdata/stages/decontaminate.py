@@ -110,15 +110,6 @@ class BenchmarkIndex:
     per_file: tuple[int, ...]  # n-grams each file yielded
     lengths: tuple[int, ...]   # window lengths indexed: ngram, and those of whole short items
 
-    def first_match(self, doc_hashes: np.ndarray) -> int | None:
-        """Position in `doc_hashes` of the first hash in the index, or None."""
-        if not len(doc_hashes) or not len(self.hashes):
-            return None
-        pos = np.searchsorted(self.hashes, doc_hashes)
-        pos[pos == len(self.hashes)] = 0
-        hit = np.flatnonzero(self.hashes[pos] == doc_hashes)
-        return int(hit[0]) if len(hit) else None
-
     def all_matches(self, doc_hashes: np.ndarray) -> np.ndarray:
         """Positions in `doc_hashes` of every hash in the index."""
         if not len(doc_hashes) or not len(self.hashes):
@@ -126,9 +117,6 @@ class BenchmarkIndex:
         pos = np.searchsorted(self.hashes, doc_hashes)
         pos[pos == len(self.hashes)] = 0
         return np.flatnonzero(self.hashes[pos] == doc_hashes)
-
-    def benchmark_of(self, h: np.uint64) -> str:
-        return self.names[int(self.source[np.searchsorted(self.hashes, h)])]
 
 
 # A benchmark line longer than this is not an item but a file that is not line-based text (or a
@@ -331,21 +319,23 @@ class DecontaminateStage(DocumentStage):
 
     def matches(self, doc: Document) -> list[Match]:
         """Every distinct benchmark n-gram of `doc`, in the order they first occur in it (at one
-        position, the longer window first).  Its key is the n-gram's tokens as text: the same in
-        every worker process (the hashes are not), so the corpus-wide counts can be keyed on it."""
+        position, the longer window first).  Its key is the n-gram's tokens joined by spaces: the same
+        in every worker process (the hashes are not), so the corpus-wide counts can be keyed on it."""
         index = self.index
         toks = tokens(doc.text)
         if len(toks) < index.lengths[0]:
             return []
-        found: list[tuple[int, int]] = []
+        found: list[tuple[int, int, str]] = []
         for n, hashes in window_hashes(toks, index.lengths).items():
-            found.extend((int(i), -n) for i in index.all_matches(hashes))
+            hits = index.all_matches(hashes)
+            if len(hits):
+                sources = index.source[np.searchsorted(index.hashes, hashes[hits])]
+                found.extend(zip(hits.tolist(), [-n] * len(hits), (index.names[s] for s in sources.tolist())))
         out: dict[str, Match] = {}
-        for i, neg in sorted(found):
-            n = -neg
-            key = shown(toks[i:i + n])
+        for i, neg, bench in sorted(found):
+            key = " ".join(toks[i:i - neg])
             if key not in out:
-                out[key] = Match(key, index.benchmark_of(ngram_hashes(toks[i:i + n], n)[0]), n, i)
+                out[key] = Match(key, bench, -neg, i)
         return list(out.values())
 
     def decide(self, doc: Document, matches: list[Match], capped=frozenset()) -> Document | Rejected:
@@ -366,7 +356,7 @@ class DecontaminateStage(DocumentStage):
             if covered is not None and 2 * int(covered[m.at:m.at + m.n].sum()) >= m.n:
                 continue
             doc.annotations[TALLY] = {m.benchmark: 1}
-            return self.reject(doc, "contaminated", f"benchmark {m.benchmark}: {m.n}-gram {m.key!r}")
+            return self.reject(doc, "contaminated", f"benchmark {m.benchmark}: {m.n}-gram {shown(m.key.split(' '))!r}")
         return doc
 
     def process(self, doc: Document) -> Document | Rejected:
