@@ -4,6 +4,8 @@
                                                            consecutive ones share one StageDoFn (ApplyStageChain)
   BatchStage     → BatchElements → ParDo(BatchStageDoFn)   unless a composite is registered below
   CorpusStage    → its composite from COMPOSITES           (dedup, difficulty, augment, shards)
+  a per-document stage with a corpus-wide part → its composite while `uses_composite()` (decontaminate's
+                                                           document-frequency cap)
 
 The recipe's leading run of per-document and batched stages without a composite or side outputs
 (`batchable`) runs instead on Batches straight from the reader: ParDo(BatchChainDoFn), one runner
