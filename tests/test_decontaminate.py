@@ -261,6 +261,26 @@ def test_without_the_cap_the_shared_footer_rejects_clean_documents(tmp_path, sha
     assert all(any(f in texts[i] for f in decont_planted.FOOTER.values()) for i in clean_rejected)
 
 
+def test_a_passage_copied_into_many_documents_is_still_rejected_while_its_footer_is_not(tmp_path, shared_data):
+    """The cap sets aside n-grams shared by many documents, but a document holding most of one item
+    is a copy of it however many documents hold it: 30 verbatim copies (over the cap of 20) are all
+    rejected, and the 40 clean documents ending with the item's footer all kept.  A real Beam run."""
+    paras = _paragraphs(shared_data / "prose-en.txt", 400, 1500)
+    footer = decont_planted.FOOTER["en"]
+    passage, clean = paras[0], paras[1:41]
+    (tmp_path / "bench.txt").write_text(passage + " " + footer + "\n", encoding="utf-8")
+    docs = [{"id": f"copy{i}", "text": f"{clean[i % 40][:200]}\n{passage.upper()} {footer}"} for i in range(30)]
+    docs += [{"id": f"clean{i}", "text": f"{text}\n{footer}"} for i, text in enumerate(clean)]
+    with open(tmp_path / "docs.jsonl", "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(d) + "\n" for d in docs)
+    (tmp_path / "recipe.yaml").write_text("name: copies\ninput: {paths: [docs.jsonl]}\nstages:\n"
+                                          "  - decontaminate: {benchmarks: [bench.txt]}\n", encoding="utf-8")
+    stats = run_recipe(load_recipe(str(tmp_path / "recipe.yaml")), str(tmp_path / "out"))
+    rejected = {r["id"] for r in _rows(tmp_path / "out", "rejected")}
+    assert stats["ledger_ok"] and rejected == {f"copy{i}" for i in range(30)}
+    assert stats["stage_stats"]["decontaminate"]["capped_ngrams"] > 0
+
+
 @pytest.mark.parametrize("name, content, why", [
     ("blob.jsonl", b"\x00\x01\x02binary\xff\xfe\n" * 10, "line 1 holds a NUL byte"),
     ("latin1.txt", "caf\u00e9 au lait served with a croissant on the terrace of the little station\n".encode("latin-1"),

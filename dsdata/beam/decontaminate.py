@@ -55,7 +55,7 @@ class _MatchDoFn(StageCounters, beam.DoFn):
             return
         for m in found:
             yield beam.pvalue.TaggedOutput(_GRAMS, m.key)
-        yield beam.pvalue.TaggedOutput(_WAITING, (doc, [(m.key, m.benchmark, m.n, m.at) for m in found]))
+        yield beam.pvalue.TaggedOutput(_WAITING, (doc, [(m.key, m.benchmark, m.n, m.at, m.item) for m in found]))
 
 
 class _DecideDoFn(StageCounters, beam.DoFn):

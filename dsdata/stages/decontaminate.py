@@ -36,7 +36,7 @@ import numpy as np
 
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import DocumentStage, Param, StageConfigError
-from dsdata.stages.params import Integer, ListOf, Path, Text
+from dsdata.stages.params import Integer, ListOf, Number, Path, Text
 from dsdata.stages.rules import CJK_CHARS
 
 # A CJK character alone, or a run of letters/digits of other scripts (no underscore: `a_b` is two).
@@ -97,7 +97,8 @@ class Match:
     key: str
     benchmark: str
     n: int
-    at: int  # the token position of its first occurrence in the document
+    at: int    # the token position of its first occurrence in the document
+    item: int  # the benchmark item it is credited to (BenchmarkIndex.item)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,8 @@ class BenchmarkIndex:
     names: tuple[str, ...]
     per_file: tuple[int, ...]  # n-grams each file yielded
     lengths: tuple[int, ...]   # window lengths indexed: ngram, and those of whole short items
+    item: np.ndarray        # int32: the item (numbered over all files) each n-gram is credited to
+    item_size: np.ndarray   # int32 per item: the n-grams credited to it
 
     def all_matches(self, doc_hashes: np.ndarray) -> np.ndarray:
         """Positions in `doc_hashes` of every hash in the index."""
@@ -213,26 +216,34 @@ def _item_hashes(item: str, n: int, min_tokens: int, lengths: set[int]) -> np.nd
 
 
 def build_index(paths: list[str], names: list[str], fields: list[str] | None, n: int, min_tokens: int) -> BenchmarkIndex:
-    chunks, sources, per_file, lengths = [], [], [], {n}
+    chunks, sources, items, per_file, lengths = [], [], [], [], {n}
     for i, path in enumerate(paths):
-        file_hashes = [_item_hashes(item, n, min_tokens, lengths) for item in benchmark_items(path, fields)]
-        got = np.unique(np.concatenate(file_hashes)) if file_hashes else np.empty(0, dtype=np.uint64)
-        if not len(got):
+        file_chunks = []
+        for item in benchmark_items(path, fields):
+            got = np.unique(_item_hashes(item, n, min_tokens, lengths))
+            if len(got):
+                file_chunks.append(got)
+                items.append(np.full(len(got), len(items), dtype=np.int32))
+        file_hashes = np.concatenate(file_chunks) if file_chunks else np.empty(0, dtype=np.uint64)
+        if not len(file_hashes):
             what = f"the fields {', '.join(fields)}" if fields else "its items"
             raise StageConfigError(
                 f"decontaminate: benchmark {path} yields no n-gram ({what} have fewer than "
                 f"min_tokens={min_tokens} tokens, or the file is empty): it would decontaminate nothing")
-        per_file.append(len(got))
-        chunks.append(got)
-        sources.append(np.full(len(got), i, dtype=np.int32))
+        per_file.append(len(np.unique(file_hashes)))
+        chunks.append(file_hashes)
+        sources.append(np.full(len(file_hashes), i, dtype=np.int32))
     hashes = np.concatenate(chunks)
     source = np.concatenate(sources)
-    # Stable sort by hash, then keep each hash's first occurrence: the first file listed wins.
+    item = np.concatenate(items)
+    # Stable sort by hash, then keep each hash's first occurrence: the first file (and item) listed wins.
     order = np.argsort(hashes, kind="stable")
-    hashes, source = hashes[order], source[order]
+    hashes, source, item = hashes[order], source[order], item[order]
     first = np.ones(len(hashes), dtype=bool)
     first[1:] = hashes[1:] != hashes[:-1]
-    return BenchmarkIndex(hashes[first], source[first], tuple(names), tuple(per_file), tuple(sorted(lengths)))
+    item = item[first]
+    return BenchmarkIndex(hashes[first], source[first], tuple(names), tuple(per_file), tuple(sorted(lengths)),
+                          item, np.bincount(item, minlength=len(items)).astype(np.int32))
 
 
 # (paths with their size and mtime, fields, n, min_tokens) → index: built once per process.
@@ -284,6 +295,10 @@ class DecontaminateStage(DocumentStage):
             20, "a benchmark n-gram found in more than this many documents of the corpus is shared text "
                 "(a footer, licence, navigation), counted and listed in stats.json but not used to reject; "
                 "null: every n-gram rejects, one document at a time", Integer(min=1), nullable=True),
+        "copy_fraction": Param(
+            0.5, "a document holding at least this share of one benchmark item's n-grams is rejected even "
+                 "when they are over max_doc_frequency (a passage copied into many documents)",
+            Number(0, 1, open_min=True)),
         "min_tokens": Param(8, "an item shorter than ngram but with at least this many tokens is indexed whole "
                                "(0: never)", Integer(min=0)),
     }
@@ -329,35 +344,50 @@ class DecontaminateStage(DocumentStage):
         for n, hashes in window_hashes(toks, index.lengths).items():
             hits = index.all_matches(hashes)
             if len(hits):
-                sources = index.source[np.searchsorted(index.hashes, hashes[hits])]
-                found.extend(zip(hits.tolist(), [-n] * len(hits), (index.names[s] for s in sources.tolist())))
+                at = np.searchsorted(index.hashes, hashes[hits])
+                found.extend(zip(hits.tolist(), [-n] * len(hits), (index.names[s] for s in index.source[at].tolist()),
+                                 index.item[at].tolist()))
         out: dict[str, Match] = {}
-        for i, neg, bench in sorted(found):
+        for i, neg, bench, item in sorted(found):
             key = " ".join(toks[i:i - neg])
             if key not in out:
-                out[key] = Match(key, bench, -neg, i)
+                out[key] = Match(key, bench, -neg, i, item)
         return list(out.values())
 
     def decide(self, doc: Document, matches: list[Match], capped=frozenset()) -> Document | Rejected:
-        """`doc` rejected `contaminated` on its first benchmark n-gram that is neither `capped` (shared
-        by more than max_doc_frequency documents of the corpus) nor mostly made of capped n-grams'
-        tokens in this document (the text just before or after a footer: "…式" + the footer's first
-        twelve characters is under the cap, but it is the footer); kept when it has none."""
-        covered = None
+        """`doc` rejected `contaminated` on its first benchmark n-gram that neither is `capped` (shared
+        by more than max_doc_frequency documents of the corpus) nor overlaps a capped n-gram in this
+        document (the text just before or after a footer: "…current locale" + the footer's first words
+        is under the cap, but part of it is the footer, and the rest too short to count); or, whatever the cap, when it holds
+        at least copy_fraction of one benchmark item's n-grams, and at least `ngram` of them (a
+        passage copied into many documents is still a copy).  Kept otherwise."""
+        if not matches:
+            return doc
+        chosen = None
         if capped:
             spans = [(m.at, m.at + m.n) for m in matches if m.key in capped]
-            if spans:
-                covered = np.zeros(max(end for _, end in spans) + 1, dtype=bool)
-                for start, end in spans:
-                    covered[start:end] = True
-        for m in matches:
-            if m.key in capped:
-                continue
-            if covered is not None and 2 * int(covered[m.at:m.at + m.n].sum()) >= m.n:
-                continue
-            doc.annotations[TALLY] = {m.benchmark: 1}
-            return self.reject(doc, "contaminated", f"benchmark {m.benchmark}: {m.n}-gram {shown(m.key.split(' '))!r}")
-        return doc
+            covered = np.zeros(max(end for _, end in spans) + 1 if spans else 0, dtype=bool)
+            for start, end in spans:
+                covered[start:end] = True
+            for m in matches:
+                if m.key not in capped and not covered[m.at:m.at + m.n].any():
+                    chosen = m
+                    break
+            if chosen is None:
+                held = np.bincount([m.item for m in matches])
+                sizes = self.index.item_size[:len(held)]
+                # At least `ngram` n-grams too (a run of 2 × ngram - 1 tokens): a short item is a phrase
+                # the corpus may share, like any boilerplate.
+                copied = np.flatnonzero((held >= self.copy_fraction * sizes) & (held >= self.ngram))
+                if len(copied):
+                    chosen = next(m for m in matches if m.item == copied[0])
+        else:
+            chosen = matches[0]
+        if chosen is None:
+            return doc
+        doc.annotations[TALLY] = {chosen.benchmark: 1}
+        return self.reject(doc, "contaminated",
+                           f"benchmark {chosen.benchmark}: {chosen.n}-gram {shown(chosen.key.split(' '))!r}")
 
     def process(self, doc: Document) -> Document | Rejected:
         """Without the corpus: every benchmark n-gram rejects (what the stage does with
