@@ -5,8 +5,9 @@ documents, each passage planted in other documents under every perturbation clas
 
 Classes: exact (the passage embedded in another document), case, punct (removed, replaced, added),
 space (spaces, tabs, newlines; spaces after Chinese characters), width (ASCII ↔ full width), window
-(13 to 25 characters or words cut from the passage, before its footer, holding at least 13
-whole tokens: a Latin word the cut splits is not one), substitute (a few words or characters
+(13 to 25 words cut from an English passage, a word being what lies between spaces, "-"
+included; 13 to 25 characters of a Chinese one holding at least 13 whole tokens, a Latin word the
+cut splits not being one; before the footer), substitute (a few words or characters
 replaced), mixed (case + punct + space + width at once).  Every planted document is a clean document
 with the perturbed passage written into its middle.
 
@@ -105,11 +106,10 @@ def _window(t: str, rng: random.Random, lang: str) -> str:
     """13 to 25 tokens of the passage: whole words (English) or a slice of characters (Chinese)."""
     want = rng.randint(13, 25)
     for _ in range(50):
-        if lang == "en":
+        if lang == "en":  # 13+ words as a reader counts them: "-" and "│" between spaces are words
             words = t.split(" ")
             first = rng.randrange(max(1, len(words) - want))
-            piece = " ".join(words[first:first + want])
-            start = len(" ".join(words[:first])) + (first > 0)
+            return " ".join(words[first:first + want])
         else:
             start = rng.randrange(max(1, len(t) - want))
             piece = t[start:start + want]

@@ -325,3 +325,17 @@ def test_clitics_apostrophes_and_width_do_not_change_tokens():
     same = ["Don't you're it's", "DONT YOURE ITS", "don t  you re\nit s", "Ｄｏｎ’ｔ　ｙｏｕ’ｒｅ　ｉｔ’ｓ"]
     assert len({tuple(tokens(s)) for s in same}) == 1
     assert tokens("巴 黎\n是，法國") == tokens("巴黎是法國")
+
+
+def test_thirteen_words_with_a_dash_among_them_are_caught(tmp_path):
+    """A reader cutting 13 words counts a "-" between spaces as one: 12 tokens, still a window."""
+    (tmp_path / "b.txt").write_text("First you set the mode - then you restart the server and wait for the log "
+                                    "to say it is ready.\n巴黎是法国的首都 - 也是欧洲最大的城市之一，值得一去。\n", encoding="utf-8")
+    stage = DecontaminateStage(benchmarks=[str(tmp_path / "b.txt")])
+    for window in ("set the mode - then you restart the server and wait for the",
+                   "SET THE MODE: THEN YOU RESTART THE SERVER AND WAIT FOR THE"):
+        hit = stage.process(Document("w", f"Notes. {window} (copied)."))
+        assert isinstance(hit, Rejected) and "12-gram 'set the mode then you" in hit.detail, window
+    # 12 words (11 tokens) are not a window; nor are Chinese characters around a dash.
+    assert isinstance(stage.process(Document("s", "mode - then you restart the server and wait for the log")), Document)
+    assert isinstance(stage.process(Document("z", "法国的首都 - 也是欧洲最大")), Document)

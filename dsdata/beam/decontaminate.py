@@ -5,9 +5,10 @@
                  └─► each matched n-gram once per document ─► Count.PerElement ─► > cap ─┘
                                                                          └─► summary ─► the stage's stats
 
-The documents of both paths meet in spill files under RUN_DIR/.spill/decontaminate.  Only a document holding at least one benchmark n-gram waits for the counts (in the runner: on a corpus
-that is not itself the benchmark these are few); the others are kept at once.  The counts are keyed
-on the n-gram's tokens as text, the same in every worker process.
+Only a document holding at least one benchmark n-gram waits for the counts (in the runner: on a
+corpus that is not itself the benchmark these are few); the others are kept at once, and the two
+paths meet in spill files under RUN_DIR/.spill/decontaminate (dsdata/beam/park.py).  The counts are
+keyed on the n-gram's tokens as text, the same in every worker process.
 """
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ class _MatchDoFn(StageCounters, beam.DoFn):
 
 
 class _DecideDoFn(StageCounters, beam.DoFn):
-    """(document, matches) → rejected on its first n-gram under the cap, else kept."""
+    """(document, matches) → rejected on its first n-gram under the cap (or as a copy of an item),
+    else kept; a document whose decision raises is rejected (reason `error`)."""
 
     def __init__(self, stage: DecontaminateStage):
         self.stage = stage
@@ -72,7 +74,12 @@ class _DecideDoFn(StageCounters, beam.DoFn):
         doc, found = item
         self._in.inc()
         start = self._clock_start()
-        result = self.stage.decide(doc, [Match(*m) for m in found], capped)
+        try:
+            result = self.stage.decide(doc, [Match(*m) for m in found], capped)
+        except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            if passes_through(exc):
+                raise
+            result = self._error(doc, exc, self.stage.environment_errors)
         self._clock_stop(start)
         yield self._route(result)
 

@@ -45,6 +45,10 @@ _CJK_RE = re.compile(f"[{CJK_CHARS}]")
 # An English clitic (s, t, re, ll, ve, d, m) joins the word before it across an apostrophe or spaces:
 # "don't", "dont" and "don t" are one token, whichever a copy of the text was given.
 _CLITIC_RE = re.compile(r"(?<=[a-z])(?:['\u2019\u02bc\u0060\u00b4]\s*|\s+)(?=(?:s|t|re|ll|ve|d|m)(?![^\W_]))")
+# A "word" of punctuation alone between spaces ("-", "│", "=", "(+)"): no token, but a reader cutting
+# 13 words out of a passage counts it as one (see _item_hashes).
+_STANDALONE_RE = re.compile(r"(?<!\S)[^\w\s]+(?!\S)")
+MARK = "\u01c2"  # ǂ: a letter, so TOKEN_RE keeps it as a token of its own
 # Odd 64-bit multiplier of the polynomial n-gram hash (wraps modulo 2**64).
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 # The annotation (and stats.json tally) naming the benchmark a rejected document matched.
@@ -55,9 +59,22 @@ CAPPED_NOTE = "n-grams shared by more than max_doc_frequency documents (not used
 CAPPED_LISTED = 50
 
 
+def _normal(text: str) -> str:
+    return _CLITIC_RE.sub("", unicodedata.normalize("NFKC", text).casefold())
+
+
 def tokens(text: str) -> list[str]:
     """Decontamination tokens of `text`: NFKC, case-folded, CJK characters and other words."""
-    return TOKEN_RE.findall(_CLITIC_RE.sub("", unicodedata.normalize("NFKC", text).casefold()))
+    return TOKEN_RE.findall(_normal(text))
+
+
+def _marked_tokens(text: str) -> list[str] | None:
+    """tokens(text) with a MARK where a word of punctuation alone stands between spaces ("a - b",
+    "x │ y", "p = q"), or None when there is none."""
+    norm = _normal(text)
+    if not _STANDALONE_RE.search(norm):
+        return None
+    return TOKEN_RE.findall(_STANDALONE_RE.sub(MARK, norm))
 
 
 def window_hashes(toks: list[str], lengths) -> dict[int, np.ndarray]:
@@ -206,9 +223,28 @@ def benchmark_items(path: str, fields: list[str] | None):
 
 
 def _item_hashes(item: str, n: int, min_tokens: int, lengths: set[int]) -> np.ndarray:
+    """The hashes of an item's n-grams (or of the whole item when it is short); and, for each n-word
+    window of the item without CJK that holds one or two words of punctuation alone ("-", "│"), the
+    hash of its other tokens: 13 words cut out of "set the mode - then restart the server …" are 12
+    tokens, and are caught."""
     toks = tokens(item)
     if len(toks) >= n:
-        return ngram_hashes(toks, n)
+        out = [ngram_hashes(toks, n)]
+        marked = _marked_tokens(item) if n > 2 else None
+        if marked is not None:
+            is_mark = np.fromiter((t == MARK for t in marked), dtype=bool, count=len(marked))
+            is_cjk = np.fromiter((bool(_CJK_RE.match(t)) for t in marked), dtype=bool, count=len(marked))
+            window = np.ones(n, dtype=int)
+            marks = np.convolve(is_mark, window, mode="valid")  # per n-window: its marks, its CJK tokens
+            cjk = np.convolve(is_cjk, window, mode="valid")
+            for k in (1, 2):
+                # Words only: Chinese is not cut into words at spaces, and its 11 characters are a phrase.
+                starts = np.flatnonzero((marks == k) & (cjk == 0))
+                if len(starts):
+                    lengths.add(n - k)
+                    out.append(np.array([ngram_hashes([t for t in marked[i:i + n] if t != MARK], n - k)[0]
+                                         for i in starts.tolist()], dtype=np.uint64))
+        return np.concatenate(out)
     if min_tokens and len(toks) >= min_tokens:
         lengths.add(len(toks))
         return ngram_hashes(toks, len(toks))  # the whole short item is one n-gram of its own length
@@ -321,6 +357,12 @@ class DecontaminateStage(DocumentStage):
     def setup(self) -> None:
         self._index = shared_index(list(self.benchmarks), benchmark_names(self.benchmarks), self.fields,
                                    self.ngram, self.min_tokens)
+
+    def __getstate__(self):
+        # The index is not shipped with the pipeline: each worker process builds (or reuses) its own.
+        state = dict(self.__dict__)
+        state.pop("_index", None)
+        return state
 
     @property
     def index(self) -> BenchmarkIndex:
