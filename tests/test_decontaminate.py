@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 import re
 import subprocess
@@ -339,3 +340,13 @@ def test_thirteen_words_with_a_dash_among_them_are_caught(tmp_path):
     # 12 words (11 tokens) are not a window; nor are Chinese characters around a dash.
     assert isinstance(stage.process(Document("s", "mode - then you restart the server and wait for the log")), Document)
     assert isinstance(stage.process(Document("z", "法国的首都 - 也是欧洲最大")), Document)
+
+
+def test_a_benchmark_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path):
+    """A FIFO (a read would wait forever), a folder, a link to /dev/zero (a read would never end)."""
+    os.mkfifo(tmp_path / "fifo.txt")
+    (tmp_path / "folder.jsonl").mkdir()
+    (tmp_path / "zero.txt").symlink_to("/dev/zero")
+    for name in ("fifo.txt", "folder.jsonl", "zero.txt"):
+        with pytest.raises(StageConfigError, match=f"{name} is not a file"):
+            DecontaminateStage(benchmarks=[str(tmp_path / name)])
