@@ -1,34 +1,35 @@
-"""Decontamination throughput: dsdata's `decontaminate` stage side by side with datatrove's n-gram
-decontamination (NGramsDecontFilter) on the same documents and the same benchmark items.
+"""Decontamination on planted held-out data: dsdata's `decontaminate` stage side by side with
+datatrove's n-gram decontamination (NGramsDecontFilter) on the same documents and benchmark items.
 
-    python benchmarks/decontaminate.py                     # ~2 minutes on 2 busy cores
-    python benchmarks/decontaminate.py --bench-items 200000  # an index of millions of n-grams
+    python benchmarks/decontaminate.py              # ~1-2 minutes on 2 busy cores
 
-Documents: real paragraphs of ../shared/data/prose-en.txt and prose-zh.txt (pipelines/samples when
-absent), repeated to --docs; benchmark items: other paragraphs of the same files, and a
-benchmark passage planted in --planted of the documents.  Both sides index 13-grams of the same
-items: dsdata through its stage (one sorted uint64 array), datatrove with its own text
-normalisation, word tokenizer (spaCy for English), n-grams and xxhash — what NGramsDecontIndexer's
-compute_hashes does (the indexer class itself insists on lighteval, which only fetches tasks) —
-written as its .index.hashes file and loaded by NGramsDecontFilter.  Each side runs in its own
-child process (datatrove in the peers' venv, benchmarks/peer_venv.py), and times its filter loop
-with process_time (CPU seconds, one core); index building is timed apart.  Runs are interleaved
---repeat times; medians.  "per_core" = dsdata docs per CPU-second / datatrove's.  datatrove splits
-Chinese on whitespace only (its tokenizer assignment for zho), so it finds the planted Chinese
-passages only where they happen to be separated by spaces; found counts are printed.
-The last line printed is one JSON object.
+Data (benchmarks/decont_planted.py): real paragraphs of ../shared/data/prose-en.txt and prose-zh.txt
+as benchmark passages, each planted in another real paragraph once per perturbation class (exact,
+case, punct, space, width, window of 13-25 tokens, three words/characters substituted, mixed), clean
+paragraphs, and a site footer that ends a quarter of the passages and ~30 % of the clean documents.
+Printed per perturbation class and language: the share of planted documents each side rejects; then
+clean documents rejected, and documents per CPU-second of the filter loop.
+
+dsdata runs its stage as the pipeline does (every document's matches, the corpus-wide count per
+n-gram, the decision under the default max_doc_frequency cap), in-process; datatrove indexes 13-grams
+of the same items with its own normalisation and word tokenizer (spaCy for English, its default for
+Chinese) — what NGramsDecontIndexer's compute_hashes does (the indexer class itself insists on
+lighteval) — and filters with NGramsDecontFilter.  Each side runs in its own child process
+(datatrove in the peers' venv, benchmarks/peer_venv.py) and times its filter loop with process_time
+(one core); index building is timed apart.  Runs are interleaved --repeat times; medians.  "per_core"
+= dsdata docs per CPU-second / datatrove's.  The last line printed is one JSON object.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decont_planted  # noqa: E402
 import peer_venv  # noqa: E402
 
 REPO = peer_venv.REPO
@@ -37,18 +38,27 @@ if not SHARED.is_dir():
     SHARED = Path("/work/shared/data")
 
 _DSDATA = r"""
-import json, sys, time
+import collections, json, sys, time
 from dsdata.document import Document, Rejected
 from dsdata.stages.decontaminate import DecontaminateStage
 job = json.loads(sys.argv[1])
 t = time.process_time()
-stage = DecontaminateStage(benchmarks=job["benchmarks"], ngram=job["ngram"], min_tokens=0)
+stage = DecontaminateStage(benchmarks=job["benchmarks"], fields=["passage"], ngram=job["ngram"])
 build = time.process_time() - t
 docs = [json.loads(line) for line in open(job["docs"], encoding="utf-8")]
 t = time.process_time()
-hits = [d["id"] for d in docs if isinstance(stage.process(Document(d["id"], d["text"])), Rejected)]
+found = [stage.matches(Document(d["id"], d["text"])) for d in docs]
+counts = collections.Counter(m.key for ms in found for m in ms)
+capped = {k for k, n in counts.items() if n > stage.max_doc_frequency}
+hits = {}
+for d, ms in zip(docs, found):
+    if ms:
+        r = stage.decide(Document(d["id"], d["text"]), ms, capped)
+        if isinstance(r, Rejected):
+            hits[d["id"]] = r.detail
 cpu = time.process_time() - t
-print(json.dumps({"build_s": build, "cpu_s": cpu, "hits": hits, "ngrams": int(len(stage.index.hashes))}))
+print(json.dumps({"build_s": build, "cpu_s": cpu, "hits": hits, "ngrams": int(len(stage.index.hashes)),
+                  "capped": len(capped)}))
 """
 
 _DATATROVE = r"""
@@ -62,7 +72,7 @@ from datatrove.utils.typeshelper import Languages
 from datatrove.utils.word_tokenizers import load_word_tokenizer
 job = json.loads(sys.argv[1])
 config = NGramsDecontConfig(n_grams=job["ngram"])
-out = {"build_s": 0.0, "cpu_s": 0.0, "hits": [], "ngrams": 0}
+out = {"build_s": 0.0, "cpu_s": 0.0, "hits": {}, "ngrams": 0}
 for lang, code in (("en", Languages.english), ("zh", Languages.chinese)):
     t = time.process_time()
     # NGramsDecontIndexer.compute_hashes, for items without a query (label n-grams only).
@@ -79,80 +89,52 @@ for lang, code in (("en", Languages.english), ("zh", Languages.chinese)):
     filt.load_index_hashes()
     out["build_s"] += time.process_time() - t
     out["ngrams"] += len(hashes)
-    docs = [Document(text=d["text"], id=d["id"]) for d in map(json.loads, open(job["docs"][lang], encoding="utf-8"))]
+    docs = [Document(text=d["text"], id=d["id"]) for d in map(json.loads, open(job["docs"], encoding="utf-8"))
+            if d["id"].split("-")[1] == lang]
     t = time.process_time()
     for doc in docs:
         verdict = filt.filter(doc)
         if verdict is not True:
-            out["hits"].append(doc.id)
+            out["hits"][doc.id] = str(verdict)
     out["cpu_s"] += time.process_time() - t
 print(json.dumps(out))
 """
 
 
-def paragraphs(lang: str) -> list[str]:
-    path = SHARED / f"prose-{lang}.txt"
-    if path.exists():
-        paras = path.read_text(encoding="utf-8").split("\n\n")
-    else:
-        lab = "en" if lang == "en" else "zh"
-        paras = [json.loads(line)["text"] for line in (REPO / "pipelines/samples/docs.jsonl").open(encoding="utf-8")
-                 if json.loads(line).get("lang_label") == lab]
-    return [p.strip() for p in paras if len(p.strip()) >= (200 if lang == "en" else 80)]
-
-
-def build(work: Path, n_docs: int, bench_items: int, planted: float, seed: int) -> dict:
-    rng = random.Random(seed)
-    job = {"docs": {}, "items": {}, "benchmarks": [], "n": {}}
-    for lang in ("en", "zh"):
-        paras = paragraphs(lang)
-        rng.shuffle(paras)
-        n_bench = min(len(paras) // 3, 300)
-        bench, pool = paras[:n_bench], paras[n_bench:]
-        # More items (--bench-items) come from every n-gram window's neighbourhood: shuffled sentence mixes.
-        items = list(bench)
-        while len(items) < bench_items // 2:
-            a, b = rng.choice(pool), rng.choice(bench)
-            items.append(b[len(b) // 3:] + " " + a[: len(a) // 3])
-        docs = []
-        for i in range(n_docs // 2):
-            text = pool[i % len(pool)]
-            if rng.random() < planted:
-                src = rng.choice(bench)
-                start = rng.randrange(0, max(1, len(src) - 300))
-                cut = len(text) // 2
-                text = text[:cut] + " " + src[start:start + (300 if lang == "en" else 60)] + " " + text[cut:]
-            docs.append({"id": f"{lang}{i:06d}", "text": text})
+def build(work: Path, seed: int) -> tuple[decont_planted.Planted, dict]:
+    planted = decont_planted.build((SHARED / "prose-en.txt").read_text(encoding="utf-8"),
+                                   (SHARED / "prose-zh.txt").read_text(encoding="utf-8"), seed=seed)
+    job = {"benchmarks": [], "items": {}, "docs": str(work / "docs.jsonl")}
+    for lang, items in planted.items.items():
+        path = work / f"bench-{lang}.jsonl"
+        with open(path, "w", encoding="utf-8") as fh:
+            for item in items:
+                fh.write(json.dumps({"passage": item}, ensure_ascii=False) + "\n")
+        job["benchmarks"].append(str(path))
         (work / f"items-{lang}.json").write_text(json.dumps(items, ensure_ascii=False), encoding="utf-8")
-        with open(work / f"bench-{lang}.txt", "w", encoding="utf-8") as fh:
-            fh.write("\n".join(" ".join(it.split()) for it in items) + "\n")
-        with open(work / f"docs-{lang}.jsonl", "w", encoding="utf-8") as fh:
-            for d in docs:
-                fh.write(json.dumps(d, ensure_ascii=False) + "\n")
-        job["docs"][lang] = str(work / f"docs-{lang}.jsonl")
         job["items"][lang] = str(work / f"items-{lang}.json")
-        job["benchmarks"].append(str(work / f"bench-{lang}.txt"))
-        job["n"][lang] = len(docs)
-    with open(work / "docs-all.jsonl", "w", encoding="utf-8") as out:
-        for lang in ("en", "zh"):
-            out.write((work / f"docs-{lang}.jsonl").read_text(encoding="utf-8"))
-    return job
+    with open(work / "docs.jsonl", "w", encoding="utf-8") as fh:
+        for d in planted.docs:
+            fh.write(json.dumps(d, ensure_ascii=False) + "\n")
+    return planted, job
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--docs", type=int, default=8000, help="documents (half English, half Chinese)")
-    ap.add_argument("--bench-items", type=int, default=600, help="benchmark items (half per language)")
-    ap.add_argument("--planted", type=float, default=0.05, help="share of documents given a benchmark passage")
     ap.add_argument("--ngram", type=int, default=13)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    for name in ("prose-en.txt", "prose-zh.txt"):
+        if not (SHARED / name).is_file():
+            print(f"benchmarks/decontaminate.py: {SHARED / name} not found (the shared dev data)", file=sys.stderr)
+            return 2
     py = peer_venv.python()
     with tempfile.TemporaryDirectory(prefix="decont-bench-") as tmp:
         work = Path(tmp)
-        job = build(work, args.docs, args.bench_items, args.planted, seed=0)
-        n_docs = sum(job["n"].values())
-        ours_job = {"benchmarks": job["benchmarks"], "docs": str(work / "docs-all.jsonl"), "ngram": args.ngram}
+        planted, job = build(work, args.seed)
+        n_docs = len(planted.docs)
+        ours_job = {"benchmarks": job["benchmarks"], "docs": job["docs"], "ngram": args.ngram}
         peer_job = {"items": job["items"], "docs": job["docs"], "ngram": args.ngram, "work": str(work)}
         runs: dict[str, list[dict]] = {"dsdata": [], "datatrove": []}
         for _ in range(args.repeat):
@@ -161,22 +143,35 @@ def main(argv: list[str] | None = None) -> int:
             runs["dsdata"].append(peer_venv.last_json(proc.stdout))
             proc, _, _ = peer_venv.timed_child([str(py), "-c", _DATATROVE, json.dumps(peer_job)], cwd=tmp)
             runs["datatrove"].append(peer_venv.last_json(proc.stdout))
-    result = {}
+    result, recall = {}, {}
+    texts = {d["id"]: d["text"] for d in planted.docs}
     for name, rs in runs.items():
         cpu = statistics.median(r["cpu_s"] for r in rs)
-        hits = set(rs[0]["hits"])
+        hits = rs[0]["hits"]
+        score = decont_planted.scores(planted, hits, lambda detail: False)
+        recall[name] = score["recall"]
+        clean_footer = [i for i in hits if i.startswith("c-") and any(f in texts[i] for f in decont_planted.FOOTER.values())]
         result[name] = {"docs_per_cpu_s": round(n_docs / cpu, 1), "filter_cpu_s": round(cpu, 3),
                         "index_build_cpu_s": round(statistics.median(r["build_s"] for r in rs), 3),
-                        "ngrams_indexed": rs[0]["ngrams"], "rejected": len(hits),
-                        "rejected_en": sum(h.startswith("en") for h in hits),
-                        "rejected_zh": sum(h.startswith("zh") for h in hits)}
-        print(f"{name:10s} {result[name]['docs_per_cpu_s']:>10.1f} docs/CPU-s  index {result[name]['ngrams_indexed']:>9d} "
-              f"n-grams in {result[name]['index_build_cpu_s']:.2f} s  rejected en {result[name]['rejected_en']} "
-              f"zh {result[name]['rejected_zh']}")
+                        "ngrams_indexed": rs[0]["ngrams"], "recall": score["recall"]["all"],
+                        "recall_en": score["recall"]["en"], "recall_zh": score["recall"]["zh"],
+                        "recall_window": score["recall"]["window"],
+                        "clean_rejected": score["clean_rejected"], "clean_with_footer_rejected": len(clean_footer)}
+    print(f"{len(planted.planted)} planted documents ({len(decont_planted.CLASSES)} classes x 2 languages), "
+          f"{score['clean_docs']} clean ({planted.footer_docs} ending with a shared footer)")
+    print(f"{'recall':18s} {'dsdata':>8s} {'datatrove':>10s}")
+    for key in ["all", "en", "zh", *decont_planted.CLASSES,
+                *(f"{lang}/{c}" for lang in ("en", "zh") for c in decont_planted.CLASSES)]:
+        print(f"{key:18s} {recall['dsdata'][key]:8.3f} {recall['datatrove'][key]:10.3f}")
+    for name, r in result.items():
+        print(f"{name:10s} clean rejected {r['clean_rejected']:>4d} of {score['clean_docs']} "
+              f"({r['clean_with_footer_rejected']} on the footer)  {r['docs_per_cpu_s']:>9.1f} docs/CPU-s  "
+              f"index {r['ngrams_indexed']} n-grams in {r['index_build_cpu_s']:.2f} s")
     ratio = round(result["dsdata"]["docs_per_cpu_s"] / result["datatrove"]["docs_per_cpu_s"], 2)
     print(f"per core: dsdata / datatrove = {ratio}x  ({n_docs} documents, {args.ngram}-grams, median of {args.repeat})")
-    print(json.dumps({"benchmark": "decontaminate", "documents": n_docs, "ngram": args.ngram,
-                      "per_core": ratio, **{f"{k}_{m}": v for k, r in result.items() for m, v in r.items()}}))
+    print(json.dumps({"benchmark": "decontaminate", "documents": n_docs, "planted": len(planted.planted),
+                      "ngram": args.ngram, "per_core": ratio,
+                      **{f"{k}_{m}": v for k, r in result.items() for m, v in r.items()}}))
     return 0
 
 

@@ -131,7 +131,7 @@ stages:
   - clean: {}
   - poison: {}
   - rules: {min_words: 3}
-  - decontaminate: {benchmarks: [bench.jsonl], fields: [text], min_tokens: 5, ngram: 5}
+  - decontaminate: {benchmarks: [bench.jsonl], fields: [text], min_tokens: 5, ngram: 5, max_doc_frequency: null}
   - dedup: {}
 """
 PROSE = ("The river runs past the old mill where {i} children learn to swim every summer, "

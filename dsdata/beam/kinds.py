@@ -4,6 +4,8 @@
                                                            consecutive ones share one StageDoFn (ApplyStageChain)
   BatchStage     → BatchElements → ParDo(BatchStageDoFn)   unless a composite is registered below
   CorpusStage    → its composite from COMPOSITES           (dedup, difficulty, augment, shards)
+  a per-document stage with a corpus-wide part → its composite while `uses_composite()` (decontaminate's
+                                                           document-frequency cap)
 
 The recipe's leading run of per-document and batched stages without a composite or side outputs
 (`batchable`) runs instead on Batches straight from the reader: ParDo(BatchChainDoFn), one runner
@@ -32,7 +34,14 @@ COMPOSITES: dict[str, str] = {
     "augment": "dsdata.beam.augment",
     "shards": "dsdata.beam.shards",
     "relevance": "dsdata.beam.relevance",
+    "decontaminate": "dsdata.beam.decontaminate",
 }
+
+
+def has_composite(stage: Stage) -> bool:
+    """A stage that runs through its registered composite (one whose parameters turn the corpus-wide
+    part off runs as its kind says)."""
+    return stage.name in COMPOSITES and stage.uses_composite()
 
 
 # Stage name → module whose `batch_run(stage, shared)` runs that stage (one with a composite) inside
@@ -60,7 +69,7 @@ class ApplyStage(beam.PTransform):
 
     def expand(self, docs):
         stage = self.stage
-        if stage.name in COMPOSITES:
+        if has_composite(stage):
             composite = importlib.import_module(COMPOSITES[stage.name]).composite
             return dict(docs | composite(stage, self.context))
         if isinstance(stage, CorpusStage):
@@ -80,7 +89,7 @@ class ApplyStage(beam.PTransform):
 def fusable(stage: Stage) -> bool:
     """A per-document stage with no composite and no side outputs: it can share a StageDoFn with its
     per-document neighbours."""
-    return isinstance(stage, DocumentStage) and stage.name not in COMPOSITES and not stage.side_outputs
+    return isinstance(stage, DocumentStage) and not has_composite(stage) and not stage.side_outputs
 
 
 class ApplyStageChain(beam.PTransform):
@@ -101,7 +110,7 @@ class ApplyStageChain(beam.PTransform):
 def batchable(stage: Stage) -> bool:
     """A per-document or batched stage with no composite and no side outputs: it can run inside
     BatchChainDoFn on Batches of records."""
-    return (isinstance(stage, (DocumentStage, BatchStage)) and stage.name not in COMPOSITES
+    return (isinstance(stage, (DocumentStage, BatchStage)) and not has_composite(stage)
             and not stage.side_outputs)
 
 

@@ -1,9 +1,9 @@
 """Runs that resume where they died: the recipe's leading per-document stages are committed per unit.
 
 A run's *committed stages* are its leading stages that work one document at a time and can run
-inside one DoFn on the reader's Batches (kinds.committable: for pretrain.yaml clean, lang, rules,
-decontaminate and relevance; everything before the first whole-corpus stage — dedup, difficulty,
-augment, shards — or side output).  Each *unit* (an input file, or the byte range / row groups of
+inside one DoFn on the reader's Batches (kinds.committable: for pretrain.yaml clean, lang, rules
+and relevance; everything before the first whole-corpus stage — decontaminate with its cap, dedup,
+difficulty, augment, shards — or side output).  Each *unit* (an input file, or the byte range / row groups of
 one that a worker reads: dsdata/io/readers/ranges.py) is read and run through them by ONE DoFn call
 (CommitUnitsDoFn), whose results are written to OUT/resume/units as they come and committed once the
 unit is done, with the units finished just before it (dsdata/io/resume.py CommitGroup: fsync,

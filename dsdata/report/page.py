@@ -332,15 +332,23 @@ def _img(element_id: str, svg: str, alt: str) -> str:
 
 def tallies_section(stats: dict[str, Any]) -> list[str]:
     """The stages' tallies (stats.json "tallies": which benchmark contaminated how many documents,
-    how many e-mails, phones, … the pii stage found) as one table each."""
-    tallies = stats.get("tallies") or {}
-    if not tallies:
+    how many e-mails, phones, … the pii stage found) and the notes a stage's stats carry
+    (stage_stats.STAGE.notes: {title: {key: count}}, e.g. the n-grams decontaminate's cap set aside),
+    as one table each."""
+    tables = [(name, name, counts) for name, counts in (stats.get("tallies") or {}).items()]
+    for stage, stage_stats in (stats.get("stage_stats") or {}).items():
+        notes = stage_stats.get("notes") if isinstance(stage_stats, dict) else None
+        for i, (title, counts) in enumerate((notes or {}).items()):
+            tables.append((f"{stage}-note{i}", f"{stage}: {title}", counts))
+    if not tables:
         return []
     parts = ['<section id="tallies"><h2>Counts by kind</h2>']
-    for name, counts in tallies.items():
-        parts.append(f'<h3 id="tally-{_e(name)}">{_e(name)}</h3><table><tr><th>kind</th><th>count</th></tr>')
+    for anchor, title, counts in tables:
+        parts.append(f'<h3 id="tally-{_e(anchor)}">{_e(title)}</h3><table><tr><th>kind</th><th>count</th></tr>')
         parts.extend(f'<tr><td>{_e(k)}</td><td class="n">{_e(n)}</td></tr>'
                      for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        if not counts:
+            parts.append('<tr><td colspan=2 class="muted">none</td></tr>')
         parts.append("</table>")
     parts.append("</section>")
     return parts

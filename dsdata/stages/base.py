@@ -147,6 +147,12 @@ class Stage:
         machine, not at the parameters."""
         return None
 
+    def uses_composite(self) -> bool:
+        """Whether this stage, with these parameters, runs through the composite registered for its
+        name (dsdata/beam/kinds.py COMPOSITES); a per-document stage whose corpus-wide part a
+        parameter turns off answers False and runs one document at a time."""
+        return True
+
     def reject(self, doc: Document, reason: str, detail: str = "") -> Rejected:
         return Rejected(doc=doc, stage=self.name, reason=reason, detail=detail)
 

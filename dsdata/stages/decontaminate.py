@@ -4,16 +4,24 @@ What datatrove's NGramsDecontIndexer/NGramsDecontFilter and GPT-3's decontaminat
 `ngram`-token window (13 by default) of every benchmark item is indexed; a document containing any
 of them is rejected `contaminated`, its detail naming the benchmark file and the matched n-gram.
 
+Shared text.  With `max_doc_frequency` (default 20) an n-gram found in more documents of the corpus
+than that (a footer, a licence) does not reject, nor does one that overlaps such an n-gram in the
+document; a document holding `copy_fraction` of one item's n-grams is a copy whatever the counts.
+The counts need the whole corpus: dsdata/beam/decontaminate.py (`matches` per document, then
+`decide`); with `max_doc_frequency: null` the stage decides one document at a time (`process`).
+
 Tokens.  Text is NFKC-normalised and case-folded; a token is one CJK character (Chinese and
 Japanese have no spaces: 13 characters ≈ 6-8 words) or a run of other letters/digits; punctuation
-and spacing are ignored, so "Paris, France" and "paris france" share their n-grams.
+and spacing are ignored, so "Paris, France" and "paris france" share their n-grams, and an English
+clitic joins its word ("don't" = "dont" = "don t").
 
 Benchmarks.  A `.jsonl`/`.ndjson` file (optionally .gz) holds one JSON object per line and every
 string in the `fields` listed (null: every string value, lists of strings included, e.g. a
 multiple-choice item's options) is one item; any other file is plain text, one item per line.  An
 item shorter than `ngram` tokens is indexed whole when it has at least `min_tokens` (a short
 question still identifies the item).  A file that yields no n-gram stops the run: a silent no-op
-decontamination is what dolma users hit.
+decontamination is what dolma users hit; so does one that is not UTF-8 text (binary, a lying or
+truncated .gz, a line over MAX_LINE_BYTES, JSON nested too deeply), in one line.
 
 Scale.  Each n-gram is a 64-bit polynomial hash of its tokens' hashes, computed with numpy over a
 document; the index is one sorted uint64 array (8 bytes per n-gram: 10 million n-grams = 80 MB)
@@ -29,27 +37,52 @@ import os
 import re
 import threading
 import unicodedata
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import DocumentStage, Param, StageConfigError
-from dsdata.stages.params import Integer, ListOf, Path, Text
+from dsdata.stages.params import Integer, ListOf, Number, Path, Text
 from dsdata.stages.rules import CJK_CHARS
 
 # A CJK character alone, or a run of letters/digits of other scripts (no underscore: `a_b` is two).
 TOKEN_RE = re.compile(f"[{CJK_CHARS}]|(?:(?![{CJK_CHARS}])[^\\W_])+")
 _CJK_RE = re.compile(f"[{CJK_CHARS}]")
+# An English clitic (s, t, re, ll, ve, d, m) joins the word before it across an apostrophe or spaces:
+# "don't", "dont" and "don t" are one token, whichever a copy of the text was given.
+_CLITIC_RE = re.compile(r"(?<=[a-z])(?:['\u2019\u02bc\u0060\u00b4]\s*|\s+)(?=(?:s|t|re|ll|ve|d|m)(?![^\W_]))")
+# A "word" of punctuation alone between spaces ("-", "│", "=", "(+)"): no token, but a reader cutting
+# 13 words out of a passage counts it as one (see _item_hashes).
+_STANDALONE_RE = re.compile(r"(?<!\S)[^\w\s]+(?!\S)")
+MARK = "\u01c2"  # ǂ: a letter, so TOKEN_RE keeps it as a token of its own
 # Odd 64-bit multiplier of the polynomial n-gram hash (wraps modulo 2**64).
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 # The annotation (and stats.json tally) naming the benchmark a rejected document matched.
 TALLY = "decontaminate_benchmark"
+# The stage's note in stats.json (stage_stats.decontaminate.notes, shown by the report): the most
+# shared of the n-grams the document-frequency cap set aside, with the documents holding each.
+CAPPED_NOTE = "n-grams shared by more than max_doc_frequency documents (not used to reject)"
+CAPPED_LISTED = 50
+
+
+def _normal(text: str) -> str:
+    return _CLITIC_RE.sub("", unicodedata.normalize("NFKC", text).casefold())
 
 
 def tokens(text: str) -> list[str]:
     """Decontamination tokens of `text`: NFKC, case-folded, CJK characters and other words."""
-    return TOKEN_RE.findall(unicodedata.normalize("NFKC", text).casefold())
+    return TOKEN_RE.findall(_normal(text))
+
+
+def _marked_tokens(text: str) -> list[str] | None:
+    """tokens(text) with a MARK where a word of punctuation alone stands between spaces ("a - b",
+    "x │ y", "p = q"), or None when there is none."""
+    norm = _normal(text)
+    if not _STANDALONE_RE.search(norm):
+        return None
+    return TOKEN_RE.findall(_STANDALONE_RE.sub(MARK, norm))
 
 
 def window_hashes(toks: list[str], lengths) -> dict[int, np.ndarray]:
@@ -83,6 +116,17 @@ def ngram_hashes(toks: list[str], n: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class Match:
+    """One benchmark n-gram found in a document: its tokens as text, its benchmark, its length."""
+
+    key: str
+    benchmark: str
+    n: int
+    at: int    # the token position of its first occurrence in the document
+    item: int  # the benchmark item it is credited to (BenchmarkIndex.item)
+
+
+@dataclass(frozen=True)
 class BenchmarkIndex:
     """Sorted n-gram hashes of every benchmark and, for each, the benchmark (file) it came from."""
 
@@ -91,69 +135,124 @@ class BenchmarkIndex:
     names: tuple[str, ...]
     per_file: tuple[int, ...]  # n-grams each file yielded
     lengths: tuple[int, ...]   # window lengths indexed: ngram, and those of whole short items
+    item: np.ndarray        # int32: the item (numbered over all files) each n-gram is credited to
+    item_size: np.ndarray   # int32 per item: the n-grams credited to it
 
-    def first_match(self, doc_hashes: np.ndarray) -> int | None:
-        """Position in `doc_hashes` of the first hash in the index, or None."""
+    def all_matches(self, doc_hashes: np.ndarray) -> np.ndarray:
+        """Positions in `doc_hashes` of every hash in the index."""
         if not len(doc_hashes) or not len(self.hashes):
-            return None
+            return np.empty(0, dtype=np.int64)
         pos = np.searchsorted(self.hashes, doc_hashes)
         pos[pos == len(self.hashes)] = 0
-        hit = np.flatnonzero(self.hashes[pos] == doc_hashes)
-        return int(hit[0]) if len(hit) else None
-
-    def benchmark_of(self, h: np.uint64) -> str:
-        return self.names[int(self.source[np.searchsorted(self.hashes, h)])]
+        return np.flatnonzero(self.hashes[pos] == doc_hashes)
 
 
-def _open_text(path: str):
-    if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+# A benchmark line longer than this is not an item but a file that is not line-based text (or a
+# decompression bomb): refused rather than read whole into memory.
+MAX_LINE_BYTES = 16 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _strings(value, out: list[str]) -> None:
-    if isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, list):
-        for v in value:
-            _strings(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _strings(v, out)
+    # Iterative: a JSON value nested as deep as the parser allows does not exhaust Python's stack here.
+    stack = [value]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, list):
+            stack.extend(reversed(value))
+        elif isinstance(value, dict):
+            stack.extend(reversed(list(value.values())))
+
+
+def _lines(path: str):
+    """(line number, text) of a benchmark file, `.gz` decompressed; StageConfigError, one line, for a
+    file that is not UTF-8 text: binary (a NUL byte, or bytes that are not UTF-8), a `.gz` that is not
+    gzip or is truncated, a plain file that is really gzip, a line over MAX_LINE_BYTES."""
+    def bad(why: str) -> StageConfigError:
+        return StageConfigError(f"decontaminate: benchmark {path} {why}: it must be UTF-8 text "
+                                f"(.jsonl/.ndjson or one item per line, optionally .gz)")
+
+    with open(path, "rb") as raw:
+        gz = path.endswith(".gz")
+        if not gz and raw.read(2) == _GZIP_MAGIC:
+            raise bad("is gzip-compressed but not named .gz")
+        raw.seek(0)
+        fh = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        lineno = 0
+        try:
+            while True:
+                line = fh.readline(MAX_LINE_BYTES + 1)
+                if not line:
+                    return
+                lineno += 1
+                if len(line) > MAX_LINE_BYTES:
+                    raise bad(f"line {lineno} is longer than {MAX_LINE_BYTES >> 20} MiB")
+                if b"\0" in line:
+                    raise bad(f"line {lineno} holds a NUL byte (a binary file?)")
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise bad(f"line {lineno} is not UTF-8 (byte {exc.start + 1}: a binary file?)") from None
+                yield lineno, text
+        except (OSError, EOFError, zlib.error) as exc:
+            if isinstance(exc, StageConfigError):
+                raise
+            raise bad(f"cannot be decompressed after line {lineno} ({exc.__class__.__name__}: {exc})") from None
 
 
 def benchmark_items(path: str, fields: list[str] | None):
     """The text items of one benchmark file (see the module docstring); StageConfigError on a bad line."""
     base = path[:-3] if path.endswith(".gz") else path
     is_jsonl = base.lower().endswith((".jsonl", ".ndjson"))
-    with _open_text(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            if not is_jsonl:
-                yield line
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise StageConfigError(f"decontaminate: benchmark {path} line {lineno} is not JSON ({exc})") from None
-            found: list[str] = []
-            if fields is None:
-                _strings(obj, found)
-            elif isinstance(obj, dict):
-                for field in fields:
-                    _strings(obj.get(field), found)
-            else:
-                raise StageConfigError(f"decontaminate: benchmark {path} line {lineno} is not a JSON object, "
-                                       f"so it has no field {fields[0]!r}")
-            yield from found
+    for lineno, line in _lines(path):
+        line = line.strip().lstrip("\ufeff") if lineno == 1 else line.strip()
+        if not line:
+            continue
+        if not is_jsonl:
+            yield line
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise StageConfigError(f"decontaminate: benchmark {path} line {lineno} is not JSON ({why})") from None
+        found: list[str] = []
+        if fields is None:
+            _strings(obj, found)
+        elif isinstance(obj, dict):
+            for field in fields:
+                _strings(obj.get(field), found)
+        else:
+            raise StageConfigError(f"decontaminate: benchmark {path} line {lineno} is not a JSON object, "
+                                   f"so it has no field {fields[0]!r}")
+        yield from found
 
 
 def _item_hashes(item: str, n: int, min_tokens: int, lengths: set[int]) -> np.ndarray:
+    """The hashes of an item's n-grams (or of the whole item when it is short); and, for each n-word
+    window of the item without CJK that holds one or two words of punctuation alone ("-", "│"), the
+    hash of its other tokens: 13 words cut out of "set the mode - then restart the server …" are 12
+    tokens, and are caught."""
     toks = tokens(item)
     if len(toks) >= n:
-        return ngram_hashes(toks, n)
+        out = [ngram_hashes(toks, n)]
+        marked = _marked_tokens(item) if n > 2 else None
+        if marked is not None:
+            is_mark = np.fromiter((t == MARK for t in marked), dtype=bool, count=len(marked))
+            is_cjk = np.fromiter((bool(_CJK_RE.match(t)) for t in marked), dtype=bool, count=len(marked))
+            window = np.ones(n, dtype=int)
+            marks = np.convolve(is_mark, window, mode="valid")  # per n-window: its marks, its CJK tokens
+            cjk = np.convolve(is_cjk, window, mode="valid")
+            for k in (1, 2):
+                # Words only: Chinese is not cut into words at spaces, and its 11 characters are a phrase.
+                starts = np.flatnonzero((marks == k) & (cjk == 0))
+                if len(starts):
+                    lengths.add(n - k)
+                    out.append(np.array([ngram_hashes([t for t in marked[i:i + n] if t != MARK], n - k)[0]
+                                         for i in starts.tolist()], dtype=np.uint64))
+        return np.concatenate(out)
     if min_tokens and len(toks) >= min_tokens:
         lengths.add(len(toks))
         return ngram_hashes(toks, len(toks))  # the whole short item is one n-gram of its own length
@@ -161,26 +260,34 @@ def _item_hashes(item: str, n: int, min_tokens: int, lengths: set[int]) -> np.nd
 
 
 def build_index(paths: list[str], names: list[str], fields: list[str] | None, n: int, min_tokens: int) -> BenchmarkIndex:
-    chunks, sources, per_file, lengths = [], [], [], {n}
+    chunks, sources, items, per_file, lengths = [], [], [], [], {n}
     for i, path in enumerate(paths):
-        file_hashes = [_item_hashes(item, n, min_tokens, lengths) for item in benchmark_items(path, fields)]
-        got = np.unique(np.concatenate(file_hashes)) if file_hashes else np.empty(0, dtype=np.uint64)
-        if not len(got):
+        file_chunks = []
+        for item in benchmark_items(path, fields):
+            got = np.unique(_item_hashes(item, n, min_tokens, lengths))
+            if len(got):
+                file_chunks.append(got)
+                items.append(np.full(len(got), len(items), dtype=np.int32))
+        file_hashes = np.concatenate(file_chunks) if file_chunks else np.empty(0, dtype=np.uint64)
+        if not len(file_hashes):
             what = f"the fields {', '.join(fields)}" if fields else "its items"
             raise StageConfigError(
                 f"decontaminate: benchmark {path} yields no n-gram ({what} have fewer than "
                 f"min_tokens={min_tokens} tokens, or the file is empty): it would decontaminate nothing")
-        per_file.append(len(got))
-        chunks.append(got)
-        sources.append(np.full(len(got), i, dtype=np.int32))
+        per_file.append(len(np.unique(file_hashes)))
+        chunks.append(file_hashes)
+        sources.append(np.full(len(file_hashes), i, dtype=np.int32))
     hashes = np.concatenate(chunks)
     source = np.concatenate(sources)
-    # Stable sort by hash, then keep each hash's first occurrence: the first file listed wins.
+    item = np.concatenate(items)
+    # Stable sort by hash, then keep each hash's first occurrence: the first file (and item) listed wins.
     order = np.argsort(hashes, kind="stable")
-    hashes, source = hashes[order], source[order]
+    hashes, source, item = hashes[order], source[order], item[order]
     first = np.ones(len(hashes), dtype=bool)
     first[1:] = hashes[1:] != hashes[:-1]
-    return BenchmarkIndex(hashes[first], source[first], tuple(names), tuple(per_file), tuple(sorted(lengths)))
+    item = item[first]
+    return BenchmarkIndex(hashes[first], source[first], tuple(names), tuple(per_file), tuple(sorted(lengths)),
+                          item, np.bincount(item, minlength=len(items)).astype(np.int32))
 
 
 # (paths with their size and mtime, fields, n, min_tokens) → index: built once per process.
@@ -228,6 +335,14 @@ class DecontaminateStage(DocumentStage):
                               "null: every string value", ListOf(Text(nonempty=True), nonempty=True, single=True),
                         nullable=True),
         "ngram": Param(13, "tokens per n-gram (a token is a word, or one CJK character)", Integer(min=1)),
+        "max_doc_frequency": Param(
+            20, "a benchmark n-gram found in more than this many documents of the corpus is shared text "
+                "(a footer, licence, navigation), counted and listed in stats.json but not used to reject; "
+                "null: every n-gram rejects, one document at a time", Integer(min=1), nullable=True),
+        "copy_fraction": Param(
+            0.5, "a document holding at least this share of one benchmark item's n-grams is rejected even "
+                 "when they are over max_doc_frequency (a passage copied into many documents)",
+            Number(0, 1, open_min=True)),
         "min_tokens": Param(8, "an item shorter than ngram but with at least this many tokens is indexed whole "
                                "(0: never)", Integer(min=0)),
     }
@@ -251,26 +366,80 @@ class DecontaminateStage(DocumentStage):
         self._index = shared_index(list(self.benchmarks), benchmark_names(self.benchmarks), self.fields,
                                    self.ngram, self.min_tokens)
 
+    def __getstate__(self):
+        # The index is not shipped with the pipeline: each worker process builds (or reuses) its own.
+        state = dict(self.__dict__)
+        state.pop("_index", None)
+        return state
+
     @property
     def index(self) -> BenchmarkIndex:
         if self._index is None:
             self.setup()
         return self._index
 
-    def process(self, doc: Document) -> Document | Rejected:
+    def uses_composite(self) -> bool:
+        # With a document-frequency cap the decision needs the whole corpus (dsdata/beam/decontaminate.py).
+        return self.max_doc_frequency is not None
+
+    def matches(self, doc: Document) -> list[Match]:
+        """Every distinct benchmark n-gram of `doc`, in the order they first occur in it (at one
+        position, the longer window first).  Its key is the n-gram's tokens joined by spaces: the same
+        in every worker process (the hashes are not), so the corpus-wide counts can be keyed on it."""
         index = self.index
         toks = tokens(doc.text)
         if len(toks) < index.lengths[0]:
-            return doc
-        # The earliest match in the document, the longest window first at a position.
-        best: tuple[int, int] | None = None
+            return []
+        found: list[tuple[int, int, str]] = []
         for n, hashes in window_hashes(toks, index.lengths).items():
-            hit = index.first_match(hashes)
-            if hit is not None and (best is None or hit < best[0] or (hit == best[0] and n > best[1])):
-                best = (hit, n)
-        if best is None:
+            hits = index.all_matches(hashes)
+            if len(hits):
+                at = np.searchsorted(index.hashes, hashes[hits])
+                found.extend(zip(hits.tolist(), [-n] * len(hits), (index.names[s] for s in index.source[at].tolist()),
+                                 index.item[at].tolist()))
+        out: dict[str, Match] = {}
+        for i, neg, bench, item in sorted(found):
+            key = " ".join(toks[i:i - neg])
+            if key not in out:
+                out[key] = Match(key, bench, -neg, i, item)
+        return list(out.values())
+
+    def decide(self, doc: Document, matches: list[Match], capped=frozenset()) -> Document | Rejected:
+        """`doc` rejected `contaminated` on its first benchmark n-gram that neither is `capped` (shared
+        by more than max_doc_frequency documents of the corpus) nor overlaps a capped n-gram in this
+        document (the text just before or after a footer: "…current locale" + the footer's first words
+        is under the cap, but part of it is the footer, and the rest too short to count); or, whatever the cap, when it holds
+        at least copy_fraction of one benchmark item's n-grams, and at least `ngram` of them (a
+        passage copied into many documents is still a copy).  Kept otherwise."""
+        if not matches:
             return doc
-        hit, n = best
-        bench = index.benchmark_of(ngram_hashes(toks[hit:hit + n], n)[0])
-        doc.annotations[TALLY] = {bench: 1}
-        return self.reject(doc, "contaminated", f"benchmark {bench}: {n}-gram {shown(toks[hit:hit + n])!r}")
+        chosen = None
+        if capped:
+            spans = [(m.at, m.at + m.n) for m in matches if m.key in capped]
+            covered = np.zeros(max(end for _, end in spans) + 1 if spans else 0, dtype=bool)
+            for start, end in spans:
+                covered[start:end] = True
+            for m in matches:
+                if m.key not in capped and not covered[m.at:m.at + m.n].any():
+                    chosen = m
+                    break
+            if chosen is None:
+                held = np.bincount([m.item for m in matches])
+                sizes = self.index.item_size[:len(held)]
+                # At least `ngram` n-grams too (a run of 2 × ngram - 1 tokens): a short item is a phrase
+                # the corpus may share, like any boilerplate.
+                copied = np.flatnonzero((held >= self.copy_fraction * sizes) & (held >= self.ngram))
+                if len(copied):
+                    chosen = next(m for m in matches if m.item == copied[0])
+        else:
+            chosen = matches[0]
+        if chosen is None:
+            return doc
+        doc.annotations[TALLY] = {chosen.benchmark: 1}
+        return self.reject(doc, "contaminated",
+                           f"benchmark {chosen.benchmark}: {chosen.n}-gram {shown(chosen.key.split(' '))!r}")
+
+    def process(self, doc: Document) -> Document | Rejected:
+        """Without the corpus: every benchmark n-gram rejects (what the stage does with
+        max_doc_frequency null, and what a direct call does)."""
+        return self.decide(doc, self.matches(doc))
