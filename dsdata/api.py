@@ -192,7 +192,7 @@ def _storage_failed(failure, output: str) -> Exception:
 
     from dsdata.beam.errors import RunFailed
     from dsdata.beam.pipeline import mark_incomplete
-    from dsdata.report.names import shown_path
+    from dsdata.core.names import shown_path
 
     gc.collect()  # the failed run's writers, and the space their open files hold, are let go
     line = failure.describe(where=output)

@@ -12,7 +12,7 @@ import warnings
 
 from dsdata.collector import collect_young_less
 
-from dsdata.report.names import shown_path
+from dsdata.core.names import shown_path
 from dsdata.api import DEFAULT_RECIPE, RunError, execute, one_line_errors, prepare_run
 from dsdata.io.object_storage import add_object_storage_flags, object_storage_beam_args
 
@@ -173,7 +173,7 @@ def cmd_run(argv: list[str]) -> int:
     _refuse_unknown_flags(parser, argv)
     args, beam_args = parser.parse_known_args(argv)
     beam_args = object_storage_beam_args(args) + beam_args  # Beam's S3Options: forwarded to every worker
-    from dsdata.report.display import resolve_mode
+    from dsdata.core.display import resolve_mode
 
     if not args.quiet:
         logging.getLogger("dsdata").setLevel(logging.INFO)

@@ -82,7 +82,7 @@ def test_pipeline_ledger_with_any_file_names_and_any_out_name(tmp_path_factory, 
     import pyarrow.parquet as pq
 
     import dsdata
-    from dsdata.report.names import recovered_path
+    from dsdata.core.names import recovered_path
 
     tmp = os.fsencode(str(tmp_path_factory.mktemp("n")))
     folder = tmp + b"/in"

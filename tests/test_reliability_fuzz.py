@@ -502,7 +502,7 @@ def test_any_file_name_is_listed_read_and_shown_losslessly(tmp_path_factory, nam
     import pytest
 
     from dsdata.io.inputs import InputPathError, expand_directories
-    from dsdata.report.names import recovered_path, shown_path
+    from dsdata.core.names import recovered_path, shown_path
 
     folder = os.fsencode(str(tmp_path_factory.mktemp("names")))
     for name in names:

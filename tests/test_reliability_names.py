@@ -17,7 +17,7 @@ import pytest
 import zstandard
 
 from dsdata.document import Document, Rejected
-from dsdata.report.names import recovered_path, shown_path
+from dsdata.core.names import recovered_path, shown_path
 from dsdata.io.readers import read_file
 
 REPO = Path(__file__).resolve().parents[1]

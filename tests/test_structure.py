@@ -249,8 +249,91 @@ def test_no_import_circle(level):
 
 
 def test_the_report_package_imports_nothing_of_the_pipeline():
-    """dsdata.report reads a run's files: it imports neither Beam nor the stages, the recipe or the readers."""
+    """dsdata.report reads a run's files: it imports neither Beam nor the stages, the recipe or the
+    readers; only itself and the ground floor (dsdata.core)."""
     wrong = [f"{_rel(path)}:{line} imports {module}" for name, path in MODULES.items() if name.startswith("dsdata.report")
              for module, _top, line in _imports(path)
-             if module.startswith("dsdata.") and not module.startswith("dsdata.report") or _is_beam(module)]
+             if module.startswith("dsdata.") and not module.startswith(("dsdata.report", "dsdata.core"))
+             or _is_beam(module)]
+    assert not wrong, wrong
+
+
+# The floors of the house, lowest first: a unit (a top-level module or package of dsdata) imports only
+# units on its own floor or below.  `core` is the ground floor; the launchers are the roof.
+FLOORS = [
+    {"core", "document", "safe_yaml", "stop_signals", "compiled", "native_panics", "model_limits", "models"},
+    {"io"},
+    {"tokenizer", "clean", "dedup", "export"},
+    {"lm", "relevance", "augment", "train"},
+    {"stages"},
+    {"runners", "recipe", "collector"},
+    {"report"},
+    {"beam"},
+    {"api", "cli", "commands", "dsdata"},
+]
+
+
+def _floor(module: str) -> int:
+    parts = module.split(".")
+    unit = parts[1] if len(parts) > 1 else "dsdata"
+    for level, units in enumerate(FLOORS):
+        if unit in units:
+            return level
+    raise AssertionError(f"{module}: its unit '{unit}' is on no floor of FLOORS (tests/test_structure.py)")
+
+
+def test_no_package_imports_a_floor_above_its_own():
+    """Shared helpers live on the ground floor (dsdata/core/), never filed under their first user:
+    io/, train/, export/ do not reach up into report/ for a path's display or a progress bar."""
+    wrong = []
+    for name, path in MODULES.items():
+        for module, _top, line in _imports(path):
+            if module.startswith("dsdata.") and module.split(".")[1] != "__version__" and _floor(module) > _floor(name):
+                wrong.append(f"{_rel(path)}:{line} imports {module} (floor {_floor(module)} above {_floor(name)})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_imports_another_packages_private_names():
+    """A private name (`_x`) or module (`_x.py`) is used only inside its own package."""
+    wrong = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dsdata.")):
+                continue
+            if node.module.split(".")[:2] == name.split(".")[:2]:
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            private += [part for part in node.module.split(".") if part.startswith("_") and part != "__init__"]
+            if private:
+                wrong.append(f"{_rel(path)}:{node.lineno} imports {node.module}: {', '.join(private)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_beam_module_reaches_into_the_dedup_composite():
+    """beam/dedup/ is one composite: its siblings in beam/ use shared pieces (spill files, parking)
+    from beam/ itself, never its internals; kinds.py names it by its registry row only."""
+    wrong = [f"{_rel(path)}:{line} imports {module}" for name, path in MODULES.items()
+             if name.startswith("dsdata.beam.") and not name.startswith("dsdata.beam.dedup")
+             for module, _top, line in _imports(path) if module.startswith("dsdata.beam.dedup")]
+    assert not wrong, wrong
+
+
+def _string_literals(path: Path) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.value, node.lineno) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_the_report_and_the_launcher_spell_no_stage_name():
+    """What the report draws of a stage and what a run checks before it starts are declared by the
+    stage (Stage.charts, Stage.preflight): report/ and api.py hold no stage's name."""
+    from dsdata.stages import REGISTRY
+
+    files = [p for n, p in MODULES.items() if n.startswith("dsdata.report")] + [MODULES["dsdata.api"]]
+    wrong = [f"{_rel(path)}:{line} spells {value!r}" for path in files
+             for value, line in _string_literals(path) if value in REGISTRY]
     assert not wrong, wrong

@@ -142,7 +142,7 @@ def test_bad_sources_are_one_line_errors(sets, message):
 
 def test_a_mixture_built_in_python_checks_its_shares_too(sources):
     with pytest.raises(ConfigError, match=r"data: data.sources\[1\].weight must be > 0 and < 1e\+06, got 1e\+300"):
-        MixtureBatches(data_config(sources[:2], [1.0, 1e300]), 16, 10)
+        MixtureBatches(data_config(sources[:2], [1.0, 1e300]), 16, 10, 4)
 
 
 def test_the_cli_reports_a_bad_source_in_one_line(tmp_path):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from dsdata.beam.dedup.spill import spill_directory
+from dsdata.beam.spill import spill_directory
 from dsdata.beam.errors import passes_through
 from dsdata.beam.park import FlattenParked
 from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageCounters

@@ -6,6 +6,8 @@ report package itself never imports Beam.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import datetime as _dt
 import json
 import platform
@@ -15,7 +17,7 @@ from typing import IO, Any
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from dsdata.report.names import shown_path
+from dsdata.core.names import shown_path
 from dsdata.report.files import register_remote_files
 
 
@@ -69,7 +71,9 @@ def run_info(recipe, stages, options, seconds: float | None = None) -> dict[str,
         "recipe_path": recipe.path,
         "inputs": [shown_path(p) for p in recipe.inputs],  # UTF-8 whatever the names' bytes
         "input_format": recipe.input_format,
-        "stages": [{"name": s.name, "params": _jsonable(s.parameter_values())} for s in stages],
+        # Each stage's declared charts travel with the run: the report draws them from this file alone.
+        "stages": [{"name": s.name, "params": _jsonable(s.parameter_values()),
+                    "charts": [dataclasses.asdict(c) for c in s.charts]} for s in stages],
         "runner": str(runner) if runner is not None else None,
         "pipeline_options": _jsonable({k: REDACTED if _CREDENTIAL_OPTION.search(k) else v
                                        for k, v in flags.items() if v is not None}),

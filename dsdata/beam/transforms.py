@@ -24,7 +24,7 @@ from dsdata.beam.errors import (StageResultError, annotation_checks, checked_res
                                 error_rejection, passes_through, retry_one_at_a_time)
 from dsdata.document import Document, Rejected
 from dsdata.io import local_paths
-from dsdata.report.names import shown_path
+from dsdata.core.names import shown_path
 from dsdata.io.readers import READ_STAGE, READERS, InputFormatError, cuttable_format, range_bytes_for, read_file
 from dsdata.beam.counters import stage_counter
 from dsdata.stages.base import BatchStage, DocumentStage, Stage

@@ -85,12 +85,12 @@ def cmd_train(argv: list[str]) -> int:
               "train_seconds": meta["train_seconds"]}
     if valid:
         from dsdata.relevance.scorer import load_scorer
-        from dsdata.relevance.training import _write_meta
+        from dsdata.relevance.training import write_meta
 
         report, _ = _evaluate(load_scorer(args.out, device=args.device), valid, 0.5)
         _print_report(report, f"held-out ({args.holdout:g} of the groups, seed {args.seed}):")
         meta["holdout"] = {"fraction": args.holdout, "seed": args.seed, "data": os.path.basename(args.data), **report}
-        _write_meta(args.out, meta)
+        write_meta(args.out, meta)
         result["holdout"] = report
     print(json.dumps(result))
     return 0

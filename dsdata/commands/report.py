@@ -16,7 +16,7 @@ def main(argv: list[str]) -> int:
     add_object_storage_flags(parser)
     args = parser.parse_args(argv)
     from dsdata.report.files import is_remote
-    from dsdata.report.names import recovered_path, shown_path
+    from dsdata.core.names import recovered_path, shown_path
     from dsdata.report.page import is_run_output, write_report
 
     if is_remote(args.output):

@@ -12,7 +12,7 @@ from dsdata.commands import CommandParser
 from dsdata.io.object_storage import add_object_storage_flags, object_storage_beam_args
 from dsdata.io.shard_tokenizer import verify_shard_set
 from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest
-from dsdata.report.names import shown_path
+from dsdata.core.names import shown_path
 
 
 def cmd_verify(args) -> int:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from dsdata.io import local_paths
 from dsdata.io.readers import InputFormatError, detect_format
-from dsdata.report.names import shown_path
+from dsdata.core.names import shown_path
 
 
 class InputPathError(ValueError):

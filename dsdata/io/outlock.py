@@ -24,7 +24,7 @@ from typing import Iterator
 
 from dsdata.io.shm import pid_alive
 from dsdata.io.untrusted_files import load_json_file
-from dsdata.report.names import shown_path
+from dsdata.core.names import shown_path
 
 LOCK_NAME = ".dsdata.lock"
 

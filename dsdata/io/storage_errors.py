@@ -15,7 +15,7 @@ import re
 import shutil
 from dataclasses import dataclass
 
-from dsdata.report.names import shown_path
+from dsdata.core.names import shown_path
 
 # Never a record's fault nor the code's: the disk, the quota or the mount.
 STORAGE_ERRNOS = {

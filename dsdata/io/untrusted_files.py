@@ -22,7 +22,7 @@ import os
 import stat
 from typing import Any, Sequence
 
-from dsdata.report.names import shown_path  # names in messages as every line shows them
+from dsdata.core.names import shown_path  # names in messages as every line shows them
 
 MAX_JSON_DEPTH = 64
 MAX_JSON_BYTES = 256 << 20

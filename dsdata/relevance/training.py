@@ -23,7 +23,7 @@ from dsdata.relevance.data import LabelledText
 Log = Callable[[str], None]
 
 
-def _write_meta(out_dir: str, meta: dict) -> None:
+def write_meta(out_dir: str, meta: dict) -> None:
     with open(os.path.join(out_dir, META_FILE), "w", encoding="utf-8") as fh:
         json.dump(meta, fh, indent=2, ensure_ascii=False)
         fh.write("\n")
@@ -40,7 +40,7 @@ def train_fasttext_model(records: Sequence[LabelledText], out_dir: str, quantize
     meta = {"backend": "fasttext", "model_file": os.path.basename(path), "quantized": quantize,
             "train_args": {**DEFAULT_TRAIN_ARGS, **overrides}, "train_records": len(records),
             "train_seconds": round(time.time() - start, 1)}
-    _write_meta(out_dir, meta)
+    write_meta(out_dir, meta)
     log(f"fasttext: trained on {len(records)} records in {meta['train_seconds']} s → {path}")
     return meta
 
@@ -118,7 +118,7 @@ def train_bert_model(records: Sequence[LabelledText], out_dir: str, encoder: str
             "epochs": epochs, "lr": lr, "batch_size": batch_size, "max_length": windows_of.max_length,
             "long_documents": "head_tail", "positive_index": 1, "train_records": len(records),
             "train_windows": len(windows), "seed": seed, "train_seconds": round(time.time() - start, 1)}
-    _write_meta(out_dir, meta)
+    write_meta(out_dir, meta)
     log(f"bert: trained {k}/{n_layers} layers + head on {len(records)} records in {meta['train_seconds']} s → {out_dir}")
     return meta
 

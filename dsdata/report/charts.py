@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from typing import Any, Callable
 
+from dsdata.core.chart import Chart
 from dsdata.report import svgchart
 
 
@@ -188,20 +189,22 @@ KINDS: dict[str, Callable[..., str | None]] = {
 }
 
 
-def declared_charts(stages: list[dict[str, Any]]) -> list[tuple[Any, dict[str, Any]]]:
-    """(chart, its stage's parameters) for every chart the run's stages declare (run.json "stages"),
-    in `KINDS` order; a stage whose class cannot be loaded here shows no chart."""
-    from dsdata.stages import StageConfigError, stage_class
-
+def declared_charts(stages: list[dict[str, Any]]) -> list[tuple[Chart, dict[str, Any]]]:
+    """(chart, its stage's parameters) for every chart the run's stages declared (run.json "stages"),
+    in `KINDS` order; a chart of a kind this report does not know, or that is malformed, is left out."""
+    fields = set(Chart.__dataclass_fields__)
     found = []
     for spec in stages:
-        try:
-            cls = stage_class(spec["name"])
-        except (StageConfigError, ImportError, KeyError, TypeError):
-            continue
-        found.extend((chart, spec.get("params") or {}) for chart in cls.charts)
+        declared = spec.get("charts") if isinstance(spec, dict) else None
+        for raw in declared if isinstance(declared, list) else ():
+            if isinstance(raw, dict) and set(raw) <= fields and raw.get("kind") in KINDS \
+                    and all(isinstance(v, str) for v in raw.values()):
+                try:
+                    found.append((Chart(**raw), spec.get("params") or {}))
+                except TypeError:  # a required field missing
+                    continue
     order = list(KINDS)
-    return sorted((c for c in found if c[0].kind in KINDS), key=lambda c: order.index(c[0].kind))
+    return sorted(found, key=lambda c: order.index(c[0].kind))
 
 
 def chart_columns(charts: list[tuple[Any, dict[str, Any]]]) -> list[str]:

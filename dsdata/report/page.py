@@ -24,7 +24,7 @@ from dsdata.report import charts, svgchart
 from dsdata.report.charts import histogram_chart
 from dsdata.report.cjkfont import embedded_font
 from dsdata.report.files import LOCAL, files_for
-from dsdata.report.names import shown_path
+from dsdata.core.names import shown_path
 
 log = logging.getLogger("dsdata")
 

@@ -22,8 +22,8 @@ import threading
 import time
 
 # The mode choice, the clock and the bar are shared with the trainer.
-from dsdata.report.display import MODES, logging_above_bar, open_bar, resolve_mode  # noqa: F401 (re-exported)
-from dsdata.report.display import clock as _clock
+from dsdata.core.display import MODES, logging_above_bar, open_bar, resolve_mode  # noqa: F401 (re-exported)
+from dsdata.core.display import clock as _clock
 
 log = logging.getLogger("dsdata")
 

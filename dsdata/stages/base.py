@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
+from dsdata.core.chart import Chart
 from dsdata.document import Document, Rejected
 from dsdata.stages.params import BadValue, ListOf, ParamType, Path
 
@@ -77,27 +78,6 @@ class SideOutput:
     directory: bool = False
     sort_keys: bool = False
     ensure_ascii: bool = True
-
-
-@dataclass(frozen=True)
-class Chart:
-    """A chart of the run report (report.html), drawn from a column of the kept documents that the
-    declaring stage writes.  `kind` names a renderer of dsdata/report/charts.py: `histogram` (a
-    numeric column; `threshold` names the stage parameter drawn on it as a line), `categories` (the
-    20 most common values), `cutoffs` (one log-scale panel per value of `group`, with the cut-offs of
-    the stage's JSON side output `side_output`), `grades` (the counts of `side_output`), `clusters`
-    (cluster sizes from `column`, else counted from `also`).  `alt` is the image's text."""
-
-    kind: str
-    column: str
-    element_id: str
-    title: str
-    alt: str
-    label: str = ""
-    threshold: str = ""
-    group: str = ""
-    side_output: str = ""
-    also: str = ""
 
 
 class Stage:

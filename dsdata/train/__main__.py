@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from dsdata.report.display import MODES
+from dsdata.core.display import MODES
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from dsdata.io.shards import tokenizer_vocab
 from dsdata.train.config import ConfigError, DataConfig
 from dsdata.train.protocols import BatchSource
 
@@ -147,12 +148,6 @@ def resolve_shard_dir(path: str) -> str:
         return nested
     raise ConfigError(f"data.path = {path!r}: no manifest.json there or in its shards/ folder; "
                       "point it at the shards of a `dsdata run` (RUN_DIR or RUN_DIR/shards)")
-
-
-def tokenizer_vocab(manifest: dict) -> int | None:
-    """The vocabulary of the tokenizer a shard manifest names (None: not recorded)."""
-    tokenizer = manifest.get("tokenizer") or {}
-    return int(tokenizer["vocab_size"]) if tokenizer.get("vocab_size") else None
 
 
 def build_batches(data: DataConfig, seq_len: int, total_steps: int, batch_size: int) -> BatchSource:

@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsdata.report.display import MODES
+from dsdata.core.display import MODES
 from dsdata.train.curriculum import MAX_SHARE
 from dsdata.train.model import ModelArgs
 from dsdata.train.optim import DEFAULT_OPTIMIZER, OPTIMIZERS

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from dsdata.report.display import clock, logging_above_bar, open_bar, resolve_mode
+from dsdata.core.display import clock, logging_above_bar, open_bar, resolve_mode
 
 log = logging.getLogger("dsdata.train")
 
@@ -59,7 +59,7 @@ def format_step_line(record: dict[str, Any], total_steps: int, elapsed: float) -
 
 
 class ConsoleProgress:
-    """Live progress on stderr, chosen as `dsdata run --progress` chooses (dsdata.report.display):
+    """Live progress on stderr, chosen as `dsdata run --progress` chooses (dsdata.core.display):
     a tqdm bar on a terminal (total = steps; loss and tok/s after it), else a line at step 1 (the
     run is seen to train long before step `interval`), every `interval` steps and at the last step.
     `interval` 0 shows nothing."""

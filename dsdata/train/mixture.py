@@ -31,8 +31,7 @@ import numpy as np
 import torch
 
 from dsdata.export.source import shard_set_name
-from dsdata.io.shards import MANIFEST, ShardError, locate_shard_dir
-from dsdata.train.batches import tokenizer_vocab
+from dsdata.io.shards import MANIFEST, ShardError, locate_shard_dir, tokenizer_vocab
 from dsdata.train.config import ConfigError, DataConfig, check_sources
 
 _STATE_FORMAT = "dsdata-mixture"
