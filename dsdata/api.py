@@ -181,7 +181,7 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
                                     pipeline_options(list(recipe.beam_args) + list(beam_args)))
         location.check_remote_inputs(remote_inputs)
     # May refuse an input, before OUT is made.
-    expanded = resolve_recipe_inputs(recipe, confined=given is None)
+    expanded = resolve_recipe_inputs(recipe, confined=given is None, output=output)
     if "://" in output:
         output = location.check_remote_output(output)
     else:

@@ -665,7 +665,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     if output is None:  # the recipe's own output may not leave the working directory (recipe_output)
         output = recipe.output if is_remote(recipe.output) else recipe_output(recipe)
     if not recipe.inputs_checked:  # called from Python with a recipe nobody checked: the CLI's checks
-        resolve_recipe_inputs(recipe, confined=recipe.inputs_from_file)
+        resolve_recipe_inputs(recipe, confined=recipe.inputs_from_file, output=output)
     budget = ErrorBudget.parse(max_errors)
     stages = recipe.build_stages()
     options = pipeline_options(list(recipe.beam_args) + list(beam_args or []))
