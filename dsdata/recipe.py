@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from dsdata.io.readers import FORMATS as READER_FORMATS
+from dsdata.io.untrusted_files import UntrustedFileError, read_regular_file
 from dsdata.runners import BeamOptionError, find_runner
 from dsdata.safe_yaml import YamlBoundError, load_bounded, yaml_error_line
 from dsdata.stages import Stage, StageConfigError, stage_class
@@ -227,13 +228,13 @@ def parse_value(text: str, item: str | None = None) -> Any:
 
 def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
     """Read a recipe, resolve its paths and apply `--set STAGE.PARAM=VALUE` overrides."""
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise RecipeError(f"recipe '{path}' not found; pass a YAML file such as pipelines/pretrain.yaml")
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_RECIPE_BYTES + 1)
+        # A regular file of bounded size: a FIFO would block, /dev/zero never end.
+        data = read_regular_file(path, "recipe", MAX_RECIPE_BYTES)
         raw = load_bounded(data, path, max_bytes=MAX_RECIPE_BYTES) or {}
-    except (YamlBoundError, BeamOptionError) as exc:
+    except (YamlBoundError, BeamOptionError, UntrustedFileError) as exc:
         raise RecipeError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise RecipeError(f"{path}: not valid YAML: {yaml_error_line(exc)}") from None

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
+from dsdata.io.untrusted_files import UntrustedFileError, read_regular_file
 from dsdata.report.display import MODES
 from dsdata.train.model import ModelArgs
 
@@ -187,6 +189,9 @@ BOUNDS: dict[str, dict[str, Bound]] = {
 }
 
 
+# A trainer config is a page of TOML; a bigger file is not one (and bounds what a bad one costs).
+MAX_CONFIG_BYTES = 1 << 20
+
 _KIND_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "a table", list: "an array"}
 
 
@@ -257,11 +262,16 @@ def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> Config:
 
 
 def load_config(path: str, overrides: list[str] | None = None) -> Config:
+    """The config file (a regular file of at most MAX_CONFIG_BYTES: a FIFO or /dev/zero is one line,
+    never a hang or a read without end) with `overrides` applied, checked."""
+    if not os.path.lexists(path):
+        raise ConfigError(f"{path}: config file not found (see models/*.toml)")
     try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found (see models/*.toml)") from None
+        raw = tomllib.loads(read_regular_file(path, "config file", MAX_CONFIG_BYTES).decode("utf-8"))
+    except UntrustedFileError as exc:
+        raise ConfigError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML (not UTF-8 at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
     return config_from_dict(apply_overrides(raw, overrides or []), path)
