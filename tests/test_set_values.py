@@ -87,3 +87,15 @@ def test_allowed_values_follow_the_stages_other_parameters(tmp_path):
     assert LanguageStage(backend="langdetect", keep=["zh-tw", "en"]).keep == ["zh", "en"]
     assert LanguageStage(model=str(tmp_path / "missing.ftz"), keep=["xx"]).keep == ["xx"]
     assert LanguageStage(keep="all").keep == [] and LanguageStage(keep=[]).keep == []
+
+
+def test_difficulty_lang_is_one_of_the_languages_its_model_folder_has(tmp_path):
+    """The same mechanism on another stage: difficulty.lang names a language model_dir holds a model
+    for (the shipped folder: en, zh); a folder that is one model for all takes any language."""
+    work = _work(tmp_path, "  - difficulty: {}\n")
+    assert load_recipe(str(work / "r.yaml"), ["difficulty.lang=zh"]).stages[0].params["lang"] == "zh"
+    with pytest.raises(RecipeError, match=r"^difficulty\.lang: 'eng' is not one of the languages .* has models for; "
+                                          r"did you mean 'en'\?$"):
+        load_recipe(str(work / "r.yaml"), ["difficulty.lang=eng"])
+    one = REPO / "pipelines" / "models" / "lm" / "en"
+    assert load_recipe(str(work / "r.yaml"), [f"difficulty.model_dir={one}", "difficulty.lang=fr"]).stages[0].params["lang"] == "fr"
