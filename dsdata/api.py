@@ -242,14 +242,22 @@ def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] 
     them, replacing the recipe's (local, gs://, s3://).  output: OUT (default: the recipe's, under
     the working directory).  overrides: {"STAGE.PARAM": value} or ["STAGE.PARAM=VALUE", …], as
     `--set`.  input_format: as `--format`.  max_errors: as `--max-errors` (25, "0.5%").  beam_args:
-    Beam pipeline options (["--direct_num_workers=2", …]).  progress: "off", "lines" or "bar".
+    Beam pipeline options (["--direct_num_workers=2", …]).  progress: "off", "lines", "bar" or "auto".
     limit: as `--limit` (read only the first N records).  resume: as `--resume` (continue a killed
     or failed run into `output`, reusing the work it committed; refused with exit_code 3 when that
     work is another recipe's or other inputs').
 
     Raises RunError (one line; `exit_code` as the command's) for any problem, including a run over
     its error budget, whose outputs are written all the same."""
+    from dsdata.report.display import resolve_mode
+
     with one_line_errors():
+        try:  # as `dsdata run --progress` takes it (auto: a bar on a terminal)
+            progress = resolve_mode(progress)
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+        if not isinstance(resume, bool):
+            raise RunError(f"resume must be True or False, got {resume!r}")
         prepared = prepare_run(None if recipe is None else os.fspath(recipe), inputs,
                                None if output is None else os.fspath(output), input_format,
                                _override_items(overrides), beam_args, max_errors=max_errors, quiet=True,

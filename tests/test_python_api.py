@@ -67,7 +67,9 @@ def test_problems_are_one_run_error_with_the_commands_exit_code(tmp_path):
     for kwargs, words in [({"overrides": ["lang.min_score=2"]}, "has no stage 'lang'"),
                           ({"inputs": [str(tmp_path / "missing*.jsonl")]}, "no files match input"),
                           ({"max_errors": "lots"}, "max-errors"),
-                          ({"beam_args": ["--direct_running_mode=multi_threading"]}, "is refused")]:
+                          ({"beam_args": ["--direct_running_mode=multi_threading"]}, "is refused"),
+                          ({"progress": "bars"}, "progress mode must be one of auto, bar, lines, off"),
+                          ({"resume": "yes"}, "resume must be True or False")]:
         with pytest.raises(dsdata.RunError, match=words) as info:
             dsdata.run(tmp_path / "ok.yaml", output=tmp_path / "out2", **kwargs)
         assert info.value.exit_code == 2
