@@ -180,3 +180,15 @@ def test_a_config_or_recipe_that_is_no_regular_file_is_one_line_not_a_hang(tmp_p
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_training_commands_refuse_a_fifo_input_in_one_line(tmp_path):
+    """The same class for the other commands that read a user's file: `dsdata tokenizer train
+    --input FIFO` and `dsdata classifier train --data FIFO` waited for a writer for ever."""
+    fifo = tmp_path / "texts.jsonl"
+    os.mkfifo(fifo)
+    for args in (["tokenizer", "train", "--input", str(fifo), "--out", str(tmp_path / "tok")],
+                 ["classifier", "train", "--backend", "fasttext", "--data", str(fifo), "--out", str(tmp_path / "clf")]):
+        proc = _cli(*args)
+        assert proc.returncode == 2 and "is a FIFO, not a regular file" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
