@@ -67,6 +67,9 @@ def test_the_same_checks_for_recipe_files_and_the_python_api(tmp_path):
     with pytest.raises(RecipeError, match=r"r\.yaml: lang\.keep: 'eng' is not one of the 176 languages "
                                           r"lid\.176\.ftz reports; did you mean 'en'\?"):
         load_recipe(str(work / "r.yaml"))
+    with pytest.raises(RecipeError, match=r"^lang\.backend must be one of fasttext, langdetect, got 'fasttex'; "
+                                          r"did you mean 'fasttext'\?$"):
+        load_recipe(str(work / "r.yaml"), ["lang.backend=fasttex"])  # a fixed Choice: the same hint
     work = _work(tmp_path / "api")
     for overrides, words in [({"lang.keep": ["zh", "eng"]}, "did you mean 'en'"),
                              ({"lang.keep": "zh,en"}, "a list is written"),
