@@ -353,6 +353,8 @@ def apply_override(recipe: Recipe, item: str) -> None:
         attr = {"format": "input_format", "text_field": "text_field", "id_field": "id_field"}.get(param)
         if attr is None:
             raise RecipeError(f"--set '{item}': input takes format, text_field, id_field (use --input for paths)")
+        if parsed is None or isinstance(parsed, (list, dict)):
+            raise RecipeError(f"--set '{item}': input.{param} must be a single name, got {parsed!r}")
         setattr(recipe, attr, str(parsed))
         return
     matches = [s for s in recipe.stages if s.name == target]

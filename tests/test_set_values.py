@@ -70,6 +70,8 @@ def test_the_same_checks_for_recipe_files_and_the_python_api(tmp_path):
     with pytest.raises(RecipeError, match=r"^lang\.backend must be one of fasttext, langdetect, got 'fasttex'; "
                                           r"did you mean 'fasttext'\?$"):
         load_recipe(str(work / "r.yaml"), ["lang.backend=fasttex"])  # a fixed Choice: the same hint
+    with pytest.raises(RecipeError, match=r"input\.text_field must be a single name, got \['body', 'text'\]"):
+        load_recipe(str(work / "r.yaml"), ["input.text_field=[body, text]"])  # was the field "['body', 'text']"
     work = _work(tmp_path / "api")
     for overrides, words in [({"lang.keep": ["zh", "eng"]}, "did you mean 'en'"),
                              ({"lang.keep": "zh,en"}, "a list is written"),
