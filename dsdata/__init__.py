@@ -5,12 +5,18 @@ The Python API (docs in README.md, "Python API"):
 * `dsdata.run(recipe, inputs=..., output=..., overrides=...)` runs a recipe as `dsdata run` does and
   returns its stats (OUT/stats.json as a dict); every problem is one `dsdata.RunError`.
 * `dsdata.register_stage(cls)` makes a DocumentStage or BatchStage subclass usable by name in recipes.
+* What a custom stage is written with (README.md, "Custom stages"): `DocumentStage`, `BatchStage`,
+  `Param` and its types (`Integer`, `Number`, `Text`, `Boolean`, `Choice`, `ListOf`, `Path`), and the
+  records a stage takes and returns, `Document` and `Rejected`.
 
 They are imported on first use: `import dsdata` loads neither Beam nor pyarrow.
 """
 __version__ = "0.1.0"
 
-_LAZY = {"run": "dsdata.api", "RunError": "dsdata.api", "register_stage": "dsdata.stages"}
+_LAZY = {"run": "dsdata.api", "RunError": "dsdata.api", "register_stage": "dsdata.stages",
+         "DocumentStage": "dsdata.stages", "BatchStage": "dsdata.stages", "Param": "dsdata.stages",
+         "Document": "dsdata.document", "Rejected": "dsdata.document",
+         **dict.fromkeys(("Integer", "Number", "Text", "Boolean", "Choice", "ListOf", "Path"), "dsdata.stages.params")}
 
 __all__ = ["__version__", *_LAZY]
 

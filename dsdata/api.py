@@ -55,7 +55,9 @@ def _problem_classes() -> tuple[tuple[type[BaseException], ...], tuple[type[Base
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
-    """dsdata's own exceptions, re-raised as RunError (the original chained as its cause)."""
+    """dsdata's own exceptions, re-raised as RunError (the original chained as its cause).  The
+    first Beam import of a run, the CLI's and the API's, is here: quietly (quiet_library_imports)."""
+    quiet_library_imports()
     from dsdata.beam.pipeline import LedgerError
 
     from dsdata.io.resume import RESUME_REFUSED_EXIT, ResumeRefused
@@ -71,6 +73,44 @@ def one_line_errors() -> Iterator[None]:
         raise RunError(str(exc), 2) from exc
     except during + (LedgerError,) as exc:
         raise RunError(str(exc), 1) from exc
+
+
+# A library line a normal run has no use for, by the module that logs it and its text: Beam's GCP
+# client package warns through the root logger, when imported (by Beam's own I/O modules), that
+# Google's apitools is absent, though no run of dsdata's needs it.
+QUIET_IMPORT_WARNINGS = (("apache_beam.io.gcp.internal.clients.bigquery", "apitools not found"),)
+
+
+def _known_import_noise(record: logging.LogRecord) -> bool:
+    """False for a record of QUIET_IMPORT_WARNINGS (a filter of the root logger, which they use)."""
+    path = record.pathname.replace(os.sep, "/")
+    return not any(path.endswith(module.replace(".", "/") + "/__init__.py") and record.getMessage().startswith(text)
+                   for module, text in QUIET_IMPORT_WARNINGS)
+
+
+def filter_library_noise() -> None:
+    """QUIET_IMPORT_WARNINGS filtered at the root logger, which logs them (once per process)."""
+    root = logging.getLogger()
+    if _known_import_noise not in root.filters:
+        root.addFilter(_known_import_noise)
+
+
+def quiet_library_imports() -> None:
+    """Import QUIET_IMPORT_WARNINGS' modules with their warnings filtered at the logger they use;
+    while they import, a logger without handlers gets a NullHandler, so that `logging.warning()`
+    does not configure the caller's logging (basicConfig) as a side effect."""
+    import importlib
+
+    filter_library_noise()
+    root = logging.getLogger()
+    guard = logging.NullHandler()
+    root.addHandler(guard)
+    try:
+        for module, _ in QUIET_IMPORT_WARNINGS:
+            with contextlib.suppress(Exception):
+                importlib.import_module(module)
+    finally:
+        root.removeHandler(guard)
 
 
 def default_recipe() -> str:
@@ -141,7 +181,7 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
                                     pipeline_options(list(recipe.beam_args) + list(beam_args)))
         location.check_remote_inputs(remote_inputs)
     # May refuse an input, before OUT is made.
-    expanded = resolve_recipe_inputs(recipe, confined=given is None)
+    expanded = resolve_recipe_inputs(recipe, confined=given is None, output=output)
     if "://" in output:
         output = location.check_remote_output(output)
     else:
@@ -213,14 +253,22 @@ def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] 
     them, replacing the recipe's (local, gs://, s3://).  output: OUT (default: the recipe's, under
     the working directory).  overrides: {"STAGE.PARAM": value} or ["STAGE.PARAM=VALUE", …], as
     `--set`.  input_format: as `--format`.  max_errors: as `--max-errors` (25, "0.5%").  beam_args:
-    Beam pipeline options (["--direct_num_workers=2", …]).  progress: "off", "lines" or "bar".
+    Beam pipeline options (["--direct_num_workers=2", …]).  progress: "off", "lines", "bar" or "auto".
     limit: as `--limit` (read only the first N records).  resume: as `--resume` (continue a killed
     or failed run into `output`, reusing the work it committed; refused with exit_code 3 when that
     work is another recipe's or other inputs').
 
     Raises RunError (one line; `exit_code` as the command's) for any problem, including a run over
     its error budget, whose outputs are written all the same."""
+    from dsdata.report.display import resolve_mode
+
     with one_line_errors():
+        try:  # as `dsdata run --progress` takes it (auto: a bar on a terminal)
+            progress = resolve_mode(progress)
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+        if not isinstance(resume, bool):
+            raise RunError(f"resume must be True or False, got {resume!r}")
         prepared = prepare_run(None if recipe is None else os.fspath(recipe), inputs,
                                None if output is None else os.fspath(output), input_format,
                                _override_items(overrides), beam_args, max_errors=max_errors, quiet=True,
@@ -262,11 +310,22 @@ UNSAFE_RUNNING_MODES = {
 
 
 def check_beam_args(beam_args: list[str]) -> None:
+    """Beam options (the recipe's and the caller's) refused as `dsdata run` refuses its flags: an
+    option that no Beam options class declares is a typo (Beam would drop it and run anyway), as is
+    one of `dsdata run`'s own flags, which dsdata.run() takes as keyword arguments."""
     from dsdata.beam.engines.options import check_runner, last_option
+    from dsdata.beam.known_options import beam_option_names, unknown_flag_message
 
     bad = [a for a in beam_args if not a.startswith("--")]
     if bad:
         raise RunError(f"unexpected argument(s) {' '.join(bad)}; Beam options must look like --name=value")
+    own = run_flags()
+    for arg in beam_args:
+        message = unknown_flag_message(arg, own)
+        if message is None and arg.split("=", 1)[0] not in beam_option_names():
+            message = f"{arg.split('=', 1)[0]} is an option of dsdata run, not of Beam (dsdata.run() takes it as a keyword)"
+        if message:
+            raise RunError(message)
     runner = last_option(beam_args, "runner")
     if runner is not None:
         check_runner(runner)
@@ -282,3 +341,11 @@ def check_preflight(recipe) -> None:
         problem = stage.preflight()
         if problem:
             raise RunError(f"{problem} (details: dsdata doctor)")
+
+
+def run_flags() -> list[str]:
+    """The long flags of `dsdata run` (the closest one is suggested for a typo)."""
+    from dsdata.beam.known_options import long_flags
+    from dsdata.cli import _run_parser
+
+    return long_flags(_run_parser())

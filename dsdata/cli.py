@@ -13,7 +13,7 @@ import warnings
 from dsdata.collector import collect_young_less
 
 from dsdata.core.names import shown_path
-from dsdata.api import DEFAULT_RECIPE, RunError, execute, one_line_errors, prepare_run
+from dsdata.api import DEFAULT_RECIPE, RunError, execute, filter_library_noise, one_line_errors, prepare_run
 from dsdata.io.object_storage import add_object_storage_flags, object_storage_beam_args
 
 # Sub-commands implemented in their own modules (dsdata/commands/NAME.py, each with main(argv)).
@@ -150,10 +150,13 @@ def _execute_stoppable(prepared, beam_args: list[str], progress: str) -> dict:
     """execute(), stopped cleanly by SIGINT/SIGTERM (dsdata/stop_signals.py): a signal that came
     while the run went — Beam may have made another exception of it, or finished the run anyway —
     leaves OUT marked incomplete (no stats.json, OUT/INCOMPLETE) and ends the command in one line."""
-    from dsdata.beam.pipeline import mark_incomplete
+    from dsdata.beam.pipeline import RESUME_HINT, mark_incomplete
     from dsdata.stop_signals import stop_on_signals
 
     output = prepared.output
+    # What the run commits is kept for --resume, except a --limit trial's (it commits nothing) and a
+    # remote OUT's (no atomic rename to commit with).
+    resumable = prepared.recipe.limit is None and "://" not in output
     with stop_on_signals() as stop:
         try:
             stats = execute(prepared, beam_args, progress=progress)
@@ -161,9 +164,10 @@ def _execute_stoppable(prepared, beam_args: list[str], progress: str) -> dict:
             if stop.signum is None:
                 raise
         if stop.signum is not None:
-            mark_incomplete(output, f"the run was stopped by {stop.name}")
+            mark_incomplete(output, f"the run was stopped by {stop.name}", resumable=resumable)
             raise CommandInterrupted(stop, f"stopped by {stop.name}: workers stopped, lock released; "
-                                           f"{shown_path(output)} is incomplete (see {shown_path(output)}/INCOMPLETE)")
+                                           f"{shown_path(output)} is incomplete (see {shown_path(output)}/INCOMPLETE)"
+                                           + (f"; {RESUME_HINT}" if resumable else ""))
     return stats
 
 
@@ -296,9 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         gc.disable()
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    # Beam's GCP I/O module warns at import time when Google's client libraries are absent, even
-    # for runs that never touch GCP; that line only confuses users of local runs.
-    logging.getLogger().addFilter(lambda record: "apitools not found" not in record.getMessage())
+    filter_library_noise()  # every command: a library's import-time warning a user has no use for
     for handler in logging.getLogger().handlers:
         handler.addFilter(_not_reported_in_one_line)
     # A file name with [ is passed to Beam's matcher as `[[]` (its pattern syntax cannot quote);

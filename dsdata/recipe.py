@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from dsdata.io.readers import FORMATS as READER_FORMATS
+from dsdata.io.untrusted_files import UntrustedFileError, read_regular_file
 from dsdata.runners import BeamOptionError, find_runner
 from dsdata.safe_yaml import YamlBoundError, load_bounded, yaml_error_line
 from dsdata.stages import Stage, StageConfigError, stage_class
@@ -217,23 +218,30 @@ def _recipe_runner(value: str, recipe_path: str) -> str:
     return runner.class_path
 
 
-def parse_value(text: str) -> Any:
-    """A --set value: YAML scalar/list syntax (1, 0.5, true, [zh, en]); plain strings stay strings."""
+def parse_value(text: str, item: str | None = None) -> Any:
+    """A --set value: YAML (safe_load) scalar/list syntax (1, 0.5, true, [zh, en], plain words).
+    Text that is not valid YAML (`[zh, en` with its bracket missing) is refused in one line, never
+    taken as a string: a string that YAML cannot read is quoted ('@x')."""
+    where = f"--set '{item}'" if item is not None else f"value {text!r}"
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+        return load_bounded(text, where)  # yaml.safe_load, bounded as a recipe file is
+    except YamlBoundError as exc:
+        raise RecipeError(str(exc)) from None
+    except (yaml.YAMLError, UnicodeError) as exc:
+        problem = yaml_error_line(exc) if isinstance(exc, yaml.YAMLError) else "bytes that are not UTF-8"
+        raise RecipeError(f"{where}: not valid YAML ({problem}); write a list as [a, b], "
+                          "and quote a string YAML cannot read ('...')") from None
 
 
 def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
     """Read a recipe, resolve its paths and apply `--set STAGE.PARAM=VALUE` overrides."""
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise RecipeError(f"recipe '{path}' not found; pass a YAML file such as pipelines/pretrain.yaml")
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_RECIPE_BYTES + 1)
+        # A regular file of bounded size: a FIFO would block, /dev/zero never end.
+        data = read_regular_file(path, "recipe", MAX_RECIPE_BYTES)
         raw = load_bounded(data, path, max_bytes=MAX_RECIPE_BYTES) or {}
-    except (YamlBoundError, BeamOptionError) as exc:
+    except (YamlBoundError, BeamOptionError, UntrustedFileError) as exc:
         raise RecipeError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise RecipeError(f"{path}: not valid YAML: {yaml_error_line(exc)}") from None
@@ -327,11 +335,11 @@ def check_parameters(recipe: Recipe) -> None:
     a bad value is one line naming STAGE.PARAM (and the recipe file, when the value is from it)."""
     for spec in recipe.stages:
         cls = _stage_class_or_error(spec.name, recipe.path)
-        for key in spec.params:
-            try:
-                cls.check_params({key: spec.params[key]})
-            except StageConfigError as exc:
-                raise RecipeError(str(exc) if key in spec.from_command_line else f"{recipe.path}: {exc}") from None
+        try:
+            cls.check_params(spec.params)  # together: a value's allowed set may depend on the others
+        except StageConfigError as exc:
+            from_command_line = exc.param is not None and exc.param in spec.from_command_line
+            raise RecipeError(str(exc) if from_command_line else f"{recipe.path}: {exc}") from None
 
 
 def _stage_class_or_error(name: str, path: str) -> type[Stage]:
@@ -347,11 +355,13 @@ def apply_override(recipe: Recipe, item: str) -> None:
     target, dot, param = key.partition(".")
     if not sep or not dot or not param:
         raise RecipeError(f"--set '{item}': expected STAGE.PARAM=VALUE, e.g. --set lang.min_score=0.6")
-    parsed = parse_value(value)
+    parsed = parse_value(value, item)
     if target == "input":
         attr = {"format": "input_format", "text_field": "text_field", "id_field": "id_field"}.get(param)
         if attr is None:
             raise RecipeError(f"--set '{item}': input takes format, text_field, id_field (use --input for paths)")
+        if parsed is None or isinstance(parsed, (list, dict)):
+            raise RecipeError(f"--set '{item}': input.{param} must be a single name, got {parsed!r}")
         setattr(recipe, attr, str(parsed))
         return
     matches = [s for s in recipe.stages if s.name == target]

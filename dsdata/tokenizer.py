@@ -37,11 +37,16 @@ def iter_training_texts(patterns: list[str], text_field: str = "text") -> Iterat
     """Texts from files matching `patterns`: .txt (documents separated by a blank line), .jsonl
     (field `text_field`) or .parquet (column `text_field`, e.g. a run's kept/*.parquet)."""
     paths: list[str] = []
+    from dsdata.io.untrusted_files import UntrustedFileError, regular_file
+
     for pattern in patterns:
         matched = sorted(glob.glob(pattern))
         if not matched:
             raise TokenizerError(f"no files match --input '{pattern}'; check the path or quote the glob")
-        paths.extend(matched)
+        try:  # a FIFO would wait for a writer, /dev/zero never end
+            paths.extend(regular_file(path, "--input") for path in matched)
+        except UntrustedFileError as exc:
+            raise TokenizerError(str(exc)) from None
     for path in paths:
         lower = path.lower()
         if lower.endswith(".parquet"):

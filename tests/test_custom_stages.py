@@ -18,25 +18,14 @@ from dsdata.stages.plugins import CustomStages
 
 REPO = Path(__file__).resolve().parents[1]
 
-STAGE_MODULE = '''
-import pyarrow as pa
-from dsdata.stages import DocumentStage, Param
-from dsdata.stages.params import Integer
+def _readme_stage() -> str:
+    """The custom stage the README shows (its section's Python block), as a plug-in's module."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Custom stages"):]
+    return section[section.index("```python\n") + len("```python\n"):section.index("```\n", section.index("```python"))]
 
 
-class DropShortStage(DocumentStage):
-    """Rejects documents shorter than min_chars; annotates the kept ones with their length."""
-    name = "drop_short"
-    description = "reject documents under min_chars characters"
-    params = {"min_chars": Param(20, "fewest characters a kept document has", Integer(min=0))}
-    annotations = {"chars": pa.int64()}
-
-    def process(self, doc):
-        if len(doc.text) < self.min_chars:
-            return self.reject(doc, "too_short", str(len(doc.text)))
-        doc.annotations["chars"] = len(doc.text)
-        return doc
-'''
+STAGE_MODULE = _readme_stage()  # the README's example is what these tests install and run
 
 
 def _distribution(root: Path, name: str, module: str, source: str, entry_points: dict[str, str]) -> Path:

@@ -71,3 +71,47 @@ def test_run_with_empty_input_directory_is_one_line(tmp_path, capsys):
                      "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("dsdata: error: input directory") and "holds no files" in err[0]
+
+
+def _dsdata(args: list[str], cwd: Path):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+@pytest.mark.slow
+def test_an_output_directory_inside_the_input_folder_is_never_read_as_input(tmp_path):
+    """`--input DIR --output DIR/out` twice: the second run reads the same 3 documents, not the first
+    run's outputs (3 → 8 before), and says so in one line; OUT given relative, through a link, or
+    as a glob's match is left out the same way; an input that is OUT, or lies in it, is refused."""
+    import os
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        (data / f"f{i}.jsonl").write_text(json.dumps({"id": f"d{i}", "text": f"Document {i} of the folder."}) + "\n")
+    (tmp_path / "r.yaml").write_text("input: {paths: [data]}\nstages: [clean]\n")
+    (tmp_path / "out-link").symlink_to(data / "out")
+    first = _dsdata(["--input", "data", "--output", "data/out"], tmp_path)
+    assert first.returncode == 0 and json.loads((data / "out" / "stats.json").read_text())["input"] == 3, first.stderr
+    for output in ("data/out", "out-link", str(data / "out")):
+        res = _dsdata(["--input", "data", "--output", output], tmp_path)
+        assert res.returncode == 0, res.stderr
+        stats = json.loads((data / "out" / "stats.json").read_text())
+        assert stats["input"] == 3 and stats["kept"] == 3, stats
+        said = [ln for ln in res.stderr.splitlines() if "output directory lies inside an input directory" in ln]
+        assert len(said) == 1 and "are not read as input" in said[0], res.stderr
+        assert stats["inputs_left_out"]["in_output_directory"]["count"] >= 3  # kept/, rejected/, stats.json, …
+    res = _dsdata(["--input", "data/*", "--output", "data/out"], tmp_path)  # a glob that matches OUT itself
+    assert res.returncode == 0 and json.loads((data / "out" / "stats.json").read_text())["input"] == 3, res.stderr
+    before = sorted(os.listdir(data))
+    for args, named in [(["--input", "data", "--output", "data"], "data"),
+                        (["--input", "data/out/kept", "--output", "data/out"], "data/out/kept"),
+                        (["--input", "out-link/stats.json", "--format", "jsonl", "--output", "data/out"], "out-link/stats.json")]:
+        res = _dsdata(args, tmp_path)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+        assert f"{named}' lies in the output directory" in res.stderr and "pass another --output" in res.stderr
+    assert sorted(os.listdir(data)) == before

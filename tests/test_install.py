@@ -144,3 +144,43 @@ def test_readme_names_every_extra_that_all_installs():
     assert f"`all` (all {words[len(in_all)]}: {', '.join(in_all)})" in readme
     for name in in_all:
         assert f"`{name}` (" in readme, name
+
+
+def test_doctor_reports_every_extra_the_installed_metadata_declares(tmp_path):
+    """Extras come from dsdata's installed metadata, never a second list: every one of them (dist and
+    s3 were missing) is a row, and an extra a metadata declares with a distribution that is not
+    installed (a dsdata-0.1.0.dist-info put first on the path) is a warning naming it."""
+    from importlib import metadata
+
+    declared = metadata.metadata("dsdata").get_all("Provides-Extra")
+    assert {"dist", "s3"} <= set(declared)
+    report = json.loads(_cli(["doctor", "--json"], tmp_path).stdout.strip().splitlines()[-1])
+    assert {f"extra [{e}]" for e in declared} <= {c["name"] for c in report["checks"]}
+    fake = tmp_path / "fake"
+    info = fake / "dsdata-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dsdata\nVersion: 0.1.0\nProvides-Extra: gpu\n"
+                                   "Provides-Extra: old\nRequires-Dist: pyyaml>=6\n"
+                                   'Requires-Dist: no-such-dist-for-dsdata-tests>=1; extra == "gpu"\n'
+                                   'Requires-Dist: pyyaml<1; extra == "old"\n')
+    report = json.loads(_cli(["doctor", "--json"], tmp_path, fake).stdout.strip().splitlines()[-1])
+    extras = {c["name"]: c for c in report["checks"] if c["name"].startswith("extra")}
+    assert set(extras) == {"extra [gpu]", "extra [old]"}
+    assert extras["extra [gpu]"]["status"] == "warn" and "missing no-such-dist-for-dsdata-tests" in extras["extra [gpu]"]["detail"]
+    assert "pyyaml<1 (" in extras["extra [old]"]["detail"] and "installed)" in extras["extra [old]"]["detail"]
+
+
+def test_beam_is_pinned_to_the_version_installed_and_every_doc_names_it():
+    """constraints.txt pins apache-beam to what the code is tested with; the README, the docs, the
+    worker image and the Prism command name that version, no other."""
+    from importlib import metadata
+
+    beam = metadata.version("apache-beam")
+    pins = [ln for ln in (REPO / "constraints.txt").read_text().splitlines() if ln.startswith("apache-beam")]
+    assert pins == [f"apache-beam=={beam}"]
+    texts = {p: p.read_text(encoding="utf-8") for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+                                                       REPO / "docker" / "beam-worker" / "Dockerfile"]}
+    for path, text in texts.items():
+        for found in re.findall(r"prism@v([0-9.]+)|beam_python3\.\d+_sdk:([0-9.]+)|apache-beam ([0-9.]+[0-9])", text):
+            assert beam in found, (path, found)
+    assert f"prism@v{beam}" in texts[REPO / "README.md"]

@@ -67,7 +67,9 @@ def test_problems_are_one_run_error_with_the_commands_exit_code(tmp_path):
     for kwargs, words in [({"overrides": ["lang.min_score=2"]}, "has no stage 'lang'"),
                           ({"inputs": [str(tmp_path / "missing*.jsonl")]}, "no files match input"),
                           ({"max_errors": "lots"}, "max-errors"),
-                          ({"beam_args": ["--direct_running_mode=multi_threading"]}, "is refused")]:
+                          ({"beam_args": ["--direct_running_mode=multi_threading"]}, "is refused"),
+                          ({"progress": "bars"}, "progress mode must be one of auto, bar, lines, off"),
+                          ({"resume": "yes"}, "resume must be True or False")]:
         with pytest.raises(dsdata.RunError, match=words) as info:
             dsdata.run(tmp_path / "ok.yaml", output=tmp_path / "out2", **kwargs)
         assert info.value.exit_code == 2
@@ -136,3 +138,33 @@ def test_the_readme_example_runs_as_written(tmp_path):
     assert stats["ledger_ok"] and stats["kept"] > 0 and stats["rejected_total"] > 0
     claimed = re.search(r"# on the samples: (.+)", code).group(1)  # what the README says it prints
     assert res.stdout.strip() == claimed == f"{stats['input']} {stats['kept']} {stats['rejected']}"
+
+
+def test_unknown_beam_options_are_refused_as_the_cli_refuses_them_and_a_run_prints_no_library_noise(tmp_path):
+    """A mistyped option is one RunError with the command's line (Beam would drop it and run); a
+    `dsdata run` flag given as a Beam option is refused too; a normal run, API or CLI, prints no
+    library warning (Beam's `apitools not found`, logged through the root logger at import)."""
+    _corpus(tmp_path, ["one small document for the run"])
+    (tmp_path / "r.yaml").write_text("input: {paths: [in.jsonl]}\nstages: [clean]\n", encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cli = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--output", "out", "--ouput=x"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert cli.returncode == 2, cli.stderr
+    code = ("import dsdata, sys\n"
+            "for args in (['--ouput=x'], ['--output=x'], ['--direct_num_workers']):\n"
+            "    try:\n"
+            "        dsdata.run('r.yaml', output='out', beam_args=args)\n"
+            "    except dsdata.RunError as exc:\n"
+            "        print(exc.exit_code, exc)\n"
+            "stats = dsdata.run('r.yaml', output='out', beam_args=['--direct_num_workers=1'])\n"
+            "print(stats['kept'])\n")
+    api = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert api.returncode == 0, api.stderr
+    lines = api.stdout.splitlines()
+    assert lines[0] == "2 " + cli.stderr.strip().removeprefix("dsdata: error: ") == "2 unknown option --ouput; did you mean --output?"
+    assert lines[1].startswith("2 --output is an option of dsdata run, not of Beam")
+    assert lines[2] == "2 Beam option --direct_num_workers takes its value after '=': --direct_num_workers=VALUE"
+    assert lines[3:] == ["1"] and api.stderr == ""
+    cli = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--output", "out"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert cli.returncode == 0 and all(ln.startswith("dsdata: ") for ln in cli.stderr.splitlines()), cli.stderr

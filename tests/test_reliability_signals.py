@@ -66,6 +66,9 @@ def _assert_stopped_cleanly(run, sig, out, children):
     assert not (out / ".spill").exists()
     assert not (out / "stats.json").exists() and not (out / "report.html").exists()
     assert "partial" in (out / "INCOMPLETE").read_text()
+    # Both say how to go on: --resume continues the run, a run without it replaces the outputs.
+    for said in (run.lines[-1], (out / "INCOMPLETE").read_text()):
+        assert "same command and --resume" in said and "without --resume to replace them" in said, said
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
@@ -87,6 +90,23 @@ def test_a_signal_while_reading_stops_the_run(tmp_path, sig, out_name):
     _assert_stopped_cleanly(run, sig, tmp_path / out_name, children)
     if out_name != "out":  # the stop line names OUT as every line shows a name: its bytes as \xNN
         assert "out-\\xff is incomplete" in run.lines[-1], run.lines[-1]
+
+
+def test_the_run_stopped_by_ctrl_c_continues_with_resume_as_its_message_says(tmp_path):
+    for i in range(12):
+        _corpus(tmp_path / f"part-{i:02d}.jsonl", 10_000)
+    (tmp_path / "r.yaml").write_text("input: {paths: ['part-*.jsonl']}\noutput: out\nstages:\n  - clean: {}\n")
+    run = _Run(["r.yaml", "--progress=lines"], tmp_path)
+    run.wait_for(lambda: any(ln.startswith("dsdata: running") for ln in run.lines))
+    time.sleep(3)
+    children = run.stop(signal.SIGINT)
+    _assert_stopped_cleanly(run, signal.SIGINT, tmp_path / "out", children)
+    resumed = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", "r.yaml", "--resume", "--quiet"], cwd=tmp_path,
+                             env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["input"] == 120_000 and stats["kept"] + stats["rejected_total"] == 120_000
+    assert not (tmp_path / "out" / "INCOMPLETE").exists()
 
 
 def test_a_signal_inside_a_model_stage_keeps_nothing_that_looks_complete(tmp_path, monkeypatch):

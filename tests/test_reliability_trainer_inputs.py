@@ -159,3 +159,36 @@ def test_a_shm_dataset_name_with_a_control_character_is_refused(tmp_path, name, 
     shards = _set(tmp_path / "shards")
     with pytest.raises(ShmError, match="dataset name"):
         publish(str(shards), name, root=str(tmp_path / "root"))
+
+
+def test_a_config_or_recipe_that_is_no_regular_file_is_one_line_not_a_hang(tmp_path):
+    """`dsdata.train --config FIFO` waited for a writer for ever and `--config /dev/zero` read without
+    end; both, a directory and an oversized file are one line and exit 2, as a recipe given so is."""
+    fifo = tmp_path / "config.toml"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.toml"
+    big.write_text("# padding\n" * 200_000)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for path, words in [(fifo, "is a FIFO, not a regular file"), ("/dev/zero", "is a character device"),
+                        (tmp_path, "is a directory"), (big, "is over 1048576 bytes")]:
+        proc = subprocess.run([sys.executable, "-m", "dsdata.train", "--config", str(path), "--run-dir",
+                               str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr
+        assert lines[0].startswith("dsdata-train: error: config file")
+        proc = _cli("run", str(path), "--output", str(tmp_path / "out"))
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_training_commands_refuse_a_fifo_input_in_one_line(tmp_path):
+    """The same class for the other commands that read a user's file: `dsdata tokenizer train
+    --input FIFO` and `dsdata classifier train --data FIFO` waited for a writer for ever."""
+    fifo = tmp_path / "texts.jsonl"
+    os.mkfifo(fifo)
+    for args in (["tokenizer", "train", "--input", str(fifo), "--out", str(tmp_path / "tok")],
+                 ["classifier", "train", "--backend", "fasttext", "--data", str(fifo), "--out", str(tmp_path / "clf")]):
+        proc = _cli(*args)
+        assert proc.returncode == 2 and "is a FIFO, not a regular file" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

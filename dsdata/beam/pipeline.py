@@ -276,11 +276,15 @@ class _WriteStats(beam.DoFn):
 INCOMPLETE_NAME = "INCOMPLETE"
 
 
-def mark_incomplete(output: str, why: str, discard: bool = False) -> None:
+RESUME_HINT = "continue the run with the same command and --resume, or run it again without --resume to replace them"
+
+
+def mark_incomplete(output: str, why: str, discard: bool = False, resumable: bool = False) -> None:
     """A stopped run's OUT says it is incomplete: stats.json (whose presence means a finished run),
-    report.html and run.json are removed and OUT/INCOMPLETE says why; the next run removes it.
-    discard: every output of the run goes too (kept/, rejected/, side outputs: a full disk's partial
-    files), which also frees the space the marker needs."""
+    report.html and run.json are removed and OUT/INCOMPLETE says why and what to do (with
+    `resumable`, the work the run committed is kept for --resume: RESUME_HINT); the next run removes
+    it.  discard: every output of the run goes too (kept/, rejected/, side outputs: a full disk's
+    partial files), which also frees the space the marker needs."""
     if "://" in output:
         return
     if discard:
@@ -292,7 +296,7 @@ def mark_incomplete(output: str, why: str, discard: bool = False) -> None:
     with contextlib.suppress(OSError):  # a read-only OUT: its lack of stats.json says as much
         write_file_in_out(output, INCOMPLETE_NAME,
                           f"{why} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}; the files in this "
-                          "directory are partial: run again to replace them\n")
+                          f"directory are partial: {RESUME_HINT if resumable and not discard else 'run again to replace them'}\n")
 
 
 def _prepare_output(output: str) -> None:
@@ -661,7 +665,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     if output is None:  # the recipe's own output may not leave the working directory (recipe_output)
         output = recipe.output if is_remote(recipe.output) else recipe_output(recipe)
     if not recipe.inputs_checked:  # called from Python with a recipe nobody checked: the CLI's checks
-        resolve_recipe_inputs(recipe, confined=recipe.inputs_from_file)
+        resolve_recipe_inputs(recipe, confined=recipe.inputs_from_file, output=output)
     budget = ErrorBudget.parse(max_errors)
     stages = recipe.build_stages()
     options = pipeline_options(list(recipe.beam_args) + list(beam_args or []))

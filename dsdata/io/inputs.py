@@ -48,6 +48,9 @@ class ExpandedInputs:
     # (folder, why): folders inside input directories that could not be listed; each is read as a
     # file, whose open fails, so it is one `unreadable_file` row (never silently absent)
     not_listed: list[tuple[str, str]] = field(default_factory=list)
+    # files under the run's output directory, which lies inside an input directory: never inputs
+    # (a second run would read the first one's outputs)
+    in_output: list[str] = field(default_factory=list)
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
@@ -151,23 +154,36 @@ def _identity(path: str) -> tuple[int, int] | str:
     return (st.st_dev, st.st_ino)
 
 
-def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str | None = None) -> ExpandedInputs:
+def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str | None = None,
+                       output: str | None = None) -> ExpandedInputs:
     """Replace every local directory (given, or matched by a glob) by the files under it, each local
     file once (see the module's docstring).
 
     confine_to: a recipe's directory, for the inputs its file names: every file read must lie inside
     it with links resolved (a link in a data folder to `~/.ssh/id_rsa.jsonl` would put that file in
-    OUT/kept), else InputPathError; and globs are handed on as the files checked, not matched again."""
+    OUT/kept), else InputPathError; and globs are handed on as the files checked, not matched again.
+    output: the run's local OUT.  With links resolved, a file under it found in an input directory or
+    by a glob is not read (`in_output`: a second run would read the first one's outputs), and an
+    input named by itself that lies in OUT (or is OUT) is an InputPathError."""
     out = ExpandedInputs([])
     seen: dict[tuple[int, int] | str, str] = {}  # a file (device, inode) → the spelling read
     walked: dict[str, str] = {}  # real path of a directory expanded → the spelling expanded
     base = _real(confine_to) if confine_to is not None else None
+    out_real = _real(output) if output is not None and "://" not in output else None
+
+    def in_output(path: str, real: str | None = None) -> bool:
+        if out_real is None or not _inside(real or _real(path), out_real):
+            return False
+        out.in_output.append(path)
+        return True
 
     def take(path: str) -> bool:
         """Whether `path` is a file to read now: a regular file not read under another name."""
         why = _not_a_file(path)
         if why is not None:
             out.not_read.append((path, why))
+            return False
+        if in_output(path):
             return False
         if base is not None and not _inside(_real(path), base):
             raise InputPathError(
@@ -187,6 +203,9 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
         if "\0" in pattern:
             raise InputPathError(f"input path {pattern!r} holds a NUL byte; no file name can")
         named = not glob.has_magic(pattern)
+        if named and out_real is not None and _inside(_real(pattern), out_real):
+            raise InputPathError(f"input '{shown_path(pattern)}' lies in the output directory {shown_path(output)}, "
+                                 "which the run replaces; pass another --output")
         if named:
             why = None if local_paths.is_dir(pattern) else _not_a_file(pattern)
             if why is not None:
@@ -208,6 +227,8 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
                     chosen.append(match)
                 continue
             real = _real(match)
+            if in_output(match, real):
+                continue
             holder = next((w for w in walked if _inside(real, w)), None)
             if holder is not None:
                 out.duplicates.append((match, walked[holder]))
@@ -224,6 +245,10 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
                                          f"{exc.strerror or exc}") from None
                 listing = local_paths.Listing(not_listed=[(match, exc.strerror or str(exc))])
             files = listing.files
+            if out_real is not None and _inside(out_real, real):
+                # OUT inside this folder: its files are told by their place under the folder (walk_files
+                # follows no link to a directory), a link to a file by where it leads (take).
+                files = [f for f in files if not in_output(f, os.path.join(real, os.path.relpath(f, match)))]
             out.not_followed.extend(listing.dir_links)
             out.not_listed.extend(listing.not_listed)
             chosen.extend(folder for folder, _ in listing.not_listed)
@@ -254,14 +279,14 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
     return out
 
 
-def resolve_recipe_inputs(recipe, confined: bool) -> ExpandedInputs:
+def resolve_recipe_inputs(recipe, confined: bool, output: str | None = None) -> ExpandedInputs:
     """Check and expand `recipe.inputs` in place, the one path every run takes (`dsdata run`,
     `dsdata.run()`, and `run_recipe()` given a recipe nobody checked): no input or a local pattern
     matching nothing is an InputPathError; `confined` (the inputs are the recipe file's own) keeps
     every file read inside the recipe's folder with links resolved, and hands globs on as the files
     checked (Beam would match them again, following any link).  Sets `recipe.inputs` to the
     patterns to read and `recipe.inputs_left_out` for stats.json; returns the expansion (its notes
-    are the caller's to print)."""
+    are the caller's to print).  output: the run's OUT, whose files are never inputs."""
     if not recipe.inputs:
         raise InputPathError(f"no input: {recipe.path} names no input.paths; pass --input GLOB")
     for pattern in recipe.inputs:
@@ -269,7 +294,7 @@ def resolve_recipe_inputs(recipe, confined: bool) -> ExpandedInputs:
                                          else local_paths.exists(pattern, follow_symlinks=False)):
             raise InputPathError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
     expanded = expand_directories(recipe.inputs, recipe.input_format,
-                                  confine_to=recipe.directory if confined else None)
+                                  confine_to=recipe.directory if confined else None, output=output)
     recipe.inputs = expanded.patterns
     recipe.inputs_left_out = left_out(expanded)
     recipe.inputs_checked = True
@@ -288,6 +313,7 @@ def left_out(expanded: ExpandedInputs) -> dict:
         "repeats": [{"path": shown_path(p), "same_as": shown_path(first)} for p, first in expanded.duplicates],
         "links_not_followed": [shown_path(p) for p in expanded.not_followed],
         "no_known_format": [shown_path(p) for p in expanded.skipped],
+        "in_output_directory": [shown_path(p) for p in expanded.in_output],
     }
     return {kind: {"count": len(items), "paths": items[:_LEFT_OUT_LISTED]} for kind, items in kinds.items() if items}
 
@@ -312,6 +338,9 @@ def input_notes(expanded: ExpandedInputs, quiet: bool = False) -> list[str]:
                      "one unreadable_file row: " + _listed([f"{shown_path(p)} ({why})" for p, why in expanded.not_listed]))
     if quiet:
         return lines
+    if expanded.in_output:
+        lines.append(f"the output directory lies inside an input directory: the {len(expanded.in_output)} path(s) "
+                     f"in it ({_listed([shown_path(p) for p in expanded.in_output], most=1)}) are not read as input")
     if expanded.duplicates:
         lines.append(f"{len(expanded.duplicates)} input path(s) name a file or directory already read and add "
                      "nothing: " + _listed([f"{shown_path(p)} (named twice)" if p == first

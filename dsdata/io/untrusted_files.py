@@ -107,17 +107,29 @@ def loads_bounded(text: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH)
         raise UntrustedFileError(f"{what}: not valid JSON ({' '.join(str(exc).split())})") from None
 
 
-def load_json_file(path: str, what: str, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """A JSON file read under the rules above."""
+def read_regular_file(path: str, what: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file `path` (at most `max_bytes`, else UntrustedFileError): checked
+    before it is opened (regular_file), then opened without blocking (O_NONBLOCK: a FIFO swapped in
+    meanwhile opens at once) and checked again on the open file, so that no FIFO waits for a writer
+    and no device (/dev/zero) is read without end."""
     regular_file(path, what)
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                raise UntrustedFileError(f"{what} {shown_path(path)} is {_kind(mode)}, not a regular file")
             data = fh.read(max_bytes + 1)
     except OSError as exc:
         raise UntrustedFileError(f"{what} {shown_path(path)} cannot be read: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
         raise UntrustedFileError(f"{what} {shown_path(path)} is over {max_bytes} bytes")
-    return loads_bounded(data, f"{what} {shown_path(path)}", max_depth)
+    return data
+
+
+def load_json_file(path: str, what: str, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """A JSON file read under the rules above."""
+    return loads_bounded(read_regular_file(path, what, max_bytes), f"{what} {shown_path(path)}", max_depth)
 
 
 def npy_header(path: str, what: str, dtype: str, shape: Sequence[int | None]) -> tuple[tuple[int, ...], int]:

@@ -21,9 +21,13 @@ class LabelledText:
 
 def load_labelled(path: str) -> list[LabelledText]:
     """Read JSONL records with `text` and `label` (0/1); `id`, `source` are optional."""
+    from dsdata.io.untrusted_files import UntrustedFileError, regular_file
+
     records = []
     try:
-        fh = open(path, encoding="utf-8")
+        fh = open(regular_file(path, "labelled data"), encoding="utf-8")  # a FIFO would wait for a writer
+    except UntrustedFileError as exc:
+        raise LabelledDataError(str(exc)) from None
     except OSError as exc:
         raise LabelledDataError(f"cannot read labelled data '{path}': {exc.strerror}") from None
     with fh:

@@ -18,17 +18,22 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import pyarrow as pa
 
 from dsdata.core.chart import Chart
 from dsdata.document import Document, Rejected
-from dsdata.stages.params import BadValue, ListOf, ParamType, Path
+from dsdata.stages.params import Allowed, BadValue, ListOf, ParamType, Path, near_miss
 
 
 class StageConfigError(ValueError):
-    """A recipe gave a stage a parameter it does not take, or a bad value."""
+    """A recipe gave a stage a parameter it does not take, or a bad value; `param` names the
+    parameter whose value was refused (None: not one parameter's)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -37,12 +42,15 @@ class Param:
 
     nullable: null (None) is accepted as 'off' / 'not set'.  Path parameters are resolved against
     the recipe's directory (and may not escape it) when they come from a recipe, and against the
-    working directory when given with --set."""
+    working directory when given with --set.  choices: given every parameter's checked value, the
+    values this one (each item, for a list) may take — `Allowed` — or None where they are not known
+    (the language model's labels, read from the model the stage is given)."""
 
     default: Any
     help: str
     type: ParamType
     nullable: bool = False
+    choices: Callable[[dict[str, Any]], Allowed | None] | None = None
 
     @property
     def is_path(self) -> bool:
@@ -62,9 +70,20 @@ class Param:
         try:
             return self.type.check(value)
         except BadValue as bad:
+            param = key.rpartition(".")[2]
             if bad.sentence:
-                raise StageConfigError(f"{key} {bad.sentence}") from None
-            raise StageConfigError(f"{key} must be {self.describe()}, got {value!r}") from None
+                raise StageConfigError(f"{key} {bad.sentence}{bad.hint}", param) from None
+            raise StageConfigError(f"{key} must be {self.describe()}, got {value!r}{bad.hint}", param) from None
+
+    def check_choices(self, key: str, value: Any, values: dict[str, Any]) -> None:
+        """Refuse a checked `value` (or item of it) outside `choices(values)`, in one line."""
+        allowed = None if self.choices is None or value is None else self.choices(values)
+        if allowed is None:
+            return
+        for item in value if isinstance(value, list) else [value]:
+            if item not in allowed.values:
+                raise StageConfigError(f"{key}: {item!r} is not one of {allowed.source}"
+                                       f"{near_miss(item, allowed.values)}", key.rpartition(".")[2])
 
 
 @dataclass(frozen=True)
@@ -112,8 +131,13 @@ class Stage:
             raise StageConfigError(
                 f"stage '{cls.name}' has no parameter {', '.join(map(repr, unknown))} (it takes: {known})"
             )
-        return {key: spec.coerce(f"{cls.name}.{key}", given.get(key, spec.default))
-                for key, spec in cls.params.items() if defaults or key in given}
+        checked = {key: spec.coerce(f"{cls.name}.{key}", given.get(key, spec.default))
+                   for key, spec in cls.params.items() if defaults or key in given}
+        if any(cls.params[key].choices is not None for key in checked):
+            values = {key: spec.default for key, spec in cls.params.items()} | checked
+            for key, value in checked.items():
+                cls.params[key].check_choices(f"{cls.name}.{key}", value, values)
+        return checked
 
     def validate(self) -> None:
         """Checks across parameters; raise StageConfigError with a message a user can act on."""

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import Chart, CorpusStage, Param, SideOutput, StageConfigError
-from dsdata.stages.params import (BadValue, Boolean, Choice, Integer, ListOf, MappingOf, Number, ParamType, Path,
+from dsdata.stages.params import (Allowed, BadValue, Boolean, Choice, Integer, ListOf, MappingOf, Number, ParamType, Path,
                                   Text)
 
 GRADES = ("easy", "medium", "hard")
@@ -94,6 +94,18 @@ class DifficultyConfig:
     unscored_grade: str | None
 
 
+def model_languages(values: dict[str, Any]) -> Allowed | None:
+    """`difficulty.lang`'s choices: the languages model_dir has a model for (None: one model for all,
+    or no readable model folder, which setup() reports)."""
+    from dsdata.lm.scorers import ModelLoadError, language_model_dirs
+
+    try:
+        found = language_model_dirs(values["model_dir"], values["backend"])
+    except (ModelLoadError, OSError, TypeError):
+        return None
+    return None if "*" in found else Allowed(frozenset(found), f"the languages {values['model_dir']} has models for")
+
+
 class DifficultyStage(CorpusStage):
     name = "difficulty"
     charts = (
@@ -110,8 +122,8 @@ class DifficultyStage(CorpusStage):
                                                           "with one subdirectory per language")),
         "backend": Param("ngram", "ngram (SentencePiece + KenLM, from `dsdata lm train`) or causal_lm "
                                   "(a Hugging Face AutoModelForCausalLM directory with its tokenizer)", Choice(BACKENDS)),
-        "lang": Param(None, "language to assume when a document has no lang annotation or metadata",
-                      Text(nonempty=True), nullable=True),
+        "lang": Param(None, "language to assume when a document has no lang annotation or metadata; one "
+                            "model_dir has a model for", Text(nonempty=True), nullable=True, choices=model_languages),
         "percentiles": Param([30, 60], "per-language percentiles that separate easy|medium|hard",
                              ListOf(Number(0, 100, open_min=True, open_max=True), length=2)),
         "cutoffs": Param(None, "fixed perplexity cut-offs instead: [easy_below, hard_above] for every language, "

@@ -7,8 +7,13 @@ CC-BY-SA-3.0), shipped as package data in dsdata/models/lid176/ and loaded with 
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import mmap
 import os
 import re
+import stat
+import struct
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +21,7 @@ import pyarrow as pa
 from dsdata.document import Document, Rejected
 from dsdata.stages import fasttext_model
 from dsdata.stages.base import BatchStage, Chart, Param, StageConfigError
-from dsdata.stages.params import Choice, Integer, ListOf, Number, Path, Text
+from dsdata.stages.params import Allowed, Choice, Integer, ListOf, Number, Path, Text
 
 _LABEL = "__label__"
 # The newline and the characters str.split() breaks on that fastText's tokenizer does not (its word
@@ -58,7 +63,7 @@ def chinese_script(text: str) -> str:
 def normalise_code(code: str) -> str:
     """Backend label → ISO 639-1 style code: zh-cn/zh-tw/zh-Hant → zh; others lower-cased."""
     code = code.lower().replace("_", "-")
-    if code.startswith("zh"):
+    if code == "zh" or code.startswith("zh-"):  # not "zh,en": one code, never the start of a list
         return "zh"
     return code
 
@@ -102,6 +107,67 @@ def load_fasttext(path: str):
         raise StageConfigError(f"lang: '{path}' is not a fastText model ({exc})") from None
 
 
+def _fasttext_labels(path: str) -> frozenset[str] | None:
+    """The languages (normalised labels) of the fastText model at `path`, read from its dictionary
+    (plain byte parsing); None when the file cannot be read as one (the stage's setup says why)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return _labels_cached(path, st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
+
+
+@functools.lru_cache(maxsize=8)
+def _labels_cached(path: str, _size: int, _mtime_ns: int) -> frozenset[str] | None:
+    from dsdata.io.fasttext_file import MAGIC, MAX_VERSION, ModelReader
+
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            r = ModelReader(data)
+            magic, version = r.take("<ii")
+            r.take("<12id")  # Args
+            entries, nwords, _nlabels = r.take("<iii")
+            r.take("<qq")
+            if magic != MAGIC or not 0 < version <= MAX_VERSION or not 0 <= nwords <= entries <= len(data):
+                return None
+            labels = set()
+            for _ in range(entries):
+                end = data.find(b"\0", r.pos)
+                if end < 0:
+                    return None
+                word = data[r.pos:end]
+                r.pos = end + 1
+                if r.take("<qb")[1] == 1:
+                    labels.add(_language_of(word.decode("utf-8", "replace").removeprefix(_LABEL))[0])
+    except (OSError, ValueError, struct.error):
+        return None
+    return frozenset(labels) or None
+
+
+def _langdetect_labels() -> frozenset[str] | None:
+    try:
+        import langdetect
+    except ImportError:
+        return None
+    folder = os.path.join(os.path.dirname(langdetect.__file__), "profiles")
+    with contextlib.suppress(OSError):
+        return frozenset(normalise_code(name) for name in os.listdir(folder))
+    return None
+
+
+def model_languages(values: dict) -> Allowed | None:
+    """`lang.keep`'s choices: the languages the configured backend and model can report."""
+    if values.get("backend") == "langdetect":
+        found, source = _langdetect_labels(), "the languages langdetect reports"
+    else:
+        try:
+            path = values.get("model") or default_fasttext_model()
+        except StageConfigError:
+            return None  # the shipped model is missing: setup() says so
+        found, source = _fasttext_labels(path), f"the {{n}} languages {os.path.basename(path)} reports"
+    return Allowed(found, source.format(n=len(found))) if found else None
+
+
 class LanguageCodes(ListOf):
     """Languages to keep: a list or one code; '', 'all' and null keep every language.  Codes are
     normalised as the backends report them (zh-cn → zh)."""
@@ -129,8 +195,8 @@ class LanguageStage(BatchStage):
                          Choice(("fasttext", "langdetect"))),
         "model": Param(None, "fastText model file (.bin/.ftz); default: lid.176.ftz shipped in dsdata/models/lid176", Path(),
                        nullable=True),
-        "keep": Param(["zh", "en"], "languages to keep (ISO 639-1, zh covers Simplified and Traditional); [] keeps all",
-                      LanguageCodes()),
+        "keep": Param(["zh", "en"], "languages to keep (ISO 639-1, zh covers Simplified and Traditional); [] keeps all; "
+                      "each must be a language the model reports", LanguageCodes(), choices=model_languages),
         "min_score": Param(0.5, "reject documents whose top language scores below this (0 disables)", Number(0, 1)),
         "max_chars": Param(4000, "classify on the first N characters (fastText and langdetect slow down on huge docs)",
                            Integer(min=1)),

@@ -4,20 +4,47 @@ A type either returns the value to use or raises `BadValue`; the stage base clas
 one line naming the parameter, e.g. `lang.min_score must be a number between 0 and 1, got 'abc'`.
 Recipe values and `--set` values (parsed as YAML scalars and lists) go through the same check,
 once, before any pipeline is built.  `str(type)` is what `dsdata stages` shows.
+
+Values a stage knows only from its other parameters (the labels of the language model it is given)
+are declared as an `Allowed` set by the parameter's `choices` (dsdata/stages/base.py `Param`).  A
+value close to an accepted one is answered with "did you mean …?" (`near_miss`).
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable, NamedTuple
 
 
 class BadValue(ValueError):
-    """A value a type refuses: `expect` completes 'must be …', or `sentence` replaces it."""
+    """A value a type refuses: `expect` completes 'must be …', or `sentence` replaces it; `hint`
+    (" did you mean 'en'?") is added after the value."""
 
-    def __init__(self, expect: str = "", sentence: str = ""):
+    def __init__(self, expect: str = "", sentence: str = "", hint: str = ""):
         super().__init__(sentence or expect)
-        self.expect, self.sentence = expect, sentence
+        self.expect, self.sentence, self.hint = expect, sentence, hint
+
+
+class Allowed(NamedTuple):
+    """The values a parameter (each item, for a list) may take where the stage knows them: `source`
+    completes "is not one of …" (e.g. "the languages model lid.176.ftz reports")."""
+
+    values: Collection[Any]
+    source: str
+
+
+def near_miss(value: Any, candidates: Iterable[Any]) -> str:
+    """'; did you mean X?' for a string close to one of `candidates` (strings), else ''.  A value
+    holding a comma is also told how a list is written (`--set lang.keep=zh,en` is one string)."""
+    if not isinstance(value, str):
+        return ""
+    words = [c for c in candidates if isinstance(c, str)]
+    close = difflib.get_close_matches(value, words, n=1, cutoff=0.6)
+    if "," in value:
+        items = [part.strip() for part in value.split(",")]
+        return f"; a list is written [{', '.join(items)}]"
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 class ParamType:
@@ -151,7 +178,7 @@ class Choice(ParamType):
                 return current
         found, candidate = self._find(value, self.values)
         if not found:
-            raise BadValue(self.expect)
+            raise BadValue(self.expect, hint=near_miss(value, (_yaml_word(v) for v in self.values)))
         return candidate
 
 
@@ -171,8 +198,8 @@ class ListOf(ParamType):
             raise BadValue(self.expect)
         try:
             return [self.item.check(v) for v in value]
-        except BadValue:
-            raise BadValue(self.expect) from None
+        except BadValue as bad:
+            raise BadValue(self.expect, hint=bad.hint) from None
 
 
 class MappingOf(ParamType):

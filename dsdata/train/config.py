@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
 from dsdata.core.display import MODES
+from dsdata.io.untrusted_files import UntrustedFileError, read_regular_file
 from dsdata.train.curriculum import MAX_SHARE
 from dsdata.train.model import ModelArgs
 from dsdata.train.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
@@ -162,6 +164,10 @@ _SHARE = Bound(0, low_open=True, high=MAX_SHARE)
 SOURCE_SHARES = {"weight": _SHARE, "epochs": _SHARE}
 
 
+# A trainer config is a page of TOML; a bigger file is not one (and bounds what a bad one costs).
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def _parse_value(text: str) -> Any:
     """A TOML value (number, bool, string, array, inline table); bare words are strings."""
     try:
@@ -203,11 +209,16 @@ def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> Config:
 
 
 def load_config(path: str, overrides: list[str] | None = None) -> Config:
+    """The config file (a regular file of at most MAX_CONFIG_BYTES: a FIFO or /dev/zero is one line,
+    never a hang or a read without end) with `overrides` applied, checked."""
+    if not os.path.lexists(path):
+        raise ConfigError(f"{path}: config file not found (see models/*.toml)")
     try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found (see models/*.toml)") from None
+        raw = tomllib.loads(read_regular_file(path, "config file", MAX_CONFIG_BYTES).decode("utf-8"))
+    except UntrustedFileError as exc:
+        raise ConfigError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML (not UTF-8 at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
     return config_from_dict(apply_overrides(raw, overrides or []), path)
