@@ -230,10 +230,11 @@ def test_every_object_is_read_whatever_its_key_and_however_deep(s3_server, tmp_p
     that object, even when its name holds glob characters."""
     bucket = s3_server.new_bucket()
     ids = _put_documents(s3_server, bucket, [f"in/{k}" for k in ODD_KEYS] + ["in/.hidden.jsonl"])
+    s3_server.client().put_object(Bucket=bucket, Key="in/", Body=b"")  # a console's folder placeholder
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: r\ninput:\n  paths: []\nstages:\n  - rules: {min_words: 1}\n", encoding="utf-8")
     for n, (given, keys) in enumerate([
-            ("in", ODD_KEYS), ("in/*.jsonl", [k for k in ODD_KEYS if "/" not in k]),
+            ("in/", ODD_KEYS), ("in/*.jsonl", [k for k in ODD_KEYS if "/" not in k]),
             ("in/[x].jsonl", ["[x].jsonl"]), ("in/sub/**", ["sub/deeper/nested.jsonl"])]):
         done = _dsdata("run", str(recipe), "--input", f"s3://{bucket}/{given}", "--output", f"s3://{bucket}/out{n}",
                        "--quiet", *s3_server.beam_args())

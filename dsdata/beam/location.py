@@ -195,10 +195,11 @@ def _list_prefix(prefix: str) -> list[FileMetadata]:
     return FileSystems.match([glob.escape(prefix) + "**"])[0].metadata_list
 
 
-def _visible(relative: str) -> bool:
+def _visible(relative: str, size: int) -> bool:
     """An object under a folder that is an input: no level of its name hidden ('.'), not a folder
-    placeholder (a key ending in '/')."""
-    return bool(relative) and not relative.endswith("/") and not any(n.startswith(".") for n in relative.split("/"))
+    placeholder (an empty object whose key ends in '/')."""
+    return (bool(relative) and not (relative.endswith("/") and size == 0)
+            and not any(n.startswith(".") for n in relative.split("/") if n))
 
 
 def list_objects(pattern: str) -> list[FileMetadata]:
@@ -215,18 +216,18 @@ def list_objects(pattern: str) -> list[FileMetadata]:
     prefix serves all three."""
     literal = re.match(r"[^*?\[]*", pattern).group(0)
     found = _list_prefix(literal)
-    exact = [m for m in found if m.path == pattern]
+    exact = [m for m in found if m.path == pattern and not pattern.endswith("/")]
     if exact:
         return exact
     if literal == pattern:
         folder = pattern.rstrip("/") + "/"
-        chosen = [m for m in found if m.path.startswith(folder) and _visible(m.path[len(folder):])]
+        chosen = [m for m in found if m.path.startswith(folder) and _visible(m.path[len(folder):], m.size_in_bytes)]
     else:
         base = literal[:literal.rfind("/") + 1]
         wanted = pattern[len(base):].split("/")
         hidden_ok = any(part.startswith(".") for part in wanted)
         chosen = [m for m in found if m.path.startswith(base) and _glob_match(wanted, m.path[len(base):].split("/"))
-                  and (hidden_ok or _visible(m.path[len(base):]))]
+                  and (hidden_ok or _visible(m.path[len(base):], m.size_in_bytes))]
     return sorted(chosen, key=lambda m: m.path)
 
 
