@@ -14,6 +14,7 @@ imported when a run starts, never by `import dsdata`.
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
 from dataclasses import dataclass, field
@@ -179,7 +180,10 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
 
         location.use_object_storage(remote_inputs + ([output] if "://" in output else []),
                                     pipeline_options(list(recipe.beam_args) + list(beam_args)))
-        location.check_remote_inputs(remote_inputs)
+        # Listed once, here: the run reads exactly the objects listed (keys escaped: never a glob again).
+        listed = location.check_remote_inputs(remote_inputs)
+        recipe.inputs = [q for p in recipe.inputs
+                         for q in ([glob.escape(o) for o in listed[p]] if p in listed else [p])]
     # May refuse an input, before OUT is made.
     expanded = resolve_recipe_inputs(recipe, confined=given is None, output=output)
     if "://" in output:

@@ -197,3 +197,69 @@ def test_run_info_redacts_credential_flags():
     assert flags["s3_endpoint_url"] == "http://127.0.0.1:9"
     assert flags["s3_secret_access_key"] == flags["s3_access_key_id"] == flags["s3_session_token"] == REDACTED
     assert "very-secret" not in json.dumps(flags)
+
+
+# Keys a user's bucket may hold: every one is an object's name, byte for byte (no glob, no path).
+ODD_KEYS = ["plain.jsonl", "back\\slash.jsonl", "with space.jsonl", "st*r.jsonl", "q?.jsonl", "[x].jsonl",
+            "x.jsonl", "ünï.jsonl", "pct%20.jsonl", "sub/deeper/nested.jsonl"]
+
+
+def _put_documents(s3_server, bucket: str, keys: list[str]) -> dict[str, str]:
+    """One document per object; {key: its id}."""
+    ids = {}
+    for i, key in enumerate(keys):
+        ids[key] = f"doc{i}"
+        body = json.dumps({"id": ids[key], "text": f"Document number {i} is here. It has a few words."}) + "\n"
+        s3_server.client().put_object(Bucket=bucket, Key=key, Body=body.encode())
+    return ids
+
+
+def _run_ids(s3_server, bucket: str, out: str) -> tuple[dict, list[tuple]]:
+    """stats.json and every (id, reason) row (reason None for kept) of the run that wrote s3://bucket/out/."""
+    stats = json.loads(s3_server.read(bucket, f"{out}/stats.json"))
+    rows = [(r[0], None) for k in s3_server.keys(bucket, f"{out}/kept/")
+            for r in parquet_rows(s3_server.read(bucket, k), ["id"])]
+    rows += [tuple(r) for k in s3_server.keys(bucket, f"{out}/rejected/")
+             for r in parquet_rows(s3_server.read(bucket, k), ["id", "reason"])]
+    return stats, rows
+
+
+def test_every_object_is_read_whatever_its_key_and_however_deep(s3_server, tmp_path):
+    """A folder input is every object under the prefix at any depth (hidden ones left out, as
+    locally); a glob's * matches within one level, a backslash included; a key given exactly is
+    that object, even when its name holds glob characters."""
+    bucket = s3_server.new_bucket()
+    ids = _put_documents(s3_server, bucket, [f"in/{k}" for k in ODD_KEYS] + ["in/.hidden.jsonl"])
+    s3_server.client().put_object(Bucket=bucket, Key="in/", Body=b"")  # a console's folder placeholder
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\ninput:\n  paths: []\nstages:\n  - rules: {min_words: 1}\n", encoding="utf-8")
+    for n, (given, keys) in enumerate([
+            ("in/", ODD_KEYS), ("in/*.jsonl", [k for k in ODD_KEYS if "/" not in k]),
+            ("in/[x].jsonl", ["[x].jsonl"]), ("in/sub/**", ["sub/deeper/nested.jsonl"])]):
+        done = _dsdata("run", str(recipe), "--input", f"s3://{bucket}/{given}", "--output", f"s3://{bucket}/out{n}",
+                       "--quiet", *s3_server.beam_args())
+        assert done.returncode == 0, (given, done.stderr[-3000:])
+        stats, rows = _run_ids(s3_server, bucket, f"out{n}")
+        assert sorted(doc_id for doc_id, _ in rows) == sorted(ids[f"in/{k}"] for k in keys), given
+        assert stats["input"] == len(keys) and stats["ledger_ok"], given
+
+
+def test_an_object_deleted_after_listing_is_a_rejected_row(s3_server, tmp_path):
+    """The run reads the objects its launch listed: one deleted in between is an `unreadable_file`
+    row naming it, counted as input, never a silent gap beside ledger_ok: true."""
+    from dsdata.api import execute, prepare_run
+
+    bucket = s3_server.new_bucket()
+    ids = _put_documents(s3_server, bucket, [f"in/{k}" for k in ODD_KEYS[:4]])
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\ninput:\n  paths: []\nstages:\n  - rules: {min_words: 1}\n", encoding="utf-8")
+    prepared = prepare_run(str(recipe), [f"s3://{bucket}/in/"], f"s3://{bucket}/out", beam_args=s3_server.beam_args(),
+                           quiet=True)
+    s3_server.client().delete_object(Bucket=bucket, Key="in/with space.jsonl")
+    execute(prepared, s3_server.beam_args())
+    stats, rows = _run_ids(s3_server, bucket, "out")
+    assert stats["ledger_ok"] and stats["input"] == 4
+    gone = [reason for doc_id, reason in rows if "with space.jsonl" in doc_id]
+    assert gone == ["unreadable_file"], rows
+    assert sorted(doc_id for doc_id, _ in rows if "with space" not in doc_id) == sorted(
+        v for k, v in ids.items() if "with space" not in k)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from dsdata import cli
@@ -219,6 +220,27 @@ def test_the_python_api_resumes_too(failed_run, finished):
     assert_same_outputs(finished, failed_run / "out", side_files=(), shards=False)
 
 
+def test_an_input_rewritten_with_its_size_and_time_kept_is_read_again(failed_run, capsys, caplog):
+    """A committed file rewritten in place, same size, its modification time set back (the
+    fingerprint cannot see it): its content digest differs, so the resumed run reads it again and
+    the kept text is the new one, not the committed one."""
+    path = failed_run / "data" / "part-0.jsonl"
+    before = path.stat()
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b"The river runs", b"THE RIVER RUNS"))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
+    code, err = _cli(failed_run, "--resume", "--max-errors", "1", capsys=capsys)
+    assert code == 0, err
+    assert any("is not reused: its input's bytes changed" in m and "part-0.jsonl" in m for m in caplog.messages)
+    assert _resume_stats(failed_run)["units"] == {"reused": 2, "processed": 2}
+    rows = [pq.read_table(failed_run / "out" / part, columns=["text"]).to_pydict() for part in ("kept", "rejected")]
+    texts = [t for table in rows for t in table["text"]]
+    assert sum(t.startswith("THE RIVER RUNS") for t in texts) == data.count(b"The river runs")
+    assert sum(t.startswith("The river runs") for t in texts) == sum(
+        (failed_run / "data" / f"part-{f}.jsonl").read_bytes().count(b"The river runs") for f in (1, 2, 3))
+
+
 def _set_min_words(folder: Path) -> list[str]:
     return ["--set", "rules.min_words=4"]
 
@@ -397,24 +419,25 @@ def test_committed_records_read_back_exactly(tmp_path):
     units.mkdir()
     first, failed, spoiled, last = (["file", f"/data/{n}.jsonl"] for n in "abcd")
     group = CommitGroup(str(units))
-    group.begin(first)
+    group.begin(first, "digest-a")
     group.add(docs, rejected)
     group.add(docs[:1], [])
     assert group.end()
-    group.begin(failed)  # a unit whose reading failed part-way
+    group.begin(failed, "")  # a unit whose reading failed part-way
     group.add(docs, [])
     group.drop()
-    group.begin(spoiled)
+    group.begin(spoiled, "")
     group.add([Document("t", "t", {"pair": (1, 2)})], [])
     assert not group.end() and "JSON cannot hold exactly" in group.spoiled
-    group.begin(last)  # a unit with no record (an empty file) is committed too
+    group.begin(last, "digest-d")  # a unit with no record (an empty file) is committed too
     assert group.end()
     assert group.commit() == 2
     index = committed_index(str(units))
     assert sorted(index) == sorted([unit_key(first), unit_key(last)])
     unit = index[unit_key(first)]
-    assert unit_problem(unit, first) is None
-    assert "describes another unit" in unit_problem(unit, last)
+    assert unit_problem(unit, first, "digest-a") is None
+    assert "describes another unit" in unit_problem(unit, last, "digest-a")
+    assert "input's bytes changed" in unit_problem(unit, first, "digest-x")
     back = list(read_unit(unit))
     assert len(back) == 2
     (docs_back, rejected_back), (second, none) = back

@@ -60,7 +60,7 @@ def check_megatron(export: Path, expected: dict) -> None:
         warnings.simplefilter("ignore")  # megatron-core warns that apex / transformer-engine are absent
         from megatron.core.datasets.indexed_dataset import IndexedDataset
     assert sorted(p.name for p in export.iterdir() if p.name != "tokenizer") == sorted(
-        [f"{b}.{ext}" for b in expected for ext in ("bin", "idx")] + ["export.json"])
+        [f"{b}.{ext}" for b in expected for ext in ("bin", "idx")] + ["export.json", ".dsdata-export"])
     for bucket, docs in expected.items():
         ds = IndexedDataset(str(export / bucket))
         assert len(ds) == len(docs)
@@ -219,6 +219,69 @@ def test_a_second_export_replaces_the_first_whole(tmp_path):
     assert sorted(os.listdir(tmp_path / "out")) == ["megatron"]
 
 
+def test_an_export_replaces_only_a_folder_it_wrote(tmp_path, capsys):
+    """DST/<format> that the export did not write (a user's own folder, one whose marker is a link)
+    is refused in one line, exit 2, nothing in it touched; an empty folder or an earlier export is
+    replaced."""
+    src = random_set(tmp_path / "shards")
+    out = tmp_path / "out"
+    (out / "megatron").mkdir(parents=True)
+    (out / "megatron" / "notes.txt").write_text("mine")
+    assert cli_main(["shards", "export", "--format", "hf,megatron", str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "export did not write" in err and "megatron" in err, err
+    assert sorted(os.listdir(out)) == ["megatron"] and os.listdir(out / "megatron") == ["notes.txt"]
+    # a marker that is a link to a regular file is not dsdata's marker
+    os.symlink(tmp_path / "shards" / MANIFEST, out / "megatron" / ".dsdata-export")
+    assert cli_main(["shards", "export", "--format", "megatron", str(src), str(out)]) == 2
+    assert "export did not write" in capsys.readouterr().err
+    assert sorted(os.listdir(out / "megatron")) == [".dsdata-export", "notes.txt"]
+    (out / "hf").mkdir()  # empty: taken
+    assert cli_main(["shards", "export", "--format", "hf", str(src), str(out)]) == 0
+    assert (out / "hf" / "export.json").is_file() and (out / "hf" / ".dsdata-export").is_file()
+    assert cli_main(["shards", "export", "--format", "hf", str(src), str(out)]) == 0  # its own: replaced
+    assert sorted(os.listdir(out)) == ["hf", "megatron"]
+
+
+def test_an_export_refuses_a_tampered_tokenizer(tmp_path, capsys):
+    """The bundled tokenizer's files are pinned by the manifest: a changed, missing or added file
+    stops the export (exit 2, one line, no export folder) instead of exporting without it."""
+    src = text_set(tmp_path / "shards", 12, bundled=True)
+    bundle = src / "tokenizer"
+    assert cli_main(["shards", "export", "--format", "megatron", str(src), str(tmp_path / "ok")]) == 0
+    assert sorted(os.listdir(tmp_path / "ok" / "megatron" / "tokenizer")) == sorted(os.listdir(bundle))
+    capsys.readouterr()
+    original = (bundle / "tokenizer.json").read_bytes()
+
+    def refused(what: str) -> None:
+        assert cli_main(["shards", "export", "--format", "megatron", str(src), str(tmp_path / "out")]) == 2, what
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not exporting a changed tokenizer" in err, (what, err)
+        assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == [], what
+
+    (bundle / "tokenizer.json").write_bytes(original.replace(b'"<|endoftext|>"', b'"<|endoftexT|>"', 1))
+    refused("changed tokenizer.json")
+    (bundle / "tokenizer.json").unlink()
+    refused("missing tokenizer.json")
+    (bundle / "tokenizer.json").write_bytes(original)
+    (bundle / "special_tokens_map.json").write_text('{"eos_token": "<s>"}')
+    refused("a tokenizer file the manifest does not list")
+    (bundle / "special_tokens_map.json").unlink()
+    assert cli_main(["shards", "export", "--format", "megatron", str(src), str(tmp_path / "out")]) == 0
+
+
+def test_an_export_refuses_ids_outside_the_manifests_vocabulary(tmp_path, capsys):
+    """A shard set whose checksums match but whose ids lie past the vocabulary the manifest records
+    (written with another tokenizer, or manifest and shards rewritten together) is not exported."""
+    src = random_set(tmp_path / "shards", vocab=1000)
+    manifest = json.loads((src / MANIFEST).read_text())
+    manifest["tokenizer"]["vocab_size"] = 100
+    (src / MANIFEST).write_text(json.dumps(manifest))
+    assert cli_main(["shards", "export", "--format", "megatron", str(src), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "outside the tokenizer's vocabulary of 100" in err and err.count("\n") == 1
+
+
 @pytest.mark.slow
 def test_recipe_export_option_writes_every_format_next_to_the_shards(tmp_path, shared_data):
     """A real run (tokenize → shards with export: [megatron, mds, hf]) on the dev corpus."""
@@ -250,18 +313,23 @@ def test_recipe_export_option_writes_every_format_next_to_the_shards(tmp_path, s
     check_mds(out / "export" / "mds", expected, "out")
 
 
-def text_set(directory: Path, n_docs: int) -> Path:
+def text_set(directory: Path, n_docs: int, bundled: bool = False) -> Path:
     """Shards of the repo's sample corpus (pipelines/samples/docs.jsonl) tokenized with the shipped
-    tokenizer, which the manifest names (with its sha256) so every export carries it."""
+    tokenizer, which the manifest names (with its sha256) so every export carries it; `bundled`:
+    its files copied into the set and pinned, as a run's shards stage writes them."""
     from tokenizers import Tokenizer
+
+    from dsdata.io.shard_tokenizer import bundle_tokenizer
 
     tokenizer = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
     with open(REPO / "pipelines" / "samples" / "docs.jsonl", encoding="utf-8") as fh:
         texts = [json.loads(line)["text"] for line, _ in zip(fh, range(n_docs))]
-    writer = ShardSetWriter(str(directory), dtype=np.dtype(np.uint16), shard_size=4000,
-                            tokenizer={"path": str(TOKENIZER), "vocab_size": tokenizer.get_vocab_size(),
-                                       "eos_id": 0, "eos_token": "<|endoftext|>",
-                                       "sha256": file_sha256(str(TOKENIZER / "tokenizer.json"))})
+    entry = {"path": str(TOKENIZER), "vocab_size": tokenizer.get_vocab_size(), "eos_id": 0,
+             "eos_token": "<|endoftext|>", "sha256": file_sha256(str(TOKENIZER / "tokenizer.json"))}
+    if bundled:
+        directory.mkdir(parents=True)
+        entry = bundle_tokenizer(str(directory), entry)
+    writer = ShardSetWriter(str(directory), dtype=np.dtype(np.uint16), shard_size=4000, tokenizer=entry)
     for i, text in enumerate(texts):
         writer.add(f"doc-{i:03d}", np.array(tokenizer.encode(text).ids + [0], dtype=np.uint16),
                    ("easy", "medium", "hard")[i % 3])

@@ -17,16 +17,18 @@ removes the objects under its prefix.
 """
 from __future__ import annotations
 
+import glob
 import logging
 import os
+import re
 import shutil
 import uuid
 from contextlib import contextmanager
 
-from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
-from dsdata.io.inputs import InputPathError
+from dsdata.io.inputs import InputPathError, _glob_match
 from dsdata.io.outlock import OutputDirError
 from dsdata.io.shards import atomic_write_bytes
 
@@ -169,17 +171,81 @@ def check_remote_output(path: str) -> str:
     return path
 
 
-def check_remote_inputs(patterns: list[str]) -> None:
-    """Each remote input pattern matches at least one object (listing it also checks the endpoint
-    and the credentials); InputPathError in one line otherwise."""
+def check_remote_inputs(patterns: list[str]) -> dict[str, list[str]]:
+    """The objects each remote input pattern names (`list_objects`), listed once here: the run reads
+    exactly these (a key named so is handed on escaped, never matched again as a glob), so an object
+    deleted after this listing is an `unreadable_file` row, not a silent gap.  InputPathError in one
+    line when a pattern cannot be listed (endpoint, credentials) or names no object."""
+    found: dict[str, list[str]] = {}
     for pattern in patterns:
         try:
             with _one_line_errors():
-                matched = FileSystems.match([pattern])[0].metadata_list
+                matched = list_objects(pattern)
         except OSError as exc:
             raise InputPathError(f"cannot list input '{pattern}': {exc}") from None
         if not matched:
             raise InputPathError(f"no files match input '{pattern}'; check the path or pass --input GLOB")
+        found[pattern] = [m.path for m in matched]
+    return found
+
+
+def _list_prefix(prefix: str) -> list[FileMetadata]:
+    """Every object whose name starts with `prefix`, at any depth: one listing (Beam's `**`, the
+    prefix's own *, ? and [ bracketed so that they are taken literally)."""
+    return FileSystems.match([glob.escape(prefix) + "**"])[0].metadata_list
+
+
+def _visible(relative: str, size: int) -> bool:
+    """An object under a folder that is an input: no level of its name hidden ('.'), not a folder
+    placeholder (an empty object whose key ends in '/')."""
+    return (bool(relative) and not (relative.endswith("/") and size == 0)
+            and not any(n.startswith(".") for n in relative.split("/") if n))
+
+
+def list_objects(pattern: str) -> list[FileMetadata]:
+    """The objects a remote input names, sorted; each key is taken as it is (any bytes: a backslash,
+    spaces, %, unicode, *, ? or [ in a key are characters, not a glob or a path):
+
+    - the object whose key is exactly the pattern's, when there is one;
+    - else, for a pattern without *, ? or [, the folder it names: every object under PATTERN/ at any
+      depth (object stores have no folders: nesting is the '/' in the keys);
+    - else the objects the glob matches: * ? [...] within one '/'-separated level, ** across levels.
+
+    Keys with a level starting with '.' are left out of folders and globs (as a local folder's hidden
+    files are) unless the pattern names such a level itself.  One listing of the pattern's literal
+    prefix serves all three."""
+    literal = re.match(r"[^*?\[]*", pattern).group(0)
+    found = _list_prefix(literal)
+    exact = [m for m in found if m.path == pattern and not pattern.endswith("/")]
+    if exact:
+        return exact
+    if literal == pattern:
+        folder = pattern.rstrip("/") + "/"
+        chosen = [m for m in found if m.path.startswith(folder) and _visible(m.path[len(folder):], m.size_in_bytes)]
+    else:
+        base = literal[:literal.rfind("/") + 1]
+        wanted = pattern[len(base):].split("/")
+        hidden_ok = any(part.startswith(".") for part in wanted)
+        chosen = [m for m in found if m.path.startswith(base) and _glob_match(wanted, m.path[len(base):].split("/"))
+                  and (hidden_ok or _visible(m.path[len(base):], m.size_in_bytes))]
+    return sorted(chosen, key=lambda m: m.path)
+
+
+class ObjectSizes:
+    """Size and time of named objects (the exact keys check_remote_inputs handed on) from one listing
+    per folder, not one request per object; None for an object that is gone (its reading then fails
+    and it becomes an `unreadable_file` row)."""
+
+    def __init__(self):
+        self._listed: dict[str, dict[str, FileMetadata]] = {}
+
+    def metadata(self, path: str) -> FileMetadata | None:
+        for prefix, found in self._listed.items():
+            if path.startswith(prefix):
+                return found.get(path)
+        folder = path[:path.rfind("/") + 1]
+        self._listed[folder] = {m.path: m for m in _list_prefix(folder)}
+        return self._listed[folder].get(path)
 
 
 @contextmanager

@@ -39,14 +39,16 @@ from apache_beam.utils import shared
 from dsdata import __version__
 from dsdata.beam.errors import StageEnvironmentError
 from dsdata.beam.kinds import batch_run, committable
-from dsdata.beam.transforms import UNIT_LEDGER, Batch, FileRange, ReadFileDoFn, all_cuttable, run_batch_chain
+from dsdata.beam.location import ObjectSizes
+from dsdata.beam.transforms import (UNIT_LEDGER, Batch, FileRange, ReadFileDoFn, all_cuttable, remote_matches,
+                                    run_batch_chain)
 from dsdata.document import Rejected
 from dsdata.io.inputs import shown_path
 from dsdata.io.local_paths import path_stat
 from dsdata.io.readers import READ_STAGE
 from dsdata.io.resume import (FINGERPRINT_FORMAT, CommitGroup, CommittedUnit, CommittedUnitDamaged, CommittedWork,
-                              committed_index, continue_committed, path_fingerprint, read_fingerprint, read_unit,
-                              remove_resume_folder, start_fresh, unfinished_units, unit_key, unit_problem)
+                              committed_index, continue_committed, input_digest, path_fingerprint, read_fingerprint,
+                              read_unit, remove_resume_folder, start_fresh, unfinished_units, unit_key, unit_problem)
 from dsdata.stages import Stage
 
 log = logging.getLogger("dsdata")
@@ -92,6 +94,7 @@ def input_listing(patterns: list[str]) -> dict[str, list | None]:
     dsdata/io/inputs.py hands on for every local input but names with glob characters, which it
     escapes) is stat-ed here (ns); any other pattern is listed by Beam's file systems (seconds)."""
     listing: dict[str, list | None] = {}
+    objects = ObjectSizes()
     for pattern in patterns:
         if "://" not in pattern and not glob.has_magic(pattern):
             try:
@@ -101,7 +104,8 @@ def input_listing(patterns: list[str]) -> dict[str, list | None]:
                 listing[shown_path(pattern)] = None
             continue
         try:
-            found = FileSystems.match([pattern])[0].metadata_list
+            found = (remote_matches(pattern, objects) if "://" in pattern
+                     else FileSystems.match([pattern])[0].metadata_list)
         except Exception:  # noqa: BLE001 - unmatchable: its reading fails, and so does its fingerprint
             found = []
         if not found:
@@ -188,6 +192,17 @@ def unit_description(element: fileio.FileMetadata | FileRange) -> list:
     return ["file", element.path]
 
 
+def unit_content(element: fileio.FileMetadata | FileRange) -> str:
+    """The digest of a unit's input bytes (dsdata/io/resume.py input_digest): a JSON Lines range's
+    bytes, a whole file's otherwise (a Parquet range's row groups lie anywhere in it); "" when the
+    file cannot be opened (its reading makes it a row, and nothing of it is committed)."""
+    jsonl = isinstance(element, FileRange) and element.fmt == "jsonl"
+    try:
+        return input_digest(element.path, element.start if jsonl else 0, element.end if jsonl else None)
+    except OSError:
+        return ""
+
+
 class CommitUnitsDoFn(ReadFileDoFn):
     """Reads a unit (ReadFileDoFn's batches), runs the committed stages on each batch and writes the
     results to OUT/resume/units as they come; finished units are committed in groups (CommitGroup:
@@ -212,19 +227,20 @@ class CommitUnitsDoFn(ReadFileDoFn):
     def process(self, element: fileio.FileMetadata | FileRange):
         description = unit_description(element)
         unit = self._committed.get(unit_key(description))
+        content = unit_content(element)  # before reading: a change while it is read is seen on resume
         if unit is not None:
-            why = unit_problem(unit, description)
+            why = unit_problem(unit, description, content)
             if why is None:
                 yield from self._reuse(unit)
                 return
             log.warning("committed unit %s is not reused: %s; reading it again", shown_path(element.path), why)
-        yield from self._process(element, description)
+        yield from self._process(element, description, content)
 
-    def _process(self, element, description: list):
+    def _process(self, element, description: list, content: str):
         if self._group is None:
             self._group = CommitGroup(self.units_dir)
         group = self._group
-        group.begin(description)
+        group.begin(description, content)
         n_input = records = 0
         try:
             for chunk in self._chunks(element, self.batch_docs):

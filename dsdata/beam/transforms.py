@@ -547,11 +547,15 @@ def all_cuttable(patterns: list[str], fmt: str = "auto", range_bytes: int | None
     cut (plain JSON Lines, Parquet); False when they cannot be listed here (the launcher may not
     see a worker's file system)."""
     try:
-        matched = FileSystems.match(list(patterns))
+        from dsdata.beam.location import ObjectSizes
+
+        objects = ObjectSizes()
+        matched = [remote_matches(p, objects) if "://" in p else FileSystems.match([p])[0].metadata_list
+                   for p in patterns]
     except Exception:  # noqa: BLE001 - unknown: take the way that works for every file
         return False
-    for result in matched:
-        for metadata in result.metadata_list:
+    for found in matched:
+        for metadata in found:
             size = metadata.size_in_bytes
             if size > (range_bytes or range_bytes_for(size)) and cuttable_format(metadata.path, fmt) is None:
                 return False
@@ -582,10 +586,16 @@ class MatchPatterns(beam.DoFn):
     — gone since it was listed, or a path the OS cannot stat (longer than PATH_MAX) — still goes on,
     so that the reader's open fails and the file is an `unreadable_file` row, never silently absent."""
 
+    def setup(self):
+        from dsdata.beam.location import ObjectSizes
+
+        self._objects = ObjectSizes()
+
     def process(self, pattern: bytes):
         text = os.fsdecode(pattern)
         try:
-            found = FileSystems.match([text])[0].metadata_list
+            found = (remote_matches(text, self._objects) if "://" in text
+                     else FileSystems.match([text])[0].metadata_list)
         except Exception as exc:  # noqa: BLE001 - an unmatchable name: the reader's open says why
             log.debug("match %s: %s", shown_path(text), exc)
             found = []
@@ -600,6 +610,18 @@ class MatchPatterns(beam.DoFn):
             except OSError:
                 pass
         yield FileMetadata(name, size)
+
+
+def remote_matches(pattern: str, objects) -> list[FileMetadata]:
+    """What a remote input names: an object check_remote_inputs listed (escaped), from `objects`
+    (dsdata/beam/location.py ObjectSizes: one listing per folder); any other pattern listed anew."""
+    from dsdata.beam.location import list_objects
+
+    name = named_file(pattern)
+    if name is None:
+        return list_objects(pattern)
+    found = objects.metadata(name)
+    return [found] if found is not None else []
 
 
 def named_file(pattern: str) -> str | None:

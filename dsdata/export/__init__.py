@@ -4,9 +4,12 @@
   shards stage option  export: [megatron, …]                 → RUN_DIR/export/<format>/
 
 Each format folder is written under a hidden temp name beside its target and renamed into place when
-complete (an older export there is replaced only then), with the shards' tokenizer in
-<format>/tokenizer/ and `export.json` (what was exported from which manifest) written inside it last.  The shard set is verified shard by shard as it is read
-(dsdata/export/source.py), so a corrupt shard stops the export naming its file.
+complete (an older export there is replaced only then; a folder the export did not write is never
+replaced: dsdata/export/files.py), with the shards' tokenizer in <format>/tokenizer/ and
+`export.json` (what was exported from which manifest) written inside it last.  The shard set is
+verified shard by shard as it is read (dsdata/export/source.py), so a corrupt shard stops the export
+naming its file; the tokenizer copied is only the files the manifest pins, each checked against its
+sha256 (a changed, missing or added tokenizer file stops the export).
 """
 from __future__ import annotations
 
@@ -16,10 +19,11 @@ import os
 from typing import Any, Callable
 
 from dsdata.export import hf, mds, megatron
-from dsdata.export.files import atomic_file, staged_directory
+from dsdata.export.files import atomic_file, check_replaceable, staged_directory
 from dsdata.export.source import ShardSource
-from dsdata.io.shard_tokenizer import bundled_files, tokenizer_dir, tokenizer_sources
-from dsdata.io.shards import file_sha256
+from dsdata.io.shard_tokenizer import (BUNDLE_DIR, bundled_files, tokenizer_dir, tokenizer_sources,
+                                       verify_bundled_tokenizer)
+from dsdata.io.shards import resolve_shard_path
 
 # name → writer(source, out_dir) -> summary; the names are the --format values and stage options.
 FORMATS: dict[str, Callable[[ShardSource, str], dict[str, Any]]] = {
@@ -45,28 +49,39 @@ def check_formats(formats: list[str]) -> list[str]:
 
 def copy_tokenizer(source: ShardSource, out_dir: str) -> list[str]:
     """Copy the shards' tokenizer into out_dir/tokenizer/ (what each trainer needs beside the ids):
-    the bundled files, each checked against its sha256; for a manifest from before bundling, the
-    tokenizer directory it names when its tokenizer.json still has the recorded sha256.  Returns
-    the names copied ([] when the tokenizer is not on this machine)."""
-    directory = tokenizer_dir(source.directory, source.manifest)
-    if directory is None:
-        return []
-    bundled = {e["file"].split("/", 1)[1]: e["sha256"] for e in bundled_files(source.directory, source.manifest)}
-    if not bundled:
-        json_path = directory if os.path.isfile(directory) else os.path.join(directory, "tokenizer.json")
-        if not os.path.isfile(json_path) or file_sha256(json_path) != source.tokenizer.get("sha256"):
+    exactly the files the manifest pins, each checked against its sha256 as it is copied — the
+    bundled files, or for a manifest from before bundling the tokenizer.json it names.  ExportError
+    when a pinned file is missing, changed or a link, or the bundle holds a tokenizer file the
+    manifest does not list.  Returns the names copied ([] when an older manifest's tokenizer is not
+    on this machine)."""
+    bundled = bundled_files(source.directory, source.manifest)
+    if bundled:
+        problems = verify_bundled_tokenizer(source.directory, source.manifest)
+        if problems:
+            raise ExportError(f"{problems[0]}; not exporting a changed tokenizer")
+        directory = resolve_shard_path(source.directory, BUNDLE_DIR)
+        pinned = {e["file"].split("/", 1)[1]: e["sha256"] for e in bundled}
+        extra = [name for _, name in tokenizer_sources(directory) if name not in pinned]
+        if extra:
+            raise ExportError(f"{os.path.join(directory, extra[0])}: a tokenizer file the shard manifest does not "
+                              "list; not exporting a changed tokenizer")
+    else:
+        found = tokenizer_dir(source.directory, source.manifest)
+        json_path = found if found and os.path.isfile(found) else os.path.join(found or "", "tokenizer.json")
+        if found is None or not source.tokenizer.get("sha256") or not os.path.isfile(json_path):
             return []
+        pinned = {"tokenizer.json": source.tokenizer["sha256"]}
     os.mkdir(os.path.join(out_dir, "tokenizer"))
-    copied = []
-    for path, name in tokenizer_sources(directory):
-        with open(path, "rb") as fh:
+    for name, sha256 in pinned.items():
+        path = os.path.join(directory, name) if bundled else json_path
+        # What is copied is what is checked; a bundled file is dsdata's own: a link there is not followed.
+        with os.fdopen(os.open(path, os.O_RDONLY | (os.O_NOFOLLOW if bundled else 0)), "rb") as fh:
             data = fh.read()
-        if name in bundled and hashlib.sha256(data).hexdigest() != bundled[name]:
+        if hashlib.sha256(data).hexdigest() != sha256:
             raise ExportError(f"{path}: sha256 does not match the shard manifest's; not exporting a changed tokenizer")
         with atomic_file(os.path.join(out_dir, "tokenizer", name)) as fh:
             fh.write(data)
-        copied.append(name)
-    return copied
+    return sorted(pinned)
 
 
 def export_shards(src: str, dst: str, formats: list[str], source_name: str | None = None) -> dict[str, Any]:
@@ -79,12 +94,15 @@ def export_shards(src: str, dst: str, formats: list[str], source_name: str | Non
     if target_root == shard_dir or target_root.startswith(shard_dir + os.sep):
         raise ExportError(f"export destination {dst} lies inside the shard set {source.directory}; "
                           "choose a folder outside it (e.g. RUN_DIR/export)")
+    for name in formats:  # before any work: a folder the export did not write is not replaced
+        check_replaceable(os.path.join(dst, name))
     results = {}
     for name in formats:
         with staged_directory(os.path.join(dst, name)) as out:
+            tokenizer_files = copy_tokenizer(source, out)  # first: a changed tokenizer stops it at once
             summary = FORMATS[name](source, out)
             summary = {"format": name, "source": source.name, "manifest_sha256": source.manifest_sha256,
-                       "tokenizer": source.tokenizer, "tokenizer_files": copy_tokenizer(source, out), **summary}
+                       "tokenizer": source.tokenizer, "tokenizer_files": tokenizer_files, **summary}
             with atomic_file(os.path.join(out, "export.json")) as fh:
                 fh.write((json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
         results[name] = {**summary, "path": os.path.join(dst, name)}

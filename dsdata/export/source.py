@@ -2,7 +2,8 @@
 
 Every shard is checked before any of its tokens is exported: size and sha256 against the manifest,
 then the Arrow content against its entry (`check_shard_buffer`: one record batch, buffers inside the
-file, offsets consistent), so an export never carries a corrupt or tampered shard's tokens.
+file, offsets consistent, every id inside the manifest's vocabulary), so an export never carries a
+corrupt or tampered shard's tokens.
 Documents come in manifest order (shards sorted by file name, documents in shard order): the same
 order on every run, so exports of one shard set are byte-identical.
 """
@@ -17,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from dsdata.io.shards import (MANIFEST, TOKEN_COLUMN, ShardError, check_shard_buffer, locate_shard_dir,
-                              read_manifest, verify_shard_file)
+                              manifest_vocab_size, read_manifest, verify_shard_file)
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ class ShardSource:
         path = os.path.join(self.directory, shard["file"])
         with pa.memory_map(os.fsencode(path), "r") as mapped:
             buffer = mapped.read_buffer()
-            values = check_shard_buffer(path, buffer, self.token_column, self.dtype, shard["tokens"])
+            values = check_shard_buffer(path, buffer, self.token_column, self.dtype, shard["tokens"],
+                                        manifest_vocab_size(self.manifest))
             batch = pa.ipc.open_file(pa.BufferReader(buffer)).get_batch(0)
             offsets = batch.column(self.token_column).offsets.to_numpy()
             ids = batch.column("id").to_pylist() if "id" in batch.schema.names else [None] * batch.num_rows

@@ -6,7 +6,8 @@ and reuses units) is dsdata/beam/resume.py.
     OUT/resume/units/G.arrow        a group of units' records after the committed stages: one Arrow IPC
                                     stream per unit, one after the other
     OUT/resume/units/G.json         the group's commit marker: per unit its description, key (a digest of
-                                    the description), offset, size and sha256 in G.arrow, records, batches
+                                    the description), offset, size and sha256 in G.arrow, records, batches,
+                                    and `content`: a digest of the unit's input bytes (input_digest)
 
 A *unit* is what one worker reads at once: an input file, or a byte range of a JSON Lines file / a
 run of row groups of a Parquet file when the runner spreads ranges (dsdata/io/readers/ranges.py).
@@ -15,8 +16,9 @@ together (CommitGroup: at most about a second of work, 64 MiB or 1,000 units): t
 durable (fsync), renamed into place and the folder synced; only then is the marker written the same
 way.  Data without a marker (the run died before the group was committed), a temporary file, a
 marker without data, and anything in the folder that is not a regular file dsdata made are removed
-before a resumed run starts; a unit whose bytes do not have the size and sha256 its marker names is
-not reused.
+before a resumed run starts; a unit whose bytes do not have the size and sha256 its marker names, or
+whose input's bytes no longer have the digest taken before it was read (a file rewritten in place
+with its size and modification time kept), is not reused: it is read again.
 
 OUT is untrusted: files here are opened with O_NOFOLLOW, markers and the fingerprint are read as
 bounded JSON, the Arrow data is fully validated, and every metadata/annotation value is bounded JSON.
@@ -37,6 +39,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from dsdata.document import Document, Rejected
+from dsdata.io import local_paths
 from dsdata.io.outfiles import create_exclusive, ensure_dir, fresh_dir, remove_entry, sync_dir, write_file_in_out
 from dsdata.io.untrusted_files import UntrustedFileError, loads_bounded
 
@@ -84,6 +87,39 @@ def unit_key(description: list) -> str:
     """The file name stem of a unit: a digest of its description (["file", path] or ["range", …])."""
     text = json.dumps(description, ensure_ascii=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("ascii")).hexdigest()[:32]
+
+
+# A unit's input is hashed whole up to this size (every JSON Lines range is smaller); a bigger one (a
+# whole large file that cannot be cut) by its length and _SAMPLES blocks spread evenly over it, the
+# first and the last included: a second or so of reading at most, against the minutes of work reused.
+_DIGEST_WHOLE_BYTES = 64 << 20
+_SAMPLE_BYTES = 1 << 20
+_SAMPLES = 64
+
+
+def input_digest(path: str, start: int = 0, end: int | None = None) -> str:
+    """A digest of a local unit's input bytes [start, end) (end None: to the end of the file), taken
+    before the unit is read and again before a resumed run reuses it; "" for a remote object (its
+    modification time is the server's, set on every write: the fingerprint sees a rewrite)."""
+    if "://" in path:
+        return ""
+    digest = hashlib.sha256()
+    with local_paths.open_binary(path) as fh:
+        fh.seek(0, os.SEEK_END)
+        stop = fh.tell() if end is None else min(end, fh.tell())
+        length = max(0, stop - start)
+        if length <= _DIGEST_WHOLE_BYTES:
+            spans = [(start, length)]
+        else:
+            step = (length - _SAMPLE_BYTES) // (_SAMPLES - 1)
+            spans = [(start + i * step, _SAMPLE_BYTES) for i in range(_SAMPLES)]
+            digest.update(f"sampled {length}".encode("ascii"))
+        for offset, size in spans:
+            fh.seek(offset)
+            while size > 0 and (block := fh.read(min(size, 8 << 20))):
+                digest.update(block)
+                size -= len(block)
+    return digest.hexdigest()
 
 
 # --- records <-> Arrow ----------------------------------------------------------------------------
@@ -212,10 +248,11 @@ class CommitGroup:
         self._writer = None
         self._records = self._batches = 0
 
-    def begin(self, description: list) -> None:
+    def begin(self, description: list, content: str) -> None:
+        """Start writing a unit; `content`: its input's digest (input_digest), taken before reading."""
         if self._fd is None:
             self._fd = create_exclusive(self.temp)
-        self._unit, self.spoiled = description, None
+        self._unit, self._content, self.spoiled = description, content, None
         self._file = _SegmentFile(self._fd, self._size)
         self._writer = pa.ipc.new_stream(self._file, UNIT_SCHEMA)
         self._records = self._batches = 0
@@ -239,7 +276,7 @@ class CommitGroup:
         if self.spoiled is None:
             self.entries.append({"unit": self._unit, "key": unit_key(self._unit), "offset": self._file.offset,
                                  "bytes": self._file.size, "sha256": self._file.sha256.hexdigest(),
-                                 "records": self._records, "batches": self._batches})
+                                 "records": self._records, "batches": self._batches, "content": self._content})
         self._unit = self._writer = self._file = None
         return self.spoiled is None
 
@@ -293,6 +330,7 @@ def _open_regular(path: str) -> int:
 def _entry_ok(entry: Any) -> bool:
     return (isinstance(entry, dict) and isinstance(entry.get("unit"), list) and isinstance(entry.get("key"), str)
             and entry["key"] == unit_key(entry["unit"]) and isinstance(entry.get("sha256"), str)
+            and isinstance(entry.get("content"), str)
             and all(type(entry.get(k)) is int and entry[k] >= 0 for k in ("offset", "bytes", "records", "batches")))
 
 
@@ -354,11 +392,14 @@ class _Segment(io.RawIOBase):
         return len(data)
 
 
-def unit_problem(unit: CommittedUnit, description: list) -> str | None:
-    """Why the committed unit cannot be reused for `description` (None: its segment has the size and
-    sha256 its marker names)."""
+def unit_problem(unit: CommittedUnit, description: list, content: str) -> str | None:
+    """Why the committed unit cannot be reused for `description`, whose input now has the digest
+    `content` (None: the input is what was read, and the segment has the size and sha256 its marker
+    names)."""
     if unit.entry["unit"] != description:
         return f"its marker describes another unit ({unit.entry['unit']!r})"
+    if unit.entry["content"] != content:
+        return "its input's bytes changed since it was read (same size and modification time, other content)"
     try:
         fd = _open_regular(unit.data)
     except (OSError, UntrustedFileError) as exc:
