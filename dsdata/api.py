@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
-DEFAULT_RECIPE = os.path.join("pipelines", "pretrain.yaml")
+from dsdata.commands.run import DEFAULT_RECIPE
 
 
 class RunError(Exception):
@@ -37,7 +37,7 @@ class RunError(Exception):
         self.exit_code = exit_code
 
 
-def _problem_classes() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+def problem_classes() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
     """(errors found before a run starts, errors of a run that started): what becomes a RunError."""
     from dsdata.beam.engines import EngineError
     from dsdata.beam.errors import RunFailed
@@ -63,7 +63,7 @@ def one_line_errors() -> Iterator[None]:
 
     from dsdata.io.resume import RESUME_REFUSED_EXIT, ResumeRefused
 
-    before, during = _problem_classes()
+    before, during = problem_classes()
     try:
         yield
     except RunError:
@@ -264,7 +264,7 @@ def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] 
 
     Raises RunError (one line; `exit_code` as the command's) for any problem, including a run over
     its error budget, whose outputs are written all the same."""
-    from dsdata.report.display import resolve_mode
+    from dsdata.core.display import resolve_mode
 
     with one_line_errors():
         try:  # as `dsdata run --progress` takes it (auto: a bar on a terminal)
@@ -350,6 +350,6 @@ def check_preflight(recipe) -> None:
 def run_flags() -> list[str]:
     """The long flags of `dsdata run` (the closest one is suggested for a typo)."""
     from dsdata.beam.known_options import long_flags
-    from dsdata.cli import _run_parser
+    from dsdata.commands.run import run_parser
 
-    return long_flags(_run_parser())
+    return long_flags(run_parser())

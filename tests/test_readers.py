@@ -225,14 +225,14 @@ def test_every_place_that_lists_formats_reads_the_registry(tmp_path):
     """--format's choices, the recipe's check, detect_format and input matching all come from
     dsdata/io/readers REGISTRY: a format added there is known everywhere, a name not there nowhere."""
 
-    from dsdata import cli
+    from dsdata.commands.run import run_parser
     from dsdata.io import readers
     from dsdata.io.inputs import expand_directories
     from dsdata.recipe import INPUT_FORMATS, RecipeError, load_recipe
 
     names = [fmt.name for fmt in readers.REGISTRY]
     assert readers.FORMATS == tuple(names) and list(INPUT_FORMATS) == ["auto", *names]
-    choices = next(a.choices for a in cli._run_parser()._actions if "--format" in a.option_strings)
+    choices = next(a.choices for a in run_parser()._actions if "--format" in a.option_strings)
     assert list(choices) == ["auto", *names]
     for fmt in readers.REGISTRY:
         for suffix in fmt.suffixes:

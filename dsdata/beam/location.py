@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
-from dsdata.io.inputs import InputPathError, _glob_match
+from dsdata.io.inputs import InputPathError, glob_match
 from dsdata.io.outlock import OutputDirError
 from dsdata.io.shards import atomic_write_bytes
 
@@ -226,7 +226,7 @@ def list_objects(pattern: str) -> list[FileMetadata]:
         base = literal[:literal.rfind("/") + 1]
         wanted = pattern[len(base):].split("/")
         hidden_ok = any(part.startswith(".") for part in wanted)
-        chosen = [m for m in found if m.path.startswith(base) and _glob_match(wanted, m.path[len(base):].split("/"))
+        chosen = [m for m in found if m.path.startswith(base) and glob_match(wanted, m.path[len(base):].split("/"))
                   and (hidden_ok or _visible(m.path[len(base):], m.size_in_bytes))]
     return sorted(chosen, key=lambda m: m.path)
 

@@ -12,7 +12,7 @@ import stat
 import uuid
 from typing import BinaryIO, Iterator
 
-from dsdata.io.shards import _fsync_dir
+from dsdata.io.shards import fsync_dir
 
 EXPORT_MARKER = ".dsdata-export"
 
@@ -56,7 +56,7 @@ def atomic_file(path: str) -> Iterator[BinaryIO]:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    _fsync_dir(os.path.dirname(path) or ".")
+    fsync_dir(os.path.dirname(path) or ".")
 
 
 @contextlib.contextmanager
@@ -78,7 +78,7 @@ def staged_directory(target: str) -> Iterator[str]:
             aside = os.path.join(parent, f".{os.path.basename(target)}.old-{uuid.uuid4().hex[:12]}")
             os.rename(target, aside)
         os.rename(tmp, target)
-        _fsync_dir(parent)
+        fsync_dir(parent)
         if aside:
             shutil.rmtree(aside, ignore_errors=True)
     finally:

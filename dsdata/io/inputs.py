@@ -101,7 +101,7 @@ def local_glob(pattern: str) -> list[str]:
         names = os.path.relpath(path, root).split(os.sep) if root != "." else os.path.normpath(path).split(os.sep)
         # A folder that cannot be listed, where the glob could match something, goes on as a match:
         # expanding it makes it its unreadable_file row.
-        if any(_glob_match(wanted, names[:k]) for k in range(len(names), 0, -1)) or (
+        if any(glob_match(wanted, names[:k]) for k in range(len(names), 0, -1)) or (
                 path in unlisted and _glob_prefix(wanted, names)):
             found.append(path if root != "." else os.path.normpath(path))
     return sorted(found)
@@ -118,13 +118,13 @@ def _glob_prefix(pattern: list[str], names: list[str]) -> bool:
     return fnmatch.fnmatchcase(names[0], pattern[0]) and _glob_prefix(pattern[1:], names[1:])
 
 
-def _glob_match(pattern: list[str], names: list[str]) -> bool:
+def glob_match(pattern: list[str], names: list[str]) -> bool:
     """Whether path components `names` match glob components `pattern` (`**`: any number of them)."""
     if not pattern:
         return not names
     if pattern[0] == "**":
-        return _glob_match(pattern[1:], names) or (bool(names) and _glob_match(pattern, names[1:]))
-    return bool(names) and fnmatch.fnmatchcase(names[0], pattern[0]) and _glob_match(pattern[1:], names[1:])
+        return glob_match(pattern[1:], names) or (bool(names) and glob_match(pattern, names[1:]))
+    return bool(names) and fnmatch.fnmatchcase(names[0], pattern[0]) and glob_match(pattern[1:], names[1:])
 
 
 def _has_format(path: str) -> bool:

@@ -79,7 +79,7 @@ def shard_name(bucket: str, index: int, count: int) -> str:
     return f"shard-{bucket}-{index:05d}-of-{count:05d}.arrow"
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
     """sync_dir, best effort: a folder that cannot be synced (some filesystems refuse) costs only durability."""
     with contextlib.suppress(OSError):
         sync_dir(directory)
@@ -99,7 +99,7 @@ def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    _fsync_dir(os.path.dirname(path) or ".")
+    fsync_dir(os.path.dirname(path) or ".")
 
 
 # ------------------------------------------------------------------------------------------ writing
@@ -148,7 +148,7 @@ def write_shard(directory: str, name: str, token_arrays: Sequence[np.ndarray], i
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
     buckets: dict[str, dict[str, int]] = {}
     lengths = [len(a) for a in token_arrays]
     for length, bucket in zip(lengths, difficulties):
@@ -242,7 +242,7 @@ class ShardSetWriter:
         manifest = os.path.join(self.directory, MANIFEST)
         if os.path.exists(manifest):
             os.remove(manifest)
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         self._pending: dict[str, list[tuple[str, np.ndarray]]] = {}
         self._pending_tokens: dict[str, int] = {}
         self._entries: list[dict[str, Any]] = []
