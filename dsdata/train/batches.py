@@ -57,6 +57,7 @@ class ShardBatches:
                 raise ConfigError(f"training.global_batch_size must be >= 1, got {batch_size}")
             state = self.dataset.state_dict()
             self.batch_size = int(batch_size)
+            self.dataset.close()
             self.dataset = self._dataset(self.batch_size)
             self._load(state)
         elif int(batch_size) != self.batch_size:
@@ -72,6 +73,11 @@ class ShardBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load(state)
+        self._iter = None
+
+    def close(self) -> None:
+        """Stop the loader's prefetch thread (the end of a run)."""
+        self.dataset.close()
         self._iter = None
 
     def _load(self, state: dict[str, Any]) -> None:
@@ -140,6 +146,9 @@ class SyntheticBatches:
         if state.get("format") != "dsdata-synthetic" or state.get("seed") != self.seed:
             raise ValueError("checkpoint's loader state is not this synthetic source (different data.path or seed)")
         self.position = int(state["position"])
+
+    def close(self) -> None:
+        """Nothing to stop (no thread, no file)."""
 
 
 def resolve_shard_dir(path: str) -> str:
