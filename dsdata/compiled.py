@@ -4,9 +4,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
 from types import ModuleType
 
 _numba_ready = False
+_numba_loading = threading.Lock()
 
 
 def _load_numba_registries() -> None:
@@ -17,23 +19,33 @@ def _load_numba_registries() -> None:
     compiled: ~0.35 CPU-s, a fifth of a short run's start-up, and again in every Beam worker.
     dsdata's kernels use neither, so numba is told there is no BLAS: compiling np.dot in this
     process then fails with numba's "scipy 0.16+ is required for linear algebra".  When scipy.linalg
-    is already imported, nothing is blocked."""
+    is already imported, nothing is blocked.
+
+    Several threads of one process may get here at once (an SDK worker in this process runs
+    bundles in parallel: Flink with --environment_type=LOOPBACK): the others wait until the
+    registries are loaded, else one compiles against half-loaded ones (numba's "Unknown attribute
+    '_allocate'" TypingError, a stage that cannot start)."""
     global _numba_ready
     if _numba_ready:
         return
-    _numba_ready = True
-    blocked = [name for name in ("scipy", "scipy.linalg") if name not in sys.modules][:1]
-    for name in blocked:
-        sys.modules[name] = None  # an import of it (or below it) raises ImportError
-    try:
-        from numba.core.registry import cpu_target
-
-        cpu_target.typing_context.refresh()
-        cpu_target.target_context.refresh()
-    finally:
+    with _numba_loading:
+        if _numba_ready:
+            return
+        blocked = [name for name in ("scipy", "scipy.linalg") if name not in sys.modules][:1]
         for name in blocked:
-            if name in sys.modules and sys.modules[name] is None:
-                del sys.modules[name]
+            sys.modules[name] = None  # an import of it (or below it) raises ImportError
+        try:
+            from numba.core.compiler_lock import global_compiler_lock
+            from numba.core.registry import cpu_target
+
+            with global_compiler_lock:  # and no other compile in this process meanwhile
+                cpu_target.typing_context.refresh()
+                cpu_target.target_context.refresh()
+        finally:
+            for name in blocked:
+                if name in sys.modules and sys.modules[name] is None:
+                    del sys.modules[name]
+        _numba_ready = True
 
 
 def import_compiled(module_name: str) -> ModuleType | bool:

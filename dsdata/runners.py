@@ -32,6 +32,7 @@ class Runner:
     replaces_beams: bool = False  # dsdata hands Beam `class_path`, not the name (Beam would pick another class)
     extra: str | None = None    # the pip extra its module needs, for the one-line error when it is missing
     summary: str = ""
+    experimental: str = ""      # why it is not among the tested engines: one warning line when it is chosen
 
     def names(self) -> tuple[str, ...]:
         return (self.name.lower(), *self.aliases)
@@ -47,7 +48,9 @@ RUNNERS: tuple[Runner, ...] = (
            summary="Beam's older in-process runner"),
     # Beam's DaskRunner loses outputs on a real cluster: `dask` means dsdata's fixed one (docs/engines.md).
     Runner("dask", "dsdata.beam.engines.dask_runner.DistributedDaskRunner", ("daskrunner",), replaces_beams=True,
-           extra="dist", summary="dsdata's runner on a dask.distributed cluster (local or remote)"),
+           extra="dist", summary="experimental: dsdata's runner on a dask.distributed cluster (local or remote)",
+           experimental="many times slower than the default in-process runner, with no progress until the "
+                        "end (docs/engines.md, dask); use it only to try a dask cluster"),
     Runner("PrismRunner", _BEAM + "portability.prism_runner.PrismRunner",
            summary="Beam's portable Go runner (a binary)"),
     Runner("FlinkRunner", _BEAM + "portability.flink_runner.FlinkRunner",

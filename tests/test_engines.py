@@ -327,11 +327,58 @@ def test_flink_runner_without_a_jar_flag_gets_the_assembled_job_server(tmp_path,
 
 
 @pytest.mark.slow
-def test_flink_minicluster_pretrain_identical_to_default_runner(baseline, tmp_path):
+def test_flink_minicluster_pretrain_identical_to_default_runner_and_prints_no_traceback(baseline, tmp_path):
+    """`dsdata run` on Flink's MiniCluster, as a user runs it: the default runner's outputs, and a
+    stderr without a traceback (the SDK harness's streams closed at the job's end used to print ~60
+    lines of them; dsdata/beam/engines/harness_noise.py)."""
     jar = _flink_jar_or_skip()
     out = tmp_path / "flink-local"
-    run_recipe(load_recipe(str(PRETRAIN)), str(out), _flink_args(jar, "[local]"))
+    done = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", str(PRETRAIN), "--output", str(out),
+                           "--progress=off", *_flink_args(jar, "[local]")], cwd=str(tmp_path), capture_output=True,
+                          text=True, timeout=1800, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-6000:]
+    assert "ledger ok" in done.stderr and "Traceback" not in done.stderr, done.stderr[-6000:]
     assert_same_outputs(baseline, out)
+
+
+# A runner closing the harness's data stream, as Flink's job server does when a job ends: a real gRPC
+# server aborts the stream Beam's own client channel reads, in a process configured as `dsdata run` is.
+_HUNG_UP = """import logging, sys, threading
+from concurrent import futures
+import grpc
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+import dsdata.beam  # noqa: F401 - what every launcher and worker imports
+from apache_beam.portability.api import beam_fn_api_pb2_grpc
+from apache_beam.runners.worker.data_plane import GrpcClientDataChannel
+
+class Data(beam_fn_api_pb2_grpc.BeamFnDataServicer):
+    def Data(self, request_iterator, context):
+        context.abort(getattr(grpc.StatusCode, sys.argv[1]), "Multiplexer hanging up")
+
+server = grpc.server(futures.ThreadPoolExecutor(2))
+beam_fn_api_pb2_grpc.add_BeamFnDataServicer_to_server(Data(), server)
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+GrpcClientDataChannel(beam_fn_api_pb2_grpc.BeamFnDataStub(grpc.insecure_channel(f"127.0.0.1:{port}")))
+for thread in threading.enumerate():
+    if thread.name == "read_grpc_client_inputs":
+        thread.join(60)
+server.stop(None)
+print("reader finished")
+"""
+
+
+@pytest.mark.parametrize("status", ["CANCELLED", "INTERNAL"])
+def test_a_harness_stream_the_runner_hangs_up_prints_no_traceback_other_errors_still_do(status, tmp_path):
+    script = tmp_path / "hung_up.py"
+    script.write_text(_HUNG_UP)
+    done = subprocess.run([sys.executable, str(script), status], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and "reader finished" in done.stdout, done.stderr[-3000:]
+    if status == "CANCELLED":  # the hang-up at a job's end: nothing from the logger, nothing from the thread
+        assert "Traceback" not in done.stderr and "Failed to read inputs" not in done.stderr, done.stderr
+    else:  # any other status is a real failure and prints as Beam prints it
+        assert "Failed to read inputs in the data plane" in done.stderr and "StatusCode.INTERNAL" in done.stderr
 
 
 # The real cluster: a JobManager and two one-slot TaskManagers started by Flink's scripts, the SDK harness

@@ -381,6 +381,44 @@ def test_three_pipeline_stages_with_a_tied_embedding_match_one_process(tmp_path)
     _assert_close_losses(_losses(tmp_path / "pp3"), _losses(tmp_path / "single"), "pp3 tied")
 
 
+# ------------------------------------------------------------------ clean exit (slow)
+
+# The trainer's own entry, then the gloo threads still running in the process (Linux: /proc names them).
+_ENTRY = """import os, sys
+from dsdata.train.__main__ import main
+code = main(sys.argv[1:])
+left = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print("gloo threads left:", sorted(n for n in left if "gloo" in n), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+@pytest.mark.parametrize("layout", ["tp2", "pp2_1f1b"])
+def test_distributed_runs_exit_0_every_time_with_no_gloo_thread_left(layout, tmp_path):
+    """A finished tp=2 or 1F1B pp=2 run exits 0, ten times in a row: every rank meets at a barrier,
+    destroys its process groups and frees them, so gloo's threads are joined before interpreter
+    teardown (they used to outlive destroy_process_group, held by DTensor's caches, and a rank
+    now and then aborted at exit with "terminate called without an active exception")."""
+    entry = tmp_path / "entry.py"
+    entry.write_text(_ENTRY)
+    sets = [f"--set={s}" for s in [*LAYOUTS_2[layout], "training.steps=2", "checkpoint.interval=0",
+                                   "logging.tensorboard=false", "logging.histogram_interval=0"]]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    for attempt in range(10):
+        run_dir = tmp_path / f"run{attempt}"
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               str(entry), "--config", TINY, *sets, "--run-dir", str(run_dir), "--quiet"],
+                              cwd=str(REPO), env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"run {attempt + 1}: exit {proc.returncode}\n{proc.stderr[-4000:]}"
+        assert proc.stderr.count("gloo threads left: []") == 2, proc.stderr[-4000:]
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 2
+        assert (run_dir / "hf").is_dir()  # the export, the run's last collective step
+        shutil.rmtree(run_dir)
+
+
 def _worker(plan_path: str) -> None:
     """torchrun entry: train each planned run in turn within one process group."""
     import torch.distributed as dist
@@ -398,8 +436,9 @@ def _worker(plan_path: str) -> None:
         summary = train(load_config(TINY, run["overrides"]), run["run_dir"])
         print(f"{run['run_dir']}: {time.perf_counter() - began:.1f} s, compiled blocks: {summary['compiled']}",
               file=sys.stderr)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    from dsdata.train.distributed import shutdown_distributed
+
+    shutdown_distributed(completed=True)
 
 
 if __name__ == "__main__":

@@ -496,32 +496,56 @@ def test_the_page_embeds_the_cjk_glyphs_it_uses_and_names_those_it_lacks(tmp_pat
 
     long_zh = "数据清洗之后的中文句子，用来检查报告页面能否显示汉字。" * 6
     docs = [{"id": f"zh{i}", "text": long_zh} for i in range(5)]
-    # Too short for the rules stage: rejected, so their text is shown as examples on the page.
-    docs += [{"id": "short-zh", "text": "太短"}, {"id": "short-ko", "text": "한국"},
-             {"id": "short-rare", "text": "\U00020000"}]
+    # Too short for the rules stage: rejected, so their text is shown as examples on the page:
+    # Simplified, Traditional (the samples' zh_TW pages), Japanese kana and kanji, Hangul, and one
+    # hanzi of an extension block the shipped font does not have.
+    # (Three texts: a page shows three examples per rejection reason.)
+    shown = {"short-zh-tw": "太短，繁體說話", "short-ja-ko": "ひらがなカタカナ漢字 한국", "short-rare": "\U00020000"}
+    docs += [{"id": key, "text": text} for key, text in shown.items()]
     (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(d, ensure_ascii=False) for d in docs) + "\n",
                                        encoding="utf-8")
     (tmp_path / "r.yaml").write_text("input: {paths: [in.jsonl]}\nstages:\n  - clean: {}\n  - rules: {}\n")
     out = tmp_path / "out"
     run_recipe(load_recipe(str(tmp_path / "r.yaml")), str(out), [], progress="off")
     page = (out / "report.html").read_text(encoding="utf-8")
-    assert "太短" in page and "한국" in page and "\U00020000" in page
+    assert all(text in page for text in shown.values())
 
     prefix = f"@font-face{{font-family:'{FAMILY}';src:url(data:font/woff;base64,"
     assert prefix in page
     data = base64.b64decode(page.split(prefix, 1)[1].split(")", 1)[0])
-    assert len(data) < 64 << 10  # the page's glyphs, not the shipped 1.3 MB font
+    assert len(data) < 64 << 10  # the page's glyphs, not the shipped font
     font = TTFont(io.BytesIO(data))
     covered = {chr(c) for c in font.getBestCmap()}
     used = cjk_characters(page)
-    # Every hanzi and CJK punctuation mark the page uses is in the embedded font...
-    assert set("数据清洗之后的中文句子，太短") <= covered
+    # Every CJK character the page shows has a glyph in the embedded font, but the one it lacks...
+    assert used - covered == {"\U00020000"}
+    assert set("数据清洗之后的中文句子，太短繁體說話ひらがなカタカナ漢字한국") <= covered
     # ...and nothing else of the shipped font came along.
     assert covered <= used | {" "}
     # What the font lacks is named on the page, in one line.
     note = page.split('id="cjk-font-note"', 1)[1].split("</p>", 1)[0]
-    assert "not in the embedded font" in note and "한" in note and "\U00020000" in note and "太" not in note
+    assert "not in the embedded font" in note and "\U00020000" in note and "體" not in note and "한" not in note
     assert "font-family:system-ui" in page and f"'{FAMILY}'" in page.split("body{", 1)[1].split("}", 1)[0]
+
+
+def test_a_chart_with_cjk_labels_carries_the_glyphs_of_its_own_characters():
+    """A chart is an <img> of an SVG, which sees none of the page's fonts: one whose labels hold CJK
+    characters (a language or stage named in Chinese) embeds their glyphs itself."""
+    from fontTools.ttLib import TTFont
+
+    from dsdata.report import svgchart
+    from dsdata.report.cjkfont import FAMILY, cjk_characters
+    from dsdata.report.page import _img
+
+    svg = svgchart.bar_chart(["中文", "繁體中文", "ひらがな", "한국어", "en"], [5, 4, 3, 2, 1], title="語言 (kept)", xlabel="lang")
+    shown = base64.b64decode(_img("hist-lang", svg, "language mix").split("base64,", 1)[1].split('"', 1)[0])
+    shown = shown.decode("utf-8")
+    prefix = f"@font-face{{font-family:'{FAMILY}';src:url(data:font/woff;base64,"
+    font = TTFont(io.BytesIO(base64.b64decode(shown.split(prefix, 1)[1].split(")", 1)[0])))
+    assert cjk_characters(svg) <= {chr(c) for c in font.getBestCmap()} and "體" in cjk_characters(svg)
+    assert f"'{FAMILY}'" in shown.split(">", 1)[0]  # the root's font-family falls back to it
+    assert "@font-face" not in base64.b64decode(_img("x", svgchart.bar_chart(["en"], [1], title="t", xlabel="lang"), "x")
+                                                .split("base64,", 1)[1].split('"', 1)[0]).decode("utf-8")
 
 
 def test_a_page_without_cjk_embeds_no_font():

@@ -2,6 +2,7 @@
 the recipe's allowlist and the CLI's resolution read it."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,29 @@ def test_a_recipe_may_name_exactly_the_in_process_runners(tmp_path, runner):
     else:
         with pytest.raises(RecipeError, match=f"runner '{runner}' starts programs"):
             load_recipe(str(tmp_path / "r.yaml"))
+
+
+def test_choosing_the_experimental_dask_runner_prints_one_warning_line(tmp_path):
+    """dask is not among the tested engines (docs/engines.md: ~30× the in-process wall time on the
+    samples, no progress): choosing it says so in one line, then runs as asked (here: a scheduler
+    that does not answer, its own one-line error)."""
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("dask.distributed", reason="dask.distributed missing: pip install -e '.[dist]'")
+    (tmp_path / "a.jsonl").write_text('{"id": "1", "text": "hello"}\n', encoding="utf-8")
+    (tmp_path / "r.yaml").write_text("name: t\ninput: {paths: ['*.jsonl']}\nstages: []\n", encoding="utf-8")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", str(tmp_path / "r.yaml"), "--output",
+                           str(tmp_path / "out"), "--quiet", "--runner=dask",
+                           f"--dask_client_address=tcp://127.0.0.1:{port}", "--dask_connection_timeout=2"],
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = [line for line in done.stderr.splitlines() if "apitools" not in line]
+    warning = [line for line in lines if "experimental" in line]
+    assert warning == [warning[0]] and warning[0].startswith("dsdata: --runner=dask is experimental: "), lines
+    assert lines[-1].startswith("dsdata: error: cannot reach the dask scheduler"), lines
+    assert done.returncode == 2 and len(lines) == 2, lines

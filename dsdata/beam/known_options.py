@@ -17,11 +17,12 @@ import importlib
 # is imported when it can be (an extra that is not installed adds no options, and its runner is
 # refused by --runner's own check).
 RUNNER_OPTION_MODULES = (
-    "apache_beam.runners.dask.dask_runner",
     "apache_beam.runners.dataflow.dataflow_runner",
     "apache_beam.runners.interactive.interactive_runner",
-    "dsdata.beam.engines.dask_runner",
 )
+# The experimental dask runner's options (--dask_*) are read only when a flag names them: importing
+# dask.distributed costs every other run a second and is no part of the default path.
+DASK_OPTION_MODULES = ("apache_beam.runners.dask.dask_runner", "dsdata.beam.engines.dask_runner")
 
 
 def _all_subclasses(cls: type) -> list[type]:
@@ -34,16 +35,16 @@ def _all_subclasses(cls: type) -> list[type]:
     return found
 
 
-@functools.lru_cache(maxsize=1)
-def beam_option_names() -> dict[str, bool]:
+@functools.lru_cache(maxsize=2)
+def beam_option_names(dask: bool = False) -> dict[str, bool]:
     """Every long option (`--name`, as written) that some PipelineOptions subclass declares → whether
-    it takes a value."""
+    it takes a value (with the dask runner's when `dask`)."""
     import logging
 
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
     quiet = logging.getLogger().level
-    for module in RUNNER_OPTION_MODULES:
+    for module in RUNNER_OPTION_MODULES + (DASK_OPTION_MODULES if dask else ()):
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - a runner whose extra is missing (or broken) declares nothing here
@@ -73,7 +74,7 @@ def unknown_flag_message(flag: str, own_flags: list[str]) -> str | None:
     name = flag.split("=", 1)[0]
     if name in own_flags or len([f for f in own_flags if f.startswith(name)]) == 1:
         return None
-    beam = beam_option_names()
+    beam = beam_option_names(dask=name.startswith("--dask_"))
     if name in beam:
         if beam[name] and "=" not in flag:
             # Beam would take the next word as its value, but dsdata's parser takes it for the recipe.

@@ -1,11 +1,12 @@
 """Chinese on the report page without a system CJK font: the glyphs the page uses, embedded.
 
 A machine without a CJK font (a fresh container, a minimal server) shows Chinese as boxes.  dsdata
-ships one OFL font as package data — fonts/NotoSansCJKsc-GB2312.woff, 1.3 MB: Noto Sans CJK SC cut
-to GB 2312's 6,763 hanzi, CJK punctuation and fullwidth forms (fonts/OFL.txt) — and each report
-embeds only the glyphs its own page uses (fontTools' subsetter, a few KB), as a WOFF data URI in an
-@font-face the page's font stack falls back to after the system fonts.  Characters outside that set
-(rare hanzi, Hangul) are named in one line on the page: they need a system font that has them.
+ships one OFL font as package data — fonts/NotoSansCJKsc-subset.woff, 6.5 MB: Noto Sans CJK SC cut
+to the CJK Unified Ideographs (Simplified and Traditional hanzi, kanji, hanja), kana, bopomofo,
+Hangul syllables, CJK punctuation and fullwidth forms (fonts/OFL.txt) — and each report embeds only
+the glyphs its own page uses (fontTools' subsetter, a few KB), as a WOFF data URI in an @font-face
+the page's font stack falls back to after the system fonts.  Characters outside that set (the rare
+hanzi of the extension blocks) are named in one line on the page: they need a system font that has them.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import unicodedata
 
 log = logging.getLogger("dsdata")
 
-FONT_FILE = os.path.join(os.path.dirname(__file__), "fonts", "NotoSansCJKsc-GB2312.woff")
+FONT_FILE = os.path.join(os.path.dirname(__file__), "fonts", "NotoSansCJKsc-subset.woff")
 FAMILY = "dsdata Noto Sans CJK SC"
 # Characters from here up are the ones a system may lack a font for: CJK radicals onwards (U+2E80).
 _FIRST_CJK = 0x2E80
@@ -53,7 +54,7 @@ def embedded_font(page: str) -> tuple[str, str]:
     if missing:
         shown = "".join(missing[:_SHOWN_MISSING]) + ("…" if len(missing) > _SHOWN_MISSING else "")
         note = (f"{len(missing)} CJK characters of this page ({shown}) are not in the embedded font "
-                "(Noto Sans CJK SC, GB 2312's characters): they show only where the opening machine has "
+                "(Noto Sans CJK SC's common CJK blocks): they show only where the opening machine has "
                 "a font with them.")
     if not present:
         return "", note

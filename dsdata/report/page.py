@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 from dsdata.report import charts, svgchart
 from dsdata.report.charts import histogram_chart
-from dsdata.report.cjkfont import embedded_font
+from dsdata.report.cjkfont import FAMILY, cjk_characters, embedded_font
 from dsdata.report.files import LOCAL, files_for
 from dsdata.core.names import shown_path
 
@@ -325,7 +325,16 @@ def _e(value: Any) -> str:
 
 
 def _img(element_id: str, svg: str, alt: str) -> str:
-    """An SVG chart as an <img> with a base64 data URI (its natural size is the SVG's width/height)."""
+    """An SVG chart as an <img> with a base64 data URI (its natural size is the SVG's width/height).
+
+    An SVG shown as an image sees none of the page's fonts: a chart whose labels hold CJK characters
+    (a stage or language named in Chinese) carries the glyphs of its own characters."""
+    if cjk_characters(svg):
+        font_face, _ = embedded_font(svg)
+        if font_face:
+            root_end = svg.index(">") + 1
+            svg = (svg[:root_end].replace('font-family="sans-serif"', f"font-family=\"sans-serif,'{FAMILY}'\"")
+                   + f"<style>{font_face}</style>" + svg[root_end:])
     b64 = base64.b64encode(svg.encode("utf-8")).decode("ascii")
     return f'<img id="{element_id}" alt="{_e(alt)}" src="data:image/svg+xml;base64,{b64}">'
 

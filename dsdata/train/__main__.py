@@ -88,11 +88,13 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args, run_dir: str, load_config, ConfigError) -> int:  # noqa: N803 - the class, passed in
     import signal
 
+    completed = False
     try:
         config = load_config(args.config, args.set)
         from dsdata.train.loop import train
 
         summary = train(config, run_dir)
+        completed = True
     except Exception as exc:
         from dsdata.io.shards import ShardError
         from dsdata.train.checkpoint import CheckpointError
@@ -109,10 +111,9 @@ def _train(args, run_dir: str, load_config, ConfigError) -> int:  # noqa: N803 -
             return 1
         raise
     finally:
-        import torch.distributed as dist
+        from dsdata.train.distributed import shutdown_distributed
 
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        shutdown_distributed(completed)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
         print(json.dumps(summary, allow_nan=False))  # valid JSON: a non-finite loss is null

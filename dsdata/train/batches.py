@@ -70,6 +70,11 @@ class ShardBatches:
         self.dataset.load_state_dict({**state, "batch_size": self.dataset.batch_size})
         self._iter = None
 
+    def close(self) -> None:
+        """Stop the loader's prefetch thread (the end of a run)."""
+        self.dataset.close()
+        self._iter = None
+
 
 class SyntheticBatches:
     """A learnable synthetic stream (for tests, smoke runs and benchmarks without shards).
@@ -137,6 +142,9 @@ class SyntheticBatches:
         if state.get("format") != "dsdata-synthetic" or state.get("seed") != self.seed:
             raise ValueError("checkpoint's loader state is not this synthetic source (different data.path or seed)")
         self.position = int(state["position"])
+
+    def close(self) -> None:
+        """Nothing to stop (no thread, no file)."""
 
 
 def resolve_shard_dir(path: str) -> str:

@@ -243,7 +243,15 @@ class ShardDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"loader state has groups {sorted(state['groups'])}, this dataset {sorted(self.groups)}")
         self._state = {"step": int(state["step"]), "groups": {g: [int(v) for v in pos] for g, pos in state["groups"].items()},
                        "sampler": state.get("sampler"), "consumers": state.get("consumers")}
-        self._runtime = None
+        self.close()
+
+    def close(self) -> None:
+        """Stop the prefetch thread (after the shard it is reading) and forget the open shards; an
+        iteration after this starts them again.  The trainer closes its loader at the end of a run,
+        so no thread of it is left for interpreter exit."""
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None and runtime["executor"] is not None:
+            runtime["executor"].shutdown(wait=True, cancel_futures=True)
 
     def mapped_regions(self) -> list[tuple[str, int, int]]:
         """(path, address, size) of the shard mappings currently open in this process."""

@@ -68,3 +68,46 @@ def init_distributed(device_choice: str = "auto") -> DistEnv:
         if not dist.is_initialized():
             dist.init_process_group(backend=backend, device_id=device if use_cuda else None)
     return DistEnv(rank, world_size, local_rank, device, backend)
+
+
+def shutdown_distributed(completed: bool) -> None:
+    """Take this process's process groups down while the interpreter is whole (the trainer's last
+    distributed act, every exit path).
+
+    After a completed run every rank first meets at a barrier, so none tears its groups down while
+    another still talks to it; after a failure there is no barrier (a rank that died would hang
+    it).  Then destroy_process_group().  That alone leaves gloo's threads running: a DeviceMesh
+    holds its groups, and DTensor's sharding caches hold every mesh they saw for the life of the
+    process, so the groups' C++ destructors — which join those threads — ran in interpreter
+    teardown or not at all, where a rank now and then aborted with "terminate called without an
+    active exception" after a finished run.  So the caches are cleared, every mesh still alive
+    lets go of its groups, and a collection frees them here: the gloo threads are joined before
+    this returns (tests/test_parallel.py checks that no gloo thread is left)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if completed:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+        _release_process_groups()
+
+
+def _release_process_groups() -> None:
+    """Drop the references torch keeps to destroyed process groups (see shutdown_distributed)."""
+    import gc
+
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+        _clear_sharding_prop_cache()
+    except ImportError:  # a torch without DTensor's caches keeps no meshes in them
+        pass
+    gc.collect()
+    from torch.distributed.device_mesh import DeviceMesh
+
+    for mesh in [o for o in gc.get_objects() if isinstance(o, DeviceMesh)]:
+        groups = getattr(mesh, "_pg_registry", None)  # torch 2.13: the mesh's ProcessGroup objects
+        if isinstance(groups, dict):
+            groups.clear()
+    gc.collect()

@@ -168,6 +168,7 @@ class Trainer:
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
             self.metrics.close()
+            self.batches.close()
         if stopped_by:
             return self._summary(last_loss, stopped_by=stopped_by,
                                  checkpoint=self.checkpointer.path(self.step))
@@ -186,6 +187,7 @@ class Trainer:
                      "--run-dir or raise training.steps to continue", step, self.checkpointer.path(step))
         last = self.metrics.last_record() if self.layout.writes_metrics else None
         self.metrics.close()
+        self.batches.close()
         return self._summary(last.get("loss") if isinstance(last, dict) else None, already_complete=True)
 
     def train_step(self) -> dict:

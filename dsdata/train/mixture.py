@@ -115,6 +115,12 @@ class MixtureBatches:
         chosen = pick_sources(self.weights, self.counts, self.batch_size)
         return torch.stack([next(self._iters[i]) for i in chosen.tolist()])
 
+    def close(self) -> None:
+        """Stop every source's prefetch thread (the end of a run)."""
+        for dataset in self.datasets:
+            dataset.close()
+        self._iters = None
+
     def proportions(self) -> dict[str, float]:
         """The realised fraction of windows per source so far (0 before the first batch)."""
         total = int(self.counts.sum())

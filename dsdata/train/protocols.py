@@ -34,6 +34,9 @@ class BatchSource(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def close(self) -> None:
+        """Stop any thread the source started (the end of a run)."""
+
 
 @runtime_checkable
 class AttentionKernel(Protocol):

@@ -3,6 +3,7 @@
     options.py      the runner a user names: checked against dsdata/runners.py's registry
     dask_runner.py  dsdata's runner on a dask.distributed cluster (`--runner=dask`)
     artifacts.py    where the non-Python engine artifacts live: Prism's binary, Flink's job-server jar
+    harness_noise.py  no tracebacks from Beam's SDK harness for the streams a runner closes at a job's end
     worker_pool.py  the worker pool TaskManagers ask for SDK workers (--environment_type=EXTERNAL)
     local_flink.py  a real Flink cluster on this machine in a loopback-only network namespace (tests, benchmark)
     loopback_relay.py  a host loopback service (an S3 server) reachable inside that namespace at the same address

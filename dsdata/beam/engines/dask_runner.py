@@ -420,10 +420,22 @@ class DistributedDaskResult(PipelineResult):
         raise NotImplementedError("the dask runner does not collect Beam metrics; stats.json has the counts")
 
 
+def _quiet_dask_logs() -> None:
+    """dask.distributed logs every scheduler, nanny and worker start and stop at INFO (~100 lines for
+    a small run): WARNING here and in the worker processes a local cluster starts (they read the
+    DASK_LOGGING__DISTRIBUTED variable when they import distributed), unless the user set a level."""
+    import os
+
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+    if os.environ["DASK_LOGGING__DISTRIBUTED"].lower() == "warning":
+        logging.getLogger("distributed").setLevel(logging.WARNING)
+
+
 class DistributedDaskRunner(BeamDaskRunner):
     """`--runner=dask`: Beam's DaskRunner with the faults listed in this module's docstring fixed."""
 
     def run_pipeline(self, pipeline, options):
+        _quiet_dask_logs()
         try:
             import dask.distributed as ddist
         except ImportError:

@@ -7,6 +7,7 @@ before anything runs.
 from __future__ import annotations
 
 import importlib
+import logging
 
 from dsdata.runners import BeamOptionError, RUNNERS, find_runner
 
@@ -16,6 +17,8 @@ def check_runner(name: str) -> None:
     importable PipelineRunner class."""
     runner = find_runner(name)
     if runner is not None:
+        if runner.experimental:
+            logging.getLogger("dsdata").warning("--runner=%s is experimental: %s", name, runner.experimental)
         module_name = runner.class_path.rpartition(".")[0]
         try:
             importlib.import_module(module_name)

@@ -1,0 +1,67 @@
+"""Beam's SDK harness, hung up on by its runner: no tracebacks for the streams a runner closes.
+
+When a portable runner (Flink's job server, Prism) is done with a job it closes the gRPC streams of
+the job's SDK harness.  A harness in this process (`--environment_type=LOOPBACK`) or in a worker
+process of dsdata's pool then logs "Failed to read inputs in the data plane" and its stream threads
+(`read_grpc_client_inputs`, `run_worker_*`, `read_state`, `read_log_control_messages`) die with a
+gRPC `CANCELLED` ("Multiplexer hanging up", "Stream removed"): ~60 lines of tracebacks printed
+before the `ledger ok` of a run that succeeded.
+
+Only that is dropped, where Beam reports it: a gRPC CANCELLED status, in that logger's records and
+in those threads' uncaught exceptions.  Any other status or exception prints as before, and a job
+that failed says so through its own state and the harness's "Error processing instruction" lines.
+Beam's "Waiting for grpc channel to be ready" while a Java job server starts (a dozen lines on a
+busy machine; dsdata's progress line shows the run is alive) is dropped too.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+_DATA_PLANE_LOGGER = "apache_beam.runners.worker.data_plane"
+# The harness threads that read one gRPC stream each (apache_beam/runners/worker/*.py).
+_STREAM_THREADS = ("read_grpc_client_inputs", "run_worker_", "read_state", "read_log_control_messages")
+_CHANNEL_WAIT = "Waiting for grpc channel to be ready"
+
+
+def _hung_up(exc: BaseException | None) -> bool:
+    """Whether `exc` is a gRPC call the other side cancelled."""
+    try:
+        import grpc
+    except ImportError:
+        return False
+    code = getattr(exc, "code", None)
+    return isinstance(exc, grpc.RpcError) and callable(code) and code() == grpc.StatusCode.CANCELLED
+
+
+class _HungUpRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and _hung_up(record.exc_info[1]))
+
+
+class _ChannelWaits(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.pathname.endswith("subprocess_server.py") and str(record.msg).startswith(_CHANNEL_WAIT))
+
+
+def _quiet_excepthook(previous):
+    def hook(args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread is not None else ""
+        if name.startswith(_STREAM_THREADS) and _hung_up(args.exc_value):
+            return
+        previous(args)
+
+    hook.dsdata_hung_up = True
+    return hook
+
+
+def install() -> None:
+    """Install the filters (idempotent: dsdata/beam/__init__.py calls it in every launcher and worker)."""
+    data_plane = logging.getLogger(_DATA_PLANE_LOGGER)
+    if not any(isinstance(f, _HungUpRecords) for f in data_plane.filters):
+        data_plane.addFilter(_HungUpRecords())
+    root = logging.getLogger()  # Beam logs the channel wait with logging.log(), on the root logger
+    if not any(isinstance(f, _ChannelWaits) for f in root.filters):
+        root.addFilter(_ChannelWaits())
+    if not getattr(threading.excepthook, "dsdata_hung_up", False):
+        threading.excepthook = _quiet_excepthook(threading.excepthook)
