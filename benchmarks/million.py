@@ -12,7 +12,7 @@ runner runs `dsdata run` in its own process tree, sampled every 0.5 s with psuti
   dask              --runner=dask: a local dask.distributed cluster of CORES workers, spilling to disk
                     at 60 % of --dask-memory-limit per worker
   prism             Beam's Prism runner (binary from .ci/engines-setup), in a loopback-only netns
-  flink-1tm, flink  a real local Flink cluster (dsdata/beam/engines/local_flink.py: JobManager + 1 or 2 one-slot
+  flink-1tm, flink  a real local Flink cluster (tests/local_flink.py, test tooling: JobManager + 1 or 2 one-slot
                     TaskManagers, SDK workers from dsdata's worker pool, all in a loopback-only netns),
                     submitted with FlinkRunner at parallelism 1 or 2; the cluster is started before and
                     stopped after the timed run; RSS covers every process in the namespace.  With
@@ -52,11 +52,12 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "tests"))  # the local Flink cluster is test tooling
 
 from million_corpus import generate  # noqa: E402
 
 from dsdata.beam.engines.artifacts import flink_job_server_jar, prism_binary  # noqa: E402
-from dsdata.beam.engines.local_flink import ClusterError, LocalFlinkCluster  # noqa: E402
+from local_flink import ClusterError, LocalFlinkCluster  # noqa: E402
 
 RECIPE = REPO / "pipelines" / "pretrain.yaml"
 

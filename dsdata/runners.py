@@ -8,8 +8,9 @@ it without importing the Beam side.
 
 **To add a runner**: write its class (a Beam `PipelineRunner`) under dsdata/beam/engines/, add one
 `Runner` entry below (its name, the other names users type, its class path, whether it runs in this
-process, the pip extra its module needs), document it in docs/engines.md and test that a recipe
-gives the default runner's outputs on it (tests/test_engines.py).
+process, the pip extra its module needs, the modules that declare its pipeline options, the defaults
+it adds to a run), document it in docs/engines.md and test that a recipe gives the default runner's
+outputs on it (tests/test_engines.py).  Nothing else names it.
 """
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ class Runner:
     extra: str | None = None    # the pip extra its module needs, for the one-line error when it is missing
     summary: str = ""
     experimental: str = ""      # why it is not among the tested engines: one warning line when it is chosen
+    # Modules whose PipelineOptions subclasses declare this runner's flags (imported, where installed,
+    # to tell a mistyped dsdata flag from a Beam option); with `option_prefix`, only when a flag
+    # starting with it is checked (a module that is slow to import costs the other runs nothing).
+    options_modules: tuple[str, ...] = ()
+    option_prefix: str = ""
+    # "module:function" giving the Beam arguments a run on this runner gets by default (function(args)
+    # → extra args), e.g. the Flink job-server jar that .ci/engines-setup assembles.
+    defaults: str = ""
 
     def names(self) -> tuple[str, ...]:
         return (self.name.lower(), *self.aliases)
@@ -49,21 +58,25 @@ RUNNERS: tuple[Runner, ...] = (
     # Beam's DaskRunner loses outputs on a real cluster: `dask` means dsdata's fixed one (docs/engines.md).
     Runner("dask", "dsdata.beam.engines.dask_runner.DistributedDaskRunner", ("daskrunner",), replaces_beams=True,
            extra="dist", summary="experimental: dsdata's runner on a dask.distributed cluster (local or remote)",
+           options_modules=("apache_beam.runners.dask.dask_runner", "dsdata.beam.engines.dask_runner"),
+           option_prefix="--dask_",
            experimental="many times slower than the default in-process runner, with no progress until the "
                         "end (docs/engines.md, dask); use it only to try a dask cluster"),
     Runner("PrismRunner", _BEAM + "portability.prism_runner.PrismRunner",
            summary="Beam's portable Go runner (a binary)"),
     Runner("FlinkRunner", _BEAM + "portability.flink_runner.FlinkRunner",
-           summary="Apache Flink through Beam's job-server jar"),
+           summary="Apache Flink through Beam's job-server jar",
+           defaults="dsdata.beam.engines.artifacts:flink_defaults"),
     Runner("SparkRunner", _BEAM + "portability.spark_runner.SparkRunner",
            summary="Apache Spark through Beam's job-server jar"),
     Runner("PortableRunner", _BEAM + "portability.portable_runner.PortableRunner",
            summary="any Beam job service by endpoint"),
     Runner("DataflowRunner", _BEAM + "dataflow.dataflow_runner.DataflowRunner", extra="gcp",
-           summary="Google Cloud Dataflow"),
+           summary="Google Cloud Dataflow", options_modules=("apache_beam.runners.dataflow.dataflow_runner",)),
     # The rest of Beam's StandardOptions.ALL_KNOWN_RUNNERS (tests/test_engines.py keeps this list whole).
     Runner("SwitchingDirectRunner", _BEAM + "direct.direct_runner.SwitchingDirectRunner"),
-    Runner("InteractiveRunner", _BEAM + "interactive.interactive_runner.InteractiveRunner", extra="interactive"),
+    Runner("InteractiveRunner", _BEAM + "interactive.interactive_runner.InteractiveRunner", extra="interactive",
+           options_modules=("apache_beam.runners.interactive.interactive_runner",)),
     Runner("KafkaStreamsRunner", _BEAM + "portability.kafka_streams_runner.KafkaStreamsRunner"),
     Runner("TestDirectRunner", _BEAM + "test.TestDirectRunner"),
     Runner("TestDataflowRunner", _BEAM + "test.TestDataflowRunner"),

@@ -20,8 +20,8 @@ import pytest
 from object_store import assert_same_run_outputs, bucket_files, local_files
 
 from dsdata.beam.engines import artifacts as engines
-from dsdata.beam.engines import local_flink
-from dsdata.beam.engines.local_flink import ClusterError, LocalFlinkCluster
+import local_flink
+from local_flink import ClusterError, LocalFlinkCluster
 from dsdata.beam.pipeline import run_recipe
 from dsdata.cli import main as cli_main
 from dsdata.recipe import load_recipe

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dsdata.beam.known_options import beam_option_names
+from dsdata.beam.known_options import beam_option_names, option_modules
 from test_reliability_cli import _cli, _one_error_line  # the same subprocess runner and one-line check
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_known_options_cover_every_options_class_and_the_runners():
                         assert opt in names, (cls.__name__, opt)
     # Runner options outside that module: dsdata's and Beam's dask runners, read only when a flag
     # names them (the experimental dask runner stays out of every other run's imports).
-    assert {"--dask_n_workers", "--dask_client_address"} <= set(beam_option_names(dask=True))
+    assert {"--dask_n_workers", "--dask_client_address"} <= set(beam_option_names(option_modules("--dask_")))
     done = subprocess.run([sys.executable, "-c", "import sys; from dsdata.beam.known_options import "
                            "unknown_flag_message as m; assert m('--runner=FlinkRunner', []) is None; "
                            "print('distributed' in sys.modules)"], capture_output=True, text=True, timeout=300,

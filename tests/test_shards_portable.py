@@ -138,7 +138,7 @@ def test_an_old_manifest_with_an_absolute_tokenizer_path_still_reads(moved_token
     manifest["tokenizer"]["path"] = str(TOKENIZER)  # what manifests recorded before bundling
     (old / MANIFEST).write_text(json.dumps(manifest))
     assert verify_shard_set(str(old))[1] == []
-    batches = SimpleNamespace(dataset=SimpleNamespace(manifest=manifest), path=str(old))
+    batches = SimpleNamespace(tokenizer=lambda: (manifest["tokenizer"], str(old)))  # a BatchSource's tokenizer()
     assert _shard_tokenizer(batches) == (str(TOKENIZER), tok["eos_id"])
     out = tmp_path / "export"
     out.mkdir()

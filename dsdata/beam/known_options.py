@@ -13,16 +13,18 @@ import argparse
 import functools
 import importlib
 
-# Modules whose PipelineOptions subclasses are not in apache_beam.options.pipeline_options; each
-# is imported when it can be (an extra that is not installed adds no options, and its runner is
-# refused by --runner's own check).
-RUNNER_OPTION_MODULES = (
-    "apache_beam.runners.dataflow.dataflow_runner",
-    "apache_beam.runners.interactive.interactive_runner",
-)
-# The experimental dask runner's options (--dask_*) are read only when a flag names them: importing
-# dask.distributed costs every other run a second and is no part of the default path.
-DASK_OPTION_MODULES = ("apache_beam.runners.dask.dask_runner", "dsdata.beam.engines.dask_runner")
+
+
+def option_modules(flag: str = "") -> tuple[str, ...]:
+    """The modules whose PipelineOptions subclasses are not in apache_beam.options.pipeline_options,
+    as the runner rows declare them (dsdata/runners.py): those of every runner without an
+    `option_prefix`, and those whose prefix `flag` starts with.  Each is imported where it can be (an
+    extra that is not installed adds no options, and its runner is refused by --runner's own check)."""
+    from dsdata.runners import RUNNERS
+
+    return tuple(module for runner in RUNNERS
+                 if not runner.option_prefix or (flag and flag.startswith(runner.option_prefix))
+                 for module in runner.options_modules)
 
 
 def _all_subclasses(cls: type) -> list[type]:
@@ -35,16 +37,16 @@ def _all_subclasses(cls: type) -> list[type]:
     return found
 
 
-@functools.lru_cache(maxsize=2)
-def beam_option_names(dask: bool = False) -> dict[str, bool]:
+@functools.lru_cache(maxsize=8)
+def beam_option_names(modules: tuple[str, ...] | None = None) -> dict[str, bool]:
     """Every long option (`--name`, as written) that some PipelineOptions subclass declares → whether
-    it takes a value (with the dask runner's when `dask`)."""
+    it takes a value, after `modules` (default: `option_modules()`) are imported."""
     import logging
 
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
     quiet = logging.getLogger().level
-    for module in RUNNER_OPTION_MODULES + (DASK_OPTION_MODULES if dask else ()):
+    for module in option_modules() if modules is None else modules:
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - a runner whose extra is missing (or broken) declares nothing here
@@ -74,7 +76,7 @@ def unknown_flag_message(flag: str, own_flags: list[str]) -> str | None:
     name = flag.split("=", 1)[0]
     if name in own_flags or len([f for f in own_flags if f.startswith(name)]) == 1:
         return None
-    beam = beam_option_names(dask=name.startswith("--dask_"))
+    beam = beam_option_names(option_modules(name))
     if name in beam:
         if beam[name] and "=" not in flag:
             # Beam would take the next word as its value, but dsdata's parser takes it for the recipe.

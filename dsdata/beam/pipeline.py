@@ -83,21 +83,7 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
         # itself.  Through Beam's DirectRunner they would first try the Prism runner, which downloads
         # its binary from GitHub: offline a failed request, online a run on Prism that ignores them.
         args.append(f"--runner={DEFAULT_RUNNER}")
-    return PipelineOptions(args + _flink_job_server_jar(args))
-
-
-def _flink_job_server_jar(args: list[str]) -> list[str]:
-    """`--flink_job_server_jar=JAR` for a FlinkRunner run that names none, when the engines cache has
-    the job server .ci/engines-setup assembles for this Flink version: Beam would download its published
-    jar, which Maven Central does not serve for this Beam (docs/engines.md "The job server")."""
-    from dsdata.beam.engines import artifacts
-    from dsdata.beam.engines.options import last_option
-
-    if (last_option(args, "runner") != "FlinkRunner" or last_option(args, "flink_job_server_jar")
-            or last_option(args, "job_endpoint") or last_option(args, "flink_version") != artifacts.FLINK_VERSION):
-        return []
-    jar = artifacts.flink_job_server_jar()
-    return [f"--flink_job_server_jar={jar}"] if jar else []
+    return PipelineOptions(args + runner_defaults(args))
 
 
 def in_process_runner(options: PipelineOptions):
@@ -709,3 +695,14 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     if commits.work is not None:  # a finished run needs no committed work (it is as big as kept + rejected)
         remove_resume_folder(output)
     return stats
+
+
+def runner_defaults(args: list[str]) -> list[str]:
+    """The Beam arguments the chosen runner's row adds by default (dsdata/runners.py `defaults`)."""
+    from dsdata.beam.engines.options import last_option
+
+    runner = find_runner(last_option(args, "runner") or "")
+    if runner is None or not runner.defaults:
+        return []
+    module, _, function = runner.defaults.partition(":")
+    return getattr(importlib.import_module(module), function)(args)

@@ -49,11 +49,13 @@ def check_formats(formats: list[str]) -> list[str]:
 
 def copy_tokenizer(source: ShardSource, out_dir: str) -> list[str]:
     """Copy the shards' tokenizer into out_dir/tokenizer/ (what each trainer needs beside the ids):
-    exactly the files the manifest pins, each checked against its sha256 as it is copied — the
-    bundled files, or for a manifest from before bundling the tokenizer.json it names.  ExportError
-    when a pinned file is missing, changed or a link, or the bundle holds a tokenizer file the
-    manifest does not list.  Returns the names copied ([] when an older manifest's tokenizer is not
-    on this machine)."""
+    the bundled files, exactly those the manifest pins, each checked against its sha256 as it is
+    copied.  For a manifest from before bundling, the tokenizer folder it names when its tokenizer.json
+    has the recorded sha256; that manifest pins no other file, so the folder's other tokenizer files
+    (its config and special tokens, which trainers need for eos and padding) are copied as found.
+    ExportError when a pinned file is missing, changed or a link, or the bundle holds a tokenizer
+    file the manifest does not list.  Returns the names copied ([] when an older manifest's
+    tokenizer is not on this machine)."""
     bundled = bundled_files(source.directory, source.manifest)
     if bundled:
         problems = verify_bundled_tokenizer(source.directory, source.manifest)
@@ -70,14 +72,16 @@ def copy_tokenizer(source: ShardSource, out_dir: str) -> list[str]:
         json_path = found if found and os.path.isfile(found) else os.path.join(found or "", "tokenizer.json")
         if found is None or not source.tokenizer.get("sha256") or not os.path.isfile(json_path):
             return []
-        pinned = {"tokenizer.json": source.tokenizer["sha256"]}
+        directory = os.path.dirname(json_path)
+        pinned = {name: None for _, name in tokenizer_sources(found)}
+        pinned["tokenizer.json"] = source.tokenizer["sha256"]
     os.mkdir(os.path.join(out_dir, "tokenizer"))
     for name, sha256 in pinned.items():
-        path = os.path.join(directory, name) if bundled else json_path
+        path = os.path.join(directory, name) if bundled or name != "tokenizer.json" else json_path
         # What is copied is what is checked; a bundled file is dsdata's own: a link there is not followed.
         with os.fdopen(os.open(path, os.O_RDONLY | (os.O_NOFOLLOW if bundled else 0)), "rb") as fh:
             data = fh.read()
-        if hashlib.sha256(data).hexdigest() != sha256:
+        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
             raise ExportError(f"{path}: sha256 does not match the shard manifest's; not exporting a changed tokenizer")
         with atomic_file(os.path.join(out_dir, "tokenizer", name)) as fh:
             fh.write(data)

@@ -464,9 +464,3 @@ def verify_shards(directory: str) -> tuple[dict[str, Any], list[str]]:
         except ShardError as exc:
             problems.append(str(exc))
     return manifest, problems
-
-
-def tokenizer_vocab(manifest: dict) -> int | None:
-    """The vocabulary of the tokenizer a shard manifest names (None: not recorded)."""
-    tokenizer = manifest.get("tokenizer") or {}
-    return int(tokenizer["vocab_size"]) if tokenizer.get("vocab_size") else None

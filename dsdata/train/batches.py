@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from dsdata.io.shards import tokenizer_vocab
+from dsdata.io.shards import manifest_vocab_size
 from dsdata.train.config import ConfigError, DataConfig
 from dsdata.train.protocols import BatchSource
 
@@ -46,7 +46,7 @@ class ShardBatches:
 
     @property
     def vocab_size(self) -> int | None:
-        return tokenizer_vocab(self.dataset.manifest)
+        return manifest_vocab_size(self.dataset.manifest)
 
     def tokenizer(self) -> tuple[dict, str] | None:
         return self.dataset.manifest.get("tokenizer") or {}, self.path

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from dsdata.export.source import shard_set_name
-from dsdata.io.shards import MANIFEST, ShardError, locate_shard_dir, tokenizer_vocab
+from dsdata.io.shards import MANIFEST, ShardError, locate_shard_dir, manifest_vocab_size
 from dsdata.train.config import ConfigError, DataConfig, check_sources
 
 _STATE_FORMAT = "dsdata-mixture"
@@ -101,7 +101,7 @@ class MixtureBatches:
 
     @property
     def vocab_size(self) -> int | None:
-        return tokenizer_vocab(self.datasets[0].manifest)
+        return manifest_vocab_size(self.datasets[0].manifest)
 
     def tokenizer(self) -> tuple[dict, str] | None:
         return self.datasets[0].manifest.get("tokenizer") or {}, self.path

@@ -66,3 +66,16 @@ def flink_job_server_jar(flink_version: str = FLINK_VERSION, beam_version: str =
         if candidate and os.path.isfile(candidate):
             return candidate
     return None
+
+
+def flink_defaults(args: list[str]) -> list[str]:
+    """`--flink_job_server_jar=JAR` for a FlinkRunner run that names none, when the engines cache has
+    the job server .ci/engines-setup assembles for this Flink version: Beam would download its published
+    jar, which Maven Central does not serve for this Beam (docs/flink.md "The job server")."""
+    from dsdata.beam.engines.options import last_option
+
+    if (last_option(args, "flink_job_server_jar") or last_option(args, "job_endpoint")
+            or last_option(args, "flink_version") != FLINK_VERSION):
+        return []
+    jar = flink_job_server_jar()
+    return [f"--flink_job_server_jar={jar}"] if jar else []

@@ -1,9 +1,10 @@
 """A real Flink session cluster on this machine, reachable from nowhere else: JobManager, N TaskManagers
 and dsdata's worker pool, all inside a network namespace whose only interface is loopback.
 
-    python -m dsdata.beam.engines.local_flink --taskmanagers 2        # prints how to submit to it; Ctrl-C stops it
+    python tests/local_flink.py --taskmanagers 2        # prints how to submit to it; Ctrl-C stops it
 
-The tests (tests/test_engines.py) and benchmarks/million.py start it to run recipes on a cluster that
+Test tooling, not part of the installed package.  The tests (tests/test_engines.py) and
+benchmarks/million.py start it to run recipes on a cluster that
 works like a real one: separate JobManager and TaskManager JVMs started by Flink's own scripts from the
 distribution `.ci/engines-setup` assembles, one slot per TaskManager, and the Python SDK harness run as
 real worker processes by the worker pool (--environment_type=EXTERNAL).
@@ -247,10 +248,12 @@ class LocalFlinkCluster:
         return proc
 
     def _spawn_python_module(self, name: str, module: str, args: list[str], in_namespace: bool = True) -> str:
-        """`python -P -m module args` (this dsdata's package directory first on its path: it imports this
-        dsdata, whatever the working directory holds); returns the first line it prints, its sign of life."""
-        package_root = str(Path(__file__).resolve().parents[3])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+        """`python -P -m module args` (this checkout's dsdata and this folder's tools first on its path:
+        it imports this dsdata, whatever the working directory holds); returns the first line it prints,
+        its sign of life."""
+        here = Path(__file__).resolve().parent
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(here.parent), str(here),
+                                                                         os.environ.get("PYTHONPATH")])))
         proc = self._spawn(name, [sys.executable, "-P", "-m", module, *args], env, in_namespace, stdout=subprocess.PIPE)
         line = proc.stdout.readline()
         proc.stdout.close()
@@ -269,7 +272,7 @@ class LocalFlinkCluster:
         (loopback_relay.py: it listens on 127.0.0.1 inside the namespace and only connects outside)."""
         ports = [port for port in dict.fromkeys(ports) if port not in self._relayed]
         if ports:
-            self._spawn_python_module(f"relay-{'-'.join(map(str, ports))}", "dsdata.beam.engines.loopback_relay",
+            self._spawn_python_module(f"relay-{'-'.join(map(str, ports))}", "loopback_relay",
                                       ["--netns", f"/proc/{self._holder.pid}/ns/net",
                                        *[f"--port={port}" for port in ports]], in_namespace=False)
             self._relayed.update(ports)
@@ -409,7 +412,7 @@ class LocalFlinkCluster:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dsdata.beam.engines.local_flink", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python tests/local_flink.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--taskmanagers", type=int, default=2)
     parser.add_argument("--slots", type=int, default=1, help="task slots per TaskManager")
     parser.add_argument("--work-dir", default=None, help="configuration, logs and worker directories (default: a temp dir)")
