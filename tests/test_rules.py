@@ -118,6 +118,9 @@ def test_whole_text_scans_equal_the_per_word_definitions(text):
     assert len(rules._LETTERED_WORD_RE.findall(text)) == sum(1 for w in toks if re.search(r"[^\W\d_]", w))
     assert sorted(rules._NON_SYMBOL_RUN_RE.findall(text)) == sorted(
         w for w in toks if re.search(r"[^\W_]", w) and not re.match(f"[{CJK_CHARS}]", w))
+    letters = len(re.findall(r"[^\W\d_]", text))
+    assert cjk_ratio(text) == (len(re.findall(f"[{CJK_CHARS}]", "".join(re.findall(r"[^\W\d_]", text)))) / letters
+                               if letters else 0.0)
     for limit in (1, 3, 5):
         assert bool(rules._long_word(limit).search(text)) == any(len(w) > limit for w in toks)
     # and the C4 line filters, with every gate, drop the lines the per-line rules drop

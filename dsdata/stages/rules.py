@@ -28,6 +28,7 @@ CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _CJK_RE = re.compile(f"[{CJK_CHARS}]")
 _WORD_RE = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")
 _LETTER_RE = re.compile(r"[^\W\d_]")
+_NON_LETTER_RUNS_RE = re.compile(r"[\W\d_]+")
 # A letter that is also a CJK character: counted by one findall at C speed, where a regex match per
 # letter from a generator cost twice as much (docs/throughput.md).
 _CJK_LETTER_RE = re.compile(f"(?=[{CJK_CHARS}])[^\\W\\d_]")
@@ -69,7 +70,8 @@ def words(text: str) -> list[str]:
 
 def cjk_ratio(text: str) -> float:
     """Share of CJK characters among letters."""
-    n_letters = len(_LETTER_RE.findall(text))
+    # Letters are what the runs of non-letters leave: a few runs per line instead of a list item per letter.
+    n_letters = len(text) - sum(map(len, _NON_LETTER_RUNS_RE.findall(text)))
     if not n_letters:
         return 0.0
     return len(_CJK_LETTER_RE.findall(text)) / n_letters
