@@ -39,8 +39,8 @@ _PUNCT_ONLY = re.compile(r"^[\W_]+$")
 # at least one character that passes.  NON_SYMBOL: a letter or digit (not `_PUNCT_ONLY`); LETTERED:
 # a letter (`_LETTER_RE`).
 _RUN = f"(?<![^\\s{CJK_CHARS}])[^\\s{CJK_CHARS}]*(?={{0}})[^\\s{CJK_CHARS}][^\\s{CJK_CHARS}]*"
-_NON_SYMBOL_RUN_RE = re.compile(_RUN.format(r"[^\W_]"))
-_NON_SYMBOL_WORD_RE = re.compile(f"(?=[^\\W_])[{CJK_CHARS}]|" + _RUN.format(r"[^\W_]"))
+_CJK_NON_SYMBOL_RE = re.compile(f"(?=[^\\W_])[{CJK_CHARS}]")
+_NON_SYMBOL_WORD_RE = re.compile(_CJK_NON_SYMBOL_RE.pattern + "|" + _RUN.format(r"[^\W_]"))
 _LETTERED_WORD_RE = re.compile(f"(?=[^\\W\\d_])[{CJK_CHARS}]|" + _RUN.format(r"[^\W\d_]"))
 _LONG_WORDS: dict[int, re.Pattern] = {}
 
@@ -278,9 +278,11 @@ class QualityRulesStage(DocumentStage):
             return "gopher_max_words", f"{n} words > {self.max_words}"
         # The mean-length rule is about Latin words; a CJK document's few Latin words (commands,
         # names) say nothing about its quality.
-        latin = [] if cjk else _NON_SYMBOL_RUN_RE.findall(text)
-        if latin:
-            mean = sum(len(w) for w in latin) / len(latin)
+        # Latin words are the non-symbol words less the CJK ones (one character each).
+        n_cjk = 0 if cjk else len(_CJK_NON_SYMBOL_RE.findall(text))
+        n_latin = 0 if cjk else n - n_cjk
+        if n_latin:
+            mean = (sum(map(len, non_symbol)) - n_cjk) / n_latin
             if self.min_mean_word_length is not None and mean < self.min_mean_word_length:
                 return "gopher_mean_word_length", f"mean {mean:.2f} < {self.min_mean_word_length}"
             if self.max_mean_word_length is not None and mean > self.max_mean_word_length:
