@@ -10,8 +10,8 @@ rules and near-duplicate removal, each tool run as one process tree at a time, i
              MinhashDedupSignature, then MinhashDedupBuckets, MinhashDedupCluster, and
              JsonlReader → MinhashDedupFilter → JsonlWriter: datatrove's own four-step MinHash
              recipe at its defaults, LocalPipelineExecutor, `--workers` tasks and workers (the
-             buckets step one task per bucket), in the peers' venv (benchmarks/peer_venv.py), with
-             the same local lid.176.ftz as dsdata
+             buckets step one task per bucket; workers forked, so that they inherit the model path),
+             in the peers' venv (benchmarks/peer_venv.py), with the same local lid.176.ftz as dsdata
 
 Corpus: benchmarks/million_corpus.py (--docs, default 20,000; prose in en and zh, other languages,
 off-topic, junk, exact and near duplicates).  A kept document's language is its source's (a
@@ -71,7 +71,8 @@ corpus, work, model_path, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(s
 datatrove.utils.lid.cached_asset_path_or_download = lambda *args, **kwargs: model_path
 config = MinhashConfig()
 def run(pipeline, name, tasks):
-    LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=min(workers, tasks),
+    # fork, not datatrove's default forkserver, so that the workers inherit the local model path above
+    LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=min(workers, tasks), start_method="fork",
                           logging_dir=os.path.join(work, "logs", name)).run()
 run([JsonlReader(corpus, glob_pattern="*.jsonl"), LanguageFilter(languages=["en", "zh"]),
      GopherRepetitionFilter(), GopherQualityFilter(), C4QualityFilter(), FineWebQualityFilter(),
