@@ -46,9 +46,11 @@ _LONG_WORDS: dict[int, re.Pattern] = {}
 
 
 def _long_word(limit: int) -> re.Pattern:
-    """Matches where `words` has a word longer than limit ≥ 1 (CJK words are one character long)."""
+    """Matches where `words` has a word longer than limit ≥ 1 (CJK words are one character long).
+    Tried from a run's first character only: from every character, text of runs just under the
+    limit cost O(length × limit)."""
     if limit not in _LONG_WORDS:
-        _LONG_WORDS[limit] = re.compile(f"[^\\s{CJK_CHARS}]{{{limit + 1}}}")
+        _LONG_WORDS[limit] = re.compile(f"(?<![^\\s{CJK_CHARS}])[^\\s{CJK_CHARS}]{{{limit + 1}}}")
     return _LONG_WORDS[limit]
 TERMINAL_PUNCT = (".", "!", "?", '"', "'", "”", "’", "。", "！", "？", "」", "』", "…", "．", "：", ":", ";", "；")
 # A run of terminators is tried from its first one only (the lookbehind): tried from each, a long run
