@@ -25,19 +25,16 @@ from dsdata.stages.base import DocumentStage, Param
 from dsdata.stages.params import Boolean, Integer, MappingOf, Number
 
 CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
-_CJK_RE = re.compile(f"[{CJK_CHARS}]")
 _WORD_RE = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")
-_LETTER_RE = re.compile(r"[^\W\d_]")
 _NON_LETTER_RUNS_RE = re.compile(r"[\W\d_]+")
 # A letter that is also a CJK character: counted by one findall at C speed, where a regex match per
 # letter from a generator cost twice as much (docs/throughput.md).
 _CJK_LETTER_RE = re.compile(f"(?=[{CJK_CHARS}])[^\\W\\d_]")
-_PUNCT_ONLY = re.compile(r"^[\W_]+$")
 # The words of `words` that pass a test of their characters, found by one C-speed scan of the text
 # instead of a regex call per word: a CJK character that passes, or a whole run of non-space non-CJK
 # characters (the lookbehind anchors it at the run's start, so a failing run costs one pass) with
-# at least one character that passes.  NON_SYMBOL: a letter or digit (not `_PUNCT_ONLY`); LETTERED:
-# a letter (`_LETTER_RE`).
+# at least one character that passes.  NON_SYMBOL: a letter or digit (a word of only punctuation
+# and `_` is a symbol); LETTERED: a letter.
 _RUN = f"(?<![^\\s{CJK_CHARS}])[^\\s{CJK_CHARS}]*(?={{0}})[^\\s{CJK_CHARS}][^\\s{CJK_CHARS}]*"
 _CJK_NON_SYMBOL_RE = re.compile(f"(?=[^\\W_])[{CJK_CHARS}]")
 _NON_SYMBOL_WORD_RE = re.compile(_CJK_NON_SYMBOL_RE.pattern + "|" + _RUN.format(r"[^\W_]"))
