@@ -100,3 +100,32 @@ def test_rules_switch_off_and_validate():
                    top_ngram_max_ratio=None, dup_ngram_max_ratio=None) is None
     with pytest.raises(StageConfigError, match="top_ngram_max_ratio"):
         QualityRulesStage(top_ngram_max_ratio=[0.2])
+
+
+_MIXED = st.lists(st.sampled_from(list("aZé_1٣-.,#…!?'\" \t\n\u3000中文・ーアｱ한İΣς{}") + ["javascript", "Privacy Policy", "x" * 6]),
+                  max_size=60).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_MIXED)
+def test_whole_text_scans_equal_the_per_word_definitions(text):
+    # The rules count words by whole-text scans; they must find exactly the words that `words`
+    # splits and the per-word tests select (punctuation-only runs, letters, CJK punctuation).
+    from dsdata.stages import rules
+
+    toks = words(text)
+    assert rules._NON_SYMBOL_WORD_RE.findall(text) == [w for w in toks if not re.match(r"^[\W_]+$", w)]
+    assert len(rules._LETTERED_WORD_RE.findall(text)) == sum(1 for w in toks if re.search(r"[^\W\d_]", w))
+    assert len(rules._CJK_NON_SYMBOL_RE.findall(text)) == sum(
+        1 for w in toks if re.search(r"[^\W_]", w) and re.match(f"[{CJK_CHARS}]", w))
+    letters = len(re.findall(r"[^\W\d_]", text))
+    assert cjk_ratio(text) == (len(re.findall(f"[{CJK_CHARS}]", "".join(re.findall(r"[^\W\d_]", text)))) / letters
+                               if letters else 0.0)
+    for limit in (1, 3, 5):
+        assert bool(rules._long_word(limit).search(text)) == any(len(w) > limit for w in toks)
+    # and the C4 line filters, with every gate, drop the lines the per-line rules drop
+    stage = QualityRulesStage(c4_max_word_length=5, c4_min_sentences=None)
+    kept = [ln for ln in text.split("\n") if "javascript" not in ln.lower()
+            and not any(p in ln.lower() for p in rules.C4_POLICY) and not any(len(w) > 5 for w in words(ln))]
+    out, reason, _ = stage._c4(text, False)
+    assert out == "\n".join(kept) or reason == "c4_empty_after_line_filters"

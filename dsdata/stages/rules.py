@@ -25,13 +25,30 @@ from dsdata.stages.base import DocumentStage, Param
 from dsdata.stages.params import Boolean, Integer, MappingOf, Number
 
 CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
-_CJK_RE = re.compile(f"[{CJK_CHARS}]")
 _WORD_RE = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")
-_LETTER_RE = re.compile(r"[^\W\d_]")
+_NON_LETTER_RUNS_RE = re.compile(r"[\W\d_]+")
 # A letter that is also a CJK character: counted by one findall at C speed, where a regex match per
 # letter from a generator cost twice as much (docs/throughput.md).
 _CJK_LETTER_RE = re.compile(f"(?=[{CJK_CHARS}])[^\\W\\d_]")
-_PUNCT_ONLY = re.compile(r"^[\W_]+$")
+# The words of `words` that pass a test of their characters, found by one C-speed scan of the text
+# instead of a regex call per word: a CJK character that passes, or a whole run of non-space non-CJK
+# characters (the lookbehind anchors it at the run's start, so a failing run costs one pass) with
+# at least one character that passes.  NON_SYMBOL: a letter or digit (a word of only punctuation
+# and `_` is a symbol); LETTERED: a letter.
+_RUN = f"(?<![^\\s{CJK_CHARS}])[^\\s{CJK_CHARS}]*(?={{0}})[^\\s{CJK_CHARS}][^\\s{CJK_CHARS}]*"
+_CJK_NON_SYMBOL_RE = re.compile(f"(?=[^\\W_])[{CJK_CHARS}]")
+_NON_SYMBOL_WORD_RE = re.compile(_CJK_NON_SYMBOL_RE.pattern + "|" + _RUN.format(r"[^\W_]"))
+_LETTERED_WORD_RE = re.compile(f"(?=[^\\W\\d_])[{CJK_CHARS}]|" + _RUN.format(r"[^\W\d_]"))
+_LONG_WORDS: dict[int, re.Pattern] = {}
+
+
+def _long_word(limit: int) -> re.Pattern:
+    """Matches where `words` has a word longer than limit ≥ 1 (CJK words are one character long).
+    Tried from a run's first character only: from every character, text of runs just under the
+    limit cost O(length × limit)."""
+    if limit not in _LONG_WORDS:
+        _LONG_WORDS[limit] = re.compile(f"(?<![^\\s{CJK_CHARS}])[^\\s{CJK_CHARS}]{{{limit + 1}}}")
+    return _LONG_WORDS[limit]
 TERMINAL_PUNCT = (".", "!", "?", '"', "'", "”", "’", "。", "！", "？", "」", "』", "…", "．", "：", ":", ";", "；")
 # A run of terminators is tried from its first one only (the lookbehind): tried from each, a long run
 # not followed by a space was rescanned to its end from every position, O(n²).  A run that fails from
@@ -52,7 +69,8 @@ def words(text: str) -> list[str]:
 
 def cjk_ratio(text: str) -> float:
     """Share of CJK characters among letters."""
-    n_letters = len(_LETTER_RE.findall(text))
+    # Letters are what the runs of non-letters leave: a few runs per line instead of a list item per letter.
+    n_letters = len(text) - sum(map(len, _NON_LETTER_RUNS_RE.findall(text)))
     if not n_letters:
         return 0.0
     return len(_CJK_LETTER_RE.findall(text)) / n_letters
@@ -120,16 +138,18 @@ class _Measures:
 
     text: str
     cjk: bool
-    words: list[str]        # CJK-aware words, punctuation-only runs included
-    non_symbol: list[str]   # words with at least one non-punctuation character
+    n_words: int            # CJK-aware words, punctuation-only runs included
+    n_lettered: int         # words with at least one letter
+    non_symbol: list[str]   # words with at least one non-punctuation character, in order
     lines: list[str]        # non-empty lines, stripped
     line_dups: tuple[float, float]
 
     @classmethod
     def of(cls, text: str, cjk: bool) -> "_Measures":
-        toks = words(text)
+        # Counts and lists by whole-text scans at C speed: no Python step per word.
         lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
-        return cls(text, cjk, toks, [w for w in toks if not _PUNCT_ONLY.match(w)], lines, _dup_stats(lines))
+        return cls(text, cjk, len(_WORD_RE.findall(text)), len(_LETTERED_WORD_RE.findall(text)),
+                   _NON_SYMBOL_WORD_RE.findall(text), lines, _dup_stats(lines))
 
 
 # A threshold set to null switches its rule off.
@@ -218,19 +238,28 @@ class QualityRulesStage(DocumentStage):
             return text, "c4_lorem_ipsum", ""
         if self.c4_curly_bracket and "{" in text:
             return text, "c4_curly_bracket", ""
-        kept_lines = []
-        for line in text.split("\n"):
-            low = line.lower()
-            if self.c4_remove_javascript_lines and "javascript" in low:
-                continue
-            if self.c4_remove_policy_lines and any(p in low for p in C4_POLICY):
-                continue
-            if self.c4_max_word_length and any(len(w) > self.c4_max_word_length for w in words(line)):
-                continue
-            if self.c4_drop_unterminated_lines and line.strip() and not line.rstrip().endswith(TERMINAL_PUNCT):
-                continue
-            kept_lines.append(line)
-        text = "\n".join(kept_lines)
+        # Each line rule first asks the whole text: a line filter that matches nowhere is skipped, and
+        # when none matches the text is kept as it is without a pass per line.  (The phrases are
+        # ASCII without a newline, so one is in a line's lower() exactly when it is in the text's.)
+        javascript = self.c4_remove_javascript_lines and "javascript" in lower
+        policy = self.c4_remove_policy_lines and any(p in lower for p in C4_POLICY)
+        long_word = _long_word(self.c4_max_word_length) if self.c4_max_word_length else None
+        if long_word is not None and not long_word.search(text):
+            long_word = None
+        if javascript or policy or long_word is not None or self.c4_drop_unterminated_lines:
+            kept_lines = []
+            for line in text.split("\n"):
+                low = line.lower() if javascript or policy else ""
+                if javascript and "javascript" in low:
+                    continue
+                if policy and any(p in low for p in C4_POLICY):
+                    continue
+                if long_word is not None and long_word.search(line):
+                    continue
+                if self.c4_drop_unterminated_lines and line.strip() and not line.rstrip().endswith(TERMINAL_PUNCT):
+                    continue
+                kept_lines.append(line)
+            text = "\n".join(kept_lines)
         if not text.strip():
             return text, "c4_empty_after_line_filters", ""
         if self.c4_min_sentences:
@@ -240,22 +269,24 @@ class QualityRulesStage(DocumentStage):
         return text, None, ""
 
     def _gopher_quality(self, m: _Measures) -> tuple[str | None, str]:
-        text, cjk, toks, non_symbol, lines = m.text, m.cjk, m.words, m.non_symbol, m.lines
+        text, cjk, non_symbol, lines = m.text, m.cjk, m.non_symbol, m.lines
         n = len(non_symbol)
         if self.min_words is not None and n < self.min_words:
             return "gopher_min_words", f"{n} words < {self.min_words}"
         if self.max_words is not None and n > self.max_words:
             return "gopher_max_words", f"{n} words > {self.max_words}"
-        latin = [w for w in non_symbol if not _CJK_RE.match(w)]
         # The mean-length rule is about Latin words; a CJK document's few Latin words (commands,
         # names) say nothing about its quality.
-        if latin and not cjk:
-            mean = sum(len(w) for w in latin) / len(latin)
+        # Latin words are the non-symbol words less the CJK ones (one character each).
+        n_cjk = 0 if cjk else len(_CJK_NON_SYMBOL_RE.findall(text))
+        n_latin = 0 if cjk else n - n_cjk
+        if n_latin:
+            mean = (sum(map(len, non_symbol)) - n_cjk) / n_latin
             if self.min_mean_word_length is not None and mean < self.min_mean_word_length:
                 return "gopher_mean_word_length", f"mean {mean:.2f} < {self.min_mean_word_length}"
             if self.max_mean_word_length is not None and mean > self.max_mean_word_length:
                 return "gopher_mean_word_length", f"mean {mean:.2f} > {self.max_mean_word_length}"
-        if self.max_symbol_word_ratio is not None and toks:
+        if self.max_symbol_word_ratio is not None and m.n_words:
             symbols = text.count("#") + sum(text.count(e) for e in _ELLIPSIS)
             ratio = symbols / max(n, 1)
             if ratio > self.max_symbol_word_ratio:
@@ -269,15 +300,16 @@ class QualityRulesStage(DocumentStage):
                 ratio = sum(ln.rstrip().endswith(_ELLIPSIS) for ln in lines) / len(lines)
                 if ratio > self.max_ellipsis_lines_ratio:
                     return "gopher_ellipsis_lines", f"{ratio:.3f} > {self.max_ellipsis_lines_ratio}"
-        if self.min_alpha_words_ratio is not None and toks:
-            ratio = sum(1 for w in toks if _LETTER_RE.search(w)) / len(toks)
+        if self.min_alpha_words_ratio is not None and m.n_words:
+            ratio = m.n_lettered / m.n_words
             if ratio < self.min_alpha_words_ratio:
                 return "gopher_alpha_words", f"{ratio:.3f} < {self.min_alpha_words_ratio}"
         if self.min_stop_words:
+            counts = Counter(non_symbol)  # each distinct word tested once
             if cjk:
-                found = sum(1 for w in non_symbol if w in ZH_STOP_WORDS)
+                found = sum(n for w, n in counts.items() if w in ZH_STOP_WORDS)
             else:
-                found = sum(1 for w in non_symbol if w.lower().strip(".,;:!?\"'()") in EN_STOP_WORDS)
+                found = sum(n for w, n in counts.items() if w.lower().strip(".,;:!?\"'()") in EN_STOP_WORDS)
             if found < self.min_stop_words:
                 return "gopher_stop_words", f"{found} stop words < {self.min_stop_words}"
         return None, ""
