@@ -29,7 +29,7 @@ runner element per document through the fused StageDoFn and _ArrowTables) agains
 CPU clock and error rule the same).
 
 Every variant writes through Beam's WriteToParquetBatched, as pipeline.py did until 2026-12-02; it
-now writes the same tables to its own part files (`pipeline.ParquetParts`, docs/throughput.md §4),
+now writes the same tables to its own part files (`pipeline.ParquetParts`, docs/history/2026-12-throughput.md §4),
 which saves runner stages per run, not cost per document, so the figures stay comparable.
 
 Printed: CPU-seconds of each run, the wrapper's cost per document per stage in microseconds

@@ -217,7 +217,7 @@ def stats_from_counts(counts: dict[tuple, int], stage_order: list[str]) -> dict[
 # The ledger's counts and the composites' stats reach _WriteStats as ("ledger", (kind, key, value))
 # pairs through one GroupByKey: `count` values are summed per key, `stats` values are one stage's
 # stats dict.  (Count.PerKey + ToList + a side input built the same from ~20 more transforms and
-# three more runner stages: docs/throughput.md §4.)
+# three more runner stages: docs/history/2026-12-throughput.md §4.)
 LEDGER_KEY = "ledger"
 
 
@@ -412,7 +412,7 @@ class ParquetParts:
     Beam's WriteToParquetBatched writes each bundle to a temporary file and renames them in steps of
     their own (initialize, write, group, pre-finalize, finalize: five runner stages, a side input
     and ~25 transforms per sink, ~1.5 s of a two-worker run in which only one process works:
-    docs/throughput.md §4).  Here the bundle's writer (`_ParquetPartFiles`, fused into the stage
+    docs/history/2026-12-throughput.md §4).  Here the bundle's writer (`_ParquetPartFiles`, fused into the stage
     that makes the rows) writes FOLDER/.temp-RUN/UUID.parquet and sends its name through the
     ledger's GroupByKey, and `_WriteStats` commits: the files that reached it become
     part-SSSSS-of-NNNNN.parquet (sorted by name, as Beam numbers its shards), one empty file with

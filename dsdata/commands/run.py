@@ -16,7 +16,7 @@ def run_parser() -> argparse.ArgumentParser:
         prog="dsdata run",
         description="Run a pipeline recipe. Unknown --flags are Beam pipeline options "
         "(--runner, --direct_num_workers, --direct_running_mode, Dataflow/Flink options) and pass through; "
-        "--runner=dask runs on a dask.distributed cluster (--dask_client_address=HOST:PORT, see docs/engines.md).",
+        "--runner=dask (experimental) runs on a dask.distributed cluster (--dask_client_address=HOST:PORT, see docs/engines.md).",
     )
     parser.add_argument("recipe", nargs="?", default=None, help=f"recipe YAML (default: {DEFAULT_RECIPE})")
     parser.add_argument("--input", action="append", default=None, metavar="GLOB",
@@ -38,7 +38,7 @@ def run_parser() -> argparse.ArgumentParser:
                         help="continue a killed or failed run into the same --output: the input files (or byte "
                         "ranges) whose per-document stages it committed are not read again; the whole-corpus "
                         "stages run over everything. Refused (exit 3) when the recipe, its --set values or the "
-                        "input files changed; with nothing to resume, a fresh run (docs/engines.md)")
+                        "input files changed; with nothing to resume, a fresh run (docs/resume.md)")
     parser.add_argument("--quiet", action="store_true", help="print only the final JSON stats line")
     parser.add_argument("--progress", default="auto", choices=["auto", "bar", "lines", "off"],
                         help="live progress every 10 s on long runs: a bar on a terminal (auto), "

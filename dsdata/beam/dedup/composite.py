@@ -56,7 +56,7 @@ and its verification data once; candidate links exist only for colliding documen
 themselves are written once and read once (spill files; with `spill: false` they are shuffled once
 more, for the final join).  On the in-process DirectRunner the runner process itself holds the
 shuffles, so its memory still grows with the corpus, but by the keys, not by the text
-(docs/engines.md has measured peaks); distributed runners spill their shuffles to disk.  Spill files
+(docs/memory.md has measured peaks); distributed runners spill their shuffles to disk.  Spill files
 must be reachable from every worker: on a cluster the run directory is a shared or object-store path
 anyway, since every worker writes the outputs there.
 """

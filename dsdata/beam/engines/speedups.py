@@ -5,7 +5,7 @@
 Beam looks for state and timer parameters by calling `get_dofn_specs(dofn)`, which runs
 `inspect.signature` on every method of the DoFn (~30 with DoFn's own), several times for the
 same DoFn instance while a pipeline is built, turned into its runner proto and started (326 calls
-and 10.8k signatures for the 80 transforms of `pipelines/langid.yaml`; docs/throughput.md §4).
+and 10.8k signatures for the 80 transforms of `pipelines/langid.yaml`; docs/history/2026-12-throughput.md §4).
 The answer depends only on the instance's methods, which do not change once it is made, so it is
 kept per instance (by identity, dropped with the instance) and each caller gets its own sets.
 `install()` is idempotent; `tests/test_stage_kinds.py` checks the remembered answer against
@@ -15,13 +15,13 @@ Beam's own for the DoFns of a real graph, stateful ones included.
 applied at the top of a pipeline (`alter_label_if_ipython`) and once when a pipeline runs; its answer
 is `from IPython import get_ipython; get_ipython() is not None`, so where IPython is installed but
 not running (a plain `dsdata run`, a worker) the first question imports all of IPython: 0.7 s of a
-3–4 s start-up (docs/throughput.md §4).  A running IPython shell has imported its package, so
+3–4 s start-up (docs/history/2026-12-throughput.md §4).  A running IPython shell has imported its package, so
 while `IPython` is not in `sys.modules` the answer is False without asking; once it is, Beam's own
 function answers.
 
 3. Exit without the interpreter's last garbage collections over everything Beam imported.  A
 process that has imported Beam spends 0.3 s leaving (0.7 s with the rules' numba kernels loaded:
-`python -c "import apache_beam"` and the like, measured in docs/throughput.md §4) in the collections
+`python -c "import apache_beam"` and the like, measured in docs/history/2026-12-throughput.md §4) in the collections
 the interpreter runs over every object while it shuts down — each multi_processing worker too,
 one after the other, while the launcher waits for them.  An exit handler (registered here, so it
 runs before those registered earlier: logging's, weakref finalizers') moves every object to the
