@@ -333,3 +333,58 @@ def test_a_relevance_run_imports_neither_torch_nor_scipy_in_the_launcher_or_its_
     assert imported.count("dsdata.beam.transforms") >= 2 and imported.count("dsdata.relevance.scorer") >= 2
     assert "apache_beam.ml.inference.base" in imported
     assert "torch" not in imported and "scipy.optimize" not in imported
+
+
+def test_a_stage_added_by_a_module_and_a_row_shows_its_chart_and_its_preflight_need(tmp_path):
+    """A test-only stage, added by one class and one registration (no edit of the report, the
+    launcher or any table): the histogram it declares appears in report.html with its threshold
+    line, and what its preflight says is missing stops the run before anything starts, in one line."""
+    import re
+
+    import pyarrow as pa
+
+    import dsdata
+    from dsdata import Document, DocumentStage, Number, Param, Rejected, Text
+    from dsdata.core.chart import Chart
+
+    class VowelShare(DocumentStage):
+        name = "test_vowel_share"
+        description = "share of a document's letters that are vowels"
+        params = {"min_share": Param(0.1, "lowest share kept", Number(0, 1)),
+                  "needs_tool": Param("", "a program that must be on PATH before the run", Text())}
+        annotations = {"vowel_share": pa.float64()}
+        charts = (Chart("histogram", "vowel_share", "hist-vowel-share", "Vowel share", "vowel share",
+                        label="vowel_share", threshold="min_share"),)
+
+        def preflight(self) -> str | None:
+            import shutil
+
+            if self.needs_tool and shutil.which(self.needs_tool) is None:
+                return f"{self.name}: the program '{self.needs_tool}' is not on PATH"
+            return None
+
+        def process(self, doc: Document) -> Document | Rejected:
+            letters = [c for c in doc.text.lower() if c.isalpha()]
+            share = sum(c in "aeiou" for c in letters) / max(1, len(letters))
+            if share < self.min_share:
+                return self.reject(doc, "few_vowels", f"{share:.2f}")
+            doc.annotations["vowel_share"] = share
+            return doc
+
+    dsdata.register_stage(VowelShare)
+    docs = [{"id": f"d{i}", "text": ("banana split " * (i + 1)) if i % 3 else "rhythm crwth"} for i in range(30)]
+    (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    (tmp_path / "r.yaml").write_text("input: {paths: [in.jsonl]}\nstages:\n  - test_vowel_share: {min_share: 0.2}\n")
+    stats = dsdata.run(str(tmp_path / "r.yaml"), output=str(tmp_path / "out"), progress="off")
+    assert stats["kept"] == 20 and stats["rejected"] == {"test_vowel_share": {"few_vowels": 10}}
+    page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    (img,) = re.findall(r'<img id="hist-vowel-share"[^>]*src="data:image/svg\+xml;base64,([^"]+)"', page)
+    import base64
+
+    svg = base64.b64decode(img).decode("utf-8")
+    assert "Vowel share" in svg and 'data-label="min_share 0.2"' in svg
+    with pytest.raises(dsdata.RunError) as info:
+        dsdata.run(str(tmp_path / "r.yaml"), output=str(tmp_path / "out2"), progress="off",
+                   overrides={"test_vowel_share.needs_tool": "no-such-tool-dsdata"})
+    assert "the program 'no-such-tool-dsdata' is not on PATH" in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "out2" / "stats.json").exists()
