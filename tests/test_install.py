@@ -128,6 +128,8 @@ def test_readme_commands_are_one_install_each_and_ci_runs_the_test_command_verba
     for command in commands:
         assert command.count("pip install") == 1 and "--force-reinstall" not in command
     assert commands[0].endswith("&& dsdata run") and commands[1].endswith("&& python3 -m pytest -q")
+    # What the default install downloads, and what to do where the CPU index cannot be reached.
+    assert "3.2 GB" in quick and "cannot be reached" in quick and "skip that line" in quick
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert commands[1] in ci.splitlines()
     constraints = (REPO / "constraints.txt").read_text(encoding="utf-8")
