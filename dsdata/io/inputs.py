@@ -165,56 +165,75 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
     output: the run's local OUT.  With links resolved, a file under it found in an input directory or
     by a glob is not read (`in_output`: a second run would read the first one's outputs), and an
     input named by itself that lies in OUT (or is OUT) is an InputPathError."""
-    out = ExpandedInputs([])
-    seen: dict[tuple[int, int] | str, str] = {}  # a file (device, inode) → the spelling read
-    walked: dict[str, str] = {}  # real path of a directory expanded → the spelling expanded
-    base = _real(confine_to) if confine_to is not None else None
-    out_real = _real(output) if output is not None and "://" not in output else None
+    expansion = _Expansion(fmt, confine_to, output)
+    for pattern in patterns:
+        expansion.add(pattern)
+    out = expansion.out
+    if not out.patterns and out.not_read:
+        raise InputPathError(f"no regular file to read among the inputs: {_listed(_why(out.not_read))}; "
+                             "pass regular files or directories")
+    return out
 
-    def in_output(path: str, real: str | None = None) -> bool:
-        if out_real is None or not _inside(real or _real(path), out_real):
+
+class _Expansion:
+    """expand_directories' state: what it found so far (`out`), the files taken by identity and
+    the directories walked by real path, so that each file is read once."""
+
+    def __init__(self, fmt: str, confine_to: str | None, output: str | None):
+        self.out = ExpandedInputs([])
+        self.fmt, self.output = fmt, output
+        self.seen: dict[tuple[int, int] | str, str] = {}  # a file (device, inode) → the spelling read
+        self.walked: dict[str, str] = {}  # real path of a directory expanded → the spelling expanded
+        self.base = _real(confine_to) if confine_to is not None else None
+        self.out_real = _real(output) if output is not None and "://" not in output else None
+
+    def in_output(self, path: str, real: str | None = None) -> bool:
+        if self.out_real is None or not _inside(real or _real(path), self.out_real):
             return False
-        out.in_output.append(path)
+        self.out.in_output.append(path)
         return True
 
-    def take(path: str) -> bool:
+    def take(self, path: str) -> bool:
         """Whether `path` is a file to read now: a regular file not read under another name."""
         why = _not_a_file(path)
         if why is not None:
-            out.not_read.append((path, why))
+            self.out.not_read.append((path, why))
             return False
-        if in_output(path):
+        if self.in_output(path):
             return False
-        if base is not None and not _inside(_real(path), base):
+        if self.base is not None and not _inside(_real(path), self.base):
             raise InputPathError(
-                f"recipe input '{path}' is, with links resolved, {_real(path)}: outside the recipe's directory {base}; "
-                "a recipe reads only its own files: remove the link, or give the input on the command line (--input)")
+                f"recipe input '{path}' is, with links resolved, {_real(path)}: outside the recipe's directory "
+                f"{self.base}; a recipe reads only its own files: remove the link, or give the input on the "
+                "command line (--input)")
         key = _identity(path)
-        if key in seen:
-            out.duplicates.append((path, seen[key]))
+        if key in self.seen:
+            self.out.duplicates.append((path, self.seen[key]))
             return False
-        seen[key] = path
+        self.seen[key] = path
         return True
 
-    for pattern in patterns:
+    def add(self, pattern: str) -> None:
+        """One --input value (or recipe path): a remote pattern, a named file or folder, or a glob."""
+        out = self.out
         if "://" in pattern:
             out.patterns.append(pattern)
-            continue
+            return
         if "\0" in pattern:
             raise InputPathError(f"input path {pattern!r} holds a NUL byte; no file name can")
         named = not glob.has_magic(pattern)
-        if named and out_real is not None and _inside(_real(pattern), out_real):
-            raise InputPathError(f"input '{shown_path(pattern)}' lies in the output directory {shown_path(output)}, "
-                                 "which the run replaces; pass another --output")
+        if named and self.out_real is not None and _inside(_real(pattern), self.out_real):
+            raise InputPathError(f"input '{shown_path(pattern)}' lies in the output directory "
+                                 f"{shown_path(self.output)}, which the run replaces; pass another --output")
         if named:
             why = None if local_paths.is_dir(pattern) else _not_a_file(pattern)
             if why is not None:
                 raise InputPathError(f"input '{pattern}' is {why}; pass regular files or directories "
                                      "(write a stream to a file first)")
             if not local_paths.is_dir(pattern):
-                if take(pattern) or not local_paths.exists(pattern, follow_symlinks=False):
+                if self.take(pattern) or not local_paths.exists(pattern, follow_symlinks=False):
                     out.patterns.append(pattern)  # a missing path is the caller's to report
-                continue
+                return
             matches = [pattern]
         else:
             matches = local_glob(pattern)
@@ -223,60 +242,62 @@ def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str |
         # the same glob also names is the repeat, not the file or directory itself.
         for match in sorted(matches, key=lambda m: (local_paths.is_dir(m), local_paths.is_link(m))):
             if not local_paths.is_dir(match):
-                if take(match):
+                if self.take(match):
                     chosen.append(match)
                 continue
-            real = _real(match)
-            if in_output(match, real):
-                continue
-            holder = next((w for w in walked if _inside(real, w)), None)
-            if holder is not None:
-                out.duplicates.append((match, walked[holder]))
-                continue
-            if not named and local_paths.is_link(match) and _inside(_real(os.path.dirname(os.path.abspath(match))), real):
-                out.not_followed.append(match)  # a link to a directory holding it: a cycle
-                continue
-            walked[real] = match
-            try:
-                listing = local_paths.walk_files(match)
-            except OSError as exc:
-                if match == pattern:
-                    raise InputPathError(f"input directory '{shown_path(pattern)}' cannot be listed: "
-                                         f"{exc.strerror or exc}") from None
-                listing = local_paths.Listing(not_listed=[(match, exc.strerror or str(exc))])
-            files = listing.files
-            if out_real is not None and _inside(out_real, real):
-                # OUT inside this folder: its files are told by their place under the folder (walk_files
-                # follows no link to a directory), a link to a file by where it leads (take).
-                files = [f for f in files if not in_output(f, os.path.join(real, os.path.relpath(f, match)))]
-            out.not_followed.extend(listing.dir_links)
-            out.not_listed.extend(listing.not_listed)
-            chosen.extend(folder for folder, _ in listing.not_listed)
-            regular = [f for f in files if _not_a_file(f) is None]
-            readable = regular if fmt != "auto" else [f for f in regular if _has_format(f)]
-            if not readable and not listing.not_listed and match == pattern:
-                what = ("no files" if not files else
-                        f"no regular file ({len(files)} other entries)" if not regular else
-                        f"no file whose name gives its format ({len(files)} other files)")
-                raise InputPathError(f"input directory '{pattern}' holds {what}; "
-                                     "pass --format FMT to read files by content type, or another --input")
-            kept = set(readable)
-            out.skipped.extend(f for f in regular if f not in kept)
-            regular_set = set(regular)
-            for f in sorted(files, key=local_paths.is_link):
-                if f not in regular_set:
-                    take(f)  # records why it is not read
-                elif f in kept and take(f):
-                    chosen.append(f)
+            chosen.extend(self._directory(match, pattern, named))
         # Every local glob is handed on as the files chosen here, never to Beam's matcher: Beam's
         # fnmatch takes hidden files (`DIR/*.jsonl` read `.x.jsonl` the folder form skips, and a hidden
         # FIFO hung the run), so globs and folders select by the same rules.
         # Beam matches every input as a pattern: a name with [, * or ? must not act as one.
         out.patterns.extend(glob.escape(f) if glob.has_magic(f) else f for f in chosen)
-    if not out.patterns and out.not_read:
-        raise InputPathError(f"no regular file to read among the inputs: {_listed(_why(out.not_read))}; "
-                             "pass regular files or directories")
-    return out
+
+    def _directory(self, match: str, pattern: str, named: bool) -> list[str]:
+        """The files to read in the directory `match` (named by `pattern`), each recorded once."""
+        out = self.out
+        real = _real(match)
+        if self.in_output(match, real):
+            return []
+        holder = next((w for w in self.walked if _inside(real, w)), None)
+        if holder is not None:
+            out.duplicates.append((match, self.walked[holder]))
+            return []
+        if not named and local_paths.is_link(match) and _inside(_real(os.path.dirname(os.path.abspath(match))), real):
+            out.not_followed.append(match)  # a link to a directory holding it: a cycle
+            return []
+        self.walked[real] = match
+        try:
+            listing = local_paths.walk_files(match)
+        except OSError as exc:
+            if match == pattern:
+                raise InputPathError(f"input directory '{shown_path(pattern)}' cannot be listed: "
+                                     f"{exc.strerror or exc}") from None
+            listing = local_paths.Listing(not_listed=[(match, exc.strerror or str(exc))])
+        files = listing.files
+        if self.out_real is not None and _inside(self.out_real, real):
+            # OUT inside this folder: its files are told by their place under the folder (walk_files
+            # follows no link to a directory), a link to a file by where it leads (take).
+            files = [f for f in files if not self.in_output(f, os.path.join(real, os.path.relpath(f, match)))]
+        out.not_followed.extend(listing.dir_links)
+        out.not_listed.extend(listing.not_listed)
+        chosen = [folder for folder, _ in listing.not_listed]
+        regular = [f for f in files if _not_a_file(f) is None]
+        readable = regular if self.fmt != "auto" else [f for f in regular if _has_format(f)]
+        if not readable and not listing.not_listed and match == pattern:
+            what = ("no files" if not files else
+                    f"no regular file ({len(files)} other entries)" if not regular else
+                    f"no file whose name gives its format ({len(files)} other files)")
+            raise InputPathError(f"input directory '{pattern}' holds {what}; "
+                                 "pass --format FMT to read files by content type, or another --input")
+        kept = set(readable)
+        out.skipped.extend(f for f in regular if f not in kept)
+        regular_set = set(regular)
+        for f in sorted(files, key=local_paths.is_link):
+            if f not in regular_set:
+                self.take(f)  # records why it is not read
+            elif f in kept and self.take(f):
+                chosen.append(f)
+        return chosen
 
 
 def resolve_recipe_inputs(recipe, confined: bool, output: str | None = None) -> ExpandedInputs:
