@@ -79,6 +79,8 @@ def _end_tag_at(b, p, end, store, key_start, key_len):
     return True
 
 
+# Long on purpose: one compiled loop over the bytes; split into calls, numba would pass state between
+# them through arrays or tuples each step (the point of the kernel is one pass without that).
 @njit(cache=True, nogil=True, boundscheck=False)
 def tag_scan(b, end, max_depth, known, known_offsets, known_flags):
     """Scan b[:end] (end: just after the page's last `>`).

@@ -78,6 +78,8 @@ def signatures(x32, offsets, a, b, out):
             out[d, k] = acc[k]
 
 
+# Long on purpose: one compiled loop over the bytes; split into calls, numba would pass state between
+# them through arrays or tuples each step (the point of the kernel is one pass without that).
 @njit(cache=True, nogil=True, boundscheck=False)
 def shingle_hashes(cps, class_table, doc_start, ngram, char_ngram, char_share, char_base, token_base):
     """(shingle hashes uint64, offsets int64, char_mode bool) of a batch, as `MinHasher.shingle`

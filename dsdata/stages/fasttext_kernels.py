@@ -239,6 +239,8 @@ def _std_log(x):
     return np.float32(math.log(np.float64(x) + 1e-5))
 
 
+# Long on purpose: one compiled loop over the bytes; split into calls, numba would pass state between
+# them through arrays or tuples each step (the point of the kernel is one pass without that).
 @njit(cache=True, nogil=True)
 def predict_lines(buf, words, word_offsets, word_is_label, table, word_row_offsets, word_rows, eos_id, nwords,
                   prune_map, prune_bits, pruned, bucket, minn, maxn, word_ngrams, dim,

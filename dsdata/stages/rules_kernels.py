@@ -36,6 +36,8 @@ from numba import njit
 _FIB = np.uint64(0x9E3779B97F4A7C15)
 
 
+# Long on purpose: one compiled loop over the bytes; split into calls, numba would pass state between
+# them through arrays or tuples each step (the point of the kernel is one pass without that).
 @njit(cache=True, nogil=True, boundscheck=False)
 def _ngram_char_counts(tok, tok_len, plan, sizes, top_slots, dup_slots):
     """(top_chars, dup_chars, total_chars) as integers.
@@ -174,6 +176,8 @@ _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
+# Long on purpose: one compiled loop over the bytes; split into calls, numba would pass state between
+# them through arrays or tuples each step (the point of the kernel is one pass without that).
 @njit(cache=True, nogil=True, boundscheck=False)
 def _token_ids(cps):
     """(dense token ids in first-occurrence order, characters per token) of code points holding
