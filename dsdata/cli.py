@@ -22,7 +22,7 @@ SUBCOMMANDS = {
     "classifier": ("dsdata.commands.classifier", "train and evaluate relevance classifiers"),
     "lm": ("dsdata.commands.lm", "train n-gram language models for difficulty grading"),
     "tokenizer": ("dsdata.commands.tokenizer", "train a byte-level BPE tokenizer"),
-    "shards": ("dsdata.commands.shards", "inspect, verify and export training shards (megatron, mds, hf)"),
+    "shards": ("dsdata.commands.shards", "inspect, verify and export training shards for other trainers"),
     "shm": ("dsdata.commands.shm", "publish shards to shared memory (/dev/shm)"),
     "report": ("dsdata.commands.report", "rebuild OUT/report.html from a run's output directory"),
     "doctor": ("dsdata.commands.doctor", "check this environment (fastText, models, Beam, torch, extras)"),

@@ -14,9 +14,8 @@ import pyarrow as pa
 import pytest
 
 from dsdata.cli import main as cli_main
-from dsdata.export import FORMATS
+from dsdata.export.formats import ExportFormat, format_names, register_export_format
 from dsdata.io.shards import MANIFEST, ShardSetWriter, file_sha256, read_manifest
-from dsdata.stages.shards import EXPORT_FORMATS
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "pipelines" / "models" / "tokenizer"
@@ -118,7 +117,7 @@ def check_hf(export: Path, expected: dict, source: str) -> None:
 
 
 def test_the_stage_and_the_registry_name_the_same_formats():
-    assert tuple(FORMATS) == EXPORT_FORMATS == ("megatron", "mds", "hf")
+    assert format_names() == ("megatron", "mds", "hf")
 
 
 @pytest.mark.parametrize("vocab", [1000, 70_000], ids=["uint16", "uint32"])
@@ -396,5 +395,41 @@ def test_recipe_refuses_an_unknown_export_format(tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("name: bad\ninput:\n  paths: [x.jsonl]\noutput: out\nstages:\n"
                       "  - tokenize: {}\n  - shards: {export: [tfrecord]}\n", encoding="utf-8")
-    with pytest.raises(Exception, match="megatron, mds or hf"):
+    with pytest.raises(Exception, match=r"shards.export: .tfrecord. is not one of the export formats \(megatron, mds, hf\)"):
         load_recipe(str(recipe), [f"tokenize.tokenizer={TOKENIZER}"])
+
+
+def write_lines(source, out_dir: str) -> dict:
+    """A test-only export format: one line of space-separated token ids per document."""
+    buckets = {}
+    with open(os.path.join(out_dir, "docs.txt"), "w", encoding="utf-8") as fh:
+        for bucket in source.buckets:
+            docs = list(source.documents(bucket))
+            for doc in docs:
+                fh.write(" ".join(map(str, doc.tokens.tolist())) + "\n")
+            buckets[bucket] = {"documents": len(docs), "tokens": sum(len(d.tokens) for d in docs)}
+    return {"buckets": buckets}
+
+
+def test_an_export_format_is_one_module_and_one_row(tmp_path):
+    """A format added by a writer function and one registered row (no other table) is accepted by
+    `dsdata shards export`, the shards stage's parameter and its help, and written like the others."""
+    from dsdata.stages import StageConfigError
+    from dsdata.stages.shards import ShardsStage
+
+    register_export_format(ExportFormat("lines", "test_shards_export:write_lines", "plain text lines of ids"))
+    try:
+        src = text_set(tmp_path / "shards", n_docs=6)
+        assert cli_main(["shards", "export", "--format", "lines", str(src), str(tmp_path / "out")]) == 0
+        lines = (tmp_path / "out" / "lines" / "docs.txt").read_text().splitlines()
+        docs = [ids for bucket_docs in shard_documents(src).values() for _, ids in bucket_docs]
+        assert lines == [" ".join(map(str, ids.tolist())) for ids in docs]
+        summary = json.loads((tmp_path / "out" / "lines" / "export.json").read_text())
+        assert sum(b["documents"] for b in summary["buckets"].values()) == 6
+        assert ShardsStage(export=["lines"]).export == ["lines"]
+        with pytest.raises(StageConfigError, match="did you mean 'lines'"):
+            ShardsStage(export=["line"])
+    finally:
+        from dsdata.export import formats
+
+        formats.EXPORT_FORMATS[:] = [f for f in formats.EXPORT_FORMATS if f.name != "lines"]

@@ -9,6 +9,7 @@ import json
 import sys
 
 from dsdata.commands import CommandParser
+from dsdata.export.formats import format_names, formats_help
 from dsdata.io.object_storage import add_object_storage_flags, object_storage_beam_args
 from dsdata.io.shard_tokenizer import verify_shard_set
 from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest
@@ -69,10 +70,9 @@ def main(argv: list[str]) -> int:
     p_info.add_argument("dir", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")
     p_info.add_argument("--files", action="store_true", help="list every shard")
     p_info.add_argument("--json", action="store_true", help="print the manifest without the shard list as JSON")
-    p_export = sub.add_parser("export", help="write the shards for another trainer: megatron (.bin/.idx), "
-                              "mds (MosaicML streaming), hf (Hugging Face datasets)")
+    p_export = sub.add_parser("export", help="write the shards for another trainer: " + formats_help())
     p_export.add_argument("--format", action="append", required=True, metavar="FORMAT",
-                          help="megatron, mds or hf; repeat or comma-separate for several")
+                          help=", ".join(format_names()) + "; repeat or comma-separate for several")
     p_export.add_argument("--source", default=None, help="the source column's value (default: the shard "
                           "set's folder name, or its run directory's for RUN/shards)")
     p_export.add_argument("dir", metavar="SRC", help="a `dsdata run` output directory (e.g. out) or its shards/ folder")

@@ -16,21 +16,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Callable
+from typing import Any
 
-from dsdata.export import hf, mds, megatron
+import importlib
+
+from dsdata.export.formats import find_format, format_names
 from dsdata.export.files import atomic_file, check_replaceable, staged_directory
 from dsdata.export.source import ShardSource
 from dsdata.io.shard_tokenizer import (BUNDLE_DIR, bundled_files, tokenizer_dir, tokenizer_sources,
                                        verify_bundled_tokenizer)
 from dsdata.io.shards import resolve_shard_path
 
-# name → writer(source, out_dir) -> summary; the names are the --format values and stage options.
-FORMATS: dict[str, Callable[[ShardSource, str], dict[str, Any]]] = {
-    "megatron": megatron.write,
-    "mds": mds.write,
-    "hf": hf.write,
-}
 EXPORT_DIR = "export"
 
 
@@ -39,11 +35,12 @@ class ExportError(ValueError):
 
 
 def check_formats(formats: list[str]) -> list[str]:
-    unknown = [f for f in formats if f not in FORMATS]
+    unknown = [f for f in formats if find_format(f) is None]
     if unknown:
-        raise ExportError(f"unknown export format(s) {', '.join(map(repr, unknown))}; choose from {', '.join(FORMATS)}")
+        raise ExportError(f"unknown export format(s) {', '.join(map(repr, unknown))}; "
+                          f"choose from {', '.join(format_names())}")
     if not formats:
-        raise ExportError(f"no export format given; choose from {', '.join(FORMATS)}")
+        raise ExportError(f"no export format given; choose from {', '.join(format_names())}")
     return list(dict.fromkeys(formats))
 
 
@@ -104,7 +101,8 @@ def export_shards(src: str, dst: str, formats: list[str], source_name: str | Non
     for name in formats:
         with staged_directory(os.path.join(dst, name)) as out:
             tokenizer_files = copy_tokenizer(source, out)  # first: a changed tokenizer stops it at once
-            summary = FORMATS[name](source, out)
+            module, _, function = find_format(name).writer.partition(":")
+            summary = getattr(importlib.import_module(module), function)(source, out)
             summary = {"format": name, "source": source.name, "manifest_sha256": source.manifest_sha256,
                        "tokenizer": source.tokenizer, "tokenizer_files": tokenizer_files, **summary}
             with atomic_file(os.path.join(out, "export.json")) as fh:

@@ -29,12 +29,11 @@ import numpy as np
 
 from dsdata.document import Document
 from dsdata.stages.base import CorpusStage, Param, SideOutput, StageConfigError
-from dsdata.stages.params import Choice, Integer, ListOf, Path, Text
+from dsdata.stages.params import Allowed, Integer, ListOf, Path, Text
 
 SHARDS_DIR = "shards"
 EXPORT_DIR = "export"
 # The formats of dsdata/export (not imported here: stages stay light); a test checks they agree.
-EXPORT_FORMATS = ("megatron", "mds", "hf")
 _BUCKET_NAME = re.compile(r"^[A-Za-z0-9_]+\Z")  # \Z: "$" also matches before a final newline
 
 
@@ -64,6 +63,14 @@ def shard_key(bucket: str, doc_id: str, totals: dict[str, int], shard_size: int)
     return bucket, id_hash(doc_id) % count, count
 
 
+
+def export_formats(values: dict) -> Allowed:
+    """`shards.export`'s choices: the rows of the export-format table."""
+    from dsdata.export.formats import format_names
+
+    return Allowed(format_names(), "the export formats (" + ", ".join(format_names()) + ")")
+
+
 class ShardsStage(CorpusStage):
     name = "shards"
     description = "write token ids as Arrow IPC training shards + checksummed manifest (RUN_DIR/shards)"
@@ -74,9 +81,9 @@ class ShardsStage(CorpusStage):
                                          expect="a bucket name such as easy, medium or hard")),
         "tokenizer": Param(None, "tokenizer to record in the manifest (default: the upstream tokenize stage's)",
                            Path(), nullable=True),
-        "export": Param([], "also write the shards for other trainers into RUN_DIR/export/<format>: "
-                        "megatron, mds, hf (dsdata shards export)",
-                        ListOf(Choice(EXPORT_FORMATS, expect="megatron, mds or hf"), single=True)),
+        "export": Param([], "also write the shards for other trainers into RUN_DIR/export/<format> "
+                        "(dsdata shards export; dsdata/export/formats.py)", ListOf(Text(nonempty=True), single=True),
+                        choices=export_formats),
     }
     side_outputs = (SideOutput(SHARDS_DIR, directory=True), SideOutput(EXPORT_DIR, directory=True))
 
