@@ -82,8 +82,11 @@ def _number_pattern(kinds: frozenset) -> re.Pattern:
     plus = rf"{_LEFT_PLUS}(?P<plus>{SHAPES['plus']}){_RIGHT}" if "plus" in shapes else ""
     return re.compile("|".join(p for p in (plus, rf"{_LEFT}(?:{rest}){_RIGHT}" if rest else "") if p))
 _HINT = re.compile("[0-9+(\uff08][0-9 ()+.\\-\uff08\uff09]{6,}+")
+_RUN_NON_DIGITS = " ()+.-\uff08\uff09"  # the characters of a _HINT run that are not digits
 _FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
+_WIDTH = {k: re._parser.parse(v).getwidth() for k, v in SHAPES.items()}  # (fewest, most) characters of each shape
 _NON_DIGIT = re.compile(r"[^0-9]")
+_SEPARATORS = dict.fromkeys(map(ord, " ()+.-\uff08\uff09"))  # what a shape writes between digits (deleted)
 _EXTENSION = re.compile(r" ?(?:x|ext\.?|#|转|轉) ?[0-9]{1,5}$")
 # Ten digits written solid (4155550132) are a phone number only after a word that says so.
 _PHONE_WORD = re.compile(r"(?:phone|tel|call|mobile|cell|fax|dial|contact|电话|電話|手机|手機|致电|联系|聯繫|拨打|撥打|热线|熱線)"
@@ -102,6 +105,7 @@ _SECTION_BEFORE = re.compile(r"(?:section|sect\.?|sec\.|chapter|ch\.|clause|arti
 _SECTION_AFTER = re.compile(r"\s*[节節章条條款项項]")
 _VERSION_BEFORE = re.compile(r"(?<![A-Za-z])(?:version|release|build|ver|rev|revision|firmware|kernel|driver|update|patch|"
                              r"v|版本|版)\.?\s*[:=]?\s*$", re.IGNORECASE)
+_NUMBERING_BEFORE = re.compile(f"(?:{_VERSION_BEFORE.pattern})|(?:{_SECTION_BEFORE.pattern})", re.IGNORECASE)  # either, one search
 # A quad of small numbers (fewer than two ≥ 10: 9.2.1.4, 2.6.38.6) is an address only near an IP word.
 _HEADING = re.compile(r"(?<![0-9.])[0-9]{1,3}(?:\.[0-9]{1,3}){1,3}\.(?=\s|[^\x00-\x7f])")
 _IP_CONTEXT = re.compile(r"(?<![A-Za-z])(?:IP|IPv4|address|addr|DNS|nameserver|server|host|ping|gateway|router|"
@@ -117,6 +121,10 @@ _MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 def id_check_char(first17: str) -> str:
     """ISO 7064 MOD 11-2 check character of an identity number's first 17 digits."""
+    if first17.isascii() and first17.isdigit():
+        # The weights are 2^17 … 2^1 mod 11, and 13 ≡ 2 (mod 11): the digits read in base 13 with a
+        # zero appended are the weighted sum, mod 11, in one C call.
+        return _ID_CHECK[int(first17 + "0", 13) % 11]
     return _ID_CHECK[sum(map(operator.mul, map(int, first17), _ID_WEIGHTS)) % 11]
 
 
@@ -136,8 +144,14 @@ def valid_resident_id(number: str) -> bool:
 _DOUBLED = {str(d): d * 2 - 9 if d > 4 else d * 2 for d in range(10)}
 
 
+_DOUBLED_ASCII = str.maketrans("0123456789", "0246813579")  # a digit doubled, its digits summed
+
+
 def luhn_ok(digits: str) -> bool:
     backwards = digits[::-1]
+    if digits.isascii() and digits.isdigit():  # the digit sums as byte sums: no int() per digit
+        return (sum(backwards[::2].encode()) + sum(backwards[1::2].translate(_DOUBLED_ASCII).encode())
+                - 48 * len(digits)) % 10 == 0
     return (sum(map(int, backwards[::2])) + sum(map(_DOUBLED.__getitem__, backwards[1::2]))) % 10 == 0
 
 
@@ -153,7 +167,10 @@ _ISSUERS = (("visa", 4, 4), ("mastercard", 51, 55), ("mastercard", 2221, 2720), 
 
 def card_issuer(digits: str) -> str | None:
     """The network whose issuer range (IIN) the number is in, else None."""
-    return _issuer(digits[:4])
+    prefix = digits[:4]
+    if len(prefix) == 4 and prefix.isascii() and prefix.isdigit():
+        return _ISSUER_OF[int(prefix)]
+    return _issuer(prefix)
 
 
 @functools.lru_cache(maxsize=None)
@@ -162,6 +179,18 @@ def _issuer(prefix: str) -> str | None:
         if low <= int(prefix[:len(str(low))]) <= high:
             return network
     return None
+
+
+def _issuer_table() -> list:
+    """The network of every four-digit prefix 0000-9999 (the first range that holds it wins)."""
+    table: list[str | None] = [None] * 10000
+    for network, low, high in reversed(_ISSUERS):
+        scale = 10 ** (4 - len(str(low)))
+        table[low * scale:(high + 1) * scale] = [network] * ((high + 1 - low) * scale)
+    return table
+
+
+_ISSUER_OF = _issuer_table()
 
 
 def valid_card(candidate: str) -> bool:
@@ -204,10 +233,15 @@ def _public_v4(quad: str) -> bool:
     return not any(value >> shift == net for net, shift in ranges)
 
 
+def _public_v4_int(value: int) -> bool:
+    ranges = _NOT_GLOBAL_V4.get(value >> 24)
+    return not ranges or not any(value >> shift == net for net, shift in ranges)
+
+
 def _ip4_ok(text: str, start: int, end: int) -> bool:
     quad = text[start:end]
-    if not _public_v4(quad) or _VERSION_BEFORE.search(text, max(0, start - 12), start) \
-            or _SECTION_BEFORE.search(text, max(0, start - 12), start) or _SECTION_AFTER.match(text, end, end + 3):
+    if not _public_v4(quad) or _NUMBERING_BEFORE.search(text, max(0, start - 12), start) \
+            or _SECTION_AFTER.match(text, end, end + 3):
         return False
     if sum(len(o) > 1 for o in quad.split(".")) >= 2:
         return True
@@ -245,13 +279,17 @@ class PiiFinder:
         self._digit_kinds = frozenset({"ip", "phone", "id", "card"} & set(self.types))
         if self._digit_kinds:
             self._number = _number_pattern(self._digit_kinds)
-            self._shapes = tuple(k for k in ("plus",) + _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
+            shapes = tuple(k for k in ("plus",) + _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
+            # The shapes to try, in order, for a match the scan found in `shape` (None: not known): that
+            # shape first, then each other one (a shape tried twice gives the same answer twice).
+            self._tries = {shape: ((shape,) if shape else ()) + tuple(k for k in shapes if k != shape)
+                           for shape in (None, *_ORDER, "plus")}
 
     def find(self, text: str) -> list[tuple[int, int, str]]:
         norm = normalise(text)
         spans: list[tuple[int, int, str]] = []
         if "email" in self.types and "@" in norm:
-            spans = list(self._emails(norm))
+            spans = self._emails(norm)
         if "ip" in self.types and ("::" in norm or norm.count(":") >= 7):  # an IPv6 address has one or the other
             spans = _claim(spans, self._ipv6(norm, text))
         if self._digit_kinds:
@@ -259,18 +297,21 @@ class PiiFinder:
         return spans
 
     # -- digit kinds ---------------------------------------------------------------------------
-    def _numbers(self, text: str):
+    def _numbers(self, text: str) -> list[tuple[int, int, str]]:
         # Where a digit kind can be: a run of 7 or more of its characters (the shortest, an IPv4
         # address, has 7).  This scan starts with a character class, so the engine skips the other
         # characters fast; the full pattern then runs only inside those runs (and 16 characters on,
-        # for an extension or the look-ahead at its end).
+        # for an extension or the look-ahead at its end), and only while the rest of the run holds a
+        # digit (every shape starts with one, or with '+' or '(' and a digit).
+        found: list[tuple[int, int, str]] = []
+        search, classify = self._number.search, self._classify
         for run in _HINT.finditer(text):
-            pos, run_end = run.start(), run.end()
-            while pos < run_end and (m := self._number.search(text, pos, run_end + 16)):
+            pos, run_end = run.span()
+            while pos < run_end and text[pos:run_end].strip(_RUN_NON_DIGITS) and (m := search(text, pos, run_end + 16)):
                 start, end = m.span()
                 if start >= run_end:
                     break
-                kind = self._classify(text, start, end, m.lastgroup)
+                kind = classify(text, start, end, m.lastgroup)
                 if kind is None and " " in text[start:end]:
                     # A space-separated group after the item that belongs to other text ("+86 138 1234 5678
                     # 2024"): try without the last group, then the last two.
@@ -283,11 +324,12 @@ class PiiFinder:
                             end = cut
                             break
                 if kind:
-                    yield start, end, kind
+                    found.append((start, end, kind))
                     pos = end
                 else:  # or one before it ("2024 4111 1111 1111 1111"): go on from the next group
                     space = text.find(" ", start, end)
                     pos = space + 1 if space != -1 else end
+        return found
 
     def _classify(self, text: str, start: int, end: int, shape: str | None = None) -> str | None:
         """The kind of text[start:end] (written in `shape`, when the scan knows it), or None."""
@@ -297,19 +339,28 @@ class PiiFinder:
         before = text[max(0, start - 20):start].lower()
         if _LABEL_WORDS.search(before) and _NOT_PERSONAL.search(before):
             return None
-        solid = c.isdigit()
-        ext = _EXTENSION.search(c) if not solid and c[-1].isdigit() else None
-        core = c[:ext.start()] if ext else c
-        digits = c if solid else _NON_DIGIT.sub("", core)
-        money = (not _MONEY_CHARS.isdisjoint(before[-5:]) and _MONEY_BEFORE.search(before[-5:])) or (
-            not _MONEY_CHARS.isdisjoint(text[end:end + 4]) and _MONEY_AFTER.match(text, end, end + 4))
-        for candidate in ((shape,) if shape else ()) + self._shapes:
-            if candidate != shape and not _FULL[candidate].fullmatch(c):
+        if c.isdigit():
+            solid, ext, core, digits = True, None, c, c
+        else:
+            solid = False
+            ext = _EXTENSION.search(c) if c[-1].isdigit() and ("x" in c or "#" in c or "转" in c or "轉" in c) else None
+            core = c[:ext.start()] if ext else c
+            digits = core.translate(_SEPARATORS)
+            if not digits.isdigit():
+                digits = _NON_DIGIT.sub("", core)
+        money = None  # read when a kind other than an identity number is tried
+        size = len(c)
+        for candidate in self._tries[shape]:
+            if candidate != shape and not (_WIDTH[candidate][0] <= size <= _WIDTH[candidate][1] and _FULL[candidate].fullmatch(c)):
                 continue
             if candidate == "id":
                 if "id" in self._digit_kinds and valid_resident_id(digits + c[-1].upper() if c[-1] in "Xx" else digits):
                     return "id"
-            elif money:
+                continue
+            if money is None:
+                money = bool((not _MONEY_CHARS.isdisjoint(before[-5:]) and _MONEY_BEFORE.search(before[-5:])) or (
+                    not _MONEY_CHARS.isdisjoint(text[end:end + 4]) and _MONEY_AFTER.match(text, end, end + 4)))
+            if money:
                 return None
             elif candidate == "card":
                 if "card" in self._digit_kinds and not ext and valid_card(digits):
@@ -320,22 +371,36 @@ class PiiFinder:
         return None
 
     # -- e-mail ----------------------------------------------------------------------------------
-    def _emails(self, text: str):
-        at = text.find("@")
-        windows: list[list[int]] = []
-        while at != -1:  # merged windows around each @: a local part ≤ 64, a domain ≤ 253 characters
-            if windows and at - 65 <= windows[-1][1]:
-                windows[-1][1] = at + 256
-            else:
-                windows.append([max(0, at - 65), at + 256])
+    def _emails(self, text: str) -> list[tuple[int, int, str]]:
+        """Each '@' once: the run of local-part characters before it (1-64 of them, read backwards),
+        the address matched from that run's start.  The domain is read up to 256 characters past the
+        last '@' of a group of '@'s less than 322 characters apart, and an address never starts inside
+        the one before it."""
+        ats, at = [], text.find("@")
+        while at != -1:
+            ats.append(at)
             at = text.find("@", at + 1)
-        for lo, hi in windows:
-            for m in _EMAIL.finditer(text, lo, hi):
-                local, domain = m.group(1), m.group(2)
-                lead = len(local) - len(local.lstrip(".+-"))
-                local = local[lead:]
-                if local and not local.endswith(".") and ".." not in local and valid_mail_domain(domain):
-                    yield m.start() + lead, m.end(), "email"
+        found: list[tuple[int, int, str]] = []
+        done, hi = 0, 0
+        for i, at in enumerate(ats):
+            if i == 0 or at - 65 > hi:  # a new group: where its domains may end
+                hi, j = at + 256, i + 1
+                while j < len(ats) and ats[j] - 65 <= hi:
+                    hi = ats[j] + 256
+                    j += 1
+            run = _LOCAL_RUN_REVERSED.match(text[max(0, at - 65):at][::-1]).end()
+            if not 1 <= run <= 64 or at - run < done:
+                continue
+            m = _EMAIL.match(text, at - run, hi)
+            if m is None:
+                continue
+            done = m.end()
+            local = m.group(1)
+            lead = len(local) - len(local.lstrip(".+-"))
+            local = local[lead:]
+            if local and not local.endswith(".") and ".." not in local and valid_mail_domain(m.group(2)):
+                found.append((m.start() + lead, m.end(), "email"))
+        return found
 
     # -- IPv6 ------------------------------------------------------------------------------------
     def _ipv6(self, text: str, original: str):
@@ -346,6 +411,9 @@ class PiiFinder:
             left = _V6_RUN_REVERSED.match(text[max(0, colon - 46):colon][::-1]).end()
             end = _V6_RUN.match(text, colon).end()
             nxt = text.find(":", end)
+            if text.count(":", colon, end) < 2:  # the run holds every ':' of a candidate here: one is no address
+                colon = nxt
+                continue
             start, stop = colon - left, end
             while start < colon and text[start] == ".":
                 start += 1
@@ -380,23 +448,64 @@ def valid_ipv6(candidate: str) -> bool:
     every assigned global address is — writes at least three groups ('dead::beef' is code)."""
     if candidate.count(":") < 2:
         return False
-    try:
-        addr = ipaddress.IPv6Address(candidate)
-    except ValueError:
+    value = _v6_value(candidate)
+    if value is None:
         return False
-    if addr.ipv4_mapped:
-        return _public_v4(str(addr.ipv4_mapped))
-    value = int(addr)
-    if any(value >> shift == net for net, shift in _NOT_GLOBAL_V6):
-        return False
+    if value >> 32 == 0xFFFF:  # IPv4-mapped
+        return _public_v4_int(value & 0xFFFFFFFF)
+    top = value >> 112
+    if (top in (0, 0x100, 0x2001) or top >= 0xFC00) and any(value >> shift == net for net, shift in _NOT_GLOBAL_V6):
+        return False  # (every range of _NOT_GLOBAL_V6 starts with one of those first groups)
     groups = candidate.split("%")[0].split(":")
-    return addr in _GLOBAL_UNICAST or sum(1 + ("." in g) for g in groups if g) >= 3
+    return value >> 125 == 1 or sum(1 + ("." in g) for g in groups if g) >= 3  # 1: in 2000::/3
+
+
+_HEX_COLON = frozenset("0123456789abcdefABCDEF:")
+_EIGHT_GROUPS = "%4s" * 8
+
+
+def _v6_value(candidate: str) -> int | None:
+    """The address as an int, or None: the rules of ipaddress.IPv6Address, read without building one
+    for the common text (hex groups and '::'); an embedded IPv4 or a zone goes to ipaddress."""
+    if "." in candidate or "%" in candidate or "/" in candidate:
+        try:
+            return int(ipaddress.IPv6Address(candidate))
+        except ValueError:
+            return None
+    parts = candidate.split(":")
+    n = len(parts)
+    if n < 3 or n > 9 or not _HEX_COLON.issuperset(candidate):
+        return None
+    skip = candidate.find("::")
+    if skip == -1:  # eight groups
+        if n != 8 or not parts[0] or not parts[-1]:
+            return None
+        groups = parts
+    else:  # one '::' (the empty part at `skip`) for the zero groups
+        if candidate.find("::", skip + 1) != -1:
+            return None
+        skip = candidate.count(":", 0, skip) + 1
+        hi, lo = skip, n - skip - 1
+        if not parts[0]:
+            hi -= 1
+            if hi:
+                return None
+        if not parts[-1]:
+            lo -= 1
+            if lo:
+                return None
+        if hi + lo > 7:
+            return None
+        groups = parts[:hi] + ["0"] * (8 - hi - lo) + (parts[n - lo:] if lo else [])
+    padded = _EIGHT_GROUPS % tuple(groups)
+    return int(padded.replace(" ", "0"), 16) if len(padded) == 32 else None  # longer: a group of 5 or more
 
 
 # --- e-mail ---------------------------------------------------------------------------------------
 # A local part of ASCII letters, digits and . _ % + - (RFC 5321's dot-atom without the rare symbols);
 # see docs/pii.md for why quoted and non-ASCII local parts are not taken.
 _EMAIL = re.compile(r"(?<![A-Za-z0-9._%+\-])([A-Za-z0-9._%+\-]{1,64}+)@((?:[A-Za-z0-9\-]{1,63}+\.)+[A-Za-z0-9\-]{1,63}+)")
+_LOCAL_RUN_REVERSED = re.compile(r"[A-Za-z0-9._%+\-]{0,65}+")
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?")
 _TLD = re.compile(r"[A-Za-z]{2,24}|xn--[A-Za-z0-9\-]{1,59}")
 _RETINA = re.compile(r"[0-9]+x", re.IGNORECASE)  # icon@2x.png, logo@1.5x.jpg: a scale factor, not a host
@@ -407,6 +516,7 @@ _FILE_EXTENSIONS = frozenset("png jpg jpeg gif svg webp bmp ico tif tiff avif he
                              "service socket target mount automount timer path slice scope device swap".split())
 
 
+@functools.lru_cache(maxsize=4096)  # the same few domains come back again and again
 def valid_mail_domain(domain: str) -> bool:
     labels = domain.split(".")
     tld = labels[-1]
@@ -419,7 +529,7 @@ def _claim(spans: list, found) -> list:
     """`spans` (sorted, non-overlapping) with each of `found` (sorted) that overlaps none of them: the
     kinds claimed first win.  One merge, linear in both."""
     if not spans:
-        return list(found)
+        return found if isinstance(found, list) else list(found)
     out, i, taken = [], 0, len(spans)
     for span in found:
         while i < taken and spans[i][1] <= span[0]:
