@@ -82,7 +82,22 @@ def _number_pattern(kinds: frozenset) -> re.Pattern:
     plus = rf"{_LEFT_PLUS}(?P<plus>{SHAPES['plus']}){_RIGHT}" if "plus" in shapes else ""
     return re.compile("|".join(p for p in (plus, rf"{_LEFT}(?:{rest}){_RIGHT}" if rest else "") if p))
 _HINT = re.compile("[0-9+(\uff08][0-9 ()+.\\-\uff08\uff09]{6,}+")
-_RUN_NON_DIGITS = " ()+.-\uff08\uff09"  # the characters of a _HINT run that are not digits
+
+# What a shape needs in the part of a _HINT run where it starts (its characters are digits and
+# separators, and a shape that starts in it ends in it, but for an extension): a '+' (plus), '00'
+# (intl), three dots (ipv4), or at least this many digits (the rest).
+_FEWEST_DIGITS = {"id": 17, "card": 12, "land": 10, "nanp": 10, "mobile": 11}
+
+
+def _gate(shapes: frozenset):
+    """A test of a run's rest that is false only where none of `shapes` can start."""
+    plus, intl, dots = "plus" in shapes, "intl" in shapes, "ipv4" in shapes
+    fewest = min((_FEWEST_DIGITS[k] for k in shapes if k in _FEWEST_DIGITS), default=None)
+
+    def may_hold(run: str) -> bool:  # (a run as long as the fewest digits is searched: counting costs as much)
+        return ((fewest is not None and len(run) >= fewest) or (plus and "+" in run) or (intl and "00" in run)
+                or (dots and run.count(".") >= 3))
+    return may_hold
 _FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
 _WIDTH = {k: re._parser.parse(v).getwidth() for k, v in SHAPES.items()}  # (fewest, most) characters of each shape
 _NON_DIGIT = re.compile(r"[^0-9]")
@@ -197,9 +212,23 @@ def valid_card(candidate: str) -> bool:
     """13-19 digits (12 for Maestro; spaces and dashes ignored) in an issuer's range, passing Luhn, whose
     digits before the check digit are not all one digit (0000…, 4444…8 are placeholders)."""
     digits = candidate.replace(" ", "").replace("-", "")
+    if digits.isascii():
+        return _card_digits_ok(digits)
     issuer = card_issuer(digits) if 12 <= len(digits) <= 19 and digits.isdigit() else None
     return (issuer is not None and (len(digits) >= 13 or issuer == "maestro")
             and len(set(digits[:-1])) > 1 and luhn_ok(digits))
+
+
+def _card_digits_ok(digits: str) -> bool:
+    """valid_card of a string of ASCII characters, in fewer steps."""
+    size = len(digits)
+    if not 12 <= size <= 19 or not digits.isdigit():
+        return False
+    issuer = _ISSUER_OF[int(digits[:4])]
+    if issuer is None or (size == 12 and issuer != "maestro") or digits.count(digits[0], 0, size - 1) == size - 1:
+        return False
+    backwards = digits[::-1]
+    return (sum(backwards[::2].encode()) + sum(backwards[1::2].translate(_DOUBLED_ASCII).encode()) - 48 * size) % 10 == 0
 
 
 def public_ip(candidate: str) -> bool:
@@ -282,6 +311,7 @@ class PiiFinder:
             shapes = tuple(k for k in ("plus",) + _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
             # The shapes to try, in order, for a match the scan found in `shape` (None: not known): that
             # shape first, then each other one (a shape tried twice gives the same answer twice).
+            self._may_hold = _gate(frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind]))
             self._tries = {shape: ((shape,) if shape else ()) + tuple(k for k in shapes if k != shape)
                            for shape in (None, *_ORDER, "plus")}
 
@@ -301,13 +331,13 @@ class PiiFinder:
         # Where a digit kind can be: a run of 7 or more of its characters (the shortest, an IPv4
         # address, has 7).  This scan starts with a character class, so the engine skips the other
         # characters fast; the full pattern then runs only inside those runs (and 16 characters on,
-        # for an extension or the look-ahead at its end), and only while the rest of the run holds a
-        # digit (every shape starts with one, or with '+' or '(' and a digit).
+        # for an extension or the look-ahead at its end), and only while the rest of the run could
+        # hold a shape (_gate).
         found: list[tuple[int, int, str]] = []
-        search, classify = self._number.search, self._classify
+        search, classify, may_hold = self._number.search, self._classify, self._may_hold
         for run in _HINT.finditer(text):
             pos, run_end = run.span()
-            while pos < run_end and text[pos:run_end].strip(_RUN_NON_DIGITS) and (m := search(text, pos, run_end + 16)):
+            while pos < run_end and may_hold(text[pos:run_end]) and (m := search(text, pos, run_end + 16)):
                 start, end = m.span()
                 if start >= run_end:
                     break
@@ -320,7 +350,7 @@ class PiiFinder:
                         cut = text.rfind(" ", start, cut)
                         if cut == -1:
                             break
-                        if kind := self._classify(text, start, cut):
+                        if kind := classify(text, start, cut):
                             end = cut
                             break
                 if kind:
@@ -353,8 +383,8 @@ class PiiFinder:
         for candidate in self._tries[shape]:
             if candidate != shape and not (_WIDTH[candidate][0] <= size <= _WIDTH[candidate][1] and _FULL[candidate].fullmatch(c)):
                 continue
-            if candidate == "id":
-                if "id" in self._digit_kinds and valid_resident_id(digits + c[-1].upper() if c[-1] in "Xx" else digits):
+            if candidate == "id":  # (a shape is tried only when its kind is chosen)
+                if valid_resident_id(digits + c[-1].upper() if c[-1] in "Xx" else digits):
                     return "id"
                 continue
             if money is None:
@@ -363,9 +393,9 @@ class PiiFinder:
             if money:
                 return None
             elif candidate == "card":
-                if "card" in self._digit_kinds and not ext and valid_card(digits):
+                if not ext and _card_digits_ok(digits):
                     return "card"
-            elif "phone" in self._digit_kinds and _phone_ok(candidate, core, digits) and not (
+            elif _phone_ok(candidate, core, digits) and not (
                     candidate == "nanp" and solid and not _PHONE_WORD.search(text, max(0, start - 24), start)):
                 return "phone"
         return None
