@@ -90,16 +90,21 @@ _FEWEST_DIGITS = {"id": 17, "card": 12, "land": 10, "nanp": 10, "mobile": 11}
 
 
 def _gate(shapes: frozenset):
-    """A test of a run's rest that is false only where none of `shapes` can start."""
+    """A test of a run's rest, text[pos:end], that is false only where none of `shapes` can start."""
     plus, intl, dots = "plus" in shapes, "intl" in shapes, "ipv4" in shapes
     fewest = min((_FEWEST_DIGITS[k] for k in shapes if k in _FEWEST_DIGITS), default=None)
 
-    def may_hold(run: str) -> bool:  # (a run as long as the fewest digits is searched: counting costs as much)
-        return ((fewest is not None and len(run) >= fewest) or (plus and "+" in run) or (intl and "00" in run)
-                or (dots and run.count(".") >= 3))
+    def may_hold(text: str, pos: int, end: int) -> bool:  # (a run as long as the fewest digits is searched: counting costs as much)
+        return ((fewest is not None and end - pos >= fewest) or (plus and text.find("+", pos, end) != -1)
+                or (intl and text.find("00", pos, end) != -1) or (dots and text.count(".", pos, end) >= 3))
     return may_hold
 _FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
-_WIDTH = {k: re._parser.parse(v).getwidth() for k, v in SHAPES.items()}  # (fewest, most) characters of each shape
+
+
+@functools.lru_cache(maxsize=None)
+def _alternation(shapes: tuple) -> re.Pattern:
+    """The shapes in order, each a named group: a fullmatch's lastgroup is the first that reads all."""
+    return re.compile("|".join(f"(?P<{k}>{SHAPES[k]})" for k in shapes))
 _NON_DIGIT = re.compile(r"[^0-9]")
 _SEPARATORS = dict.fromkeys(map(ord, " ()+.-\uff08\uff09"))  # what a shape writes between digits (deleted)
 _EXTENSION = re.compile(r" ?(?:x|ext\.?|#|转|轉) ?[0-9]{1,5}$")
@@ -146,6 +151,14 @@ def id_check_char(first17: str) -> str:
 def valid_resident_id(number: str) -> bool:
     """An 18-character PRC resident identity number with a province code, a real past birth date
     (1900 on) and a correct check character."""
+    if len(number) == 18 and number.isascii() and number[:17].isdigit() and number[17] in "0123456789Xx":
+        value = int(number[:17])  # one parse: province, birth date and check from its digits
+        year, month, day = value // 10000000 % 10000, value // 100000 % 100, value // 1000 % 100
+        if value // 1000000000000000 not in _PROVINCES or not 1900 <= year <= 2099 or not 1 <= month <= 12 \
+                or not 1 <= day <= _MONTH_DAYS[month - 1] or (year, month, day) > _TODAY \
+                or (month == 2 and day == 29 and not (year % 4 == 0 and (year % 100 != 0 or year % 400 == 0))):
+            return False
+        return _ID_CHECK[int(number[:17] + "0", 13) % 11] == number[17].upper()
     if len(number) != 18 or not number[:17].isdigit() or number[17] not in "0123456789Xx" \
             or int(number[:2]) not in _PROVINCES or number[6:8] not in ("19", "20"):
         return False
@@ -269,10 +282,11 @@ def _public_v4_int(value: int) -> bool:
 
 def _ip4_ok(text: str, start: int, end: int) -> bool:
     quad = text[start:end]
+    octets = quad.split(".")
     if not _public_v4(quad) or _NUMBERING_BEFORE.search(text, max(0, start - 12), start) \
             or _SECTION_AFTER.match(text, end, end + 3):
         return False
-    if sum(len(o) > 1 for o in quad.split(".")) >= 2:
+    if (len(octets[0]) > 1) + (len(octets[1]) > 1) + (len(octets[2]) > 1) + (len(octets[3]) > 1) >= 2:
         return True
     if text.startswith(".", end) and (_HEADING.search(text, max(0, start - 40), start)
                                       or _HEADING.search(text, end + 1, end + 40)):
@@ -314,6 +328,8 @@ class PiiFinder:
             self._may_hold = _gate(frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind]))
             self._tries = {shape: ((shape,) if shape else ()) + tuple(k for k in shapes if k != shape)
                            for shape in (None, *_ORDER, "plus")}
+            self._first_full = {(shape, i): _alternation(tries[i:]) for shape, tries in self._tries.items()
+                                for i in range(len(tries))}
 
     def find(self, text: str) -> list[tuple[int, int, str]]:
         norm = normalise(text)
@@ -337,7 +353,7 @@ class PiiFinder:
         search, classify, may_hold = self._number.search, self._classify, self._may_hold
         for run in _HINT.finditer(text):
             pos, run_end = run.span()
-            while pos < run_end and may_hold(text[pos:run_end]) and (m := search(text, pos, run_end + 16)):
+            while pos < run_end and may_hold(text, pos, run_end) and (m := search(text, pos, run_end + 16)):
                 start, end = m.span()
                 if start >= run_end:
                     break
@@ -379,10 +395,16 @@ class PiiFinder:
             if not digits.isdigit():
                 digits = _NON_DIGIT.sub("", core)
         money = None  # read when a kind other than an identity number is tried
-        size = len(c)
-        for candidate in self._tries[shape]:
-            if candidate != shape and not (_WIDTH[candidate][0] <= size <= _WIDTH[candidate][1] and _FULL[candidate].fullmatch(c)):
-                continue
+        tries, i = self._tries[shape], 0
+        while i < len(tries):
+            candidate = tries[i]
+            if candidate != shape:  # the first of the shapes left that reads all of c, in one call
+                m = self._first_full[shape, i].fullmatch(c)
+                if m is None:
+                    return None
+                candidate = m.lastgroup
+                i = tries.index(candidate)
+            i += 1
             if candidate == "id":  # (a shape is tried only when its kind is chosen)
                 if valid_resident_id(digits + c[-1].upper() if c[-1] in "Xx" else digits):
                     return "id"
