@@ -89,15 +89,12 @@ _HINT = re.compile("[0-9+(\uff08][0-9 ()+.\\-\uff08\uff09]{6,}+")
 _FEWEST_DIGITS = {"id": 17, "card": 12, "land": 10, "nanp": 10, "mobile": 11}
 
 
-def _gate(shapes: frozenset):
-    """A test of a run's rest, text[pos:end], that is false only where none of `shapes` can start."""
-    plus, intl, dots = "plus" in shapes, "intl" in shapes, "ipv4" in shapes
-    fewest = min((_FEWEST_DIGITS[k] for k in shapes if k in _FEWEST_DIGITS), default=None)
-
-    def may_hold(text: str, pos: int, end: int) -> bool:  # (a run as long as the fewest digits is searched: counting costs as much)
-        return ((fewest is not None and end - pos >= fewest) or (plus and text.find("+", pos, end) != -1)
-                or (intl and text.find("00", pos, end) != -1) or (dots and text.count(".", pos, end) >= 3))
-    return may_hold
+def _gate(shapes: frozenset) -> tuple[int, bool, bool, bool]:
+    """What a run's rest, text[pos:end], must have for one of `shapes` to start in it: (this many
+    characters, or a '+', or '00', or three dots; False where that shape is not chosen).  A rest as
+    long as the fewest digits is searched without counting them: the count costs as much."""
+    fewest = min((_FEWEST_DIGITS[k] for k in shapes if k in _FEWEST_DIGITS), default=1 << 30)
+    return fewest, "plus" in shapes, "intl" in shapes, "ipv4" in shapes
 _FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
 
 
@@ -126,6 +123,19 @@ _SECTION_AFTER = re.compile(r"\s*[节節章条條款项項]")
 _VERSION_BEFORE = re.compile(r"(?<![A-Za-z])(?:version|release|build|ver|rev|revision|firmware|kernel|driver|update|patch|"
                              r"v|版本|版)\.?\s*[:=]?\s*$", re.IGNORECASE)
 _NUMBERING_BEFORE = re.compile(f"(?:{_VERSION_BEFORE.pattern})|(?:{_SECTION_BEFORE.pattern})", re.IGNORECASE)  # either, one search
+# The last character of each of those words but for a full stop, lower-cased (a cheap first look).
+_NUMBERING_LAST = frozenset("nedrvlhtcagxpm本版§第见見阅閱节節章条條")
+
+
+def _numbering_may_end(text: str, start: int) -> bool:
+    """False where _NUMBERING_BEFORE cannot match before `start`: the last character of the 12 before
+    it that is not a space, '.', ':' or '=' must end one of its words."""
+    i, low = start, max(0, start - 12)
+    while i > low and (text[i - 1] in ".:=" or text[i - 1].isspace()):
+        i -= 1
+    return i > low and text[i - 1].lower() in _NUMBERING_LAST
+
+
 # A quad of small numbers (fewer than two ≥ 10: 9.2.1.4, 2.6.38.6) is an address only near an IP word.
 _HEADING = re.compile(r"(?<![0-9.])[0-9]{1,3}(?:\.[0-9]{1,3}){1,3}\.(?=\s|[^\x00-\x7f])")
 _IP_CONTEXT = re.compile(r"(?<![A-Za-z])(?:IP|IPv4|address|addr|DNS|nameserver|server|host|ping|gateway|router|"
@@ -283,7 +293,7 @@ def _public_v4_int(value: int) -> bool:
 def _ip4_ok(text: str, start: int, end: int) -> bool:
     quad = text[start:end]
     octets = quad.split(".")
-    if not _public_v4(quad) or _NUMBERING_BEFORE.search(text, max(0, start - 12), start) \
+    if not _public_v4(quad) or (_numbering_may_end(text, start) and _NUMBERING_BEFORE.search(text, max(0, start - 12), start)) \
             or _SECTION_AFTER.match(text, end, end + 3):
         return False
     if (len(octets[0]) > 1) + (len(octets[1]) > 1) + (len(octets[2]) > 1) + (len(octets[3]) > 1) >= 2:
@@ -325,7 +335,7 @@ class PiiFinder:
             shapes = tuple(k for k in ("plus",) + _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
             # The shapes to try, in order, for a match the scan found in `shape` (None: not known): that
             # shape first, then each other one (a shape tried twice gives the same answer twice).
-            self._may_hold = _gate(frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind]))
+            self._gate = _gate(frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind]))
             self._tries = {shape: ((shape,) if shape else ()) + tuple(k for k in shapes if k != shape)
                            for shape in (None, *_ORDER, "plus")}
             self._first_full = {(shape, i): _alternation(tries[i:]) for shape, tries in self._tries.items()
@@ -350,10 +360,12 @@ class PiiFinder:
         # for an extension or the look-ahead at its end), and only while the rest of the run could
         # hold a shape (_gate).
         found: list[tuple[int, int, str]] = []
-        search, classify, may_hold = self._number.search, self._classify, self._may_hold
+        search, classify = self._number.search, self._classify
+        fewest, plus, intl, dots = self._gate
         for run in _HINT.finditer(text):
             pos, run_end = run.span()
-            while pos < run_end and may_hold(text, pos, run_end) and (m := search(text, pos, run_end + 16)):
+            while pos < run_end and (run_end - pos >= fewest or (plus and text.find("+", pos, run_end) != -1) or (
+                    intl and text.find("00", pos, run_end) != -1) or (dots and text.count(".", pos, run_end) >= 3)) and (m := search(text, pos, run_end + 16)):
                 start, end = m.span()
                 if start >= run_end:
                     break
