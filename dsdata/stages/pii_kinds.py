@@ -436,34 +436,40 @@ class PiiFinder:
 
     # -- e-mail ----------------------------------------------------------------------------------
     def _emails(self, text: str) -> list[tuple[int, int, str]]:
-        """Each '@' once: the run of local-part characters before it (1-64 of them, read backwards),
-        the address matched from that run's start.  The domain is read up to 256 characters past the
-        last '@' of a group of '@'s less than 322 characters apart, and an address never starts inside
-        the one before it."""
+        """The '@'s in groups less than 322 characters apart; in each, addresses start at most 65
+        characters before its first '@' and end at most 256 after its last (a local part ≤ 64, a domain
+        ≤ 253).  A group of one or two '@'s (ordinary text) is read '@' by '@': the run of local-part
+        characters before it, read backwards, then the address from that run's start; a larger group
+        (a list of addresses, or hostile text) by one scan of its window.  Both find the same addresses."""
         ats, at = [], text.find("@")
         while at != -1:
             ats.append(at)
             at = text.find("@", at + 1)
         found: list[tuple[int, int, str]] = []
-        done, hi = 0, 0
-        for i, at in enumerate(ats):
-            if i == 0 or at - 65 > hi:  # a new group: where its domains may end
-                hi, j = at + 256, i + 1
-                while j < len(ats) and ats[j] - 65 <= hi:
-                    hi = ats[j] + 256
-                    j += 1
-            run = _LOCAL_RUN_REVERSED.match(text[max(0, at - 65):at][::-1]).end()
-            if not 1 <= run <= 64 or at - run < done:
-                continue
-            m = _EMAIL.match(text, at - run, hi)
-            if m is None:
-                continue
-            done = m.end()
-            local = m.group(1)
-            lead = len(local) - len(local.lstrip(".+-"))
-            local = local[lead:]
-            if local and not local.endswith(".") and ".." not in local and valid_mail_domain(m.group(2)):
-                found.append((m.start() + lead, m.end(), "email"))
+        i = 0
+        while i < len(ats):
+            j, hi = i + 1, ats[i] + 256
+            while j < len(ats) and ats[j] - 65 <= hi:
+                hi = ats[j] + 256
+                j += 1
+            if j - i > 2:
+                matches = _EMAIL.finditer(text, max(0, ats[i] - 65), hi)
+            else:
+                matches, done = [], 0
+                for at in ats[i:j]:
+                    if at <= done or text[at - 1] not in _LOCAL_CHARS:
+                        continue  # (an address never starts inside the one before it)
+                    run = _LOCAL_RUN_REVERSED.match(text[max(0, at - 65):at][::-1]).end()
+                    if run <= 64 and at - run >= done and (m := _EMAIL.match(text, at - run, hi)):
+                        matches.append(m)
+                        done = m.end()
+            for m in matches:
+                local = m.group(1)
+                lead = len(local) - len(local.lstrip(".+-"))
+                local = local[lead:]
+                if local and not local.endswith(".") and ".." not in local and valid_mail_domain(m.group(2)):
+                    found.append((m.start() + lead, m.end(), "email"))
+            i = j
         return found
 
     # -- IPv6 ------------------------------------------------------------------------------------
@@ -569,6 +575,7 @@ def _v6_value(candidate: str) -> int | None:
 # A local part of ASCII letters, digits and . _ % + - (RFC 5321's dot-atom without the rare symbols);
 # see docs/pii.md for why quoted and non-ASCII local parts are not taken.
 _EMAIL = re.compile(r"(?<![A-Za-z0-9._%+\-])([A-Za-z0-9._%+\-]{1,64}+)@((?:[A-Za-z0-9\-]{1,63}+\.)+[A-Za-z0-9\-]{1,63}+)")
+_LOCAL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-")
 _LOCAL_RUN_REVERSED = re.compile(r"[A-Za-z0-9._%+\-]{0,65}+")
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?")
 _TLD = re.compile(r"[A-Za-z]{2,24}|xn--[A-Za-z0-9\-]{1,59}")
