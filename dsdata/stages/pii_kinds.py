@@ -346,7 +346,7 @@ class PiiFinder:
         spans: list[tuple[int, int, str]] = []
         if "email" in self.types and "@" in norm:
             spans = self._emails(norm)
-        if "ip" in self.types and ("::" in norm or norm.count(":") >= 7):  # an IPv6 address has one or the other
+        if "ip" in self.types and ":" in norm and ("::" in norm or norm.count(":") >= 7):  # an IPv6 address has one or the other
             spans = _claim(spans, self._ipv6(norm, text))
         if self._digit_kinds:
             spans = _claim(spans, self._numbers(norm))
