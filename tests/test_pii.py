@@ -2,6 +2,7 @@
 dates, hashes and code survive; validators refuse look-alikes; tag and reject modes."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import random
 import re
@@ -14,7 +15,8 @@ from dsdata.beam.pipeline import run_recipe
 from dsdata.document import Document, Rejected
 from dsdata.recipe import load_recipe
 from dsdata.stages.pii import PiiStage
-from dsdata.stages.pii_kinds import PiiFinder, id_check_char, luhn_ok, valid_card, valid_resident_id
+from dsdata.stages.pii_kinds import (_ISSUERS, _NUMBERING_BEFORE, PiiFinder, _numbering_may_end, _v6_value, card_issuer,
+                                  id_check_char, luhn_ok, valid_card, valid_resident_id)
 
 
 def _resident_id(rng: random.Random) -> str:
@@ -157,6 +159,43 @@ def test_validators():
     assert not valid_resident_id("99010519491231002X")  # no province 99
     assert valid_card("4539 1488 0343 6467") and not valid_card("4539 1488 0343 6468")
     assert not valid_card("0000000000000000") and not valid_card("4444444444444448")
+
+
+def test_fast_validators_agree_with_their_definitions():
+    """The arithmetic shortcuts (IPv6 read without ipaddress objects, identity numbers parsed once,
+    Luhn as byte sums, the issuer table, the first look before the version/section words) give the
+    answers of the definitions they stand for, on random and hostile strings."""
+    rng = random.Random(11)
+    alphabet = "0123456789abcdefABCDEF::::...%/g "
+    for _ in range(20000):
+        if rng.random() < 0.5:
+            s = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 42)))
+        else:
+            addr = ipaddress.IPv6Address(rng.getrandbits(128) >> rng.choice([0, 16, 64, 96, 112]))
+            s = rng.choice([str(addr), addr.exploded, str(addr).upper()])
+            cut = rng.randrange(len(s))
+            s = s if rng.random() < 0.5 else s[:cut] + rng.choice(alphabet) + s[cut + rng.randrange(3):]
+        try:
+            expected = int(ipaddress.IPv6Address(s))
+        except ValueError:
+            expected = None
+        assert _v6_value(s) == expected, s
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randrange(1, 22)))
+        total = sum(int(d) if i % 2 == 0 else (2 * int(d) - 9 if int(d) > 4 else 2 * int(d))
+                    for i, d in enumerate(reversed(digits)))
+        assert luhn_ok(digits) == (total % 10 == 0), digits
+        first17 = digits.ljust(17, "7")[:17]
+        assert id_check_char(first17) == "10X98765432"[sum(int(d) * (2 ** (17 - i) % 11) for i, d in enumerate(first17)) % 11]
+    for prefix in range(10000):
+        four = f"{prefix:04d}"
+        expected = next((net for net, low, high in _ISSUERS if low <= int(four[:len(str(low))]) <= high), None)
+        assert card_issuer(four + "00000000") == expected, four
+    words = ["version", "Build", "v", "版本", "Sect.", "sec.", "Ch.", "art.", "fig.", "§", "第", "参阅", "條", "IP", "地址", "ſection", "ıtem"]
+    for _ in range(20000):
+        before = "".join(rng.choice(words) + rng.choice(["", " ", ".", ":", "=", " : ", "\u3000", "x"]) for _ in range(3))
+        text = before + "8.8.8.8"
+        if _NUMBERING_BEFORE.search(text, max(0, len(before) - 12), len(before)):
+            assert _numbering_may_end(text, len(before)), before
 
 
 def test_tag_mode_spans_and_reject_mode():

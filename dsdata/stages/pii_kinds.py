@@ -82,8 +82,28 @@ def _number_pattern(kinds: frozenset) -> re.Pattern:
     plus = rf"{_LEFT_PLUS}(?P<plus>{SHAPES['plus']}){_RIGHT}" if "plus" in shapes else ""
     return re.compile("|".join(p for p in (plus, rf"{_LEFT}(?:{rest}){_RIGHT}" if rest else "") if p))
 _HINT = re.compile("[0-9+(\uff08][0-9 ()+.\\-\uff08\uff09]{6,}+")
+
+# What a shape needs in the part of a _HINT run where it starts (its characters are digits and
+# separators, and a shape that starts in it ends in it, but for an extension): a '+' (plus), '00'
+# (intl), three dots (ipv4), or at least this many digits (the rest).
+_FEWEST_DIGITS = {"id": 17, "card": 12, "land": 10, "nanp": 10, "mobile": 11}
+
+
+def _gate(shapes: frozenset) -> tuple[int, bool, bool, bool]:
+    """What a run's rest, text[pos:end], must have for one of `shapes` to start in it: (this many
+    characters, or a '+', or '00', or three dots; False where that shape is not chosen).  A rest as
+    long as the fewest digits is searched without counting them: the count costs as much."""
+    fewest = min((_FEWEST_DIGITS[k] for k in shapes if k in _FEWEST_DIGITS), default=1 << 30)
+    return fewest, "plus" in shapes, "intl" in shapes, "ipv4" in shapes
 _FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _alternation(shapes: tuple) -> re.Pattern:
+    """The shapes in order, each a named group: a fullmatch's lastgroup is the first that reads all."""
+    return re.compile("|".join(f"(?P<{k}>{SHAPES[k]})" for k in shapes))
 _NON_DIGIT = re.compile(r"[^0-9]")
+_SEPARATORS = dict.fromkeys(map(ord, " ()+.-\uff08\uff09"))  # what a shape writes between digits (deleted)
 _EXTENSION = re.compile(r" ?(?:x|ext\.?|#|转|轉) ?[0-9]{1,5}$")
 # Ten digits written solid (4155550132) are a phone number only after a word that says so.
 _PHONE_WORD = re.compile(r"(?:phone|tel|call|mobile|cell|fax|dial|contact|电话|電話|手机|手機|致电|联系|聯繫|拨打|撥打|热线|熱線)"
@@ -102,6 +122,20 @@ _SECTION_BEFORE = re.compile(r"(?:section|sect\.?|sec\.|chapter|ch\.|clause|arti
 _SECTION_AFTER = re.compile(r"\s*[节節章条條款项項]")
 _VERSION_BEFORE = re.compile(r"(?<![A-Za-z])(?:version|release|build|ver|rev|revision|firmware|kernel|driver|update|patch|"
                              r"v|版本|版)\.?\s*[:=]?\s*$", re.IGNORECASE)
+_NUMBERING_BEFORE = re.compile(f"(?:{_VERSION_BEFORE.pattern})|(?:{_SECTION_BEFORE.pattern})", re.IGNORECASE)  # either, one search
+# The last character of each of those words but for a full stop, lower-cased (a cheap first look).
+_NUMBERING_LAST = frozenset("nedrvlhtcagxpm本版§第见見阅閱节節章条條")
+
+
+def _numbering_may_end(text: str, start: int) -> bool:
+    """False where _NUMBERING_BEFORE cannot match before `start`: the last character of the 12 before
+    it that is not a space, '.', ':' or '=' must end one of its words."""
+    i, low = start, max(0, start - 12)
+    while i > low and (text[i - 1] in ".:=" or text[i - 1].isspace()):
+        i -= 1
+    return i > low and text[i - 1].lower() in _NUMBERING_LAST
+
+
 # A quad of small numbers (fewer than two ≥ 10: 9.2.1.4, 2.6.38.6) is an address only near an IP word.
 _HEADING = re.compile(r"(?<![0-9.])[0-9]{1,3}(?:\.[0-9]{1,3}){1,3}\.(?=\s|[^\x00-\x7f])")
 _IP_CONTEXT = re.compile(r"(?<![A-Za-z])(?:IP|IPv4|address|addr|DNS|nameserver|server|host|ping|gateway|router|"
@@ -117,12 +151,24 @@ _MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 def id_check_char(first17: str) -> str:
     """ISO 7064 MOD 11-2 check character of an identity number's first 17 digits."""
+    if first17.isascii() and first17.isdigit():
+        # The weights are 2^17 … 2^1 mod 11, and 13 ≡ 2 (mod 11): the digits read in base 13 with a
+        # zero appended are the weighted sum, mod 11, in one C call.
+        return _ID_CHECK[int(first17 + "0", 13) % 11]
     return _ID_CHECK[sum(map(operator.mul, map(int, first17), _ID_WEIGHTS)) % 11]
 
 
 def valid_resident_id(number: str) -> bool:
     """An 18-character PRC resident identity number with a province code, a real past birth date
     (1900 on) and a correct check character."""
+    if len(number) == 18 and number.isascii() and number[:17].isdigit() and number[17] in "0123456789Xx":
+        value = int(number[:17])  # one parse: province, birth date and check from its digits
+        year, month, day = value // 10000000 % 10000, value // 100000 % 100, value // 1000 % 100
+        if value // 1000000000000000 not in _PROVINCES or not 1900 <= year <= 2099 or not 1 <= month <= 12 \
+                or not 1 <= day <= _MONTH_DAYS[month - 1] or (year, month, day) > _TODAY \
+                or (month == 2 and day == 29 and not (year % 4 == 0 and (year % 100 != 0 or year % 400 == 0))):
+            return False
+        return _ID_CHECK[int(number[:17] + "0", 13) % 11] == number[17].upper()
     if len(number) != 18 or not number[:17].isdigit() or number[17] not in "0123456789Xx" \
             or int(number[:2]) not in _PROVINCES or number[6:8] not in ("19", "20"):
         return False
@@ -136,8 +182,14 @@ def valid_resident_id(number: str) -> bool:
 _DOUBLED = {str(d): d * 2 - 9 if d > 4 else d * 2 for d in range(10)}
 
 
+_DOUBLED_ASCII = str.maketrans("0123456789", "0246813579")  # a digit doubled, its digits summed
+
+
 def luhn_ok(digits: str) -> bool:
     backwards = digits[::-1]
+    if digits.isascii() and digits.isdigit():  # the digit sums as byte sums: no int() per digit
+        return (sum(backwards[::2].encode()) + sum(backwards[1::2].translate(_DOUBLED_ASCII).encode())
+                - 48 * len(digits)) % 10 == 0
     return (sum(map(int, backwards[::2])) + sum(map(_DOUBLED.__getitem__, backwards[1::2]))) % 10 == 0
 
 
@@ -153,7 +205,10 @@ _ISSUERS = (("visa", 4, 4), ("mastercard", 51, 55), ("mastercard", 2221, 2720), 
 
 def card_issuer(digits: str) -> str | None:
     """The network whose issuer range (IIN) the number is in, else None."""
-    return _issuer(digits[:4])
+    prefix = digits[:4]
+    if len(prefix) == 4 and prefix.isascii() and prefix.isdigit():
+        return _ISSUER_OF[int(prefix)]
+    return _issuer(prefix)
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,13 +219,39 @@ def _issuer(prefix: str) -> str | None:
     return None
 
 
+def _issuer_table() -> list:
+    """The network of every four-digit prefix 0000-9999 (the first range that holds it wins)."""
+    table: list[str | None] = [None] * 10000
+    for network, low, high in reversed(_ISSUERS):
+        scale = 10 ** (4 - len(str(low)))
+        table[low * scale:(high + 1) * scale] = [network] * ((high + 1 - low) * scale)
+    return table
+
+
+_ISSUER_OF = _issuer_table()
+
+
 def valid_card(candidate: str) -> bool:
     """13-19 digits (12 for Maestro; spaces and dashes ignored) in an issuer's range, passing Luhn, whose
     digits before the check digit are not all one digit (0000…, 4444…8 are placeholders)."""
     digits = candidate.replace(" ", "").replace("-", "")
+    if digits.isascii():
+        return _card_digits_ok(digits)
     issuer = card_issuer(digits) if 12 <= len(digits) <= 19 and digits.isdigit() else None
     return (issuer is not None and (len(digits) >= 13 or issuer == "maestro")
             and len(set(digits[:-1])) > 1 and luhn_ok(digits))
+
+
+def _card_digits_ok(digits: str) -> bool:
+    """valid_card of a string of ASCII characters, in fewer steps."""
+    size = len(digits)
+    if not 12 <= size <= 19 or not digits.isdigit():
+        return False
+    issuer = _ISSUER_OF[int(digits[:4])]
+    if issuer is None or (size == 12 and issuer != "maestro") or digits.count(digits[0], 0, size - 1) == size - 1:
+        return False
+    backwards = digits[::-1]
+    return (sum(backwards[::2].encode()) + sum(backwards[1::2].translate(_DOUBLED_ASCII).encode()) - 48 * size) % 10 == 0
 
 
 def public_ip(candidate: str) -> bool:
@@ -204,12 +285,18 @@ def _public_v4(quad: str) -> bool:
     return not any(value >> shift == net for net, shift in ranges)
 
 
+def _public_v4_int(value: int) -> bool:
+    ranges = _NOT_GLOBAL_V4.get(value >> 24)
+    return not ranges or not any(value >> shift == net for net, shift in ranges)
+
+
 def _ip4_ok(text: str, start: int, end: int) -> bool:
     quad = text[start:end]
-    if not _public_v4(quad) or _VERSION_BEFORE.search(text, max(0, start - 12), start) \
-            or _SECTION_BEFORE.search(text, max(0, start - 12), start) or _SECTION_AFTER.match(text, end, end + 3):
+    octets = quad.split(".")
+    if not _public_v4(quad) or (_numbering_may_end(text, start) and _NUMBERING_BEFORE.search(text, max(0, start - 12), start)) \
+            or _SECTION_AFTER.match(text, end, end + 3):
         return False
-    if sum(len(o) > 1 for o in quad.split(".")) >= 2:
+    if (len(octets[0]) > 1) + (len(octets[1]) > 1) + (len(octets[2]) > 1) + (len(octets[3]) > 1) >= 2:
         return True
     if text.startswith(".", end) and (_HEADING.search(text, max(0, start - 40), start)
                                       or _HEADING.search(text, end + 1, end + 40)):
@@ -245,32 +332,44 @@ class PiiFinder:
         self._digit_kinds = frozenset({"ip", "phone", "id", "card"} & set(self.types))
         if self._digit_kinds:
             self._number = _number_pattern(self._digit_kinds)
-            self._shapes = tuple(k for k in ("plus",) + _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
+            shapes = tuple(k for k in ("plus",) + _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
+            # The shapes to try, in order, for a match the scan found in `shape` (None: not known): that
+            # shape first, then each other one (a shape tried twice gives the same answer twice).
+            self._gate = _gate(frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind]))
+            self._tries = {shape: ((shape,) if shape else ()) + tuple(k for k in shapes if k != shape)
+                           for shape in (None, *_ORDER, "plus")}
+            self._first_full = {(shape, i): _alternation(tries[i:]) for shape, tries in self._tries.items()
+                                for i in range(len(tries))}
 
     def find(self, text: str) -> list[tuple[int, int, str]]:
         norm = normalise(text)
         spans: list[tuple[int, int, str]] = []
         if "email" in self.types and "@" in norm:
-            spans = list(self._emails(norm))
-        if "ip" in self.types and ("::" in norm or norm.count(":") >= 7):  # an IPv6 address has one or the other
+            spans = self._emails(norm)
+        if "ip" in self.types and ":" in norm and ("::" in norm or norm.count(":") >= 7):  # an IPv6 address has one or the other
             spans = _claim(spans, self._ipv6(norm, text))
         if self._digit_kinds:
             spans = _claim(spans, self._numbers(norm))
         return spans
 
     # -- digit kinds ---------------------------------------------------------------------------
-    def _numbers(self, text: str):
+    def _numbers(self, text: str) -> list[tuple[int, int, str]]:
         # Where a digit kind can be: a run of 7 or more of its characters (the shortest, an IPv4
         # address, has 7).  This scan starts with a character class, so the engine skips the other
         # characters fast; the full pattern then runs only inside those runs (and 16 characters on,
-        # for an extension or the look-ahead at its end).
+        # for an extension or the look-ahead at its end), and only while the rest of the run could
+        # hold a shape (_gate).
+        found: list[tuple[int, int, str]] = []
+        search, classify = self._number.search, self._classify
+        fewest, plus, intl, dots = self._gate
         for run in _HINT.finditer(text):
-            pos, run_end = run.start(), run.end()
-            while pos < run_end and (m := self._number.search(text, pos, run_end + 16)):
+            pos, run_end = run.span()
+            while pos < run_end and (run_end - pos >= fewest or (plus and text.find("+", pos, run_end) != -1) or (
+                    intl and text.find("00", pos, run_end) != -1) or (dots and text.count(".", pos, run_end) >= 3)) and (m := search(text, pos, run_end + 16)):
                 start, end = m.span()
                 if start >= run_end:
                     break
-                kind = self._classify(text, start, end, m.lastgroup)
+                kind = classify(text, start, end, m.lastgroup)
                 if kind is None and " " in text[start:end]:
                     # A space-separated group after the item that belongs to other text ("+86 138 1234 5678
                     # 2024"): try without the last group, then the last two.
@@ -279,15 +378,16 @@ class PiiFinder:
                         cut = text.rfind(" ", start, cut)
                         if cut == -1:
                             break
-                        if kind := self._classify(text, start, cut):
+                        if kind := classify(text, start, cut):
                             end = cut
                             break
                 if kind:
-                    yield start, end, kind
+                    found.append((start, end, kind))
                     pos = end
                 else:  # or one before it ("2024 4111 1111 1111 1111"): go on from the next group
                     space = text.find(" ", start, end)
                     pos = space + 1 if space != -1 else end
+        return found
 
     def _classify(self, text: str, start: int, end: int, shape: str | None = None) -> str | None:
         """The kind of text[start:end] (written in `shape`, when the scan knows it), or None."""
@@ -297,45 +397,80 @@ class PiiFinder:
         before = text[max(0, start - 20):start].lower()
         if _LABEL_WORDS.search(before) and _NOT_PERSONAL.search(before):
             return None
-        solid = c.isdigit()
-        ext = _EXTENSION.search(c) if not solid and c[-1].isdigit() else None
-        core = c[:ext.start()] if ext else c
-        digits = c if solid else _NON_DIGIT.sub("", core)
-        money = (not _MONEY_CHARS.isdisjoint(before[-5:]) and _MONEY_BEFORE.search(before[-5:])) or (
-            not _MONEY_CHARS.isdisjoint(text[end:end + 4]) and _MONEY_AFTER.match(text, end, end + 4))
-        for candidate in ((shape,) if shape else ()) + self._shapes:
-            if candidate != shape and not _FULL[candidate].fullmatch(c):
-                continue
-            if candidate == "id":
-                if "id" in self._digit_kinds and valid_resident_id(digits + c[-1].upper() if c[-1] in "Xx" else digits):
+        if c.isdigit():
+            solid, ext, core, digits = True, None, c, c
+        else:
+            solid = False
+            ext = _EXTENSION.search(c) if c[-1].isdigit() and ("x" in c or "#" in c or "转" in c or "轉" in c) else None
+            core = c[:ext.start()] if ext else c
+            digits = core.translate(_SEPARATORS)
+            if not digits.isdigit():
+                digits = _NON_DIGIT.sub("", core)
+        money = None  # read when a kind other than an identity number is tried
+        tries, i = self._tries[shape], 0
+        while i < len(tries):
+            candidate = tries[i]
+            if candidate != shape:  # the first of the shapes left that reads all of c, in one call
+                m = self._first_full[shape, i].fullmatch(c)
+                if m is None:
+                    return None
+                candidate = m.lastgroup
+                i = tries.index(candidate)
+            i += 1
+            if candidate == "id":  # (a shape is tried only when its kind is chosen)
+                if valid_resident_id(digits + c[-1].upper() if c[-1] in "Xx" else digits):
                     return "id"
-            elif money:
+                continue
+            if money is None:
+                money = bool((not _MONEY_CHARS.isdisjoint(before[-5:]) and _MONEY_BEFORE.search(before[-5:])) or (
+                    not _MONEY_CHARS.isdisjoint(text[end:end + 4]) and _MONEY_AFTER.match(text, end, end + 4)))
+            if money:
                 return None
             elif candidate == "card":
-                if "card" in self._digit_kinds and not ext and valid_card(digits):
+                if not ext and _card_digits_ok(digits):
                     return "card"
-            elif "phone" in self._digit_kinds and _phone_ok(candidate, core, digits) and not (
+            elif _phone_ok(candidate, core, digits) and not (
                     candidate == "nanp" and solid and not _PHONE_WORD.search(text, max(0, start - 24), start)):
                 return "phone"
         return None
 
     # -- e-mail ----------------------------------------------------------------------------------
-    def _emails(self, text: str):
-        at = text.find("@")
-        windows: list[list[int]] = []
-        while at != -1:  # merged windows around each @: a local part ≤ 64, a domain ≤ 253 characters
-            if windows and at - 65 <= windows[-1][1]:
-                windows[-1][1] = at + 256
-            else:
-                windows.append([max(0, at - 65), at + 256])
+    def _emails(self, text: str) -> list[tuple[int, int, str]]:
+        """The '@'s in groups less than 322 characters apart; in each, addresses start at most 65
+        characters before its first '@' and end at most 256 after its last (a local part ≤ 64, a domain
+        ≤ 253).  A group of one or two '@'s (ordinary text) is read '@' by '@': the run of local-part
+        characters before it, read backwards, then the address from that run's start; a larger group
+        (a list of addresses, or hostile text) by one scan of its window.  Both find the same addresses."""
+        ats, at = [], text.find("@")
+        while at != -1:
+            ats.append(at)
             at = text.find("@", at + 1)
-        for lo, hi in windows:
-            for m in _EMAIL.finditer(text, lo, hi):
-                local, domain = m.group(1), m.group(2)
+        found: list[tuple[int, int, str]] = []
+        i = 0
+        while i < len(ats):
+            j, hi = i + 1, ats[i] + 256
+            while j < len(ats) and ats[j] - 65 <= hi:
+                hi = ats[j] + 256
+                j += 1
+            if j - i > 2:
+                matches = _EMAIL.finditer(text, max(0, ats[i] - 65), hi)
+            else:
+                matches, done = [], 0
+                for at in ats[i:j]:
+                    if at <= done or text[at - 1] not in _LOCAL_CHARS:
+                        continue  # (an address never starts inside the one before it)
+                    run = _LOCAL_RUN_REVERSED.match(text[max(0, at - 65):at][::-1]).end()
+                    if run <= 64 and at - run >= done and (m := _EMAIL.match(text, at - run, hi)):
+                        matches.append(m)
+                        done = m.end()
+            for m in matches:
+                local = m.group(1)
                 lead = len(local) - len(local.lstrip(".+-"))
                 local = local[lead:]
-                if local and not local.endswith(".") and ".." not in local and valid_mail_domain(domain):
-                    yield m.start() + lead, m.end(), "email"
+                if local and not local.endswith(".") and ".." not in local and valid_mail_domain(m.group(2)):
+                    found.append((m.start() + lead, m.end(), "email"))
+            i = j
+        return found
 
     # -- IPv6 ------------------------------------------------------------------------------------
     def _ipv6(self, text: str, original: str):
@@ -346,6 +481,9 @@ class PiiFinder:
             left = _V6_RUN_REVERSED.match(text[max(0, colon - 46):colon][::-1]).end()
             end = _V6_RUN.match(text, colon).end()
             nxt = text.find(":", end)
+            if text.count(":", colon, end) < 2:  # the run holds every ':' of a candidate here: one is no address
+                colon = nxt
+                continue
             start, stop = colon - left, end
             while start < colon and text[start] == ".":
                 start += 1
@@ -380,23 +518,65 @@ def valid_ipv6(candidate: str) -> bool:
     every assigned global address is — writes at least three groups ('dead::beef' is code)."""
     if candidate.count(":") < 2:
         return False
-    try:
-        addr = ipaddress.IPv6Address(candidate)
-    except ValueError:
+    value = _v6_value(candidate)
+    if value is None:
         return False
-    if addr.ipv4_mapped:
-        return _public_v4(str(addr.ipv4_mapped))
-    value = int(addr)
-    if any(value >> shift == net for net, shift in _NOT_GLOBAL_V6):
-        return False
+    if value >> 32 == 0xFFFF:  # IPv4-mapped
+        return _public_v4_int(value & 0xFFFFFFFF)
+    top = value >> 112
+    if (top in (0, 0x100, 0x2001) or top >= 0xFC00) and any(value >> shift == net for net, shift in _NOT_GLOBAL_V6):
+        return False  # (every range of _NOT_GLOBAL_V6 starts with one of those first groups)
     groups = candidate.split("%")[0].split(":")
-    return addr in _GLOBAL_UNICAST or sum(1 + ("." in g) for g in groups if g) >= 3
+    return value >> 125 == 1 or sum(1 + ("." in g) for g in groups if g) >= 3  # 1: in 2000::/3
+
+
+_HEX_COLON = frozenset("0123456789abcdefABCDEF:")
+_EIGHT_GROUPS = "%4s" * 8
+
+
+def _v6_value(candidate: str) -> int | None:
+    """The address as an int, or None: the rules of ipaddress.IPv6Address, read without building one
+    for the common text (hex groups and '::'); an embedded IPv4 or a zone goes to ipaddress."""
+    if "." in candidate or "%" in candidate or "/" in candidate:
+        try:
+            return int(ipaddress.IPv6Address(candidate))
+        except ValueError:
+            return None
+    parts = candidate.split(":")
+    n = len(parts)
+    if n < 3 or n > 9 or not _HEX_COLON.issuperset(candidate):
+        return None
+    skip = candidate.find("::")
+    if skip == -1:  # eight groups
+        if n != 8 or not parts[0] or not parts[-1]:
+            return None
+        groups = parts
+    else:  # one '::' (the empty part at `skip`) for the zero groups
+        if candidate.find("::", skip + 1) != -1:
+            return None
+        skip = candidate.count(":", 0, skip) + 1
+        hi, lo = skip, n - skip - 1
+        if not parts[0]:
+            hi -= 1
+            if hi:
+                return None
+        if not parts[-1]:
+            lo -= 1
+            if lo:
+                return None
+        if hi + lo > 7:
+            return None
+        groups = parts[:hi] + ["0"] * (8 - hi - lo) + (parts[n - lo:] if lo else [])
+    padded = _EIGHT_GROUPS % tuple(groups)
+    return int(padded.replace(" ", "0"), 16) if len(padded) == 32 else None  # longer: a group of 5 or more
 
 
 # --- e-mail ---------------------------------------------------------------------------------------
 # A local part of ASCII letters, digits and . _ % + - (RFC 5321's dot-atom without the rare symbols);
 # see docs/pii.md for why quoted and non-ASCII local parts are not taken.
 _EMAIL = re.compile(r"(?<![A-Za-z0-9._%+\-])([A-Za-z0-9._%+\-]{1,64}+)@((?:[A-Za-z0-9\-]{1,63}+\.)+[A-Za-z0-9\-]{1,63}+)")
+_LOCAL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-")
+_LOCAL_RUN_REVERSED = re.compile(r"[A-Za-z0-9._%+\-]{0,65}+")
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?")
 _TLD = re.compile(r"[A-Za-z]{2,24}|xn--[A-Za-z0-9\-]{1,59}")
 _RETINA = re.compile(r"[0-9]+x", re.IGNORECASE)  # icon@2x.png, logo@1.5x.jpg: a scale factor, not a host
@@ -407,6 +587,7 @@ _FILE_EXTENSIONS = frozenset("png jpg jpeg gif svg webp bmp ico tif tiff avif he
                              "service socket target mount automount timer path slice scope device swap".split())
 
 
+@functools.lru_cache(maxsize=4096)  # the same few domains come back again and again
 def valid_mail_domain(domain: str) -> bool:
     labels = domain.split(".")
     tld = labels[-1]
@@ -419,7 +600,7 @@ def _claim(spans: list, found) -> list:
     """`spans` (sorted, non-overlapping) with each of `found` (sorted) that overlaps none of them: the
     kinds claimed first win.  One merge, linear in both."""
     if not spans:
-        return list(found)
+        return found if isinstance(found, list) else list(found)
     out, i, taken = [], 0, len(spans)
     for span in found:
         while i < taken and spans[i][1] <= span[0]:
