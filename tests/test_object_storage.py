@@ -263,3 +263,66 @@ def test_an_object_deleted_after_listing_is_a_rejected_row(s3_server, tmp_path):
     assert gone == ["unreadable_file"], rows
     assert sorted(doc_id for doc_id, _ in rows if "with space" not in doc_id) == sorted(
         v for k, v in ids.items() if "with space" not in k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["killed", "stalled"])
+def test_a_server_that_goes_away_mid_run_is_one_line_and_no_finished_output(tmp_path, how):
+    """The S3 server is killed (connections refused) or stalled (SIGSTOP: connections accepted, never
+    answered) after the launch listed the inputs, while the run reads them: the run stops within
+    tens of seconds (not after Beam's ~9 minutes of retries per call) with one line naming the
+    endpoint, exit 1, OUT marked incomplete and no stats.json — never `unreadable_file` rows per
+    object beside an output that looks complete."""
+    import signal
+    import time
+
+    from object_store import start_s3_server
+
+    try:
+        server = start_s3_server()  # its own: this test kills it
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    try:
+        bucket = server.new_bucket()
+        client = server.client()
+        for i in range(150):
+            body = "".join(json.dumps({"id": f"o{i}-{j}", "text": f"Object {i} line {j} has a few words."}) + "\n"
+                           for j in range(20))
+            client.put_object(Bucket=bucket, Key=f"in/part-{i:04d}.jsonl", Body=body.encode())
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text("name: r\ninput:\n  paths: []\nstages:\n  - rules: {min_words: 1}\n", encoding="utf-8")
+        out = tmp_path / "out"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen([sys.executable, "-m", "dsdata.cli", "run", str(recipe), "--input",
+                                 f"s3://{bucket}/in/", "--output", str(out), *server.beam_args()],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        lines = []
+        for line in proc.stderr:  # reading has begun: the first object read is logged
+            lines.append(line)
+            if "read s3://" in line:
+                break
+        assert proc.poll() is None, "".join(lines)[-3000:]
+        if how == "killed":
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(timeout=20)
+        else:
+            os.killpg(server.process.pid, signal.SIGSTOP)
+        try:
+            _, rest = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail("the run did not end within 120 s of the server going away")
+        stderr = "".join(lines) + rest
+        assert proc.returncode == 1, stderr[-3000:]
+        errors = [line for line in stderr.splitlines() if line.startswith("dsdata: error:")]
+        assert len(errors) == 1, stderr[-3000:]
+        assert server.endpoint in errors[0], errors
+        assert "Traceback" not in stderr, stderr[-3000:]
+        assert not (out / "stats.json").exists()
+        assert (out / "INCOMPLETE").is_file()
+        assert "stopped answering" in (out / "INCOMPLETE").read_text(encoding="utf-8")
+    finally:
+        if server.process.poll() is None:
+            os.killpg(server.process.pid, signal.SIGCONT)
+        server.stop()

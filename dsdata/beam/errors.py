@@ -11,7 +11,7 @@
   not a string; a process_batch list of the wrong length) is that record's error the same way
   (StageResultError: "stage 'x' returned NoneType, not a Document or Rejected").
 * An *environment* error is never blamed on a record: ImportError, MemoryError, StageConfigError
-  (a missing model or file), anything raised by a stage's `setup()`, and the classes a stage
+  (a missing model or file), an object store's endpoint that stopped answering, anything raised by a stage's `setup()`, and the classes a stage
   declares in `environment_errors`.  It stops the run with one line (StageEnvironmentError).
 * After the run, the errors are held against a budget (`--max-errors`, default 0.1 % of the input):
   over it, the run fails with one line (ErrorBudgetExceeded) — its outputs are written first.
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TypeVar
 
 from dsdata.document import Document, Rejected
+from dsdata.io.object_storage import EndpointUnreachable
 from dsdata.io.readers import scrub_surrogates
 from dsdata.io.storage_errors import is_storage_error
 from dsdata.stages.base import StageConfigError
@@ -36,8 +37,10 @@ R = TypeVar("R")
 
 ERROR = "error"
 DEFAULT_MAX_ERRORS = "0.1%"
-# Never a record's fault: the next record would fail the same way.
-ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (ImportError, MemoryError, StageConfigError)
+# Never a record's fault: the next record would fail the same way (an object store's endpoint that
+# stopped answering mid-run too; a vanished object, an answer of 404, stays that object's row).
+ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (ImportError, MemoryError, StageConfigError,
+                                                       EndpointUnreachable)
 _DETAIL_LIMIT = 500
 
 
@@ -174,8 +177,8 @@ def environment_failure(stage_name: str, exc: BaseException, when: str = "") -> 
     """The fatal one-line error for `exc`; a StageConfigError's own message already names the stage."""
     if isinstance(exc, StageEnvironmentError):
         return exc
-    if isinstance(exc, StageConfigError):
-        return StageEnvironmentError(first_line(exc).removeprefix("StageConfigError: "))
+    if isinstance(exc, (StageConfigError, EndpointUnreachable)):  # its message names what failed
+        return StageEnvironmentError(first_line(exc).split(": ", 1)[-1])
     return StageEnvironmentError(f"stage '{stage_name}'{when}: {first_line(exc)}")
 
 

@@ -685,6 +685,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
         fatal = find_environment_error(exc)
         if fatal is None:
             raise
+        mark_incomplete(output, str(fatal))  # as a stopped run's: no stats.json, OUT/INCOMPLETE says why
         raise fatal from None
     finally:
         remove_spill(output)  # documents parked by whole-corpus stages (dsdata/beam/spill.py)
