@@ -258,12 +258,18 @@ def find_environment_error(exc: BaseException) -> StageEnvironmentError | None:
     (Beam re-raises it with "[while running 'STEP']" appended), its text inside the traceback a remote
     worker sent back on the others."""
     seen = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
         seen.add(id(current))
-        if isinstance(current, StageEnvironmentError):
+        if isinstance(current, (StageEnvironmentError, EndpointUnreachable)):  # the latter: from a writer
             return StageEnvironmentError(_WHILE_RUNNING.sub("", str(current).splitlines()[0] if str(current) else ""))
-        current = current.__cause__ or current.__context__
+        # Beam's BeamIOError holds a file system's errors per path (exception_details), not as a cause.
+        details = getattr(current, "exception_details", None)
+        todo.extend(e for e in (details.values() if isinstance(details, dict) else ()) if isinstance(e, BaseException))
+        todo.extend(e for e in (current.__cause__ or current.__context__,) if e is not None)
     match = _NAMED.search(str(exc))
     if match:
         return StageEnvironmentError(_WHILE_RUNNING.sub("", match.group(1)))

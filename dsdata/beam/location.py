@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import uuid
 from contextlib import contextmanager
 
@@ -173,6 +174,15 @@ def bound_s3_requests() -> None:
     if boto3_client.boto3 is None or getattr(boto3_client.Client, "dsdata_bounded", False):
         return
     boto3_client.Client = _bounded_client_class(boto3_client.Client)
+    # Beam's S3 uploader logs the failure with its traceback (on the root logger) before raising it:
+    # the run's one line says the same.
+    logging.getLogger().addFilter(_not_while_unreachable)
+
+
+def _not_while_unreachable(record: logging.LogRecord) -> bool:
+    from dsdata.io.object_storage import EndpointUnreachable
+
+    return not isinstance(sys.exc_info()[1], EndpointUnreachable)
 
 
 def _bounded_client_class(beam_client: type) -> type:
