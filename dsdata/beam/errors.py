@@ -52,6 +52,11 @@ class StageEnvironmentError(RunFailed):
     """A stage cannot run in this environment (missing model or module, out of memory)."""
 
 
+class StorageUnreachable(StageEnvironmentError):
+    """The object store's endpoint stopped answering mid-run: what the run wrote is partial (a local
+    OUT is marked incomplete), unlike a stage's own environment error, which is no fault of OUT's."""
+
+
 class ErrorBudgetExceeded(RunFailed):
     """More records failed with an exception than the error budget allows."""
 
@@ -177,8 +182,10 @@ def environment_failure(stage_name: str, exc: BaseException, when: str = "") -> 
     """The fatal one-line error for `exc`; a StageConfigError's own message already names the stage."""
     if isinstance(exc, StageEnvironmentError):
         return exc
-    if isinstance(exc, (StageConfigError, EndpointUnreachable)):  # its message names what failed
-        return StageEnvironmentError(first_line(exc).split(": ", 1)[-1])
+    if isinstance(exc, EndpointUnreachable):  # its message names the endpoint
+        return StorageUnreachable(first_line(exc).split(": ", 1)[-1])
+    if isinstance(exc, StageConfigError):
+        return StageEnvironmentError(first_line(exc).removeprefix("StageConfigError: "))
     return StageEnvironmentError(f"stage '{stage_name}'{when}: {first_line(exc)}")
 
 
@@ -250,7 +257,7 @@ def _writable(doc: Document) -> Document:
 
 
 _WHILE_RUNNING = re.compile(r"\s*\[while running '[^']*'\]\s*$")
-_NAMED = re.compile(r"StageEnvironmentError: (.+)")
+_NAMED = re.compile(r"(StageEnvironmentError|StorageUnreachable): (.+)")
 
 
 def find_environment_error(exc: BaseException) -> StageEnvironmentError | None:
@@ -265,14 +272,17 @@ def find_environment_error(exc: BaseException) -> StageEnvironmentError | None:
             continue
         seen.add(id(current))
         if isinstance(current, (StageEnvironmentError, EndpointUnreachable)):  # the latter: from a writer
-            return StageEnvironmentError(_WHILE_RUNNING.sub("", str(current).splitlines()[0] if str(current) else ""))
+            kind = StorageUnreachable if isinstance(current, (StorageUnreachable, EndpointUnreachable)) \
+                else StageEnvironmentError
+            return kind(_WHILE_RUNNING.sub("", str(current).splitlines()[0] if str(current) else ""))
         # Beam's BeamIOError holds a file system's errors per path (exception_details), not as a cause.
         details = getattr(current, "exception_details", None)
         todo.extend(e for e in (details.values() if isinstance(details, dict) else ()) if isinstance(e, BaseException))
         todo.extend(e for e in (current.__cause__ or current.__context__,) if e is not None)
     match = _NAMED.search(str(exc))
     if match:
-        return StageEnvironmentError(_WHILE_RUNNING.sub("", match.group(1)))
+        kind = StorageUnreachable if match.group(1) == "StorageUnreachable" else StageEnvironmentError
+        return kind(_WHILE_RUNNING.sub("", match.group(2)))
     return None
 
 

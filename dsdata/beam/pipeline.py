@@ -31,7 +31,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from dsdata.beam.errors import ErrorBudget, find_environment_error
+from dsdata.beam.errors import ErrorBudget, StorageUnreachable, find_environment_error
 from dsdata.beam.kinds import ApplyBatchChain, ApplyStage, ApplyStageChain, StageContext, batchable, fusable
 from dsdata.beam.resume import CommitPlan, CommitUnitsDoFn, plan_commits
 from dsdata.beam.transforms import (ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, UNIT_LEDGER, ReadDocuments,
@@ -687,7 +687,8 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
         fatal = find_environment_error(exc)
         if fatal is None:
             raise
-        mark_incomplete(output, str(fatal))  # as a stopped run's: no stats.json, OUT/INCOMPLETE says why
+        if isinstance(fatal, StorageUnreachable):  # as a stopped run's: OUT/INCOMPLETE says why
+            mark_incomplete(output, str(fatal))
         raise fatal from None
     finally:
         # Documents parked by whole-corpus stages (dsdata/beam/spill.py); after a failure, at best
