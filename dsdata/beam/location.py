@@ -29,8 +29,10 @@ from contextlib import contextmanager
 
 from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.utils.retry import PermanentException
 
 from dsdata.io.inputs import InputPathError, glob_match
+from dsdata.io.object_storage import EndpointUnreachable
 from dsdata.io.outlock import OutputDirError
 from dsdata.io.shards import atomic_write_bytes
 
@@ -180,18 +182,15 @@ def bound_s3_requests() -> None:
 
 
 def _not_while_unreachable(record: logging.LogRecord) -> bool:
-    from dsdata.io.object_storage import EndpointUnreachable
-
     return not isinstance(sys.exc_info()[1], EndpointUnreachable)
+
+
+class S3EndpointUnreachable(EndpointUnreachable, PermanentException):
+    """EndpointUnreachable as Beam's retry decorators see it: permanent, raised at once."""
 
 
 def _bounded_client_class(beam_client: type) -> type:
     from apache_beam.utils import retry
-
-    from dsdata.io.object_storage import EndpointUnreachable
-
-    class Unreachable(EndpointUnreachable, retry.PermanentException):
-        pass
 
     def fail_fast(method):
         @functools.wraps(method)
@@ -204,7 +203,7 @@ def _bounded_client_class(beam_client: type) -> type:
                     raise
                 if isinstance(cause, EndpointUnreachable):
                     raise cause from None
-                raise Unreachable(f"the S3 endpoint {self.client.meta.endpoint_url} stopped answering "
+                raise S3EndpointUnreachable(f"the S3 endpoint {self.client.meta.endpoint_url} stopped answering "
                                   f"({_first_line(cause)}); check that the server runs") from None
         return call
 
@@ -237,8 +236,6 @@ def _connection_failure(exc: BaseException) -> BaseException | None:
     ConnectionError (refused, no route, connect timeout, TLS) or HTTPClientError (read timeout, a
     connection closed mid-answer), or an EndpointUnreachable already raised; None otherwise."""
     from botocore import exceptions as boto_errors
-
-    from dsdata.io.object_storage import EndpointUnreachable
 
     seen, current = set(), exc
     while current is not None and id(current) not in seen:
