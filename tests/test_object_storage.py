@@ -263,3 +263,73 @@ def test_an_object_deleted_after_listing_is_a_rejected_row(s3_server, tmp_path):
     assert gone == ["unreadable_file"], rows
     assert sorted(doc_id for doc_id, _ in rows if "with space" not in doc_id) == sorted(
         v for k, v in ids.items() if "with space" not in k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how, remote", [("killed", "inputs"), ("stalled", "inputs"), ("killed", "output")])
+def test_a_server_that_goes_away_mid_run_is_one_line_and_no_finished_output(tmp_path, how, remote):
+    """The S3 server is killed (connections refused) or stalled (SIGSTOP: connections accepted, never
+    answered) after the launch listed the inputs and probed OUT, while the run reads: the run stops
+    within tens of seconds (not after Beam's ~9 minutes of retries per call) with one line naming
+    the endpoint, exit 1, a local OUT marked incomplete and no stats.json — never `unreadable_file`
+    rows per object beside an output that looks complete.  With local inputs and OUT in the
+    bucket, the writes fail the same way."""
+    import signal
+
+    from object_store import start_s3_server
+
+    try:
+        server = start_s3_server()  # its own: this test kills it
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    try:
+        bucket = server.new_bucket()
+        client = server.client()
+        (tmp_path / "in").mkdir()
+        for i in range(150):
+            body = "".join(json.dumps({"id": f"o{i}-{j}", "text": f"Object {i} line {j} has a few words."}) + "\n"
+                           for j in range(20))
+            if remote == "inputs":
+                client.put_object(Bucket=bucket, Key=f"in/part-{i:04d}.jsonl", Body=body.encode())
+            else:
+                (tmp_path / "in" / f"part-{i:04d}.jsonl").write_text(body, encoding="utf-8")
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text("name: r\ninput:\n  paths: []\nstages:\n  - rules: {min_words: 1}\n", encoding="utf-8")
+        out = tmp_path / "out"
+        given = ([f"s3://{bucket}/in/", str(out)] if remote == "inputs" else [str(tmp_path / "in"), f"s3://{bucket}/out"])
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen([sys.executable, "-m", "dsdata.cli", "run", str(recipe), "--input", given[0],
+                                 "--output", given[1], *server.beam_args()],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        lines = []
+        for line in proc.stderr:  # reading has begun: the first object read is logged
+            lines.append(line)
+            if "dsdata: read " in line:
+                break
+        assert proc.poll() is None, "".join(lines)[-3000:]
+        if how == "killed":
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(timeout=20)
+        else:
+            os.killpg(server.process.pid, signal.SIGSTOP)
+        try:
+            _, rest = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail("the run did not end within 120 s of the server going away")
+        stderr = "".join(lines) + rest
+        assert proc.returncode == 1, stderr[-3000:]
+        errors = [line for line in stderr.splitlines() if line.startswith("dsdata: error:")]
+        assert len(errors) == 1, stderr[-3000:]
+        assert server.endpoint in errors[0], errors
+        assert "Traceback" not in stderr, stderr[-3000:]
+        if remote == "output":
+            return  # nothing more can be written there, stats.json included
+        assert not (out / "stats.json").exists()
+        assert (out / "INCOMPLETE").is_file()
+        assert "stopped answering" in (out / "INCOMPLETE").read_text(encoding="utf-8")
+    finally:
+        if server.process.poll() is None:
+            os.killpg(server.process.pid, signal.SIGCONT)
+        server.stop()

@@ -11,7 +11,7 @@
   not a string; a process_batch list of the wrong length) is that record's error the same way
   (StageResultError: "stage 'x' returned NoneType, not a Document or Rejected").
 * An *environment* error is never blamed on a record: ImportError, MemoryError, StageConfigError
-  (a missing model or file), anything raised by a stage's `setup()`, and the classes a stage
+  (a missing model or file), an object store's endpoint that stopped answering, anything raised by a stage's `setup()`, and the classes a stage
   declares in `environment_errors`.  It stops the run with one line (StageEnvironmentError).
 * After the run, the errors are held against a budget (`--max-errors`, default 0.1 % of the input):
   over it, the run fails with one line (ErrorBudgetExceeded) — its outputs are written first.
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TypeVar
 
 from dsdata.document import Document, Rejected
+from dsdata.io.object_storage import EndpointUnreachable
 from dsdata.io.readers import scrub_surrogates
 from dsdata.io.storage_errors import is_storage_error
 from dsdata.stages.base import StageConfigError
@@ -36,8 +37,10 @@ R = TypeVar("R")
 
 ERROR = "error"
 DEFAULT_MAX_ERRORS = "0.1%"
-# Never a record's fault: the next record would fail the same way.
-ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (ImportError, MemoryError, StageConfigError)
+# Never a record's fault: the next record would fail the same way (an object store's endpoint that
+# stopped answering mid-run too; a vanished object, an answer of 404, stays that object's row).
+ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (ImportError, MemoryError, StageConfigError,
+                                                       EndpointUnreachable)
 _DETAIL_LIMIT = 500
 
 
@@ -47,6 +50,11 @@ class RunFailed(RuntimeError):
 
 class StageEnvironmentError(RunFailed):
     """A stage cannot run in this environment (missing model or module, out of memory)."""
+
+
+class StorageUnreachable(StageEnvironmentError):
+    """The object store's endpoint stopped answering mid-run: what the run wrote is partial (a local
+    OUT is marked incomplete), unlike a stage's own environment error, which is no fault of OUT's."""
 
 
 class ErrorBudgetExceeded(RunFailed):
@@ -174,6 +182,8 @@ def environment_failure(stage_name: str, exc: BaseException, when: str = "") -> 
     """The fatal one-line error for `exc`; a StageConfigError's own message already names the stage."""
     if isinstance(exc, StageEnvironmentError):
         return exc
+    if isinstance(exc, EndpointUnreachable):  # its message names the endpoint
+        return StorageUnreachable(first_line(exc).split(": ", 1)[-1])
     if isinstance(exc, StageConfigError):
         return StageEnvironmentError(first_line(exc).removeprefix("StageConfigError: "))
     return StageEnvironmentError(f"stage '{stage_name}'{when}: {first_line(exc)}")
@@ -247,7 +257,7 @@ def _writable(doc: Document) -> Document:
 
 
 _WHILE_RUNNING = re.compile(r"\s*\[while running '[^']*'\]\s*$")
-_NAMED = re.compile(r"StageEnvironmentError: (.+)")
+_NAMED = re.compile(r"(StageEnvironmentError|StorageUnreachable): (.+)")
 
 
 def find_environment_error(exc: BaseException) -> StageEnvironmentError | None:
@@ -255,15 +265,24 @@ def find_environment_error(exc: BaseException) -> StageEnvironmentError | None:
     (Beam re-raises it with "[while running 'STEP']" appended), its text inside the traceback a remote
     worker sent back on the others."""
     seen = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
         seen.add(id(current))
-        if isinstance(current, StageEnvironmentError):
-            return StageEnvironmentError(_WHILE_RUNNING.sub("", str(current).splitlines()[0] if str(current) else ""))
-        current = current.__cause__ or current.__context__
+        if isinstance(current, (StageEnvironmentError, EndpointUnreachable)):  # the latter: from a writer
+            kind = StorageUnreachable if isinstance(current, (StorageUnreachable, EndpointUnreachable)) \
+                else StageEnvironmentError
+            return kind(_WHILE_RUNNING.sub("", str(current).splitlines()[0] if str(current) else ""))
+        # Beam's BeamIOError holds a file system's errors per path (exception_details), not as a cause.
+        details = getattr(current, "exception_details", None)
+        todo.extend(e for e in (details.values() if isinstance(details, dict) else ()) if isinstance(e, BaseException))
+        todo.extend(e for e in (current.__cause__ or current.__context__,) if e is not None)
     match = _NAMED.search(str(exc))
     if match:
-        return StageEnvironmentError(_WHILE_RUNNING.sub("", match.group(1)))
+        kind = StorageUnreachable if match.group(1) == "StorageUnreachable" else StageEnvironmentError
+        return kind(_WHILE_RUNNING.sub("", match.group(2)))
     return None
 
 

@@ -17,18 +17,22 @@ removes the objects under its prefix.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import logging
 import os
 import re
 import shutil
+import sys
 import uuid
 from contextlib import contextmanager
 
 from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.utils.retry import PermanentException
 
 from dsdata.io.inputs import InputPathError, glob_match
+from dsdata.io.object_storage import EndpointUnreachable
 from dsdata.io.outlock import OutputDirError
 from dsdata.io.shards import atomic_write_bytes
 
@@ -98,6 +102,7 @@ def use_object_storage(paths: list[str], options) -> None:
     FileSystems.set_options(options)
     s3 = [p for p in paths if p.startswith("s3://")]
     if s3:
+        bound_s3_requests()
         probe_s3_endpoint(options, s3[0][len("s3://"):].split("/", 1)[0])
 
 
@@ -149,6 +154,96 @@ def probe_s3_endpoint(options, bucket: str) -> None:
             "the server runs)") from None
     except boto_errors.BotoCoreError as exc:  # an invalid bucket name, region, …: Beam would retry these too
         raise ObjectStorageError(f"S3 endpoint {endpoint}: {_first_line(exc)}") from None
+
+
+# Every S3 request after the launch: a connection within CONNECT_TIMEOUT_S, a first byte of the answer
+# within READ_TIMEOUT_S, botocore's own retry once.
+CONNECT_TIMEOUT_S, READ_TIMEOUT_S, S3_ATTEMPTS = 5, 20, 2
+_S3_CLIENT_METHODS = ("get_object_metadata", "get_stream", "list", "create_multipart_upload", "upload_part",
+                      "complete_multipart_upload", "delete", "delete_batch", "copy")
+
+
+def bound_s3_requests() -> None:
+    """Make every S3 request Beam's file system sends in this process fail fast, in one line, when
+    the endpoint stops answering mid-run: Beam's S3 client is replaced by a subclass whose boto3
+    client has short timeouts (above) and whose calls raise EndpointUnreachable — a Beam
+    PermanentException, which its retry decorators do not retry — for a refused connection, no
+    route or a timeout.  Without it each call was retried 7 times with backoff (~9 minutes) and the
+    reader then made the failure an `unreadable_file` row per object.  An answer from the server
+    (404, 403, 5xx) keeps Beam's handling.  Idempotent; a no-op without boto3."""
+    from apache_beam.io.aws.clients.s3 import boto3_client
+
+    if boto3_client.boto3 is None or getattr(boto3_client.Client, "dsdata_bounded", False):
+        return
+    boto3_client.Client = _bounded_client_class(boto3_client.Client)
+    # Beam's S3 uploader logs the failure with its traceback (on the root logger) before raising it:
+    # the run's one line says the same.
+    logging.getLogger().addFilter(_not_while_unreachable)
+
+
+def _not_while_unreachable(record: logging.LogRecord) -> bool:
+    return not isinstance(sys.exc_info()[1], EndpointUnreachable)
+
+
+class S3EndpointUnreachable(EndpointUnreachable, PermanentException):
+    """EndpointUnreachable as Beam's retry decorators see it: permanent, raised at once."""
+
+
+def _bounded_client_class(beam_client: type) -> type:
+    from apache_beam.utils import retry
+
+    def fail_fast(method):
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - only a connection-level failure is turned
+                cause = _connection_failure(exc)
+                if cause is None:
+                    raise
+                if isinstance(cause, EndpointUnreachable):
+                    raise cause from None
+                raise S3EndpointUnreachable(f"the S3 endpoint {self.client.meta.endpoint_url} stopped answering "
+                                  f"({_first_line(cause)}); check that the server runs") from None
+        return call
+
+    class BoundedS3Client(beam_client):
+        dsdata_bounded = True
+
+        def __init__(self, options):
+            import boto3
+            from apache_beam.io.aws.clients import client_options
+            from apache_beam.options.pipeline_options import S3Options
+            from botocore.config import Config
+
+            super().__init__(options)
+            api_version = client_options.view_options(options, S3Options).s3_api_version
+            self.client = boto3.session.Session().client(
+                "s3", api_version=api_version, **client_options.get_client_kwargs(options, S3Options),
+                config=Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+                              retries={"total_max_attempts": S3_ATTEMPTS}))
+
+    for name in _S3_CLIENT_METHODS:
+        setattr(BoundedS3Client, name, fail_fast(getattr(beam_client, name)))
+    # Beam's get_range retries under its own backoff: the undecorated body, fast-failing, under the
+    # same decorator (which retries a 5xx answer, not EndpointUnreachable).
+    BoundedS3Client.get_range = retry.with_exponential_backoff()(fail_fast(beam_client.get_range.__wrapped__))
+    return BoundedS3Client
+
+
+def _connection_failure(exc: BaseException) -> BaseException | None:
+    """The connection-level failure behind `exc` (itself, a cause or context): botocore's
+    ConnectionError (refused, no route, connect timeout, TLS) or HTTPClientError (read timeout, a
+    connection closed mid-answer), or an EndpointUnreachable already raised; None otherwise."""
+    from botocore import exceptions as boto_errors
+
+    seen, current = set(), exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (EndpointUnreachable, boto_errors.ConnectionError, boto_errors.HTTPClientError)):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

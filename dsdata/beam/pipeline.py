@@ -31,7 +31,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from dsdata.beam.errors import ErrorBudget, find_environment_error
+from dsdata.beam.errors import ErrorBudget, StorageUnreachable, find_environment_error
 from dsdata.beam.kinds import ApplyBatchChain, ApplyStage, ApplyStageChain, StageContext, batchable, fusable
 from dsdata.beam.resume import CommitPlan, CommitUnitsDoFn, plan_commits
 from dsdata.beam.transforms import (ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, REJECTED, UNIT_LEDGER, ReadDocuments,
@@ -662,18 +662,25 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     _prepare_output(output)
     remove_report(output)
     start = time.time()
+    ran = False
     try:
         with watch_progress(progress, [READ_STAGE] + [s.name for s in stages]) as watcher:
             with beam.Pipeline(runner=in_process_runner(options), options=options) as p:
                 build_pipeline(p, recipe, output, stages, commits)
                 watcher.attach(p)
+        ran = True
     except Exception as exc:  # noqa: BLE001 - only an environment error is turned into one line
         fatal = find_environment_error(exc)
         if fatal is None:
             raise
+        if isinstance(fatal, StorageUnreachable):  # as a stopped run's: OUT/INCOMPLETE says why
+            mark_incomplete(output, str(fatal))
         raise fatal from None
     finally:
-        remove_spill(output)  # documents parked by whole-corpus stages (dsdata/beam/spill.py)
+        # Documents parked by whole-corpus stages (dsdata/beam/spill.py); after a failure, at best
+        # effort: the failure may be the storage's own (an endpoint gone), and must not be hidden.
+        with contextlib.nullcontext() if ran else contextlib.suppress(Exception):
+            remove_spill(output)
     stats_path = FileSystems.join(output, "stats.json")
     with FileSystems.open(stats_path) as fh:
         stats = json.loads(fh.read().decode("utf-8"))

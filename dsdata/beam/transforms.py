@@ -21,7 +21,8 @@ from apache_beam.metrics import Metrics
 
 from dsdata.beam.engines import speedups
 from dsdata.beam.errors import (StageResultError, annotation_checks, checked_result, copy_document, environment_failure,
-                                error_rejection, passes_through, retry_one_at_a_time)
+                                error_rejection, is_environment_error, passes_through,
+                                retry_one_at_a_time)
 from dsdata.document import Document, Rejected
 from dsdata.io import local_paths
 from dsdata.core.names import shown_path
@@ -433,6 +434,8 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
                     fh.close()
                     raise
         except Exception as exc:  # noqa: BLE001 - any filesystem error means this file is unreadable
+            if is_environment_error(exc):  # ... unless every file would fail alike (an endpoint gone)
+                raise environment_failure(READ_STAGE, exc) from exc
             yield [Rejected(Document(path, "", {"source": path}), READ_STAGE, "unreadable_file",
                             unreadable_reason(exc))]
             return
@@ -567,6 +570,10 @@ def open_input(path: str):
     takes no path over PATH_MAX (dsdata/io/local_paths.py), and a folder that reaches the reader
     (one an input folder holds and that could not be listed) is refused saying why."""
     if "://" in path:
+        if path.startswith("s3://"):  # on a worker: an endpoint gone mid-run fails fast, in one line
+            from dsdata.beam.location import bound_s3_requests
+
+            bound_s3_requests()
         return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
     return local_paths.open_binary(path)
 
@@ -587,8 +594,9 @@ class MatchPatterns(beam.DoFn):
     so that the reader's open fails and the file is an `unreadable_file` row, never silently absent."""
 
     def setup(self):
-        from dsdata.beam.location import ObjectSizes
+        from dsdata.beam.location import ObjectSizes, bound_s3_requests
 
+        bound_s3_requests()
         self._objects = ObjectSizes()
 
     def process(self, pattern: bytes):
@@ -597,6 +605,8 @@ class MatchPatterns(beam.DoFn):
             found = (remote_matches(text, self._objects) if "://" in text
                      else FileSystems.match([text])[0].metadata_list)
         except Exception as exc:  # noqa: BLE001 - an unmatchable name: the reader's open says why
+            if is_environment_error(exc):  # an endpoint gone: no pattern can be listed
+                raise environment_failure(READ_STAGE, exc) from exc
             log.debug("match %s: %s", shown_path(text), exc)
             found = []
         name = named_file(text)

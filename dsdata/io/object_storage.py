@@ -32,6 +32,12 @@ class ObjectStorageError(Exception):
     found before anything runs."""
 
 
+class EndpointUnreachable(ObjectStorageError):
+    """The S3 endpoint stopped answering while the run used it (refused, no route, a timeout): an
+    environment error that stops the run in one line naming the endpoint, never a record's row
+    (dsdata/beam/errors.py); raised by dsdata/beam/location.py's bounded S3 client."""
+
+
 def add_object_storage_flags(parser: argparse.ArgumentParser) -> None:
     """Add the S3 endpoint and credential flags to `parser`, as one group in its --help."""
     group = parser.add_argument_group(
