@@ -59,9 +59,13 @@ def iter_training_texts(patterns: list[str], text_field: str = "text") -> Iterat
                     yield text
         elif lower.endswith((".jsonl", ".json", ".ndjson")):
             with open(path, encoding="utf-8") as fh:
-                for line in fh:
+                for n, line in enumerate(fh, 1):
                     if line.strip():
-                        text = json.loads(line).get(text_field)
+                        try:
+                            record = json.loads(line)
+                        except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
+                            raise TokenizerError(f"{path}:{n}: not a JSON record; fix or remove that line") from None
+                        text = record.get(text_field) if isinstance(record, dict) else None
                         if isinstance(text, str) and text:
                             yield text
         else:

@@ -38,7 +38,7 @@ def _read_entries(path: str, param: str) -> list[tuple[str, list[str]]]:
     if path.lower().endswith(".json"):
         try:
             raw = json.loads(content)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested past Python's limit
             raise DictionaryError(f"augment.{param}: '{path}' is not valid JSON ({exc})") from None
         if not isinstance(raw, dict):
             raise DictionaryError(f"augment.{param}: '{path}' must hold a JSON object {{\"key\": [\"value\", …]}}")

@@ -152,7 +152,11 @@ def cmd_split(argv: list[str]) -> int:
         for n, line in enumerate(src, 1):
             if not line.strip():
                 continue
-            rid = str(json.loads(line).get("id", f"line-{n}"))
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):  # load() above read the same file: a line changed since
+                raise LabelledDataError(f"{args.data}:{n}: not valid JSON") from None
+            rid = str(record.get("id", f"line-{n}") if isinstance(record, dict) else f"line-{n}")
             (t_out if rid in wanted["train"] else v_out).write(line if line.endswith("\n") else line + "\n")
     print(json.dumps({"train": len(train), "valid": len(valid)}))
     return 0

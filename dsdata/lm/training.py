@@ -129,7 +129,7 @@ class CorpusReader:
                         continue
                     try:
                         record = json.loads(raw)
-                    except json.JSONDecodeError:
+                    except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the limit
                         raise TrainingError(f"{self.path}:{lineno}: not a JSON object; fix the line or use a .txt "
                                             "corpus") from None
                     if not isinstance(record, dict):

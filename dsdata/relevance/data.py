@@ -36,8 +36,9 @@ def load_labelled(path: str) -> list[LabelledText]:
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise LabelledDataError(f"{path}:{n}: not valid JSON ({exc.msg}); fix or remove that line") from None
+            except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested past Python's limit
+                why = getattr(exc, "msg", "nested too deeply")
+                raise LabelledDataError(f"{path}:{n}: not valid JSON ({why}); fix or remove that line") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                 raise LabelledDataError(f"{path}:{n}: each record needs a string field 'text'")
             label = obj.get("label")

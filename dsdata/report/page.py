@@ -91,7 +91,11 @@ def _read_json(output: str, name: str) -> dict[str, Any] | None:
     if not fs.exists(path):
         return None
     with fs.open(path) as fh:
-        return json.loads(fh.read().decode("utf-8"))
+        data = fh.read()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # OUT is untrusted: a damaged or hostile file is one line
+        raise ValueError(f"{shown_path(path)} is not a JSON file dsdata wrote ({type(exc).__name__})") from None
 
 
 def _parquet_files(output: str, sub: str) -> list[str]:

@@ -137,8 +137,8 @@ class MetricsWriter:
                 try:
                     if json.loads(line)["step"] <= step:
                         kept.append(line if line.endswith("\n") else line + "\n")
-                except (ValueError, KeyError):
-                    continue  # a line cut short by a kill
+                except (ValueError, KeyError, TypeError, RecursionError):
+                    continue  # a line cut short by a kill (or not a record of ours)
         tmp = self.path + ".tmp"
         with open(tmp, "w") as fh:
             fh.writelines(kept)
@@ -167,8 +167,8 @@ class MetricsWriter:
             for line in fh:
                 try:
                     last = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by a kill
+                except (ValueError, RecursionError):
+                    continue  # a line cut short by a kill (or nested past Python's limit)
         return last
 
     def histograms(self, step: int, named: dict[str, Any]) -> None:
