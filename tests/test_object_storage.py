@@ -233,8 +233,12 @@ def test_every_object_is_read_whatever_its_key_and_however_deep(s3_server, tmp_p
     s3_server.client().put_object(Bucket=bucket, Key="in/", Body=b"")  # a console's folder placeholder
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: r\ninput:\n  paths: []\nstages:\n  - rules: {min_words: 1}\n", encoding="utf-8")
+    # A server may store a key under another name (SeaweedFS files a backslash as a folder separator:
+    # `back\\slash.jsonl` is listed as `back/slash.jsonl`); a one-level glob matches what it lists.
+    listed = set(s3_server.keys(bucket, "in/"))
+    one_level = [k for k in ODD_KEYS if "/" not in k and f"in/{k}" in listed]
     for n, (given, keys) in enumerate([
-            ("in/", ODD_KEYS), ("in/*.jsonl", [k for k in ODD_KEYS if "/" not in k]),
+            ("in/", ODD_KEYS), ("in/*.jsonl", one_level),
             ("in/[x].jsonl", ["[x].jsonl"]), ("in/sub/**", ["sub/deeper/nested.jsonl"])]):
         done = _dsdata("run", str(recipe), "--input", f"s3://{bucket}/{given}", "--output", f"s3://{bucket}/out{n}",
                        "--quiet", *s3_server.beam_args())
