@@ -123,7 +123,8 @@ def read_regular_file(path: str, what: str, max_bytes: int) -> bytes:
     except OSError as exc:
         raise UntrustedFileError(f"{what} {shown_path(path)} cannot be read: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
-        raise UntrustedFileError(f"{what} {shown_path(path)} is over {max_bytes} bytes")
+        raise UntrustedFileError(f"{what} {shown_path(path)} is over {max_bytes} bytes; a file here may hold at most "
+                                 f"{max_bytes}")
     return data
 
 
