@@ -8,7 +8,6 @@ A model directory holds:
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -18,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator
 
+from dsdata.io.shards import file_sha256
 from dsdata.lm.arpa import write_arpa
 from dsdata.lm.kneser_ney import estimate
 from dsdata.lm.normalize import normalize_line
@@ -239,13 +239,6 @@ def _train_sentencepiece(lines: list[str], lang: str, options: TrainOptions) -> 
     return model_bytes
 
 
-def _sha256_of(path: str) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
-
 
 def _metadata(lang: str, options: TrainOptions, reader: CorpusReader, corpus: str, model, counts, vocab: int,
               training_lines: int, n_tokens: int) -> dict:
@@ -268,5 +261,5 @@ def _metadata(lang: str, options: TrainOptions, reader: CorpusReader, corpus: st
         "corpus_format": reader.format,
         "lang_field": options.lang_field if reader.format != "txt" else None,
         "corpus_records_used": reader.used if reader.format != "txt" else None,
-        "corpus_sha256": _sha256_of(corpus),
+        "corpus_sha256": file_sha256(corpus),
     }
