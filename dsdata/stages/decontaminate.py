@@ -197,8 +197,6 @@ def _lines(path: str):
                     raise bad(f"line {lineno} is not UTF-8 (byte {exc.start + 1}: a binary file?)") from None
                 yield lineno, text
         except (OSError, EOFError, zlib.error) as exc:
-            if isinstance(exc, StageConfigError):
-                raise
             raise bad(f"cannot be decompressed after line {lineno} ({exc.__class__.__name__}: {exc})") from None
 
 
