@@ -27,20 +27,18 @@ import contextlib
 import glob
 import json
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.io import fileio
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.utils import shared
 
 from dsdata import __version__
 from dsdata.beam.errors import StageEnvironmentError
 from dsdata.beam.kinds import batch_run, committable
 from dsdata.beam.location import ObjectSizes
-from dsdata.beam.transforms import (UNIT_LEDGER, Batch, FileRange, ReadFileDoFn, all_cuttable, remote_matches,
+from dsdata.beam.transforms import (UNIT_LEDGER, Batch, FileRange, ReadFileDoFn, all_cuttable, matched_files,
                                     run_batch_chain)
 from dsdata.document import Rejected
 from dsdata.io.inputs import shown_path
@@ -104,8 +102,7 @@ def input_listing(patterns: list[str]) -> dict[str, list | None]:
                 listing[shown_path(pattern)] = None
             continue
         try:
-            found = (remote_matches(pattern, objects) if "://" in pattern
-                     else FileSystems.match([pattern])[0].metadata_list)
+            found = matched_files(pattern, objects)
         except Exception:  # noqa: BLE001 - unmatchable: its reading fails, and so does its fingerprint
             found = []
         if not found:

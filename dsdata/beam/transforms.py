@@ -553,8 +553,7 @@ def all_cuttable(patterns: list[str], fmt: str = "auto", range_bytes: int | None
         from dsdata.beam.location import ObjectSizes
 
         objects = ObjectSizes()
-        matched = [remote_matches(p, objects) if "://" in p else FileSystems.match([p])[0].metadata_list
-                   for p in patterns]
+        matched = [matched_files(p, objects) for p in patterns]
     except Exception:  # noqa: BLE001 - unknown: take the way that works for every file
         return False
     for found in matched:
@@ -602,8 +601,7 @@ class MatchPatterns(beam.DoFn):
     def process(self, pattern: bytes):
         text = os.fsdecode(pattern)
         try:
-            found = (remote_matches(text, self._objects) if "://" in text
-                     else FileSystems.match([text])[0].metadata_list)
+            found = matched_files(text, self._objects)
         except Exception as exc:  # noqa: BLE001 - an unmatchable name: the reader's open says why
             if is_environment_error(exc):  # an endpoint gone: no pattern can be listed
                 raise environment_failure(READ_STAGE, exc) from exc
@@ -622,9 +620,12 @@ class MatchPatterns(beam.DoFn):
         yield FileMetadata(name, size)
 
 
-def remote_matches(pattern: str, objects) -> list[FileMetadata]:
-    """What a remote input names: an object check_remote_inputs listed (escaped), from `objects`
-    (dsdata/beam/location.py ObjectSizes: one listing per folder); any other pattern listed anew."""
+def matched_files(pattern: str, objects) -> list[FileMetadata]:
+    """The files an input pattern names.  A local one through Beam's FileSystems; a remote one that
+    check_remote_inputs listed (escaped) from `objects` (dsdata/beam/location.py ObjectSizes: one
+    listing per folder); any other remote pattern listed anew."""
+    if "://" not in pattern:
+        return FileSystems.match([pattern])[0].metadata_list
     from dsdata.beam.location import list_objects
 
     name = named_file(pattern)
