@@ -65,8 +65,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dsdata.io.shards import ShardSetWriter  # noqa: E402
-from dsdata.io.shm import publish, remove  # noqa: E402
+from dsdata.shards.format import ShardSetWriter  # noqa: E402
+from dsdata.shards.shm import publish, remove  # noqa: E402
 from dsdata.train.data import ShardDataset  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"

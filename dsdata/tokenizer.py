@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from dsdata.io.shards import file_sha256
+from dsdata.io.outfiles import file_sha256
 from dsdata.io.untrusted_files import load_json_file
 from dsdata.native_panics import hidden_panic_reports
 

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from dsdata.cli import main as cli_main
-from dsdata.io.shards import ShardError, ShardSetWriter, check_shard_buffer, file_sha256, verify_shards
+from dsdata.shards.format import ShardError, ShardSetWriter, check_shard_buffer, verify_shards
+from dsdata.io.outfiles import file_sha256
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -124,7 +125,7 @@ def test_shm_list_json_prints_only_json(tmp_path, capsys):
 def test_loader_refuses_a_shard_claiming_more_tokens_than_it_holds(tmp_path):
     manifest = _write_set(tmp_path / "s")
     _tamper_token_count(str(tmp_path / "s"), manifest)
-    script = ("import sys\nfrom dsdata.train.data import ShardDataset\nfrom dsdata.io.shards import ShardError\n"
+    script = ("import sys\nfrom dsdata.train.data import ShardDataset\nfrom dsdata.shards.format import ShardError\n"
               "try:\n    n = sum(1 for _ in ShardDataset(sys.argv[1], 16, shuffle=False))\n"
               "except ShardError as exc:\n    print('refused', exc)\nelse:\n    print('served', n)\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))

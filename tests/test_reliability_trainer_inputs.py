@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsdata.io.shards import ShardError, ShardSetWriter, read_manifest, verify_shards
-from dsdata.io.shm import ShmError, publish
+from dsdata.shards.format import ShardError, ShardSetWriter, read_manifest, verify_shards
+from dsdata.shards.shm import ShmError, publish
 from dsdata.io.untrusted_files import UntrustedFileError, load_json_file
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ import pytest
 
 from dsdata.cli import main as cli_main
 from dsdata.document import Document
-from dsdata.io.shards import MANIFEST, ShardError, ShardSetWriter, read_manifest, verify_shards
+from dsdata.shards.format import MANIFEST, ShardError, ShardSetWriter, read_manifest, verify_shards
 from dsdata.stages.shards import shard_record
 from dsdata.tokenizer import load_tokenizer
 
@@ -197,7 +197,7 @@ def test_buckets_from_difficulty_annotation_default_medium():
 _KILL_WRITER = r"""
 import sys
 import numpy as np
-from dsdata.io.shards import ShardSetWriter
+from dsdata.shards.format import ShardSetWriter
 
 writer = ShardSetWriter(sys.argv[1], shard_size=20_000_000)
 rng = np.random.default_rng(1)

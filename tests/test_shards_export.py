@@ -14,8 +14,9 @@ import pyarrow as pa
 import pytest
 
 from dsdata.cli import main as cli_main
-from dsdata.export.formats import ExportFormat, format_names, register_export_format
-from dsdata.io.shards import MANIFEST, ShardSetWriter, file_sha256, read_manifest
+from dsdata.shards.export.formats import ExportFormat, format_names, register_export_format
+from dsdata.shards.format import MANIFEST, ShardSetWriter, read_manifest
+from dsdata.io.outfiles import file_sha256
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "pipelines" / "models" / "tokenizer"
@@ -141,8 +142,8 @@ def test_cli_export_round_trips_through_each_projects_reader(tmp_path, vocab, ca
 
 
 def test_mds_shards_split_at_the_size_limit(tmp_path):
-    from dsdata.export import mds
-    from dsdata.export.source import ShardSource
+    from dsdata.shards.export import mds
+    from dsdata.shards.export.source import ShardSource
 
     src = random_set(tmp_path / "shards")
     out = tmp_path / "mds"
@@ -161,8 +162,8 @@ def test_mds_shards_split_at_the_size_limit(tmp_path):
 def test_mds_export_is_byte_identical_to_streamings_own_writer(tmp_path, vocab):
     """The same documents through streaming's MDSWriter give the same files: every shard and the
     index.json, byte for byte, split at the same samples."""
-    from dsdata.export import mds
-    from dsdata.export.source import ShardSource
+    from dsdata.shards.export import mds
+    from dsdata.shards.export.source import ShardSource
 
     MDSWriter = import_streaming().MDSWriter
     src = random_set(tmp_path / "shards", vocab=vocab)
@@ -305,7 +306,7 @@ def test_recipe_export_option_writes_every_format_next_to_the_shards(tmp_path, s
     assert sum(len(d) for d in expected.values()) == len(paragraphs)
     check_megatron(out / "export" / "megatron", expected)
     check_hf(out / "export" / "hf", expected, "out")
-    # the run's tokenizer goes with every export (bundled with the shards, dsdata/io/shard_tokenizer.py)
+    # the run's tokenizer goes with every export (bundled with the shards, dsdata/shards/tokenizer.py)
     sha = read_manifest(str(out / "shards"))["tokenizer"]["sha256"]
     for fmt in ("megatron", "mds", "hf"):
         assert file_sha256(str(out / "export" / fmt / "tokenizer" / "tokenizer.json")) == sha
@@ -318,7 +319,7 @@ def text_set(directory: Path, n_docs: int, bundled: bool = False) -> Path:
     its files copied into the set and pinned, as a run's shards stage writes them."""
     from tokenizers import Tokenizer
 
-    from dsdata.io.shard_tokenizer import bundle_tokenizer
+    from dsdata.shards.tokenizer import bundle_tokenizer
 
     tokenizer = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
     with open(REPO / "pipelines" / "samples" / "docs.jsonl", encoding="utf-8") as fh:
@@ -430,6 +431,6 @@ def test_an_export_format_is_one_module_and_one_row(tmp_path):
         with pytest.raises(StageConfigError, match="did you mean 'lines'"):
             ShardsStage(export=["line"])
     finally:
-        from dsdata.export import formats
+        from dsdata.shards.export import formats
 
         formats.EXPORT_FORMATS[:] = [f for f in formats.EXPORT_FORMATS if f.name != "lines"]

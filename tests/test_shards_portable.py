@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dsdata.io.shard_tokenizer import verify_shard_set
-from dsdata.io.shards import MANIFEST, file_sha256, read_manifest
+from dsdata.shards.tokenizer import verify_shard_set
+from dsdata.shards.format import MANIFEST, read_manifest
+from dsdata.io.outfiles import file_sha256
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "pipelines" / "models" / "tokenizer"
@@ -124,8 +125,8 @@ def test_a_bundle_entry_escaping_the_folder_is_refused(moved_tokenizer_run, tmp_
 
 
 def test_an_old_manifest_with_an_absolute_tokenizer_path_still_reads(moved_tokenizer_run, tmp_path):
-    from dsdata.export import copy_tokenizer
-    from dsdata.export.source import ShardSource
+    from dsdata.shards.export import copy_tokenizer
+    from dsdata.shards.export.source import ShardSource
     from dsdata.train.loop import _shard_tokenizer
 
     shards, _, sha = moved_tokenizer_run

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dsdata.cli import main as cli_main
-from dsdata.io.shards import ShardSetWriter, verify_shards
-from dsdata.io.shm import ShmError, clean_stale, list_published, publish, remove
+from dsdata.shards.format import ShardSetWriter, verify_shards
+from dsdata.shards.shm import ShmError, clean_stale, list_published, publish, remove
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,7 +103,7 @@ def test_bad_names_are_refused(tmp_path, root):
 
 _CRASHING_PUBLISHER = r"""
 import os, sys
-import dsdata.io.shm as shm
+import dsdata.shards.shm as shm
 
 real_copy = shm._copy_verified
 count = {"n": 0}

@@ -263,7 +263,7 @@ def test_the_report_package_imports_nothing_of_the_pipeline():
 FLOORS = [
     {"core", "document", "safe_yaml", "stop_signals", "compiled", "native_panics", "model_limits", "models"},
     {"io"},
-    {"tokenizer", "clean", "dedup", "export"},
+    {"tokenizer", "clean", "dedup", "shards"},
     {"lm", "relevance", "augment", "train"},
     {"stages"},
     {"runners", "recipe", "collector"},
@@ -284,7 +284,7 @@ def _floor(module: str) -> int:
 
 def test_no_package_imports_a_floor_above_its_own():
     """Shared helpers live on the ground floor (dsdata/core/), never filed under their first user:
-    io/, train/, export/ do not reach up into report/ for a path's display or a progress bar."""
+    io/, train/, shards/ do not reach up into report/ for a path's display or a progress bar."""
     wrong = []
     for name, path in MODULES.items():
         for module, _top, line in _imports(path):

@@ -93,7 +93,7 @@ def test_export_takes_only_the_tokenizer_the_manifest_recorded(tmp_path):
     # people share: a manifest naming someone's credentials file must not get it copied.
     from types import SimpleNamespace
 
-    from dsdata.io.shards import file_sha256
+    from dsdata.io.outfiles import file_sha256
     from dsdata.train.loop import _shard_tokenizer
 
     shards = tmp_path / "shards"

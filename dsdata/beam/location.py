@@ -34,7 +34,7 @@ from apache_beam.utils.retry import PermanentException
 from dsdata.io.inputs import InputPathError, glob_match
 from dsdata.io.object_storage import EndpointUnreachable
 from dsdata.io.outlock import OutputDirError
-from dsdata.io.shards import atomic_write_bytes
+from dsdata.io.outfiles import atomic_write_bytes
 
 _COPY_CHUNK = 8 << 20
 

@@ -18,14 +18,14 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from dsdata.beam import location
-from dsdata.io.shard_tokenizer import MAX_TOKENIZER_FILE_BYTES, bundled_files
-from dsdata.io.shards import MANIFEST, ShardError, read_manifest, resolve_shard_path
+from dsdata.shards.tokenizer import MAX_TOKENIZER_FILE_BYTES, bundled_files
+from dsdata.shards.format import MANIFEST, ShardError, read_manifest, resolve_shard_path
 from dsdata.io.untrusted_files import MAX_JSON_BYTES
 
 
 def locate_remote_shard_dir(path: str) -> str:
     """The remote shard folder: `path` itself when it holds manifest.json, else its shards/ (a `dsdata
-    run` output prefix); ShardError in one line otherwise (as dsdata.io.shards.locate_shard_dir)."""
+    run` output prefix); ShardError in one line otherwise (as dsdata.shards.format.locate_shard_dir)."""
     path = path.rstrip("/")
     nested = location.join(path, "shards")
     try:

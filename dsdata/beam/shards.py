@@ -8,7 +8,7 @@
                       ─► manifest.json (written last)
 
 Every document passes through unchanged as kept; nothing is rejected.  How shards are cut and why:
-dsdata/stages/shards.py; the file layout: dsdata/io/shards.py.
+dsdata/stages/shards.py; the file layout: dsdata/shards/format.py.
 
 Memory: a shard's documents cannot be placed before the per-bucket token totals are known (the
 shard count n comes from them), and a runner holds a PCollection that waits for a side input; when
@@ -36,8 +36,8 @@ from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, KEPT, REJECTED, Stag
 
 from dsdata.beam import location
 from dsdata.beam.spill import RollingSpill, SpillWriter, make_private_dir, read_spill, spill_directory
-from dsdata.io import shards as shard_io
-from dsdata.io.shard_tokenizer import bundle_tokenizer
+from dsdata.shards import format as shard_io
+from dsdata.shards.tokenizer import bundle_tokenizer
 from dsdata.stages.base import StageConfigError
 from dsdata.stages.shards import EXPORT_DIR, SHARDS_DIR, id_hash, shard_key, shard_record
 from dsdata.stages.tokenize import TokenizeStage
@@ -81,7 +81,7 @@ def write_shard_group(keyed, directory: str, dtype_name: str, spill_dir: str) ->
 def write_manifest_from(entries: list[dict[str, Any]], directory: str, dtype_name: str,
                         tokenizer: dict[str, Any] | None, extra: dict[str, Any]) -> str:
     """manifest.json, written after every shard it names is there with its size, with the
-    tokenizer's files bundled beside the shards (local: by dsdata.io.shards.write_manifest,
+    tokenizer's files bundled beside the shards (local: by dsdata.shards.format.write_manifest,
     atomically; remote: bundled in a local temporary folder and uploaded, the manifest the last
     object written).  Returns the manifest's file name (a path would cross Beam's coders, which
     write str as UTF-8: OUT's path need not be)."""
@@ -120,7 +120,7 @@ def tokenizer_info(config: dict[str, Any], upstream) -> dict[str, Any]:
 
 def export_written(manifest_name: str, directory: str, formats: list[str], export_dir: str) -> None:
     """The `export` option: the shard set just written in `directory` (once its manifest is) → export_dir/<format>."""
-    from dsdata.export import export_shards
+    from dsdata.shards.export import export_shards
 
     export_shards(directory, export_dir, formats)
 

@@ -52,7 +52,7 @@ def _check_lid_model() -> tuple[str, str, str]:
         path = lid176_path()
     except ShippedModelMissing as exc:
         return FAIL, "lid.176.ftz", str(exc)
-    from dsdata.io.shards import file_sha256
+    from dsdata.io.outfiles import file_sha256
 
     digest = file_sha256(path)
     if digest != LID176_SHA256:

@@ -1,5 +1,5 @@
 """`dsdata shards verify|info DIR`: check a shard set's checksums; summarise it.
-`dsdata shards export --format megatron|mds|hf SRC DST`: write it for other trainers (dsdata/export/).
+`dsdata shards export --format megatron|mds|hf SRC DST`: write it for other trainers (dsdata/shards/export/).
 DIR and SRC may be on object storage (s3://BUCKET/out, gs://…; the S3 flags as for `dsdata run`): the
 set is copied to a temporary folder first (dsdata/beam/remote_shards.py)."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 import sys
 
 from dsdata.commands import CommandParser
-from dsdata.export.formats import format_names, formats_help
+from dsdata.shards.export.formats import format_names, formats_help
 from dsdata.io.object_storage import add_object_storage_flags, object_storage_beam_args
-from dsdata.io.shard_tokenizer import verify_shard_set
-from dsdata.io.shards import ShardError, locate_shard_dir, read_manifest
+from dsdata.shards.tokenizer import verify_shard_set
+from dsdata.shards.format import ShardError, locate_shard_dir, read_manifest
 from dsdata.core.names import shown_path
 
 
@@ -50,7 +50,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from dsdata.export import export_shards
+    from dsdata.shards.export import export_shards
 
     formats = [f for value in args.format for f in value.split(",") if f]
     results = export_shards(args.dir, args.dst, formats, args.source)
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
     for sub_parser in (p_verify, p_info, p_export):
         add_object_storage_flags(sub_parser)
     args = parser.parse_args(argv)
-    from dsdata.export import ExportError
+    from dsdata.shards.export import ExportError
 
     try:
         if args.command == "export" and "://" in args.dst:
@@ -112,7 +112,7 @@ def located(path: str, storage_args: list[str], with_files: bool = True):
         return
     from dsdata.beam.location import use_object_storage
     from dsdata.beam.remote_shards import local_shard_set, shown
-    from dsdata.export.source import shard_set_name
+    from dsdata.shards.export.source import shard_set_name
 
     use_object_storage([path], storage_args)  # an unreachable endpoint, no credentials: one line
     with local_shard_set(path, with_files) as (local, remote):

@@ -7,8 +7,8 @@ import sys
 from dsdata.commands import CommandParser
 from dsdata.commands.shards import located
 from dsdata.io.object_storage import add_object_storage_flags, object_storage_beam_args
-from dsdata.io.shards import ShardError
-from dsdata.io.shm import ShmError, list_published, publish, remove, shm_root
+from dsdata.shards.format import ShardError
+from dsdata.shards.shm import ShmError, list_published, publish, remove, shm_root
 
 
 def main(argv: list[str]) -> int:

@@ -9,10 +9,18 @@ link planted between the check and the create makes the create fail instead of b
 """
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import stat
+import uuid
+from typing import Any
+
+
+TEMP_MARK = ".tmp-"  # names of files being written: .<name>.tmp-<uuid>
+HASH_CHUNK = 1 << 22
 
 
 class OutEntryError(OSError):
@@ -98,3 +106,43 @@ def sync_dir(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(HASH_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def buffer_sha256(buffer: Any) -> str:
+    """sha256 of a (memory-mapped) buffer without copying it; hashlib drops the GIL on large blocks."""
+    view = memoryview(buffer)
+    digest = hashlib.sha256()
+    for start in range(0, len(view), HASH_CHUNK):
+        digest.update(view[start:start + HASH_CHUNK])
+    return digest.hexdigest()
+
+
+def fsync_dir(directory: str) -> None:
+    """sync_dir, best effort: a folder that cannot be synced (some filesystems refuse) costs only durability."""
+    with contextlib.suppress(OSError):
+        sync_dir(directory)
+
+
+def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path` via a temp file in the same directory + fsync + rename."""
+    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}{TEMP_MARK}{uuid.uuid4().hex}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    fsync_dir(os.path.dirname(path) or ".")

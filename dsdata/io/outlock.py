@@ -22,7 +22,6 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from dsdata.io.shm import pid_alive
 from dsdata.io.untrusted_files import load_json_file
 from dsdata.core.names import shown_path
 
@@ -147,3 +146,14 @@ def _lock(fd: int, path: str, directory: str, me: dict) -> None:
                 f"another run holds {shown_path(path)} ({_describe(holder)}); the file system has no flock, so "
                 "remove the file if that run is gone"
             ) from None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

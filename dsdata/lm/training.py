@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator
 
-from dsdata.io.shards import file_sha256
+from dsdata.io.outfiles import file_sha256
 from dsdata.lm.arpa import write_arpa
 from dsdata.lm.kneser_ney import estimate
 from dsdata.lm.normalize import normalize_line

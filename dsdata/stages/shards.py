@@ -1,7 +1,7 @@
 """`shards` stage: write the token ids of kept documents as Arrow IPC training shards + manifest.json.
 
 A whole-corpus stage (its composite: dsdata/beam/shards.py): every document passes through unchanged
-as kept (nothing is rejected), and a side branch writes RUN_DIR/shards/ (layout in dsdata/io/shards.py):
+as kept (nothing is rejected), and a side branch writes RUN_DIR/shards/ (layout in dsdata/shards/format.py):
 
 1. each document → (difficulty bucket, id, token ids); documents without a `difficulty` annotation
    go to the bucket `default_difficulty` (medium);
@@ -13,7 +13,7 @@ as kept (nothing is rejected), and a side branch writes RUN_DIR/shards/ (layout 
    uploaded under its final name, which appears only when complete;
 5. the shard descriptors are gathered into one list and manifest.json is written last;
 6. with `export: [megatron, mds, hf]`, the finished shard set is exported to RUN_DIR/export/<format>
-   (dsdata/export/; the same as `dsdata shards export`).
+   (dsdata/shards/export/; the same as `dsdata shards export`).
 Until step 3 can run the token ids wait in spill files, not in memory (dsdata/beam/shards.py).
 
 The tokenizer recorded in the manifest is the one of the nearest `tokenize` stage upstream, or the
@@ -66,7 +66,7 @@ def shard_key(bucket: str, doc_id: str, totals: dict[str, int], shard_size: int)
 
 def export_formats(values: dict) -> Allowed:
     """`shards.export`'s choices: the rows of the export-format table."""
-    from dsdata.export.formats import format_names
+    from dsdata.shards.export.formats import format_names
 
     return Allowed(format_names(), "the export formats (" + ", ".join(format_names()) + ")")
 
@@ -82,7 +82,7 @@ class ShardsStage(CorpusStage):
         "tokenizer": Param(None, "tokenizer to record in the manifest (default: the upstream tokenize stage's)",
                            Path(), nullable=True),
         "export": Param([], "also write the shards for other trainers into RUN_DIR/export/<format> "
-                        "(dsdata shards export; dsdata/export/formats.py)", ListOf(Text(nonempty=True), single=True),
+                        "(dsdata shards export; dsdata/shards/export/formats.py)", ListOf(Text(nonempty=True), single=True),
                         choices=export_formats),
     }
     side_outputs = (SideOutput(SHARDS_DIR, directory=True), SideOutput(EXPORT_DIR, directory=True))

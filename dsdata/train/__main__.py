@@ -96,7 +96,7 @@ def _train(args, run_dir: str, load_config, ConfigError) -> int:  # noqa: N803 -
         summary = train(config, run_dir)
         completed = True
     except Exception as exc:
-        from dsdata.io.shards import ShardError
+        from dsdata.shards.format import ShardError
         from dsdata.train.checkpoint import CheckpointError
 
         if isinstance(exc, (ConfigError, ShardError, CheckpointError)):  # the user can fix these: one line

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from dsdata.io.shards import manifest_vocab_size
+from dsdata.shards.format import manifest_vocab_size
 from dsdata.train.config import ConfigError, DataConfig
 from dsdata.train.protocols import BatchSource
 

@@ -64,8 +64,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from dsdata.io.shards import (ShardError, buffer_sha256, check_shard_buffer, manifest_vocab_size, read_manifest,
-                              resolve_shard_path)
+from dsdata.io.outfiles import buffer_sha256
+from dsdata.shards.format import ShardError, check_shard_buffer, manifest_vocab_size, read_manifest, resolve_shard_path
 from dsdata.train.curriculum import CurriculumSampler, CurriculumSchedule, schedule_from_spec
 
 _STATE_FORMAT = "dsdata-loader"

@@ -343,7 +343,7 @@ def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
     if not isinstance(candidate, str) or not candidate or "\x00" in candidate:
         return None, eos_id
     if not os.path.isabs(candidate):
-        # relative to the shard directory (a bundled tokenizer is "tokenizer": dsdata/io/shard_tokenizer.py)
+        # relative to the shard directory (a bundled tokenizer is "tokenizer": dsdata/shards/tokenizer.py)
         base = base if os.path.isdir(base) else os.path.dirname(base)
         candidate = os.path.join(base, candidate)
     if not os.path.exists(candidate):
@@ -352,7 +352,7 @@ def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
     recorded = info.get("sha256")
     # A tokenizer.json there, or a hash recorded: both must be there and agree.
     if os.path.isfile(json_path) or recorded:
-        from dsdata.io.shards import file_sha256
+        from dsdata.io.outfiles import file_sha256
 
         if not (os.path.isfile(json_path) and isinstance(recorded, str) and file_sha256(json_path) == recorded):
             log.warning("export: the tokenizer the shards' manifest names (%s) is not the one they were written "

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsdata.export.source import shard_set_name
-from dsdata.io.shards import MANIFEST, ShardError, locate_shard_dir, manifest_vocab_size
+from dsdata.shards.export.source import shard_set_name
+from dsdata.shards.format import MANIFEST, ShardError, locate_shard_dir, manifest_vocab_size
 from dsdata.train.config import ConfigError, DataConfig, check_sources
 
 _STATE_FORMAT = "dsdata-mixture"

@@ -27,7 +27,6 @@ plain file names: one that would escape the manifest's directory is refused.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dsdata.io.outfiles import sync_dir
+from dsdata.io.outfiles import HASH_CHUNK, TEMP_MARK, atomic_write_bytes, file_sha256, fsync_dir
 from dsdata.io.untrusted_files import UntrustedFileError, confined_path, load_json_file
 
 MANIFEST = "manifest.json"
@@ -46,29 +45,10 @@ FORMAT = "dsdata-shards"
 VERSION = 1
 TOKEN_COLUMN = "tokens"
 BUCKETS = ("easy", "medium", "hard")
-_TMP_MARK = ".tmp-"
-_HASH_CHUNK = 1 << 22
 
 
 class ShardError(ValueError):
     """A shard directory, manifest or shard file is missing, malformed or corrupt; names the file."""
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(_HASH_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def buffer_sha256(buffer: Any) -> str:
-    """sha256 of a (memory-mapped) buffer without copying it; hashlib drops the GIL on large blocks."""
-    view = memoryview(buffer)
-    digest = hashlib.sha256()
-    for start in range(0, len(view), _HASH_CHUNK):
-        digest.update(view[start:start + _HASH_CHUNK])
-    return digest.hexdigest()
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -77,29 +57,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def shard_name(bucket: str, index: int, count: int) -> str:
     return f"shard-{bucket}-{index:05d}-of-{count:05d}.arrow"
-
-
-def fsync_dir(directory: str) -> None:
-    """sync_dir, best effort: a folder that cannot be synced (some filesystems refuse) costs only durability."""
-    with contextlib.suppress(OSError):
-        sync_dir(directory)
-
-
-def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write `data` to `path` via a temp file in the same directory + fsync + rename."""
-    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}{_TMP_MARK}{uuid.uuid4().hex}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    fsync_dir(os.path.dirname(path) or ".")
 
 
 # ------------------------------------------------------------------------------------------ writing
@@ -131,7 +88,7 @@ def write_shard(directory: str, name: str, token_arrays: Sequence[np.ndarray], i
         raise ShardError(f"shard name '{name}' must be a plain file name")
     table = shard_table(token_arrays, ids, difficulties, dtype)
     path = os.path.join(directory, name)
-    tmp = os.path.join(directory, f".{name}{_TMP_MARK}{uuid.uuid4().hex}")
+    tmp = os.path.join(directory, f".{name}{TEMP_MARK}{uuid.uuid4().hex}")
     try:
         # One record batch: the token values stay one contiguous buffer for the whole shard.
         with pa.OSFile(os.fsencode(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -139,7 +96,7 @@ def write_shard(directory: str, name: str, token_arrays: Sequence[np.ndarray], i
         # Hash what is on disk (just written, so still in the page cache), then make it durable.
         digest = hashlib.sha256()
         with open(tmp, "rb") as fh:
-            while block := fh.read(_HASH_CHUNK):
+            while block := fh.read(HASH_CHUNK):
                 digest.update(block)
             os.fsync(fh.fileno())
         size = os.path.getsize(tmp)
@@ -215,7 +172,7 @@ def remove_stale_temp_files(directory: str) -> list[str]:
     """Delete temp files a crashed writer left behind (they never carry a final name)."""
     removed = []
     for name in os.listdir(directory):
-        if name.startswith(".") and _TMP_MARK in name:
+        if name.startswith(".") and TEMP_MARK in name:
             try:
                 os.remove(os.path.join(directory, name))
                 removed.append(name)

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from dsdata.export.files import atomic_file
-from dsdata.export.source import ShardSource
+from dsdata.shards.export.files import atomic_file
+from dsdata.shards.export.source import ShardSource
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1

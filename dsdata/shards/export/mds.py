@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from dsdata.export.files import atomic_file
-from dsdata.export.source import ShardSource
+from dsdata.shards.export.files import atomic_file
+from dsdata.shards.export.source import ShardSource
 
 SIZE_LIMIT = 1 << 26  # streaming's default shard size (64 MiB)
 _SHAPE_DTYPES = ((1 << 8, 0, np.uint8), (1 << 16, 1, np.uint16), (1 << 32, 2, np.uint32))

@@ -5,9 +5,9 @@
 
 Each format folder is written under a hidden temp name beside its target and renamed into place when
 complete (an older export there is replaced only then; a folder the export did not write is never
-replaced: dsdata/export/files.py), with the shards' tokenizer in <format>/tokenizer/ and
+replaced: dsdata/shards/export/files.py), with the shards' tokenizer in <format>/tokenizer/ and
 `export.json` (what was exported from which manifest) written inside it last.  The shard set is
-verified shard by shard as it is read (dsdata/export/source.py), so a corrupt shard stops the export
+verified shard by shard as it is read (dsdata/shards/export/source.py), so a corrupt shard stops the export
 naming its file; the tokenizer copied is only the files the manifest pins, each checked against its
 sha256 (a changed, missing or added tokenizer file stops the export).
 """
@@ -20,12 +20,12 @@ from typing import Any
 
 import importlib
 
-from dsdata.export.formats import find_format, format_names
-from dsdata.export.files import atomic_file, check_replaceable, staged_directory
-from dsdata.export.source import ShardSource
-from dsdata.io.shard_tokenizer import (BUNDLE_DIR, bundled_files, tokenizer_dir, tokenizer_sources,
+from dsdata.shards.export.formats import find_format, format_names
+from dsdata.shards.export.files import atomic_file, check_replaceable, staged_directory
+from dsdata.shards.export.source import ShardSource
+from dsdata.shards.tokenizer import (BUNDLE_DIR, bundled_files, tokenizer_dir, tokenizer_sources,
                                        verify_bundled_tokenizer)
-from dsdata.io.shards import resolve_shard_path
+from dsdata.shards.format import resolve_shard_path
 
 EXPORT_DIR = "export"
 

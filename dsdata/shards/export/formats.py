@@ -1,6 +1,6 @@
 """THE table of export formats: plain data, importable without numpy, pyarrow or any format's own
 library, so the shards stage's parameter, `dsdata shards export --help`, the CLI summary and the docs
-read the names and summaries here.  A new format is one module under dsdata/export/ with
+read the names and summaries here.  A new format is one module under dsdata/shards/export/ with
 `write(source, out_dir) -> summary` and one row below; nothing else names it."""
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ class ExportFormat:
 
 # The rows, in the order help texts list them.
 EXPORT_FORMATS: list[ExportFormat] = [
-    ExportFormat("megatron", "dsdata.export.megatron:write", "Megatron-LM / NeMo .bin/.idx"),
-    ExportFormat("mds", "dsdata.export.mds:write", "MosaicML streaming"),
-    ExportFormat("hf", "dsdata.export.hf:write", "Hugging Face datasets"),
+    ExportFormat("megatron", "dsdata.shards.export.megatron:write", "Megatron-LM / NeMo .bin/.idx"),
+    ExportFormat("mds", "dsdata.shards.export.mds:write", "MosaicML streaming"),
+    ExportFormat("hf", "dsdata.shards.export.hf:write", "Hugging Face datasets"),
 ]
 
 

@@ -20,14 +20,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dsdata.export.files import atomic_file
-from dsdata.export.source import ShardSource
+from dsdata.shards.export.files import atomic_file
+from dsdata.shards.export.source import ShardSource
 
 SAVE_TO_DISK = "save_to_disk"
 
 
 def _table(docs: list, dtype, source_name: str) -> pa.Table:
-    from dsdata.io.shards import shard_table
+    from dsdata.shards.format import shard_table
 
     table = shard_table([d.tokens for d in docs], [d.id for d in docs], [d.difficulty for d in docs], dtype)
     return pa.table({"input_ids": table.column("tokens"), "id": table.column("id"),

@@ -5,7 +5,7 @@
   into place: readers see a complete dataset or none.
 * Directories are 0700, files 0600; the root must be a real directory owned by this user (not a
   symlink someone else planted in the world-writable /dev/shm).
-* The tokenizer files bundled with the shards (dsdata/io/shard_tokenizer.py) are copied and
+* The tokenizer files bundled with the shards (dsdata/shards/tokenizer.py) are copied and
   checked the same way, so the published set names a tokenizer that exists on this node.
 * Publishing NAME again with the same shards is a no-op; a *different* dataset under an existing
   NAME is refused (remove it first).
@@ -27,8 +27,9 @@ import time
 import uuid
 from typing import Any
 
-from dsdata.io.shard_tokenizer import bundled_files, verify_shard_set
-from dsdata.io.shards import MANIFEST, ShardError, read_manifest, resolve_shard_path
+from dsdata.io.outlock import pid_alive
+from dsdata.shards.tokenizer import bundled_files, verify_shard_set
+from dsdata.shards.format import MANIFEST, ShardError, read_manifest, resolve_shard_path
 
 DEFAULT_ROOT = "/dev/shm/dsdata"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" let "name\n" through
@@ -66,17 +67,6 @@ def ensure_root(root: str) -> str:
     if stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(root, 0o700)
     return root
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists on this host (another user's counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_stale(root: str) -> list[str]:

@@ -21,7 +21,9 @@ import os
 import stat
 from typing import Any
 
-from dsdata.io.shards import ShardError, atomic_write_bytes, file_sha256, resolve_shard_path, verify_shards
+from dsdata.shards.format import ShardError, resolve_shard_path, verify_shards
+
+from dsdata.io.outfiles import atomic_write_bytes, file_sha256
 
 BUNDLE_DIR = "tokenizer"
 # What AutoTokenizer / tokenizers read; model weights or anything else in the folder stay behind.

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from dsdata.io.shards import (MANIFEST, TOKEN_COLUMN, ShardError, check_shard_buffer, locate_shard_dir,
+from dsdata.shards.format import (MANIFEST, TOKEN_COLUMN, ShardError, check_shard_buffer, locate_shard_dir,
                               manifest_vocab_size, read_manifest, verify_shard_file)
 
 

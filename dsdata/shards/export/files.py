@@ -12,7 +12,7 @@ import stat
 import uuid
 from typing import BinaryIO, Iterator
 
-from dsdata.io.shards import fsync_dir
+from dsdata.io.outfiles import fsync_dir
 
 EXPORT_MARKER = ".dsdata-export"
 
