@@ -11,7 +11,7 @@ import pytest
 from dsdata.beam.kinds import COMPOSITES
 from dsdata.beam.pipeline import run_recipe
 from dsdata.recipe import load_recipe
-from dsdata.stages import DECLARED_SIDE_OUTPUTS, REGISTRY, BatchStage, CorpusStage, DocumentStage, registered_side_outputs, stage_class
+from dsdata.stages import REGISTRY, BatchStage, CorpusStage, DocumentStage, registered_side_outputs, stage_class
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,17 +40,11 @@ def test_stages_and_their_libraries_import_no_beam():
     assert res.stdout.strip() == "0"
 
 
-def test_the_side_output_table_is_what_each_stage_class_declares():
-    assert set(DECLARED_SIDE_OUTPUTS) == set(REGISTRY)
-    for name in REGISTRY:
-        assert DECLARED_SIDE_OUTPUTS[name] == stage_class(name).side_outputs, name
-
-
-def test_a_stage_missing_from_the_table_is_asked(monkeypatch):
-    monkeypatch.delitem(DECLARED_SIDE_OUTPUTS, "shards")
-    assert "shards" in {s.name for s in registered_side_outputs()}
+def test_the_side_outputs_a_run_clears_are_what_the_stage_classes_declare(monkeypatch):
+    expected = {side.name for name in REGISTRY for side in stage_class(name).side_outputs}
+    assert expected == {"difficulty.json", "augment.json", "shards", "export"}
     monkeypatch.setitem(REGISTRY, "absent", "dsdata.stages.no_such_module:Absent")
-    assert {s.name for s in registered_side_outputs()} == {"difficulty.json", "augment.json", "shards", "export"}
+    assert {s.name for s in registered_side_outputs()} == expected
 
 
 def test_a_run_removes_every_declared_side_output_of_an_earlier_run(tmp_path):
@@ -388,3 +382,24 @@ def test_a_stage_added_by_a_module_and_a_row_shows_its_chart_and_its_preflight_n
                    overrides={"test_vowel_share.needs_tool": "no-such-tool-dsdata"})
     assert "the program 'no-such-tool-dsdata' is not on PATH" in str(info.value) and "\n" not in str(info.value)
     assert not (tmp_path / "out2" / "stats.json").exists()
+
+
+class _Scores(BatchStage):
+    name = "scores_test_only"
+    description = "test-only"
+
+    def process_batch(self, docs):
+        return docs
+
+
+def test_a_batched_stage_with_a_composite_is_committed_per_unit_when_its_module_offers_batch_run(monkeypatch):
+    """One row per composite: whether `--resume` commits a composite stage per unit is the composite
+    module's own `batch_run`, not a second table."""
+    from dsdata.beam.kinds import committable
+
+    stage = _Scores()
+    assert committable(stage)  # no composite: it runs in the batch chain
+    monkeypatch.setitem(COMPOSITES, stage.name, "dsdata.beam.difficulty")  # a composite without batch_run
+    assert not committable(stage)
+    monkeypatch.setitem(COMPOSITES, stage.name, "dsdata.beam.relevance")  # relevance's module offers one
+    assert committable(stage)

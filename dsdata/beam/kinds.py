@@ -26,8 +26,11 @@ from dsdata.beam.transforms import KEPT, REJECTED, Batch, BatchChainDoFn, BatchS
 from dsdata.stages.base import BatchStage, CorpusStage, DocumentStage, Stage
 
 # Stage name → module whose `composite(stage, context)` builds the stage's transform.  Whole-corpus
-# stages must have one; a batched stage may (relevance runs through RunInference).  Imported on
-# use, so a recipe only pays for the composites it runs.
+# stages must have one; a batched stage may (relevance runs through RunInference).  A module may also
+# offer `batch_run(stage, shared)`: that stage run inside another DoFn on Batches, as BatchChainDoFn
+# runs the batchable stages — what a run that commits its per-document steps per unit needs
+# (dsdata/beam/resume.py; `shared` is a Beam Shared handle).  Imported on use, so a recipe only pays
+# for the composites it runs.
 COMPOSITES: dict[str, str] = {
     "dedup": "dsdata.beam.dedup.steps",
     "difficulty": "dsdata.beam.difficulty",
@@ -44,12 +47,11 @@ def has_composite(stage: Stage) -> bool:
     return stage.name in COMPOSITES and stage.uses_composite()
 
 
-# Stage name → module whose `batch_run(stage, shared)` runs that stage (one with a composite) inside
-# another DoFn on Batches, as BatchChainDoFn runs the batchable stages: what a run that commits its
-# per-document steps per unit needs (dsdata/beam/resume.py).  `shared` is a Beam Shared handle.
-BATCH_RUNS: dict[str, str] = {
-    "relevance": "dsdata.beam.relevance",
-}
+def _composite_batch_run(stage: Stage):
+    """The `batch_run` its composite module offers, or None."""
+    if stage.name not in COMPOSITES:
+        return None
+    return getattr(importlib.import_module(COMPOSITES[stage.name]), "batch_run", None)
 
 
 @dataclass(frozen=True)
@@ -131,15 +133,16 @@ class ApplyBatchChain(beam.PTransform):
 
 def committable(stage: Stage) -> bool:
     """A per-document stage that can run inside one DoFn on Batches: a batchable one, or one whose
-    composite offers a batch run (BATCH_RUNS).  A run commits the output of its leading such stages
-    per unit (dsdata/beam/resume.py)."""
-    return batchable(stage) or (stage.name in BATCH_RUNS and isinstance(stage, BatchStage) and not stage.side_outputs)
+    composite module offers a `batch_run`.  A run commits the output of its leading such stages per
+    unit (dsdata/beam/resume.py)."""
+    if batchable(stage):
+        return True
+    return isinstance(stage, BatchStage) and not stage.side_outputs and _composite_batch_run(stage) is not None
 
 
 def batch_run(stage: Stage, shared):
     """The object that runs a committable stage on Batches inside another DoFn (`run_batch(docs,
     rejected)`, `finish_bundle()`); made in that DoFn's setup.  `shared`: a Beam Shared handle the
     DoFn made, for a model loaded once per process."""
-    if stage.name in BATCH_RUNS:
-        return importlib.import_module(BATCH_RUNS[stage.name]).batch_run(stage, shared)
-    return batchable_run(stage)
+    run = _composite_batch_run(stage)
+    return run(stage, shared) if run is not None else batchable_run(stage)

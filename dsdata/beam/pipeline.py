@@ -289,7 +289,10 @@ def _prepare_output(output: str) -> None:
     """Remove the outputs of an earlier run in DIR (only the files this tool writes: kept/, rejected/,
     stats.json, the side outputs every stage declares, and .spill/ left by a run that was killed).
     DIR may be remote (s3://, gs://): a folder there is the objects under its prefix."""
-    sides = registered_side_outputs()
+    # Which stage wrote a side output is known only to the stage classes: ask them (importing every
+    # stage module) only where there is an earlier run's output to clear (dot-entries: the lock, .spill/).
+    fresh = "://" not in output and not (os.path.isdir(output) and any(n[:1] != "." for n in os.listdir(output)))
+    sides = [] if fresh else registered_side_outputs()
     folders = ["kept", "rejected", *(s.name for s in sides if s.directory)]
     files = ["stats.json", INCOMPLETE_NAME, *(s.name for s in sides if not s.directory)]
     remove_spill(output)

@@ -144,7 +144,7 @@ class ScoringBatchRun(StageCounters):
 
 
 def batch_run(stage: ScoringStage, shared) -> ScoringBatchRun:
-    """The stage's run on batches inside another DoFn (registered in dsdata/beam/kinds.py BATCH_RUNS);
+    """The stage's run on batches inside another DoFn (dsdata/beam/kinds.py asks its composite module for it);
     `shared`: a Beam `Shared` handle made with the DoFn."""
     return ScoringBatchRun(stage, shared)
 

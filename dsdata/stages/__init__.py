@@ -77,37 +77,20 @@ def custom_stage_problems() -> list[str]:
     return list(CUSTOM.problems.values())
 
 
-# What the registered stages' classes declare as `side_outputs`, so that a run's clean-up learns
-# them without importing every stage module (lexbor, the relevance and augment stacks: ~0.07 CPU-s
-# of each run).  A stage added to REGISTRY but not here is imported and asked;
-# tests/test_stage_kinds.py checks that this table equals what each class declares.
-DECLARED_SIDE_OUTPUTS: dict[str, tuple[SideOutput, ...]] = {
-    "clean": (), "lang": (), "rules": (), "relevance": (), "dedup": (), "tokenize": (),
-    "decontaminate": (), "pii": (),
-    "difficulty": (SideOutput("difficulty.json", ensure_ascii=False),),
-    "augment": (SideOutput("augment.json", sort_keys=True),),
-    "shards": (SideOutput("shards", directory=True), SideOutput("export", directory=True)),
-}
-
-
 def registered_side_outputs() -> list[SideOutput]:
     """The side outputs every registered stage declares: a run removes them all, so a directory
     never mixes this run's kept/ with another recipe's difficulty.json."""
     found: dict[str, SideOutput] = {}
-    for name in REGISTRY:
-        sides = DECLARED_SIDE_OUTPUTS.get(name)
-        if sides is None:
-            if importlib.util.find_spec(REGISTRY[name].partition(":")[0]) is None:
-                continue
-            try:
-                sides = stage_class(name).side_outputs
-            except StageConfigError:  # an optional dependency is missing: that stage cannot have run here
-                continue
+    for name in available_stages():
+        try:
+            sides = stage_class(name).side_outputs
+        except StageConfigError:  # an optional dependency is missing: that stage cannot have run here
+            continue
         for side in sides:
             found.setdefault(side.name, side)
     return list(found.values())
 
 
 __all__ = ["Param", "SideOutput", "Stage", "DocumentStage", "BatchStage", "CorpusStage", "StageConfigError",
-           "REGISTRY", "DECLARED_SIDE_OUTPUTS", "ENTRY_POINT_GROUP", "stage_class", "available_stages",
+           "REGISTRY", "ENTRY_POINT_GROUP", "stage_class", "available_stages",
            "registered_side_outputs", "register_stage", "custom_stages", "custom_stage_problems"]
