@@ -28,7 +28,7 @@ OK, WARN, FAIL = "ok", "warn", "FAIL"
 USED_BY = {"lang": "the lang stage's fastText backend and the fastText relevance classifier",
            "ml": "BERT relevance, causal-LM / n-gram difficulty, augment, tokenizer",
            "train": "dsdata.train", "dedup": "compiled MinHash kernels (a numpy path is used without it)",
-           "dist": "--runner=dask", "s3": "s3:// inputs and outputs", "dev": "the tests"}
+           "s3": "s3:// inputs and outputs", "dev": "the tests"}
 
 
 def _check_fasttext() -> tuple[str, str, str]:

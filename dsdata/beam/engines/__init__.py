@@ -1,7 +1,6 @@
 """Engine plumbing: what runs a pipeline, and what dsdata changes in Beam to run it well.
 
     options.py      the runner a user names: checked against dsdata/runners.py's registry
-    dask_runner.py  dsdata's experimental runner on a dask.distributed cluster (`--runner=dask`)
     artifacts.py    where the non-Python engine artifacts live: Prism's binary, Flink's job-server jar
     harness_noise.py  no tracebacks from Beam's SDK harness for the streams a runner closes at a job's end
     worker_pool.py  the worker pool TaskManagers ask for SDK workers (--environment_type=EXTERNAL)
