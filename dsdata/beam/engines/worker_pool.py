@@ -135,11 +135,6 @@ class WorkerPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):
             for key in [k for k, p in self._workers.items() if p.poll() is not None]:
                 del self._workers[key]
 
-    def worker_pids(self) -> list[int]:
-        self._reap()
-        with self._lock:
-            return [p.pid for p in self._workers.values()]
-
     def close(self) -> None:
         with self._lock:
             procs = list(self._workers.values())
