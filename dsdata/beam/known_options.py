@@ -13,15 +13,6 @@ import functools
 import importlib
 
 
-def option_modules() -> tuple[str, ...]:
-    """The modules whose PipelineOptions subclasses are not in apache_beam.options.pipeline_options,
-    as the runner rows declare them (dsdata/runners.py).  Each is imported where it can be (an extra
-    that is not installed adds no options, and its runner is refused by --runner's own check)."""
-    from dsdata.runners import RUNNERS
-
-    return tuple(module for runner in RUNNERS for module in runner.options_modules)
-
-
 def _all_subclasses(cls: type) -> list[type]:
     found, stack = [], [cls]
     while stack:
@@ -35,13 +26,16 @@ def _all_subclasses(cls: type) -> list[type]:
 @functools.lru_cache(maxsize=1)
 def beam_option_names() -> dict[str, bool]:
     """Every long option (`--name`, as written) that some PipelineOptions subclass declares → whether
-    it takes a value, after `option_modules()` are imported."""
+    it takes a value, after the modules of the runner rows' `options_modules` are imported where they
+    can be (an extra that is not installed adds no options; its runner is refused by --runner's check)."""
     import logging
 
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
+    from dsdata.runners import RUNNERS
+
     quiet = logging.getLogger().level
-    for module in option_modules():
+    for module in (module for runner in RUNNERS for module in runner.options_modules):
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - a runner whose extra is missing (or broken) declares nothing here
