@@ -115,17 +115,16 @@ def _open_parquet(path: str):
     return pq.ParquetFile(pa.OSFile(os.fsencode(path)))
 
 
-# Text bytes from which utf8_lengths hands the column to pyarrow.compute: its import costs
-# ~0.05 CPU-s; Python's len() over the decoded strings costs ~3 ms per MB (numpy's count over the
-# UTF-8 bytes cost 25 ms per MB on a fresh process, the page faults of its temporaries).
+# Text bytes from which utf8_lengths hands the column to pyarrow.compute (whose import costs more
+# than Python's len() over a small sample).
 UTF8_COMPUTE_BYTES = 2 << 20
 
 
 def utf8_lengths(column, compute_bytes: int | None = None) -> Any:
     """Characters of each string of an Arrow string column, nulls kept, as int64:
     pyarrow.compute.utf8_length from `compute_bytes` (UTF8_COMPUTE_BYTES) bytes of text, Python's
-    len() of each string below that, so that a small run does not import pyarrow.compute (~0.05
-    CPU-s, a twentieth of its start-up; the report is its only user in most runs)."""
+    len() of each string below that, so that a small run does not import pyarrow.compute (the report
+    is its only user in most runs)."""
     import pyarrow as pa
 
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
@@ -252,7 +251,7 @@ def rejected_examples(output: str, wanted: Iterable[tuple[str, str]], per_reason
 
 # ---------------------------------------------------------------------------------------------
 # Charts (hand-written SVG from svgchart: no plotting library, a few milliseconds per chart).
-# Each returns the SVG document as text; _img embeds it as a base64 data URI.
+# Each returns the SVG document as text; charts.img embeds it as a base64 data URI.
 
 
 def _count(value: Any) -> int | float:
