@@ -1,10 +1,9 @@
 """The runners dsdata knows, by the names users type: ONE registry, plain data, no Beam.
 
-Read by the CLI (`--runner` help and checks), the recipe's allowlist (dsdata/recipe.py: a shared
-recipe may name only a runner that starts no process), dsdata/beam/engines/options.py (which
-resolves a name to the class Beam runs and checks its module imports) and docs/engines.md (a test
-checks every runner here is documented there).  It lives outside dsdata/beam so the recipe can read
-it without importing the Beam side.
+Read by the CLI (`--runner` checks), the recipe's allowlist (dsdata/recipe.py: a shared recipe may
+name only a runner that starts no process), dsdata/beam/engines/options.py (which checks that the
+class's module imports) and docs/engines.md (a test checks every runner here is documented there).
+It lives outside dsdata/beam so the recipe can read it without importing Beam.
 
 **To add a runner**: write its class (a Beam `PipelineRunner`) under dsdata/beam/engines/, add one
 `Runner` entry below (its name, the other names users type, its class path, whether it runs in this

@@ -7,10 +7,8 @@
     speedups.py     Beam patches applied at import (option views, DoFn specs, collections)
     mlimport.py     Beam's RunInference imported without torch/scipy (installed by dsdata/beam/__init__.py)
 
-The runner registry itself (names → class paths, which run in this process) is plain data in
-dsdata/runners.py, so the recipe and the CLI read it without importing Beam; each row carries the
-modules of its options and the defaults it adds.  The local Flink test cluster is test tooling
-(tests/local_flink.py, tests/loopback_relay.py).
+The runner registry itself is plain data in dsdata/runners.py.  The local Flink test cluster is
+test tooling (tests/local_flink.py, tests/loopback_relay.py).
 """
 
 
