@@ -1,5 +1,5 @@
-"""`.json` files: one JSON document per file (issue 35).  Read as JSON Lines, a folder of
-pretty-printed JSON gave ~800 `bad_json` rows per document."""
+"""`.json` files: one JSON document per file (read as JSON Lines, a pretty-printed document would be
+hundreds of `bad_json` rows)."""
 from __future__ import annotations
 
 import json
