@@ -1,7 +1,7 @@
 """pipelines/pretrain.yaml on a generated corpus (default one million documents) on each runner.
 
     python benchmarks/million.py --docs 20000                      # a check: ~10–20 min on 2 busy cores
-    python benchmarks/million.py --docs 1000000 --runners dask     # the full size (hours; ~3 GB input)
+    python benchmarks/million.py --docs 1000000 --runners default  # the full size (hours; ~3 GB input)
 
 The corpus comes from benchmarks/million_corpus.py (real text, varied by edits, with shares of other
 languages, junk, exact and near duplicates) and is generated into --corpus-dir once per size.  Each
@@ -9,8 +9,6 @@ runner runs `dsdata run` in its own process tree, sampled every 0.5 s with psuti
 
   default           Beam's in-process FnApiRunner (dsdata's default; the peer the ratios divide by)
   multiprocessing   --direct_running_mode=multi_processing --direct_num_workers=CORES
-  dask              --runner=dask: a local dask.distributed cluster of CORES workers, spilling to disk
-                    at 60 % of --dask-memory-limit per worker
   prism             Beam's Prism runner (binary from .ci/engines-setup), in a loopback-only netns
   flink-1tm, flink  a real local Flink cluster (tests/local_flink.py, test tooling: JobManager + 1 or 2 one-slot
                     TaskManagers, SDK workers from dsdata's worker pool, all in a loopback-only netns),
@@ -28,7 +26,7 @@ cores (benchmarks/filters.py's reference loop: one process alone, then two at on
 Per runner: finished (exit 0 within --timeout and under --max-rss-gb, ledger ok), wall seconds,
 docs/s, docs/s per core (input documents / wall / cores of the machine), peak RSS of the largest
 process and of the whole tree, the tree's RSS once a minute, per-stage counts (stats.json "stages")
-and CPU seconds (stats.json "stage_time"; none on dask, which has no Beam metrics), and whether
+and CPU seconds (stats.json "stage_time"), and whether
 kept/rejected ids and stats equal the default runner's.
 The last line printed is one JSON object.
 """
@@ -62,16 +60,11 @@ from local_flink import ClusterError, LocalFlinkCluster  # noqa: E402
 RECIPE = REPO / "pipelines" / "pretrain.yaml"
 
 
-def runner_flags(name: str, cores: int, dask_memory_limit: str, spill_dir: str,
-                 dask_npartitions: int = 0) -> list[str] | None:
+def runner_flags(name: str, cores: int) -> list[str] | None:
     if name == "default":
         return []
     if name == "multiprocessing":
         return ["--direct_running_mode=multi_processing", f"--direct_num_workers={cores}"]
-    if name == "dask":
-        return ["--runner=dask", f"--dask_n_workers={cores}", f"--dask_memory_limit={dask_memory_limit}",
-                f"--dask_local_directory={spill_dir}"] + (
-                    [f"--dask_npartitions={dask_npartitions}"] if dask_npartitions else [])
     if name == "prism":
         prism = prism_binary()
         if prism is None or shutil.which("unshare") is None:
@@ -210,15 +203,11 @@ def outputs_digest(out: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--docs", type=int, default=1_000_000)
-    parser.add_argument("--runners", default="default,multiprocessing,dask,prism")
+    parser.add_argument("--runners", default="default,multiprocessing,prism")
     parser.add_argument("--corpus-dir", type=Path, default=None,
                         help="where the corpus is generated (default: a temporary directory)")
-    parser.add_argument("--work-dir", type=Path, default=None, help="outputs and spill (default: temporary)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="outputs (default: temporary)")
     parser.add_argument("--cores", type=int, default=os.cpu_count())
-    parser.add_argument("--dask-memory-limit", default="6GB", help="per dask worker")
-    parser.add_argument("--dask-npartitions", type=int, default=0,
-                        help="partitions of every dask bag (0: the runner's default, 2 per worker thread); "
-                             "a partition is one task's data, so more partitions = less memory per task")
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per runner")
     parser.add_argument("--max-rss-gb", type=float, default=20.0,
                         help="stop a runner whose process tree passes this (the machine's memory is finite)")
@@ -252,9 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             digests[name] = outputs_digest(out)
             print(json.dumps({name: results[name], "reused": True}), flush=True)
             continue
-        spill = work / f"{name}-spill"
-        spill.mkdir(parents=True, exist_ok=True)
-        flags = runner_flags(name, args.cores, args.dask_memory_limit, str(spill), args.dask_npartitions)
+        flags = runner_flags(name, args.cores)
         if flags is None:
             results[name] = {"finished": False, "skipped": "no prism binary or no unshare (run .ci/engines-setup)"}
             continue
@@ -301,7 +288,6 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = result
         saved.write_text(json.dumps(result))
         print(json.dumps({name: result}), flush=True)
-        shutil.rmtree(spill, ignore_errors=True)
 
     # Kept and rejected ids, stats.json, shard hashes and difficulty.json against the default runner's,
     # whichever order the runners ran in (or an earlier invocation ran them, with --reuse).

@@ -138,9 +138,8 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
                 resume: bool = False) -> PreparedRun:
     """The recipe with `inputs` (replacing the recipe's), `input_format` and `overrides`
     ("STAGE.PARAM=VALUE") applied, `limit` (read only the first N records) set, and every check
-    made before anything is written.  The recipe's
-    own inputs must stay inside its folder, links resolved; inputs given here are the caller's.
-    resume: continue a killed or failed run into OUT (not with `limit`, nor into a remote OUT)."""
+    made before anything is written.  The recipe's own inputs must stay inside its folder, links
+    resolved; inputs given here are the caller's.  resume: not with `limit`, nor into a remote OUT."""
     from dsdata.beam.errors import ErrorBudget
     from dsdata.io.inputs import input_notes, resolve_recipe_inputs
     from dsdata.io.outlock import check_output_dir
@@ -302,10 +301,8 @@ def _override_items(overrides: Mapping[str, Any] | Iterable[str] | None) -> list
 
 
 # Beam's multi-threaded in-process worker (EmbeddedPythonGrpcEnvironment) drops elements between
-# fused stages: 3 runs in 8 of clean+rules on 20,000 documents lost 95-336 records after the reader
-# had yielded all 20,000 (its own log line says so), once with both ledger sides short alike, so the
-# ledger passed.  multi_processing and in_memory, the same runner with other workers, lost nothing in
-# the same repro (issue 14; docs/reliability.md).  Until Beam fixes it, the mode is refused.
+# fused stages, sometimes on both ledger sides alike (docs/reliability.md); multi_processing and
+# in_memory lost nothing in the same repro.  Until Beam fixes it, the mode is refused.
 UNSAFE_RUNNING_MODES = {
     "multi_threading": "Beam's multi-threaded in-process worker loses records between stages (3 runs in 8 "
                        "on 20,000 documents, sometimes unseen by the ledger); use "

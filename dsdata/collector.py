@@ -1,11 +1,9 @@
 """The cyclic garbage collector in processes that are dsdata's own (`dsdata run`, Beam SDK workers).
 
 Python collects its youngest generation every 700 container objects allocated (more than freed).
-One batch of documents makes more than that (a Document and its two dicts, a row, a list), so a
-run collected ~500 times per 100k documents (`pipelines/langid.yaml`: 0.1 CPU-s) and found
-nothing to free: documents, rows and batches are freed by their reference counts.  With a young
-generation of YOUNG_OBJECTS the same run collects a few times.  Only Python's own default is
-raised: a threshold the user set (gc.set_threshold, or 0: collections off) is kept.
+One batch of documents makes more than that, so a run collected hundreds of times and found nothing
+to free: documents, rows and batches are freed by their reference counts.  Only Python's own default
+is raised: a threshold the user set (gc.set_threshold, or 0: collections off) is kept.
 """
 from __future__ import annotations
 

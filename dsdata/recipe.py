@@ -153,10 +153,9 @@ def _as_stage_list(raw: Any, path: str) -> list[StageSpec]:
 #
 # Nor may a recipe choose a runner or a running mode that starts processes: Prism runs a binary
 # (downloaded to Beam's cache, where anything could have been put), Flink and Spark a job-server jar
-# with `java`, Beam's DirectRunner tries Prism first, dask starts a local cluster, and
-# `multi_processing` starts worker processes.  A recipe's `runner` is one of the in-process runners of
-# dsdata/runners.py (DirectRunner and FnApiRunner mean dsdata's default, Beam's FnApiRunner in this
-# process) and its `direct_running_mode` is `in_memory`; the others are given on the command line.
+# with `java`, Beam's DirectRunner tries Prism first, and `multi_processing` starts worker processes.
+# A recipe's `runner` is one of the in-process runners of dsdata/runners.py (DirectRunner and
+# FnApiRunner mean dsdata's default) and its `direct_running_mode` is `in_memory`.
 
 # Runner choice and tuning: none of these names a program, a file, an image, a package or an endpoint.
 RECIPE_BEAM_OPTIONS = frozenset({

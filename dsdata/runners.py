@@ -1,10 +1,9 @@
 """The runners dsdata knows, by the names users type: ONE registry, plain data, no Beam.
 
-Read by the CLI (`--runner` help and checks), the recipe's allowlist (dsdata/recipe.py: a shared
-recipe may name only a runner that starts no process), dsdata/beam/engines/options.py (which
-resolves a name to the class Beam runs and checks its module imports) and docs/engines.md (a test
-checks every runner here is documented there).  It lives outside dsdata/beam so the recipe can read
-it without importing the Beam side.
+Read by the CLI (`--runner` checks), the recipe's allowlist (dsdata/recipe.py: a shared recipe may
+name only a runner that starts no process), dsdata/beam/engines/options.py (which checks that the
+class's module imports) and docs/engines.md (a test checks every runner here is documented there).
+It lives outside dsdata/beam so the recipe can read it without importing Beam.
 
 **To add a runner**: write its class (a Beam `PipelineRunner`) under dsdata/beam/engines/, add one
 `Runner` entry below (its name, the other names users type, its class path, whether it runs in this
@@ -33,12 +32,9 @@ class Runner:
     replaces_beams: bool = False  # dsdata hands Beam `class_path`, not the name (Beam would pick another class)
     extra: str | None = None    # the pip extra its module needs, for the one-line error when it is missing
     summary: str = ""
-    experimental: str = ""      # why it is not among the tested engines: one warning line when it is chosen
     # Modules whose PipelineOptions subclasses declare this runner's flags (imported, where installed,
-    # to tell a mistyped dsdata flag from a Beam option); with `option_prefix`, only when a flag
-    # starting with it is checked (a module that is slow to import costs the other runs nothing).
+    # to tell a mistyped dsdata flag from a Beam option).
     options_modules: tuple[str, ...] = ()
-    option_prefix: str = ""
     # "module:function" giving the Beam arguments a run on this runner gets by default (function(args)
     # → extra args), e.g. the Flink job-server jar that .ci/engines-setup assembles.
     defaults: str = ""
@@ -55,13 +51,6 @@ RUNNERS: tuple[Runner, ...] = (
            replaces_beams=True, summary="dsdata's default: Beam's FnApiRunner in this process"),
     Runner("BundleBasedDirectRunner", _BEAM + "direct.direct_runner.BundleBasedDirectRunner", in_process=True,
            summary="Beam's older in-process runner"),
-    # Beam's DaskRunner loses outputs on a real cluster: `dask` means dsdata's fixed one (docs/engines.md).
-    Runner("dask", "dsdata.beam.engines.dask_runner.DistributedDaskRunner", ("daskrunner",), replaces_beams=True,
-           extra="dist", summary="experimental: dsdata's runner on a dask.distributed cluster (local or remote)",
-           options_modules=("apache_beam.runners.dask.dask_runner", "dsdata.beam.engines.dask_runner"),
-           option_prefix="--dask_",
-           experimental="many times slower than the default in-process runner, with no progress until the "
-                        "end (docs/engines.md, dask); use it only to try a dask cluster"),
     Runner("PrismRunner", _BEAM + "portability.prism_runner.PrismRunner",
            summary="Beam's portable Go runner (a binary)"),
     Runner("FlinkRunner", _BEAM + "portability.flink_runner.FlinkRunner",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 # What a run measured rather than produced: wall time, per-stage CPU time (which a runner without
-# metrics, like the dask runner, reports as unavailable), and what a resumed run reused.
+# metrics reports as unavailable), and what a resumed run reused.
 MEASURED = ("seconds", "stage_time", "stage_time_unavailable", "resume")
 
 

@@ -1,4 +1,4 @@
-"""The pretrain recipe on real engines — dask.distributed, Prism, Flink — gives the default runner's outputs.
+"""The pretrain recipe on real engines — Prism, Flink — gives the default runner's outputs.
 
 "Identical" means: kept and rejected rows (sorted by id), stats.json without its timing, difficulty.json
 and every shard file byte for byte.  Everything a test starts binds 127.0.0.1 and is stopped by PID.
@@ -9,11 +9,9 @@ import ipaddress
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -29,8 +27,6 @@ from run_outputs import assert_same_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "pipelines" / "pretrain.yaml"
-
-psutil = pytest.importorskip("psutil")
 
 
 # --- comparing two runs: tests/run_outputs.py ---------------------------------------------------------
@@ -56,212 +52,6 @@ def _unmapped(ip: str):
 
 def _is_loopback(ip: str) -> bool:
     return _unmapped(ip).is_loopback
-
-
-def _non_loopback_sockets(pids: list[int]) -> list[str]:
-    """Sockets of these processes bound (or connected) to anything but 127.0.0.0/8 or ::1."""
-    bad = []
-    for pid in pids:
-        try:
-            conns = psutil.Process(pid).net_connections(kind="inet")
-        except psutil.NoSuchProcess:
-            continue
-        for c in conns:
-            for addr in (c.laddr, c.raddr):
-                if addr and not _is_loopback(addr.ip):
-                    bad.append(f"pid {pid}: {c.status} {addr.ip}:{addr.port}")
-    return bad
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# --- Dask ------------------------------------------------------------------------------------------------
-
-def _distributed():
-    return pytest.importorskip("dask.distributed", reason="dask.distributed missing: pip install -e '.[dist]'")
-
-
-@pytest.fixture(scope="module")
-def dask_cluster():
-    # Started inside the test run: a long-lived cluster's workers would keep modules imported earlier.
-    cluster = _distributed().LocalCluster(
-        processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1",
-        dashboard_address="127.0.0.1:0", worker_dashboard_address="127.0.0.1:0")
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
-def _cluster_pids(cluster) -> list[int]:
-    # The scheduler and the nannies live in this process; each worker is a child process.
-    return [os.getpid()] + [c.pid for c in psutil.Process().children(recursive=True)]
-
-
-@pytest.mark.slow
-def test_dask_pretrain_identical_to_default_runner_and_loopback_only(dask_cluster, baseline, tmp_path):
-    out = tmp_path / "dask"
-    rc = cli_main(["run", str(PRETRAIN), "--output", str(out), "--quiet", "--runner=dask",
-                   f"--dask_client_address={dask_cluster.scheduler_address}"])
-    assert rc == 0
-    assert_same_outputs(baseline, out)
-    pids = _cluster_pids(dask_cluster)
-    assert len(pids) >= 3  # this process + two worker processes
-    assert _non_loopback_sockets(pids) == []
-
-
-def _marker(directory: Path, prefix: str) -> None:
-    (directory / f"{prefix}-{os.getpid()}-{time.monotonic_ns()}").touch()
-
-
-def _markers(directory: Path, prefix: str) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.startswith(prefix + "-"))
-
-
-def test_dask_runner_semantics_beam_runner_got_wrong(dask_cluster, tmp_path):
-    """Each of Beam 2.77 DaskRunner's faults, in one small pipeline (docs/engines.md lists them)."""
-    import apache_beam as beam
-
-    from dsdata.beam.pipeline import pipeline_options
-
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    out = tmp_path / "out"
-
-    class Split(beam.DoFn):
-        def setup(self):
-            _marker(marks, "setup")
-
-        def teardown(self):
-            _marker(marks, "teardown")
-
-        def start_bundle(self):
-            self.bundle = f"{os.getpid()}-{time.monotonic_ns()}"
-
-        def process(self, x):
-            yield beam.pvalue.TaggedOutput("odd", x) if x % 2 else x
-            yield beam.pvalue.TaggedOutput("bundles", self.bundle)
-
-        def finish_bundle(self):
-            # Emitted after the last element: Beam's runner dropped these.
-            yield beam.pvalue.TaggedOutput(
-                "bundles", beam.transforms.window.GlobalWindows.windowed_value(f"finished {self.bundle}"))
-
-    def side_value(_):
-        _marker(marks, "side")
-        return 100
-
-    options = pipeline_options(["--runner=dask", f"--dask_client_address={dask_cluster.scheduler_address}"])
-    with beam.Pipeline(options=options) as p:
-        side = p | "One" >> beam.Create([None]) | "Side" >> beam.Map(side_value)
-        nums = p | "Nums" >> beam.Create(list(range(40))) | "Spread" >> beam.Reshuffle()
-        parts = nums | "Split" >> beam.ParDo(Split()).with_outputs("odd", "bundles", main="even")
-        plus = lambda x, s: x + s  # noqa: E731
-        (parts.even | "EvenPlus" >> beam.Map(plus, beam.pvalue.AsSingleton(side))
-         | "EvenWrite" >> beam.io.WriteToText(str(out / "even")))
-        (parts.odd | "OddPlus" >> beam.Map(plus, beam.pvalue.AsSingleton(side))
-         | "OddWrite" >> beam.io.WriteToText(str(out / "odd")))
-        parts.bundles | "BundleWrite" >> beam.io.WriteToText(str(out / "bundles"))
-
-    def lines(prefix):
-        return [line for f in out.glob(f"{prefix}-*") for line in f.read_text().splitlines()]
-
-    # (1) every sink ran, (2) outputs split by tag
-    assert sorted(int(v) for v in lines("even")) == [x + 100 for x in range(0, 40, 2)]
-    assert sorted(int(v) for v in lines("odd")) == [x + 100 for x in range(1, 40, 2)]
-    bundle_lines = lines("bundles")
-    processed = {b for b in bundle_lines if not b.startswith("finished ")}
-    finished = {b.split(" ", 1)[1] for b in bundle_lines if b.startswith("finished ")}
-    # (3) one finish_bundle output per bundle; (5) Reshuffle spread 40 elements over several bundles
-    assert finished == processed and len(processed) > 1
-    # (4) the side input is computed once although two ParDos consume it
-    assert len(_markers(marks, "side")) == 1
-    # (6) setup once per DoFn instance per worker process (one thread each here), not per bundle
-    setups = _markers(marks, "setup")
-    assert 1 <= len(setups) <= 2 and len({s.split("-")[1] for s in setups}) == len(setups)
-    # (7) at the end of the run the cluster (which outlives it) tears down and drops its instances
-    assert len(_markers(marks, "teardown")) == len(setups)
-    # (8) WriteImpl's one-time initialisation ran once per sink: no temp directory left behind
-    assert not [p for p in out.iterdir() if p.name.startswith("beam-temp")]
-
-
-def test_dask_runner_reads_bounded_sources_and_impulse(dask_cluster, tmp_path):
-    import apache_beam as beam
-
-    from dsdata.beam.pipeline import pipeline_options
-
-    (tmp_path / "in.txt").write_text("".join(f"line {i}\n" for i in range(30)), encoding="utf-8")
-    options = pipeline_options(["--runner=dask", f"--dask_client_address={dask_cluster.scheduler_address}"])
-    with beam.Pipeline(options=options) as p:
-        lines = p | "Text" >> beam.io.ReadFromText(str(tmp_path / "in.txt"))
-        pulse = p | "Impulse" >> beam.Impulse() | "Mark" >> beam.Map(lambda _: "impulse")
-        ((lines, pulse) | beam.Flatten() | beam.combiners.Count.PerElement()
-         | beam.MapTuple(lambda k, n: f"{k}\t{n}") | beam.io.WriteToText(str(tmp_path / "out")))
-    got = sorted(line for f in tmp_path.glob("out-*") for line in f.read_text().splitlines())
-    assert got == sorted([f"line {i}\t1" for i in range(30)] + ["impulse\t1"])
-
-
-def test_dask_runner_reraises_a_dofn_error(dask_cluster):
-    import apache_beam as beam
-
-    from dsdata.beam.pipeline import pipeline_options
-
-    def fail(x):
-        if x == 3:
-            raise ValueError("element 3 is bad")
-        return x
-
-    options = pipeline_options(["--runner=dask", f"--dask_client_address={dask_cluster.scheduler_address}"])
-    with pytest.raises(ValueError, match="element 3 is bad"):
-        with beam.Pipeline(options=options) as p:
-            p | beam.Create(list(range(5))) | beam.Map(fail)
-
-
-def test_dask_runner_without_address_starts_and_stops_a_loopback_cluster(tmp_path):
-    """No --dask_client_address: the runner starts its own cluster on 127.0.0.1 and stops it after."""
-    import apache_beam as beam
-
-    _distributed()
-
-    from dsdata.beam.pipeline import pipeline_options
-
-    seen = tmp_path / "seen"
-    seen.mkdir()
-
-    def record_sockets(x):
-        # Runs inside a worker while the runner's cluster is up: look at the whole process tree.
-        root = psutil.Process(os.getppid())
-        pids = [root.pid] + [c.pid for c in root.children(recursive=True)]
-        (seen / f"{x}.json").write_text(json.dumps({"pids": pids, "bad": _non_loopback_sockets(pids)}))
-        return x
-
-    before = {c.pid for c in psutil.Process().children(recursive=True)}
-    options = pipeline_options(["--runner=dask", "--dask_n_workers=1"])
-    with beam.Pipeline(options=options) as p:
-        p | beam.Create([1]) | beam.Map(record_sockets)
-    report = json.loads((seen / "1.json").read_text())
-    assert report["bad"] == []
-    assert os.getpid() in report["pids"]  # the scheduler runs in this process
-    deadline = time.time() + 30
-    while {c.pid for c in psutil.Process().children(recursive=True)} - before and time.time() < deadline:
-        time.sleep(0.5)
-    assert not {c.pid for c in psutil.Process().children(recursive=True)} - before, "worker processes left running"
-
-
-def test_dask_runner_unreachable_scheduler_is_one_line(tmp_path, capsys):
-    _distributed()
-    (tmp_path / "a.jsonl").write_text('{"id": "1", "text": "hello"}\n', encoding="utf-8")
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("name: t\ninput: {paths: ['*.jsonl']}\nstages: []\n", encoding="utf-8")
-    rc = cli_main(["run", str(recipe), "--output", str(tmp_path / "out"), "--quiet", "--runner=dask",
-                   f"--dask_client_address=tcp://127.0.0.1:{_free_port()}", "--dask_connection_timeout=2"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2
-    assert len(err) == 1 and err[0].startswith("dsdata: error: cannot reach the dask scheduler at tcp://127.0.0.1:")
 
 
 # --- Prism -----------------------------------------------------------------------------------------------

@@ -150,13 +150,13 @@ def test_readme_names_every_extra_that_all_installs():
 
 
 def test_doctor_reports_every_extra_the_installed_metadata_declares(tmp_path):
-    """Extras come from dsdata's installed metadata, never a second list: every one of them (dist and
-    s3 were missing) is a row, and an extra a metadata declares with a distribution that is not
+    """Extras come from dsdata's installed metadata, never a second list: every one of them (s3 was
+    once missing) is a row, and an extra a metadata declares with a distribution that is not
     installed (a dsdata-0.1.0.dist-info put first on the path) is a warning naming it."""
     from importlib import metadata
 
     declared = metadata.metadata("dsdata").get_all("Provides-Extra")
-    assert {"dist", "s3"} <= set(declared)
+    assert {"dedup", "s3"} <= set(declared)
     report = json.loads(_cli(["doctor", "--json"], tmp_path).stdout.strip().splitlines()[-1])
     assert {f"extra [{e}]" for e in declared} <= {c["name"] for c in report["checks"]}
     fake = tmp_path / "fake"

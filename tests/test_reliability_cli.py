@@ -84,10 +84,10 @@ _REFUSED_OPTIONS = [
     ("setup_file", "./setup.py"), ("requirements_file", "req.txt"), ("extra_packages", "x.tar.gz"),
     ("sdk_location", "x.tar.gz"), ("pickle_library", "dill"), ("temp_location", "/tmp"),
 ]
-# Prism runs a binary from Beam's download cache, Flink and Spark a job-server jar, dask a local
-# cluster: a shared file may not start them; the command line may.
+# Prism runs a binary from Beam's download cache, Flink and Spark a job-server jar: a shared file
+# may not start them; the command line may.
 _PROGRAM_RUNNERS = ["PrismRunner", "prism", "FlinkRunner", "SparkRunner", "PortableRunner", "DataflowRunner",
-                    "dask", "DaskRunner", "InteractiveRunner"]
+                    "InteractiveRunner"]
 
 
 @pytest.mark.parametrize("line, message", [

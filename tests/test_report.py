@@ -535,16 +535,16 @@ def test_a_chart_with_cjk_labels_carries_the_glyphs_of_its_own_characters():
 
     from dsdata.report import svgchart
     from dsdata.report.cjkfont import FAMILY, cjk_characters
-    from dsdata.report.page import _img
+    from dsdata.report.charts import img
 
     svg = svgchart.bar_chart(["中文", "繁體中文", "ひらがな", "한국어", "en"], [5, 4, 3, 2, 1], title="語言 (kept)", xlabel="lang")
-    shown = base64.b64decode(_img("hist-lang", svg, "language mix").split("base64,", 1)[1].split('"', 1)[0])
+    shown = base64.b64decode(img("hist-lang", svg, "language mix").split("base64,", 1)[1].split('"', 1)[0])
     shown = shown.decode("utf-8")
     prefix = f"@font-face{{font-family:'{FAMILY}';src:url(data:font/woff;base64,"
     font = TTFont(io.BytesIO(base64.b64decode(shown.split(prefix, 1)[1].split(")", 1)[0])))
     assert cjk_characters(svg) <= {chr(c) for c in font.getBestCmap()} and "體" in cjk_characters(svg)
     assert f"'{FAMILY}'" in shown.split(">", 1)[0]  # the root's font-family falls back to it
-    assert "@font-face" not in base64.b64decode(_img("x", svgchart.bar_chart(["en"], [1], title="t", xlabel="lang"), "x")
+    assert "@font-face" not in base64.b64decode(img("x", svgchart.bar_chart(["en"], [1], title="t", xlabel="lang"), "x")
                                                 .split("base64,", 1)[1].split('"', 1)[0]).decode("utf-8")
 
 

@@ -37,13 +37,11 @@ def test_every_runner_dsdata_names_is_documented_and_its_class_exists():
 
 
 def test_names_resolve_as_users_type_them():
-    assert resolve_runner("dask") == "dsdata.beam.engines.dask_runner.DistributedDaskRunner"
-    assert resolve_runner("DaskRunner") == resolve_runner("dask")
     assert resolve_runner("DirectRunner") == resolve_runner("direct") == IN_PROCESS_RUNNER
     assert resolve_runner("PrismRunner") == "PrismRunner"  # Beam resolves its own by name
     assert resolve_runner("prism") == "prism"
     assert is_in_process(None) and is_in_process(IN_PROCESS_RUNNER) and is_in_process("BundleBasedDirectRunner")
-    assert not is_in_process("dask") and not is_in_process("FlinkRunner") and not is_in_process("my.Runner")
+    assert not is_in_process("FlinkRunner") and not is_in_process("my.Runner")
 
 
 @pytest.mark.parametrize("runner", [r.name for r in RUNNERS])
@@ -57,27 +55,21 @@ def test_a_recipe_may_name_exactly_the_in_process_runners(tmp_path, runner):
             load_recipe(str(tmp_path / "r.yaml"))
 
 
-def test_choosing_the_experimental_dask_runner_prints_one_warning_line(tmp_path):
-    """dask is not among the tested engines (docs/engines.md: ~30× the in-process wall time on the
-    samples, no progress): choosing it says so in one line, then runs as asked (here: a scheduler
-    that does not answer, its own one-line error)."""
-    import socket
+def test_the_retired_dask_runner_is_an_unknown_runner(tmp_path):
+    """--runner=dask was removed (docs/history/2026-12-06-dask.md): it is refused like any name the
+    registry does not hold, in one line that lists the runners, before anything runs."""
     import subprocess
     import sys
 
-    pytest.importorskip("dask.distributed", reason="dask.distributed missing: pip install -e '.[dist]'")
     (tmp_path / "a.jsonl").write_text('{"id": "1", "text": "hello"}\n', encoding="utf-8")
     (tmp_path / "r.yaml").write_text("name: t\ninput: {paths: ['*.jsonl']}\nstages: []\n", encoding="utf-8")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    assert find_runner("dask") is None and find_runner("DaskRunner") is None
     done = subprocess.run([sys.executable, "-m", "dsdata.cli", "run", str(tmp_path / "r.yaml"), "--output",
-                           str(tmp_path / "out"), "--quiet", "--runner=dask",
-                           f"--dask_client_address=tcp://127.0.0.1:{port}", "--dask_connection_timeout=2"],
+                           str(tmp_path / "out"), "--quiet", "--runner=dask"],
                           capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     lines = [line for line in done.stderr.splitlines() if "apitools" not in line]
-    warning = [line for line in lines if "experimental" in line]
-    assert warning == [warning[0]] and warning[0].startswith("dsdata: --runner=dask is experimental: "), lines
-    assert lines[-1].startswith("dsdata: error: cannot reach the dask scheduler"), lines
-    assert done.returncode == 2 and len(lines) == 2, lines
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("dsdata: error: unknown --runner 'dask' (runners: FnApiRunner, "), lines
+    assert all(runner.name in lines[0] for runner in RUNNERS), lines
+    assert not (tmp_path / "out").exists()

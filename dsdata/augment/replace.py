@@ -119,6 +119,18 @@ class Replacement:
     replaced: int
 
 
+def _replaced(text: str, spans: list[tuple[int, int, str]]) -> Replacement:
+    """`text` with each (start, end, replacement) of `spans` (in order, not overlapping) put in, in
+    the case of the text it replaces."""
+    parts, last = [], 0
+    for start, end, replacement in spans:
+        parts.append(text[last:start])
+        parts.append(_match_case(text[start:end], replacement))
+        last = end
+    parts.append(text[last:])
+    return Replacement("".join(parts), len(spans))
+
+
 class SynonymReplacer:
     def __init__(self, path: str, param: str = "synonyms"):
         self.synonyms: dict[str, list[str]] = {}
@@ -129,17 +141,13 @@ class SynonymReplacer:
         self.matcher = _TermMatcher(list(self.synonyms))
 
     def apply(self, text: str, rng: random.Random, prob: float) -> Replacement:
-        parts, last, replaced = [], 0, 0
+        spans = []
         for start, end, term in self.matcher.find(text):
             # Draw for every match, replaced or not, so one decision does not shift the others.
             roll, choice = rng.random(), rng.choice(self.synonyms[term])
             if roll < prob:
-                parts.append(text[last:start])
-                parts.append(_match_case(text[start:end], choice))
-                last = end
-                replaced += 1
-        parts.append(text[last:])
-        return Replacement("".join(parts), replaced)
+                spans.append((start, end, choice))
+        return _replaced(text, spans)
 
 
 class EntityReplacer:
@@ -164,12 +172,4 @@ class EntityReplacer:
                 choice = rng.choice(others)
                 if roll < prob:
                     swap[term] = choice
-        parts, last, replaced = [], 0, 0
-        for start, end, term in matches:
-            if term in swap:
-                parts.append(text[last:start])
-                parts.append(_match_case(text[start:end], swap[term]))
-                last = end
-                replaced += 1
-        parts.append(text[last:])
-        return Replacement("".join(parts), replaced)
+        return _replaced(text, [(start, end, swap[term]) for start, end, term in matches if term in swap])

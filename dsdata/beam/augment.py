@@ -65,6 +65,20 @@ class _Errors(StageCounters):
         copy = augmented_copy(doc, method, doc.text, None)
         return self._route(self._failed(Rejected(copy, STAGE_NAME, ERROR, f"{method}: {detail}")))
 
+    def _guarded(self, doc: Document, method: str, make, *on_error: str) -> list:
+        """make()'s outputs, its CPU time counted; when it raises (not a stop), the `on_error`
+        outcomes and the failed copy of `doc` instead."""
+        start = self._clock_start()
+        try:
+            outputs = make()
+        except BaseException as exc:  # noqa: BLE001 - no copy of this document; the run goes on
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
+            outputs = [*(_count(method, outcome) for outcome in on_error),
+                       self._failed_copy(doc, method, error_rejection(doc, STAGE_NAME, exc).detail)]
+        self._clock_stop(start)
+        return outputs
+
 
 class LoadedTranslators(dict):
     """direction → Seq2SeqTranslator; a dict subclass because Beam's Shared keeps a weak reference
@@ -148,16 +162,7 @@ class PlanRoundTrips(_Errors, beam.DoFn):
         self.config = config
 
     def process(self, doc: Document):
-        start = self._clock_start()
-        try:
-            outputs = self._plan(doc)
-        except BaseException as exc:  # noqa: BLE001 - no copy of this document; the run goes on
-            if passes_through(exc):  # a stop, not the record's fault; a native panic is
-                raise
-            outputs = [_count("back_translation", "selected"), _count("back_translation", "dropped_error"),
-                       self._failed_copy(doc, "back_translation", error_rejection(doc, STAGE_NAME, exc).detail)]
-        self._clock_stop(start)
-        yield from outputs
+        yield from self._guarded(doc, "back_translation", lambda: self._plan(doc), "selected", "dropped_error")
 
     def _plan(self, doc: Document) -> list:
         config = self.config
@@ -202,16 +207,9 @@ class AssembleRoundTrips(_Errors, beam.DoFn):
             missing = [i for i in range(len(plan.layout.sentences)) if i not in translated]
             if missing:
                 raise RuntimeError(f"augment: document {plan.doc.id!r} lost translations of sentences {missing[:5]}")
-            start = self._clock_start()
-            try:
-                outputs = self._assemble(plan, [translated[i] for i in range(len(plan.layout.sentences))])
-            except BaseException as exc:  # noqa: BLE001 - no copy of this document; the run goes on
-                if passes_through(exc):  # a stop, not the record's fault; a native panic is
-                    raise
-                outputs = [_count("back_translation", "dropped_error"), self._failed_copy(
-                    plan.doc, "back_translation", error_rejection(plan.doc, STAGE_NAME, exc).detail)]
-            self._clock_stop(start)
-            yield from outputs
+            sentences = range(len(plan.layout.sentences))
+            yield from self._guarded(plan.doc, "back_translation",
+                                     lambda: self._assemble(plan, [translated[i] for i in sentences]), "dropped_error")
 
     def _assemble(self, plan: RoundTripPlan, sentences: list[Any]) -> list:
         failed = [s for s in sentences if isinstance(s, TranslationFailed)]
@@ -279,16 +277,7 @@ class ReplaceTerms(_Errors, beam.DoFn):
         if not is_selected(config.seed, config.method, doc.id, config.fraction):
             return
         yield _count(config.method, "selected")
-        start = self._clock_start()
-        try:
-            outputs = self._replace(doc)
-        except BaseException as exc:  # noqa: BLE001 - no copy of this document; the run goes on
-            if passes_through(exc):  # a stop, not the record's fault; a native panic is
-                raise
-            outputs = [_count(config.method, "dropped_error"),
-                       self._failed_copy(doc, config.method, error_rejection(doc, STAGE_NAME, exc).detail)]
-        self._clock_stop(start)
-        yield from outputs
+        yield from self._guarded(doc, config.method, lambda: self._replace(doc), "dropped_error")
 
     def _replace(self, doc: Document) -> list:
         config = self.config
@@ -302,15 +291,15 @@ class ReplaceTerms(_Errors, beam.DoFn):
 
 def report_from_counts(counts: Iterable[tuple[tuple[str, str], int]], methods: Sequence[str]) -> dict[str, Any]:
     """augment.json: per method selected/made/kept and dropped per reason, plus totals."""
-    report: dict[str, Any] = {}
-    for method in methods:
-        report[method] = {"selected": 0, "made": 0, "kept": 0, "dropped": {}, "skipped": {}}
+    def empty() -> dict[str, Any]:
+        return {"selected": 0, "made": 0, "kept": 0, "dropped": {}, "skipped": {}}
+
+    report: dict[str, Any] = {method: empty() for method in methods}
     for (method, outcome), n in counts:
-        entry = report.setdefault(method, {"selected": 0, "made": 0, "kept": 0, "dropped": {}, "skipped": {}})
-        if outcome.startswith("dropped_"):
-            entry["dropped"][outcome.removeprefix("dropped_")] = entry["dropped"].get(outcome.removeprefix("dropped_"), 0) + n
-        elif outcome.startswith("skipped_"):
-            entry["skipped"][outcome.removeprefix("skipped_")] = entry["skipped"].get(outcome.removeprefix("skipped_"), 0) + n
+        entry = report.setdefault(method, empty())
+        kind, _, reason = outcome.partition("_")
+        if kind in ("dropped", "skipped") and reason:
+            entry[kind][reason] = entry[kind].get(reason, 0) + n
         else:
             entry[outcome] = entry.get(outcome, 0) + n
     entries = [report[m] for m in report]

@@ -7,12 +7,11 @@
                                                  stage's stats and OUT/difficulty.json (the builder writes it)
 
 Memory: no document can be graded before the quantiles of all of them are known, and a runner holds
-the PCollection that waits for a side input.  When the scored documents themselves waited, the
-in-process runner held every kept document's text at once (6.2 GB of the 9.1 GB peak at 1M
-documents).  With a spill directory (the stage's `spill: true`, the default) each bundle's scored
-documents go to spill files under RUN_DIR/.spill/difficulty (dsdata/beam/spill.py: plain
-values only, no pickle) and only the files' names wait; grading reads one file at a time.  A
-document with a value the spill format cannot carry waits in the runner as before.
+the PCollection that waits for a side input (the in-process runner would hold every kept document's
+text).  With a spill directory (the stage's `spill: true`, the default) each bundle's scored
+documents go to spill files under RUN_DIR/.spill/difficulty (dsdata/beam/spill.py: plain values
+only, no pickle) and only the files' names wait; grading reads one file at a time.  A document with
+a value the spill format cannot carry waits in the runner.
 """
 from __future__ import annotations
 
@@ -43,10 +42,8 @@ class LogHistogram(beam.CombineFn):
     """Perplexities → [{bin: count}, smallest, largest], bins of BIN_WIDTH in log(value).
 
     The percentiles that grade documents must not depend on how a runner splits the values into
-    partial accumulators: Beam's ApproximateQuantiles did (at 1M documents Flink's cut-offs differed
-    from the in-process runner's in the fourth digit and 20 documents changed bucket).  Integer counts
-    per fixed bin, and the exact minimum and maximum, merge to the same result in any order and any
-    grouping.  The accumulator holds one entry per occupied bin: at most ln(max / min) / BIN_WIDTH
+    partial accumulators, as Beam's ApproximateQuantiles' do.  Integer counts per fixed bin, and the
+    exact minimum and maximum, merge to the same result in any order and any grouping.  The accumulator holds one entry per occupied bin: at most ln(max / min) / BIN_WIDTH
     (about 69,000 for perplexities from 10 to 10,000), a few hundred KB, whatever the corpus size."""
 
     def create_accumulator(self):

@@ -4,27 +4,13 @@ tell a mistyped dsdata flag (`--ouput=DIR`) from a Beam option that passes throu
 Beam's own parser ignores an option it does not know (it logs "Discarding unparseable args"), so a
 typo once ran the default samples into ./out and exited 0.  The known set is what Beam itself would
 parse: the flags every `PipelineOptions` subclass adds in `_add_argparse_args`, after the modules
-that define runner options (Dataflow, dask, dsdata's dask runner) have been imported where they
-are installed.
+that define runner options (dsdata/runners.py) have been imported where they are installed.
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import importlib
-
-
-
-def option_modules(flag: str = "") -> tuple[str, ...]:
-    """The modules whose PipelineOptions subclasses are not in apache_beam.options.pipeline_options,
-    as the runner rows declare them (dsdata/runners.py): those of every runner without an
-    `option_prefix`, and those whose prefix `flag` starts with.  Each is imported where it can be (an
-    extra that is not installed adds no options, and its runner is refused by --runner's own check)."""
-    from dsdata.runners import RUNNERS
-
-    return tuple(module for runner in RUNNERS
-                 if not runner.option_prefix or (flag and flag.startswith(runner.option_prefix))
-                 for module in runner.options_modules)
 
 
 def _all_subclasses(cls: type) -> list[type]:
@@ -37,16 +23,19 @@ def _all_subclasses(cls: type) -> list[type]:
     return found
 
 
-@functools.lru_cache(maxsize=8)
-def beam_option_names(modules: tuple[str, ...] | None = None) -> dict[str, bool]:
+@functools.lru_cache(maxsize=1)
+def beam_option_names() -> dict[str, bool]:
     """Every long option (`--name`, as written) that some PipelineOptions subclass declares → whether
-    it takes a value, after `modules` (default: `option_modules()`) are imported."""
+    it takes a value, after the modules of the runner rows' `options_modules` are imported where they
+    can be (an extra that is not installed adds no options; its runner is refused by --runner's check)."""
     import logging
 
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
+    from dsdata.runners import RUNNERS
+
     quiet = logging.getLogger().level
-    for module in option_modules() if modules is None else modules:
+    for module in (module for runner in RUNNERS for module in runner.options_modules):
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - a runner whose extra is missing (or broken) declares nothing here
@@ -76,7 +65,7 @@ def unknown_flag_message(flag: str, own_flags: list[str]) -> str | None:
     name = flag.split("=", 1)[0]
     if name in own_flags or len([f for f in own_flags if f.startswith(name)]) == 1:
         return None
-    beam = beam_option_names(option_modules(name))
+    beam = beam_option_names()
     if name in beam:
         if beam[name] and "=" not in flag:
             # Beam would take the next word as its value, but dsdata's parser takes it for the recipe.

@@ -3,9 +3,7 @@
 A Flatten whose inputs come from different runner stages is materialised by Beam's in-process
 runner (FnApiRunner's `sink_flattens`: every input writes into one buffer, read back only when all
 of them are done), and the same holds for any collection that waits for a stage further on.  Over
-documents that is the corpus in memory: at 1M documents, dedup's kept documents (one Flatten of its
-decision paths) and every stage's rejections (the pipeline's Flatten before the writer) were most
-of the in-process peak.
+documents that is the corpus in memory (dedup's kept documents, every stage's rejections).
 
 `FlattenParked` parks each input's records in spill files under a spill directory, in a step fused
 into the input's own producer, and flattens only entries: `(True, file name)` per complete file,

@@ -182,10 +182,9 @@ def _visible_length(node: LexborNode) -> int:
 def _outermost(nodes: list[LexborNode]) -> list[LexborNode]:
     """Drop nodes nested inside another node of the list (document order in, document order out).
 
-    Each ancestor's answer ("inside a chosen node or not") is remembered, so every element is
-    walked past once: walking each node's whole parent chain instead cost O(nodes × depth), the
-    quadratic term of cleaning deeply nested pages (issue 14).  The memo stays right because the
-    nodes come in document order: a chosen node precedes every node inside it."""
+    Each ancestor's answer ("inside a chosen node or not") is remembered, so every element is walked
+    past once, not once per node below it (O(nodes × depth) on deeply nested pages).  The memo stays
+    right because a chosen node precedes every node inside it in document order."""
     chosen: list[LexborNode] = []
     inside: dict[int, bool] = {}  # mem_id → the element is, or lies inside, a chosen node
     for node in nodes:
@@ -468,10 +467,9 @@ def _scan(html: str, max_depth: int, data: bytes | None = None) -> tuple[set[str
 
 
 # lexbor's tree builder checks each attribute of an element against those before it: a tag of k
-# attributes costs ~k² (fuzzing: a 600 KB tag of 100k attributes, 28 s; a tag of 1,000, 2.7 ms; a page
-# of tags of 10 attributes, 0.08 s per MB).  A tag under LONG_TAG_BYTES holds fewer than half as many
-# attributes (0.2 s per MB at worst); a longer one, rare in real pages (inline SVG paths, data: URLs),
-# has its attributes past MAX_ATTRIBUTES dropped before the page is parsed (_cap_attributes).
+# attributes costs ~k² (a 600 KB tag of 100k attributes took 28 s).  A tag longer than LONG_TAG_BYTES,
+# rare in real pages (inline SVG paths, data: URLs), has its attributes past MAX_ATTRIBUTES dropped
+# before the page is parsed (_cap_attributes).
 LONG_TAG_BYTES = 1024
 MAX_ATTRIBUTES = 256
 _LONG_TAG = re.compile(r"</?[A-Za-z][^>]{%d}" % (LONG_TAG_BYTES - 2))
@@ -511,10 +509,9 @@ def _utf8(html: str) -> bytes | None:
 
 
 _kernels = None  # dsdata.clean.html_kernels once imported; False when numba is missing or disabled
-# The compiled scan costs a process ~0.8 CPU-s once (numba's import and loading its machine code:
-# measured 0.34-0.38 + 0.43-0.48) and saves ~17 ms per MB of HTML (19 → 2): it is taken once this
-# process has scanned this much HTML the Python way (~0.15 CPU-s), so a run of a few pages never
-# pays for numba and a long one loses little.  Where the kernel is loaded already, it is used.
+# The compiled scan costs a process ~0.8 CPU-s once (numba's import and machine code) and saves
+# ~17 ms per MB of HTML: it is taken once this process has scanned this much HTML the Python way, so
+# a run of a few pages never pays for numba.  Where the kernel is loaded already, it is used.
 COMPILED_SCAN_AFTER_BYTES = 8 << 20
 _scanned_bytes = 0
 

@@ -2,10 +2,8 @@
 page's UTF-8 bytes in machine code.
 
 The Python path (`_tag_names`: one `findall` of `_TAG_NAMES`, then a count per tag name) stays the
-reference; tests compare both on real and generated pages.  It was the largest single cost of
-extracting an ordinary page (~30 % of `extract_dom` on the dev pages: a Python string and a loop
-step per tag).  What this kernel reproduces, step by step, over the bytes before the page's last
-`>` (the regex's bound):
+reference; tests compare both on real and generated pages.  What this kernel reproduces, step by
+step, over the bytes before the page's last `>` (the regex's bound):
 
 * at a `<` followed by an ASCII letter, or by `/` and a letter, a tag: its name is the longest run
   of `[A-Za-z0-9:-]` (lower-cased), and it ends at the next `>` (`[^>]*>`, which may swallow

@@ -65,9 +65,8 @@ _DECORATIVE_CHAR = re.compile(_DECORATIVE)
 
 # ASCII rules and dividers: only a line made of nothing but =*#~_-+^|\/ runs (4+), so code such
 # as "-----BEGIN PGP SIGNATURE-----", print('====') or "x === y" is untouched.
-# Written so that a run splits into groups one way only (runs are separated by spaces): the pattern
-# "(?:[=-]{4,}[ \t]*)+$" it replaces tried every split of a run of N symbols not at a line's end,
-# 2^(N/4) ways — one line of 80 dashes and a letter held a run for hours.
+# Written so that a run splits into groups one way only (runs are separated by spaces): a pattern
+# such as "(?:[=-]{4,}[ \t]*)+$" tries 2^(N/4) splits of a run of N symbols not at a line's end.
 _RULE_LINE = r"[ \t]*[=*#~_\-+^|\\/]{4,}(?:[ \t]+[=*#~_\-+^|\\/]{4,})*[ \t]*"
 _ASCII_RULE_LINE = re.compile(f"^{_RULE_LINE}$", re.M)
 # The same lines found from their "\n" (a literal the regex engine skips to; "^" under re.M is tried
@@ -80,13 +79,10 @@ _SYMBOL_RUN = re.compile(rf"{_LEADING_BLANKS}({_DECORATIVE})\1{{2,}}[ \t]*")
 
 
 _HSPACE = "[ \t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]"
-# A run inside a line: preceded by something other than space or a line start, so indentation
-# (leading space) is not touched by this pattern.
-# Only runs that change are matched (two or more characters, or one that is not a plain space):
-# a callback per single space between words would cost more than the rest of the cleaning.
-# The pattern starts with the run itself (the regex engine then skips to the next space quickly; a
-# leading look-behind was tried at every character); the callback leaves a run at a line start
-# alone.  A run is matched whole or not at all, so the outcome is as with the look-behind.
+# A run inside a line (indentation is left alone by the callback).  Only runs that change are
+# matched (two or more characters, or one that is not a plain space): a callback per single space
+# between words would cost more than the rest of the cleaning.  The pattern starts with the run
+# itself, so the regex engine skips to the next space quickly.
 _INNER_SPACE_RUN = re.compile(
     f"(?: (?={_HSPACE})|[\t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]){_HSPACE}*"
 )

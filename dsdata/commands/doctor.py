@@ -28,7 +28,7 @@ OK, WARN, FAIL = "ok", "warn", "FAIL"
 USED_BY = {"lang": "the lang stage's fastText backend and the fastText relevance classifier",
            "ml": "BERT relevance, causal-LM / n-gram difficulty, augment, tokenizer",
            "train": "dsdata.train", "dedup": "compiled MinHash kernels (a numpy path is used without it)",
-           "dist": "--runner=dask", "s3": "s3:// inputs and outputs", "dev": "the tests"}
+           "s3": "s3:// inputs and outputs", "dev": "the tests"}
 
 
 def _check_fasttext() -> tuple[str, str, str]:
@@ -70,20 +70,13 @@ def _check_lid_model() -> tuple[str, str, str]:
     return OK, "lid.176.ftz", f"{path} loads and labels English as en"
 
 
-def _in_range(version: str | None, below: int) -> bool:
-    return version is not None and int(version.split(".")[0]) < below
-
-
 def _check_beam() -> list[tuple[str, str, str]]:
     beam = distribution_version("apache-beam")
     rows = [(OK if beam else FAIL, "apache-beam", beam or "not installed: pip install -c constraints.txt -e .")]
-    for dist, below in (("numpy", 3), ("pyarrow", 26), ("protobuf", 7)):
+    for dist, below in (("numpy", (2, 5)), ("pyarrow", (26,)), ("protobuf", (7,))):
         version = distribution_version(dist)
-        if dist == "numpy":
-            ok = version is not None and tuple(int(x) for x in version.split(".")[:2]) < (2, 5)
-            limit = "< 2.5"
-        else:
-            ok, limit = _in_range(version, below), f"< {below}"
+        ok = version is not None and tuple(int(x) for x in version.split(".")[:len(below)]) < below
+        limit = "< " + ".".join(map(str, below))
         rows.append((OK if ok else FAIL, dist, f"{version} (Beam needs {limit})" if version else "not installed"))
     if beam:
         try:

@@ -15,8 +15,8 @@ def run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dsdata run",
         description="Run a pipeline recipe. Unknown --flags are Beam pipeline options "
-        "(--runner, --direct_num_workers, --direct_running_mode, Dataflow/Flink options) and pass through; "
-        "--runner=dask (experimental) runs on a dask.distributed cluster (--dask_client_address=HOST:PORT, see docs/engines.md).",
+        "(--runner, --direct_num_workers, --direct_running_mode, Dataflow/Flink options) and pass through "
+        "(runners: docs/engines.md).",
     )
     parser.add_argument("recipe", nargs="?", default=None, help=f"recipe YAML (default: {DEFAULT_RECIPE})")
     parser.add_argument("--input", action="append", default=None, metavar="GLOB",

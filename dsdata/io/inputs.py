@@ -3,15 +3,15 @@
 A local directory means the files in it, recursively (Beam's file matching would hand the reader
 the directory itself, which becomes one `unreadable_file` row, "Is a directory").  With format
 `auto` the format of each file comes from its name, so files whose name names no format (README,
-LICENSE) and plain-text files (.txt, .md: a folder's README.md, LICENSE.txt) are not inputs; they are counted in `skipped` for the caller to report.  Hidden files
-and directories (a leading '.', e.g. .git) are not inputs either.  A glob that matches directories
-is expanded the same way.  Remote paths (gs://, s3://) are passed to Beam unchanged.
+LICENSE) and plain-text files (.txt, .md) are not inputs; they are counted in `skipped` for the
+caller to report.  Hidden files and directories (a leading '.', e.g. .git) are not inputs either.
+A glob that matches directories is expanded the same way.  Remote paths (gs://, s3://) are passed
+to Beam unchanged.
 
 Each local file is read once: files are told apart by device and inode (symbolic links followed,
 hard links one file), and the first spelling met is kept.  A glob or `--input` that matches a file
 already matched (overlapping `--input` values, a link to a file or a directory already read, a hard
-link) adds nothing; the
-repeats are listed in `duplicates`.  A link to a directory is expanded where a glob or `--input`
+link) adds nothing; the repeats are listed in `duplicates`.  A link to a directory is expanded where a glob or `--input`
 names it, unless it leads to a directory already read or to one holding it (a cycle, such as
 `loop -> .`); inside a directory, links to directories are not followed (`not_followed`).  Only
 regular files are read: a FIFO, socket or device would block the reader or never end, and a
@@ -246,10 +246,9 @@ class _Expansion:
                     chosen.append(match)
                 continue
             chosen.extend(self._directory(match, pattern, named))
-        # Every local glob is handed on as the files chosen here, never to Beam's matcher: Beam's
-        # fnmatch takes hidden files (`DIR/*.jsonl` read `.x.jsonl` the folder form skips, and a hidden
-        # FIFO hung the run), so globs and folders select by the same rules.
-        # Beam matches every input as a pattern: a name with [, * or ? must not act as one.
+        # Every local glob is handed on as the files chosen here, never to Beam's matcher (its fnmatch
+        # takes hidden files), so globs and folders select by the same rules; a name with [, * or ?
+        # is escaped, since Beam matches every input as a pattern.
         out.patterns.extend(glob.escape(f) if glob.has_magic(f) else f for f in chosen)
 
     def _directory(self, match: str, pattern: str, named: bool) -> list[str]:

@@ -327,6 +327,16 @@ def _open_regular(path: str) -> int:
     return fd
 
 
+def _read_json(path: str, max_bytes: int, what: str) -> Any:
+    """A JSON file dsdata wrote in OUT: regular, at most `max_bytes`, bounded JSON; else OSError or
+    UntrustedFileError (one line)."""
+    with os.fdopen(_open_regular(path), "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UntrustedFileError(f"{what} is over {max_bytes} bytes")
+    return loads_bounded(data, what)
+
+
 def _entry_ok(entry: Any) -> bool:
     return (isinstance(entry, dict) and isinstance(entry.get("unit"), list) and isinstance(entry.get("key"), str)
             and entry["key"] == unit_key(entry["unit"]) and isinstance(entry.get("sha256"), str)
@@ -337,12 +347,7 @@ def _entry_ok(entry: Any) -> bool:
 def read_marker(units_dir: str, name: str) -> dict:
     """G.json, checked: UntrustedFileError (one line) when it is not a marker dsdata writes."""
     path = os.path.join(units_dir, f"{name}.json")
-    fd = _open_regular(path)
-    with os.fdopen(fd, "rb") as fh:
-        data = fh.read(_MARKER_BYTES + 1)
-    if len(data) > _MARKER_BYTES:
-        raise UntrustedFileError(f"commit marker {path} is over {_MARKER_BYTES} bytes")
-    marker = loads_bounded(data, f"commit marker {path}")
+    marker = _read_json(path, _MARKER_BYTES, f"commit marker {path}")
     if (not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT
             or marker.get("data") != f"{name}.arrow" or not isinstance(marker.get("units"), list)
             or not all(_entry_ok(entry) for entry in marker["units"])):
@@ -507,16 +512,8 @@ def read_fingerprint(output: str) -> dict | None:
         return None
     path = os.path.join(resume_folder(output), FINGERPRINT_NAME)
     try:
-        fd = _open_regular(path)
+        found = _read_json(path, _FINGERPRINT_BYTES, f"fingerprint {path}")
     except (OSError, UntrustedFileError):
-        return None
-    with os.fdopen(fd, "rb") as fh:
-        data = fh.read(_FINGERPRINT_BYTES + 1)
-    if len(data) > _FINGERPRINT_BYTES:
-        return None
-    try:
-        found = loads_bounded(data, f"fingerprint {path}")
-    except UntrustedFileError:
         return None
     if not isinstance(found, dict) or found.get("format") != FINGERPRINT_FORMAT:
         return None

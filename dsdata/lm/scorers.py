@@ -21,9 +21,8 @@ from dsdata.native_panics import hidden_panic_reports
 LN10 = math.log(10.0)
 log = logging.getLogger(__name__)
 # Elements of the [batch, tokens, vocabulary] logits tensor one forward pass may produce: 128 MiB in
-# fp32.  Batches used to be bounded by tokens alone (16,384), and the logits grow with the
-# vocabulary: 16,384 × 16,000 × 4 B = 1 GiB, plus as much again for logsumexp's temporary: 2.67 GB
-# to score 178 documents with a 1M-parameter model.  One window is always allowed, whatever its size.
+# fp32 (a bound on tokens alone lets the logits grow with the vocabulary).  One window is always
+# allowed, whatever its size.
 LOGITS_BUDGET = 1 << 25
 PROGRESS_EVERY_S = 10.0
 _ARPA_CANDIDATES = ("lm.binary", "lm.arpa.gz", "lm.arpa")

@@ -2,17 +2,12 @@
 fastText quality classifiers with any labels (DCLM's `__label__hq`/`__label__cc`).
 
 Training runs in a child process whose allocator hands out zeroed memory.  Why: fastText's
-`DenseMatrix::uniform` initialises only `thread`/10 of the input matrix (block i of 10 per thread;
-with thread=1 the first 10 %), and fasttext-numpy2 stores the matrix in an `intgemm::AlignedVector`
-(posix_memalign, not zeroed), so the other 90 % of the word and n-gram rows start as whatever the
-heap last held: zero pages in a fresh process (upstream fastText's std::vector behaviour), reused
-garbage after other work in the same process (a previous model, Beam, Arrow, Python objects).
-Training then differed run to run even with 1 thread and a fixed seed, and when the garbage held
-NaN bit patterns `fasttext.train` stopped with "Encountered NaN." (the flaky test of issue 17).
-`GLIBC_TUNABLES=glibc.malloc.perturb=255` makes glibc fill every allocation with the complement of
-0xFF, i.e. zero bytes (and freed memory with 0xFF), so the uninitialised rows are zero whatever the
-child did before; memory from mmap is zero pages anyway.  Elsewhere (no glibc) the child still
-starts with a fresh heap, and non-finite weights are refused.
+`DenseMatrix::uniform` initialises only `thread`/10 of the input matrix, and fasttext-numpy2 stores
+it in memory that is not zeroed (posix_memalign), so the other rows start as whatever the heap last
+held: training differed run to run with 1 thread and a fixed seed, and stopped with "Encountered
+NaN." when that held NaN bit patterns.  `GLIBC_TUNABLES=glibc.malloc.perturb=255` makes glibc fill
+every allocation with zero bytes (the complement of 0xFF), so those rows are zero; elsewhere (no
+glibc) the child still starts with a fresh heap, and non-finite weights are refused.
 """
 from __future__ import annotations
 
@@ -35,7 +30,7 @@ _LINE_BREAKS = re.compile(r"[\s\x00]+")
 DEFAULT_TRAIN_ARGS = {"epoch": 25, "lr": 0.5, "wordNgrams": 2, "minn": 2, "maxn": 5, "dim": 16,
                       "bucket": 100_000, "loss": "softmax", "thread": 2, "seed": 0}
 # Keep the 40k most useful rows (words + n-gram buckets) when quantizing: ~0.9 MB; retraining after
-# pruning took minutes on a loaded CPU and gained nothing measurable on the validation split.
+# pruning gained nothing measurable on the validation split.
 QUANTIZE_CUTOFF = 40_000
 # glibc fills each allocation with ~perturb: 255 → zero bytes (see the module docstring).
 _ZEROING_TUNABLE = "glibc.malloc.perturb=255"

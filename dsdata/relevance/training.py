@@ -4,8 +4,7 @@ each with `DIR/dsdata-relevance.json` recording how it was trained.
 
 BERT training freezes the bottom of the encoder and trains the top `train_layers` transformer layers
 plus the pooler and classifier.  The frozen part runs once over the data (its outputs are cached in
-memory), so each epoch costs only the trained layers: on a CPU this is what makes training the
-default MiniLM encoder take minutes instead of hours.  `train_layers=0` is the frozen-encoder + head
+memory), so each epoch costs only the trained layers.  `train_layers=0` is the frozen-encoder + head
 setting; `train_layers=-1` (all) is full fine-tuning.  docs/relevance.md has the measured trade-off.
 """
 from __future__ import annotations

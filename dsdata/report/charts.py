@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from dsdata.core.chart import Chart
 from dsdata.report import svgchart
+from dsdata.report.cjkfont import FAMILY, cjk_characters, embedded_font
 
 
 def _e(value: Any) -> str:
@@ -22,9 +23,18 @@ def _e(value: Any) -> str:
 
 
 def img(element_id: str, svg: str, alt: str) -> str:
-    """An SVG chart as an <img> with a base64 data URI (its natural size is the SVG's width/height)."""
+    """An SVG chart as an <img> with a base64 data URI (its natural size is the SVG's width/height).
+
+    An SVG shown as an image sees none of the page's fonts: a chart whose labels hold CJK characters
+    (a stage or language named in Chinese) carries the glyphs of its own characters."""
     import base64
 
+    if cjk_characters(svg):
+        font_face, _ = embedded_font(svg)
+        if font_face:
+            root_end = svg.index(">") + 1
+            svg = (svg[:root_end].replace('font-family="sans-serif"', f"font-family=\"sans-serif,'{FAMILY}'\"")
+                   + f"<style>{font_face}</style>" + svg[root_end:])
     b64 = base64.b64encode(svg.encode("utf-8")).decode("ascii")
     return f'<img id="{element_id}" alt="{_e(alt)}" src="data:image/svg+xml;base64,{b64}">'
 

@@ -12,7 +12,6 @@ it holds a reason that still lacks examples.
 """
 from __future__ import annotations
 
-import base64
 import html
 import json
 import os
@@ -21,8 +20,8 @@ import math
 from typing import Any, Iterable
 
 from dsdata.report import charts, svgchart
-from dsdata.report.charts import histogram_chart
-from dsdata.report.cjkfont import FAMILY, cjk_characters, embedded_font
+from dsdata.report.charts import histogram_chart, img
+from dsdata.report.cjkfont import embedded_font
 from dsdata.report.files import LOCAL, files_for
 from dsdata.core.names import shown_path
 
@@ -116,17 +115,16 @@ def _open_parquet(path: str):
     return pq.ParquetFile(pa.OSFile(os.fsencode(path)))
 
 
-# Text bytes from which utf8_lengths hands the column to pyarrow.compute: its import costs
-# ~0.05 CPU-s; Python's len() over the decoded strings costs ~3 ms per MB (numpy's count over the
-# UTF-8 bytes cost 25 ms per MB on a fresh process, the page faults of its temporaries).
+# Text bytes from which utf8_lengths hands the column to pyarrow.compute (whose import costs more
+# than Python's len() over a small sample).
 UTF8_COMPUTE_BYTES = 2 << 20
 
 
 def utf8_lengths(column, compute_bytes: int | None = None) -> Any:
     """Characters of each string of an Arrow string column, nulls kept, as int64:
     pyarrow.compute.utf8_length from `compute_bytes` (UTF8_COMPUTE_BYTES) bytes of text, Python's
-    len() of each string below that, so that a small run does not import pyarrow.compute (~0.05
-    CPU-s, a twentieth of its start-up; the report is its only user in most runs)."""
+    len() of each string below that, so that a small run does not import pyarrow.compute (the report
+    is its only user in most runs)."""
     import pyarrow as pa
 
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
@@ -253,7 +251,7 @@ def rejected_examples(output: str, wanted: Iterable[tuple[str, str]], per_reason
 
 # ---------------------------------------------------------------------------------------------
 # Charts (hand-written SVG from svgchart: no plotting library, a few milliseconds per chart).
-# Each returns the SVG document as text; _img embeds it as a base64 data URI.
+# Each returns the SVG document as text; charts.img embeds it as a base64 data URI.
 
 
 def _count(value: Any) -> int | float:
@@ -328,21 +326,6 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _img(element_id: str, svg: str, alt: str) -> str:
-    """An SVG chart as an <img> with a base64 data URI (its natural size is the SVG's width/height).
-
-    An SVG shown as an image sees none of the page's fonts: a chart whose labels hold CJK characters
-    (a stage or language named in Chinese) carries the glyphs of its own characters."""
-    if cjk_characters(svg):
-        font_face, _ = embedded_font(svg)
-        if font_face:
-            root_end = svg.index(">") + 1
-            svg = (svg[:root_end].replace('font-family="sans-serif"', f"font-family=\"sans-serif,'{FAMILY}'\"")
-                   + f"<style>{font_face}</style>" + svg[root_end:])
-    b64 = base64.b64encode(svg.encode("utf-8")).decode("ascii")
-    return f'<img id="{element_id}" alt="{_e(alt)}" src="data:image/svg+xml;base64,{b64}">'
-
-
 def tallies_section(stats: dict[str, Any]) -> list[str]:
     """The stages' tallies (stats.json "tallies": which benchmark contaminated how many documents,
     how many e-mails, phones, … the pii stage found) and the notes a stage's stats carry
@@ -413,7 +396,7 @@ def _rejections_section(parts: list[str], output: str, stats: dict[str, Any]) ->
     """The funnel, then each stage's rejection reasons with a few examples each."""
     parts.append('<section id="funnel-section"><h2>Funnel</h2>')
     if stats.get("stages"):
-        parts.append(_img("funnel", funnel_chart(stats), "documents after each stage"))
+        parts.append(img("funnel", funnel_chart(stats), "documents after each stage"))
     parts.append('<table id="funnel-table"><tr><th>stage</th><th>rejected</th><th>documents after</th></tr>')
     for stage, v in stats.get("stages", {}).items():
         parts.append(f'<tr><td>{_e(stage)}</td><td class="n">{v["rejected"]}</td><td class="n">{v["kept_after"]}</td></tr>')
@@ -454,7 +437,7 @@ def _distributions_section(parts: list[str], nav: list[tuple[str, str]], output:
     if lengths is not None or rej_lengths is not None:
         main, over = (lengths, rej_lengths) if lengths is not None else (rej_lengths, None)
         labels = ("kept", "rejected") if lengths is not None else ("rejected", "")
-        hists.append(_img("hist-length", histogram_chart(main, "Document length", "characters (log scale)",
+        hists.append(img("hist-length", histogram_chart(main, "Document length", "characters (log scale)",
                                                          log_x=True, overlay=over, labels=labels), "document length"))
     sides: dict[str, Any] = {}
     for chart, params in declared:
@@ -475,7 +458,7 @@ def _time_section(parts: list[str], nav: list[tuple[str, str]], stats: dict[str,
     if times:
         nav.append(("stage-time-section", "Time"))
         parts.append('<section id="stage-time-section"><h2>Time per stage</h2>')
-        parts.append(_img("stage-time", stage_time_chart(times), "time per stage"))
+        parts.append(img("stage-time", stage_time_chart(times), "time per stage"))
         parts.append('<table><tr><th>stage</th><th>seconds</th><th>docs/s</th></tr>' + "".join(
             f'<tr><td>{_e(s)}</td><td class="n">{sec:.3f}</td><td class="n">{"" if r is None else f"{r:.0f}"}</td></tr>'
             for s, sec, r in times) + "</table></section>")

@@ -9,8 +9,8 @@ reason `exact_duplicate` (same normalised text as the kept one) or `near_duplica
 lines (or C4's three-sentence spans) an earlier document holds, rejecting a document left too short
 (`duplicate_lines`): dsdata/beam/dedup/spans.py.  `index: DIR` writes the kept documents' MinHash
 signatures, `against: DIR` rejects near-duplicates of a previous run's (`indexed_duplicate`):
-dsdata/beam/dedup/index.py, format dsdata/dedup/index.py.
-How it scales and why: dsdata/beam/dedup/composite.py (the composite, built from `transform_config()`); the MinHash maths: dsdata/dedup/minhash.py.
+dsdata/beam/dedup/index.py, format dsdata/dedup/index.py.  The composite:
+dsdata/beam/dedup/composite.py (built from `transform_config()`); the maths: dsdata/dedup/minhash.py.
 """
 from __future__ import annotations
 
@@ -67,10 +67,8 @@ class DedupStage(CorpusStage):
     params = {
         "threshold": Param(0.8, "Jaccard similarity of shingle sets at or above which documents are near-duplicates",
                            Number(0, 1, open_min=True, open_max=True)),
-        # At most 4096: choosing bands × rows costs ~num_perm·ln(num_perm) S-curve integrals (2.6 s at
-        # 4096, 10^20 stalled the run) and each signature is num_perm 64-bit values per document
-        # (32 KiB at 4096); the estimate's error, ~1/sqrt(num_perm), is 1.6 % there.  MinHash
-        # libraries default to 128 (datasketch) or 256.
+        # At most 4096: choosing bands × rows costs ~num_perm·ln(num_perm) S-curve integrals (10^20
+        # stalled the run), and the estimate's error, ~1/sqrt(num_perm), is already 1.6 % there.
         "num_perm": Param(128, "MinHash permutations (signature length)", Integer(min=1, max=4096)),
         "bands": Param(0, "LSH bands; 0 = chosen from threshold (bands × rows ≤ num_perm)", Integer(min=0)),
         "rows": Param(0, "LSH rows per band; 0 = chosen from threshold", Integer(min=0)),

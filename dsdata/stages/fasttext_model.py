@@ -9,10 +9,9 @@ than hierarchical softmax and softmax, unsupervised models, numba missing or dis
 this reader finds inconsistent (the binding then gives its own error).  Reading is plain byte
 parsing: nothing in the file is executed or unpickled.
 
-Why: fastText's binding costs ~5 µs a text before it predicts anything (a std::stringstream, a
-vector per line, a numpy array and a Python list per result), and builds every character n-gram
-as a std::string.  The compiled predictor reads the batch as one UTF-8 buffer and hashes n-grams in
-place, 2-3× faster on lid.176.ftz, with the same labels and the same float32 probabilities.
+Why: fastText's binding pays per text before it predicts anything and builds every character
+n-gram as a std::string; the compiled predictor reads the batch as one UTF-8 buffer and hashes
+n-grams in place, with the same labels and the same float32 probabilities.
 """
 from __future__ import annotations
 

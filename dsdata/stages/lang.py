@@ -234,9 +234,8 @@ class LanguageStage(BatchStage):
                 self._model = self._engine
                 return
             self._model = load_fasttext(path)
-            # fastText's Python predict(list) checks each text for a newline, appends one and calls
-            # its binding's multilinePredict (~0.8 µs a text).  predict() below hands the binding
-            # exactly those lines itself: its texts hold no newline (_fasttext_line).
+            # fastText's predict(list) checks each text for a newline, then calls multilinePredict:
+            # predict() below calls it directly, its texts hold no newline (_fasttext_line).
             self._predict_lines = getattr(getattr(self._model, "f", None), "multilinePredict", None)
         else:
             from langdetect import detector_factory
@@ -257,12 +256,8 @@ class LanguageStage(BatchStage):
             self.setup()
         limit = self.max_chars
         if self.backend == "fasttext":
-            # fastText treats a newline as the end of its input: every run of whitespace becomes one
-            # space (str.split() splits on exactly the characters `\s` matches, so this is the
-            # regex `\s+` → " " plus strip at C speed).  fastText itself breaks words on runs of
-            # space, \t, \v, \f, \r and \0, so a text with none of _REFLOW's characters gives it
-            # the same words as its re-spaced copy: it goes as it is (_fasttext_line: a scan, not
-            # a list of words and a join).  predict on a list: single-string predict breaks under numpy 2.
+            # fastText treats a newline as the end of its input, so whitespace runs become one space
+            # (_fasttext_line).  predict on a list: single-string predict breaks under numpy 2.
             lines = [_fasttext_line(t[:limit]) for t in texts]
             if self._engine is not None:
                 found, values = self._engine.predict(lines)

@@ -9,10 +9,9 @@ The group is read once per process, the first time a name is not a built-in stag
 is asked for (`dsdata stages`): a run of built-in stages pays nothing for it.  An entry point's
 module is imported only when its stage is used or listed, once.  A plugin never breaks dsdata's own
 stages: an entry point that cannot be loaded (whatever its import raises, sys.exit() included; only
-the user's Ctrl-C passes), or that names a class which is no stage, is one line
-naming the distribution and the error (StageConfigError when a recipe names it, a warning line in
-`dsdata stages`); a name that is already taken (a built-in stage, one dsdata reserves, another
-distribution's) is refused in one line and the stage already there is the one that runs.
+Ctrl-C passes), or that names a class which is no stage, is one line naming the distribution and
+the error (StageConfigError when a recipe names it, a warning in `dsdata stages`); a name already
+taken (built in, reserved, another distribution's) is refused in one line, and the first one runs.
 
 A custom stage is a DocumentStage or a BatchStage: a CorpusStage needs a Beam composite that only
 dsdata/beam/kinds.py can map it to, and side outputs are written by such composites.

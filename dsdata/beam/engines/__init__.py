@@ -1,17 +1,14 @@
 """Engine plumbing: what runs a pipeline, and what dsdata changes in Beam to run it well.
 
     options.py      the runner a user names: checked against dsdata/runners.py's registry
-    dask_runner.py  dsdata's experimental runner on a dask.distributed cluster (`--runner=dask`)
     artifacts.py    where the non-Python engine artifacts live: Prism's binary, Flink's job-server jar
     harness_noise.py  no tracebacks from Beam's SDK harness for the streams a runner closes at a job's end
     worker_pool.py  the worker pool TaskManagers ask for SDK workers (--environment_type=EXTERNAL)
     speedups.py     Beam patches applied at import (option views, DoFn specs, collections)
     mlimport.py     Beam's RunInference imported without torch/scipy (installed by dsdata/beam/__init__.py)
 
-The runner registry itself (names → class paths, which run in this process) is plain data in
-dsdata/runners.py, so the recipe and the CLI read it without importing Beam; each row carries the
-modules of its options and the defaults it adds.  The local Flink test cluster is test tooling
-(tests/local_flink.py, tests/loopback_relay.py).
+The runner registry itself is plain data in dsdata/runners.py.  The local Flink test cluster is
+test tooling (tests/local_flink.py, tests/loopback_relay.py).
 """
 
 

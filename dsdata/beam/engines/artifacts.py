@@ -44,11 +44,6 @@ def prism_binary() -> str | None:
 FLINK_JOB_SERVER_BEAM_VERSION = "2.70.0"
 
 
-def flink_job_server_coordinates(flink_version: str = FLINK_VERSION, beam_version: str = BEAM_VERSION) -> str:
-    """The published job server's Maven coordinates (not served for Beam 2.77 at the time of writing)."""
-    return f"org.apache.beam:beam-runners-flink-{flink_version}-job-server:{beam_version}"
-
-
 def assembled_flink_job_server_jar() -> str:
     """Where .ci/engines-setup puts the job server it assembles with Maven."""
     name = f"beam-runners-flink-{FLINK_DIST_VERSION}-job-server-{FLINK_JOB_SERVER_BEAM_VERSION}.jar"

@@ -4,14 +4,12 @@ When a portable runner (Flink's job server, Prism) is done with a job it closes 
 the job's SDK harness.  A harness in this process (`--environment_type=LOOPBACK`) or in a worker
 process of dsdata's pool then logs "Failed to read inputs in the data plane" and its stream threads
 (`read_grpc_client_inputs`, `run_worker_*`, `read_state`, `read_log_control_messages`) die with a
-gRPC `CANCELLED` ("Multiplexer hanging up", "Stream removed"): ~60 lines of tracebacks printed
-before the `ledger ok` of a run that succeeded.
+gRPC `CANCELLED`: tracebacks printed before the `ledger ok` of a run that succeeded.
 
 Only that is dropped, where Beam reports it: a gRPC CANCELLED status, in that logger's records and
 in those threads' uncaught exceptions.  Any other status or exception prints as before, and a job
 that failed says so through its own state and the harness's "Error processing instruction" lines.
-Beam's "Waiting for grpc channel to be ready" while a Java job server starts (a dozen lines on a
-busy machine; dsdata's progress line shows the run is alive) is dropped too.
+Beam's "Waiting for grpc channel to be ready" while a Java job server starts is dropped too.
 """
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """Beam's RunInference without torch and scipy: `apache_beam.ml.inference.base` imported without
 its optional model manager.
 
-dsdata's model stages (relevance, augment) run through Beam's RunInference, which lives in
-`apache_beam.ml.inference.base`.  That module tries, at import, `from
-apache_beam.ml.inference.model_manager import ModelManager` (a GPU-memory-aware model pool,
-used only by `RunInference(use_model_manager=True)`) and the model manager imports torch and
-scipy.optimize at its top: 2.5-2.7 CPU-s and ~0.4 GB of memory in every run of a recipe with a
-relevance stage, and in every worker of such a run, even when the model is fastText (the default
-pipelines/pretrain.yaml).  The import is wrapped in `try/except ImportError` (ModelManager = None),
-and RunInference imports the model manager itself when it is asked to use one.
+dsdata's model stages (relevance, augment) run through Beam's RunInference, whose module tries at
+import `from apache_beam.ml.inference.model_manager import ModelManager` (used only by
+`RunInference(use_model_manager=True)`); the model manager imports torch and scipy.optimize: seconds
+of CPU and ~0.4 GB in every worker of a run with a relevance stage, even a fastText one.  The import
+is wrapped in `try/except ImportError`, and RunInference imports the model manager itself when asked.
 
 `install()` (called by dsdata/beam/__init__.py, so before any dsdata module imports Beam's ML
 code) puts a finder first on `sys.meta_path` that only handles that one module: its loader runs

@@ -7,7 +7,6 @@ before anything runs.
 from __future__ import annotations
 
 import importlib
-import logging
 
 from dsdata.runners import BeamOptionError, RUNNERS, find_runner
 
@@ -17,8 +16,6 @@ def check_runner(name: str) -> None:
     importable PipelineRunner class."""
     runner = find_runner(name)
     if runner is not None:
-        if runner.experimental:
-            logging.getLogger("dsdata").warning("--runner=%s is experimental: %s", name, runner.experimental)
         module_name = runner.class_path.rpartition(".")[0]
         try:
             importlib.import_module(module_name)

@@ -1,46 +1,28 @@
-"""Start-up and shut-down costs of Beam's, cut where they are paid.
+"""Start-up and shut-down costs of Beam's, cut where they are paid (history:
+docs/history/2026-12-throughput.md §4).
 
-1. `userstate.get_dofn_specs` remembered per DoFn.
+1. `userstate.get_dofn_specs` remembered per DoFn instance.  Beam calls it several times per DoFn
+   while a pipeline is built and started, each time running `inspect.signature` on every method.
+   The answer depends only on the instance's methods, which do not change once it is made, so it is
+   kept per instance (by identity, dropped with it); each caller gets its own sets.
+   `tests/test_stage_kinds.py` checks it against Beam's own answer, stateful DoFns included.
 
-Beam looks for state and timer parameters by calling `get_dofn_specs(dofn)`, which runs
-`inspect.signature` on every method of the DoFn (~30 with DoFn's own), several times for the
-same DoFn instance while a pipeline is built, turned into its runner proto and started (326 calls
-and 10.8k signatures for the 80 transforms of `pipelines/langid.yaml`; docs/history/2026-12-throughput.md §4).
-The answer depends only on the instance's methods, which do not change once it is made, so it is
-kept per instance (by identity, dropped with the instance) and each caller gets its own sets.
-`install()` is idempotent; `tests/test_stage_kinds.py` checks the remembered answer against
-Beam's own for the DoFns of a real graph, stateful ones included.
+2. `interactive_utils.is_in_ipython` without importing IPython.  Beam asks it for every transform;
+   where IPython is installed but not running, the first question imports all of IPython.  A running
+   IPython shell has imported its package, so while `IPython` is not in `sys.modules` the answer is
+   False; once it is, Beam's own function answers.
 
-2. `interactive_utils.is_in_ipython` without importing IPython.  Beam asks it for every transform
-applied at the top of a pipeline (`alter_label_if_ipython`) and once when a pipeline runs; its answer
-is `from IPython import get_ipython; get_ipython() is not None`, so where IPython is installed but
-not running (a plain `dsdata run`, a worker) the first question imports all of IPython: 0.7 s of a
-3–4 s start-up (docs/history/2026-12-throughput.md §4).  A running IPython shell has imported its package, so
-while `IPython` is not in `sys.modules` the answer is False without asking; once it is, Beam's own
-function answers.
+3. Exit without the interpreter's last garbage collections over everything Beam imported (each
+   multi_processing worker pays them too, while the launcher waits).  An exit handler, registered
+   here so it runs before logging's and weakref finalizers', calls `gc.freeze()`: the exit handlers
+   still run, modules are still torn down.  In a Beam SDK worker process the objects are also frozen
+   at `install()`, after the worker's imports, and young collections are made rarer
+   (dsdata/collector.py), so collections while it works walk what the run makes, not Beam's modules.
 
-3. Exit without the interpreter's last garbage collections over everything Beam imported.  A
-process that has imported Beam spends 0.3 s leaving (0.7 s with the rules' numba kernels loaded:
-`python -c "import apache_beam"` and the like, measured in docs/history/2026-12-throughput.md §4) in the collections
-the interpreter runs over every object while it shuts down — each multi_processing worker too,
-one after the other, while the launcher waits for them.  An exit handler (registered here, so it
-runs before those registered earlier: logging's, weakref finalizers') moves every object to the
-permanent generation with `gc.freeze()`: the exit handlers all still run, modules are still torn
-down, and the memory goes back to the system with the process.  In a Beam SDK worker process
-(`is_sdk_worker`: the process is Beam's, started to run bundles until the run ends) the objects
-are also frozen when dsdata's DoFns are first unpickled, after the worker's imports: the
-collections while it works then walk what the run makes, not Beam's modules again (0.25 CPU-s of
-full collections per worker on the filters benchmark's scaling run), and the young generation is
-collected every 10,000 objects, not 700 (dsdata/collector.py), as in `dsdata run`'s own process.
-
-4. `PipelineOptions.view_as` remembered per options object and view class.  Beam asks the run's
-options for a view (TypeOptions, StandardOptions, …) for every transform it applies and again when
-it starts the runner: ~160 views for `pipelines/langid.yaml`, each a new argparse parser of that
-class's options and a parse of the flags (0.07 CPU-s in all).  A view holds nothing of its own:
-it reads and writes the `_all_options` dict of the object it was made from, and making it only
-adds that class's defaults to the dict the first time.  So the first view of each class is kept
-(weakly by the options object, dropped with it) and handed out again; what is set through any
-view is seen through every other, as with Beam's own.
+4. `PipelineOptions.view_as` remembered per options object and view class.  A view holds nothing of
+   its own: it reads and writes the `_all_options` dict of the object it was made from, and making it
+   only adds that class's defaults the first time.  So the first view of each class is kept (weakly
+   by the options object) and handed out again; what is set through one view is seen through all.
 """
 from __future__ import annotations
 

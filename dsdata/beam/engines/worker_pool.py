@@ -3,19 +3,15 @@
 A portable runner (Flink's TaskManagers, the FnApiRunner) started with
 `--environment_type=EXTERNAL --environment_config=HOST:PORT` asks this service to StartWorker and later
 StopWorker over Beam's own BeamFnExternalWorkerPool gRPC service.  It replaces Beam's stock pool
-(apache_beam.runners.worker.worker_pool_main) for three reasons, each seen on a real Flink cluster:
+(apache_beam.runners.worker.worker_pool_main), which on a real Flink cluster:
 
-- The stock pool keeps one process per worker id, but worker ids are only unique per caller: both
-  TaskManagers of a cluster ask for `1-1`, so one TaskManager's StopWorker killed the other's worker
-  mid-job (`CANCELLED: client cancelled`).  Here workers are keyed by (caller, worker id), the caller
-  being the gRPC peer, i.e. the runner's connection that asked for the worker.
-- The stock pool starts workers with `python -c` in its own working directory, which puts that
-  directory first on sys.path: started from a folder holding a `dsdata/` checkout, the workers
-  imported that dsdata instead of the installed one.  Here workers run with Python's safe-path mode
-  (-P, PYTHONSAFEPATH) in a private working directory of their own.
-- The stock pool gives workers no pipeline options (log levels, pickler) and pipes their output into
-  a pipe nobody reads.  Here each worker gets the job's options from the runner's provision service,
-  as Beam's container boot does, and writes its output to a log file beside its working directory.
+- keyed workers by worker id, which is only unique per caller (both TaskManagers ask for `1-1`), so
+  one TaskManager's StopWorker killed the other's worker: here the key is (gRPC peer, worker id);
+- started workers with `python -c` in its own working directory, first on sys.path (a `dsdata/`
+  checkout there shadowed the installed one): here workers run with Python's safe-path mode (-P,
+  PYTHONSAFEPATH) in a private working directory;
+- gave workers no pipeline options and piped their output nowhere: here each worker gets the job's
+  options from the runner's provision service, as Beam's container boot does, and logs to a file.
 
 The pool process must itself be started so that it imports the right dsdata (`python -P -m
 dsdata.beam.engines.worker_pool`, or from an installed package); workers import what the pool's interpreter
@@ -134,11 +130,6 @@ class WorkerPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):
         with self._lock:
             for key in [k for k, p in self._workers.items() if p.poll() is not None]:
                 del self._workers[key]
-
-    def worker_pids(self) -> list[int]:
-        self._reap()
-        with self._lock:
-            return [p.pid for p in self._workers.values()]
 
     def close(self) -> None:
         with self._lock:

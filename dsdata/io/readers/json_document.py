@@ -1,5 +1,5 @@
-"""`.json` files: one JSON document per file (issue 35).  Read as JSON Lines, a folder of
-pretty-printed JSON gave ~800 `bad_json` rows per document."""
+"""`.json` files: one JSON document per file (read as JSON Lines, a pretty-printed document would be
+hundreds of `bad_json` rows)."""
 from __future__ import annotations
 
 import json
@@ -21,8 +21,7 @@ def read_json(path: str, raw: IO[bytes], text_field: str = "text", id_field: str
     an array of objects is one record per item (ids PATH:N, 1-based), anything else one `bad_json` /
     `not_an_object` row naming the problem.  A `.json` file that holds JSON Lines (several values, one a
     line: a common misnaming) or is damaged is read as JSON Lines.  The document is held whole, so
-    at most _MAX_LINE bytes decoded (over that: one `too_large` row).  (Read as JSON Lines, a folder of
-    pretty-printed .json files gave ~800 `bad_json` rows per document.)"""
+    at most _MAX_LINE bytes decoded (over that: one `too_large` row)."""
     spool = tempfile.SpooledTemporaryFile(max_size=16 << 20)
     shutil.copyfileobj(raw, spool, 1 << 20)
     spool.seek(0)

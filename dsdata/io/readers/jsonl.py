@@ -160,21 +160,28 @@ class _Suspect:
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
+def _head(chunks, size: int):
+    """(the items taken to see a stream's first `size` bytes, those bytes, the rest of the stream);
+    a Damage or MEMBER_END stops the look."""
+    chunks = iter(chunks)
+    pending, head = [], b""
+    for item in chunks:
+        pending.append(item)
+        if not isinstance(item, bytes):
+            break
+        head += item
+        if len(head) >= size:
+            break
+    return pending, head, chunks
+
+
 def _as_utf8(chunks):
     """A JSONL stream as UTF-8: one that starts with a UTF-16 byte-order mark (JSON's older RFCs
     allowed UTF-16; Windows tools still write it) is decoded and re-encoded as it goes.  A lone
     surrogate stays one (surrogatepass both ways), so its line is rejected as invalid UTF-8 like any
     other, and so is an odd byte at the end; damage markers pass through.  Other streams pass
     unchanged."""
-    chunks = iter(chunks)
-    pending, first = [], b""  # what was taken to see the first two bytes
-    for item in chunks:
-        pending.append(item)
-        if not isinstance(item, bytes):
-            break
-        first += item
-        if len(first) >= 2:
-            break
+    pending, first, chunks = _head(chunks, 2)
     if not first.startswith(_UTF16_BOMS):
         yield from pending
         yield from chunks
@@ -195,15 +202,7 @@ def _cr_lines(chunks):
     """A stream whose lines end with a lone CR (classic Mac OS, some exports): when its first
     _CR_SNIFF bytes hold a CR and no LF, every CR becomes LF, so its records are lines and not one
     bad line.  (A raw CR inside a JSON string is invalid JSON anyway.)  Other streams pass unchanged."""
-    chunks = iter(chunks)
-    pending, head = [], b""
-    for item in chunks:
-        pending.append(item)
-        if not isinstance(item, bytes):
-            break
-        head += item
-        if len(head) >= _CR_SNIFF:
-            break
+    pending, head, chunks = _head(chunks, _CR_SNIFF)
     if b"\n" in head or b"\r" not in head:
         yield from pending
         yield from chunks

@@ -54,11 +54,6 @@ class ShardSource:
     def tokenizer(self) -> dict[str, Any]:
         return self.manifest.get("tokenizer") or {}
 
-    def bucket_totals(self, bucket: str) -> tuple[int, int]:
-        """(documents, tokens) of a bucket, from the manifest."""
-        shards = self._by_bucket[bucket]
-        return sum(s["docs"] for s in shards), sum(s["tokens"] for s in shards)
-
     def shards(self, bucket: str) -> list[dict[str, Any]]:
         """The manifest entries of a bucket's shards, in manifest order."""
         return list(self._by_bucket[bucket])
