@@ -233,7 +233,7 @@ def test_process_start_up_does_not_import_the_layouts():
 
 
 def test_unimplemented_schedule_is_refused_when_the_config_is_read():
-    with pytest.raises(ConfigError, match="pipeline_schedule = 'interleaved_1f1b'; choose gpipe or 1f1b"):
+    with pytest.raises(ConfigError, match="pipeline_schedule must be one of gpipe, 1f1b, got 'interleaved_1f1b'"):
         load_config(TINY, ["parallel.pipeline_schedule=interleaved_1f1b"])
 
 
