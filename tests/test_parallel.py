@@ -187,8 +187,13 @@ def test_mixed_parallel_facade_from_a_dict():
     assert (dims.dp, dims.pp, dims.tp, dims.micro_batch_size, dims.accumulation) == (2, 2, 4, 8, 16)
     with pytest.raises(ConfigError, match="world size"):
         MixedParallel(spec)  # this test is one process, the spec needs 8 × dp
-    with pytest.raises(ConfigError, match="unknown key"):
+    with pytest.raises(ConfigError, match=r"MixedParallel has no parameter 'tensor_parallel' .*; "
+                                          r"did you mean 'tensor_parallel_size'\?"):
         MixedParallel.plan({"tensor_parallel": 2}, 2)
+    # global_batch_size is checked where a TOML config's is, with the same line
+    with pytest.raises(ConfigError, match=r"^MixedParallel: training.global_batch_size must be a positive integer, got 0$"):
+        MixedParallel.plan({"global_batch_size": 0}, 2)
+    assert MixedParallel.plan({"global_batch_size": 4}, 2).micro_batch_size == 2
     from dsdata.train import MixedParallel as lazily_imported
 
     assert lazily_imported is MixedParallel
