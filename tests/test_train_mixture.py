@@ -130,7 +130,7 @@ def test_sources_of_another_tokenizer_are_refused(sources, tmp_path):
     (['data.curriculum={schedule="table", rows=[[0, {easy="x"}]]}'],
      "data.curriculum: table curriculum row at step 0: weight of 'easy' must be a number between 0 and 1e+06, 1e+06 excluded, got 'x'"),
     (['data.sources=[{path="a", weight=1}, {path="b", epochs=1}]'], "mixes weight and epochs"),
-    (['data.sources=[{path="a", weight=1, share=2}]'], "data.sources[0] has unknown key(s) ['share']"),
+    (['data.sources=[{path="a", weight=1, share=2}]'], "[data.sources[0]] has no parameter 'share' (it takes: epochs, name, path, weight)"),
     (['data.sources=[{weight=1}]'], "data.sources[0].path must be a shard directory"),
     (['data.sources=["a"]'], "data.sources[0] must be a table"),
 ])

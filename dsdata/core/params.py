@@ -19,7 +19,7 @@ import difflib
 import math
 import os
 import re
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Collection, Iterable, NamedTuple
 
 
@@ -358,7 +358,8 @@ class Options(ParamType):
 
 class Settings:
     """Base of a trainer table: a dataclass whose fields are declared `name: type = Param(…)`;
-    `check` holds the rules across fields (raise ValueError with one line)."""
+    `check` holds the rules across fields (raise ValueError with one line).  A default of None means
+    "unset" (derived from other keys): TOML has no null, so a given value is always checked."""
 
     legacy_prefix: ClassVar[str] = ""  # the flat key prefix these options had before their own table
 
@@ -393,7 +394,7 @@ def _options(cls: type) -> list[tuple[Any, Options]]:
 def parse(cls: type, values: Any, where: str) -> Any:
     """The Settings instance `cls(**values)` with every parameter checked; `where` names the table."""
     if not isinstance(values, dict):
-        raise ConfigError(f"[{where}] must be a table")
+        raise ConfigError(f"{where} must be a table, got {values!r}")
     params = {f.name: f.metadata["param"] for f in fields(cls)}
     unknown = set(values) - set(params)
     if unknown:

@@ -328,7 +328,7 @@ class DynamicSparseAttention(AttentionKernel):
 
     def _forward_reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         bsz, heads, seqlen, dim = q.shape
-        bs, window, top_k = self.block, self.window, self.top_k
+        bs, window = self.block, self.window
         n_blocks = -(-seqlen // bs)
         padded = n_blocks * bs
         if padded != seqlen:

@@ -24,6 +24,8 @@ from dsdata.train.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
 
 SIZE, COUNT, POSITIVE = Integer(min=1), Integer(min=0), Number(0, open_min=True)
 FRACTION = Number(0, 1, open_max=True)
+SHARE = Number(0, MAX_SHARE, open_min=True, open_max=True)  # a data.sources weight or epochs
+SHARD_DIR = "a shard directory (a `dsdata run` OUT or its shards/)"
 
 
 @dataclass
@@ -40,8 +42,7 @@ class TrainingConfig(Settings):
                                      "steps", FRACTION)
     unfreeze_layers: int = Param(0, "how many lower layers are frozen (0: half of them)", COUNT)
     threads: int = Param(0, "torch.set_num_threads per process on CPU (0: torch's default)", COUNT)
-    compile: bool | None = Param(None, "each block through torch.compile (unset: on for CUDA, off on CPU)",
-                                 Boolean(), nullable=True)
+    compile: bool | None = Param(None, "each block through torch.compile (unset: on for CUDA, off on CPU)", Boolean())
 
 
 @dataclass
@@ -50,7 +51,7 @@ class OptimizerConfig(Settings):
 
     name: str = Param(DEFAULT_OPTIMIZER, "a row of optim.OPTIMIZERS", Choice(OPTIMIZERS))
     config: Settings | None = Param(None, "[optimizer.config]: the named optimizer's options",
-                                    Options(OPTIMIZERS, "name"), nullable=True)
+                                    Options(OPTIMIZERS, "name"))
     lr: float = Param(3e-4, "peak learning rate", POSITIVE)
     beta1: float = Param(0.9, "first-moment decay", FRACTION)
     beta2: float = Param(0.999, "second-moment decay", FRACTION)
@@ -157,9 +158,23 @@ class Config:
     source: str = ""
 
 
-# data.sources shares are relative, bounded so that their sum (and epochs × a source's tokens) stays a
-# finite float; 1e308 overflowed into a silently wrong mix.
-SOURCE_SHARE = Param(1.0, "a source's weight or epochs", Number(0, MAX_SHARE, open_min=True, open_max=True))
+@dataclass
+class SourceConfig(Settings):
+    """One of data.sources: a shard set and its share of the mix, a weight or epochs of its tokens.
+    Shares are bounded so that their sum (and epochs × a source's tokens) stays a finite float; 1e308
+    overflowed into a silently wrong mix."""
+
+    path: str = Param("", "shard directory", Text(nonempty=True, expect=SHARD_DIR))
+    weight: float | None = Param(None, "relative share", SHARE)
+    epochs: float | None = Param(None, "passes over its tokens", SHARE)
+    name: str | None = Param(None, "its name in the metrics", Text(nonempty=True))
+
+    def check(self, where: str) -> None:
+        if not self.path:
+            raise ValueError(f"{where}.path must be {SHARD_DIR}")
+        shares = [key for key in ("weight", "epochs") if getattr(self, key) is not None]
+        if len(shares) != 1:
+            raise ValueError(f"{where} needs exactly one of weight or epochs, got {shares or 'neither'}")
 
 
 # A trainer config is a page of TOML; a bigger file is not one (and bounds what a bad one costs).
@@ -226,24 +241,11 @@ def load_config(path: str, overrides: list[str] | None = None) -> Config:
 
 def check_sources(sources: list, source: str) -> None:
     """data.sources: a list of {path, weight | epochs, name?} tables, one kind of share for all."""
-    kinds = set()
-    for i, item in enumerate(sources):
-        where = f"{source}: data.sources[{i}]"
-        if not isinstance(item, dict):
-            raise ConfigError(f"{where} must be a table {{path = \"…\", weight = …}}, got {item!r}")
-        unknown = sorted(set(item) - {"path", "weight", "epochs", "name"})
-        if unknown:
-            raise ConfigError(f"{where} has unknown key(s) {unknown}; known: ['epochs', 'name', 'path', 'weight']")
-        if not isinstance(item.get("path"), str) or not item["path"]:
-            raise ConfigError(f"{where}.path must be a shard directory (a `dsdata run` OUT or its shards/)")
-        if "name" in item and (not isinstance(item["name"], str) or not item["name"]):
-            raise ConfigError(f"{where}.name must be a non-empty string, got {item['name']!r}")
-        shares = [key for key in ("weight", "epochs") if key in item]
-        if len(shares) != 1:
-            raise ConfigError(f"{where} needs exactly one of weight or epochs, got {shares or 'neither'}")
-        SOURCE_SHARE.coerce(f"{where}.{shares[0]}", item[shares[0]])
-        kinds.add(shares[0])
-    if len(kinds) > 1:
+    try:
+        tables = [parse(SourceConfig, item, f"data.sources[{i}]") for i, item in enumerate(sources)]
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    if len({table.weight is None for table in tables}) > 1:
         raise ConfigError(f"{source}: data.sources mixes weight and epochs; give every source the same one")
 
 

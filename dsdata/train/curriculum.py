@@ -17,7 +17,6 @@ seeded generator whose state goes into checkpoints.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence

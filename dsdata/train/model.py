@@ -38,11 +38,9 @@ class ModelArgs(Settings):
     dim: int = Param(256, "model width", Integer(min=1))
     n_layers: int = Param(4, "blocks", Integer(min=1))
     n_heads: int = Param(4, "attention heads", Integer(min=1))
-    n_kv_heads: int | None = Param(None, "key/value heads: grouped-query attention when < n_heads", Integer(min=1),
-                                   nullable=True)
+    n_kv_heads: int | None = Param(None, "key/value heads: grouped-query attention when < n_heads", Integer(min=1))
     vocab_size: int = Param(32000, "vocabulary (the shards' tokenizer sets it)", Integer(min=0))
-    ffn_hidden_dim: int | None = Param(None, "default: 8/3 · dim rounded up to multiple_of (SwiGLU)", Integer(min=0),
-                                       nullable=True)
+    ffn_hidden_dim: int | None = Param(None, "default: 8/3 · dim rounded up to multiple_of (SwiGLU)", Integer(min=0))
     multiple_of: int = Param(64, "the FFN width is rounded up to a multiple of this", Integer(min=1))
     norm_eps: float = Param(1e-5, "RMSNorm epsilon", Number(0, open_min=True))
     rope_theta: float = Param(10000.0, "RoPE base", Number(0, open_min=True))
@@ -51,7 +49,7 @@ class ModelArgs(Settings):
     attention: str = Param(DEFAULT_ATTENTION, "the attention kernel, a row of attention.ATTENTION_KERNELS",
                            Choice(ATTENTION_KERNELS))
     attention_config: Settings | None = Param(None, "[model.attention_config]: the kernel's options",
-                                              Options(ATTENTION_KERNELS, "attention"), nullable=True)
+                                              Options(ATTENTION_KERNELS, "attention"))
     moe_experts: int = Param(0, "mixture-of-experts feed-forward (0 experts: dense SwiGLU)", Integer(min=0))
     moe_top_k: int = Param(2, "experts per token", Integer(min=1))
     moe_capacity_factor: float = Param(1.25, "expert capacity over an even share", Number(0, open_min=True))
