@@ -188,22 +188,11 @@ class Choice(ParamType):
     def expect(self) -> str:
         return self._expect or f"one of {', '.join(_yaml_word(v) for v in self.values)}"
 
-    @staticmethod
-    def _find(value: Any, candidates: Iterable[Any]) -> tuple[bool, Any]:
-        # Compare types too: YAML 1 must not pass for true (1 == True in Python).
-        for candidate in candidates:
-            if type(candidate) is type(value) and candidate == value:
-                return True, candidate
-        return False, None
-
     def check(self, value: Any) -> Any:
-        for alias, current in self.aliases:
-            if type(alias) is type(value) and alias == value:
-                return current
-        found, candidate = self._find(value, self.values)
-        if not found:
-            raise BadValue(self.expect, hint=near_miss(value, (_yaml_word(v) for v in self.values)))
-        return candidate
+        for given, result in [*self.aliases, *((v, v) for v in self.values)]:
+            if type(given) is type(value) and given == value:  # YAML 1 must not pass for true (1 == True)
+                return result
+        raise BadValue(self.expect, hint=near_miss(value, (_yaml_word(v) for v in self.values)))
 
 
 class ListOf(ParamType):
