@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 _LAZY = {"run": "dsdata.api", "RunError": "dsdata.api", "register_stage": "dsdata.stages",
          "DocumentStage": "dsdata.stages", "BatchStage": "dsdata.stages", "Param": "dsdata.stages",
          "Document": "dsdata.document", "Rejected": "dsdata.document",
-         **dict.fromkeys(("Integer", "Number", "Text", "Boolean", "Choice", "ListOf", "Path"), "dsdata.stages.params")}
+         **dict.fromkeys(("Integer", "Number", "Text", "Boolean", "Choice", "ListOf", "Path"), "dsdata.core.params")}
 
 __all__ = ["__version__", *_LAZY]
 

@@ -8,7 +8,7 @@ import torch
 
 from dsdata.train.attention import DenseAttention, DynamicSparseAttention, LSHAttention
 from dsdata.train.model import ModelArgs, Transformer
-from dsdata.train.settings import parse
+from dsdata.core.params import parse
 from tests.conftest import needs_compiler
 
 torch.set_num_threads(1)
@@ -242,7 +242,7 @@ def test_torch_flex_attention_itself_computes_the_sparse_forward():
 def test_unknown_kernel_is_refused():
     with pytest.raises(ValueError, match="kernel"):
         DynamicSparseAttention(8, kernel="triton")
-    with pytest.raises(ValueError, match="model.attention_config.kernel = 'fast'; choose auto, fused, flex or reference"):
+    with pytest.raises(ValueError, match="model.attention_config.kernel must be one of auto, fused, flex, reference, got 'fast'"):
         parse(ModelArgs, {"attention": "lsh", "attention_config": {"kernel": "fast"}}, "model")
 
 

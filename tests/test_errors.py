@@ -25,7 +25,7 @@ from dsdata.recipe import load_recipe
 from dsdata.stages import REGISTRY
 from dsdata.stages.base import BatchStage, DocumentStage, Param
 from dsdata.stages.difficulty import DifficultyStage
-from dsdata.stages.params import Text
+from dsdata.core.params import Text
 
 REPO = Path(__file__).resolve().parents[1]
 POISON = "POISON"

@@ -151,9 +151,9 @@ def test_heads_come_from_weight_shapes():
                                          ({"attention": "dynamic_sparse", "attention_config": {"window": 40, "block": 32}},
                                           "model.attention_config.window"),
                                          ({"sparse_window": 40}, "model.sparse_window is now model.attention_config.window"),
-                                         ({"nheads": 4}, "unknown key")])
+                                         ({"nheads": 4}, r"\[model\] has no parameter 'nheads' .*; did you mean 'n_heads'\?")])
 def test_bad_model_config_is_one_clear_error(bad, message):
-    from dsdata.train.settings import parse
+    from dsdata.core.params import parse
 
     with pytest.raises(ValueError, match=message):
         parse(ModelArgs, bad, "model")

@@ -187,8 +187,13 @@ def test_mixed_parallel_facade_from_a_dict():
     assert (dims.dp, dims.pp, dims.tp, dims.micro_batch_size, dims.accumulation) == (2, 2, 4, 8, 16)
     with pytest.raises(ConfigError, match="world size"):
         MixedParallel(spec)  # this test is one process, the spec needs 8 × dp
-    with pytest.raises(ConfigError, match="unknown key"):
+    with pytest.raises(ConfigError, match=r"MixedParallel has no parameter 'tensor_parallel' .*; "
+                                          r"did you mean 'tensor_parallel_size'\?"):
         MixedParallel.plan({"tensor_parallel": 2}, 2)
+    # global_batch_size is checked where a TOML config's is, with the same line
+    with pytest.raises(ConfigError, match=r"^MixedParallel: training.global_batch_size must be a positive integer, got 0$"):
+        MixedParallel.plan({"global_batch_size": 0}, 2)
+    assert MixedParallel.plan({"global_batch_size": 4}, 2).micro_batch_size == 2
     from dsdata.train import MixedParallel as lazily_imported
 
     assert lazily_imported is MixedParallel
@@ -233,7 +238,7 @@ def test_process_start_up_does_not_import_the_layouts():
 
 
 def test_unimplemented_schedule_is_refused_when_the_config_is_read():
-    with pytest.raises(ConfigError, match="pipeline_schedule = 'interleaved_1f1b'; choose gpipe or 1f1b"):
+    with pytest.raises(ConfigError, match="pipeline_schedule must be one of gpipe, 1f1b, got 'interleaved_1f1b'"):
         load_config(TINY, ["parallel.pipeline_schedule=interleaved_1f1b"])
 
 

@@ -128,7 +128,7 @@ def test_shm_publish_onto_a_file_system_that_fills_is_one_line_and_removes_its_c
 # A stage that writes a file of its own per document into FOLDER (a plug-in's cache, a side log).
 SIDE_WRITER = '''
 from dsdata.stages import DocumentStage, Param
-from dsdata.stages.params import Text
+from dsdata.core.params import Text
 
 
 class SideWriter(DocumentStage):

@@ -10,7 +10,7 @@ from dsdata.cli import main as cli_main
 from dsdata.recipe import parse_value
 from dsdata.stages import REGISTRY, stage_class
 from dsdata.stages.base import Param, StageConfigError
-from dsdata.stages.params import ParamType
+from dsdata.core.params import ParamType
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -182,7 +182,7 @@ def test_progressive_unfreezing_keeps_lower_layers_fixed(tmp_path):
 
 
 @pytest.mark.parametrize("sets,message", [
-    (["training.stepz=3"], "unknown key"),
+    (["training.stepz=3"], "[training] has no parameter 'stepz'"),
     (["optimizer.name=sgd"], "optimizer.name"),
     (["training.global_batch_size=3", "parallel.gradient_accumulation_steps=2"], "gradient_accumulation_steps"),
     (["data.path=/nonexistent/shards"], "data.path"),

@@ -123,17 +123,17 @@ def test_damaged_trainer_state_is_one_line(finished_run, capsys, tmp_path, conte
 
 
 @pytest.mark.parametrize("item,message", [
-    ("model.dim=-4", "model.dim must be >= 1, got -4"),
-    ("model.n_layers=0", "model.n_layers must be >= 1, got 0"),
-    ("model.n_kv_heads=abc", "model.n_kv_heads must be an integer, got 'abc'"),
-    ("training.seq_len=-1", "training.seq_len must be >= 1"),
-    ("training.global_batch_size=0", "training.global_batch_size must be >= 1"),
-    ("optimizer.lr=-0.1", "optimizer.lr must be > 0"),
-    ("optimizer.beta2=1.5", "optimizer.beta2 must be >= 0 and < 1"),
-    ("checkpoint.keep=0", "checkpoint.keep must be >= 1"),
-    ("parallel.pipeline_parallel_size=-2", "parallel.pipeline_parallel_size must be >= 1"),
-    ("clipping.window=0", "clipping.window must be >= 1"),
-    ("model.norm_eps=nan", "model.norm_eps must be > 0"),
+    ("model.dim=-4", "model.dim must be a positive integer, got -4"),
+    ("model.n_layers=0", "model.n_layers must be a positive integer, got 0"),
+    ("model.n_kv_heads=abc", "model.n_kv_heads must be a positive integer, got 'abc'"),
+    ("training.seq_len=-1", "training.seq_len must be a positive integer"),
+    ("training.global_batch_size=0", "training.global_batch_size must be a positive integer"),
+    ("optimizer.lr=-0.1", "optimizer.lr must be a positive number"),
+    ("optimizer.beta2=1.5", "optimizer.beta2 must be a number between 0 and 1, 1 excluded"),
+    ("checkpoint.keep=0", "checkpoint.keep must be a positive integer"),
+    ("parallel.pipeline_parallel_size=-2", "parallel.pipeline_parallel_size must be a positive integer"),
+    ("clipping.window=0", "clipping.window must be a positive integer"),
+    ("model.norm_eps=nan", "model.norm_eps must be a positive number, got nan"),
 ])
 def test_out_of_range_config_values_are_one_line(tmp_path, capsys, item, message):
     assert main(["--config", TINY, "--run-dir", str(tmp_path), "--set", item]) == 2
@@ -143,24 +143,31 @@ def test_out_of_range_config_values_are_one_line(tmp_path, capsys, item, message
 
 def test_every_numeric_key_has_a_declared_range():
     """Every numeric field of every table, the options of every attention kernel and optimizer
-    included, declares its range (seeds declare ANY_INTEGER)."""
+    included, is a Param (the type recipe stages declare) whose default passes its own check, and a
+    numeric one is an Integer or a Number (seeds: Integer() without bounds)."""
     from dataclasses import fields
     from typing import get_args, get_type_hints
 
+    from dsdata.core.params import Integer, Number, Options, Param
     from dsdata.train.config import SECTIONS
 
     tables = list(SECTIONS.items())
-    for name, cls in SECTIONS.items():  # a registry field: every row's options class
+    for name, cls in SECTIONS.items():  # an Options field: every row's options class
         for spec in fields(cls):
-            if "registry" in spec.metadata:
-                tables += [(f"{name}.{spec.name}[{row}]", kind.Config) for row, kind in spec.metadata["registry"].items()]
+            kind = spec.metadata["param"].type
+            if isinstance(kind, Options):
+                tables += [(f"{name}.{spec.name}[{row}]", value.Config) for row, value in kind.registry.items()]
     assert {"model.attention_config[dynamic_sparse]", "optimizer.config[deepopt]"} <= {name for name, _ in tables}
     for name, cls in tables:
         hints = get_type_hints(cls)
         for f in fields(cls):
+            param = f.metadata["param"]
+            assert isinstance(param, Param)
+            if param.default is not None:  # None: unset, derived from other keys
+                param.coerce(f"{name}.{f.name}", param.default)
             kinds = get_args(hints[f.name]) or (hints[f.name],)  # int | None: int
             if any(kind in (int, float) for kind in kinds):
-                assert f.metadata.get("bound") is not None, f"{name}.{f.name} has no range"
+                assert isinstance(param.type, (Integer, Number)), f"{name}.{f.name} has no range"
     load_config(str(REPO / "models" / "llama-1b.toml"))  # the shipped configs are inside every range
 
 

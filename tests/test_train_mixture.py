@@ -115,22 +115,22 @@ def test_sources_of_another_tokenizer_are_refused(sources, tmp_path):
     (['data.sources=[{path="a", weight=1}]', 'data.path="b"'], "data.path and data.sources are both set"),
     (['data.sources=[{path="a"}]'], "data.sources[0] needs exactly one of weight or epochs, got neither"),
     (['data.sources=[{path="a", weight=1, epochs=2}]'], "needs exactly one of weight or epochs, got ['weight', 'epochs']"),
-    (['data.sources=[{path="a", weight=-1}]'], "data.sources[0].weight must be > 0 and < 1e+06, got -1"),
-    (['data.sources=[{path="a", weight=inf}]'], "data.sources[0].weight must be > 0 and < 1e+06, got inf"),
+    (['data.sources=[{path="a", weight=-1}]'], "data.sources[0].weight must be a number strictly between 0 and 1e+06, got -1"),
+    (['data.sources=[{path="a", weight=inf}]'], "data.sources[0].weight must be a number strictly between 0 and 1e+06, got inf"),
     # Huge finite shares overflowed (their sum, epochs × tokens) into a silently wrong mix.
     (['data.sources=[{path="a", weight=1e308}, {path="b", weight=1e308}]'],
-     "data.sources[0].weight must be > 0 and < 1e+06, got 1e+308"),
+     "data.sources[0].weight must be a number strictly between 0 and 1e+06, got 1e+308"),
     (['data.sources=[{path="a", epochs=1e300}, {path="b", epochs=1}]'],
-     "data.sources[0].epochs must be > 0 and < 1e+06, got 1e+300"),
-    (['data.seed=-1'], "data.seed must be >= 0, got -1"),
+     "data.sources[0].epochs must be a number strictly between 0 and 1e+06, got 1e+300"),
+    (['data.seed=-1'], "data.seed must be a non-negative integer, got -1"),
     (['data.curriculum={schedule="fixed", weights={easy=1e308, hard=1e308}}'],
-     "data.curriculum: fixed curriculum: weight of 'easy' must be a finite number >= 0 and < 1e+06, got 1e+308"),
+     "data.curriculum: fixed curriculum: weight of 'easy' must be a number between 0 and 1e+06, 1e+06 excluded, got 1e+308"),
     (['data.curriculum={schedule="linear", warmup_fraction=inf}'],
-     "data.curriculum: linear curriculum: warmup_fraction must be a number in [0, 1], got inf"),
+     "data.curriculum: linear curriculum: warmup_fraction must be a number between 0 and 1, got inf"),
     (['data.curriculum={schedule="table", rows=[[0, {easy="x"}]]}'],
-     "data.curriculum: table curriculum row at step 0: weight of 'easy' must be a number, got 'x'"),
+     "data.curriculum: table curriculum row at step 0: weight of 'easy' must be a number between 0 and 1e+06, 1e+06 excluded, got 'x'"),
     (['data.sources=[{path="a", weight=1}, {path="b", epochs=1}]'], "mixes weight and epochs"),
-    (['data.sources=[{path="a", weight=1, share=2}]'], "data.sources[0] has unknown key(s) ['share']"),
+    (['data.sources=[{path="a", weight=1, share=2}]'], "[data.sources[0]] has no parameter 'share' (it takes: epochs, name, path, weight)"),
     (['data.sources=[{weight=1}]'], "data.sources[0].path must be a shard directory"),
     (['data.sources=["a"]'], "data.sources[0] must be a table"),
 ])
@@ -141,7 +141,7 @@ def test_bad_sources_are_one_line_errors(sets, message):
 
 
 def test_a_mixture_built_in_python_checks_its_shares_too(sources):
-    with pytest.raises(ConfigError, match=r"data: data.sources\[1\].weight must be > 0 and < 1e\+06, got 1e\+300"):
+    with pytest.raises(ConfigError, match=r"data: data.sources\[1\].weight must be a number strictly between 0 and 1e\+06, got 1e\+300"):
         MixtureBatches(data_config(sources[:2], [1.0, 1e300]), 16, 10, 4)
 
 

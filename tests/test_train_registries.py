@@ -72,7 +72,7 @@ def test_a_test_only_optimizer_trains_end_to_end_with_its_own_options(tmp_path, 
     bad = _run(tmp_path / "bad", STEPS + ["optimizer.name=test_sgd", "optimizer.config.momentum=1.5"], plugin_path,
                check=False)
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines()[-1].endswith("optimizer.config.momentum must be >= 0 and < 1, got 1.5")
+    assert bad.stderr.strip().splitlines()[-1].endswith("optimizer.config.momentum must be a number between 0 and 1, 1 excluded, got 1.5")
 
 
 def test_without_the_plugin_its_names_are_unknown_in_one_line(tmp_path):
@@ -80,8 +80,8 @@ def test_without_the_plugin_its_names_are_unknown_in_one_line(tmp_path):
                           text=True, timeout=600)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"dsdata-train: error: {REPO / 'models' / 'tiny.toml'}: model.attention = 'test_band'; "
-        "choose dense, dynamic_sparse or lsh"]
+        f"dsdata-train: error: {REPO / 'models' / 'tiny.toml'}: model.attention must be one of "
+        "dense, dynamic_sparse, lsh, got 'test_band'"]
 
 
 def test_register_refuses_a_taken_name_or_a_non_row():

@@ -9,12 +9,12 @@ import torch
 
 from dsdata.train.attention import AttentionKernel
 from dsdata.train.optim import OptimizerRow
-from dsdata.train.settings import FRACTION, SIZE, Settings, setting
+from dsdata.core.params import Integer, Number, Param, Settings
 
 
 @dataclass
 class BandConfig(Settings):
-    band: int = setting(16, SIZE)  # each query sees its `band` latest keys (itself included)
+    band: int = Param(16, "each query sees its `band` latest keys (itself included)", Integer(min=1))
 
 
 class BandAttention(AttentionKernel):
@@ -46,7 +46,7 @@ class BandAttention(AttentionKernel):
 
 @dataclass
 class SGDConfig(Settings):
-    momentum: float = setting(0.0, FRACTION)
+    momentum: float = Param(0.0, "SGD momentum", Number(0, 1, open_max=True))
 
 
 def _sgd(groups, common, options: SGDConfig, total_steps, device):

@@ -185,7 +185,7 @@ def environment_failure(stage_name: str, exc: BaseException, when: str = "") -> 
     if isinstance(exc, EndpointUnreachable):  # its message names the endpoint
         return StorageUnreachable(first_line(exc).split(": ", 1)[-1])
     if isinstance(exc, StageConfigError):
-        return StageEnvironmentError(first_line(exc).removeprefix("StageConfigError: "))
+        return StageEnvironmentError(first_line(exc).split(": ", 1)[-1])  # its own message names the stage
     return StageEnvironmentError(f"stage '{stage_name}'{when}: {first_line(exc)}")
 
 

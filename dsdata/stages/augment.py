@@ -16,7 +16,7 @@ import pyarrow as pa
 from dsdata.augment.replace import DictionaryError, EntityReplacer, SynonymReplacer
 from dsdata.augment.translate import GenerationSettings, ModelNotFoundError, resolve_model_dir
 from dsdata.stages.base import CorpusStage, Param, SideOutput, StageConfigError
-from dsdata.stages.params import AnyOf, Boolean, Choice, Integer, ListOf, MappingOf, Number, Path, Text
+from dsdata.core.params import AnyOf, Boolean, Choice, Integer, ListOf, MappingOf, Number, Path, Text
 
 METHODS = ("back_translation", "synonym", "entity")
 TRANSLATABLE = ("zh", "en")

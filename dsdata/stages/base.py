@@ -8,9 +8,9 @@
                                                                      Beam layer (dsdata/beam/kinds.py)
                                                                      turns into a composite PTransform
 
-Every parameter is a typed `Param`; the base class checks and converts every value once, when the
-stage is built (and `load_recipe` runs the same check on recipe and --set values), so a bad value
-is one line naming STAGE.PARAM.  `validate()` is left with checks across parameters.
+Every parameter is a typed `Param` (dsdata/core/params.py, the trainer's config tables use it too);
+the base class checks and converts every value once, when the stage is built (and `load_recipe` runs
+the same check on recipe and --set values), so a bad value is one line naming STAGE.PARAM.  `validate()` is left with checks across parameters.
 `annotations` declares the typed output columns the stage adds to kept/*.parquet; `side_outputs`
 the files under the run directory the stage's composite produces (the builder cleans and writes them).
 """
@@ -18,72 +18,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
 from dsdata.core.chart import Chart
+from dsdata.core.params import ConfigError as StageConfigError  # one error for every parameter
+from dsdata.core.params import Param, unknown_keys
 from dsdata.document import Document, Rejected
-from dsdata.stages.params import Allowed, BadValue, ListOf, ParamType, Path, near_miss
-
-
-class StageConfigError(ValueError):
-    """A recipe gave a stage a parameter it does not take, or a bad value; `param` names the
-    parameter whose value was refused (None: not one parameter's)."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-@dataclass(frozen=True)
-class Param:
-    """One recipe parameter: default, a one-line description shown by `dsdata stages`, its type.
-
-    nullable: null (None) is accepted as 'off' / 'not set'.  Path parameters are resolved against
-    the recipe's directory (and may not escape it) when they come from a recipe, and against the
-    working directory when given with --set.  choices: given every parameter's checked value, the
-    values this one (each item, for a list) may take — `Allowed` — or None where they are not known
-    (the language model's labels, read from the model the stage is given)."""
-
-    default: Any
-    help: str
-    type: ParamType
-    nullable: bool = False
-    choices: Callable[[dict[str, Any]], Allowed | None] | None = None
-
-    @property
-    def is_path(self) -> bool:
-        """A path, or a list of paths (each resolved the same way)."""
-        return isinstance(self.type, Path) or (isinstance(self.type, ListOf) and isinstance(self.type.item, Path))
-
-    def describe(self) -> str:
-        expect = str(self.type)
-        if not self.nullable:
-            return expect
-        return f"{expect}, or null" if " or " in expect else f"{expect} or null"
-
-    def coerce(self, key: str, value: Any) -> Any:
-        """The value to use for parameter `key` (STAGE.PARAM), or StageConfigError in one line."""
-        if value is None and self.nullable:
-            return None
-        try:
-            return self.type.check(value)
-        except BadValue as bad:
-            param = key.rpartition(".")[2]
-            if bad.sentence:
-                raise StageConfigError(f"{key} {bad.sentence}{bad.hint}", param) from None
-            raise StageConfigError(f"{key} must be {self.describe()}, got {value!r}{bad.hint}", param) from None
-
-    def check_choices(self, key: str, value: Any, values: dict[str, Any]) -> None:
-        """Refuse a checked `value` (or item of it) outside `choices(values)`, in one line."""
-        allowed = None if self.choices is None or value is None else self.choices(values)
-        if allowed is None:
-            return
-        for item in value if isinstance(value, list) else [value]:
-            if item not in allowed.values:
-                raise StageConfigError(f"{key}: {item!r} is not one of {allowed.source}"
-                                       f"{near_miss(item, allowed.values)}", key.rpartition(".")[2])
 
 
 @dataclass(frozen=True)
@@ -125,12 +67,9 @@ class Stage:
     @classmethod
     def check_params(cls, given: dict[str, Any], defaults: bool = False) -> dict[str, Any]:
         """The checked values of `given` (with the defaults of the others when `defaults`)."""
-        unknown = sorted(set(given) - set(cls.params))
+        unknown = set(given) - set(cls.params)
         if unknown:
-            known = ", ".join(sorted(cls.params)) or "none"
-            raise StageConfigError(
-                f"stage '{cls.name}' has no parameter {', '.join(map(repr, unknown))} (it takes: {known})"
-            )
+            raise StageConfigError(unknown_keys(f"stage '{cls.name}'", unknown, cls.params))
         checked = {key: spec.coerce(f"{cls.name}.{key}", given.get(key, spec.default))
                    for key, spec in cls.params.items() if defaults or key in given}
         if any(cls.params[key].choices is not None for key in checked):

@@ -16,7 +16,7 @@ from dsdata.clean.html import EXTRACTORS, HtmlParseError, extract_main_text
 from dsdata.clean.text import UNICODE_FORMS, TextCleaner
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import DocumentStage, Param
-from dsdata.stages.params import Boolean, Choice
+from dsdata.core.params import Boolean, Choice
 
 HTML_CONTENT_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import DocumentStage, Param, StageConfigError
-from dsdata.stages.params import Integer, ListOf, Number, Path, Text
+from dsdata.core.params import Integer, ListOf, Number, Path, Text
 from dsdata.stages.rules import CJK_CHARS
 
 # A CJK character alone, or a run of letters/digits of other scripts (no underscore: `a_b` is two).

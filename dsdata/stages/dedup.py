@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from dsdata.stages.base import Chart, CorpusStage, Param, StageConfigError
 from dsdata.dedup.spans import LINE_UNITS
-from dsdata.stages.params import Boolean, Choice, Integer, Number, Path, Text
+from dsdata.core.params import Boolean, Choice, Integer, Number, Path, Text
 
 KEEP_RULES = ("lowest_id", "highest_score")
 

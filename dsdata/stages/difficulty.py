@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import Chart, CorpusStage, Param, SideOutput, StageConfigError
-from dsdata.stages.params import (Allowed, BadValue, Boolean, Choice, Integer, ListOf, MappingOf, Number, ParamType, Path,
+from dsdata.core.params import (Allowed, BadValue, Boolean, Choice, Integer, ListOf, MappingOf, Number, ParamType, Path,
                                   Text)
 
 GRADES = ("easy", "medium", "hard")

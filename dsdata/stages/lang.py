@@ -21,7 +21,7 @@ import pyarrow as pa
 from dsdata.document import Document, Rejected
 from dsdata.stages import fasttext_model
 from dsdata.stages.base import BatchStage, Chart, Param, StageConfigError
-from dsdata.stages.params import Allowed, Choice, Integer, ListOf, Number, Path, Text
+from dsdata.core.params import Allowed, Choice, Integer, ListOf, Number, Path, Text
 
 _LABEL = "__label__"
 # The newline and the characters str.split() breaks on that fastText's tokenizer does not (its word

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import DocumentStage, Param
-from dsdata.stages.params import Choice, ListOf
+from dsdata.core.params import Choice, ListOf
 from dsdata.stages.pii_kinds import PII_TYPES, TOKENS, PiiFinder
 
 COUNTS = "pii_counts"

@@ -9,7 +9,7 @@ import pyarrow as pa
 from dsdata.document import Document, Rejected
 from dsdata.relevance.scorer import BACKENDS, SCORES, detect_backend, load_scorer
 from dsdata.stages.base import Chart, Param, ScoringStage, StageConfigError
-from dsdata.stages.params import AnyOf, Choice, Integer, ListOf, Number, Path, Text
+from dsdata.core.params import AnyOf, Choice, Integer, ListOf, Number, Path, Text
 
 
 class RelevanceStage(ScoringStage):

@@ -22,7 +22,7 @@ import pyarrow as pa
 from dsdata.compiled import import_compiled
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import DocumentStage, Param
-from dsdata.stages.params import Boolean, Integer, MappingOf, Number
+from dsdata.core.params import Boolean, Integer, MappingOf, Number
 
 CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _WORD_RE = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")

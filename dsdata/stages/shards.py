@@ -29,7 +29,7 @@ import numpy as np
 
 from dsdata.document import Document
 from dsdata.stages.base import CorpusStage, Param, SideOutput, StageConfigError
-from dsdata.stages.params import Allowed, Integer, ListOf, Path, Text
+from dsdata.core.params import Allowed, Integer, ListOf, Path, Text
 
 SHARDS_DIR = "shards"
 EXPORT_DIR = "export"

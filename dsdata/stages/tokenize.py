@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from dsdata.document import Document, Rejected
 from dsdata.stages.base import BatchStage, Param, StageConfigError
-from dsdata.stages.params import Boolean, Integer, Path, Text
+from dsdata.core.params import Boolean, Integer, Path, Text
 
 TOKENS_ANNOTATION = "tokens"
 # The recipe's default tokenizer, for stages built outside a recipe (tests, notebooks).

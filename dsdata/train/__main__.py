@@ -69,8 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         # As an override, after the --set ones: the flag wins over the config file and --set.
         args.set.append(f"logging.progress={'off' if args.quiet else args.progress}")
 
-    from dsdata.train.config import ConfigError, load_config
-
     from dsdata.stop_signals import Interrupted, stop_on_signals
 
     run_dir = args.run_dir or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
@@ -78,22 +76,24 @@ def main(argv: list[str] | None = None) -> int:
     # stops the set-up at once: nothing to save yet.
     with stop_on_signals() as early:
         try:
-            return _train(args, run_dir, load_config, ConfigError)
+            return _train(args, run_dir)
         except Interrupted:
             pass
     print(f"dsdata-train: stopped by {early.name} before training started; nothing to save", file=sys.stderr)
     return early.exit_code
 
 
-def _train(args, run_dir: str, load_config, ConfigError) -> int:  # noqa: N803 - the class, passed in
+def _train(args, run_dir: str) -> int:
     import signal
+
+    from dsdata.core.params import ConfigError
 
     completed = False
     try:
-        config = load_config(args.config, args.set)
+        from dsdata.train.config import load_config
         from dsdata.train.loop import train
 
-        summary = train(config, run_dir)
+        summary = train(load_config(args.config, args.set), run_dir)
         completed = True
     except Exception as exc:
         from dsdata.shards.format import ShardError

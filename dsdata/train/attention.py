@@ -24,22 +24,23 @@ selected keys; lsh's CUDA default).  ``auto`` picks the CUDA default on CUDA and
 elsewhere.  Tests hold all three equal, forward and backward.
 
 A kernel is one ``AttentionKernel`` subclass and one ``ATTENTION_KERNELS`` row: its ``Config``
-dataclass is the ``[model.attention_config]`` table when ``model.attention`` names it (fields declare
-their ranges: dsdata/train/settings.py), ``from_config`` builds one layer's kernel, and the per-step
+dataclass is the ``[model.attention_config]`` table when ``model.attention`` names it (its fields are
+``Param``s: dsdata/core/params.py), ``from_config`` builds one layer's kernel, and the per-step
 members (``on_training_step``, ``on_weights_initialised``) are no-ops unless it needs them.
 """
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, is_dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dsdata.core.params import Boolean, Choice, Integer, NoOptions, Param, Settings
 from dsdata.train.block_sparse import FLEX_BLOCK, band_blocks, block_mask_from_pairs, flex_available, flex_with_lse
-from dsdata.train.settings import ANY_INTEGER, COUNT, SIZE, NoOptions, Registry, Settings, setting
+from dsdata.train.registry import Registry
 
 KERNEL_CHOICES = ("auto", "fused", "flex", "reference")
 
@@ -127,13 +128,13 @@ def _local_windows(x: torch.Tensor, lag: int, n_blocks: int) -> torch.Tensor:
 @dataclass
 class DynamicSparseConfig(Settings):
     legacy_prefix = "sparse_"
-    top_k: int = setting(16, SIZE)
-    window: int = setting(64, SIZE)  # local window; a multiple of block
-    block: int = setting(64, SIZE)  # query block size of the blocked kernel
-    gate_hidden: int = setting(32, SIZE)
-    refresh_steps: int = setting(4, SIZE)  # the gate that selects keys is re-snapshotted every N steps
-    summary: bool = True  # attend to the mean of the unselected far past
-    kernel: str = setting("auto", choices=KERNEL_CHOICES)
+    top_k: int = Param(16, "far-past keys each query attends to, chosen by the gate", Integer(min=1))
+    window: int = Param(64, "local window; a multiple of block", Integer(min=1))
+    block: int = Param(64, "query block size of the blocked kernel", Integer(min=1))
+    gate_hidden: int = Param(32, "hidden size of the gate that scores keys", Integer(min=1))
+    refresh_steps: int = Param(4, "the gate that selects keys is re-snapshotted every N steps", Integer(min=1))
+    summary: bool = Param(True, "attend to the mean of the unselected far past", Boolean())
+    kernel: str = Param("auto", "implementation", Choice(KERNEL_CHOICES))
 
     def check(self, where: str) -> None:
         if self.window % self.block:
@@ -327,7 +328,7 @@ class DynamicSparseAttention(AttentionKernel):
 
     def _forward_reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         bsz, heads, seqlen, dim = q.shape
-        bs, window, top_k = self.block, self.window, self.top_k
+        bs, window = self.block, self.window
         n_blocks = -(-seqlen // bs)
         padded = n_blocks * bs
         if padded != seqlen:
@@ -438,10 +439,10 @@ class DynamicSparseAttention(AttentionKernel):
 @dataclass
 class LSHConfig(Settings):
     legacy_prefix = "lsh_"
-    chunk: int = setting(64, SIZE)
-    buckets: int = setting(0, COUNT)  # 0: one bucket per chunk of the sequence (Reformer's choice)
-    seed: int = setting(1234, ANY_INTEGER)  # plus the layer id: each layer's rotations
-    kernel: str = setting("auto", choices=KERNEL_CHOICES)
+    chunk: int = Param(64, "positions per chunk", Integer(min=1))
+    buckets: int = Param(0, "hash buckets (0: one per chunk of the sequence, Reformer's choice)", Integer(min=0))
+    seed: int = Param(1234, "seed of the rotations, plus the layer id", Integer())
+    kernel: str = Param("auto", "implementation", Choice(KERNEL_CHOICES))
 
 
 class LSHAttention(AttentionKernel):
@@ -568,8 +569,6 @@ class LSHAttention(AttentionKernel):
 def _kernel_problem(kernel) -> str | None:
     if not (isinstance(kernel, type) and issubclass(kernel, AttentionKernel)):
         return f"{kernel!r} is not a subclass of dsdata.train.attention.AttentionKernel"
-    if not (isinstance(kernel.Config, type) and issubclass(kernel.Config, Settings) and is_dataclass(kernel.Config)):
-        return f"{kernel.__qualname__}.Config must be a dataclass subclassing dsdata.train.settings.Settings"
     return None
 
 

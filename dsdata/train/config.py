@@ -1,137 +1,138 @@
 """Training configuration: one TOML file (models/*.toml) plus `--set section.key=value` overrides.
 
-Every table is a settings dataclass (dsdata/train/settings.py): each field declares its range or
-choices, and `settings.parse` reads and checks them all the same way.  `model.attention_config` and
-`optimizer.config` hold the options of the attention kernel and the optimizer that `model.attention`
-and `optimizer.name` pick (a row of `attention.ATTENTION_KERNELS` / `optim.OPTIMIZERS`).
+Every table is a `Settings` dataclass whose fields are `Param`s, the same declarations recipe stages
+use (dsdata/core/params.py): `parse` checks every value the same way and refuses a bad one in one
+line naming TABLE.KEY.  `model.attention_config` and `optimizer.config` hold the options of the
+attention kernel and the optimizer that `model.attention` and `optimizer.name` pick (a row of
+`attention.ATTENTION_KERNELS` / `optim.OPTIMIZERS`).
 """
 from __future__ import annotations
 
 import copy
-import math
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dsdata.core.display import MODES
+from dsdata.core.params import (Boolean, Choice, ConfigError, Integer, ListOf, MappingOf, Number, Options, Param,
+                                ParamType, Settings, Text, near_miss, parse)
 from dsdata.io.untrusted_files import UntrustedFileError, read_regular_file
 from dsdata.train.curriculum import MAX_SHARE
 from dsdata.train.model import ModelArgs
 from dsdata.train.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
-from dsdata.train.settings import (ANY_INTEGER, COUNT, FRACTION, POSITIVE, SIZE, Bound, ConfigError, Settings,
-                                   options_for, parse, setting)
+
+SIZE, COUNT, POSITIVE = Integer(min=1), Integer(min=0), Number(0, open_min=True)
+FRACTION = Number(0, 1, open_max=True)
+SHARE = Number(0, MAX_SHARE, open_min=True, open_max=True)  # a data.sources weight or epochs
+SHARD_DIR = "a shard directory (a `dsdata run` OUT or its shards/)"
 
 
 @dataclass
 class TrainingConfig(Settings):
-    steps: int = setting(1000, SIZE)
-    seq_len: int = setting(256, SIZE)
-    global_batch_size: int = setting(32, SIZE)  # sequences per optimizer step, whatever the parallel layout
-    seed: int = setting(0, ANY_INTEGER)
-    device: str = setting("auto", choices=("auto", "cpu", "cuda"))
-    # fp32 | bf16 (autocast) | fp16 (autocast + dynamic loss scaling)
-    precision: str = setting("fp32", choices=("fp32", "bf16", "fp16"))
-    fp32_retry: bool = True  # redo a step in fp32 when its loss is not finite
-    # progressive unfreezing: lower half frozen for this share of steps (e.g. 0.3)
-    unfreeze_fraction: float = setting(0.0, FRACTION)
-    unfreeze_layers: int = setting(0, COUNT)  # how many lower layers are frozen (0: half of them)
-    threads: int = setting(0, COUNT)  # torch.set_num_threads per process on CPU (0: leave torch's default)
-    compile: bool | None = None  # each block through torch.compile (unset: on for CUDA, off on CPU)
+    steps: int = Param(1000, "optimizer steps", SIZE)
+    seq_len: int = Param(256, "tokens per sequence", SIZE)
+    global_batch_size: int = Param(32, "sequences per optimizer step, whatever the parallel layout", SIZE)
+    seed: int = Param(0, "seed of the initial weights", Integer())
+    device: str = Param("auto", "where to train", Choice(("auto", "cpu", "cuda")))
+    precision: str = Param("fp32", "bf16: autocast; fp16: autocast + dynamic loss scaling",
+                           Choice(("fp32", "bf16", "fp16")))
+    fp32_retry: bool = Param(True, "redo a step in fp32 when its loss is not finite", Boolean())
+    unfreeze_fraction: float = Param(0.0, "progressive unfreezing: the lower layers are frozen for this share of "
+                                     "steps", FRACTION)
+    unfreeze_layers: int = Param(0, "how many lower layers are frozen (0: half of them)", COUNT)
+    threads: int = Param(0, "torch.set_num_threads per process on CPU (0: torch's default)", COUNT)
+    compile: bool | None = Param(None, "each block through torch.compile (unset: on for CUDA, off on CPU)", Boolean())
 
 
 @dataclass
 class OptimizerConfig(Settings):
     """The optimizer (a row of optim.OPTIMIZERS), the hyperparameters they all take, and its own options."""
 
-    name: str = setting(DEFAULT_OPTIMIZER, choices=OPTIMIZERS)
-    config: Settings | None = options_for(OPTIMIZERS, "name")  # [optimizer.config]: the named optimizer's options
-    lr: float = setting(3e-4, POSITIVE)
-    beta1: float = setting(0.9, FRACTION)
-    beta2: float = setting(0.999, FRACTION)
-    eps: float = setting(1e-8, POSITIVE)
-    weight_decay: float = setting(0.1, COUNT)
-
-    def __post_init__(self):
-        if self.config is None and self.name in OPTIMIZERS:
-            self.config = OPTIMIZERS[self.name].Config()
+    name: str = Param(DEFAULT_OPTIMIZER, "a row of optim.OPTIMIZERS", Choice(OPTIMIZERS))
+    config: Settings | None = Param(None, "[optimizer.config]: the named optimizer's options",
+                                    Options(OPTIMIZERS, "name"))
+    lr: float = Param(3e-4, "peak learning rate", POSITIVE)
+    beta1: float = Param(0.9, "first-moment decay", FRACTION)
+    beta2: float = Param(0.999, "second-moment decay", FRACTION)
+    eps: float = Param(1e-8, "added to the second moment's root", POSITIVE)
+    weight_decay: float = Param(0.1, "decoupled weight decay of the matrices", Number(0))
 
 
 @dataclass
 class ScheduleConfig(Settings):
-    warmup_steps: int = setting(500, COUNT)
-    min_lr_ratio: float = setting(0.1, Bound(0, high=1.000001))  # cosine floor as a fraction of optimizer.lr
-    decay_steps: int = setting(0, COUNT)  # cosine length after warm-up (0: until training.steps)
+    warmup_steps: int = Param(500, "linear warm-up", COUNT)
+    min_lr_ratio: float = Param(0.1, "cosine floor as a fraction of optimizer.lr", Number(0, 1))
+    decay_steps: int = Param(0, "cosine length after warm-up (0: until training.steps)", COUNT)
 
 
 @dataclass
 class PrecisionConfig(Settings):
-    init_scale: float = setting(65536.0, POSITIVE)
-    growth_factor: float = setting(2.0, Bound(1))
-    backoff_factor: float = setting(0.5, Bound(0, True, 1))
-    growth_interval: int = setting(2000, SIZE)
+    init_scale: float = Param(65536.0, "fp16: the first loss scale", POSITIVE)
+    growth_factor: float = Param(2.0, "fp16: the scale grows by this", Number(1))
+    backoff_factor: float = Param(0.5, "fp16: and shrinks by this", Number(0, 1, open_min=True, open_max=True))
+    growth_interval: int = Param(2000, "fp16: steps without overflow before the scale grows", SIZE)
 
 
 @dataclass
 class ClippingConfig(Settings):
-    max_norm: float = setting(1.0, POSITIVE)  # fixed threshold until `min_history` norms are known
-    dynamic: bool = True
-    factor: float = setting(0.8, POSITIVE)  # threshold = factor × median of the last `window` global norms
-    window: int = setting(100, SIZE)
-    min_history: int = setting(50, COUNT)
+    max_norm: float = Param(1.0, "fixed threshold until `min_history` norms are known", POSITIVE)
+    dynamic: bool = Param(True, "threshold from the recent global norms", Boolean())
+    factor: float = Param(0.8, "threshold = factor × median of the last `window` global norms", POSITIVE)
+    window: int = Param(100, "global norms remembered", SIZE)
+    min_history: int = Param(50, "norms known before the dynamic threshold applies", COUNT)
 
 
 @dataclass
 class DataConfig(Settings):
-    path: str = ""  # shard directory of a `dsdata run` (its shards/ folder or the run dir); empty: synthetic
-    seed: int = setting(0, COUNT)  # a seed < 0 is refused by numpy's generators
-    verify: bool = True
-    prefetch: bool = True
-    curriculum: dict = field(default_factory=dict)  # spec for dsdata.train.curriculum (empty: none)
+    path: str = Param("", "shard directory of a `dsdata run` (its shards/ folder or the run dir); empty: synthetic",
+                      Text())
+    seed: int = Param(0, "data order", COUNT)  # a seed < 0 is refused by numpy's generators
+    verify: bool = Param(True, "check the shards' checksums before training", Boolean())
+    prefetch: bool = Param(True, "read the next batch while a step runs", Boolean())
+    curriculum: dict = Param({}, "spec for dsdata.train.curriculum (empty: none)", MappingOf(Text(), expect="a table"))
     # several shard sets mixed by weight instead of one path: [{path, weight | epochs, name?}]
-    # (dsdata/train/mixture.py); the curriculum applies inside each source
-    sources: list = field(default_factory=list)
-    synthetic_vocab: int = setting(256, Bound(2))  # vocabulary of the synthetic source when no path is given
+    # (dsdata/train/mixture.py, checked by check_sources); the curriculum applies inside each source
+    sources: list = Param([], "several shard sets mixed by weight", ListOf(ParamType()))
+    synthetic_vocab: int = Param(256, "vocabulary of the synthetic source when no path is given", Integer(min=2))
 
 
 @dataclass
 class CheckpointConfig(Settings):
-    interval: int = setting(500, COUNT)  # save every N steps (0: only at the end and on SIGTERM)
-    keep: int = setting(3, SIZE)
-    dir: str = ""  # default RUN_DIR/checkpoints
+    interval: int = Param(500, "save every N steps (0: only at the end and on SIGTERM)", COUNT)
+    keep: int = Param(3, "checkpoints kept", SIZE)
+    dir: str = Param("", "default RUN_DIR/checkpoints", Text())
 
 
 @dataclass
 class LoggingConfig(Settings):
-    console_interval: int = setting(10, COUNT)  # steps between progress lines (0: no progress lines or bar)
-    # auto | bar | lines | off, as `dsdata run --progress`; --progress overrides it
-    progress: str = setting("auto", choices=MODES)
-    tensorboard: bool = True
-    histogram_interval: int = setting(100, COUNT)  # 0: no histograms
-    anomaly_window: int = setting(100, SIZE)
-    anomaly_sigma: float = setting(3.0, POSITIVE)
+    console_interval: int = Param(10, "steps between progress lines (0: no progress lines or bar)", COUNT)
+    progress: str = Param("auto", "as `dsdata run --progress`; --progress overrides it", Choice(MODES))
+    tensorboard: bool = Param(True, "write TensorBoard events", Boolean())
+    histogram_interval: int = Param(100, "steps between weight histograms (0: none)", COUNT)
+    anomaly_window: int = Param(100, "losses the anomaly detector remembers", SIZE)
+    anomaly_sigma: float = Param(3.0, "a loss this many σ above their mean is an anomaly", POSITIVE)
 
 
 @dataclass
 class ParallelConfig(Settings):
     """The layout; the global batch is split as data_parallel_size × micro_batch_size × accumulation."""
 
-    data_parallel: str = setting("ddp", choices=("ddp", "fsdp"))
-    data_parallel_size: int = setting(0, COUNT)  # 0: world size / (tensor × pipeline)
-    tensor_parallel_size: int = setting(1, SIZE)
-    pipeline_parallel_size: int = setting(1, SIZE)
-    pipeline_schedule: str = setting("1f1b", choices=("gpipe", "1f1b"))
-    micro_batch_size: int = setting(0, COUNT)  # 0: derived from gradient_accumulation_steps
-    # 0: derived from micro_batch_size (both 0: one micro-batch)
-    gradient_accumulation_steps: int = setting(0, COUNT)
-    powersgd_rank: int = setting(0, COUNT)  # >0: DDP gradients compressed with PowerSGD of this rank
-    powersgd_start_step: int = setting(10, COUNT)
+    data_parallel: str = Param("ddp", "how the data-parallel replicas hold the weights", Choice(("ddp", "fsdp")))
+    data_parallel_size: int = Param(0, "0: world size / (tensor × pipeline)", COUNT)
+    tensor_parallel_size: int = Param(1, "tensor-parallel ranks", SIZE)
+    pipeline_parallel_size: int = Param(1, "pipeline stages", SIZE)
+    pipeline_schedule: str = Param("1f1b", "pipeline schedule", Choice(("gpipe", "1f1b")))
+    micro_batch_size: int = Param(0, "0: derived from gradient_accumulation_steps", COUNT)
+    gradient_accumulation_steps: int = Param(0, "0: derived from micro_batch_size (both 0: one micro-batch)", COUNT)
+    powersgd_rank: int = Param(0, ">0: DDP gradients compressed with PowerSGD of this rank", COUNT)
+    powersgd_start_step: int = Param(10, "uncompressed steps before PowerSGD", COUNT)
 
 
 @dataclass
 class ExportConfig(Settings):
-    hf_dir: str = ""  # default RUN_DIR/hf; written at the end of training
-    enabled: bool = True
+    hf_dir: str = Param("", "default RUN_DIR/hf; written at the end of training", Text())
+    enabled: bool = Param(True, "export at the end of training", Boolean())
 
 
 SECTIONS = {
@@ -157,11 +158,23 @@ class Config:
     source: str = ""
 
 
-# data.sources tables: each share's range (checked by check_sources: a source is a plain table).  Relative
-# shares, bounded so that their sum (and epochs × a source's tokens) stays a finite float; 1e308
-# overflowed into a silently wrong mix.
-_SHARE = Bound(0, low_open=True, high=MAX_SHARE)
-SOURCE_SHARES = {"weight": _SHARE, "epochs": _SHARE}
+@dataclass
+class SourceConfig(Settings):
+    """One of data.sources: a shard set and its share of the mix, a weight or epochs of its tokens.
+    Shares are bounded so that their sum (and epochs × a source's tokens) stays a finite float; 1e308
+    overflowed into a silently wrong mix."""
+
+    path: str = Param("", "shard directory", Text(nonempty=True, expect=SHARD_DIR))
+    weight: float | None = Param(None, "relative share", SHARE)
+    epochs: float | None = Param(None, "passes over its tokens", SHARE)
+    name: str | None = Param(None, "its name in the metrics", Text(nonempty=True))
+
+    def check(self, where: str) -> None:
+        if not self.path:
+            raise ValueError(f"{where}.path must be {SHARD_DIR}")
+        shares = [key for key in ("weight", "epochs") if getattr(self, key) is not None]
+        if len(shares) != 1:
+            raise ValueError(f"{where} needs exactly one of weight or epochs, got {shares or 'neither'}")
 
 
 # A trainer config is a page of TOML; a bigger file is not one (and bounds what a bad one costs).
@@ -185,7 +198,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if not sep or len(parts) < 2 or not all(parts):
             raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. training.steps=40")
         if parts[0] not in SECTIONS:
-            raise ConfigError(f"--set {item!r}: unknown section '{parts[0]}' (known: {', '.join(SECTIONS)})")
+            raise ConfigError(f"--set {item!r}: unknown section '{parts[0]}' (known: {', '.join(SECTIONS)})"
+                              f"{near_miss(parts[0], SECTIONS)}")
         node = raw
         for depth, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
@@ -198,7 +212,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> Config:
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
-        raise ConfigError(f"{source}: unknown section(s) {unknown}; known: {list(SECTIONS)}")
+        raise ConfigError(f"{source}: unknown section(s) {unknown}; known: {list(SECTIONS)}"
+                          f"{near_miss(unknown[0], SECTIONS)}")
     try:
         parts = {name: parse(cls, raw.get(name, {}), name) for name, cls in SECTIONS.items()}
     except ConfigError as exc:
@@ -226,28 +241,11 @@ def load_config(path: str, overrides: list[str] | None = None) -> Config:
 
 def check_sources(sources: list, source: str) -> None:
     """data.sources: a list of {path, weight | epochs, name?} tables, one kind of share for all."""
-    kinds = set()
-    for i, item in enumerate(sources):
-        where = f"{source}: data.sources[{i}]"
-        if not isinstance(item, dict):
-            raise ConfigError(f"{where} must be a table {{path = \"…\", weight = …}}, got {item!r}")
-        unknown = sorted(set(item) - {"path", "weight", "epochs", "name"})
-        if unknown:
-            raise ConfigError(f"{where} has unknown key(s) {unknown}; known: ['epochs', 'name', 'path', 'weight']")
-        if not isinstance(item.get("path"), str) or not item["path"]:
-            raise ConfigError(f"{where}.path must be a shard directory (a `dsdata run` OUT or its shards/)")
-        if "name" in item and (not isinstance(item["name"], str) or not item["name"]):
-            raise ConfigError(f"{where}.name must be a non-empty string, got {item['name']!r}")
-        shares = [key for key in ("weight", "epochs") if key in item]
-        if len(shares) != 1:
-            raise ConfigError(f"{where} needs exactly one of weight or epochs, got {shares or 'neither'}")
-        key = shares[0]
-        value, bound = item[key], SOURCE_SHARES[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not bound.admits(value):
-            raise ConfigError(f"{where}.{key} must be {bound}, got {value!r}")
-        kinds.add(key)
-    if len(kinds) > 1:
+    try:
+        tables = [parse(SourceConfig, item, f"data.sources[{i}]") for i, item in enumerate(sources)]
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    if len({table.weight is None for table in tables}) > 1:
         raise ConfigError(f"{source}: data.sources mixes weight and epochs; give every source the same one")
 
 

@@ -17,12 +17,13 @@ seeded generator whose state goes into checkpoints.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from dsdata.core.params import Choice, Number, Param
 from dsdata.io.untrusted_files import load_json_file
 
 BUCKETS = ("easy", "medium", "hard")
@@ -30,20 +31,15 @@ BUCKETS = ("easy", "medium", "hard")
 # or epochs in dsdata/train/config.py): sums and interpolations of such numbers stay finite floats
 # (1e308 overflowed into inf and NaN probabilities, a silently wrong mix).
 MAX_SHARE = 1e6
+WEIGHT = Param(1.0, "a bucket's weight", Number(0, MAX_SHARE, open_max=True))
+WARMUP_FRACTION = Param(0.3, "share of the steps the linear schedule takes", Number(0, 1))
+SCHEDULE = Param("fixed", "the curriculum's shape", Choice(("fixed", "linear", "table")))
 
 
 def _clean(weights: Mapping[str, float], what: str) -> dict[str, float]:
     if not isinstance(weights, Mapping) or not weights:
         raise ValueError(f"{what}: weights must be a non-empty mapping like {{'easy': 0.5, 'medium': 0.3, 'hard': 0.2}}")
-    out = {}
-    for bucket, weight in weights.items():
-        if isinstance(weight, bool) or not isinstance(weight, (int, float, np.integer, np.floating)):
-            raise ValueError(f"{what}: weight of '{bucket}' must be a number, got {weight!r}")
-        weight = float(weight)
-        if not np.isfinite(weight) or not 0 <= weight < MAX_SHARE:
-            raise ValueError(f"{what}: weight of '{bucket}' must be a finite number >= 0 and < {MAX_SHARE:g}, "
-                             f"got {weight}")
-        out[str(bucket)] = weight
+    out = {str(bucket): WEIGHT.coerce(f"{what}: weight of '{bucket}'", weight) for bucket, weight in weights.items()}
     if sum(out.values()) <= 0:
         raise ValueError(f"{what}: weights sum to 0")
     return out
@@ -180,7 +176,7 @@ def schedule_from_spec(spec: Mapping[str, Any] | CurriculumSchedule | None, tota
     if spec.get("weights_from"):
         natural = natural_weights(str(spec["weights_from"]))
     uniform = {b: 1.0 for b in BUCKETS}
-    kind = spec.get("schedule", "fixed")
+    kind = SCHEDULE.coerce("schedule", spec.get("schedule", "fixed"))
     if kind == "fixed":
         return FixedSchedule(dict(spec.get("weights") or natural or uniform))
     if kind == "linear":
@@ -189,18 +185,14 @@ def schedule_from_spec(spec: Mapping[str, Any] | CurriculumSchedule | None, tota
         else:
             if total_steps is None:
                 raise ValueError("linear curriculum with warmup_fraction needs the run's total steps")
-            fraction = spec.get("warmup_fraction", 0.3)
-            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
-                raise ValueError(f"linear curriculum: warmup_fraction must be a number in [0, 1], got {fraction!r}")
+            fraction = WARMUP_FRACTION.coerce("linear curriculum: warmup_fraction", spec.get("warmup_fraction", 0.3))
             warmup = int(round(fraction * total_steps))
         start = spec.get("start") or {"easy": 0.7, "medium": 0.2, "hard": 0.1}
         return LinearSchedule(dict(start), dict(spec.get("end") or natural or uniform), warmup)
-    if kind == "table":
-        rows = spec.get("rows", [])
-        if not isinstance(rows, (list, tuple)) or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in rows):
-            raise ValueError("table curriculum: rows must be [step, {bucket: weight}] pairs")
-        return TableSchedule([(row[0], row[1]) for row in rows])
-    raise ValueError(f"unknown curriculum schedule '{kind}' (fixed, linear or table)")
+    rows = spec.get("rows", [])
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in rows):
+        raise ValueError("table curriculum: rows must be [step, {bucket: weight}] pairs")
+    return TableSchedule([(row[0], row[1]) for row in rows])
 
 
 class CurriculumSampler:

@@ -26,43 +26,39 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dsdata.core.params import Boolean, Choice, Integer, Number, Options, Param, Settings
 from dsdata.train.attention import ATTENTION_KERNELS, DEFAULT_ATTENTION, build_attention_kernel
 from dsdata.train.moe import MoEFeedForward
-from dsdata.train.settings import COUNT, POSITIVE, SIZE, Settings, one_of, options_for, setting
 
 
 @dataclass
 class ModelArgs(Settings):
     """Architecture of the decoder (the ``[model]`` table of a TOML config)."""
 
-    dim: int = setting(256, SIZE)
-    n_layers: int = setting(4, SIZE)
-    n_heads: int = setting(4, SIZE)
-    n_kv_heads: int | None = setting(None, SIZE)  # grouped-query attention when < n_heads
-    vocab_size: int = setting(32000, COUNT)
-    ffn_hidden_dim: int | None = setting(None, COUNT)  # default: 8/3 · dim rounded up to multiple_of (SwiGLU)
-    multiple_of: int = setting(64, SIZE)
-    norm_eps: float = setting(1e-5, POSITIVE)
-    rope_theta: float = setting(10000.0, POSITIVE)
-    max_seq_len: int = setting(2048, SIZE)
-    tie_embeddings: bool = False
-    # the attention kernel (a row of attention.ATTENTION_KERNELS) and its options ([model.attention_config])
-    attention: str = setting(DEFAULT_ATTENTION, choices=ATTENTION_KERNELS)
-    attention_config: Settings | None = options_for(ATTENTION_KERNELS, "attention")
-    # mixture of experts feed-forward (0 experts: dense SwiGLU)
-    moe_experts: int = setting(0, COUNT)
-    moe_top_k: int = setting(2, SIZE)
-    moe_capacity_factor: float = setting(1.25, POSITIVE)
-    moe_aux_loss_weight: float = setting(0.01, COUNT)
-    init_std: float = setting(0.02, COUNT)
-
-    def __post_init__(self):
-        if self.attention_config is None and self.attention in ATTENTION_KERNELS:
-            self.attention_config = ATTENTION_KERNELS[self.attention].Config()
+    dim: int = Param(256, "model width", Integer(min=1))
+    n_layers: int = Param(4, "blocks", Integer(min=1))
+    n_heads: int = Param(4, "attention heads", Integer(min=1))
+    n_kv_heads: int | None = Param(None, "key/value heads: grouped-query attention when < n_heads", Integer(min=1))
+    vocab_size: int = Param(32000, "vocabulary (the shards' tokenizer sets it)", Integer(min=0))
+    ffn_hidden_dim: int | None = Param(None, "default: 8/3 · dim rounded up to multiple_of (SwiGLU)", Integer(min=0))
+    multiple_of: int = Param(64, "the FFN width is rounded up to a multiple of this", Integer(min=1))
+    norm_eps: float = Param(1e-5, "RMSNorm epsilon", Number(0, open_min=True))
+    rope_theta: float = Param(10000.0, "RoPE base", Number(0, open_min=True))
+    max_seq_len: int = Param(2048, "longest sequence (RoPE tables)", Integer(min=1))
+    tie_embeddings: bool = Param(False, "the output layer shares the embedding's weights", Boolean())
+    attention: str = Param(DEFAULT_ATTENTION, "the attention kernel, a row of attention.ATTENTION_KERNELS",
+                           Choice(ATTENTION_KERNELS))
+    attention_config: Settings | None = Param(None, "[model.attention_config]: the kernel's options",
+                                              Options(ATTENTION_KERNELS, "attention"))
+    moe_experts: int = Param(0, "mixture-of-experts feed-forward (0 experts: dense SwiGLU)", Integer(min=0))
+    moe_top_k: int = Param(2, "experts per token", Integer(min=1))
+    moe_capacity_factor: float = Param(1.25, "expert capacity over an even share", Number(0, open_min=True))
+    moe_aux_loss_weight: float = Param(0.01, "weight of the load-balancing loss", Number(0))
+    init_std: float = Param(0.02, "standard deviation of the initial weights", Number(0))
 
     def check(self, where: str = "model") -> None:
-        if self.attention not in ATTENTION_KERNELS:
-            raise ValueError(f"{where}.attention = {self.attention!r}; choose {one_of(ATTENTION_KERNELS)}")
+        if self.attention not in ATTENTION_KERNELS:  # built in Python, not parsed
+            raise ValueError(f"{where}.attention must be one of {', '.join(ATTENTION_KERNELS)}, got {self.attention!r}")
         if not isinstance(self.attention_config, ATTENTION_KERNELS[self.attention].Config):
             raise ValueError(f"{where}.attention_config is a {type(self.attention_config).__name__}, not the options "
                              f"of attention {self.attention!r} ({ATTENTION_KERNELS[self.attention].Config.__name__})")

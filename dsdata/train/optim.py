@@ -10,13 +10,14 @@ total_steps, device)`, where `common` is the `[optimizer]` table (lr, beta1, bet
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, is_dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 
-from dsdata.train.settings import COUNT, FRACTION, POSITIVE, NoOptions, Registry, Settings, setting
+from dsdata.core.params import Integer, NoOptions, Number, Param, Settings
+from dsdata.train.registry import Registry
 
 
 def _full_norm(t: torch.Tensor) -> torch.Tensor:
@@ -188,13 +189,13 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 @dataclass
 class DeepOptConfig(Settings):
-    beta2_final: float = setting(0.9999, FRACTION)  # β2 rises from optimizer.beta2 to this (capped below 1)
-    schedule_steps: int = setting(0, COUNT)  # T of the β schedules (0: training.steps)
+    beta2_final: float = Param(0.9999, "β2 rises from optimizer.beta2 to this", Number(0, 1, open_max=True))
+    schedule_steps: int = Param(0, "T of the β schedules (0: training.steps)", Integer(min=0))
 
 
 @dataclass
 class LambdaOptConfig(Settings):
-    max_trust: float = setting(10.0, POSITIVE)  # the trust ratio's cap
+    max_trust: float = Param(10.0, "the trust ratio's cap", Number(0, open_min=True))
 
 
 @dataclass(frozen=True)
@@ -227,8 +228,6 @@ def _lambdaopt(groups, common, options: LambdaOptConfig, total_steps, device):
 def _row_problem(row) -> str | None:
     if not isinstance(row, OptimizerRow) or not callable(row.build):
         return f"{row!r} is not a dsdata.train.optim.OptimizerRow(build, Config)"
-    if not (isinstance(row.Config, type) and issubclass(row.Config, Settings) and is_dataclass(row.Config)):
-        return "its Config must be a dataclass subclassing dsdata.train.settings.Settings"
     return None
 
 

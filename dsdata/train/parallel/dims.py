@@ -47,11 +47,9 @@ class ParallelDims:
 
 
 def resolve_dims(parallel: ParallelConfig, world_size: int, global_batch_size: int) -> ParallelDims:
-    """Check the sizes against the world size and split the global batch (one clear error otherwise)."""
+    """Check the sizes (each already in its range: config.py) against the world size and split the
+    global batch (one clear error otherwise)."""
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
-    if tp < 1 or pp < 1 or parallel.data_parallel_size < 0:
-        raise ConfigError("parallel.tensor_parallel_size and pipeline_parallel_size must be >= 1, "
-                          "data_parallel_size >= 0 (0: world size / (tensor × pipeline))")
     if parallel.data_parallel_size:
         dp = parallel.data_parallel_size
     elif world_size % (tp * pp) == 0:

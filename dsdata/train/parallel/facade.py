@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
+from dsdata.core.params import unknown_keys
 from dsdata.train.config import Config, ConfigError, ParallelConfig, config_from_dict
 from dsdata.train.distributed import DistEnv, init_distributed
 from dsdata.train.parallel.dims import ParallelDims, resolve_dims
@@ -21,17 +22,18 @@ _PARALLEL_KEYS = {f.name for f in fields(ParallelConfig)}
 
 
 def _parallel_config(spec: dict[str, Any]) -> tuple[ParallelConfig, int | None]:
-    unknown = sorted(set(spec) - _PARALLEL_KEYS - {"global_batch_size"})
+    unknown = set(spec) - _PARALLEL_KEYS - {"global_batch_size"}
     if unknown:
-        raise ConfigError(f"MixedParallel: unknown key(s) {unknown}; known: {sorted(_PARALLEL_KEYS | {'global_batch_size'})}")
-    values = {k: v for k, v in spec.items() if k in _PARALLEL_KEYS}
-    parallel = config_from_dict({"parallel": values}, "MixedParallel").parallel  # same type checks as TOML
-    return parallel, spec.get("global_batch_size")
+        raise ConfigError(unknown_keys("MixedParallel", unknown, _PARALLEL_KEYS | {"global_batch_size"}))
+    given = {k: v for k, v in spec.items() if k == "global_batch_size"}
+    config = config_from_dict({"parallel": {k: v for k, v in spec.items() if k in _PARALLEL_KEYS},
+                               "training": given}, "MixedParallel")  # the same checks as a TOML config's
+    return config.parallel, config.training.global_batch_size if given else None
 
 
 def _global_batch(parallel: ParallelConfig, given: int | None, world_size: int) -> int:
     if given:
-        return int(given)
+        return given
     if parallel.micro_batch_size and parallel.gradient_accumulation_steps:
         tp_pp = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
         dp = parallel.data_parallel_size or max(1, world_size // tp_pp)

@@ -1,20 +1,35 @@
-"""Declared types of stage parameters: each checks (and where it must, converts) one value.
+"""One parameter system for recipe stages and the trainer's config tables.
 
-A type either returns the value to use or raises `BadValue`; the stage base class turns that into
-one line naming the parameter, e.g. `lang.min_score must be a number between 0 and 1, got 'abc'`.
-Recipe values and `--set` values (parsed as YAML scalars and lists) go through the same check,
-once, before any pipeline is built.  `str(type)` is what `dsdata stages` shows.
+A `Param` declares one parameter: default, a one-line help, its type (`Integer`, `Number`, `Choice`,
+`ListOf`, `Path` …), whether null means "not set".  A type either returns the value to use or raises
+`BadValue`; `Param.coerce` turns that into one line naming the parameter, e.g. `lang.min_score must
+be a number between 0 and 1, got 'abc'` or `training.steps must be a positive integer, got 0`, with
+"did you mean …?" where a value is close to an accepted one.  Recipe values, `--set` values (YAML or
+TOML scalars and lists) and trainer TOML tables all go through the same check, once, before anything
+runs.  `str(type)` is what `dsdata stages` shows.
 
-Values a stage knows only from its other parameters (the labels of the language model it is given)
-are declared as an `Allowed` set by the parameter's `choices` (dsdata/stages/base.py `Param`).  A
-value close to an accepted one is answered with "did you mean …?" (`near_miss`).
+A stage declares `params = {name: Param}`; a trainer table is a `Settings` dataclass whose fields
+are Params, read by `parse`.  `Options` holds the typed options of the registry row (attention
+kernel, optimizer) that a sibling parameter names.
 """
 from __future__ import annotations
 
+import copy
 import difflib
+import math
 import os
 import re
-from typing import Any, Callable, Collection, Iterable, NamedTuple
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar, Collection, Iterable, NamedTuple
+
+
+class ConfigError(ValueError):
+    """A configuration mistake the user can fix, printed as one line; `param` names the parameter
+    whose value was refused (None: not one parameter's)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class BadValue(ValueError):
@@ -127,7 +142,7 @@ class Number(ParamType):
             self.expect = "a number"
 
     def check(self, value: Any) -> float:
-        if not _is_number(value):
+        if not _is_number(value) or not math.isfinite(value):
             raise BadValue(self.expect)
         v = float(value)
         if self.min is not None and (v < self.min or (self.open_min and v == self.min)):
@@ -157,29 +172,27 @@ def _yaml_word(value: Any) -> str:
 
 
 class Choice(ParamType):
-    """One of fixed values; `aliases` maps values of earlier recipes to their current names."""
+    """One of fixed values, or of a registry's names (read when a value is checked); `aliases` maps
+    values of earlier recipes to their current names."""
 
     def __init__(self, values: Iterable[Any], expect: str = "", aliases: dict[Any, Any] | None = None):
-        self.values = tuple(values)
-        self.aliases = [(k, v) for k, v in (aliases or {}).items()]
-        self.expect = expect or f"one of {', '.join(_yaml_word(v) for v in self.values)}"
+        self._values = values if hasattr(values, "register") else tuple(values)
+        self.aliases = list((aliases or {}).items())
+        self._expect = expect
 
-    @staticmethod
-    def _find(value: Any, candidates: Iterable[Any]) -> tuple[bool, Any]:
-        # Compare types too: YAML 1 must not pass for true (1 == True in Python).
-        for candidate in candidates:
-            if type(candidate) is type(value) and candidate == value:
-                return True, candidate
-        return False, None
+    @property
+    def values(self) -> tuple[Any, ...]:
+        return tuple(self._values)
+
+    @property
+    def expect(self) -> str:
+        return self._expect or f"one of {', '.join(_yaml_word(v) for v in self.values)}"
 
     def check(self, value: Any) -> Any:
-        for alias, current in self.aliases:
-            if type(alias) is type(value) and alias == value:
-                return current
-        found, candidate = self._find(value, self.values)
-        if not found:
-            raise BadValue(self.expect, hint=near_miss(value, (_yaml_word(v) for v in self.values)))
-        return candidate
+        for given, result in [*self.aliases, *((v, v) for v in self.values)]:
+            if type(given) is type(value) and given == value:  # YAML 1 must not pass for true (1 == True)
+                return result
+        raise BadValue(self.expect, hint=near_miss(value, (_yaml_word(v) for v in self.values)))
 
 
 class ListOf(ParamType):
@@ -263,3 +276,137 @@ class AnyOf(ParamType):
             except BadValue:
                 continue
         raise BadValue(self.expect)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: default, a one-line help, its type.
+
+    nullable: null (None) is accepted as 'off' / 'not set'.  A stage's Path parameters are resolved
+    against the recipe's directory (and may not escape it) when they come from a recipe, and against
+    the working directory when given with --set.  choices: given every parameter's checked value, the
+    values this one (each item, for a list) may take — `Allowed` — or None where they are not known
+    (the language model's labels, read from the model the stage is given)."""
+
+    default: Any
+    help: str
+    type: ParamType
+    nullable: bool = False
+    choices: Callable[[dict[str, Any]], Allowed | None] | None = None
+
+    @property
+    def is_path(self) -> bool:
+        """A path, or a list of paths (each resolved the same way)."""
+        return isinstance(self.type, Path) or (isinstance(self.type, ListOf) and isinstance(self.type.item, Path))
+
+    def describe(self) -> str:
+        expect = str(self.type)
+        if not self.nullable:
+            return expect
+        return f"{expect}, or null" if " or " in expect else f"{expect} or null"
+
+    def coerce(self, key: str, value: Any) -> Any:
+        """The value to use for parameter `key` (STAGE.PARAM, TABLE.KEY), or ConfigError in one line."""
+        if value is None and self.nullable:
+            return None
+        try:
+            return self.type.check(value)
+        except BadValue as bad:
+            param = key.rpartition(".")[2]
+            if bad.sentence:
+                raise ConfigError(f"{key} {bad.sentence}{bad.hint}", param) from None
+            raise ConfigError(f"{key} must be {self.describe()}, got {value!r}{bad.hint}", param) from None
+
+    def check_choices(self, key: str, value: Any, values: dict[str, Any]) -> None:
+        """Refuse a checked `value` (or item of it) outside `choices(values)`, in one line."""
+        allowed = None if self.choices is None or value is None else self.choices(values)
+        if allowed is None:
+            return
+        for item in value if isinstance(value, list) else [value]:
+            if item not in allowed.values:
+                raise ConfigError(f"{key}: {item!r} is not one of {allowed.source}"
+                                  f"{near_miss(item, allowed.values)}", key.rpartition(".")[2])
+
+
+def unknown_keys(what: str, unknown: Iterable[str], known: Iterable[str]) -> str:
+    """"WHAT has no parameter 'x' (it takes: a, b); did you mean 'a'?" """
+    unknown, known = sorted(unknown), sorted(known)
+    return (f"{what} has no parameter {', '.join(map(repr, unknown))} (it takes: {', '.join(known) or 'none'})"
+            f"{near_miss(unknown[0], known)}")
+
+
+class Options(ParamType):
+    """The options (a `Settings` table) of the row of `registry` that the sibling parameter `selector`
+    names: an attention kernel or an optimizer brings its own options class with its row."""
+
+    expect = "a table"
+
+    def __init__(self, registry: Any, selector: str):
+        self.registry, self.selector = registry, selector
+
+
+class Settings:
+    """Base of a trainer table: a dataclass whose fields are declared `name: type = Param(…)`;
+    `check` holds the rules across fields (raise ValueError with one line).  A default of None means
+    "unset" (derived from other keys): TOML has no null, so a given value is always checked."""
+
+    legacy_prefix: ClassVar[str] = ""  # the flat key prefix these options had before their own table
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        for name in cls.__dict__.get("__annotations__", {}):
+            spec = cls.__dict__.get(name)
+            if isinstance(spec, Param):  # the dataclass field: its default, and the Param in its metadata
+                default = ({"default_factory": lambda d=spec.default: copy.deepcopy(d)}
+                           if isinstance(spec.default, (dict, list)) else {"default": spec.default})
+                setattr(cls, name, field(**default, metadata={"param": spec}))
+
+    def __post_init__(self) -> None:
+        for spec, kind in _options(type(self)):  # unset options: the defaults of the selected row
+            row = kind.registry.get(getattr(self, kind.selector))
+            if getattr(self, spec.name) is None and row is not None:
+                setattr(self, spec.name, row.Config())
+
+    def check(self, where: str) -> None:
+        pass
+
+
+@dataclass
+class NoOptions(Settings):
+    """The options of a kernel or optimizer that has none: its table must be empty."""
+
+
+def _options(cls: type) -> list[tuple[Any, Options]]:
+    return [(f, f.metadata["param"].type) for f in fields(cls) if isinstance(f.metadata["param"].type, Options)]
+
+
+def parse(cls: type, values: Any, where: str) -> Any:
+    """The Settings instance `cls(**values)` with every parameter checked; `where` names the table."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where} must be a table, got {values!r}")
+    params = {f.name: f.metadata["param"] for f in fields(cls)}
+    unknown = set(values) - set(params)
+    if unknown:
+        raise ConfigError(_moved(cls, where, unknown) or unknown_keys(f"[{where}]", unknown, params))
+    checked = {key: params[key].coerce(f"{where}.{key}", value) for key, value in values.items()
+               if not isinstance(params[key].type, Options)}
+    for spec, kind in _options(cls):
+        row = kind.registry[checked.get(kind.selector, params[kind.selector].default)]
+        checked[spec.name] = parse(row.Config, values.get(spec.name, {}), f"{where}.{spec.name}")
+    try:
+        instance = cls(**checked)
+        instance.check(where)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    return instance
+
+
+def _moved(cls: type, where: str, unknown: set[str]) -> str:
+    """A flat key that moved into a kernel's or optimizer's own table, named with its new place."""
+    for spec, kind in _options(cls):
+        for name, row in kind.registry.items():
+            prefix, own = row.Config.legacy_prefix, {f.name for f in fields(row.Config)}
+            for key in sorted(k for k in unknown if k.startswith(prefix) and k[len(prefix):] in own):
+                return (f"{where}.{key} is now {where}.{spec.name}.{key[len(prefix):]} (the options of "
+                        f"{where}.{kind.selector} = \"{name}\" have their own table)")
+    return ""
