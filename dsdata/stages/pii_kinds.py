@@ -476,14 +476,12 @@ class PiiFinder:
     def _ipv6(self, text: str, original: str):
         """Around each ':' not already read: the run of hex digits, ':' and '.' that holds it (at most
         45 characters, else it is part of something longer), a zone id, then validation."""
-        colon, size = text.find(":"), len(text)
-        while colon != -1:
+        size = len(text)
+        pair = _V6_PAIR.search(text)  # the run holds every ':' of a candidate here: one is no address
+        while pair:
+            colon = pair.start()
             left = _V6_RUN_REVERSED.match(text[max(0, colon - 46):colon][::-1]).end()
             end = _V6_RUN.match(text, colon).end()
-            nxt = text.find(":", end)
-            if text.count(":", colon, end) < 2:  # the run holds every ':' of a candidate here: one is no address
-                colon = nxt
-                continue
             start, stop = colon - left, end
             while start < colon and text[start] == ".":
                 start += 1
@@ -499,11 +497,12 @@ class PiiFinder:
             if left < 46 and stop - start <= 45 and (after == size or text[after] not in _GLUE):
                 if not (start and text[start - 1] in _GLUE) and valid_ipv6(text[start:stop]):
                     yield start, after, "ip"
-            colon = nxt
+            pair = _V6_PAIR.search(text, end)
 
 
 _GLUE = frozenset("ghijklmnopqrstuvwxyzGHIJKLMNOPQRSTUVWXYZ_")  # a letter that cannot be hex: std::vector
 _V6_RUN = re.compile(r"[0-9A-Fa-f:.]*+")
+_V6_PAIR = re.compile(r":[0-9A-Fa-f.]*+:")  # a ':' whose run holds another
 _V6_RUN_REVERSED = re.compile(r"[0-9A-Fa-f:.]{0,46}+")
 _V6_ZONE = re.compile(r"%[0-9A-Za-z_\-]{1,16}+")
 _GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
