@@ -23,6 +23,10 @@ import ipaddress
 import operator
 import re
 
+import numpy as np
+
+from dsdata.compiled import import_compiled
+
 PII_TYPES = ("email", "ip", "phone", "id", "card")
 TOKENS = {"email": "<EMAIL>", "ip": "<IP>", "phone": "<PHONE>", "id": "<ID>", "card": "<CARD>"}
 
@@ -95,6 +99,23 @@ def _gate(shapes: frozenset) -> tuple[int, bool, bool, bool]:
     long as the fewest digits is searched without counting them: the count costs as much."""
     fewest = min((_FEWEST_DIGITS[k] for k in shapes if k in _FEWEST_DIGITS), default=1 << 30)
     return fewest, "plus" in shapes, "intl" in shapes, "ipv4" in shapes
+
+
+def _open(text: str, pos: int, end: int, gate: tuple[int, bool, bool, bool]) -> bool:
+    """Whether a shape may start in text[pos:end], the rest of a run (gate: _gate's answer)."""
+    fewest, plus, intl, dots = gate
+    return end - pos >= fewest or (plus and text.find("+", pos, end) != -1) or (
+        intl and text.find("00", pos, end) != -1) or (dots and text.count(".", pos, end) >= 3)
+
+
+_kernels = None  # dsdata.stages.pii_kernels once imported; False without numba or with DSDATA_NO_NUMBA=1
+
+
+def _compiled():
+    global _kernels
+    if _kernels is None:
+        _kernels = import_compiled("dsdata.stages.pii_kernels")
+    return _kernels or None
 _FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
 
 
@@ -335,7 +356,10 @@ class PiiFinder:
             shapes = tuple(k for k in ("plus",) + _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
             # The shapes to try, in order, for a match the scan found in `shape` (None: not known): that
             # shape first, then each other one (a shape tried twice gives the same answer twice).
-            self._gate = _gate(frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind]))
+            chosen = frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind])
+            self._gate = _gate(chosen)
+            self._kernels = _compiled()
+            self._shape_bits = sum(self._kernels.BITS[s] for s in chosen) if self._kernels else 0
             self._tries = {shape: ((shape,) if shape else ()) + tuple(k for k in shapes if k != shape)
                            for shape in (None, *_ORDER, "plus")}
             self._first_full = {(shape, i): _alternation(tries[i:]) for shape, tries in self._tries.items()
@@ -355,17 +379,22 @@ class PiiFinder:
     # -- digit kinds ---------------------------------------------------------------------------
     def _numbers(self, text: str) -> list[tuple[int, int, str]]:
         # Where a digit kind can be: a run of 7 or more of its characters (the shortest, an IPv4
-        # address, has 7).  This scan starts with a character class, so the engine skips the other
-        # characters fast; the full pattern then runs only inside those runs (and 16 characters on,
-        # for an extension or the look-ahead at its end), and only while the rest of the run could
-        # hold a shape (_gate).
+        # address, has 7) whose rest could hold a shape (_gate).  The compiled pass (pii_kernels) finds
+        # the runs and the first position in each where a shape may start; without numba, _HINT finds
+        # them (a scan that starts with a character class, so the engine skips other characters fast).
+        # The full pattern then runs only inside those runs (and 16 characters on, for an extension or
+        # the look-ahead at its end).
         found: list[tuple[int, int, str]] = []
-        search, classify = self._number.search, self._classify
-        fewest, plus, intl, dots = self._gate
-        for run in _HINT.finditer(text):
-            pos, run_end = run.span()
-            while pos < run_end and (run_end - pos >= fewest or (plus and text.find("+", pos, run_end) != -1) or (
-                    intl and text.find("00", pos, run_end) != -1) or (dots and text.count(".", pos, run_end) >= 3)) and (m := search(text, pos, run_end + 16)):
+        search, classify, gate = self._number.search, self._classify, self._gate
+        if kernels := self._kernels:
+            out = np.empty(len(text) // 7 * 3 + 3, np.int64)
+            rows = kernels.first_candidates(kernels.code_points(text), self._shape_bits, gate[0], out)
+            flat = out[:3 * rows].tolist()
+            starts = zip(flat[::3], flat[1::3], flat[2::3])
+        else:
+            starts = [(run.start(), run.end(), run.start()) for run in _HINT.finditer(text) if _open(text, *run.span(), gate)]
+        for _, run_end, pos in starts:
+            while m := search(text, pos, run_end + 16):
                 start, end = m.span()
                 if start >= run_end:
                     break
@@ -387,6 +416,8 @@ class PiiFinder:
                 else:  # or one before it ("2024 4111 1111 1111 1111"): go on from the next group
                     space = text.find(" ", start, end)
                     pos = space + 1 if space != -1 else end
+                if not (pos < run_end and _open(text, pos, run_end, gate)):
+                    break
         return found
 
     def _classify(self, text: str, start: int, end: int, shape: str | None = None) -> str | None:
