@@ -20,9 +20,27 @@ PLUS, INTL, ID, CARD, LAND, NANP, MOBILE, IPV4 = (1 << i for i in range(8))
 BITS = {"plus": PLUS, "intl": INTL, "id": ID, "card": CARD, "land": LAND, "nanp": NANP, "mobile": MOBILE,
         "ipv4": IPV4}
 _LPAREN, _RPAREN = 0xFF08, 0xFF09
-# Fixed stretches for _fits: d a digit, b [1-9], e [1-8], t [2-9], s ' ' or '-', anything else itself.
-_ID_SPACED, _CARD_HEAD, _D4, _D6, _NANP_GROUP = (np.frombuffer(p.encode(), np.uint8) for p in (
-    "bddddd dddddddd ddd", "eddds", "dddd", "dddddd", "tdd"))
+# Fixed stretches for _fits: d a digit, b [1-9], e [1-8], t [2-9], o [01], h [0-3], s ' ' or '-'.
+_ID_SPACED, _CARD_HEAD, _D4, _D6, _NANP_GROUP, _ID_SOLID = (np.frombuffer(p.encode(), np.uint8) for p in (
+    "bddddd dddddddd ddd", "eddds", "dddd", "dddddd", "tdd", "bdddddddddodhdddd"))
+
+
+def _packed(words):
+    """Words as one array of code points and the offsets where each starts (and the last ends)."""
+    return (np.array([ord(c) for w in words for c in w], np.int64),
+            np.cumsum([0] + [len(w) for w in words]).astype(np.int64))
+
+
+# pii_kinds' _LABEL_WORDS and the codes of _MONEY_BEFORE, its identity-number check (_ID_WEIGHTS,
+# _ID_CHECK, _MONTH_DAYS); tests/test_pii_kernels.py checks they are the same.
+LABEL_WORDS = ("isbn", "issn", "doi", "order", "invoice", "tracking", "serial", "sku", "订单", "单号", "运单", "快递单",
+               "发票", "序列号")
+MONEY_CODES = ("rmb", "cny", "usd", "hkd", "eur")
+_LABEL_CHARS, _LABEL_SIZES = _packed(LABEL_WORDS)
+_CODE_CHARS, _CODE_SIZES = _packed(MONEY_CODES)
+_ID_WEIGHTS = np.array((7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2), np.int64)
+_ID_CHECK = np.frombuffer(b"10X98765432", np.uint8).astype(np.int64)
+_MONTH_DAYS = np.array((31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31), np.int64)
 
 
 @njit(cache=True, inline="always")
@@ -79,7 +97,8 @@ def _fits(t, p, n, pattern):
     for k in range(len(pattern)):
         c, want = t[p + k], pattern[k]
         if not (_dig(c) if want == 100 else 49 <= c <= 57 if want == 98 else 49 <= c <= 56 if want == 101
-                else 50 <= c <= 57 if want == 116 else (c == 32 or c == 45) if want == 115 else c == want):
+                else 50 <= c <= 57 if want == 116 else 48 <= c <= 49 if want == 111 else 48 <= c <= 51 if want == 104
+                else (c == 32 or c == 45) if want == 115 else c == want):
             return False
     return True
 
@@ -126,9 +145,10 @@ def _may_start(t, p, n, shapes):
     if not _left(t, p):
         return False
     if c == 40 or c == _LPAREN:  # (0755) …, (415) …
-        d = _at(t, p + 1, n)
-        return bool((shapes & LAND and d == 48 and 49 <= _at(t, p + 2, n) <= 57)
-                    or (shapes & NANP and 50 <= d <= 57 and _dig(_at(t, p + 2, n)) and _dig(_at(t, p + 3, n))))
+        d, size = _at(t, p + 1, n), _digits(t, p + 1, n)
+        return bool(_at(t, p + 1 + size, n) in (41, _RPAREN) and (
+            (shapes & LAND and d == 48 and 49 <= _at(t, p + 2, n) <= 57 and 3 <= size <= 5)
+            or (shapes & NANP and 50 <= d <= 57 and size == 3)))
     size = _digits(t, p, n)
     if shapes & INTL and c == 48 and _at(t, p + 1, n) == 48 and 49 <= _at(t, p + 2, n) <= 57:
         return True
@@ -181,11 +201,177 @@ def _gate(t, q, j, shapes, fewest):
 
 
 @njit(cache=True)
-def first_candidates(t, shapes, fewest, out):
-    """Writes (run start, run end, first position where a match may start) into `out` for each
-    _HINT run that passes the gate and holds a candidate; returns how many (out: 3 * (len // 7 + 1)).
-    A run is 7 or more characters, so it holds one of every 7th position: only those are read until
-    one is a run character (a character-by-character scan mispredicts a branch at every space)."""
+def _space(c):
+    """str.isspace (what `\\s` reads)."""
+    return 9 <= c <= 13 or 28 <= c <= 32 or c in (0x85, 0xA0, 0x1680, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000) \
+        or 0x2000 <= c <= 0x200A
+
+
+@njit(cache=True)
+def _lower(c):
+    return c + 32 if 65 <= c <= 90 else c
+
+
+@njit(cache=True)
+def _ends_with(t, k, word, low):
+    """t[k-len(word):k], lower-cased, is `word` (and starts at or after low)."""
+    if k - len(word) < low:
+        return False
+    for m in range(len(word)):
+        if _lower(t[k - len(word) + m]) != word[m]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _plain_context(t, start, end, n_all):
+    """True where pii_kinds._classify would neither find a label (_LABEL_WORDS) in the 20 characters
+    before `start` nor money around the item (_MONEY_BEFORE, _MONEY_AFTER).  Characters that
+    lower-case or case-fold to ASCII letters (İ ı ſ K) leave the answer to Python."""
+    low = max(0, start - 20)
+    for k in range(low, min(n_all, end + 4)):
+        if t[k] in (0x130, 0x131, 0x17F, 0x212A):
+            return False
+    for k in range(low + 1, start + 1):
+        for w in range(_LABEL_SIZES.shape[0] - 1):
+            if _ends_with(t, k, _LABEL_CHARS[_LABEL_SIZES[w]:_LABEL_SIZES[w + 1]], low):
+                return False
+    k, five = start, max(0, start - 5)
+    while k > five and _space(t[k - 1]):
+        k -= 1
+    if k > five and t[k - 1] in (36, 0xA5, 0xFFE5, 0x20AC, 0xA3):
+        return False
+    for w in range(_CODE_SIZES.shape[0] - 1):
+        if _ends_with(t, k, _CODE_CHARS[_CODE_SIZES[w]:_CODE_SIZES[w + 1]], five):
+            return False
+    k, lim = end, min(n_all, end + 4)
+    while k < lim and _space(t[k]):
+        k += 1
+    if k < lim and t[k] in (0x5143, 0x5757, 0x4E07, 0x4EBF, 0x5186, 37, 0x2030):
+        return False
+    return not ((k + 1 < lim and t[k] == 0x7F8E and t[k + 1] == 0x5143)
+                or (k + 2 < lim and t[k] == 0x4EBA and t[k + 1] == 0x6C11 and t[k + 2] == 0x5E01))
+
+
+@njit(cache=True)
+def _gather(t, p, end, d):
+    """The digits (and a final X or x) of t[p:end] into d; returns how many."""
+    size = 0
+    for k in range(p, end):
+        if _dig(t[k]) or t[k] == 88 or t[k] == 120:
+            d[size] = t[k]
+            size += 1
+    return size
+
+
+@njit(cache=True)
+def _valid_id(d, tables):
+    """pii_kinds.valid_resident_id of the 17 digits and check character in d."""
+    total = 0
+    for k in range(17):
+        total += (d[k] - 48) * _ID_WEIGHTS[k]
+    year = (d[6] - 48) * 1000 + (d[7] - 48) * 100 + (d[8] - 48) * 10 + d[9] - 48
+    month, day = (d[10] - 48) * 10 + d[11] - 48, (d[12] - 48) * 10 + d[13] - 48
+    if not tables[1 + (d[0] - 48) * 10 + d[1] - 48] or not 1900 <= year <= 2099 or not 1 <= month <= 12 \
+            or not 1 <= day <= _MONTH_DAYS[month - 1] or year * 10000 + month * 100 + day > tables[0] \
+            or (month == 2 and day == 29 and not (year % 4 == 0 and (year % 100 != 0 or year % 400 == 0))):
+        return False
+    return _ID_CHECK[total % 11] == (88 if d[17] == 120 else d[17])
+
+
+@njit(cache=True)
+def _valid_card(d, size, tables):
+    """pii_kinds._card_digits_ok of the `size` digits in d."""
+    issuer = tables[101 + (d[0] - 48) * 1000 + (d[1] - 48) * 100 + (d[2] - 48) * 10 + d[3] - 48]
+    if issuer == 0 or (size == 12 and issuer != 1):
+        return False
+    same, total = True, 0
+    for k in range(size):
+        digit = d[size - 1 - k] - 48
+        total += digit if k % 2 == 0 else (digit * 2 - 9 if digit > 4 else digit * 2)
+        same = same and (k == 0 or d[size - 1 - k] == d[0])
+    return not same and total % 10 == 0
+
+
+@njit(cache=True)
+def _card_end(t, p, n):
+    """Where SHAPES['card'] ends at p when it is written in groups (alternatives 2 and 3, as the
+    regex's greedy backtracking reads them: the fifth group of 1-3 digits taken when it fits), or 0
+    where neither fits (the regex may still match another shape)."""
+    sep = _at(t, p + 4, n)
+    if _fits(t, p, n, _CARD_HEAD) and _fits(t, p + 5, n, _D4) and _at(t, p + 9, n) == sep \
+            and _fits(t, p + 10, n, _D4) and _at(t, p + 14, n) == sep:
+        size = _digits(t, p + 15, n)
+        if not 1 <= size <= 4:
+            return 0
+        end = p + 15 + size
+        more = _digits(t, end + 1, n) if _at(t, end, n) == sep else 0
+        if 1 <= more <= 3 and _right(t, end + 1 + more, n):
+            return end + 1 + more
+        return end if _right(t, end, n) else 0
+    if _fits(t, p, n, _CARD_HEAD) and _fits(t, p + 5, n, _D6) and _at(t, p + 11, n) == sep:
+        size = _digits(t, p + 12, n)
+        return p + 12 + size if 4 <= size <= 5 and _right(t, p + 12 + size, n) else 0
+    return 0
+
+
+@njit(cache=True)
+def _found(t, p, n, n_all, shapes, tables):
+    """(end, 1 for an identity number, 2 for a card or 3 for a phone) where the regex's match at p
+    (the first place one can start) is SHAPES['id'], SHAPES['card'] or a solid SHAPES['mobile'] — read as exactly as the regex reads them, with
+    the alternatives before them ruled out — and _classify would accept it as it is (valid, no
+    label, no money); (end, -1) where _classify would refuse it (a solid card number that fails its
+    check); else (0, 0): Python's regex and _classify decide."""
+    size, d = _digits(t, p, n), np.empty(24, np.int64)
+    end, kind = 0, 0
+    if shapes & ID and (size == 18 or (size == 17 and _at(t, p + 17, n) in (88, 120))):
+        if not (_fits(t, p, n, _ID_SOLID) and t[p + 6] * 100 + t[p + 7] in (4956, 4957, 5048) and _right(t, p + 18, n)):
+            return 0, 0
+        end, kind = p + 18, 1
+    elif shapes & ID and size == 6 and _fits(t, p, n, _ID_SPACED) and t[p + 7] * 100 + t[p + 8] in (4956, 4957, 5048) \
+            and (_dig(_at(t, p + 19, n)) or _at(t, p + 19, n) in (88, 120)) and _right(t, p + 20, n):
+        end, kind = p + 20, 1
+    elif shapes & CARD and 49 <= t[p] <= 56 and 12 <= size <= 19 and size != 17 and size != 18:
+        if not _right(t, p + size, n):
+            return 0, 0
+        if not _valid_card(t[p:p + size], size, tables):
+            # _classify then tries the other shapes on the digits: only a mobile with 86 fits (8613812345678)
+            mobile = size == 13 and t[p] == 56 and t[p + 1] == 54 and t[p + 2] == 49 and 51 <= t[p + 3] <= 57
+            return (0, 0) if mobile else (p + size, -1)
+        end, kind = p + size, 2
+    elif shapes & CARD and size == 4:
+        end = _card_end(t, p, n)
+        kind = 2 if end else 0
+    elif shapes & MOBILE and size == 11 and t[p] == 49 and 51 <= t[p + 1] <= 57 and _right(t, p + 11, n) \
+            and _at(t, p + 11, n) not in (32, 35, 0x8F6C, 0x8F49):  # (no extension: 13812345678 转 8001)
+        # SHAPES['mobile'] (no shape before it reads 11 solid digits from a 1); _phone_ok refuses
+        # a number whose last 8 digits hold two different digits or fewer
+        if not _plain_context(t, p, p + 11, n_all):
+            return 0, 0
+        first, second = t[p + 3], t[p + 3]
+        for k in range(p + 4, p + 11):
+            if t[k] != first and second == first:
+                second = t[k]
+            elif t[k] != first and t[k] != second:
+                return p + 11, 3
+        return p + 11, -1
+    if kind == 0:
+        return 0, 0
+    size = _gather(t, p, end, d)
+    valid = size == 18 and _valid_id(d, tables) if kind == 1 else _valid_card(d, size, tables)
+    return (end, kind) if valid and _plain_context(t, p, end, n_all) else (0, 0)
+
+
+# Long on purpose: one compiled loop over the text, state (the run, where to read next) carried in
+# locals; split into calls it would pass that state back and forth for every run.
+@njit(cache=True)
+def first_candidates(t, shapes, fewest, tables, out):
+    """For each _HINT run that passes the gate: the items the regex and _classify would find in it
+    one after another while _found can vouch for them (rows (1 or 2, start, end)), then where Python
+    takes over (a row (0, run end, first position where a match may start)).  Returns the number of
+    rows written to `out` (3 * (len // 7 + 1) long).  A run is 7 or more characters, so it holds one
+    of every 7th position: only those are read until one is a run character (a character-by-
+    character scan mispredicts a branch at every space)."""
     n_all = t.shape[0]
     rows, i = 0, 6
     while i < n_all:
@@ -199,16 +385,29 @@ def first_candidates(t, shapes, fewest, out):
             j += 1
         while q < j and not (_dig(t[q]) or t[q] in (43, 40, _LPAREN)):
             q += 1
-        if j - q >= 7 and _gate(t, q, j, shapes, fewest):
-            n = min(n_all, j + 16)
-            for p in range(q, j):
-                c = t[p]
-                if (_dig(c) or c in (43, 40, _LPAREN)) and _may_start(t, p, n, shapes):
-                    out[rows], out[rows + 1], out[rows + 2] = q, j, p
-                    rows += 3
-                    break
+        pos, n = q, min(n_all, j + 16)
+        while j - q >= 7 and pos < j and _gate(t, pos, j, shapes, fewest):
+            p = pos
+            while p < j and not ((_dig(t[p]) or t[p] in (43, 40, _LPAREN)) and _may_start(t, p, n, shapes)):
+                p += 1
+            if p == j:
+                break
+            end, kind = _found(t, p, n, n_all, shapes, tables) if _dig(t[p]) else (0, 0)
+            if kind >= 0:
+                out[rows], out[rows + 1], out[rows + 2] = kind, p if kind else j, end if kind else p
+                rows += 3
+            if not kind:
+                break
+            pos = end
         i = j + 7
     return rows // 3
+
+
+def warm() -> None:
+    """Load (or compile) the machine code for both kinds of text now, at the stage's setup, rather than
+    inside its first document."""
+    for text in ("0", "\uff10"):
+        first_candidates(code_points(text), 0, 1, np.zeros(10101, np.int64), np.empty(3, np.int64))
 
 
 def code_points(text: str) -> np.ndarray:

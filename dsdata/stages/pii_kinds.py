@@ -108,6 +108,7 @@ def _open(text: str, pos: int, end: int, gate: tuple[int, bool, bool, bool]) -> 
         intl and text.find("00", pos, end) != -1) or (dots and text.count(".", pos, end) >= 3)
 
 
+_VOUCHED = (None, "id", "card", "phone")  # pii_kernels.first_candidates' codes
 _kernels = None  # dsdata.stages.pii_kernels once imported; False without numba or with DSDATA_NO_NUMBA=1
 
 
@@ -359,7 +360,11 @@ class PiiFinder:
             chosen = frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind])
             self._gate = _gate(chosen)
             self._kernels = _compiled()
-            self._shape_bits = sum(self._kernels.BITS[s] for s in chosen) if self._kernels else 0
+            if self._kernels:
+                self._kernels.warm()
+                self._shape_bits = sum(self._kernels.BITS[s] for s in chosen)
+                self._tables = np.array([_TODAY[0] * 10000 + _TODAY[1] * 100 + _TODAY[2], *(n in _PROVINCES for n in range(100)),
+                                         *(0 if x is None else 1 if x == "maestro" else 2 for x in _ISSUER_OF)], np.int64)
             self._tries = {shape: ((shape,) if shape else ()) + tuple(k for k in shapes if k != shape)
                            for shape in (None, *_ORDER, "plus")}
             self._first_full = {(shape, i): _alternation(tries[i:]) for shape, tries in self._tries.items()
@@ -388,12 +393,15 @@ class PiiFinder:
         search, classify, gate = self._number.search, self._classify, self._gate
         if kernels := self._kernels:
             out = np.empty(len(text) // 7 * 3 + 3, np.int64)
-            rows = kernels.first_candidates(kernels.code_points(text), self._shape_bits, gate[0], out)
+            rows = kernels.first_candidates(kernels.code_points(text), self._shape_bits, gate[0], self._tables, out)
             flat = out[:3 * rows].tolist()
             starts = zip(flat[::3], flat[1::3], flat[2::3])
         else:
-            starts = [(run.start(), run.end(), run.start()) for run in _HINT.finditer(text) if _open(text, *run.span(), gate)]
-        for _, run_end, pos in starts:
+            starts = [(0, run.end(), run.start()) for run in _HINT.finditer(text) if _open(text, *run.span(), gate)]
+        for vouched, run_end, pos in starts:
+            if vouched:  # (1, 2 or 3, start, end): an item the compiled pass read in full
+                found.append((run_end, pos, _VOUCHED[vouched]))
+                continue
             while m := search(text, pos, run_end + 16):
                 start, end = m.span()
                 if start >= run_end:
