@@ -63,6 +63,8 @@ def test_the_kernels_tables_are_the_stages():
     assert "|".join(pii_kernels.MONEY_CODES).upper() in pii_kinds._MONEY_BEFORE.pattern
     assert tuple(pii_kernels._ID_WEIGHTS) == pii_kinds._ID_WEIGHTS and bytes(pii_kernels._ID_CHECK.astype("u1")) == pii_kinds._ID_CHECK.encode()
     assert tuple(pii_kernels._MONTH_DAYS) == pii_kinds._MONTH_DAYS
+    assert frozenset(pii_kernels.NUMBERING_LAST) == pii_kinds._NUMBERING_LAST
+    assert f"[{pii_kernels.SECTION_SIGNS}]" in pii_kinds._SECTION_AFTER.pattern
 
 
 def test_compiled_and_pure_python_paths_find_the_same_spans(monkeypatch, shared_data):

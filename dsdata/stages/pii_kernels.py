@@ -41,6 +41,9 @@ _CODE_CHARS, _CODE_SIZES = _packed(MONEY_CODES)
 _ID_WEIGHTS = np.array((7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2), np.int64)
 _ID_CHECK = np.frombuffer(b"10X98765432", np.uint8).astype(np.int64)
 _MONTH_DAYS = np.array((31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31), np.int64)
+NUMBERING_LAST = "nedrvlhtcagxpm本版§第见見阅閱节節章条條"  # pii_kinds._NUMBERING_LAST
+SECTION_SIGNS = "节節章条條款项項"  # pii_kinds._SECTION_AFTER's
+_NUMBERING_LAST = np.array([ord(c) for c in NUMBERING_LAST], np.int64)
 
 
 @njit(cache=True, inline="always")
@@ -105,7 +108,8 @@ def _fits(t, p, n, pattern):
 
 @njit(cache=True)
 def _octets(t, p, n):
-    """SHAPES['ipv4'] at p ends at a _RIGHT: four octets (each the whole digit group before its '.')."""
+    """Where SHAPES['ipv4'] at p ends (at a _RIGHT: four octets, each the whole digit group before its
+    '.'), or 0."""
     q = p
     for k in range(4):
         size = _digits(t, q, n)
@@ -118,7 +122,7 @@ def _octets(t, p, n):
             if _at(t, q, n) != 46:
                 return False
             q += 1
-    return _right(t, q, n)
+    return q if _right(t, q, n) else 0
 
 
 @njit(cache=True)
@@ -177,7 +181,7 @@ def _may_start(t, p, n, shapes):
     if shapes & MOBILE and (_mobile(t, p, n) or (c == 56 and _at(t, p + 1, n) == 54 and (
             _mobile(t, p + 2, n) or (_at(t, p + 2, n) in (32, 45) and _mobile(t, p + 3, n))))):
         return True
-    return bool(shapes & IPV4) and _octets(t, p, n)
+    return bool(shapes & IPV4) and _octets(t, p, n) > 0
 
 
 @njit(cache=True, inline="always")
@@ -316,6 +320,35 @@ def _card_end(t, p, n):
 
 
 @njit(cache=True)
+def _ip4(t, start, end, n_all, tables):
+    """pii_kinds._ip4_ok of the quad t[start:end] as far as it is decided without a regex: (end, -1)
+    where it is not public or a section sign follows, (end, 4) where no numbering word can end before
+    it and two octets or more have two digits or more; else (0, 0)."""
+    value, octet, long = 0, 0, 0
+    for k in range(start, end + 1):
+        if k == end or t[k] == 46:
+            value, long, octet = value * 256 + octet, long + (k - start > 1 and _dig(t[k - 2])), 0
+        else:
+            octet = octet * 10 + t[k] - 48
+    for r in range(tables[10101]):
+        if value >> tables[10103 + 2 * r] == tables[10102 + 2 * r]:
+            return end, -1
+    k, lim = end, min(n_all, end + 3)
+    while k < lim and _space(t[k]):
+        k += 1
+    if k < lim and t[k] in (0x8282, 0x7BC0, 0x7AE0, 0x6761, 0x689D, 0x6B3E, 0x9879, 0x9805):
+        return end, -1
+    k, low = start, max(0, start - 12)
+    while k > low and (t[k - 1] in (46, 58, 61) or _space(t[k - 1])):
+        k -= 1
+    if k > low:
+        for c in _NUMBERING_LAST:
+            if _lower(t[k - 1]) == c:
+                return 0, 0
+    return (end, 4) if long >= 2 else (0, 0)
+
+
+@njit(cache=True)
 def _found(t, p, n, n_all, shapes, tables):
     """(end, 1 for an identity number, 2 for a card or 3 for a phone) where the regex's match at p
     (the first place one can start) is SHAPES['id'], SHAPES['card'] or a solid SHAPES['mobile'] — read as exactly as the regex reads them, with
@@ -355,6 +388,10 @@ def _found(t, p, n, n_all, shapes, tables):
             elif t[k] != first and t[k] != second:
                 return p + 11, 3
         return p + 11, -1
+    elif shapes & IPV4 and size <= 3:
+        # SHAPES['ipv4'] (no shape before it reads a dotted quad); _ip4_ok's first rules
+        end = _octets(t, p, n)
+        return (0, 0) if end == 0 else _ip4(t, p, end, n_all, tables)
     if kind == 0:
         return 0, 0
     size = _gather(t, p, end, d)

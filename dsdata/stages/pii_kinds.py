@@ -11,9 +11,10 @@ How a text is read
      letters; anything else — Chinese characters and punctuation, brackets, quotes, spaces, a line
      start or end, a full stop — is a boundary.
   3. One scan per family, each linear in the text: the digit kinds (phone, identity, card, IPv4) are
-     one alternation of bounded shapes whose every attempt reads at most ~70 characters; e-mail
-     addresses are read only around an `@`, IPv6 only around a `:`.  A candidate is found once and
-     validated once (checksum, issuer range, date, routability, context).
+     one alternation of bounded shapes whose every attempt reads at most ~70 characters, run only
+     where a compiled pass (pii_kernels, with numba) has not ruled a shape out or read the item in
+     full; e-mail addresses are read only around an `@`, IPv6 only around a `:`.  A candidate is
+     found once and validated once (checksum, issuer range, date, routability, context).
 """
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def _open(text: str, pos: int, end: int, gate: tuple[int, bool, bool, bool]) -> 
         intl and text.find("00", pos, end) != -1) or (dots and text.count(".", pos, end) >= 3)
 
 
-_VOUCHED = (None, "id", "card", "phone")  # pii_kernels.first_candidates' codes
+_VOUCHED = (None, "id", "card", "phone", "ip")  # pii_kernels.first_candidates' codes
 _kernels = None  # dsdata.stages.pii_kernels once imported; False without numba or with DSDATA_NO_NUMBA=1
 
 
@@ -298,6 +299,9 @@ for _net in map(ipaddress.IPv4Network, (
         (int(_net.network_address) >> (32 - _net.prefixlen), 32 - _net.prefixlen))
 
 
+_V4_RANGES = [r for ranges in _NOT_GLOBAL_V4.values() for r in ranges]
+
+
 def _public_v4(quad: str) -> bool:
     a, b, c, d = map(int, quad.split("."))
     ranges = _NOT_GLOBAL_V4.get(a)
@@ -364,7 +368,8 @@ class PiiFinder:
                 self._kernels.warm()
                 self._shape_bits = sum(self._kernels.BITS[s] for s in chosen)
                 self._tables = np.array([_TODAY[0] * 10000 + _TODAY[1] * 100 + _TODAY[2], *(n in _PROVINCES for n in range(100)),
-                                         *(0 if x is None else 1 if x == "maestro" else 2 for x in _ISSUER_OF)], np.int64)
+                                         *(0 if x is None else 1 if x == "maestro" else 2 for x in _ISSUER_OF),
+                                         len(_V4_RANGES), *(v for r in _V4_RANGES for v in r)], np.int64)
             self._tries = {shape: ((shape,) if shape else ()) + tuple(k for k in shapes if k != shape)
                            for shape in (None, *_ORDER, "plus")}
             self._first_full = {(shape, i): _alternation(tries[i:]) for shape, tries in self._tries.items()
