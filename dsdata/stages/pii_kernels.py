@@ -1,14 +1,15 @@
-"""Compiled first look for the `pii` stage's digit kinds: where in a document the number pattern
-(pii_kinds._number_pattern) can match, in one numba pass over the normalised text's code points.
+"""The `pii` stage's digit kinds, compiled: one numba pass over the normalised text's code points
+that does what pii_kinds.PiiFinder._numbers does with regexes wherever it can do it exactly.
 
-It finds the runs that pii_kinds._HINT finds, applies the same gate (_gate), and for each run the
-first position at which one of the chosen shapes could start.  Python's `re` then runs the real
-pattern from there: which shape and which end a match has (the first alternative that fits, greedy
-backtracking) stays the regex's answer.  So the kernel only has to be sound — it never calls a
-position hopeless where the pattern matches (tests/test_pii.py checks that against the regex on
-fuzzed text) — and it spares the regex the runs where nothing can match (coordinates, ISBNs,
-versions, dates, long digit strings: most of a run's cost is proving that) and the positions before
-the first candidate.  Reads stop where the regex's search stops (16 characters after the run).
+It finds the runs pii_kinds._HINT finds and applies the same gate.  In each run it skips to the
+first position where a chosen shape can start (_may_start: sound, never "hopeless" where the
+regex matches — most of the regex's cost was proving that for coordinates, ISBNs, versions and
+long digit strings).  There, where the match is one the regex's own order of alternatives and
+greedy ends make certain — a solid or grouped identity or card number, a solid mobile, a dotted
+quad — and _classify's verdict needs no context regex, it gives the item (or its refusal) and goes
+on in the run; anywhere else it hands the rest of the run to Python's regex and rules.  Reads stop
+where the regex's search stops (16 characters after the run).  tests/test_pii_kernels.py: _may_start
+against the regex, the same spans as the pure-Python path on planted, dev and fuzzed text.
 """
 from __future__ import annotations
 
@@ -114,13 +115,13 @@ def _octets(t, p, n):
     for k in range(4):
         size = _digits(t, q, n)
         if size == 0 or size > 3 or (size > 1 and t[q] == 48):
-            return False
+            return 0
         if size == 3 and (t[q] - 48) * 100 + (t[q + 1] - 48) * 10 + t[q + 2] - 48 > 255:
-            return False
+            return 0
         q += size
         if k < 3:
             if _at(t, q, n) != 46:
-                return False
+                return 0
             q += 1
     return q if _right(t, q, n) else 0
 

@@ -277,17 +277,6 @@ def _card_digits_ok(digits: str) -> bool:
     return (sum(backwards[::2].encode()) + sum(backwards[1::2].translate(_DOUBLED_ASCII).encode()) - 48 * size) % 10 == 0
 
 
-def public_ip(candidate: str) -> bool:
-    """A globally routable, non-multicast address (IPv4-mapped IPv6 judged by its IPv4)."""
-    try:
-        addr = ipaddress.ip_address(candidate)
-    except ValueError:
-        return False
-    if addr.version == 6 and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    return addr.is_global and not addr.is_multicast
-
-
 # IPv4 ranges that are not globally routable (RFC 6890's special-purpose registry), multicast and reserved.
 # Keyed by first octet: (network >> shift, shift) of each range that starts with it.
 _NOT_GLOBAL_V4: dict[int, list[tuple[int, int]]] = {}
