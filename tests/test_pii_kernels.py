@@ -32,9 +32,16 @@ def _fuzz(rng: random.Random, count: int) -> list[str]:
     return texts
 
 
+def _finder(types=PII_TYPES) -> PiiFinder:
+    finder = PiiFinder(types)
+    assert finder._load_kernels(), "numba is installed: the compiled path must be the one in use"
+    return finder
+
+
 def _pure_python_finder(monkeypatch, types=PII_TYPES) -> PiiFinder:
     monkeypatch.setattr(pii_kinds, "_kernels", False)  # what import_compiled answers without numba
     finder = PiiFinder(types)
+    assert finder._load_kernels() is False
     monkeypatch.undo()
     return finder
 
@@ -45,8 +52,7 @@ def test_no_position_where_the_regex_matches_is_called_hopeless():
     rng = random.Random(11)
     matches = 0
     for types in (PII_TYPES, ("ip",), ("phone",), ("card", "id")):
-        finder = PiiFinder(types)
-        assert finder._kernels, "numba is installed: the compiled path must be the one in use"
+        finder = _finder(types)
         for text in map(normalise, _fuzz(rng, 1500)):
             points = pii_kernels.code_points(text)
             for run in pii_kinds._HINT.finditer(text):
@@ -74,8 +80,7 @@ def test_compiled_and_pure_python_paths_find_the_same_spans(monkeypatch, shared_
     texts += [p for p in (shared_data / "prose-zh.txt").read_text(encoding="utf-8")[:400_000].split("\n\n") if p.strip()]
     vouched = 0
     for types in (PII_TYPES, ("phone",), ("ip", "card"), ("id",)):
-        compiled, pure = PiiFinder(types), _pure_python_finder(monkeypatch, types)
-        assert compiled._kernels and not pure._kernels
+        compiled, pure = _finder(types), _pure_python_finder(monkeypatch, types)
         for text in texts:
             assert compiled.find(text) == pure.find(text), text
             norm = normalise(text)

@@ -118,6 +118,16 @@ def _compiled():
     if _kernels is None:
         _kernels = import_compiled("dsdata.stages.pii_kernels")
     return _kernels or None
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_tables() -> np.ndarray:
+    """What pii_kernels reads of the validators: today (yyyymmdd), the province codes (at 1 + code),
+    the issuer of each 4-digit prefix (at 101 + prefix: 0 none, 1 Maestro, 2 another), the IPv4
+    ranges that are not global (their count at 10101, then (network >> shift, shift) pairs)."""
+    return np.array([_TODAY[0] * 10000 + _TODAY[1] * 100 + _TODAY[2], *(n in _PROVINCES for n in range(100)),
+                     *(0 if x is None else 1 if x == "maestro" else 2 for x in _ISSUER_OF),
+                     len(_V4_RANGES), *(v for r in _V4_RANGES for v in r)], np.int64)
 _FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
 
 
@@ -348,21 +358,26 @@ class PiiFinder:
         if self._digit_kinds:
             self._number = _number_pattern(self._digit_kinds)
             shapes = tuple(k for k in ("plus",) + _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
+            self._chosen = frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind])
+            self._gate = _gate(self._chosen)
+            self._kernels = None  # pii_kernels once _load_kernels has run (False: none)
             # The shapes to try, in order, for a match the scan found in `shape` (None: not known): that
             # shape first, then each other one (a shape tried twice gives the same answer twice).
-            chosen = frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind])
-            self._gate = _gate(chosen)
-            self._kernels = _compiled()
-            if self._kernels:
-                self._kernels.warm()
-                self._shape_bits = sum(self._kernels.BITS[s] for s in chosen)
-                self._tables = np.array([_TODAY[0] * 10000 + _TODAY[1] * 100 + _TODAY[2], *(n in _PROVINCES for n in range(100)),
-                                         *(0 if x is None else 1 if x == "maestro" else 2 for x in _ISSUER_OF),
-                                         len(_V4_RANGES), *(v for r in _V4_RANGES for v in r)], np.int64)
             self._tries = {shape: ((shape,) if shape else ()) + tuple(k for k in shapes if k != shape)
                            for shape in (None, *_ORDER, "plus")}
             self._first_full = {(shape, i): _alternation(tries[i:]) for shape, tries in self._tries.items()
                                 for i in range(len(tries))}
+
+    def _load_kernels(self):
+        """pii_kernels with its machine code loaded, or False without numba: at the first text, so that
+        a process which only checks a recipe never imports numba (~0.35 CPU-s)."""
+        kernels = _compiled() or False
+        if kernels:
+            kernels.warm()
+            self._shape_bits = sum(kernels.BITS[s] for s in self._chosen)
+            self._tables = _kernel_tables()
+        self._kernels = kernels
+        return kernels
 
     def find(self, text: str) -> list[tuple[int, int, str]]:
         norm = normalise(text)
@@ -379,13 +394,14 @@ class PiiFinder:
     def _numbers(self, text: str) -> list[tuple[int, int, str]]:
         # Where a digit kind can be: a run of 7 or more of its characters (the shortest, an IPv4
         # address, has 7) whose rest could hold a shape (_gate).  The compiled pass (pii_kernels) finds
-        # the runs and the first position in each where a shape may start; without numba, _HINT finds
-        # them (a scan that starts with a character class, so the engine skips other characters fast).
+        # the runs, reads in full the items it can settle and gives the first position where a shape
+        # may start in the rest; without numba, _HINT finds the runs (a scan that starts with a
+        # character class, so the engine skips other characters fast).
         # The full pattern then runs only inside those runs (and 16 characters on, for an extension or
         # the look-ahead at its end).
         found: list[tuple[int, int, str]] = []
         search, classify, gate = self._number.search, self._classify, self._gate
-        if kernels := self._kernels:
+        if kernels := self._kernels if self._kernels is not None else self._load_kernels():
             out = np.empty(len(text) // 7 * 3 + 3, np.int64)
             rows = kernels.first_candidates(kernels.code_points(text), self._shape_bits, gate[0], self._tables, out)
             flat = out[:3 * rows].tolist()
