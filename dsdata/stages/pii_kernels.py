@@ -351,11 +351,11 @@ def _ip4(t, start, end, n_all, tables):
 
 @njit(cache=True)
 def _found(t, p, n, n_all, shapes, tables):
-    """(end, 1 for an identity number, 2 for a card or 3 for a phone) where the regex's match at p
-    (the first place one can start) is SHAPES['id'], SHAPES['card'] or a solid SHAPES['mobile'] — read as exactly as the regex reads them, with
-    the alternatives before them ruled out — and _classify would accept it as it is (valid, no
-    label, no money); (end, -1) where _classify would refuse it (a solid card number that fails its
-    check); else (0, 0): Python's regex and _classify decide."""
+    """(end, kind) where the regex's match at p (the first place one can start) is an identity or card
+    number (solid or grouped), a solid mobile or a dotted quad — read as exactly as the regex reads
+    them, the alternatives before them ruled out — and _classify's verdict needs no context regex:
+    kind 1 id, 2 card, 3 phone, 4 ip, -1 refused (a card failing its check, a placeholder mobile, a
+    quad not public or before a section sign).  (0, 0): Python's regex and _classify decide."""
     size, d = _digits(t, p, n), np.empty(24, np.int64)
     end, kind = 0, 0
     if shapes & ID and (size == 18 or (size == 17 and _at(t, p + 17, n) in (88, 120))):
@@ -405,7 +405,7 @@ def _found(t, p, n, n_all, shapes, tables):
 @njit(cache=True)
 def first_candidates(t, shapes, fewest, tables, out):
     """For each _HINT run that passes the gate: the items the regex and _classify would find in it
-    one after another while _found can vouch for them (rows (1 or 2, start, end)), then where Python
+    one after another while _found can settle them (rows (kind 1-4, start, end)), then where Python
     takes over (a row (0, run end, first position where a match may start)).  Returns the number of
     rows written to `out` (3 * (len // 7 + 1) long).  A run is 7 or more characters, so it holds one
     of every 7th position: only those are read until one is a run character (a character-by-
@@ -442,8 +442,8 @@ def first_candidates(t, shapes, fewest, tables, out):
 
 
 def warm() -> None:
-    """Load (or compile) the machine code for both kinds of text now, at the stage's setup, rather than
-    inside its first document."""
+    """Load (or compile) the machine code for both kinds of text (a byte or four per character) at
+    once, rather than the second kind inside some later document."""
     for text in ("0", "\uff10"):
         first_candidates(code_points(text), 0, 1, np.zeros(10101, np.int64), np.empty(3, np.int64))
 
