@@ -110,15 +110,6 @@ def _open(text: str, pos: int, end: int, gate: tuple[int, bool, bool, bool]) -> 
 
 
 _VOUCHED = (None, "id", "card", "phone", "ip")  # pii_kernels.first_candidates' codes
-_kernels = None  # dsdata.stages.pii_kernels once imported; False without numba or with DSDATA_NO_NUMBA=1
-
-
-def _compiled():
-    global _kernels
-    if _kernels is None:
-        _kernels = import_compiled("dsdata.stages.pii_kernels")
-    return _kernels or None
-
 
 @functools.lru_cache(maxsize=1)
 def _kernel_tables() -> np.ndarray:
@@ -371,7 +362,7 @@ class PiiFinder:
     def _load_kernels(self):
         """pii_kernels with its machine code loaded, or False without numba: at the first text, so that
         a process which only checks a recipe never imports numba (~0.35 CPU-s)."""
-        kernels = _compiled() or False
+        kernels = import_compiled("dsdata.stages.pii_kernels")  # False without numba or with DSDATA_NO_NUMBA=1
         if kernels:
             kernels.warm()
             self._shape_bits = sum(kernels.BITS[s] for s in self._chosen)
