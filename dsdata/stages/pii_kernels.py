@@ -160,10 +160,7 @@ def _may_start(t, p, n, shapes):
     if shapes & ID and ((size == 18 or (size == 17 and _at(t, p + 17, n) in (88, 120))) and c != 48
                         or _fits(t, p, n, _ID_SPACED) and _right(t, p + 20, n)):
         return True
-    if shapes & CARD and 49 <= c <= 56 and (12 <= size <= 19 or _fits(t, p, n, _CARD_HEAD) and (
-            _fits(t, p + 5, n, _D4) and _at(t, p + 9, n) == t[p + 4] and _fits(t, p + 10, n, _D4)
-            and _at(t, p + 14, n) == t[p + 4] and _dig(_at(t, p + 15, n))
-            or _fits(t, p + 5, n, _D6) and _at(t, p + 11, n) == t[p + 4] and _fits(t, p + 12, n, _D4))):
+    if shapes & CARD and 49 <= c <= 56 and (12 <= size <= 19 or _card_end(t, p, n)):
         return True
     if shapes & LAND and c == 48 and 1 <= size - 2 <= 3 and 49 <= _at(t, p + 1, n) <= 57 \
             and _at(t, p + size, n) in (32, 45):
