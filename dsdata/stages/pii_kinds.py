@@ -11,9 +11,10 @@ How a text is read
      letters; anything else — Chinese characters and punctuation, brackets, quotes, spaces, a line
      start or end, a full stop — is a boundary.
   3. One scan per family, each linear in the text: the digit kinds (phone, identity, card, IPv4) are
-     one alternation of bounded shapes whose every attempt reads at most ~70 characters; e-mail
-     addresses are read only around an `@`, IPv6 only around a `:`.  A candidate is found once and
-     validated once (checksum, issuer range, date, routability, context).
+     one alternation of bounded shapes whose every attempt reads at most ~70 characters, run only
+     where a compiled pass (pii_kernels, with numba) has not ruled a shape out or read the item in
+     full; e-mail addresses are read only around an `@`, IPv6 only around a `:`.  A candidate is
+     found once and validated once (checksum, issuer range, date, routability, context).
 """
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ import functools
 import ipaddress
 import operator
 import re
+
+import numpy as np
+
+from dsdata.compiled import import_compiled
 
 PII_TYPES = ("email", "ip", "phone", "id", "card")
 TOKENS = {"email": "<EMAIL>", "ip": "<IP>", "phone": "<PHONE>", "id": "<ID>", "card": "<CARD>"}
@@ -95,6 +100,25 @@ def _gate(shapes: frozenset) -> tuple[int, bool, bool, bool]:
     long as the fewest digits is searched without counting them: the count costs as much."""
     fewest = min((_FEWEST_DIGITS[k] for k in shapes if k in _FEWEST_DIGITS), default=1 << 30)
     return fewest, "plus" in shapes, "intl" in shapes, "ipv4" in shapes
+
+
+def _open(text: str, pos: int, end: int, gate: tuple[int, bool, bool, bool]) -> bool:
+    """Whether a shape may start in text[pos:end], the rest of a run (gate: _gate's answer)."""
+    fewest, plus, intl, dots = gate
+    return end - pos >= fewest or (plus and text.find("+", pos, end) != -1) or (
+        intl and text.find("00", pos, end) != -1) or (dots and text.count(".", pos, end) >= 3)
+
+
+_VOUCHED = (None, "id", "card", "phone", "ip")  # pii_kernels.first_candidates' codes
+
+@functools.lru_cache(maxsize=1)
+def _kernel_tables() -> np.ndarray:
+    """What pii_kernels reads of the validators: today (yyyymmdd), the province codes (at 1 + code),
+    the issuer of each 4-digit prefix (at 101 + prefix: 0 none, 1 Maestro, 2 another), the IPv4
+    ranges that are not global (their count at 10101, then (network >> shift, shift) pairs)."""
+    return np.array([_TODAY[0] * 10000 + _TODAY[1] * 100 + _TODAY[2], *(n in _PROVINCES for n in range(100)),
+                     *(0 if x is None else 1 if x == "maestro" else 2 for x in _ISSUER_OF),
+                     len(_V4_RANGES), *(v for r in _V4_RANGES for v in r)], np.int64)
 _FULL = {k: re.compile(f"(?:{v})") for k, v in SHAPES.items()}
 
 
@@ -254,17 +278,6 @@ def _card_digits_ok(digits: str) -> bool:
     return (sum(backwards[::2].encode()) + sum(backwards[1::2].translate(_DOUBLED_ASCII).encode()) - 48 * size) % 10 == 0
 
 
-def public_ip(candidate: str) -> bool:
-    """A globally routable, non-multicast address (IPv4-mapped IPv6 judged by its IPv4)."""
-    try:
-        addr = ipaddress.ip_address(candidate)
-    except ValueError:
-        return False
-    if addr.version == 6 and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    return addr.is_global and not addr.is_multicast
-
-
 # IPv4 ranges that are not globally routable (RFC 6890's special-purpose registry), multicast and reserved.
 # Keyed by first octet: (network >> shift, shift) of each range that starts with it.
 _NOT_GLOBAL_V4: dict[int, list[tuple[int, int]]] = {}
@@ -274,6 +287,9 @@ for _net in map(ipaddress.IPv4Network, (
         "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", *(f"{a}.0.0.0/8" for a in range(224, 256)))):
     _NOT_GLOBAL_V4.setdefault(int(_net.network_address) >> 24, []).append(
         (int(_net.network_address) >> (32 - _net.prefixlen), 32 - _net.prefixlen))
+
+
+_V4_RANGES = [r for ranges in _NOT_GLOBAL_V4.values() for r in ranges]
 
 
 def _public_v4(quad: str) -> bool:
@@ -333,13 +349,26 @@ class PiiFinder:
         if self._digit_kinds:
             self._number = _number_pattern(self._digit_kinds)
             shapes = tuple(k for k in ("plus",) + _ORDER[:-1] if any(k in _SHAPES_OF[kind] for kind in self._digit_kinds))
+            self._chosen = frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind])
+            self._gate = _gate(self._chosen)
+            self._kernels = None  # pii_kernels once _load_kernels has run (False: none)
             # The shapes to try, in order, for a match the scan found in `shape` (None: not known): that
             # shape first, then each other one (a shape tried twice gives the same answer twice).
-            self._gate = _gate(frozenset(s for kind in self._digit_kinds for s in _SHAPES_OF[kind]))
             self._tries = {shape: ((shape,) if shape else ()) + tuple(k for k in shapes if k != shape)
                            for shape in (None, *_ORDER, "plus")}
             self._first_full = {(shape, i): _alternation(tries[i:]) for shape, tries in self._tries.items()
                                 for i in range(len(tries))}
+
+    def _load_kernels(self):
+        """pii_kernels with its machine code loaded, or False without numba: at the first text, so that
+        a process which only checks a recipe never imports numba (~0.35 CPU-s)."""
+        kernels = import_compiled("dsdata.stages.pii_kernels")  # False without numba or with DSDATA_NO_NUMBA=1
+        if kernels:
+            kernels.warm()
+            self._shape_bits = sum(kernels.BITS[s] for s in self._chosen)
+            self._tables = _kernel_tables()
+        self._kernels = kernels
+        return kernels
 
     def find(self, text: str) -> list[tuple[int, int, str]]:
         norm = normalise(text)
@@ -355,17 +384,26 @@ class PiiFinder:
     # -- digit kinds ---------------------------------------------------------------------------
     def _numbers(self, text: str) -> list[tuple[int, int, str]]:
         # Where a digit kind can be: a run of 7 or more of its characters (the shortest, an IPv4
-        # address, has 7).  This scan starts with a character class, so the engine skips the other
-        # characters fast; the full pattern then runs only inside those runs (and 16 characters on,
-        # for an extension or the look-ahead at its end), and only while the rest of the run could
-        # hold a shape (_gate).
+        # address, has 7) whose rest could hold a shape (_gate).  The compiled pass (pii_kernels) finds
+        # the runs, reads in full the items it can settle and gives the first position where a shape
+        # may start in the rest; without numba, _HINT finds the runs (a scan that starts with a
+        # character class, so the engine skips other characters fast).
+        # The full pattern then runs only inside those runs (and 16 characters on, for an extension or
+        # the look-ahead at its end).
         found: list[tuple[int, int, str]] = []
-        search, classify = self._number.search, self._classify
-        fewest, plus, intl, dots = self._gate
-        for run in _HINT.finditer(text):
-            pos, run_end = run.span()
-            while pos < run_end and (run_end - pos >= fewest or (plus and text.find("+", pos, run_end) != -1) or (
-                    intl and text.find("00", pos, run_end) != -1) or (dots and text.count(".", pos, run_end) >= 3)) and (m := search(text, pos, run_end + 16)):
+        search, classify, gate = self._number.search, self._classify, self._gate
+        if kernels := self._kernels if self._kernels is not None else self._load_kernels():
+            out = np.empty(len(text) // 7 * 3 + 3, np.int64)
+            rows = kernels.first_candidates(kernels.code_points(text), self._shape_bits, gate[0], self._tables, out)
+            flat = out[:3 * rows].tolist()
+            starts = zip(flat[::3], flat[1::3], flat[2::3])
+        else:
+            starts = [(0, run.end(), run.start()) for run in _HINT.finditer(text) if _open(text, *run.span(), gate)]
+        for vouched, run_end, pos in starts:
+            if vouched:  # (1, 2 or 3, start, end): an item the compiled pass read in full
+                found.append((run_end, pos, _VOUCHED[vouched]))
+                continue
+            while m := search(text, pos, run_end + 16):
                 start, end = m.span()
                 if start >= run_end:
                     break
@@ -387,6 +425,8 @@ class PiiFinder:
                 else:  # or one before it ("2024 4111 1111 1111 1111"): go on from the next group
                     space = text.find(" ", start, end)
                     pos = space + 1 if space != -1 else end
+                if not (pos < run_end and _open(text, pos, run_end, gate)):
+                    break
         return found
 
     def _classify(self, text: str, start: int, end: int, shape: str | None = None) -> str | None:
@@ -476,14 +516,12 @@ class PiiFinder:
     def _ipv6(self, text: str, original: str):
         """Around each ':' not already read: the run of hex digits, ':' and '.' that holds it (at most
         45 characters, else it is part of something longer), a zone id, then validation."""
-        colon, size = text.find(":"), len(text)
-        while colon != -1:
+        size = len(text)
+        pair = _V6_PAIR.search(text)  # the run holds every ':' of a candidate here: one is no address
+        while pair:
+            colon = pair.start()
             left = _V6_RUN_REVERSED.match(text[max(0, colon - 46):colon][::-1]).end()
             end = _V6_RUN.match(text, colon).end()
-            nxt = text.find(":", end)
-            if text.count(":", colon, end) < 2:  # the run holds every ':' of a candidate here: one is no address
-                colon = nxt
-                continue
             start, stop = colon - left, end
             while start < colon and text[start] == ".":
                 start += 1
@@ -499,11 +537,12 @@ class PiiFinder:
             if left < 46 and stop - start <= 45 and (after == size or text[after] not in _GLUE):
                 if not (start and text[start - 1] in _GLUE) and valid_ipv6(text[start:stop]):
                     yield start, after, "ip"
-            colon = nxt
+            pair = _V6_PAIR.search(text, end)
 
 
 _GLUE = frozenset("ghijklmnopqrstuvwxyzGHIJKLMNOPQRSTUVWXYZ_")  # a letter that cannot be hex: std::vector
 _V6_RUN = re.compile(r"[0-9A-Fa-f:.]*+")
+_V6_PAIR = re.compile(r":[0-9A-Fa-f.]*+:")  # a ':' whose run holds another
 _V6_RUN_REVERSED = re.compile(r"[0-9A-Fa-f:.]{0,46}+")
 _V6_ZONE = re.compile(r"%[0-9A-Za-z_\-]{1,16}+")
 _GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
