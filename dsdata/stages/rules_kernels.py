@@ -1,30 +1,20 @@
-"""Compiled n-gram repetition statistics for the `rules` stage: the same numbers as its pure-Python
-`_top_ngram_char_frac` / `_dup_ngram_char_frac`, for every n at once, in one numba call per document.
+"""The rules stage's compiled pass: every count its checks read, from one walk over the document's
+code points (words, sentence ends, symbols, lines, paragraphs, duplicate lines and paragraphs, stop
+words) and its top / duplicated n-gram character fractions for every n at once.
 
 Imported only when numba is installed (and DSDATA_NO_NUMBA is not set); otherwise the stage runs
-its pure-Python functions, which stay the reference — tests/test_rules_kernels.py checks that both
-give identical verdicts and details on real and generated text.
+its regex reference, and tests/test_rules_kernels.py checks that both give the same counts,
+fractions and verdicts.  A character's class (space, CJK, letter, …) is looked up in a table built
+from the stage's own regex character classes, so both classify it alike.
 
-Exact by construction, not by a hash that is "unlikely" to collide.  Tokens become dense integer ids
-in the kernel: an FNV-1a hash of their code points, every hash match confirmed by comparing the
-code points (equal ids ⇔ equal strings).  They cross into it as one space-joined string
-(`str.join`/`lower`/`encode` at C speed), because a Python dict lookup per token cost more than the
-whole n-gram kernel.  The class of the n-gram at position i is then built from two
-shorter ones: class_n[i] = id of the pair (class_p[i], class_g[i+p]) with p + g = n, looked up in an
-open-addressing table whose keys are the pair itself (class_p·K_g + class_g, an injective encoding),
-compared in full on every probe.  A hash collision only lengthens a probe; two n-grams get the
-same class exactly when their tokens are equal.  Classes are numbered in order of first occurrence,
-so "the first of the most frequent n-grams" (what `Counter.most_common(1)` returns on a tie) is
-the smallest class with the highest count, and the fractions are the same integer ratios
-count·chars / total_chars, divided in Python as the reference does.
-
-Cost: one pass per n-gram size in the plan (9 for the default Latin sizes 2…10, 11 for the CJK
-sizes 4, 6, …, 20 because each size reuses a shorter one), instead of building a tuple per n-gram;
-a position whose left or right part occurs once in the document is unique without a lookup, so in
-prose the table is only touched for the few n-grams that can repeat.
-`cache=True` keeps the machine code beside this file (or in numba's user cache when the package
-directory is read-only): the first run in a fresh environment compiles for a few seconds, later
-processes load it in a fraction of a second.
+Exact by construction, not by a hash that is "unlikely" to collide: words, lines and paragraphs
+become dense ids in first-occurrence order through an FNV-1a hash whose every match is confirmed by
+comparing code points.  The class of the n-gram at position i is the id of the pair (class_p[i],
+class_g[i+p]) with p + g = n, in an open-addressing table keyed by the pair itself, so a collision
+only lengthens a probe.  "The first of the most frequent n-grams" (Counter.most_common(1) on a tie)
+is then the smallest class with the highest count, and the fractions are the reference's integer
+ratios, divided in Python.  `cache=True` keeps the machine code beside this file (or in numba's
+user cache): the first run in a fresh environment compiles for a few seconds.
 """
 from __future__ import annotations
 
@@ -225,96 +215,78 @@ def prescan(cps, cls):
 # symbols, lines, paragraphs); split into calls, each would walk the text again.
 @njit(cache=True, nogil=True, boundscheck=False)
 def _text_counts(cps, cls, short_limit, counts):
-    """Fills counts[:13] (COUNTS order) and returns the spans of the stripped non-empty lines and
-    of the stripped non-empty paragraphs (split at whitespace runs holding two or more newlines)."""
+    """Fills counts[:13] and counts[16] (COUNTS order) and returns the spans of the stripped
+    non-empty lines and of the stripped non-empty paragraphs.  A paragraph is a group of non-empty
+    lines without a blank line between them (re.split(r"\n\s*\n"): a whitespace run holding two
+    newlines is a blank line)."""
     n = cps.shape[0]
-    n_lines = 1
+    newlines = 0
     for i in range(n):
-        if cps[i] == _NL:
-            n_lines += 1
-    lines = np.empty((n_lines, 2), np.int64)
-    paras = np.empty((n_lines, 2), np.int64)
-    nl = np_ = 0
-    run = run_alnum = run_letter = dots = ideo = ends = ends_cjk = 0
+        newlines += cps[i] == _NL
+    lines = np.empty((newlines + 1, 2), np.int64)
+    paras = np.empty((newlines + 1, 2), np.int64)
+    n_lines = n_paras = sentences = words = lettered = nonsym = nonsym_chars = cjk_nonsym = symbols = 0
+    bullets = ellipses = terminated = short = run = run_alnum = run_letter = dots = ideo = ends = ends_cjk = 0
     line_start = 0
-    para_start = -1
-    last = ws_newlines = 0
+    blank = False
     for i in range(n + 1):
         c = cps[i] if i < n else _NL
         k = cls[c] if i < n else SPACE
-        if k & (SPACE | CJK):
+        if k & (SPACE | CJK):  # a word ends; a CJK character is a word of its own
             if run:
-                counts[1] += 1
-                counts[2] += run_letter != 0
-                if run_alnum:
-                    counts[3] += 1
-                    counts[4] += run
+                words += 1
+                lettered += run_letter != 0
+                nonsym += run_alnum != 0
+                nonsym_chars += run if run_alnum else 0
             run = run_alnum = run_letter = 0
             if k & CJK:
-                counts[1] += 1
-                counts[2] += (k & LETTER) != 0
-                if k & ALNUM:
-                    counts[3] += 1
-                    counts[4] += 1
-                    counts[5] += 1
+                words += 1
+                lettered += (k & LETTER) != 0
+                nonsym += (k & ALNUM) != 0
+                nonsym_chars += (k & ALNUM) != 0
+                cjk_nonsym += (k & ALNUM) != 0
         else:
             run += 1
             run_alnum |= k & ALNUM
             run_letter |= k & LETTER
         # '#', '…' and the non-overlapping '...' and '。。。' of str.count
-        counts[6] += (c == _HASH) + (c == _ELLIPSIS)
-        if c == _DOT:
-            dots += 1
-        else:
-            counts[6] += dots // 3
-            dots = 0
-        if c == _IDEO_STOP:
-            ideo += 1
-        else:
-            counts[6] += ideo // 3
-            ideo = 0
+        symbols += (c == _HASH) + (c == _ELLIPSIS) + (0 if c == _DOT else dots // 3) + (0 if c == _IDEO_STOP else ideo // 3)
+        dots = dots + 1 if c == _DOT else 0
+        ideo = ideo + 1 if c == _IDEO_STOP else 0
         # _SENTENCE_END: a run of terminators followed by whitespace, a closer or the end is one
         # sentence; any other run counts its 。！？
         if k & SENTENCE_END:
             ends += 1
             ends_cjk += c == _IDEO_STOP or c == _IDEO_BANG or c == _IDEO_QUERY
         elif ends:
-            counts[0] += 1 if k & (SPACE | CLOSER) else ends_cjk
+            sentences += 1 if k & (SPACE | CLOSER) else ends_cjk
             ends = ends_cjk = 0
-        if c == _NL and i < n:
-            counts[7] += 1
         if c == _NL:  # a line ends: strip it
             a, b = line_start, i
+            line_start = i + 1
             while a < b and cls[cps[a]] & SPACE:
                 a += 1
             while b > a and cls[cps[b - 1]] & SPACE:
                 b -= 1
-            if b > a:
-                lines[nl, 0] = a
-                lines[nl, 1] = b
-                nl += 1
-                counts[9] += (cls[cps[a]] & BULLET) != 0
-                e = cps[b - 1]
-                counts[10] += e == _ELLIPSIS or (b - a >= 3 and (e == _DOT or e == _IDEO_STOP) and cps[b - 2] == e and cps[b - 3] == e)
-                counts[11] += (cls[e] & TERMINAL) != 0
-                counts[12] += b - a < short_limit
-            line_start = i + 1
-        if k & SPACE:
-            ws_newlines += c == _NL
-        if i == n or not k & SPACE:
-            if para_start >= 0 and (ws_newlines >= 2 or i == n):
-                paras[np_, 0] = para_start
-                paras[np_, 1] = last + 1
-                np_ += 1
-                para_start = -1
-            ws_newlines = 0
-            if i < n:
-                if para_start < 0:
-                    para_start = i
-                last = i
-    counts[8] = nl
-    counts[16] = np_
-    return lines[:nl], paras[:np_]
+            if a == b:
+                blank = True
+                continue
+            lines[n_lines, 0], lines[n_lines, 1] = a, b
+            n_lines += 1
+            if blank or not n_paras:
+                paras[n_paras, 0] = a
+                n_paras += 1
+            paras[n_paras - 1, 1] = b
+            blank = False
+            bullets += (cls[cps[a]] & BULLET) != 0
+            e = cps[b - 1]
+            ellipses += e == _ELLIPSIS or (b - a >= 3 and (e == _DOT or e == _IDEO_STOP) and cps[b - 2] == e and cps[b - 3] == e)
+            terminated += (cls[e] & TERMINAL) != 0
+            short += b - a < short_limit
+    counts[:13] = np.array((sentences, words, lettered, nonsym, nonsym_chars, cjk_nonsym, symbols, newlines,
+                            n_lines, bullets, ellipses, terminated, short))
+    counts[16] = n_paras
+    return lines[:n_lines], paras[:n_paras]
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -414,8 +386,11 @@ def _stop_word_count(cps, cls, spans, ids, strip, stops, stop_lens):
             while b > a and cls[cps[b - 1]] & strip:
                 b -= 1
             for r in range(stops.shape[0]):
-                if stop_lens[r] == b - a and np.all(stops[r, : b - a] == cps[a:b]):
-                    is_stop[w] = True
+                if stop_lens[r] == b - a:
+                    j = 0
+                    while j < b - a and stops[r, j] == cps[a + j]:
+                        j += 1
+                    is_stop[w] = is_stop[w] or j == b - a
         found += is_stop[w]
     return found
 
