@@ -27,14 +27,9 @@ from dsdata.stages.params import Boolean, Integer, MappingOf, Number
 CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _WORD_RE = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")
 _NON_LETTER_RUNS_RE = re.compile(r"[\W\d_]+")
-# A letter that is also a CJK character: counted by one findall at C speed, where a regex match per
-# letter from a generator cost twice as much (docs/throughput.md).
 _CJK_LETTER_RE = re.compile(f"(?=[{CJK_CHARS}])[^\\W\\d_]")
-# The words of `words` that pass a test of their characters, found by one C-speed scan of the text
-# instead of a regex call per word: a CJK character that passes, or a whole run of non-space non-CJK
-# characters (the lookbehind anchors it at the run's start, so a failing run costs one pass) with
-# at least one character that passes.  NON_SYMBOL: a letter or digit (a word of only punctuation
-# and `_` is a symbol); LETTERED: a letter.
+# The words of `words` with a character that passes a test, by one scan of the text (the lookbehind
+# anchors a run at its start): NON_SYMBOL, a letter or digit; LETTERED, a letter.
 _RUN = f"(?<![^\\s{CJK_CHARS}])[^\\s{CJK_CHARS}]*(?={{0}})[^\\s{CJK_CHARS}][^\\s{CJK_CHARS}]*"
 _CJK_NON_SYMBOL_RE = re.compile(f"(?=[^\\W_])[{CJK_CHARS}]")
 _NON_SYMBOL_WORD_RE = re.compile(_CJK_NON_SYMBOL_RE.pattern + "|" + _RUN.format(r"[^\W_]"))
@@ -50,9 +45,7 @@ def _long_word(limit: int) -> re.Pattern:
         _LONG_WORDS[limit] = re.compile(f"(?<![^\\s{CJK_CHARS}])[^\\s{CJK_CHARS}]{{{limit + 1}}}")
     return _LONG_WORDS[limit]
 TERMINAL_PUNCT = (".", "!", "?", '"', "'", "”", "’", "。", "！", "？", "」", "』", "…", "．", "：", ":", ";", "；")
-# A run of terminators is tried from its first one only (the lookbehind): tried from each, a long run
-# not followed by a space was rescanned to its end from every position, O(n²).  A run that fails from
-# its start fails from every later position too (same end), so the matches are the same.
+# A run of terminators is tried from its first one only (the lookbehind): from each, O(n²).
 _ENDS, _CLOSERS = "[.!?。！？]", "[\"'”’」』）)]"
 _SENTENCE_END = re.compile(f"(?<!{_ENDS}){_ENDS}+(?=\\s|$|{_CLOSERS})|[。！？]")
 _BULLET = ("•", "●", "○", "■", "□", "▪", "▫", "*", "-", "–", "‣", "⁃", "◦")
