@@ -59,8 +59,10 @@ def _ngram_char_counts(tok, tok_len, plan, sizes, top_slots, dup_slots):
     cap = 1 << bits
     mask = cap - 1
     shift = np.uint64(64 - bits)
-    keys = np.empty(cap, np.int64)
+    keys = np.full(cap, -1, np.int64)
     vals = np.empty(cap, np.int32)
+    used = np.empty(cap, np.int64)  # the slots a size filled, emptied for the next (not all cap of them)
+    n_used = 0
     for r in range(plan.shape[0]):
         left = plan[r, 0]
         right = plan[r, 1]
@@ -70,8 +72,9 @@ def _ngram_char_counts(tok, tok_len, plan, sizes, top_slots, dup_slots):
             continue  # fewer tokens than one n-gram: the statistic is 0, as in the reference
         radix = n_classes[right]
         offset = sizes[left]
-        keys[:] = -1
-        count = 0
+        for j in range(n_used):
+            keys[used[j]] = -1
+        n_used = count = 0
         for i in range(width):
             a = classes[left, i]
             b = classes[right, i + offset]
@@ -93,6 +96,8 @@ def _ngram_char_counts(tok, tok_len, plan, sizes, top_slots, dup_slots):
                     break
                 if k == -1:
                     keys[h] = key
+                    used[n_used] = h
+                    n_used += 1
                     vals[h] = count
                     classes[out, i] = count
                     freq[out, count] = 1
