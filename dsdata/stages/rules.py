@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pyarrow as pa
 
@@ -27,14 +27,9 @@ from dsdata.core.params import Boolean, Integer, MappingOf, Number
 CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _WORD_RE = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")
 _NON_LETTER_RUNS_RE = re.compile(r"[\W\d_]+")
-# A letter that is also a CJK character: counted by one findall at C speed, where a regex match per
-# letter from a generator cost twice as much (docs/throughput.md).
 _CJK_LETTER_RE = re.compile(f"(?=[{CJK_CHARS}])[^\\W\\d_]")
-# The words of `words` that pass a test of their characters, found by one C-speed scan of the text
-# instead of a regex call per word: a CJK character that passes, or a whole run of non-space non-CJK
-# characters (the lookbehind anchors it at the run's start, so a failing run costs one pass) with
-# at least one character that passes.  NON_SYMBOL: a letter or digit (a word of only punctuation
-# and `_` is a symbol); LETTERED: a letter.
+# The words of `words` with a character that passes a test, by one scan of the text (the lookbehind
+# anchors a run at its start): NON_SYMBOL, a letter or digit; LETTERED, a letter.
 _RUN = f"(?<![^\\s{CJK_CHARS}])[^\\s{CJK_CHARS}]*(?={{0}})[^\\s{CJK_CHARS}][^\\s{CJK_CHARS}]*"
 _CJK_NON_SYMBOL_RE = re.compile(f"(?=[^\\W_])[{CJK_CHARS}]")
 _NON_SYMBOL_WORD_RE = re.compile(_CJK_NON_SYMBOL_RE.pattern + "|" + _RUN.format(r"[^\W_]"))
@@ -50,15 +45,15 @@ def _long_word(limit: int) -> re.Pattern:
         _LONG_WORDS[limit] = re.compile(f"(?<![^\\s{CJK_CHARS}])[^\\s{CJK_CHARS}]{{{limit + 1}}}")
     return _LONG_WORDS[limit]
 TERMINAL_PUNCT = (".", "!", "?", '"', "'", "”", "’", "。", "！", "？", "」", "』", "…", "．", "：", ":", ";", "；")
-# A run of terminators is tried from its first one only (the lookbehind): tried from each, a long run
-# not followed by a space was rescanned to its end from every position, O(n²).  A run that fails from
-# its start fails from every later position too (same end), so the matches are the same.
-_SENTENCE_END = re.compile(r"(?<![.!?。！？])[.!?。！？]+(?=\s|$|[\"'”’」』）)])|[。！？]")
+# A run of terminators is tried from its first one only (the lookbehind): from each, O(n²).
+_ENDS, _CLOSERS = "[.!?。！？]", "[\"'”’」』）)]"
+_SENTENCE_END = re.compile(f"(?<!{_ENDS}){_ENDS}+(?=\\s|$|{_CLOSERS})|[。！？]")
 _BULLET = ("•", "●", "○", "■", "□", "▪", "▫", "*", "-", "–", "‣", "⁃", "◦")
 _ELLIPSIS = ("...", "…", "。。。")
 
 EN_STOP_WORDS = frozenset(["the", "be", "to", "of", "and", "that", "have", "with"])
 ZH_STOP_WORDS = frozenset("的了是在和有不这也就都而及与着或个为以中上之对")
+_STOP_STRIP = ".,;:!?\"'()"  # stripped from an English word before the stop-word test
 C4_POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
 
 
@@ -76,18 +71,20 @@ def cjk_ratio(text: str) -> float:
     return len(_CJK_LETTER_RE.findall(text)) / n_letters
 
 
-def _dup_stats(items: list[str]) -> tuple[float, float]:
-    """(fraction of items that repeat an earlier one, fraction of characters in them)."""
+def _dup_counts(items: list[str]) -> tuple[int, int, int]:
+    """(items that repeat an earlier one, their characters, all characters)."""
     seen: set[str] = set()
-    dup_items = dup_chars = total_chars = 0
+    dup_items = dup_chars = 0
     for item in items:
-        total_chars += len(item)
         if item in seen:
             dup_items += 1
             dup_chars += len(item)
-        else:
-            seen.add(item)
-    return (dup_items / len(items) if items else 0.0, dup_chars / total_chars if total_chars else 0.0)
+        seen.add(item)
+    return dup_items, dup_chars, sum(map(len, items))
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
 
 
 def _top_ngram_char_frac(tokens: list[str], n: int) -> float:
@@ -120,36 +117,46 @@ def _dup_ngram_char_frac(tokens: list[str], n: int) -> float:
     return dup_chars / total if total else 0.0
 
 
-_kernels = None  # dsdata.stages.rules_kernels once imported; False when numba is missing or disabled
+def _measure_python(text: str, cjk: bool, short_limit: int, top_ns: list[int], dup_ns: list[int]):
+    """The reference of rules_kernels.measure, by regexes (numba missing or DSDATA_NO_NUMBA=1); the
+    n-gram fractions lazily, so a rejection at a small n skips the larger ones."""
+    lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    non_symbol = _NON_SYMBOL_WORD_RE.findall(text)
+    tokens = non_symbol if cjk else [w.lower() for w in non_symbol]
+    distinct = Counter(tokens).items()  # each distinct word tested once
+    counts = dict(zip(("line_dup", "line_dup_chars", "line_chars", "para_dup", "para_dup_chars", "para_chars"),
+                      _dup_counts(lines) + _dup_counts(paragraphs)))
+    counts.update(
+        sentences=len(_SENTENCE_END.findall(text)), words=len(_WORD_RE.findall(text)),
+        lettered=len(_LETTERED_WORD_RE.findall(text)), nonsym=len(non_symbol), nonsym_chars=sum(map(len, non_symbol)),
+        cjk_nonsym=len(_CJK_NON_SYMBOL_RE.findall(text)),
+        symbols=text.count("#") + sum(text.count(e) for e in _ELLIPSIS), newlines=text.count("\n"),
+        lines=len(lines), bullet_lines=sum(ln.startswith(_BULLET) for ln in lines),
+        ellipsis_lines=sum(ln.endswith(_ELLIPSIS) for ln in lines),
+        punct_lines=sum(ln.endswith(TERMINAL_PUNCT) for ln in lines),
+        short_lines=sum(len(ln) < short_limit for ln in lines), paragraphs=len(paragraphs),
+        stop_words=sum(n for w, n in distinct if w in ZH_STOP_WORDS) if cjk else
+        sum(n for w, n in distinct if w.strip(_STOP_STRIP) in EN_STOP_WORDS),
+    )
+    return (counts, (_top_ngram_char_frac(tokens, n) for n in top_ns),
+            (_dup_ngram_char_frac(tokens, n) for n in dup_ns))
 
 
-def _repetition_kernels():
-    """dsdata.stages.rules_kernels (compiled n-gram statistics), or None without numba or with
+_kernels = None  # (rules_kernels, its character table) once imported; False without numba or with DSDATA_NO_NUMBA=1
+
+
+def _compiled():
+    """(dsdata.stages.rules_kernels, the class of every code point), or None without numba or with
     DSDATA_NO_NUMBA=1.  Imported on first use: numba costs start-up a run without rules never pays."""
     global _kernels
     if _kernels is None:
-        _kernels = import_compiled("dsdata.stages.rules_kernels")
+        module = import_compiled("dsdata.stages.rules_kernels")
+        _kernels = module and (module, module.class_table(
+            space=r"\s", cjk=f"[{CJK_CHARS}]", alnum=r"[^\W_]", letter=r"[^\W\d_]", sentence_end=_ENDS,
+            closer=_CLOSERS, bullet=f"[{re.escape(''.join(_BULLET))}]",
+            terminal=f"[{re.escape(''.join(TERMINAL_PUNCT))}]", strip=f"[{re.escape(_STOP_STRIP)}]"))
     return _kernels or None
-
-
-@dataclass
-class _Measures:
-    """What the Gopher and FineWeb rules measure, computed once per document (after C4 filtering)."""
-
-    text: str
-    cjk: bool
-    n_words: int            # CJK-aware words, punctuation-only runs included
-    n_lettered: int         # words with at least one letter
-    non_symbol: list[str]   # words with at least one non-punctuation character, in order
-    lines: list[str]        # non-empty lines, stripped
-    line_dups: tuple[float, float]
-
-    @classmethod
-    def of(cls, text: str, cjk: bool) -> "_Measures":
-        # Counts and lists by whole-text scans at C speed: no Python step per word.
-        lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
-        return cls(text, cjk, len(_WORD_RE.findall(text)), len(_LETTERED_WORD_RE.findall(text)),
-                   _NON_SYMBOL_WORD_RE.findall(text), lines, _dup_stats(lines))
 
 
 # A threshold set to null switches its rule off.
@@ -219,32 +226,59 @@ class QualityRulesStage(DocumentStage):
     # Each check returns a reason code or None. They run in a fixed order; the first failing rule names the rejection.
     def process(self, doc: Document) -> Document | Rejected:
         text = doc.text
-        cjk = cjk_ratio(text) >= self.cjk_threshold
+        compiled = _compiled()
+        if compiled:  # letters, CJK letters and the longest word in one compiled pass
+            letters, cjk_letters, longest = compiled[0].prescan(compiled[0].code_points(text), compiled[1])
+            ratio = cjk_letters / letters if letters else 0.0
+        else:
+            ratio, longest = cjk_ratio(text), None
+        cjk = ratio >= self.cjk_threshold
         doc.annotations["rules_cjk"] = cjk
-        text, reason, detail = self._c4(text, cjk)
+        lower = text.lower()
+        text, reason = self._c4(text, lower, longest)
         if reason:
-            return self.reject(doc, reason, detail)
-        measures = _Measures.of(text, cjk)
-        for check in (self._gopher_quality, self._gopher_repetition, self._fineweb):
-            reason, detail = check(measures)
+            return self.reject(doc, reason, "")
+        m = self._measure(text, lower if text is doc.text else text.lower(), cjk, compiled)
+        for check in (self._c4_sentences, self._gopher_quality, self._gopher_repetition, self._fineweb):
+            reason, detail = check(m)
             if reason:
                 return self.reject(doc, reason, detail)
         doc.text = text
         return doc
 
-    def _c4(self, text: str, cjk: bool) -> tuple[str, str | None, str]:
-        lower = text.lower()
+    def _measure(self, text: str, lower: str, cjk: bool, compiled) -> SimpleNamespace:
+        """Everything the checks after C4's line filters read: rules_kernels.measure's counts (COUNTS)
+        and n-gram fractions.  The n-grams and English stop words are of the lower-cased words,
+        which are the words of the lower-cased text (tests/test_rules_kernels.py checks every code
+        point): str.lower maps each character on its own except Σ (final sigma looks at the
+        neighbours), so a text with a Σ passes its words lower-cased one by one, joined by spaces."""
+        scale = 2 if cjk else 1
+        top_ns = tuple(n * scale for n in sorted(self.top_ngram_max_ratio))
+        dup_ns = tuple(n * scale for n in sorted(self.dup_ngram_max_ratio))
+        short = self.fineweb_short_line_chars_cjk if cjk else self.fineweb_short_line_chars
+        if compiled:
+            low = None if cjk else lower if "Σ" not in text else \
+                " ".join(w.lower() for w in _NON_SYMBOL_WORD_RE.findall(text))
+            counts, top, dup = compiled[0].measure(text, low, compiled[1], short,
+                                                   ZH_STOP_WORDS if cjk else EN_STOP_WORDS, not cjk, top_ns, dup_ns)
+        else:
+            counts, top, dup = _measure_python(text, cjk, short, top_ns, dup_ns)
+        return SimpleNamespace(cjk=cjk, top=top, dup=dup, **counts)
+
+    def _c4(self, text: str, lower: str, longest: int | None) -> tuple[str, str | None]:
+        """The text less C4's dropped lines, or a rejection.  longest: the longest word when known."""
         if self.c4_lorem_ipsum and "lorem ipsum" in lower:
-            return text, "c4_lorem_ipsum", ""
+            return text, "c4_lorem_ipsum"
         if self.c4_curly_bracket and "{" in text:
-            return text, "c4_curly_bracket", ""
+            return text, "c4_curly_bracket"
         # Each line rule first asks the whole text: a line filter that matches nowhere is skipped, and
         # when none matches the text is kept as it is without a pass per line.  (The phrases are
         # ASCII without a newline, so one is in a line's lower() exactly when it is in the text's.)
         javascript = self.c4_remove_javascript_lines and "javascript" in lower
         policy = self.c4_remove_policy_lines and any(p in lower for p in C4_POLICY)
-        long_word = _long_word(self.c4_max_word_length) if self.c4_max_word_length else None
-        if long_word is not None and not long_word.search(text):
+        limit = self.c4_max_word_length
+        long_word = _long_word(limit) if limit else None
+        if long_word is not None and not (long_word.search(text) if longest is None else longest > limit):
             long_word = None
         if javascript or policy or long_word is not None or self.c4_drop_unterminated_lines:
             kept_lines = []
@@ -261,16 +295,16 @@ class QualityRulesStage(DocumentStage):
                 kept_lines.append(line)
             text = "\n".join(kept_lines)
         if not text.strip():
-            return text, "c4_empty_after_line_filters", ""
-        if self.c4_min_sentences:
-            n = len(_SENTENCE_END.findall(text))
-            if n < self.c4_min_sentences:
-                return text, "c4_min_sentences", f"{n} sentences < {self.c4_min_sentences}"
-        return text, None, ""
+            return text, "c4_empty_after_line_filters"
+        return text, None
 
-    def _gopher_quality(self, m: _Measures) -> tuple[str | None, str]:
-        text, cjk, non_symbol, lines = m.text, m.cjk, m.non_symbol, m.lines
-        n = len(non_symbol)
+    def _c4_sentences(self, m: SimpleNamespace) -> tuple[str | None, str]:
+        if self.c4_min_sentences and m.sentences < self.c4_min_sentences:
+            return "c4_min_sentences", f"{m.sentences} sentences < {self.c4_min_sentences}"
+        return None, ""
+
+    def _gopher_quality(self, m: SimpleNamespace) -> tuple[str | None, str]:
+        n = m.nonsym
         if self.min_words is not None and n < self.min_words:
             return "gopher_min_words", f"{n} words < {self.min_words}"
         if self.max_words is not None and n > self.max_words:
@@ -278,94 +312,70 @@ class QualityRulesStage(DocumentStage):
         # The mean-length rule is about Latin words; a CJK document's few Latin words (commands,
         # names) say nothing about its quality.
         # Latin words are the non-symbol words less the CJK ones (one character each).
-        n_cjk = 0 if cjk else len(_CJK_NON_SYMBOL_RE.findall(text))
-        n_latin = 0 if cjk else n - n_cjk
+        n_cjk = 0 if m.cjk else m.cjk_nonsym
+        n_latin = 0 if m.cjk else n - n_cjk
         if n_latin:
-            mean = (sum(map(len, non_symbol)) - n_cjk) / n_latin
+            mean = (m.nonsym_chars - n_cjk) / n_latin
             if self.min_mean_word_length is not None and mean < self.min_mean_word_length:
                 return "gopher_mean_word_length", f"mean {mean:.2f} < {self.min_mean_word_length}"
             if self.max_mean_word_length is not None and mean > self.max_mean_word_length:
                 return "gopher_mean_word_length", f"mean {mean:.2f} > {self.max_mean_word_length}"
-        if self.max_symbol_word_ratio is not None and m.n_words:
-            symbols = text.count("#") + sum(text.count(e) for e in _ELLIPSIS)
-            ratio = symbols / max(n, 1)
+        if self.max_symbol_word_ratio is not None and m.words:
+            ratio = m.symbols / max(n, 1)
             if ratio > self.max_symbol_word_ratio:
                 return "gopher_symbol_ratio", f"{ratio:.3f} > {self.max_symbol_word_ratio}"
-        if lines:
+        if m.lines:
             if self.max_bullet_lines_ratio is not None:
-                ratio = sum(ln.lstrip().startswith(_BULLET) for ln in lines) / len(lines)
+                ratio = m.bullet_lines / m.lines
                 if ratio > self.max_bullet_lines_ratio:
                     return "gopher_bullet_lines", f"{ratio:.3f} > {self.max_bullet_lines_ratio}"
             if self.max_ellipsis_lines_ratio is not None:
-                ratio = sum(ln.rstrip().endswith(_ELLIPSIS) for ln in lines) / len(lines)
+                ratio = m.ellipsis_lines / m.lines
                 if ratio > self.max_ellipsis_lines_ratio:
                     return "gopher_ellipsis_lines", f"{ratio:.3f} > {self.max_ellipsis_lines_ratio}"
-        if self.min_alpha_words_ratio is not None and m.n_words:
-            ratio = m.n_lettered / m.n_words
+        if self.min_alpha_words_ratio is not None and m.words:
+            ratio = m.lettered / m.words
             if ratio < self.min_alpha_words_ratio:
                 return "gopher_alpha_words", f"{ratio:.3f} < {self.min_alpha_words_ratio}"
-        if self.min_stop_words:
-            counts = Counter(non_symbol)  # each distinct word tested once
-            if cjk:
-                found = sum(n for w, n in counts.items() if w in ZH_STOP_WORDS)
-            else:
-                found = sum(n for w, n in counts.items() if w.lower().strip(".,;:!?\"'()") in EN_STOP_WORDS)
-            if found < self.min_stop_words:
-                return "gopher_stop_words", f"{found} stop words < {self.min_stop_words}"
+        if self.min_stop_words and m.stop_words < self.min_stop_words:
+            return "gopher_stop_words", f"{m.stop_words} stop words < {self.min_stop_words}"
         return None, ""
 
-    def _gopher_repetition(self, m: _Measures) -> tuple[str | None, str]:
-        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", m.text) if p.strip()]
-        para_frac, para_char_frac = _dup_stats(paragraphs)
-        line_frac, line_char_frac = m.line_dups
+    def _gopher_repetition(self, m: SimpleNamespace) -> tuple[str | None, str]:
         checks = (
-            (self.max_dup_paragraph_ratio, para_frac, "gopher_dup_paragraphs"),
-            (self.max_dup_paragraph_char_ratio, para_char_frac, "gopher_dup_paragraph_chars"),
-            (self.max_dup_line_ratio, line_frac, "gopher_dup_lines"),
-            (self.max_dup_line_char_ratio, line_char_frac, "gopher_dup_line_chars"),
+            (self.max_dup_paragraph_ratio, _share(m.para_dup, m.paragraphs), "gopher_dup_paragraphs"),
+            (self.max_dup_paragraph_char_ratio, _share(m.para_dup_chars, m.para_chars), "gopher_dup_paragraph_chars"),
+            (self.max_dup_line_ratio, _share(m.line_dup, m.lines), "gopher_dup_lines"),
+            (self.max_dup_line_char_ratio, _share(m.line_dup_chars, m.line_chars), "gopher_dup_line_chars"),
         )
         for limit, value, reason in checks:
             if limit is not None and value > limit:
                 return reason, f"{value:.3f} > {limit}"
-        scale = 2 if m.cjk else 1
-        top = sorted(self.top_ngram_max_ratio.items())
-        dup = sorted(self.dup_ngram_max_ratio.items())
-        kernels = _repetition_kernels()
-        if kernels is not None and all(n * scale >= 1 for n, _ in top + dup):
-            top_values, dup_values = kernels.ngram_char_fractions(
-                m.non_symbol, [n * scale for n, _ in top], [n * scale for n, _ in dup], lower=not m.cjk
-            )
-        else:  # the reference, lazily: a rejection at a small n skips the larger ones
-            toks = m.non_symbol if m.cjk else [w.lower() for w in m.non_symbol]
-            top_values = (_top_ngram_char_frac(toks, n * scale) for n, _ in top)
-            dup_values = (_dup_ngram_char_frac(toks, n * scale) for n, _ in dup)
-        for (n, limit), value in zip(top, top_values):
+        for (n, limit), value in zip(sorted(self.top_ngram_max_ratio.items()), m.top):
             if value > limit:
                 return f"gopher_top_{n}gram", f"{value:.3f} > {limit}"
-        for (n, limit), value in zip(dup, dup_values):
+        for (n, limit), value in zip(sorted(self.dup_ngram_max_ratio.items()), m.dup):
             if value > limit:
                 return f"gopher_dup_{n}gram", f"{value:.3f} > {limit}"
         return None, ""
 
-    def _fineweb(self, m: _Measures) -> tuple[str | None, str]:
-        lines = m.lines
-        if not lines:
+    def _fineweb(self, m: SimpleNamespace) -> tuple[str | None, str]:
+        if not m.lines:
             return None, ""
         if self.fineweb_min_line_punct_ratio is not None:
-            ratio = sum(ln.endswith(TERMINAL_PUNCT) for ln in lines) / len(lines)
+            ratio = m.punct_lines / m.lines
             if ratio < self.fineweb_min_line_punct_ratio:
                 return "fineweb_line_punct", f"{ratio:.3f} < {self.fineweb_min_line_punct_ratio}"
         if self.fineweb_max_short_line_ratio is not None:
-            limit = self.fineweb_short_line_chars_cjk if m.cjk else self.fineweb_short_line_chars
-            ratio = sum(len(ln) < limit for ln in lines) / len(lines)
+            ratio = m.short_lines / m.lines
             if ratio > self.fineweb_max_short_line_ratio:
                 return "fineweb_short_lines", f"{ratio:.3f} > {self.fineweb_max_short_line_ratio}"
         if self.fineweb_max_char_dup_ratio is not None:
-            _, char_frac = m.line_dups
+            char_frac = _share(m.line_dup_chars, m.line_chars)
             if char_frac > self.fineweb_max_char_dup_ratio:
                 return "fineweb_char_dup", f"{char_frac:.3f} > {self.fineweb_max_char_dup_ratio}"
         if self.fineweb_max_newline_ratio is not None:
-            ratio = m.text.count("\n") / max(len(m.non_symbol), 1)
+            ratio = m.newlines / max(m.nonsym, 1)
             if ratio > self.fineweb_max_newline_ratio:
                 return "fineweb_newline_ratio", f"{ratio:.3f} > {self.fineweb_max_newline_ratio}"
         return None, ""
