@@ -54,13 +54,27 @@ def unpack_text(packed: str | bytes) -> str:
 
 
 def pack_document(doc: Document) -> tuple:
-    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships)."""
-    return doc.id, pack_text(doc.text), doc.metadata, doc.annotations, doc.derived_from
+    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships).  A text
+    is compressed once: a document keeps its packed text beside the text it was packed from (or
+    unpacked to), and packing it again while its text is that same object reuses it — a document
+    is parked and shipped several times between the stages that change its text."""
+    text = doc.text
+    cached = doc.__dict__.get("_packed")
+    if cached is not None and cached[0] is text:
+        packed = cached[1]
+    else:
+        packed = pack_text(text)
+        if type(packed) is bytes:
+            doc._packed = (text, packed)
+    return doc.id, packed, doc.metadata, doc.annotations, doc.derived_from
 
 
 def unpack_document(fields: tuple) -> Document:
     doc_id, packed, metadata, annotations, derived_from = fields
-    return Document(doc_id, unpack_text(packed), metadata, annotations, derived_from)
+    doc = Document(doc_id, unpack_text(packed), metadata, annotations, derived_from)
+    if type(packed) is bytes:
+        doc._packed = (doc.text, packed)
+    return doc
 
 
 @dataclass
