@@ -1,8 +1,11 @@
 """A stage's CPU seconds (stats.json stage_time) count every element: cheap elements are timed one
-in sixteen, and an untimed element that runs long (one pathological document) is still counted."""
+in sixteen, and an untimed element that runs long (one pathological document) is still counted; a
+per-document stage run on a batch is timed once per batch, its process() calls and nothing else."""
 from time import thread_time
 
-from dsdata.beam.transforms import _SAMPLE_STRIDE, StageCounters
+from dsdata.beam.transforms import _SAMPLE_STRIDE, StageCounters, batchable_run
+from dsdata.document import Document
+from dsdata.stages.base import DocumentStage
 
 
 def _busy(seconds: float) -> None:
@@ -30,3 +33,27 @@ def test_cheap_elements_are_estimated_from_samples():
     for _ in range(1000):
         counters._clock_stop(counters._clock_start())
     assert 0 < counters._cpu < 0.05  # no element is taken for an outlier
+
+
+class _Slow(DocumentStage):
+    """Burns 0.1 CPU-s on documents whose text says 'slow'; rejects 'bad' ones; raises on 'boom'."""
+
+    name = "slow"
+
+    def process(self, doc):
+        if doc.text == "boom":
+            raise ValueError("boom")
+        if doc.text == "slow":
+            _busy(0.1)
+        return self.reject(doc, "bad") if doc.text == "bad" else doc
+
+
+def test_a_document_stage_on_a_batch_is_timed_once_for_all_its_documents():
+    run = batchable_run(_Slow())
+    docs = [Document(str(i), text) for i, text in enumerate(["ok"] * 40 + ["slow", "bad", "boom", "slow"])]
+    rejected = []
+    kept = run.run_batch(docs, rejected)
+    assert [d.id for d in kept] == [str(i) for i in range(40)] + ["40", "43"]
+    assert [(r.doc.id, r.reason) for r in rejected] == [("41", "bad"), ("42", "error")]
+    assert 0.2 <= run._cpu < 0.4  # the two slow documents; the rest costs microseconds
+    assert (run._in.value, run._kept.value) == (44, 42)

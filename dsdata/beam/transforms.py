@@ -181,16 +181,20 @@ class _DocumentStageRun(StageCounters):
         return self._processed(doc)
 
     def _processed(self, doc: Document) -> Document | Rejected:
-        """The stage's result for `doc`, timed; what it raises rejects `doc` (reason `error`)."""
+        """The stage's result for `doc`, timed."""
         start = self._clock_start()
+        result = self._result(doc)
+        self._clock_stop(start)
+        return result
+
+    def _result(self, doc: Document) -> Document | Rejected:
+        """The stage's result for `doc`; what it raises rejects `doc` (reason `error`)."""
         try:
-            result = checked_result(self._stage_name, self.stage.process(doc), self._checks)
+            return checked_result(self._stage_name, self.stage.process(doc), self._checks)
         except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
             if passes_through(exc):  # a stop, not the record's fault; a native panic is
                 raise
-            result = self._error(doc, exc, self._declared)
-        self._clock_stop(start)
-        return result
+            return self._error(doc, exc, self._declared)
 
 
 class StageDoFn(beam.DoFn):
@@ -331,9 +335,13 @@ beam.coders.registry.register_coder(Batch, BatchCoder)
 class _DocumentStageBatchRun(_DocumentStageRun):
     def run_batch(self, docs: list[Document], rejected: list[Rejected]) -> list[Document]:
         """The kept ones of `docs`, rejections appended to `rejected`: what run() and _counted_rejected
-        do per document, with the in and kept counters added to once per batch."""
+        do per document, with the in and kept counters added to and the clock read once per batch
+        (the stage's CPU time is the batch's: its process() calls and their result checks)."""
         self._in.inc(len(docs))
-        return self._collect(map(self._processed, docs), rejected)
+        start = thread_time()
+        results = [self._result(doc) for doc in docs]
+        self._cpu += thread_time() - start
+        return self._collect(results, rejected)
 
 
 class BatchChainDoFn(beam.DoFn):
