@@ -1,11 +1,14 @@
 """A stage's CPU seconds (stats.json stage_time) count every element: cheap elements are timed one
 in sixteen, and an untimed element that runs long (one pathological document) is still counted; a
-per-document stage run on a batch is timed once per batch, its process() calls and nothing else."""
-from time import thread_time
+per-document stage run on a batch is timed once per batch, its process() calls and nothing else; a
+library's work for a stage is done on the thread whose clock counts it."""
+from pathlib import Path
+from time import process_time, thread_time
 
 from dsdata.beam.transforms import _SAMPLE_STRIDE, StageCounters, batchable_run
 from dsdata.document import Document
 from dsdata.stages.base import DocumentStage
+from dsdata.stages.tokenize import TokenizeStage
 
 
 def _busy(seconds: float) -> None:
@@ -57,3 +60,16 @@ def test_a_document_stage_on_a_batch_is_timed_once_for_all_its_documents():
     assert [(r.doc.id, r.reason) for r in rejected] == [("41", "bad"), ("42", "error")]
     assert 0.2 <= run._cpu < 0.4  # the two slow documents; the rest costs microseconds
     assert (run._in.value, run._kept.value) == (44, 42)
+
+
+def test_the_tokenizers_work_is_on_the_stage_clock():
+    # Hugging Face tokenizers encodes a batch on Rust threads of its own unless told not to: their
+    # CPU would be the run's, not the tokenize stage's.
+    run = batchable_run(TokenizeStage(tokenizer=str(Path(__file__).resolve().parents[1] / "pipelines/models/tokenizer")))
+    words = "data pipeline shards tokens 数据 管道 分片 词元 quality filter".split()
+    docs = [Document(str(i), " ".join(words[(i * j) % len(words)] for j in range(600))) for i in range(300)]
+    before = process_time()
+    kept = run.run_batch(docs, [])
+    spent = process_time() - before
+    assert len(kept) == 300 and all(d.annotations["num_tokens"] > 600 for d in kept)
+    assert run._cpu >= 0.8 * spent

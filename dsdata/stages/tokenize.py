@@ -68,6 +68,11 @@ class TokenizeStage(BatchStage):
     def setup(self) -> None:
         from dsdata.tokenizer import TokenizerError, load_tokenizer
 
+        # Beam's workers are the parallelism: the tokenizer encodes on the worker's own thread, where
+        # the stage's CPU clock (thread time) sees it, not on Rust threads it cannot see (whose spin
+        # waits cost ~15 % more CPU besides).  A user's own TOKENIZERS_PARALLELISM stands.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
         try:
             self._loaded = load_tokenizer(self.tokenizer, self.eos_token)
         except TokenizerError as exc:
