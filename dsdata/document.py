@@ -1,8 +1,7 @@
 """The record that flows through every pipeline, and its Arrow/Parquet schemas.
 
-A `Document` is kept (possibly annotated) or becomes a `Rejected` naming the stage and a short,
-stable reason code.  Stages never drop a document silently: that is what makes the ledger law
-(input + augmented == kept + sum(rejected)) hold on every runner.
+A `Document` is kept (possibly annotated) or becomes a `Rejected` naming the stage and a stable
+reason code, never dropped: the ledger law (input + augmented == kept + Σ rejected) on every runner.
 """
 from __future__ import annotations
 
@@ -54,10 +53,9 @@ def unpack_text(packed: str | bytes) -> str:
 
 
 def pack_document(doc: Document) -> tuple:
-    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships).  A text
-    is compressed once: a document keeps its packed text beside the text it was packed from (or
-    unpacked to), and packing it again while its text is that same object reuses it — a document
-    is parked and shipped several times between the stages that change its text."""
+    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships).  A document
+    keeps its packed text beside the text it was packed from or unpacked to: packed again with that
+    same text object (it is parked and shipped several times between stages), it is not recompressed."""
     text = doc.text
     cached = doc.__dict__.get("_packed")
     if cached is not None and cached[0] is text:
