@@ -10,6 +10,8 @@ from dsdata.document import Document
 from dsdata.stages.base import DocumentStage
 from dsdata.stages.tokenize import TokenizeStage
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def _busy(seconds: float) -> None:
     end = thread_time() + seconds
@@ -62,10 +64,10 @@ def test_a_document_stage_on_a_batch_is_timed_once_for_all_its_documents():
     assert (run._in.value, run._kept.value) == (44, 42)
 
 
-def test_the_tokenizers_work_is_on_the_stage_clock():
+def test_the_tokenizers_and_the_ngram_scorers_work_is_on_the_stage_clock():
     # Hugging Face tokenizers encodes a batch on Rust threads of its own unless told not to: their
     # CPU would be the run's, not the tokenize stage's.
-    run = batchable_run(TokenizeStage(tokenizer=str(Path(__file__).resolve().parents[1] / "pipelines/models/tokenizer")))
+    run = batchable_run(TokenizeStage(tokenizer=str(REPO / "pipelines/models/tokenizer")))
     words = "data pipeline shards tokens 数据 管道 分片 词元 quality filter".split()
     docs = [Document(str(i), " ".join(words[(i * j) % len(words)] for j in range(600))) for i in range(300)]
     before = process_time()
@@ -73,3 +75,13 @@ def test_the_tokenizers_work_is_on_the_stage_clock():
     spent = process_time() - before
     assert len(kept) == 300 and all(d.annotations["num_tokens"] > 600 for d in kept)
     assert run._cpu >= 0.8 * spent
+    # sentencepiece encodes a list of lines on threads of its own (difficulty's n-gram scorer).
+    from dsdata.lm.scorers import NgramScorer
+
+    scorer = NgramScorer(str(REPO / "pipelines/models/lm/en"))
+    texts = ["\n".join(f"{d.text[:200]} line {j}" for j in range(20)) for d in docs]
+    before, before_thread = process_time(), thread_time()
+    scores = scorer.score_documents(texts)
+    spent, on_thread = process_time() - before, thread_time() - before_thread
+    assert len(scores) == 300 and all(n > 0 for _, n in scores)
+    assert on_thread >= 0.8 * spent
