@@ -68,9 +68,8 @@ class TokenizeStage(BatchStage):
     def setup(self) -> None:
         from dsdata.tokenizer import TokenizerError, load_tokenizer
 
-        # Beam's workers are the parallelism: the tokenizer encodes on the worker's own thread, where
-        # the stage's CPU clock (thread time) sees it, not on Rust threads it cannot see (whose spin
-        # waits cost ~15 % more CPU besides).  A user's own TOKENIZERS_PARALLELISM stands.
+        # Beam's workers are the parallelism: encode on this thread, which the stage's CPU clock sees,
+        # not on Rust threads it cannot see (a user's own TOKENIZERS_PARALLELISM stands).
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
         try:
