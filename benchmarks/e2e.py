@@ -24,7 +24,8 @@ RSS and the largest single process's peak (its VmHWM).  --repeat rounds, interle
 Then the full pipelines/pretrain.yaml (clean, lang, rules, decontaminate, relevance, dedup, pii,
 difficulty, tokenize, shards) on the same corpus, in-process: its CPU split between stage work (the
 stages' own CPU, stats.json "stage_time") and everything else in the tree (start-up, reading, Beam,
-Parquet, spill, the ledger) — `--no-pretrain` skips it.
+Parquet, spill, the ledger), and the fixed part of the latter apart (start-up: the CPU that is not
+stage work of the same run on the corpus's first 20 documents) — `--no-pretrain` skips it.
 
 usage: python benchmarks/e2e.py [--docs 20000] [--repeat 1] [--workers 1|2] [--no-pretrain]
 Last line: one JSON object of the ratios (dsdata ÷ datatrove).  CPU time, not wall time: the
@@ -52,6 +53,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import million_corpus  # noqa: E402
 import peer_venv  # noqa: E402
 
+STARTUP_DOCS = 20
 RECIPE = ("name: e2e\ninput: {paths: [\"*.jsonl\"]}\nstages:\n"
           "  - lang: {backend: fasttext, keep: [zh, en]}\n  - rules: {}\n  - dedup: {threshold: 0.8}\n")
 
@@ -265,6 +267,14 @@ def main(argv: list[str] | None = None) -> int:
             pretrain = {"cpu_s": round(measured["cpu_s"], 2), "docs_per_cpu_s": round(args.docs / measured["cpu_s"], 1),
                         "tree_mb": round(measured["tree_mb"]), "kept": pstats.get("kept"),
                         "split": stage_split(pstats, measured["cpu_s"])}
+            # The fixed start-up apart: the same recipe on the corpus's first STARTUP_DOCS documents.
+            (work / "tiny").mkdir()
+            with open(next(corpus.glob("*.jsonl")), encoding="utf-8") as fh:
+                (work / "tiny" / "part.jsonl").write_text("".join(next(fh) for _ in range(STARTUP_DOCS)), encoding="utf-8")
+            _, tiny, tstats = run_dsdata(REPO / "pipelines" / "pretrain.yaml", work / "tiny", work / "tiny-out", model, 1)
+            fixed = tiny["cpu_s"] - stage_split(tstats, tiny["cpu_s"])["stage_work_s"]
+            pretrain["startup_cpu_s"] = round(fixed, 2)
+            pretrain["other_ms_per_doc"] = round(1000 * (pretrain["split"]["other_s"] - fixed) / args.docs, 3)
 
     ours, peer = results["dsdata"], results["datatrove"]
     ratio = {"docs_per_cpu_s": round(ours["docs_per_cpu_s"] / peer["docs_per_cpu_s"], 2),
@@ -285,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     if pretrain:
         ps = pretrain["split"]
         print(f"pretrain.yaml: {pretrain['docs_per_cpu_s']} docs/CPU-s, stage work {ps['stage_work_s']} of "
-              f"{ps['tree_cpu_s']} CPU-s ({ps['stage_work_fraction']:.0%}); per stage {ps['stage_cpu_s']}")
+              f"{ps['tree_cpu_s']} CPU-s ({ps['stage_work_fraction']:.0%}); per stage {ps['stage_cpu_s']}; "
+              f"start-up (not stage work on {STARTUP_DOCS} documents) {pretrain['startup_cpu_s']} CPU-s, "
+              f"the rest {pretrain['other_ms_per_doc']} ms per document")
     print(f"dsdata ÷ datatrove: {ratio['docs_per_cpu_s']}x docs per CPU-second, peak RSS {ratio['tree_rss']}x "
           f"(tree) and {ratio['largest_process_rss']}x (largest process)")
     print(json.dumps({"benchmark": "e2e", "docs": args.docs, "workers": args.workers, "repeat": args.repeat,

@@ -1,8 +1,7 @@
 """The record that flows through every pipeline, and its Arrow/Parquet schemas.
 
-A `Document` is kept (possibly annotated) or becomes a `Rejected` naming the stage and a short,
-stable reason code.  Stages never drop a document silently: that is what makes the ledger law
-(input + augmented == kept + sum(rejected)) hold on every runner.
+A `Document` is kept (possibly annotated) or becomes a `Rejected` naming the stage and a stable
+reason code, never dropped: the ledger law (input + augmented == kept + Σ rejected) on every runner.
 """
 from __future__ import annotations
 
@@ -54,13 +53,25 @@ def unpack_text(packed: str | bytes) -> str:
 
 
 def pack_document(doc: Document) -> tuple:
-    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships)."""
-    return doc.id, pack_text(doc.text), doc.metadata, doc.annotations, doc.derived_from
+    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships).  A document
+    keeps its packed text beside the text it was packed from or unpacked to: packed again with that
+    same text object (it is parked and shipped several times between stages), it is not recompressed."""
+    text, cached = doc.text, doc.__dict__.get("_packed")
+    if cached is not None and cached[0] is text:
+        packed = cached[1]
+    else:
+        packed = pack_text(text)
+        if type(packed) is bytes:
+            doc._packed = (text, packed)
+    return doc.id, packed, doc.metadata, doc.annotations, doc.derived_from
 
 
 def unpack_document(fields: tuple) -> Document:
     doc_id, packed, metadata, annotations, derived_from = fields
-    return Document(doc_id, unpack_text(packed), metadata, annotations, derived_from)
+    doc = Document(doc_id, unpack_text(packed), metadata, annotations, derived_from)
+    if type(packed) is bytes:
+        doc._packed = (doc.text, packed)
+    return doc
 
 
 @dataclass

@@ -33,3 +33,15 @@ def test_long_texts_are_shipped_compressed():
     coder = registry.get_coder(Document)
     doc = _docs()[0]
     assert len(coder.encode(doc)) < len(doc.text.encode("utf-8")) / 2
+
+
+def test_a_text_is_compressed_once_and_a_changed_text_again():
+    doc = unpack_document(pack_document(_docs()[0]))
+    packed = pack_document(doc)[1]
+    assert pack_document(doc)[1] is packed  # unchanged text: the bytes it was unpacked from
+    doc.text = doc.text.upper()
+    repacked = pack_document(doc)
+    assert repacked[1] is not packed and unpack_document(repacked).text == PROSE.upper()
+    changed = Document(doc.id, PROSE.lower(), doc.metadata, doc.annotations)
+    assert unpack_document(pack_document(changed)).text == PROSE.lower()
+    assert unpack_document(pack_document(doc)) == doc == pickle.loads(pickle.dumps(doc))

@@ -1,18 +1,14 @@
 """What a run does when code raises for one record, and when a run as a whole fails.
 
-* An exception raised while one record is read or processed (a reader's generator, a stage's
-  `process`, a model batch, a DoFn inside a composite) rejects that record: stage, reason `error`,
-  detail = the exception's first line ("TypeError: ...").  SystemExit is such an exception too (a
-  stage's sys.exit() for one record); only a stop (Ctrl-C, SIGTERM) ends the run.  A failing batch
-  is retried record by record, each retry starting from a copy of the documents as they were
-  before the failed attempt (a stage may have changed them in place), so one poison record does not
-  take its batch-mates with it.  The run goes on.
-* A stage's result that is not a Document or a Rejected (None, a string, a Document whose text is
-  not a string; a process_batch list of the wrong length) is that record's error the same way
-  (StageResultError: "stage 'x' returned NoneType, not a Document or Rejected").
-* An *environment* error is never blamed on a record: ImportError, MemoryError, StageConfigError
-  (a missing model or file), an object store's endpoint that stopped answering, anything raised by a stage's `setup()`, and the classes a stage
-  declares in `environment_errors`.  It stops the run with one line (StageEnvironmentError).
+* An exception raised while one record is read or processed (SystemExit too; only a stop, Ctrl-C
+  or SIGTERM, ends the run) rejects that record: reason `error`, detail the exception's first line.
+  A failing batch is retried record by record, each from a copy of the documents as they were
+  before (a stage may change them in place), so one poison record does not take its batch-mates.
+* A stage's result that is not a Document or a Rejected (or a process_batch list of the wrong
+  length) is that record's error the same way (StageResultError).
+* An *environment* error is never blamed on a record: ImportError, MemoryError, StageConfigError,
+  an object store's endpoint that stopped answering, anything a stage's `setup()` raises, and the
+  stage's declared `environment_errors`.  It stops the run with one line (StageEnvironmentError).
 * After the run, the errors are held against a budget (`--max-errors`, default 0.1 % of the input):
   over it, the run fails with one line (ErrorBudgetExceeded) — its outputs are written first.
 
@@ -189,11 +185,15 @@ def environment_failure(stage_name: str, exc: BaseException, when: str = "") -> 
     return StageEnvironmentError(f"stage '{stage_name}'{when}: {first_line(exc)}")
 
 
+def _stop_if_environment(stage_name: str, exc: BaseException, declared: tuple[type[BaseException], ...]) -> None:
+    if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, declared):
+        raise environment_failure(stage_name, exc) from exc
+
+
 def error_rejection(doc: Document, stage_name: str, exc: BaseException,
                     declared: tuple[type[BaseException], ...] = ()) -> Rejected:
     """`doc` rejected by `stage_name` with reason `error`; raises instead for an environment error."""
-    if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, declared):
-        raise environment_failure(stage_name, exc) from exc
+    _stop_if_environment(stage_name, exc, declared)
     return Rejected(_writable(doc), stage_name, ERROR, first_line(exc))
 
 
@@ -202,24 +202,17 @@ def retry_one_at_a_time(stage_name: str, items: Sequence[T], run: Callable[[Sequ
                         declared: tuple[type[BaseException], ...] = (),
                         fresh: Callable[[T], T] | None = None) -> list[R]:
     """`run(items)`, and when the batch raises, `run([item])` for each item so that only the items
-    that raise alone are blamed: `on_error(item, exc)` stands in for each of them (a rejection, a
-    failed score).  An environment error — ENVIRONMENT_ERRORS, the stage's `declared`
-    environment_errors, a StageEnvironmentError — is no record's fault: it stops the run
-    (StageEnvironmentError, one line), whether the batch or one item raised it.  The one batch-retry
-    rule of every DoFn and model handler that runs a stage on batches.
-
-    fresh: for a `run` that may change its items in place (a stage's process_batch changes its
-    documents): each item is copied with it before the batch runs, and every retry runs on a new
-    copy of that, so a retry starts from the item as it was before the failed attempt and
-    `on_error` gets it unchanged."""
+    that raise alone are blamed: `on_error(item, exc)` stands in for each of them.  An environment
+    error (is_environment_error, `declared`) stops the run instead, whether the batch or one item
+    raised it.  fresh: for a `run` that changes its items in place, a copy is made of each before the
+    batch runs, and each retry runs on a new copy of that (`on_error` gets it unchanged)."""
     saved = [fresh(item) for item in items] if fresh is not None else items
     try:
         return list(run(items))
     except BaseException as exc:  # noqa: BLE001 - find the item(s) that raise, one at a time
         if passes_through(exc):  # a stop; a native binding's panic (a BaseException) is the item's
             raise
-        if isinstance(exc, StageEnvironmentError) or is_environment_error(exc, declared):
-            raise environment_failure(stage_name, exc) from exc
+        _stop_if_environment(stage_name, exc, declared)
     results: list[R] = []
     for item in saved:
         try:
@@ -227,8 +220,7 @@ def retry_one_at_a_time(stage_name: str, items: Sequence[T], run: Callable[[Sequ
         except BaseException as one:  # noqa: BLE001 - this item alone raises
             if passes_through(one):
                 raise
-            if isinstance(one, StageEnvironmentError) or is_environment_error(one, declared):
-                raise environment_failure(stage_name, one) from one
+            _stop_if_environment(stage_name, one, declared)
             results.append(on_error(item, one))
     return results
 

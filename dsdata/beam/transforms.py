@@ -41,7 +41,8 @@ UNIT_LEDGER = "ledger"
 
 
 # Per-stage CPU time: thread-local CPU seconds (correct when a worker runs bundles in several
-# threads) summed in the DoFn and added to this counter, in microseconds, once per bundle.
+# threads; a library's own threads are not seen, so a stage keeps its work on the calling thread)
+# summed in the DoFn and added to this counter, in microseconds, once per bundle.
 CPU_COUNTER = "cpu_us"
 # One thread_time() read is a system call (~1.5 µs here, benchmarks/stage_timing.py): elements that
 # cost more than _EXACT_ABOVE_S on average are all timed; cheaper ones one in _SAMPLE_STRIDE, each
@@ -181,24 +182,26 @@ class _DocumentStageRun(StageCounters):
         return self._processed(doc)
 
     def _processed(self, doc: Document) -> Document | Rejected:
-        """The stage's result for `doc`, timed; what it raises rejects `doc` (reason `error`)."""
+        """The stage's result for `doc`, timed."""
         start = self._clock_start()
-        try:
-            result = checked_result(self._stage_name, self.stage.process(doc), self._checks)
-        except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
-            if passes_through(exc):  # a stop, not the record's fault; a native panic is
-                raise
-            result = self._error(doc, exc, self._declared)
+        result = self._result(doc)
         self._clock_stop(start)
         return result
 
+    def _result(self, doc: Document) -> Document | Rejected:
+        """The stage's result for `doc`; what it raises rejects `doc` (reason `error`)."""
+        try:
+            return checked_result(self._stage_name, self.stage.process(doc), self._checks)
+        except BaseException as exc:  # noqa: BLE001 - one record's exception rejects that record only
+            if passes_through(exc):  # a stop, not the record's fault; a native panic is
+                raise
+            return self._error(doc, exc, self._declared)
+
 
 class StageDoFn(beam.DoFn):
-    """Runs a chain of consecutive per-document stages (`process(doc)`) in one step: a document goes
-    through them in turn until one rejects it; kept docs on the main output, rejections tagged with
-    the stage that made them.  Each stage keeps its own Metrics (in, kept, rejected per reason), CPU
-    time and per-record error rule, exactly as if it ran in a ParDo of its own — fusing saves the
-    per-stage DoFn invocation and output routing (~0.9 µs per document per stage)."""
+    """Runs consecutive per-document stages (`process(doc)`) in one step: a document goes through them
+    until one rejects it (tagged output); each stage keeps its own counters, CPU time and error rule
+    as in a ParDo of its own, without a DoFn invocation and output routing per stage."""
 
     def __init__(self, stages: DocumentStage | list[DocumentStage]):
         self.stages = list(stages) if isinstance(stages, (list, tuple)) else [stages]
@@ -331,9 +334,13 @@ beam.coders.registry.register_coder(Batch, BatchCoder)
 class _DocumentStageBatchRun(_DocumentStageRun):
     def run_batch(self, docs: list[Document], rejected: list[Rejected]) -> list[Document]:
         """The kept ones of `docs`, rejections appended to `rejected`: what run() and _counted_rejected
-        do per document, with the in and kept counters added to once per batch."""
+        do per document, with the in and kept counters added to and the clock read once per batch
+        (the stage's CPU time is the batch's: its process() calls and their result checks)."""
         self._in.inc(len(docs))
-        return self._collect(map(self._processed, docs), rejected)
+        start = thread_time()
+        results = [self._result(doc) for doc in docs]
+        self._cpu += thread_time() - start
+        return self._collect(results, rejected)
 
 
 class BatchChainDoFn(beam.DoFn):
@@ -676,28 +683,17 @@ class ReadFirstDoFn(ReadFileDoFn):
 class ReadDocuments(beam.PTransform):
     """File patterns (local, gs://, s3://, …) → {"kept": docs, "rejected": unreadable records}.
 
-    spread_documents (for a run on several workers): each worker runs the stages after the reader on
-    what it read (the runner fuses them into the reading step), so one big file must not be read by
-    one worker.  When every big input file is plain JSON Lines or Parquet (all_cuttable, checked when
-    the pipeline is built), the files are cut into line-aligned byte ranges or runs of row groups
-    that the workers read apart (PlanRanges; ids and rows as reading them whole gives) and no
-    document moves between workers.  Otherwise (a big compressed JSONL, WARC or HTML file) the
-    documents are reshuffled after reading, which costs encoding and grouping each of them once.
-    (The two cannot be mixed: the in-process runner materialises a Flatten of two steps' outputs,
-    which would cost every document a copy through the launcher.)  Without spread_documents (one
-    worker) every file is read whole.
-
-    batch_docs: "kept" holds Batches of up to that many records (the reader's rejections in them,
-    "rejected" stays empty) instead of one element per record.
-
-    spread_files: the matched files are reshuffled so that workers (or threads) read them apart.
-    False only where one worker runs everything (pipeline.runs_on_one_worker): there the Reshuffle
-    is one more runner stage and bundle and nothing else (~0.08 CPU-s of each run's start-up).
-
-    unit_reader: a ReadFileDoFn that reads each file or range (a *unit*) itself and has one more
-    output, UNIT_LEDGER (dsdata/beam/resume.py's CommitUnitsDoFn, which runs the committed stages
-    and commits each unit); the documents are then never reshuffled after reading (a big file that
-    cannot be cut is read by one worker), and "ledger" is in the result."""
+    spread_documents (several workers): the stages after the reader run fused into its step, so one
+    big file must not be read by one worker.  When every big file is plain JSON Lines or Parquet
+    (all_cuttable) the files are cut into line-aligned byte ranges or runs of row groups read apart
+    (PlanRanges; ids and rows as reading them whole gives); otherwise the documents are reshuffled
+    after reading (never both: the in-process runner would materialise their Flatten).
+    batch_docs: "kept" holds Batches of up to that many records, the reader's rejections in them.
+    spread_files: the matched files are reshuffled so that workers read them apart (False only where
+    one worker runs everything: one runner stage fewer).
+    unit_reader: a ReadFileDoFn that reads and commits each file or range itself (dsdata/beam/resume.py
+    CommitUnitsDoFn), with one more output, UNIT_LEDGER, in the result; its documents are never
+    reshuffled."""
 
     def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id",
                  spread_documents: bool = False, range_bytes: int | None = None, batch_docs: int | None = None,

@@ -108,8 +108,9 @@ class NgramScorer:
                     lines.append(line)
         results = [[0.0, 0] for _ in texts]
         if lines:
-            score = self.lm.score
-            for owner, pieces in zip(owners, self.sp.encode(lines, out_type=str)):
+            score, encode = self.lm.score, self.sp.encode
+            # One line at a time: a list is encoded on sentencepiece's own threads, off the stage's clock.
+            for owner, pieces in zip(owners, (encode(line, out_type=str) for line in lines)):
                 if not pieces:
                     continue
                 results[owner][0] += score(" ".join(pieces), bos=True, eos=True)

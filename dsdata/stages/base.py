@@ -1,18 +1,16 @@
 """The stage contract: three kinds of small classes, none of which imports Beam.
 
-* `DocumentStage.process(doc) -> Document | Rejected`                 per-document stages
-* `BatchStage.process_batch(docs) -> list[Document | Rejected]`       model stages, batched; the model
-                                                                     is loaded once per worker in setup()
-* `CorpusStage.transform_config()`                                    whole-corpus stages (dedup,
-                                                                     quantiles, shards): the config the
-                                                                     Beam layer (dsdata/beam/kinds.py)
-                                                                     turns into a composite PTransform
+* `DocumentStage.process(doc) -> Document | Rejected`            per-document stages
+* `BatchStage.process_batch(docs) -> list[Document | Rejected]`  model stages, batched (the model
+                                                                loaded once per worker in setup())
+* `CorpusStage.transform_config()`                               whole-corpus stages: the config of
+                                                                their composite (dsdata/beam/kinds.py)
 
-Every parameter is a typed `Param` (dsdata/core/params.py, the trainer's config tables use it too);
-the base class checks and converts every value once, when the stage is built (and `load_recipe` runs
-the same check on recipe and --set values), so a bad value is one line naming STAGE.PARAM.  `validate()` is left with checks across parameters.
-`annotations` declares the typed output columns the stage adds to kept/*.parquet; `side_outputs`
-the files under the run directory the stage's composite produces (the builder cleans and writes them).
+Every parameter is a typed `Param` (dsdata/core/params.py; the trainer's config tables use it too),
+checked and converted once when the stage is built (and by `load_recipe` for recipe and --set
+values): a bad value is one line naming STAGE.PARAM; `validate()` is left with checks across
+parameters.  `annotations` declares the typed columns the stage adds to kept/*.parquet,
+`side_outputs` the files its composite writes under the run directory.
 """
 from __future__ import annotations
 

@@ -68,6 +68,10 @@ class TokenizeStage(BatchStage):
     def setup(self) -> None:
         from dsdata.tokenizer import TokenizerError, load_tokenizer
 
+        # Beam's workers are the parallelism: encode on this thread, which the stage's CPU clock sees,
+        # not on Rust threads it cannot see (a user's own TOKENIZERS_PARALLELISM stands).
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
         try:
             self._loaded = load_tokenizer(self.tokenizer, self.eos_token)
         except TokenizerError as exc:

@@ -65,6 +65,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import struct
+from itertools import islice
 from time import thread_time
 from typing import Any, NamedTuple
 
@@ -561,20 +562,19 @@ class _Decide(StageCounters, beam.DoFn):
         return out
 
 
-def _timed(records, counter):
+def _timed(records, counter, chunk: int = 64):
     """The records of a spill file, the CPU time of reading and decoding them added to `counter`
-    (the stage's CPU time; what the consumer does between records is not counted)."""
+    (the stage's CPU time; what the consumer does between records is not counted): read `chunk`
+    records at a time, the clock read once per chunk, not twice per record."""
     spent = 0.0
     try:
         while True:
             start = thread_time()
-            try:
-                record = next(records)
-            except StopIteration:
+            block = list(islice(records, chunk))
+            spent += thread_time() - start
+            if not block:
                 return
-            finally:
-                spent += thread_time() - start
-            yield record
+            yield from block
     finally:
         if spent:
             counter.inc(round(spent * 1e6))
