@@ -35,8 +35,6 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from dsdata.compiled import import_compiled
 
-EXTRACTORS = ("auto", "dom", "trafilatura", "selectolax-body")
-
 # Elements whose content is never main text (void elements without text, such as <input> or
 # <source>, need no removal).
 _NON_CONTENT_TAGS = (
@@ -745,6 +743,7 @@ _DISPATCH = {
     "trafilatura": extract_trafilatura,
     "selectolax-body": extract_selectolax_body,
 }
+EXTRACTORS = tuple(_DISPATCH)
 
 
 def extract_main_text(html: str, extractor: str = "auto") -> ExtractedPage:
