@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 DATA = REPO.parent / "shared" / "data"
 
-from dsdata.dedup import MinHasher, shingle_strings  # noqa: E402
+from dsdata.dedup.minhash import MinHasher, shingle_strings  # noqa: E402
 
 NUM_PERM = 128
 THRESHOLD = 0.8
@@ -96,7 +96,7 @@ def numba_first_call_seconds() -> dict | None:
 
     if numba_kernels() is None:
         return None
-    code = ("import time; t = time.perf_counter(); from dsdata.dedup import MinHasher; "
+    code = ("import time; t = time.perf_counter(); from dsdata.dedup.minhash import MinHasher; "
             "MinHasher().signatures(['warm up the kernels']); print(time.perf_counter() - t)")
     out = {}
     with tempfile.TemporaryDirectory() as cache:

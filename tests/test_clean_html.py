@@ -274,7 +274,7 @@ def _reference_and_compiled(html: str, depth: int):
 
     kernels = html_mod._html_kernels()
     assert kernels, "numba is a dependency: the compiled scan must be available"
-    return html_mod._tag_names_python(html, depth), html_mod._tag_names_compiled(kernels, html.encode("utf-8"), depth)
+    return html_mod._tag_names_python(html, depth), html_mod._scan_compiled(kernels, html.encode("utf-8"), depth)[0]
 
 
 def test_compiled_tag_scan_gives_the_reference_answer_on_real_and_generated_pages(shared_data):

@@ -12,7 +12,7 @@ from apache_beam.testing.util import assert_that
 
 from dsdata.beam.dedup.composite import ConnectedComponents
 from dsdata.beam.pipeline import pipeline_options, run_recipe
-from dsdata.dedup import MinHasher
+from dsdata.dedup.minhash import MinHasher
 from dsdata.recipe import load_recipe
 
 pytestmark = pytest.mark.slow

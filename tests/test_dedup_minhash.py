@@ -7,15 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsdata.dedup import (
-    MinHasher,
-    band_keys,
-    candidate_probability,
-    choose_bands_rows,
-    exact_hash,
-    normalise_for_shingles,
-    shingle_strings,
-)
+from dsdata.dedup.lsh import band_keys, candidate_probability, choose_bands_rows
+from dsdata.dedup.minhash import MinHasher, exact_hash, normalise_for_shingles, shingle_strings
 from dsdata.stages.base import StageConfigError
 from dsdata.stages.dedup import DedupStage
 
@@ -91,7 +84,7 @@ def test_signatures_do_not_depend_on_batch_or_process():
     assert np.array_equal(whole, one_by_one)
     assert has.tolist() == [True] * 21 + [False]
     code = (
-        "import sys, json, hashlib; from dsdata.dedup import MinHasher; "
+        "import sys, json, hashlib; from dsdata.dedup.minhash import MinHasher; "
         "texts = json.loads(sys.stdin.read()); "
         "print(hashlib.sha256(MinHasher(seed=7).signatures(texts)[0].tobytes()).hexdigest())"
     )
@@ -176,7 +169,7 @@ def test_numba_and_numpy_backends_give_identical_signatures(shared_data):
 
 
 def test_numpy_backend_is_used_when_numba_is_disabled():
-    code = "from dsdata.dedup import MinHasher; print(MinHasher().backend)"
+    code = "from dsdata.dedup.minhash import MinHasher; print(MinHasher().backend)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
                          env={"DSDATA_NO_NUMBA": "1", "PATH": "/usr/bin:/bin"}).stdout.strip()
     assert out == "numpy"

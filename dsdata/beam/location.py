@@ -35,13 +35,9 @@ from dsdata.io.inputs import InputPathError, glob_match
 from dsdata.io.object_storage import EndpointUnreachable
 from dsdata.io.outlock import OutputDirError
 from dsdata.io.outfiles import atomic_write_bytes
+from dsdata.report.files import is_remote
 
 _COPY_CHUNK = 8 << 20
-
-
-def is_remote(path: str) -> bool:
-    """A URL with a scheme (s3://, gs://, …): served by one of Beam's remote file systems."""
-    return "://" in path
 
 
 def write_bytes(path: str, data: bytes) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import json
 import logging
 from dataclasses import dataclass
@@ -54,10 +55,7 @@ log = logging.getLogger("dsdata")
 
 def committed_stage_count(stages: list[Stage]) -> int:
     """How many of the recipe's leading stages are committed per unit."""
-    n = 0
-    while n < len(stages) and committable(stages[n]):
-        n += 1
-    return n
+    return len(list(itertools.takewhile(committable, stages)))
 
 
 @dataclass

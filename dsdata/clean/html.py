@@ -35,8 +35,6 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from dsdata.compiled import import_compiled
 
-EXTRACTORS = ("auto", "dom", "trafilatura", "selectolax-body")
-
 # Elements whose content is never main text (void elements without text, such as <input> or
 # <source>, need no removal).
 _NON_CONTENT_TAGS = (
@@ -400,14 +398,9 @@ _NO_LEVEL = frozenset({
 })
 
 
-_RAW_TEXT_END: dict[str, re.Pattern] = {}
-
-
+@lru_cache(maxsize=None)
 def _raw_text_end(name: str) -> re.Pattern:
-    pattern = _RAW_TEXT_END.get(name)
-    if pattern is None:
-        pattern = _RAW_TEXT_END[name] = re.compile(f"</{name}", re.I)
-    return pattern
+    return re.compile(f"</{name}", re.I)
 
 
 def _ascii_any_case(name: str) -> str:
@@ -438,11 +431,6 @@ _TAG_NAMES = re.compile("<(?:" + _raw_text_alternatives() + r"|(/?[A-Za-z][A-Za-
 
 
 _NO_COUNT = frozenset({"", *_NO_LEVEL, *(f"/{name}" for name in _NO_LEVEL)})
-
-
-def _tag_names(html: str, max_depth: int, data: bytes | None = None) -> set[str] | None:
-    """`_tag_names_python`'s answer (see `_scan`)."""
-    return _scan(html, max_depth, data)[0]
 
 
 def _scan(html: str, max_depth: int, data: bytes | None = None) -> tuple[set[str] | None, bool]:
@@ -538,10 +526,6 @@ def _known_names() -> tuple:
     return np.frombuffer(blob, np.uint8), offsets, np.array([f for _, f in names], np.int64)
 
 
-def _tag_names_compiled(kernels, data: bytes, max_depth: int) -> set[str] | None:
-    return _scan_compiled(kernels, data, max_depth)[0]
-
-
 def _scan_compiled(kernels, data: bytes, max_depth: int) -> tuple[set[str] | None, int]:
     """(the tag names or None, the longest tag's bytes) from the kernel."""
     import numpy as np
@@ -596,7 +580,7 @@ def _tag_names_python(html: str, max_depth: int) -> set[str] | None:
 
 def _within_nesting(html: str, max_depth: int) -> bool:
     """True only if `cap_nesting`'s scan never reaches `max_depth` on the page (False: it may)."""
-    return _tag_names(html, max_depth) is not None
+    return _scan(html, max_depth)[0] is not None
 
 
 def cap_nesting(html: str, max_depth: int = MAX_NESTING) -> str:
@@ -759,6 +743,7 @@ _DISPATCH = {
     "trafilatura": extract_trafilatura,
     "selectolax-body": extract_selectolax_body,
 }
+EXTRACTORS = tuple(_DISPATCH)
 
 
 def extract_main_text(html: str, extractor: str = "auto") -> ExtractedPage:

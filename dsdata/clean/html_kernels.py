@@ -1,7 +1,7 @@
-"""Optional numba kernel for `dsdata.clean.html._tag_names`: the same answer from one pass over the
+"""Optional numba kernel for `dsdata.clean.html._tag_names_python`: the same answer from one pass over the
 page's UTF-8 bytes in machine code.
 
-The Python path (`_tag_names`: one `findall` of `_TAG_NAMES`, then a count per tag name) stays the
+The Python path (`_tag_names_python`: one `findall` of `_TAG_NAMES`, then a count per tag name) stays the
 reference; tests compare both on real and generated pages.  What this kernel reproduces, step by
 step, over the bytes before the page's last `>` (the regex's bound):
 

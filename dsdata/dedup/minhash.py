@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -69,21 +70,18 @@ _TOKEN_BASE_INV = pow(_TOKEN_BASE, -1, 1 << 64)
 # table count as word characters.
 _NON_WORD, _WORD, _WORD_NO_SPACE = 0, 1, 2
 _TABLE_SIZE = 0x40000
-_char_classes: np.ndarray | None = None
 
 
+@lru_cache(maxsize=1)
 def _classes_table() -> np.ndarray:
-    global _char_classes
-    if _char_classes is None:
-        table = np.zeros(_TABLE_SIZE, dtype=np.uint8)
-        for cp in range(_TABLE_SIZE):
-            if unicodedata.category(chr(cp))[0] in "LMN":
-                table[cp] = _WORD
-        for lo, hi in _NO_SPACE_RANGES:
-            seg = table[lo: min(hi, _TABLE_SIZE - 1) + 1]
-            seg[seg == _WORD] = _WORD_NO_SPACE
-        _char_classes = table
-    return _char_classes
+    table = np.zeros(_TABLE_SIZE, dtype=np.uint8)
+    for cp in range(_TABLE_SIZE):
+        if unicodedata.category(chr(cp))[0] in "LMN":
+            table[cp] = _WORD
+    for lo, hi in _NO_SPACE_RANGES:
+        seg = table[lo: min(hi, _TABLE_SIZE - 1) + 1]
+        seg[seg == _WORD] = _WORD_NO_SPACE
+    return table
 
 
 def _classify(codepoints: np.ndarray) -> np.ndarray:
@@ -166,15 +164,12 @@ def _span_hashes(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, table
 
 
 BACKENDS = ("auto", "numba", "numpy")
-_numba_kernels = None  # the module once imported; False when numba is missing or disabled
 
 
+@lru_cache(maxsize=1)
 def numba_kernels():
     """dsdata.dedup.numba_kernels, or None when numba is not installed (or DSDATA_NO_NUMBA=1)."""
-    global _numba_kernels
-    if _numba_kernels is None:
-        _numba_kernels = import_compiled("dsdata.dedup.numba_kernels")
-    return _numba_kernels or None
+    return import_compiled("dsdata.dedup.numba_kernels") or None
 
 
 @dataclass

@@ -101,7 +101,7 @@ def decoded_chunks(path: str, raw: IO[bytes], member_ends: bool = False) -> Iter
         while chunk := raw.read(_FEED):
             yield chunk
         return
-    yield from _members(raw, kind, member_ends)
+    yield from _MemberReader(raw, kind, member_ends).chunks()
 
 
 def _sound_part(decoder, piece: bytes, errors) -> Iterator[bytes]:
@@ -175,10 +175,6 @@ def _without_checksum(frame: bytes, skip: int, dictionary: Any) -> tuple[bytes, 
 def _is_skippable_frame(head: bytes | bytearray) -> bool:
     """A zstd skippable frame's header (magic 0x184D2A50 to 0x184D2A5F, little-endian, then its size)."""
     return len(head) >= 8 and head[1:4] == b"\x2a\x4d\x18" and 0x50 <= head[0] <= 0x5F
-
-
-def _members(raw: IO[bytes], kind: str, member_ends: bool = False) -> Iterator[bytes | Damage | _MemberEnd]:
-    return _MemberReader(raw, kind, member_ends).chunks()
 
 
 class _MemberReader:
@@ -304,7 +300,7 @@ class _MemberReader:
                              f"bytes from {fed} compressed bytes (over {BOMB_RATIO}:1, a decompression bomb); "
                              "the rest of it is not decoded", member_start)
                 self.drop(len(piece))
-                self._skip_past_bomb()
+                self._seek_member(0)  # no corrupt_compression row for the rest of the bomb
                 return True
             if out:
                 yield out
@@ -348,47 +344,35 @@ class _MemberReader:
                                        f"corrupt {kind} data in the member at offset {member_start} ({first_line})")
         return True
 
-    def _skip_past_bomb(self) -> None:
-        """After a bomb's Damage: go to the next member that decodes, without a corrupt_compression
-        row for the rest of the bomb."""
+    def _seek_member(self, search_from: int) -> bool:
+        """Drop bytes up to the next header (at or after `search_from`) that really decodes: True;
+        False when none is left (every byte dropped)."""
         buf, magic = self.buf, self.magic
-        while True:
-            self.fill(len(magic) + _PROBE)
-            found = buf.find(magic)
-            if found >= 0:
-                self.fill(found + _PROBE)
-                if _decodes(self.kind, bytes(buf[found:found + _PROBE]), self.dictionary):
-                    self.drop(found)
-                    return
-            elif self.exhausted:
-                self.drop(len(buf))
-                return
-            self.drop(found + 1 if found >= 0 else max(0, len(buf) - len(magic) + 1))
-
-    def skip_to_member(self, search_from: int, begin: int, why: str) -> Iterator[Damage]:
-        """Drop bytes up to the next header that really decodes; one Damage for the gap."""
-        buf, magic, kind = self.buf, self.magic, self.kind
         while True:
             self.fill(search_from + _PROBE + len(magic))
             found = buf.find(magic, search_from)
             if found < 0:
                 if self.exhausted:
-                    lost = self.pos + len(buf) - begin
                     self.drop(len(buf))
-                    yield Damage("corrupt_compression",
-                                 f"{why}; the {lost} compressed bytes from offset {begin} to the end hold no "
-                                 f"further {kind} member: what did not decode from them is lost", begin)
-                    return
+                    return False
                 # Keep only a possible partial header at the end; everything before it is lost.
                 self.drop(max(search_from, len(buf) - len(magic) + 1))
                 search_from = 0
                 continue
             self.fill(found + _PROBE)
-            if _decodes(kind, bytes(buf[found:found + _PROBE]), self.dictionary):
-                lost = self.pos + found - begin
+            if _decodes(self.kind, bytes(buf[found:found + _PROBE]), self.dictionary):
                 self.drop(found)
-                yield Damage("corrupt_compression",
-                             f"{why}; {lost} compressed bytes from offset {begin} skipped, "
-                             f"reading resumed at the next {kind} member (offset {self.pos})", begin)
-                return
+                return True
             search_from = found + 1
+
+    def skip_to_member(self, search_from: int, begin: int, why: str) -> Iterator[Damage]:
+        """Drop bytes up to the next header that really decodes; one Damage for the gap."""
+        kind = self.kind
+        if self._seek_member(search_from):
+            yield Damage("corrupt_compression",
+                         f"{why}; {self.pos - begin} compressed bytes from offset {begin} skipped, "
+                         f"reading resumed at the next {kind} member (offset {self.pos})", begin)
+        else:
+            yield Damage("corrupt_compression",
+                         f"{why}; the {self.pos - begin} compressed bytes from offset {begin} to the end hold no "
+                         f"further {kind} member: what did not decode from them is lost", begin)

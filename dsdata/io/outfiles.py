@@ -16,7 +16,7 @@ import os
 import shutil
 import stat
 import uuid
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 
 TEMP_MARK = ".tmp-"  # names of files being written: .<name>.tmp-<uuid>
@@ -131,18 +131,25 @@ def fsync_dir(directory: str) -> None:
         sync_dir(directory)
 
 
-def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write `data` to `path` via a temp file in the same directory + fsync + rename."""
+@contextlib.contextmanager
+def atomic_file(path: str, mode: int = 0o666) -> Iterator[BinaryIO]:
+    """Write `path` under a hidden temp name in its folder (.NAME.tmp-UUID), fsync it and rename it
+    into place when the block ends without an exception (then fsync the folder, best effort); the
+    temp file is removed otherwise."""
     tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}{TEMP_MARK}{uuid.uuid4().hex}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as fh:
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-        raise
     fsync_dir(os.path.dirname(path) or ".")
+
+
+def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path` via a temp file in the same directory + fsync + rename."""
+    with atomic_file(path, mode) as fh:
+        fh.write(data)

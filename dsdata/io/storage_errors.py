@@ -36,16 +36,15 @@ class StorageFailure:
     path: str | None
     needed: int | None = None  # bytes the write needed, where the writer knew
 
-    def describe(self, where: str | None = None, needed: int | None = None) -> str:
+    def describe(self, where: str | None = None) -> str:
         """`no space left on device writing PATH (N bytes needed; M bytes free there)`."""
         path = self.path or where
         parts = [STORAGE_ERRNOS[self.errno]]
         if path:
             parts.append(f"writing {shown_path(path)}")
         facts = []
-        needed = self.needed if needed is None else needed
-        if needed is not None:
-            facts.append(f"{needed} bytes needed")
+        if self.needed is not None:
+            facts.append(f"{self.needed} bytes needed")
         free = free_bytes(path) if path and self.errno != errno.EROFS else None
         if free is not None:
             facts.append(f"{free} bytes free there")

@@ -65,6 +65,7 @@ def register_remote_files(store: RunFiles) -> None:
 
 
 def is_remote(path: str) -> bool:
+    """A URL with a scheme (s3://, gs://, …): served by one of Beam's remote file systems."""
     return "://" in path
 
 

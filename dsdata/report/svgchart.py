@@ -231,8 +231,7 @@ class Svg:
                           f'stroke-width="{width:g}"{extra}{_cls(cls)}{_data(data)}/>')
 
     def text(self, x: float, y: float, s: str, *, size: float = FONT, anchor: str = "start", middle: bool = False,
-             rotate: float | None = None, cls: str | None = None, weight: str | None = None,
-             data: dict[str, Any] | None = None) -> None:
+             rotate: float | None = None, cls: str | None = None, data: dict[str, Any] | None = None) -> None:
         attrs = f'x="{_f(x)}" y="{_f(y)}"'
         if size != FONT:
             attrs += f' font-size="{size:g}"'
@@ -240,8 +239,6 @@ class Svg:
             attrs += f' text-anchor="{anchor}"'
         if middle:
             attrs += ' dy=".35em"'
-        if weight:
-            attrs += f' font-weight="{weight}"'
         if rotate is not None:
             attrs += f' transform="rotate({rotate:g} {_f(x)} {_f(y)})"'
         if s[:1].isspace() or s[-1:].isspace() or "  " in s:
@@ -278,7 +275,7 @@ def _finite(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _x_axis(svg: Svg, scale: Scale, y: float, top: float, target: int, *, labels: bool = True) -> None:
+def _x_axis(svg: Svg, scale: Scale, y: float, top: float, target: int) -> None:
     """Ticks, labels and vertical grid lines of a horizontal axis at height `y`."""
     lo, hi = min(scale.a, scale.b), max(scale.a, scale.b)
     for value, label in scale.ticks(target):
@@ -287,8 +284,7 @@ def _x_axis(svg: Svg, scale: Scale, y: float, top: float, target: int, *, labels
             continue
         svg.line(x, top, x, y, GRID)
         svg.line(x, y, x, y + 4, AXIS)
-        if labels:
-            svg.text(x, y + 15, label, anchor="middle", cls="xtick")
+        svg.text(x, y + 15, label, anchor="middle", cls="xtick")
     if scale.log:
         for value in log_minor_ticks(scale.lo, scale.hi):
             svg.line(scale(value), y, scale(value), y + 2.5, AXIS, width=0.8)

@@ -27,17 +27,15 @@ plain file names: one that would escape the manifest's directory is refused.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from dsdata.io.outfiles import HASH_CHUNK, TEMP_MARK, atomic_write_bytes, file_sha256, fsync_dir
+from dsdata.io.outfiles import TEMP_MARK, atomic_file, atomic_write_bytes, file_sha256, fsync_dir
 from dsdata.io.untrusted_files import UntrustedFileError, confined_path, load_json_file
 
 MANIFEST = "manifest.json"
@@ -88,24 +86,10 @@ def write_shard(directory: str, name: str, token_arrays: Sequence[np.ndarray], i
         raise ShardError(f"shard name '{name}' must be a plain file name")
     table = shard_table(token_arrays, ids, difficulties, dtype)
     path = os.path.join(directory, name)
-    tmp = os.path.join(directory, f".{name}{TEMP_MARK}{uuid.uuid4().hex}")
-    try:
-        # One record batch: the token values stay one contiguous buffer for the whole shard.
-        with pa.OSFile(os.fsencode(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table, max_chunksize=max(1, table.num_rows))
-        # Hash what is on disk (just written, so still in the page cache), then make it durable.
-        digest = hashlib.sha256()
-        with open(tmp, "rb") as fh:
-            while block := fh.read(HASH_CHUNK):
-                digest.update(block)
-            os.fsync(fh.fileno())
-        size = os.path.getsize(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    fsync_dir(directory)
+    # One record batch: the token values stay one contiguous buffer for the whole shard.
+    with atomic_file(path) as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=max(1, table.num_rows))
+    size = os.path.getsize(path)
     buckets: dict[str, dict[str, int]] = {}
     lengths = [len(a) for a in token_arrays]
     for length, bucket in zip(lengths, difficulties):
@@ -119,7 +103,7 @@ def write_shard(directory: str, name: str, token_arrays: Sequence[np.ndarray], i
         "docs": len(lengths),
         "tokens": int(sum(lengths)),
         "bytes": size,
-        "sha256": digest.hexdigest(),
+        "sha256": file_sha256(path),
         "buckets": buckets,
     }
 

@@ -27,6 +27,7 @@ import time
 import uuid
 from typing import Any
 
+from dsdata.io.outfiles import file_sha256
 from dsdata.io.outlock import pid_alive
 from dsdata.shards.tokenizer import bundled_files, verify_shard_set
 from dsdata.shards.format import MANIFEST, ShardError, read_manifest, resolve_shard_path
@@ -108,11 +109,7 @@ def _copy_verified(src: str, dst: str, expected_sha256: str) -> None:
 def _verify_copy(directory: str, manifest: dict[str, Any]) -> None:
     for shard in manifest["shards"]:
         path = resolve_shard_path(directory, shard["file"])
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while block := fh.read(_COPY_CHUNK):
-                digest.update(block)
-        if digest.hexdigest() != shard["sha256"]:
+        if file_sha256(path) != shard["sha256"]:
             raise ShmError(f"{path}: copy does not match its source's sha256 (out of memory on tmpfs?)")
 
 

@@ -32,8 +32,7 @@ def _csv_lines(path: str, raw: IO[bytes], bad: set[int], problems: list):
         yield text + "\n"
 
 
-def read_csv(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id",
-             delimiter: str | None = None) -> Iterator[Document | Rejected]:
+def read_csv(path: str, raw: IO[bytes], text_field: str = "text", id_field: str = "id") -> Iterator[Document | Rejected]:
     """CSV (comma) or TSV (tab, from a .tsv name) with a header row: `text_field` and `id_field` name
     columns; the other columns go to metadata.  Ids default to `PATH:ROW` (1-based data rows).  A row
     with another number of fields than the header is rejected `bad_row`; a file without the text
@@ -41,8 +40,7 @@ def read_csv(path: str, raw: IO[bytes], text_field: str = "text", id_field: str 
     # A document is one cell: allow cells as long as a JSONL line may be (the default is 128 KiB).
     if csv.field_size_limit() < _MAX_LINE:
         csv.field_size_limit(_MAX_LINE)
-    if delimiter is None:
-        delimiter = "\t" if base_name(path).endswith((".tsv", ".tab")) else ","
+    delimiter = "\t" if base_name(path).endswith((".tsv", ".tab")) else ","
     bad: set[int] = set()
     problems: list = []
     try:

@@ -10,9 +10,9 @@ import os
 import shutil
 import stat
 import uuid
-from typing import BinaryIO, Iterator
+from typing import Iterator
 
-from dsdata.io.outfiles import fsync_dir
+from dsdata.io.outfiles import atomic_file, fsync_dir
 
 EXPORT_MARKER = ".dsdata-export"
 
@@ -40,23 +40,6 @@ def check_replaceable(target: str) -> None:
     if marker is None or not stat.S_ISREG(marker.st_mode):
         raise NotAnExportFolder(f"{target} is a folder dsdata's export did not write (no {EXPORT_MARKER} file in "
                                 "it); refusing to replace it: remove it or choose another DST")
-
-
-@contextlib.contextmanager
-def atomic_file(path: str) -> Iterator[BinaryIO]:
-    """Write `path` under a hidden temp name, fsync it and rename it into place when the block ends
-    without an exception; the temp file is removed otherwise."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
-    try:
-        with open(tmp, "xb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    fsync_dir(os.path.dirname(path) or ".")
 
 
 @contextlib.contextmanager
