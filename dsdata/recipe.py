@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from dsdata.core.names import is_remote
+from dsdata.core.params import unknown_keys
 from dsdata.io.readers import FORMATS as READER_FORMATS
 from dsdata.io.untrusted_files import UntrustedFileError, read_regular_file
 from dsdata.runners import BeamOptionError, find_runner
@@ -98,9 +100,6 @@ class Recipe:
                                   f"{': ' + text.splitlines()[0] if text else ''}") from None
         return built
 
-
-def is_remote(path: str) -> bool:
-    return "://" in path
 
 
 def confine(base_dir: str, rel: str, what: str, recipe_path: str) -> str:
@@ -369,9 +368,7 @@ def apply_override(recipe: Recipe, item: str) -> None:
         raise RecipeError(f"--set '{item}': recipe {recipe.path} has no stage '{target}' (its stages: {names})")
     cls = _stage_class_or_error(target, recipe.path)
     if param not in cls.params:
-        raise RecipeError(
-            f"--set '{item}': stage '{target}' has no parameter '{param}' (it takes: {', '.join(sorted(cls.params))})"
-        )
+        raise RecipeError(f"--set '{item}': {unknown_keys(f'stage {target!r}', [param], cls.params)}")
     if isinstance(parsed, str) and "\0" in parsed:
         raise RecipeError(f"--set '{key}=…': the value holds a NUL byte")
     if cls.params[param].is_path and isinstance(parsed, str) and not is_remote(parsed):

@@ -104,3 +104,11 @@ def test_difficulty_lang_is_one_of_the_languages_its_model_folder_has(tmp_path):
         load_recipe(str(work / "r.yaml"), ["difficulty.lang=eng"])
     one = REPO / "pipelines" / "models" / "lm" / "en"
     assert load_recipe(str(work / "r.yaml"), [f"difficulty.model_dir={one}", "difficulty.lang=fr"]).stages[0].params["lang"] == "fr"
+
+
+def test_a_misspelt_parameter_in_set_is_named_with_the_nearest_one(tmp_path):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(str(_work(tmp_path) / "r.yaml"), overrides=["lang.min_scor=0.5"])
+    line = str(err.value)
+    assert "--set 'lang.min_scor=0.5': stage 'lang' has no parameter 'min_scor'" in line
+    assert line.endswith("did you mean 'min_score'?") and "\n" not in line, line

@@ -35,7 +35,7 @@ from dsdata.io.inputs import InputPathError, glob_match
 from dsdata.io.object_storage import EndpointUnreachable
 from dsdata.io.outlock import OutputDirError
 from dsdata.io.outfiles import atomic_write_bytes
-from dsdata.report.files import is_remote
+from dsdata.core.names import is_remote
 
 _COPY_CHUNK = 8 << 20
 

@@ -45,7 +45,8 @@ from dsdata.io.resume import remove_resume_folder
 from dsdata.beam.spill import remove_spill, spill_directory
 from dsdata.beam.park import FlattenParked
 from dsdata.report.progress import watch as watch_progress
-from dsdata.recipe import Recipe, is_remote, recipe_output
+from dsdata.core.names import is_remote
+from dsdata.recipe import Recipe, recipe_output
 from dsdata.runners import IN_PROCESS_RUNNER, find_runner, is_in_process, resolve_runner
 from dsdata.beam.run_files import run_info
 from dsdata.report.page import remove_report, write_report_safely

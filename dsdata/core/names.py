@@ -53,3 +53,8 @@ def recovered_path(shown: str) -> str:
             out.append(data[i])
             i += 1
     return os.fsdecode(bytes(out))
+
+
+def is_remote(path: str) -> bool:
+    """A URL with a scheme (s3://, gs://, …): served by one of Beam's remote file systems."""
+    return "://" in path

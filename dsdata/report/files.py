@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import IO, Protocol
 
+from dsdata.core.names import is_remote
+
 
 class RunFiles(Protocol):
     """A file store: what the report does with a run's directory."""
@@ -63,10 +65,6 @@ def register_remote_files(store: RunFiles) -> None:
     global _remote
     _remote = store
 
-
-def is_remote(path: str) -> bool:
-    """A URL with a scheme (s3://, gs://, …): served by one of Beam's remote file systems."""
-    return "://" in path
 
 
 def files_for(path: str) -> RunFiles:
