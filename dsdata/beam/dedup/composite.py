@@ -80,7 +80,7 @@ from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json, pack_document, unpack_document
 from dsdata.stages.dedup import DedupConfig
 from dsdata.beam.park import FlattenParked, parked_sibling
-from dsdata.beam.spill import (SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
+from dsdata.beam.spill import (SpilledGroupByKey, SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
                              spill_directory, spill_name)
 from dsdata.beam.spill import encode as spill_encode
 from dsdata.beam.counters import stage_counter
@@ -669,7 +669,7 @@ class DedupTransform(beam.PTransform):
         )
         exact = (
             out[_RECORDS]
-            | "ExactGroup" >> beam.GroupByKey()
+            | "ExactGroup" >> self._group()
             | "ExactPick" >> beam.ParDo(_ExactGroups()).with_outputs("edges", main="reps")
         )
         if c.near:
@@ -690,6 +690,13 @@ class DedupTransform(beam.PTransform):
         )
         return self._decided(out, decisions)
 
+    def _group(self) -> beam.PTransform:
+        """GroupByKey over one record per document or band: with a spill directory its records
+        wait in spill files (spill.SpilledGroupByKey), not in the runner."""
+        if self.cfg.spill_dir:
+            return SpilledGroupByKey(self.cfg.spill_dir)
+        return beam.GroupByKey()
+
     def _near_labels(self, reps, out):
         """(node, component label) for every exact group's representative: LSH buckets give
         candidate components, which are verified by their documents' similarity unless verify=none."""
@@ -697,7 +704,7 @@ class DedupTransform(beam.PTransform):
         candidate_labels = (
             reps
             | "BandItems" >> beam.FlatMap(_band_items)
-            | "Buckets" >> beam.GroupByKey()
+            | "Buckets" >> self._group()
             | "BucketStars" >> beam.FlatMap(_bucket_star)
             | "DistinctCandidates" >> beam.Distinct()
             | "CandidateComponents" >> ConnectedComponents(c.cc_rounds)
@@ -708,7 +715,7 @@ class DedupTransform(beam.PTransform):
             # Only candidate nodes' data is read back, from the bundles' verify files.
             members = (
                 {"label": candidate_labels, "where": out[_WHERE]}
-                | "LocateComponentData" >> beam.CoGroupByKey()
+                | "LocateComponentData" >> SpilledGroupByKey(c.spill_dir)
                 | "RouteComponentData" >> beam.FlatMap(_route_verification)
                 | "ByVerifyFile" >> beam.GroupByKey()
                 | "ReadComponentData" >> beam.ParDo(_ReadVerification(c.spill_dir, c.stage_name))
@@ -734,7 +741,7 @@ class DedupTransform(beam.PTransform):
             # Documents wait in spill files; only node keys and decisions meet here (see _park).
             routed = (
                 {"where": out[_WHERE], "decision": decisions}
-                | "JoinWhere" >> beam.CoGroupByKey()
+                | "JoinWhere" >> SpilledGroupByKey(c.spill_dir)
                 | "Route" >> beam.FlatMap(_route_decision).with_outputs(_REGROUP, main="to_files")
             )
             from_files = (
