@@ -347,16 +347,13 @@ class _SpillRuns(beam.DoFn):
 
 
 class _GroupRuns(beam.DoFn):
-    def __init__(self, spill_dir: str, sources: int | None):
+    def __init__(self, spill_dir: str, sources: int):
         self.spill_dir, self.sources = spill_dir, sources
 
     def process(self, item):
-        groups: dict[Any, Any] = {}
+        groups: dict[Any, list[list]] = {}
         for key, value, source in self._records(sorted(item[1])):
-            if self.sources is None:
-                groups.setdefault(key, []).append(value)
-            else:
-                groups.setdefault(key, [[] for _ in range(self.sources)])[source].append(value)
+            groups.setdefault(key, [[] for _ in range(self.sources)])[source].append(value)
         yield from groups.items()
 
     def _records(self, runs):
@@ -395,8 +392,6 @@ class SpilledGroupByKey(beam.PTransform):
         tags = list(pcolls) if isinstance(pcolls, dict) else None
         inputs = [pcolls[t] for t in tags] if tags else [pcolls]
         runs = tuple(p | f"Spill{i}" >> beam.ParDo(_SpillRuns(self.spill_dir, i)) for i, p in enumerate(inputs))
-        grouped = (runs | "Runs" >> beam.Flatten() | "ByPartition" >> beam.GroupByKey()
-                   | "Group" >> beam.ParDo(_GroupRuns(self.spill_dir, len(tags) if tags else None)))
-        if tags is None:
-            return grouped
-        return grouped | "Tagged" >> beam.MapTuple(lambda key, lists: (key, dict(zip(tags, lists))))
+        return (runs | "Runs" >> beam.Flatten() | "ByPartition" >> beam.GroupByKey()
+                | "Group" >> beam.ParDo(_GroupRuns(self.spill_dir, len(inputs)))
+                | "Values" >> beam.MapTuple(lambda key, lists: (key, dict(zip(tags, lists)) if tags else lists[0])))
