@@ -607,8 +607,8 @@ class DedupTransform(beam.PTransform):
         return self._decided(out, decisions)
 
     def _group(self) -> beam.PTransform:
-        """GroupByKey over one record per document or band: with a spill directory its records
-        wait in spill files (spill.SpilledGroupByKey), not in the runner."""
+        """GroupByKey over a record per document, band or candidate: with a spill directory its
+        records wait in spill files (spill.SpilledGroupByKey), not in the runner."""
         if self.cfg.spill_dir:
             return SpilledGroupByKey(self.cfg.spill_dir)
         return beam.GroupByKey()
@@ -634,7 +634,7 @@ class DedupTransform(beam.PTransform):
         )
         return (
             members
-            | "ComponentGroup" >> beam.GroupByKey()
+            | "ComponentGroup" >> self._group()
             | "VerifyComponent" >> beam.ParDo(_VerifyComponent(c.threshold, c.verify, c.stage_name))
         )
 
