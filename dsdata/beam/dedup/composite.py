@@ -20,10 +20,11 @@
 
 With a spill directory (`spill: true`, the default) step 1 parks each bundle's documents in spill
 files under RUN_DIR/.spill (dsdata/beam/spill.py) and emits a `where` record (node → file);
-decisions are routed to the files, each read once.  A node with several documents (same id and text) or a document the spill format cannot carry is joined with its
-decision in a shuffle instead, as every document is with `spill: false`.  The groupings with a
-record per document, band or candidate (steps 2, 3, 5 and the `where` join) wait in spill files
-too (spill.SpilledGroupByKey), so the in-process runner holds no per-document state.
+decisions are routed to the files, each read once.  A node with several documents (same id and text)
+or a document the spill format cannot carry is joined with its decision in a shuffle instead, as
+every document is with `spill: false`.  The groupings with a record per document, band or candidate
+(steps 2, 3, 5 and the `where` join) wait in spill files too (spill.SpilledGroupByKey), so the
+in-process runner holds no per-document state.
 
 Memory per worker: one signature batch, one group (an exact group, a bucket, a node's neighbourhood,
 a candidate component with its data: ~1.5 KB per 2 KB document) and 1/GROUP_PARTITIONS of a spilled
