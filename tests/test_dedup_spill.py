@@ -197,7 +197,7 @@ def test_spilled_run_decides_exactly_as_the_shuffled_one(tmp_path, monkeypatch, 
     assert not read
     on = _run(tmp_path, "on", True, flags, verify)
     if not flags:
-        assert "docs.spill" in read and ("verify.spill" in read) == (verify != "none"), read
+        assert "docs.spill" in read, read
     for kind in ("kept", "rejected"):
         assert _rows(on, kind) == _rows(off, kind), kind
     assert _stats(on) == _stats(off)

@@ -88,10 +88,8 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
 
 
 def in_process_runner(options: PipelineOptions):
-    """For the default runner: the FnApiRunner with the run's options in its provision info, as
-    Beam's DirectRunner makes it when it hands a batch pipeline over (multi_processing workers
-    receive their pipeline options from there); None for any other runner (Beam builds the one
-    named)."""
+    """For the default runner the FnApiRunner with the run's options in its provision info (where
+    multi_processing workers read them), as Beam's DirectRunner makes it; None for any other."""
     if options.view_as(StandardOptions).runner != DEFAULT_RUNNER:
         return None
     from apache_beam.portability.api import beam_provision_api_pb2
@@ -121,12 +119,9 @@ def _count_keys(kind: str):
 
 @ANY_OUTPUT
 class _TallyKeys(beam.DoFn):
-    """The ledger's keys of each record (see _count_keys), summed in a dict per bundle and emitted as
-    (key, n) pairs when the bundle ends: one dict update per record instead of a generator and a
-    (key, 1) element per key through the runner (~2 µs per record on the 100k-paragraph run).
-    With `part` ("docs", "rejected") the elements are Batches and their records in that list count.
-    `tallied`: the stages' tallied annotations ({key: count} dicts, Stage.tallies), summed as
-    ("tally", annotation, key) over kept and rejected records."""
+    """The ledger's keys of each record (_count_keys) summed per bundle, emitted as (key, n) when it
+    ends; `part` ("docs", "rejected"): elements are Batches, that list's records count; `tallied`:
+    the stages' Stage.tallies annotations, summed as ("tally", annotation, key)."""
 
     def __init__(self, kind: str, part: str | None = None, tallied: tuple[str, ...] = ()):
         self.kind, self.part = kind, part
@@ -215,10 +210,8 @@ def stats_from_counts(counts: dict[tuple, int], stage_order: list[str]) -> dict[
     return out
 
 
-# The ledger's counts and the composites' stats reach _WriteStats as ("ledger", (kind, key, value))
-# pairs through one GroupByKey: `count` values are summed per key, `stats` values are one stage's
-# stats dict.  (Count.PerKey + ToList + a side input built the same from ~20 more transforms and
-# three more runner stages: docs/history/2026-12-throughput.md §4.)
+# The ledger's counts, the composites' stats and the part files reach _WriteStats as
+# ("ledger", (kind, key, value)) pairs through one GroupByKey.
 LEDGER_KEY = "ledger"
 
 
@@ -267,11 +260,9 @@ RESUME_HINT = "continue the run with the same command and --resume, or run it ag
 
 
 def mark_incomplete(output: str, why: str, discard: bool = False, resumable: bool = False) -> None:
-    """A stopped run's OUT says it is incomplete: stats.json (whose presence means a finished run),
-    report.html and run.json are removed and OUT/INCOMPLETE says why and what to do (with
-    `resumable`, the work the run committed is kept for --resume: RESUME_HINT); the next run removes
-    it.  discard: every output of the run goes too (kept/, rejected/, side outputs: a full disk's
-    partial files), which also frees the space the marker needs."""
+    """A stopped run's OUT: stats.json, report.html and run.json removed, OUT/INCOMPLETE says why and
+    what to do (`resumable`: committed work is kept for --resume); discard: every output goes too
+    (a full disk's partial files), which also frees the space the marker needs."""
     if "://" in output:
         return
     if discard:
@@ -357,19 +348,17 @@ def _apply_stages(docs, stages: list[Stage], output: str, start: int = 0):
     return docs, rejected, stage_stats
 
 
-# Rows go to Parquet as Arrow record batches of this many records, and a table per this many bytes
-# of them (or per bundle): Beam's WriteToParquet defaults.
+# Rows go to Parquet as Arrow record batches of this many records, and a table (one row group) per
+# this many bytes of them or per bundle: what a writer holds before writing, and what the report
+# reads at once (Beam's 64 MB held ~100 MB more at the peak of a 20k-document run).
 ARROW_BATCH_ROWS = 1000
-ARROW_TABLE_BYTES = 64 << 20
+ARROW_TABLE_BYTES = 16 << 20
 
 
 class _ArrowTables(beam.DoFn):
-    """Records → pyarrow Tables of `schema` for WriteToParquetBatched: each batch of ARROW_BATCH_ROWS
-    records becomes one record batch, a column at a time (`columns(records)` gives the Python lists,
-    one pa.array each); a table is emitted per ARROW_TABLE_BYTES and at the end of the bundle.  What
-    Beam's WriteToParquet does from row dicts, without a dict per record and a Python append per
-    field (11.6 → 6.4 µs per written row, benchmarks/stage_overhead.py; docs/throughput.md).
-    With `part` ("docs", "rejected") the elements are Batches and their records in that list are written."""
+    """Records → pyarrow Tables of `schema`: each ARROW_BATCH_ROWS records one record batch built a
+    column at a time (`columns(records)`: one Python list per column), a table per ARROW_TABLE_BYTES
+    and at the bundle's end.  `part` ("docs", "rejected"): elements are Batches, that list is written."""
 
     def __init__(self, schema, columns, part: str | None = None):
         self.schema, self.columns, self.part = schema, columns, part
@@ -411,18 +400,11 @@ class _ArrowTables(beam.DoFn):
 
 
 class ParquetParts:
-    """One output folder of Parquet part files (kept/, rejected/), written without Beam's file sink.
-
-    Beam's WriteToParquetBatched writes each bundle to a temporary file and renames them in steps of
-    their own (initialize, write, group, pre-finalize, finalize: five runner stages, a side input
-    and ~25 transforms per sink, ~1.5 s of a two-worker run in which only one process works:
-    docs/history/2026-12-throughput.md §4).  Here the bundle's writer (`_ParquetPartFiles`, fused into the stage
-    that makes the rows) writes FOLDER/.temp-RUN/UUID.parquet and sends its name through the
-    ledger's GroupByKey, and `_WriteStats` commits: the files that reached it become
-    part-SSSSS-of-NNNNN.parquet (sorted by name, as Beam numbers its shards), one empty file with
-    the schema when there are none (Beam's min_shards=1), and the temporary folder with what failed
-    or retried bundles left in it is removed.  The files are Beam's: same schema, codec ('none'),
-    ParquetWriter options and row groups (one per table of up to ARROW_TABLE_BYTES)."""
+    """One output folder of Parquet part files (kept/, rejected/), without Beam's five-stage file sink.
+    Each bundle's writer (_ParquetPartFiles) writes FOLDER/.temp-RUN/UUID.parquet and sends its name
+    through the ledger's GroupByKey; _WriteStats commits them as part-SSSSS-of-NNNNN.parquet (sorted
+    by name; one empty file with the schema when none) and removes the temporary folder.  Same
+    schema, codec ('none') and writer options as Beam's WriteToParquetBatched."""
 
     def __init__(self, output: str, sub: str, schema: pa.Schema, run_id: str):
         self.sub, self.schema = sub, schema
@@ -521,9 +503,8 @@ def _write_rows(docs, all_rejected, stages: list[Stage], output: str, batched: b
 
 
 def runs_on_several_workers(options: PipelineOptions) -> bool:
-    """False only for the in-process runner with one worker (dsdata's default); True for
-    --direct_num_workers other than 1 under multi_processing, and for every other runner (Prism,
-    Flink, Dataflow: they spread work across workers)."""
+    """False only for the in-process runner with one worker (dsdata's default): multi_processing
+    with --direct_num_workers other than 1 and every other runner spread work across workers."""
     runner = options.view_as(StandardOptions).runner
     if not is_in_process(runner):
         return True
@@ -532,8 +513,7 @@ def runs_on_several_workers(options: PipelineOptions) -> bool:
 
 
 def runs_on_one_worker(options: PipelineOptions) -> bool:
-    """The in-process runner with --direct_num_workers=1 (the default, in any running mode): one
-    worker reads every file, so reading needs no Reshuffle of the matched files."""
+    """The in-process runner with --direct_num_workers=1 (any running mode): no Reshuffle of files."""
     runner = options.view_as(StandardOptions).runner
     if not is_in_process(runner):
         return False
@@ -542,16 +522,11 @@ def runs_on_one_worker(options: PipelineOptions) -> bool:
 
 def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage],
                    commits: CommitPlan | None = None) -> None:
-    """Add the recipe's read → stages → write graph to pipeline `p`.
-
-    The reader emits Batches of records (transforms.Batch); the leading stages that need no runner
-    step of their own (kinds.batchable: per-document and batched stages without a composite) run on
-    them in one ParDo, and when they are all the recipe's stages the writers and the ledger take the
-    batches too.  From the first composite stage on (dedup, difficulty, …) records go one per
-    element, and the rejections of all steps meet in one Flatten.
-
-    commits: when the plan commits (dsdata/beam/resume.py), the reader is CommitUnitsDoFn, which runs
-    the plan's leading stages itself, unit by unit, and commits (or reuses) each unit's results."""
+    """Add the recipe's read → stages → write graph to pipeline `p`.  The leading batchable stages
+    (kinds.batchable) run on the reader's Batches in one ParDo (the writers and the ledger take the
+    Batches when no other stage follows); from the first composite stage on records go one per
+    element.  commits (dsdata/beam/resume.py): the reader is CommitUnitsDoFn, which runs the plan's
+    leading stages unit by unit and commits (or reuses) each unit's results."""
     spread_documents = runs_on_several_workers(p.options)
     reading = dict(spread_documents=spread_documents, batch_docs=BATCH_DOCS,
                    spread_files=not runs_on_one_worker(p.options), limit=recipe.limit)
@@ -607,9 +582,8 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
 
 
 def stage_times(result, stats: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
-    """stats.json's "stage_time": each stage's CPU seconds (the `cpu_us` counters its DoFns flush per
-    bundle), its input documents (from the ledger) and docs per CPU-second; None when the runner
-    returned no such metrics (some runners report none), so stats.json never shows invented zeros."""
+    """stats.json's "stage_time": each stage's CPU seconds (its `cpu_us` counters), input documents
+    and docs per CPU-second; None when the runner returned no such metrics (never invented zeros)."""
     try:
         counters = result.metrics().query(MetricsFilter().with_name(CPU_COUNTER))["counters"]
     except Exception:  # noqa: BLE001 - a runner without metrics support
@@ -637,21 +611,14 @@ def stage_times(result, stats: dict[str, Any]) -> dict[str, dict[str, Any]] | No
 def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] | None = None,
                max_errors: str | ErrorBudget | None = None, progress: str = "off",
                resume: bool = False) -> dict[str, Any]:
-    """Run a recipe to completion and return its stats (also written to OUTPUT/stats.json).
+    """Run a recipe to completion and return its stats (also written to OUTPUT/stats.json), then
+    OUTPUT/report.html and run.json (a report error only warns).
 
-    resume: continue a killed or failed run into OUTPUT: the units its committed stages finished
-    are reused, not read again (dsdata/beam/resume.py); ResumeRefused (nothing touched) when OUTPUT's
-    committed work is another recipe's or other inputs'.  Every local run commits such work as it
-    goes, and removes it when it succeeds.
-
-    max_errors: how many records may be rejected with reason `error` (their processing raised):
-    a count ("25") or a share of the input ("0.1%", the default).  Over it the outputs are still
-    written, then ErrorBudgetExceeded is raised.  An environment error (a stage's setup() fails, a
-    module or model is missing) raises StageEnvironmentError.
-
-    progress: "lines" / "bar" print live progress every 10 s (see dsdata.report.progress); "off" is silent.
-    OUTPUT/report.html and OUTPUT/run.json are written at the end (a report error only warns).
-    """
+    resume: reuse the units a killed or failed run into OUTPUT committed (dsdata/beam/resume.py;
+    ResumeRefused when they are another recipe's or inputs').  max_errors: records that may be
+    rejected with reason `error`, a count ("25") or a share ("0.1%", the default); over it the
+    outputs are written, then ErrorBudgetExceeded raised.  A stage's environment error raises
+    StageEnvironmentError.  progress: "lines" / "bar" (dsdata.report.progress) or "off"."""
     if output is None:  # the recipe's own output may not leave the working directory (recipe_output)
         output = recipe.output if is_remote(recipe.output) else recipe_output(recipe)
     if not recipe.inputs_checked:  # called from Python with a recipe nobody checked: the CLI's checks

@@ -10,14 +10,10 @@
 Every document passes through unchanged as kept; nothing is rejected.  How shards are cut and why:
 dsdata/stages/shards.py; the file layout: dsdata/shards/format.py.
 
-Memory: a shard's documents cannot be placed before the per-bucket token totals are known (the
-shard count n comes from them), and a runner holds a PCollection that waits for a side input; when
-the records themselves waited (and then crossed a GroupByKey), every token id of the corpus was in
-the in-process runner's memory at once (11.7 GB peak at 1M documents).  Now only file names and
-counts wait and shuffle; the token ids stay in spill files under RUN_DIR/.spill/shards (on the
-same storage as the output, so the workers of a cluster all reach them; dsdata/beam/spill.py), are
-written twice (parked, then cut per shard) and read twice, and a worker holds at most one spill file
-(≤ SPILL_FILE_BYTES) or one shard at a time.
+Memory: no document can be placed before the per-bucket token totals are known, so the token ids
+wait in spill files under RUN_DIR/.spill/shards (dsdata/beam/spill.py), not in the runner; only
+file names and counts wait and shuffle, and a worker holds one spill file (≤ SPILL_FILE_BYTES) or
+one shard at a time.
 """
 from __future__ import annotations
 

@@ -16,10 +16,13 @@ import datetime as _dt
 import os
 import struct
 import uuid
+import zlib
 from decimal import Decimal
 from typing import Any, Iterator
 
+import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
 
 SPILL_DIR = ".spill"
 _LEN = struct.Struct("<I")
@@ -283,3 +286,112 @@ def remove_spill(run_dir: str) -> None:
     matches = FileSystems.match([FileSystems.join(path, "**")])[0].metadata_list
     if matches:
         FileSystems.delete([m.path for m in matches])
+
+
+# Spilled grouping: a bundle's (key, value) records go to its spill file in runs of one partition
+# (crc32 of the key's encoding mod GROUP_PARTITIONS), flushed once GROUP_PENDING_BYTES wait; only
+# (partition, (file, offset, length, input)) entries cross the runner's GroupByKey, and each
+# partition is read back and grouped in memory: a worker holds 1/GROUP_PARTITIONS of the records,
+# the in-process runner none of them (its GroupByKey keeps every value as a Python object).
+GROUP_PARTITIONS = 64
+GROUP_PENDING_BYTES = 16 << 20
+
+
+class _SpillRuns(beam.DoFn):
+    def __init__(self, spill_dir: str, source: int):
+        self.spill_dir, self.source = spill_dir, source
+
+    def setup(self):
+        make_private_dir(self.spill_dir)
+
+    def start_bundle(self):
+        self._pending: dict[int, bytearray] = {}
+        self._bytes, self._fh, self._runs = 0, None, []
+
+    def process(self, item):
+        key, value = item
+        record = encode((key, value))
+        run = self._pending.setdefault(zlib.crc32(encode(key)) % GROUP_PARTITIONS, bytearray())
+        run += _LEN.pack(len(record))
+        run += record
+        self._bytes += len(record) + 4
+        if self._bytes >= GROUP_PENDING_BYTES:
+            self._flush()
+        return ()
+
+    def _flush(self):
+        if self._fh is None:
+            self._name = spill_name(new_bundle_id(), "group")
+            self._path = FileSystems.join(self.spill_dir, self._name)
+            self._fh, self._offset = FileSystems.create(self._path), 0
+        try:
+            for partition, run in sorted(self._pending.items()):
+                self._fh.write(run)
+                self._runs.append((partition, (self._name, self._offset, len(run), self.source)))
+                self._offset += len(run)
+        except OSError as exc:
+            raise _named(exc, self._path)
+        self._pending, self._bytes = {}, 0
+
+    def finish_bundle(self):
+        if self._pending:
+            self._flush()
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError as exc:
+                raise _named(exc, self._path)
+        for run in self._runs:
+            yield GlobalWindows.windowed_value(run)
+        self._fh, self._runs = None, []
+
+
+class _GroupRuns(beam.DoFn):
+    def __init__(self, spill_dir: str, sources: int):
+        self.spill_dir, self.sources = spill_dir, sources
+
+    def process(self, item):
+        groups: dict[Any, list[list]] = {}
+        for key, value, source in self._records(sorted(item[1])):
+            groups.setdefault(key, [[] for _ in range(self.sources)])[source].append(value)
+        yield from groups.items()
+
+    def _records(self, runs):
+        """(key, value, input) of each record in `runs`, sorted by file and offset: each file opened once."""
+        fh = name = None
+        try:
+            for run_name, offset, length, source in runs:
+                if run_name != name:
+                    if fh is not None:
+                        fh.close()
+                    name, fh = run_name, FileSystems.open(FileSystems.join(self.spill_dir, run_name))
+                fh.seek(offset)
+                data, pos = fh.read(length), 0
+                if len(data) < length:
+                    raise SpillFormatError(f"{name}: a run cut short")
+                while pos < length:
+                    (n,) = _LEN.unpack_from(data, pos)
+                    key, value = decode(data[pos + 4: pos + 4 + n])
+                    pos += 4 + n
+                    yield key, value, source
+        finally:
+            if fh is not None:
+                fh.close()
+
+
+class SpilledGroupByKey(beam.PTransform):
+    """GroupByKey (one PCollection: (key, [values])) or CoGroupByKey (a dict of them: (key, {tag:
+    [values]})) whose records wait in spill files under `spill_dir`, not in the runner; keys and
+    values must be spillable (plain values)."""
+
+    def __init__(self, spill_dir: str):
+        super().__init__()
+        self.spill_dir = spill_dir
+
+    def expand(self, pcolls):
+        tags = list(pcolls) if isinstance(pcolls, dict) else None
+        inputs = [pcolls[t] for t in tags] if tags else [pcolls]
+        runs = tuple(p | f"Spill{i}" >> beam.ParDo(_SpillRuns(self.spill_dir, i)) for i, p in enumerate(inputs))
+        return (runs | "Runs" >> beam.Flatten() | "ByPartition" >> beam.GroupByKey()
+                | "Group" >> beam.ParDo(_GroupRuns(self.spill_dir, len(inputs)))
+                | "Values" >> beam.MapTuple(lambda key, lists: (key, dict(zip(tags, lists)) if tags else lists[0])))

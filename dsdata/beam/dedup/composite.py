@@ -1,64 +1,36 @@
 """Whole-corpus deduplication as one composite Beam transform: exact + MinHash-LSH near duplicates.
 
-Steps (each a Beam shuffle; no step ever holds the corpus in one process):
+1. **Signatures** — batches of documents get their MinHash signatures (numba kernels when installed,
+   else numpy; same values) and a *node key* `[score prefix] id \x1f exact-hash` whose string order
+   is the keep order (lowest id, or highest score then lowest id): a cluster keeps its smallest node.
+2. **Exact** — group by the 128-bit hash of the normalised text; members link to the group's
+   smallest node, which alone goes on to LSH.
+3. **Candidates** — one (band key → node) element per band; each bucket of k ≥ 2 nodes yields a
+   star of k − 1 candidate links from its smallest node.
+4. **Candidate components** — alternating large-star / small-star rounds (Kiveris et al. 2014),
+   `cc_rounds` of them; a component still not a star after them (counter
+   `dsdata.dedup/cc_unconverged_nodes`) is verified in parts: fewer removals, never a lost document.
+5. **Verify** (`verify: exact`, the default: true Jaccard of the distinct shingle hashes;
+   `signature`: the MinHash estimate; `none`: candidate components are the clusters) — each
+   component's members meet once with their band keys and data, buckets are rebuilt and candidate
+   pairs verified with a union-find, so each document's data travels once (joining it onto every
+   pair shuffled ~k² shingle sets for k near-copies).
+6. **Decide** — exact duplicates take their representative's label; the label node is kept, the
+   others rejected as `exact_duplicate` or `near_duplicate`.
 
-1. **Signatures** — documents are batched (`BatchElements`) and a `MinHasher` computes every batch's
-   signatures in one pass (numba kernels when installed, else vectorised numpy; same values).  Each document gets a *node key*
-   `[score prefix] id \\x1f exact-hash`, whose string order is the keep order (lowest id, or highest
-   score then lowest id), so "keep the smallest node of a cluster" implements the keep rule.
-2. **Exact** — group by the 128-bit hash of the normalised text; every member links to the group's
-   smallest node, and only that node goes on to LSH.
-3. **Candidates** — every representative emits one (band key → node) element per band;
-   `GroupByKey` forms the buckets, and each bucket of k ≥ 2 nodes yields a star of k − 1
-   *candidate links* from its smallest node (node keys only, ~100 bytes a link).
-4. **Candidate components** — connected components of the candidate links: alternating
-   *large-star* and *small-star* rounds (Kiveris et al., "Connected Components in MapReduce and
-   Beyond", 2014), each one `GroupByKey` over the links, unrolled `cc_rounds` times.  They turn every
-   component into a star around its smallest node in O(log² n) rounds (a handful in practice:
-   candidate clusters have small diameters).  If a component is not a star after the last round
-   (counter `dsdata.dedup/cc_unconverged_nodes`), it is split into several groups below: pairs
-   across them go unverified — fewer removals, never a lost document.
-5. **Verify inside each candidate component** (`verify: exact`, the default, or `signature`;
-   `none` takes the candidate components as the clusters) — a `CoGroupByKey` on node attaches each
-   member's band keys and verification data, and a `GroupByKey` on the component label brings the
-   component's members together, each exactly once.  There the band buckets are rebuilt, candidate
-   pairs verified against the threshold with a union-find (pairs already connected are skipped),
-   and the verified clusters labelled by their smallest node.  `exact` carries each document's
-   distinct shingle hashes (4 bytes per distinct shingle) and computes true Jaccard; `signature`
-   carries the signature (num_perm × 4 bytes) and uses its estimate, whose standard deviation
-   (±0.035 at J = 0.8 with 128 permutations) lets pairs just below the threshold in and some just
-   above it out.  Every candidate pair lies inside one candidate component, so this finds exactly
-   the clusters that verifying every candidate pair globally would, while each document's data
-   travels once (an earlier version joined both documents' data onto every candidate pair: a cluster
-   of k near-copies then shuffled ~k² shingle sets, and 200,000 documents did not fit in 24 GB).
-6. **Decide** — exact duplicates take their representative's cluster label; nodes are grouped by
-   label for the cluster size.  With a spill directory (the stage's default, `spill: true`) the
-   documents never entered the shuffles: step 1 parked each bundle's documents in one spill file
-   under RUN_DIR/.spill (dsdata/beam/spill.py) and emitted only a `where` record (node → file).  A
-   `CoGroupByKey` on node routes each cluster member's decision to its file, and each file is then
-   read once with its (few) decisions: the label node is kept, the others are rejected as
-   `exact_duplicate` (same normalised text as the kept one) or `near_duplicate`; a document without
-   a decision is a singleton and kept.  A node with several documents (same id and text, possibly
-   in several files) and a document whose metadata the spill format cannot carry go the other way:
-   joined with their decisions in a shuffle, as with `spill: false`, where every document travels
-   through a final `CoGroupByKey` on node.
+With a spill directory (`spill: true`, the default) step 1 parks each bundle's documents in spill
+files under RUN_DIR/.spill (dsdata/beam/spill.py) and emits a `where` record (node → file);
+decisions are routed to the files, each read once.  A node with several documents (same id and text)
+or a document the spill format cannot carry is joined with its decision in a shuffle instead, as
+every document is with `spill: false`.  The groupings with a record per document, band or candidate
+(steps 2, 3, 5 and the `where` join) wait in spill files too (spill.SpilledGroupByKey), so the
+in-process runner holds no per-document state.
 
-Memory: per worker, one signature batch (`batch_size` × num_perm × 4 bytes plus the batch's text)
-and one group at a time — an exact-duplicate group, a band bucket or a node's neighbourhood in the
-component rounds (node keys, ~40 bytes each), or one candidate component with its verification
-data (bands × 8 bytes + ~4 bytes per distinct shingle per member: ~1.5 KB for a 2 KB document).  A
-worker therefore needs memory proportional to the largest candidate component (counter
-distribution `dsdata.dedup/candidate_component_size`), not to the corpus; a corpus where chance
-band collisions chain most documents into one component (extremely templated pages) would make that
-group large — raise `threshold` or the rows per band there.  Shuffled volume grows linearly with the
-corpus: per document one exact record, one `where` record, `bands` bucket entries (~50 bytes each)
-and its verification data once; candidate links exist only for colliding documents.  The documents
-themselves are written once and read once (spill files; with `spill: false` they are shuffled once
-more, for the final join).  On the in-process DirectRunner the runner process itself holds the
-shuffles, so its memory still grows with the corpus, but by the keys, not by the text
-(docs/memory.md has measured peaks); distributed runners spill their shuffles to disk.  Spill files
-must be reachable from every worker: on a cluster the run directory is a shared or object-store path
-anyway, since every worker writes the outputs there.
+Memory per worker: one signature batch, one group (an exact group, a bucket, a node's neighbourhood,
+a candidate component with its data: ~1.5 KB per 2 KB document) and 1/GROUP_PARTITIONS of a spilled
+grouping; the largest candidate component (distribution `dsdata.dedup/candidate_component_size`)
+bounds it, not the corpus.  Spill files must be reachable from every worker (a shared or
+object-store run directory on a cluster, as for the outputs).
 """
 from __future__ import annotations
 
@@ -81,7 +53,7 @@ from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json, pack_document, unpack_document
 from dsdata.stages.dedup import DedupConfig
 from dsdata.beam.park import FlattenParked, parked_sibling
-from dsdata.beam.spill import (SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
+from dsdata.beam.spill import (SpilledGroupByKey, SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
                              spill_directory, spill_name)
 from dsdata.beam.spill import encode as spill_encode
 from dsdata.beam.counters import stage_counter
@@ -148,56 +120,38 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
         self.hasher = MinHasher(c.num_perm, c.ngram, c.char_ngram, c.seed)
         self.no_shingles = Metrics.counter("dsdata.dedup", "docs_without_shingles")
         self.spilled = Metrics.counter("dsdata.dedup", "docs_spilled")
-        self._bundle, self._writers = None, {}  # this bundle's id and its spill files by kind
+        self._bundle, self._writer = None, None  # this bundle's id and docs file
         if c.spill_dir:
             make_private_dir(c.spill_dir)
 
     def finish_bundle(self):
         super().finish_bundle()  # the stage's CPU time (StageCounters)
-        # The bundle's spill files are complete before any reader runs (readers wait for shuffles).
-        if "docs" in self._writers:
-            self.spilled.inc(self._writers["docs"].records)
-        for writer in self._writers.values():
-            writer.close()
-        self._bundle, self._writers = None, {}
-
-    def _spill_to(self, kind: str) -> SpillWriter:
-        """This bundle's spill file of `kind` (docs or verify), opened on first use."""
-        if self._bundle is None:
-            self._bundle = new_bundle_id()
-        writer = self._writers.get(kind)
-        if writer is None:
-            writer = self._writers[kind] = SpillWriter(self.cfg.spill_dir, spill_name(self._bundle, kind))
-            if kind == "docs":  # every docs file is read once, decisions or not
-                self._new_bundles.append(self._bundle)
-        return writer
+        # The bundle's spill file is complete before any reader runs (readers wait for shuffles).
+        if self._writer is not None:
+            self.spilled.inc(self._writer.records)
+            self._writer.close()
+        self._bundle, self._writer = None, None
 
     def _park(self, item: "_Park") -> list:
-        """Where a document waits for its decision and its verification data for its component.
-
-        With a spill directory: both go to this bundle's spill files and only a `where` record
-        (node → bundle, and whether the document is in its file) is emitted; a document with a value
-        the spill format cannot carry goes into the shuffle instead (its verification data, plain
-        bytes, is still spilled).  Without one: both are emitted into the shuffles."""
+        """The document's verification data goes to the component join; with a spill directory the
+        document goes to this bundle's spill file and a `where` record (node → (bundle, in its
+        file?)) is emitted (an unspillable document goes into the shuffle)."""
         node, fields, verification = item
-        if not self.cfg.spill_dir:
-            out = [(node, fields)]
-            if verification is not None:
-                out.append(beam.pvalue.TaggedOutput(_SIGNATURES, (node, verification)))
-            return out
+        out = [] if verification is None else [beam.pvalue.TaggedOutput(_SIGNATURES, (node, verification))]
         try:
-            record = spill_encode((node, fields))
+            record = spill_encode((node, fields)) if self.cfg.spill_dir else None
         except Unspillable:
             record = None
-        out = []
-        if record is not None:
-            self._spill_to("docs").write_encoded(record)
-        else:
+        if record is None:
             out.append((node, fields))
-        if verification is not None:
-            self._spill_to("verify").write((node, *verification))
-        # A document neither spilled nor with verification data names no file (in_file False).
-        out.append(beam.pvalue.TaggedOutput(_WHERE, (node, (self._bundle, record is not None))))
+        else:
+            if self._writer is None:  # every docs file is read once, decisions or not
+                self._bundle = new_bundle_id()
+                self._writer = SpillWriter(self.cfg.spill_dir, spill_name(self._bundle, "docs"))
+                self._new_bundles.append(self._bundle)
+            self._writer.write_encoded(record)
+        if self.cfg.spill_dir:
+            out.append(beam.pvalue.TaggedOutput(_WHERE, (node, (self._bundle, record is not None))))
         return out
 
     def process(self, batch: list[Document]):
@@ -321,15 +275,10 @@ def _similarity(x: np.ndarray, y: np.ndarray, mode: str) -> float:
 
 @ANY_OUTPUT
 class _VerifyComponent(beam.DoFn):
-    """One candidate component → (node, cluster label) for every node of a verified cluster of ≥ 2.
-
-    The component's members arrive together, each once, with their band keys and verification data;
-    the band buckets are rebuilt locally and candidate pairs verified with a union-find: a pair whose
-    nodes are already connected is not verified again (so a bucket of k true duplicates costs k − 1
-    verifications, not k²/2), which leaves the connected components unchanged.  Buckets of up to
-    `_ALL_PAIRS_LIMIT` nodes offer all their pairs (one chance collision cannot hide a true pair behind
-    a failed star edge), larger ones a star from their smallest node.  A pair whose set sizes alone
-    rule out the threshold (J ≤ min/max) is dropped without an intersection."""
+    """One candidate component → (node, cluster label) for every node of a verified cluster of ≥ 2:
+    its buckets rebuilt, candidate pairs verified with a union-find that skips pairs already
+    connected (k − 1 checks for k copies, not k²/2); buckets of up to _ALL_PAIRS_LIMIT offer all
+    pairs, larger ones a star; a pair whose set sizes rule out the threshold is not intersected."""
 
     def __init__(self, threshold: float, mode: str, stage_name: str = "dedup"):
         self.threshold, self.mode, self.stage_name = threshold, mode, stage_name
@@ -581,11 +530,9 @@ def _timed(records, counter, chunk: int = 64):
 
 
 def _route_decision(item):
-    """(node, {where, decision}) → what the reader of the node's spill file needs: (bundle, (node,
-    decision)) for a spilled node in a cluster, nothing for a spilled singleton (the reader keeps it).
-    A node with several documents (same id and text) or one that waits in the shuffle is decided
-    by _Decide with all its documents together, as without spilling: its files are told to hand
-    it back (decision None) and its decision goes to the regroup join."""
+    """(node, {where, decision}) → (bundle, (node, decision)) for a spilled node in a cluster, nothing
+    for a spilled singleton (kept by its file's reader).  A node with several documents or one in the
+    shuffle: its files hand it back (decision None), its decision goes to the regroup join."""
     node, grouped = item
     wheres, decisions = list(grouped["where"]), list(grouped["decision"])
     decision = decisions[0] if decisions else None
@@ -597,37 +544,6 @@ def _route_decision(item):
         yield bundle, (node, None)
     if decision is not None:
         yield beam.pvalue.TaggedOutput(_REGROUP, (node, decision))
-
-
-def _route_verification(item):
-    """(node, {label, where}) → (bundle, (node, component label)) for a node of a candidate
-    component: the bundle whose verify file holds its data (one of them if the node has several
-    documents: the same text, the same data)."""
-    node, grouped = item
-    labels = list(grouped["label"])
-    bundles = [bundle for bundle, _ in grouped["where"] if bundle is not None]
-    if labels and bundles:
-        yield min(bundles), (node, labels[0])
-
-
-class _ReadVerification(beam.DoFn):
-    """One bundle's verify file and the component labels of its candidate nodes → (label, (node,
-    band keys, verification data)) for each of them, as _to_component gives without spilling."""
-
-    def __init__(self, spill_dir: str, stage_name: str):
-        self.spill_dir, self.stage_name = spill_dir, stage_name
-
-    def setup(self):
-        self._cpu_counter = Metrics.counter(f"dsdata.{self.stage_name}", CPU_COUNTER)
-
-    def process(self, item):
-        bundle, nodes = item
-        labels = dict(nodes)
-        records = read_spill(FileSystems.join(self.spill_dir, spill_name(bundle, "verify")))
-        for node, bands, payload in _timed(records, self._cpu_counter):
-            label = labels.pop(node, None)
-            if label is not None:
-                yield label, (node, bands, payload)
 
 
 class _DecideSpilled(_Decide):
@@ -669,7 +585,7 @@ class DedupTransform(beam.PTransform):
         )
         exact = (
             out[_RECORDS]
-            | "ExactGroup" >> beam.GroupByKey()
+            | "ExactGroup" >> self._group()
             | "ExactPick" >> beam.ParDo(_ExactGroups()).with_outputs("edges", main="reps")
         )
         if c.near:
@@ -690,6 +606,13 @@ class DedupTransform(beam.PTransform):
         )
         return self._decided(out, decisions)
 
+    def _group(self) -> beam.PTransform:
+        """GroupByKey over a record per document, band or candidate: with a spill directory its
+        records wait in spill files (spill.SpilledGroupByKey), not in the runner."""
+        if self.cfg.spill_dir:
+            return SpilledGroupByKey(self.cfg.spill_dir)
+        return beam.GroupByKey()
+
     def _near_labels(self, reps, out):
         """(node, component label) for every exact group's representative: LSH buckets give
         candidate components, which are verified by their documents' similarity unless verify=none."""
@@ -697,31 +620,21 @@ class DedupTransform(beam.PTransform):
         candidate_labels = (
             reps
             | "BandItems" >> beam.FlatMap(_band_items)
-            | "Buckets" >> beam.GroupByKey()
+            | "Buckets" >> self._group()
             | "BucketStars" >> beam.FlatMap(_bucket_star)
             | "DistinctCandidates" >> beam.Distinct()
             | "CandidateComponents" >> ConnectedComponents(c.cc_rounds)
         )
         if c.verify == "none":
             return candidate_labels
-        if c.spill_dir:
-            # Only candidate nodes' data is read back, from the bundles' verify files.
-            members = (
-                {"label": candidate_labels, "where": out[_WHERE]}
-                | "LocateComponentData" >> beam.CoGroupByKey()
-                | "RouteComponentData" >> beam.FlatMap(_route_verification)
-                | "ByVerifyFile" >> beam.GroupByKey()
-                | "ReadComponentData" >> beam.ParDo(_ReadVerification(c.spill_dir, c.stage_name))
-            )
-        else:
-            members = (
-                {"label": candidate_labels, "data": out[_SIGNATURES]}
-                | "JoinComponentData" >> beam.CoGroupByKey()
-                | "ToComponent" >> beam.FlatMap(_to_component)
-            )
+        members = (
+            {"label": candidate_labels, "data": out[_SIGNATURES]}
+            | "JoinComponentData" >> (SpilledGroupByKey(c.spill_dir) if c.spill_dir else beam.CoGroupByKey())
+            | "ToComponent" >> beam.FlatMap(_to_component)
+        )
         return (
             members
-            | "ComponentGroup" >> beam.GroupByKey()
+            | "ComponentGroup" >> self._group()
             | "VerifyComponent" >> beam.ParDo(_VerifyComponent(c.threshold, c.verify, c.stage_name))
         )
 
@@ -734,7 +647,7 @@ class DedupTransform(beam.PTransform):
             # Documents wait in spill files; only node keys and decisions meet here (see _park).
             routed = (
                 {"where": out[_WHERE], "decision": decisions}
-                | "JoinWhere" >> beam.CoGroupByKey()
+                | "JoinWhere" >> SpilledGroupByKey(c.spill_dir)
                 | "Route" >> beam.FlatMap(_route_decision).with_outputs(_REGROUP, main="to_files")
             )
             from_files = (

@@ -6,7 +6,7 @@ UrlDedup     documents with the same normalised URL (dsdata/dedup/spans.py) form
              without a URL pass untouched.
 LineDedup    corpus-wide: every unit (line, or C4's three-sentence span) belongs to the first
              document containing it in keep order; later documents lose it.  Unit keys shuffle
-             (one 8-byte key and a document key per unit), documents meet their drop lists in a
+             (one 8-byte key and a document key per unit; in spill files with `spill: true`), documents meet their drop lists in a
              CoGroupByKey on the document key.  A document left with fewer than `min_doc_chars`
              characters is rejected `duplicate_lines`; the others are kept with `dup_lines_removed`.
 
@@ -21,6 +21,7 @@ import apache_beam as beam
 
 from dsdata.beam.dedup.composite import node_key
 from dsdata.beam.park import FlattenParked, parked_sibling
+from dsdata.beam.spill import SpilledGroupByKey
 from dsdata.beam.transforms import KEPT, REJECTED
 from dsdata.dedup.minhash import exact_hash
 from dsdata.dedup.spans import normalise_url, remove_units, unit_keys
@@ -137,7 +138,7 @@ class LineDedup(ConfiguredStep):
             keyed
             | "UnitKeys" >> beam.FlatMap(lambda kd: {(unit, kd[0]) for unit, _ in unit_keys(
                 unpack_document(kd[1]).text, c.lines_unit, c.lines_min_chars)})
-            | "UnitGroups" >> beam.GroupByKey()
+            | "UnitGroups" >> (SpilledGroupByKey(c.spill_dir) if c.spill_dir else beam.GroupByKey())
             | "UnitOwners" >> beam.FlatMap(_unit_owners)
         )
         out = (
