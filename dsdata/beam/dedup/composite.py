@@ -56,7 +56,6 @@ from dsdata.beam.park import FlattenParked, parked_sibling
 from dsdata.beam.spill import (SpilledGroupByKey, SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
                              spill_directory, spill_name)
 from dsdata.beam.spill import encode as spill_encode
-from dsdata.beam.counters import stage_counter
 
 log = logging.getLogger("dsdata")
 
