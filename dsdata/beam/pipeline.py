@@ -283,12 +283,13 @@ def _prepare_output(output: str) -> None:
     DIR may be remote (s3://, gs://): a folder there is the objects under its prefix."""
     # Which stage wrote a side output is known only to the stage classes: ask them (importing every
     # stage module) only where there is an earlier run's output to clear (dot-entries: the lock, .spill/).
-    fresh = "://" not in output and not (os.path.isdir(output) and any(n[:1] != "." for n in os.listdir(output)))
+    remote = is_remote(output)
+    fresh = not remote and not (os.path.isdir(output) and any(n[:1] != "." for n in os.listdir(output)))
     sides = [] if fresh else registered_side_outputs()
     folders = ["kept", "rejected", *(s.name for s in sides if s.directory)]
     files = ["stats.json", INCOMPLETE_NAME, *(s.name for s in sides if not s.directory)]
     remove_spill(output)
-    if "://" in output:
+    if remote:
         location.make_dirs(output)
         for sub in folders:
             location.remove_tree(location.join(output, sub))
