@@ -218,3 +218,20 @@ def test_a_killed_runs_spill_is_cleared_by_the_next_run(tmp_path):
     (stale / "old.spill").write_bytes(b"junk")
     _run(tmp_path, "on", True, [])
     assert not (tmp_path / "on" / spill.SPILL_DIR).exists()
+
+
+def test_the_spilled_grouping_gives_its_shuffle_a_declared_type_and_groups_every_record(tmp_path):
+    """The runs that cross the runner's GroupByKey carry their declared type (an int partition key,
+    not a type Beam infers from process()'s bytecode at graph-build time), and the grouping is exact."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+    from apache_beam.typehints import Tuple
+
+    records = [(f"k{i % 7}", i) for i in range(200)]
+    with beam.Pipeline() as p:
+        runs = p | beam.Create(records) | beam.ParDo(spill._SpillRuns(str(tmp_path / "spill"), 0))
+        assert runs.element_type == Tuple[int, Tuple[str, int, int, int]]
+        grouped = (p | "Again" >> beam.Create(records) | spill.SpilledGroupByKey(str(tmp_path / "spill2"))
+                   | beam.MapTuple(lambda key, values: (key, sorted(values))))
+        expected = [(f"k{k}", [i for i in range(200) if i % 7 == k]) for k in range(7)]
+        assert_that(grouped, equal_to(expected))

@@ -18,7 +18,7 @@ import struct
 import uuid
 import zlib
 from decimal import Decimal
-from typing import Any, Iterator
+from typing import Any, Iterator, Tuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -297,6 +297,9 @@ GROUP_PARTITIONS = 64
 GROUP_PENDING_BYTES = 16 << 20
 
 
+# Declared, not inferred: Beam would otherwise infer it from process()'s bytecode, recursing into
+# encode() (over a CPU-second per grouping when the graph is built); the int key gets VarIntCoder.
+@beam.typehints.with_output_types(Tuple[int, Tuple[str, int, int, int]])
 class _SpillRuns(beam.DoFn):
     def __init__(self, spill_dir: str, source: int):
         self.spill_dir, self.source = spill_dir, source
