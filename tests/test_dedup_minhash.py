@@ -175,3 +175,15 @@ def test_numpy_backend_is_used_when_numba_is_disabled():
     assert out == "numpy"
     with pytest.raises(ValueError, match="backend must be one of"):
         MinHasher(backend="gpu")
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.uint32, np.int64])
+def test_sorted_distinct_is_numpys_unique(dtype):
+    from dsdata.dedup.minhash import sorted_distinct
+
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 3, 50, 5000):
+        for high in (2, 40, 1 << 30):
+            values = rng.integers(0, high, size=n).astype(dtype)
+            got, want = sorted_distinct(values), np.unique(values)
+            assert got.dtype == want.dtype and got.tolist() == want.tolist()
