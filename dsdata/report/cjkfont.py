@@ -46,7 +46,7 @@ def embedded_font(page: str) -> tuple[str, str]:
     except ImportError as exc:
         return "", (f"This page shows {len(wanted)} CJK characters with the fonts of the machine that opens it; "
                     f"to embed them, install fontTools ({exc}).")
-    font = TTFont(FONT_FILE)
+    font = TTFont(FONT_FILE, lazy=True)  # tables parsed as the subsetter reaches them: less memory
     cmap = font.getBestCmap()
     present = sorted(ch for ch in wanted if ord(ch) in cmap)
     missing = sorted(wanted - set(present))

@@ -108,16 +108,21 @@ def _open_parquet(path: str):
     import pyarrow as pa
 
     fs = files_for(path)
+    # Read through a small buffer, page by page, not a whole column chunk at a time: the text
+    # column is read only for its lengths (text_row_lengths), and a row group holds ~16 MB of it.
+    opts = {"pre_buffer": False, "buffer_size": 1 << 20}
     if fs is not LOCAL:
         # A seekable handle: pyarrow reads the footer and the column chunks it needs, not the file.
-        return pq.ParquetFile(fs.open(path))
+        return pq.ParquetFile(fs.open(path), **opts)
     # As bytes: pyarrow writes a str path as UTF-8, and OUT's path need not be.
-    return pq.ParquetFile(pa.OSFile(os.fsencode(path)))
+    return pq.ParquetFile(pa.OSFile(os.fsencode(path)), **opts)
 
 
 # Text bytes from which utf8_lengths hands the column to pyarrow.compute (whose import costs more
 # than Python's len() over a small sample).
 UTF8_COMPUTE_BYTES = 2 << 20
+# Rows of text decoded at a time (kept lengths, rejected examples).
+TEXT_BATCH_ROWS = 1024
 
 
 def utf8_lengths(column, compute_bytes: int | None = None) -> Any:
@@ -169,10 +174,11 @@ class KeptSample:
                 break
         tables = []
         for f, i, _ in chosen:
-            cols = wanted + (["text"] if "text" in names else [])
-            t = f.read_row_group(i, columns=cols)
-            if "text" in cols:
-                t = t.append_column("text_length", utf8_lengths(t.column("text"))).drop(["text"])
+            t = f.read_row_group(i, columns=wanted)
+            if "text" in names:
+                # The text a batch at a time, for its lengths only: never a row group's text at once.
+                batches = f.iter_batches(batch_size=TEXT_BATCH_ROWS, row_groups=[i], columns=["text"], use_threads=False)
+                t = t.append_column("text_length", pa.concat_arrays([utf8_lengths(b.column(0)) for b in batches]))
             tables.append(t)
         if tables:
             table = pa.concat_tables(tables, promote_options="default")
@@ -236,8 +242,12 @@ def rejected_examples(output: str, wanted: Iterable[tuple[str, str]], per_reason
                     rows.append((j, key))
             if not rows:
                 continue
-            # Only now read the heavy text column, and only of this row group.
-            group = f.read_row_group(i, columns=cols).take([j for j, _ in rows]).to_pylist()
+            # Only now read the heavy text column, of this row group, a batch at a time.
+            group, start, want = [], 0, [j for j, _ in rows]
+            for batch in f.iter_batches(batch_size=TEXT_BATCH_ROWS, row_groups=[i], columns=cols, use_threads=False):
+                picked = [j - start for j in want if start <= j < start + len(batch)]
+                group += batch.take(picked).to_pylist() if picked else []
+                start += len(batch)
             for row, (_, key) in zip(group, rows):
                 text = row.get("text") or ""
                 found.setdefault(key, []).append({
