@@ -1,14 +1,10 @@
 """The output directory of a run: checked writable up front, and locked while a run writes it.
 
-Two runs writing one OUT interleave their part files and each deletes the other's outputs when it
-starts; both used to report success.  A run takes `OUT/.dsdata.lock`: a file holding the owner's
-pid, host and start time, with an exclusive `flock` on it for the run's lifetime.  The kernel drops
-the flock when its process dies (killed, crashed, the machine rebooted), so a lock left behind by a
-dead run is stale by construction and is taken over; a second live run is refused with one line
-naming the holder.  Where the file system has no flock, the pid decides: a lock whose pid is dead on
-this host is taken over, any other is respected.
-
-Remote outputs (gs://, s3://) are not locked: object stores have no exclusive create here.
+A run takes `OUT/.dsdata.lock` (the owner's pid, host and start time) with an exclusive `flock` for
+its lifetime.  The kernel drops the flock when its process dies, so a lock left by a dead run is
+taken over; a second live run is refused with one line naming the holder.  Where the file system has
+no flock, a lock whose pid is dead on this host is taken over, any other respected.  Remote outputs
+are not locked: object stores have no exclusive create here.
 """
 from __future__ import annotations
 
@@ -155,5 +151,5 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True

@@ -3,13 +3,9 @@
   dsdata shards export --format megatron|mds|hf SRC DST      → DST/<format>/ (one folder per format)
   shards stage option  export: [megatron, …]                 → RUN_DIR/export/<format>/
 
-Each format folder is written under a hidden temp name beside its target and renamed into place when
-complete (an older export there is replaced only then; a folder the export did not write is never
-replaced: dsdata/shards/export/files.py), with the shards' tokenizer in <format>/tokenizer/ and
-`export.json` (what was exported from which manifest) written inside it last.  The shard set is
-verified shard by shard as it is read (dsdata/shards/export/source.py), so a corrupt shard stops the export
-naming its file; the tokenizer copied is only the files the manifest pins, each checked against its
-sha256 (a changed, missing or added tokenizer file stops the export).
+Each format folder is staged under a hidden temp name and renamed into place when complete
+(files.py), with the shards' tokenizer in <format>/tokenizer/ and `export.json` written last.  Every
+shard and every pinned tokenizer file is verified as it is read: a bad one stops the export.
 """
 from __future__ import annotations
 
