@@ -86,10 +86,8 @@ def write_file_in_out(directory: str, name: str, text: str | bytes, durable: boo
                 os.fsync(fh.fileno())
         os.replace(temp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
-        except FileNotFoundError:
-            pass
         raise
     if durable:
         sync_dir(directory)

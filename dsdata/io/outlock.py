@@ -8,6 +8,7 @@ are not locked: object stores have no exclusive create here.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -15,7 +16,6 @@ import socket
 import stat
 import sys
 import time
-from contextlib import contextmanager
 from typing import Iterator
 
 from dsdata.io.untrusted_files import load_json_file
@@ -68,7 +68,7 @@ def _read_holder(path: str) -> dict:
         return {}
 
 
-@contextmanager
+@contextlib.contextmanager
 def output_lock(directory: str) -> Iterator[str]:
     """Hold OUT's lock for the duration of the block; OutputDirError if a live run holds it."""
     path = os.path.join(directory, LOCK_NAME)
@@ -90,10 +90,8 @@ def output_lock(directory: str) -> Iterator[str]:
         os.write(fd, (json.dumps(me) + "\n").encode("utf-8"))
         yield path
     finally:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass
         os.close(fd)
 
 

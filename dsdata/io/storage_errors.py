@@ -8,6 +8,7 @@ contexts, or the text.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -76,10 +77,8 @@ def tree_bytes(path: str) -> int:
     total = 0
     for folder, _, names in os.walk(path):
         for name in names:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(folder, name)).st_size
-            except OSError:
-                pass
     return total
 
 

@@ -10,6 +10,7 @@ Manifest paths are plain file names: one that would escape the manifest's direct
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -135,17 +136,12 @@ def manifest_bytes(manifest: dict[str, Any]) -> bytes:
     return (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def remove_stale_temp_files(directory: str) -> list[str]:
+def remove_stale_temp_files(directory: str) -> None:
     """Delete temp files a crashed writer left behind (they never carry a final name)."""
-    removed = []
     for name in os.listdir(directory):
         if name.startswith(".") and TEMP_MARK in name:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(directory, name))
-                removed.append(name)
-            except FileNotFoundError:
-                pass
-    return removed
 
 
 @dataclass
@@ -256,7 +252,7 @@ def read_manifest(directory: str) -> dict[str, Any]:
         if resolved in first_entry:
             raise ShardError(f"{path}: shard {shard['file']!r} is listed twice (entries {first_entry[resolved]} and {i})")
         first_entry[resolved] = i
-    vocab = (manifest.get("tokenizer") or {}).get("vocab_size") if isinstance(manifest.get("tokenizer"), dict) else None
+    vocab = manifest_vocab_size(manifest)
     if vocab is not None and not (_is_count(vocab) and vocab > 0):
         raise ShardError(f"{path}: tokenizer.vocab_size must be a positive integer, not {vocab!r}")
     if "token_column" in manifest and not isinstance(manifest["token_column"], str):
