@@ -41,14 +41,11 @@ def check_formats(formats: list[str]) -> list[str]:
 
 
 def copy_tokenizer(source: ShardSource, out_dir: str) -> list[str]:
-    """Copy the shards' tokenizer into out_dir/tokenizer/ (what each trainer needs beside the ids):
-    the bundled files, exactly those the manifest pins, each checked against its sha256 as it is
-    copied.  For a manifest from before bundling, the tokenizer folder it names when its tokenizer.json
-    has the recorded sha256; that manifest pins no other file, so the folder's other tokenizer files
-    (its config and special tokens, which trainers need for eos and padding) are copied as found.
-    ExportError when a pinned file is missing, changed or a link, or the bundle holds a tokenizer
-    file the manifest does not list.  Returns the names copied ([] when an older manifest's
-    tokenizer is not on this machine)."""
+    """Copy the shards' tokenizer into out_dir/tokenizer/: exactly the bundled files the manifest
+    pins, each checked against its sha256 as it is copied (an older manifest: the folder it names,
+    its tokenizer.json checked, its other tokenizer files as found).  ExportError when a pinned file
+    is missing, changed or a link, or the bundle holds one the manifest does not list.  Returns the
+    names copied ([] when an older manifest's tokenizer is not on this machine)."""
     bundled = bundled_files(source.directory, source.manifest)
     if bundled:
         problems = verify_bundled_tokenizer(source.directory, source.manifest)
