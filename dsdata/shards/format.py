@@ -335,7 +335,7 @@ def _check_inside(path: str, batch: pa.RecordBatch, buffer: pa.Buffer) -> None:
         while stack:
             arr = stack.pop()
             for buf in arr.buffers():
-                if buf is not None and buf.size and not (start <= buf.address and buf.address + buf.size <= end):
+                if buf and buf.size and not (start <= buf.address and buf.address + buf.size <= end):
                     raise ShardError(f"{path}: a buffer of column '{batch.schema.field(position).name}' "
                                      "lies outside the file (tampered Arrow metadata)")
             if isinstance(arr, (pa.ListArray, pa.LargeListArray)):
