@@ -1,7 +1,5 @@
-"""How live progress looks on the console, shared by the pipeline (`dsdata run`) and the trainer
-(`python -m dsdata.train`): the `--progress auto|bar|lines|off` choice, the elapsed clock of the
-progress lines, and the tqdm bar.  It imports neither Beam nor torch, so the trainer can use it
-without Beam's start-up (and without Beam installed at all).
+"""How live progress looks on the console, shared by the pipeline and the trainer: the
+`--progress auto|bar|lines|off` choice, the elapsed clock and the tqdm bar.  No Beam, no torch.
 """
 from __future__ import annotations
 

@@ -6,19 +6,15 @@ from __future__ import annotations
 import os
 import re
 
-# What a shown name cannot hold as itself: a backslash (the escape), control characters (C0, DEL
-# and C1: a newline would split a log line or forge one, U+009B starts a terminal escape), the line
-# and paragraph separators (str.splitlines breaks there), and the lone surrogates os.fsdecode makes
-# of bytes that are not UTF-8.
+# What a shown name cannot hold as itself: a backslash (the escape), C0/DEL/C1 controls (a newline
+# would forge a log line, U+009B starts a terminal escape), line separators, lone surrogates.
 _NOT_SHOWN_AS_IS = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 
 def shown_path(path: str) -> str:
-    """A file name as it appears in ids, rows, logs and reports.  Names are bytes: each byte that is
-    not UTF-8 (Python holds it as a lone surrogate, os.fsdecode) and each byte of a control
-    character or line separator is written `\\xNN`, and each backslash doubled, so the shown name
-    is UTF-8 on one line with no control character, and `recovered_path` gives the bytes back,
-    whatever they are; a UTF-8 name without those (nearly every name) is shown unchanged."""
+    """A file name as it appears in ids, rows, logs and reports: each byte that is not UTF-8 and each
+    byte of a control character or line separator written `\\xNN`, each backslash doubled
+    (`recovered_path` gives the bytes back); a plain UTF-8 name is shown unchanged."""
     if not _NOT_SHOWN_AS_IS.search(path):
         return path
     try:

@@ -1,12 +1,9 @@
 """One parameter system for recipe stages and the trainer's config tables.
 
 A `Param` declares one parameter: default, a one-line help, its type (`Integer`, `Number`, `Choice`,
-`ListOf`, `Path` …), whether null means "not set".  A type either returns the value to use or raises
-`BadValue`; `Param.coerce` turns that into one line naming the parameter, e.g. `lang.min_score must
-be a number between 0 and 1, got 'abc'` or `training.steps must be a positive integer, got 0`, with
-"did you mean …?" where a value is close to an accepted one.  Recipe values, `--set` values (YAML or
-TOML scalars and lists) and trainer TOML tables all go through the same check, once, before anything
-runs.  `str(type)` is what `dsdata stages` shows.
+`ListOf`, `Path` …), whether null means "not set".  A type returns the value to use or raises
+`BadValue`; `Param.coerce` turns that into one line naming the parameter (`lang.min_score must be a
+number between 0 and 1, got 'abc'`).  `str(type)` is what `dsdata stages` shows.
 
 A stage declares `params = {name: Param}`; a trainer table is a `Settings` dataclass whose fields
 are Params, read by `parse`.  `Options` holds the typed options of the registry row (attention
@@ -234,11 +231,8 @@ class MappingOf(ParamType):
 
 
 class Path(ParamType):
-    """A file or directory path.  Recipe paths are resolved against the recipe's folder first (and
-    may not leave it); remote URLs (gs://, s3://) are not checked on this machine.
-
-    must_exist: "any" | "dir" | None.  missing: the sentence after the path when it is absent.
-    resolve: maps the given path to the one used (before the existence check)."""
+    """A file or directory path; remote URLs are not checked.  must_exist: "any" | "dir" | None.
+    missing: the sentence after an absent path.  resolve: maps the given path to the one used."""
 
     expect = "a path"
 
@@ -280,13 +274,9 @@ class AnyOf(ParamType):
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter: default, a one-line help, its type.
-
-    nullable: null (None) is accepted as 'off' / 'not set'.  A stage's Path parameters are resolved
-    against the recipe's directory (and may not escape it) when they come from a recipe, and against
-    the working directory when given with --set.  choices: given every parameter's checked value, the
-    values this one (each item, for a list) may take — `Allowed` — or None where they are not known
-    (the language model's labels, read from the model the stage is given)."""
+    """One parameter: default, a one-line help, its type.  nullable: null (None) is accepted as 'off'.
+    choices: given every parameter's checked value, the `Allowed` values of this one (each item, for
+    a list), or None where they are not known."""
 
     default: Any
     help: str

@@ -1,20 +1,11 @@
 """Decompress gzip and zstd input member by member (frame by frame), surviving damage.
 
-Python's `gzip.GzipFile` and zstandard's `stream_reader` raise on damage from inside a `read()` whose
-output they have already produced, so a reader loses the data decoded in that call (all of a small
-file, the last ~64 KiB of a large one), and they cannot continue past the damage.  Gzip members and
-zstd frames are independent: a multi-member file (WARC, concatenated or block-compressed JSONL) can
-be read again from the next member's start.  `decoded_chunks` yields decompressed bytes as soon as
-the decoder produces them, and at a damaged place one `Damage` naming what was lost; then it
-searches the compressed bytes for the next member header, checks that the candidate really decodes,
-and goes on from there.
-
-With `member_ends=True` it also yields `MEMBER_END` where a member (frame) ended and passed its
-check (gzip's CRC-32 and length, zstd's checksum when the frame has one): only there is what the
-member decoded known to be sound.  Deflate and zstd cannot resynchronise inside a member, so after
-damage the decoder may emit garbage for a long way (up to the member's end, where the check fails)
-before it raises; a reader that holds back doubtful lines until it sees `MEMBER_END` or a `Damage`
-can tell data from damage (readers.read_jsonl does).
+Python's gzip and zstandard's stream_reader raise on damage from inside a `read()` whose output is
+then lost, and cannot continue past it.  Members (frames) are independent: `decoded_chunks` yields
+decompressed bytes as the decoder produces them, one `Damage` at a damaged place, then goes on at
+the next member header that really decodes.  With `member_ends=True` it also yields `MEMBER_END`
+where a member passed its check: only there is its output known to be sound (after damage a decoder
+may emit garbage up to the member's end), so a reader can hold doubtful lines until then.
 """
 from __future__ import annotations
 
@@ -25,17 +16,13 @@ from typing import IO, Any, Iterator
 GZIP_MAGIC = b"\x1f\x8b\x08"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _FEED = 1 << 16
-# How far back a resynchronisation search may look into a damaged member (its bytes are kept up to
-# this much; the decoder can notice the damage some way after it).
+# How far back a resynchronisation search may look into a damaged member.
 _RESYNC_WINDOW = 8 << 20
 # A candidate member header counts as real when this much of what follows decodes without error.
 _PROBE = 1 << 14
-# Decompression bombs.  zstd's decoder has no output limit per call, and an RLE block turns 4 bytes
-# into 128 KiB (32768:1): one 64 KiB feed could return 2 GiB at once (a few KB of .zst drove memory
-# to ~2.5 GB).  So zstd is fed _ZSTD_FEED bytes at a time, at most 32 MiB out per call, and a frame
-# whose output passes BOMB_MIN_OUTPUT at over BOMB_RATIO times the compressed bytes fed is a bomb:
-# one `too_large` row, and reading goes on at the next frame.  1032:1 is deflate's own ceiling (no
-# gzip member can pass it), so zstd is held to what gzip can do; real text compresses 3-20:1.
+# Decompression bombs: zstd's decoder has no output limit per call (an RLE block is 32768:1), so zstd
+# is fed _ZSTD_FEED bytes at a time, and a member whose output passes BOMB_MIN_OUTPUT at over
+# BOMB_RATIO (deflate's own ceiling) times the compressed bytes fed is one `too_large` row.
 _ZSTD_FEED = 1 << 10
 BOMB_RATIO = 1032
 BOMB_MIN_OUTPUT = 16 << 20
@@ -105,9 +92,8 @@ def decoded_chunks(path: str, raw: IO[bytes], member_ends: bool = False) -> Iter
 
 
 def _sound_part(decoder, piece: bytes, errors) -> Iterator[bytes]:
-    """What `decoder` (a zlib snapshot from before `piece`) emits from `piece` before the error:
-    fed in small steps, then byte by byte, so the output of the bytes before the damage is not lost
-    with the rest of a 64 KiB feed.  zstd's decoder has no copy(); there the feed's output goes."""
+    """What `decoder` (a zlib snapshot from before `piece`) emits from `piece` before the error, fed
+    in small steps, then byte by byte (zstd's decoder has no copy(): there the feed's output goes)."""
     step = 256
     at = 0
     while at < len(piece):
@@ -179,8 +165,7 @@ def _is_skippable_frame(head: bytes | bytearray) -> bool:
 
 class _MemberReader:
     """One pass over a compressed file: `buf` holds the compressed bytes not yet fed to a decoder,
-    `buf[0]` at file offset `pos`.  `chunks` walks member by member; each damaged place yields one
-    Damage and reading resumes at the next header that really decodes."""
+    `buf[0]` at file offset `pos`; `chunks` walks member by member."""
 
     def __init__(self, raw: IO[bytes], kind: str, member_ends: bool):
         self.raw, self.kind, self.member_ends = raw, kind, member_ends
@@ -200,7 +185,6 @@ class _MemberReader:
                 self.exhausted = True
 
     def drop(self, n: int) -> None:
-        """Forget the first `n` bytes of the buffer (they are behind the reading position now)."""
         del self.buf[:n]
         self.pos += n
 
@@ -237,9 +221,8 @@ class _MemberReader:
             self.fill(len(self.magic))
 
     def _skippable_frame(self) -> Iterator[Damage]:
-        """Pass a zstd skippable frame: metadata, not data (pzstd puts one before every frame, and its
-        frames cut lines anywhere, so a line goes on in the next frame; `zstd -d` skips them too).
-        The first one of a WARC-zstd file holds its dictionary.  Returns True when the file ends in it."""
+        """Pass a zstd skippable frame (metadata, as `zstd -d` does); the first one of a WARC-zstd file
+        holds its dictionary.  Returns True when the file ends in it."""
         buf = self.buf
         frame_start = self.pos
         keep = frame_start == 0 and buf[0] == 0x5D  # the dictionary frame of a WARC-zstd file
@@ -324,9 +307,7 @@ class _MemberReader:
         if kind == "zstd" and "checksum" in str(failure) and history_start == member_start:
             recovered = _without_checksum(bytes(history) + bytes(buf), produced, self.dictionary)
             if recovered is not None:
-                # The frame decoded whole and only its checksum differs (a flipped bit in the last 4
-                # bytes, or in data that still decodes): as gzip's CRC failure, what it decoded is kept
-                # (the reader holds back lines that do not parse) and the row names the check.
+                # Only the checksum differs: as on gzip's CRC failure, what it decoded is kept.
                 tail, frame_bytes = recovered
                 if tail:
                     yield tail

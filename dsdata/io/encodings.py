@@ -1,12 +1,8 @@
 """Character encodings of web pages as browsers decode them: the WHATWG Encoding Standard.
 
-A page's declared charset is a *label*; the Encoding Standard maps every label browsers accept to
-one encoding, and that mapping differs from Python's codec names in ways that matter for crawled
-text: `gb2312` pages are decoded as GBK (really gb18030: pages labelled gb2312 use GBK characters),
-`shift_jis` as windows-31j (cp932: NEC/IBM extensions, ～ as U+FF5E), `euc-kr` as windows-949,
-`big5` as Big5-HKSCS, and `iso-8859-1`, `latin1` and `ascii` as windows-1252 (0x80-0x9F are curly
-quotes, dashes and the euro sign on the web, not C1 controls).  A byte-order mark overrides any
-label.  https://encoding.spec.whatwg.org/#names-and-labels
+A page's declared charset is a *label*; the standard maps each label browsers accept to one
+encoding, unlike Python's codec names (`gb2312` is GBK, `shift_jis` is cp932, `iso-8859-1` is
+windows-1252).  A byte-order mark overrides any label.  https://encoding.spec.whatwg.org/#names-and-labels
 """
 from __future__ import annotations
 

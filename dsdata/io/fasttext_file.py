@@ -1,7 +1,6 @@
 """fastText's binary model format (src/fasttext.cc `loadModel`): a reader of its parts and
-`check_model_file`, the structural check every fastText model passes before fastText's binding or
-dsdata's compiled predictor (dsdata/stages/fasttext_model.py) reads it.  Plain byte parsing:
-nothing in the file is executed or unpickled."""
+`check_model_file`, the structural check every model passes before anything reads it.  Plain byte
+parsing: nothing in the file is executed or unpickled."""
 from __future__ import annotations
 
 import mmap
@@ -78,12 +77,9 @@ class ModelMatrix:
             self.norm_codes, self.norm_centroids = empty_u8, empty_f32
 
     def rows(self, norm_inside: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The matrix as dense float32 rows and a per-row factor, decoded once.  A quantized row's
-        value n of sub-quantizer m is centroid[m][code] (the last sub-quantizer has lastdsub
-        columns); with norm_inside (the input matrix: addcode adds norm·c as a float32 product)
-        each value is norm·c, and the factor is 1; else (the output matrix: mulcode sums x·c and
-        multiplies by the norm at the end) the factor is the norm.  Both give fastText's own float32
-        results, since it rounds each product before adding it."""
+        """The matrix as dense float32 rows and a per-row factor, decoded once.  With norm_inside (the
+        input matrix: fastText's addcode) each value is norm·c and the factor 1; else (mulcode) the
+        factor is the norm: both round as fastText's own float32 products do."""
         ones = np.ones(max(self.m, 0), np.float32)
         if self.quant and self.m * self.n * 4 > MAX_DECODED_BYTES:
             raise LookupError("quantized matrix too large to decode")  # the binding reads it in place
@@ -104,11 +100,9 @@ class ModelMatrix:
 
 
 def check_model_file(path: str) -> None:
-    """Raise UnusableModel unless `path` is a whole fastText model file: magic and version, Args,
-    every dictionary entry, the pruned index, both matrices (dense or product-quantized) with sizes
-    that fit the header and each other, and nothing after the output matrix.  fastText's binding
-    reads sizes from the file and trusts them: a truncated or garbled model segfaulted the process
-    (exit 139, no message).  Covers every loss and model kind, since the binding loads them all."""
+    """Raise UnusableModel unless `path` is a whole fastText model file: header, dictionary, pruned
+    index, both matrices with sizes that fit each other, nothing after.  fastText's binding trusts
+    the sizes in the file: a truncated or garbled model segfaults the process."""
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size

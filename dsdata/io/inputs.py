@@ -1,23 +1,11 @@
-"""Input paths as the user gives them → the file patterns the pipeline reads.
+"""Input paths as the user gives them → the file patterns the pipeline reads (docs/input-damage.md).
 
-A local directory means the files in it, recursively (Beam's file matching would hand the reader
-the directory itself, which becomes one `unreadable_file` row, "Is a directory").  With format
-`auto` the format of each file comes from its name, so files whose name names no format (README,
-LICENSE) and plain-text files (.txt, .md) are not inputs; they are counted in `skipped` for the
-caller to report.  Hidden files and directories (a leading '.', e.g. .git) are not inputs either.
-A glob that matches directories is expanded the same way.  Remote paths (gs://, s3://) are passed
-to Beam unchanged.
-
-Each local file is read once: files are told apart by device and inode (symbolic links followed,
-hard links one file), and the first spelling met is kept.  A glob or `--input` that matches a file
-already matched (overlapping `--input` values, a link to a file or a directory already read, a hard
-link) adds nothing; the repeats are listed in `duplicates`.  A link to a directory is expanded where a glob or `--input`
-names it, unless it leads to a directory already read or to one holding it (a cycle, such as
-`loop -> .`); inside a directory, links to directories are not followed (`not_followed`).  Only
-regular files are read: a FIFO, socket or device would block the reader or never end, and a
-dangling link names nothing.  Named by itself (`--input PATH`, no glob) such a path is an
-InputPathError (one line, like a path that does not exist); matched by a glob or found in a
-directory it is left out and listed in `not_read` with the reason, for the caller to warn about.
+A local directory means the files in it, recursively, hidden names left out; with format `auto`
+only files whose name gives a data format (`skipped` lists the others).  Remote paths go to Beam
+unchanged.  Each local file is read once (told apart by device and inode; `duplicates` lists the
+repeats); a link to a directory is expanded only where a glob or `--input` names it and it is no
+cycle (`not_followed`).  Only regular files are read: named by itself, anything else is an
+InputPathError (one line); matched by a glob or found in a directory, it is listed in `not_read`.
 """
 from __future__ import annotations
 
@@ -59,8 +47,7 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR,
 
 def _not_a_file(path: str) -> str | None:
     """Why `path` (not a directory) is not a regular file to read, or None when it is one (or cannot be
-    examined: opening it then gives the reader's `unreadable_file` row with the system's reason —
-    no permission, a link cycle (ELOOP), gone since it was listed)."""
+    examined: opening it then gives the reader's `unreadable_file` row with the system's reason)."""
     try:
         mode = local_paths.path_stat(path).st_mode
     except FileNotFoundError:
@@ -76,11 +63,9 @@ def _not_a_file(path: str) -> str | None:
 
 
 def local_glob(pattern: str) -> list[str]:
-    """What a local glob matches, sorted.  A `**` component is matched here against the folder walk
-    (local_paths.walk_files: any depth, hidden names and links to folders skipped), giving the files
-    it matches or that lie in a folder it matches, and the folders there that cannot be listed:
-    Python's glob lists folders by their path and silently stopped at PATH_MAX or at a folder it
-    could not read.  Other globs are Python's (they name no folder that deep)."""
+    """What a local glob matches, sorted.  A `**` glob is matched against local_paths.walk_files (the
+    folders that cannot be listed included): Python's glob silently stops at PATH_MAX or at a folder
+    it cannot read."""
     parts = pattern.split(os.sep)
     if "**" not in parts:
         return sorted(glob.glob(pattern))
@@ -128,9 +113,8 @@ def glob_match(pattern: list[str], names: list[str]) -> bool:
 
 
 def _has_format(path: str) -> bool:
-    """A file found in an input directory is read with format auto when its name gives a data
-    format; .txt/.md files there are the folder's README, LICENSE.txt, notes: read only with
-    `format: text` (or named by a glob or --input)."""
+    """Whether a file found in an input directory is read with format auto: its name gives a data
+    format (.txt/.md there are READMEs and notes)."""
     try:
         return detect_format(path) != "text"
     except InputFormatError:
@@ -157,14 +141,9 @@ def _identity(path: str) -> tuple[int, int] | str:
 def expand_directories(patterns: list[str], fmt: str = "auto", confine_to: str | None = None,
                        output: str | None = None) -> ExpandedInputs:
     """Replace every local directory (given, or matched by a glob) by the files under it, each local
-    file once (see the module's docstring).
-
-    confine_to: a recipe's directory, for the inputs its file names: every file read must lie inside
-    it with links resolved (a link in a data folder to `~/.ssh/id_rsa.jsonl` would put that file in
-    OUT/kept), else InputPathError; and globs are handed on as the files checked, not matched again.
-    output: the run's local OUT.  With links resolved, a file under it found in an input directory or
-    by a glob is not read (`in_output`: a second run would read the first one's outputs), and an
-    input named by itself that lies in OUT (or is OUT) is an InputPathError."""
+    file once.  confine_to: a recipe's directory, which every file read must lie inside with links
+    resolved, else InputPathError.  output: the run's local OUT: its files found in a directory or by
+    a glob are not read (`in_output`); an input named by itself that lies in OUT is an InputPathError."""
     expansion = _Expansion(fmt, confine_to, output)
     for pattern in patterns:
         expansion.add(pattern)
@@ -300,13 +279,10 @@ class _Expansion:
 
 
 def resolve_recipe_inputs(recipe, confined: bool, output: str | None = None) -> ExpandedInputs:
-    """Check and expand `recipe.inputs` in place, the one path every run takes (`dsdata run`,
-    `dsdata.run()`, and `run_recipe()` given a recipe nobody checked): no input or a local pattern
-    matching nothing is an InputPathError; `confined` (the inputs are the recipe file's own) keeps
-    every file read inside the recipe's folder with links resolved, and hands globs on as the files
-    checked (Beam would match them again, following any link).  Sets `recipe.inputs` to the
-    patterns to read and `recipe.inputs_left_out` for stats.json; returns the expansion (its notes
-    are the caller's to print).  output: the run's OUT, whose files are never inputs."""
+    """Check and expand `recipe.inputs` in place, the one path every run takes: no input or a local
+    pattern matching nothing is an InputPathError; `confined` (the recipe file's own inputs) keeps
+    every file read inside the recipe's folder.  Sets `recipe.inputs` and `recipe.inputs_left_out`;
+    returns the expansion, whose notes are the caller's to print."""
     if not recipe.inputs:
         raise InputPathError(f"no input: {recipe.path} names no input.paths; pass --input GLOB")
     for pattern in recipe.inputs:
@@ -326,8 +302,7 @@ _LEFT_OUT_LISTED = 1000  # paths listed per kind in stats.json; the count is alw
 
 def left_out(expanded: ExpandedInputs) -> dict:
     """stats.json's "inputs_left_out": each kind of matched path not read, as a count and (up to
-    _LEFT_OUT_LISTED) the paths, so a run's record of its inputs does not live on stderr only.
-    Empty when nothing was left out."""
+    _LEFT_OUT_LISTED) the paths; empty when nothing was left out."""
     kinds = {
         "not_regular_files": [{"path": shown_path(p), "why": why} for p, why in expanded.not_read],
         "repeats": [{"path": shown_path(p), "same_as": shown_path(first)} for p, first in expanded.duplicates],

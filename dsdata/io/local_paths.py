@@ -1,15 +1,9 @@
 """Local paths of any length: stat, open, resolve and list them where the kernel refuses the path.
 
-A path of PATH_MAX bytes or more (4096 on Linux) is refused by every call that takes a path
-(ENAMETOOLONG), though each of its names is short and the file is there: `os.walk` skipped such a
-folder without a word and its files were not read while `ledger_ok` was true.  Here such a path is
-reached the way the kernel allows: its folders are opened in pieces shorter than PATH_MAX, each
-relative to the one before (`openat`), and the last name is used relative to its folder.  The
-resolution is the kernel's own (links are followed, `..` is the physical parent), done in steps.
-Every function first tries the plain call: a short path costs nothing more.
-
-`walk_files` lists a folder by these rules and reports the folders it cannot list (no permission,
-gone), which os.walk dropped silently.
+A path of PATH_MAX bytes or more is refused by every call that takes a path (ENAMETOOLONG), though
+each of its names is short and the file is there.  Here it is reached piece by piece with `openat`
+(links followed, `..` the physical parent), after the plain call: a short path costs nothing more.
+`walk_files` also reports the folders it cannot list, which os.walk drops silently.
 """
 from __future__ import annotations
 
@@ -120,9 +114,8 @@ def read_link(path: str) -> str:
 
 
 def open_binary(path: str) -> BinaryIO:
-    """The file at `path` (any length) opened for reading in binary.  A folder is refused saying so,
-    and why it cannot be listed where it cannot (a folder in an input folder that could not be
-    listed reaches the reader, to be a row)."""
+    """The file at `path` (any length) opened for reading in binary; a folder is refused saying so
+    (and why it cannot be listed, where it cannot)."""
     try:
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
     except OSError as exc:

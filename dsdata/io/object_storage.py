@@ -1,12 +1,9 @@
-"""The object-storage flags every command that takes a location accepts (`dsdata run`, `dsdata report`,
-`dsdata shards …`, `dsdata shm publish`): one parser, so `--s3_endpoint_url` and the credential flags
-mean the same thing everywhere.
+"""The object-storage flags every command that takes a location accepts: one parser, so
+`--s3_endpoint_url` and the credential flags mean the same thing everywhere.
 
-They are Beam's own S3Options (the names its S3 file system reads, forwarded by `dsdata run` to every
-worker); `object_storage_beam_args` turns the parsed values back into those flags.  Declared here,
-without importing Beam, so that a command's `--help` and its parsing cost nothing for local paths;
-tests/test_object_storage_flags.py checks the names against Beam's S3Options.  GCS (gs://) takes no
-flags: Google's application-default credentials.
+They are Beam's own S3Options (tests/test_object_storage_flags.py checks the names), declared here
+without importing Beam; `object_storage_beam_args` turns the parsed values back into those flags.
+GCS (gs://) takes no flags: Google's application-default credentials.
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Files and folders dsdata makes inside OUT, made without following a link it did not make.
 
-OUT is untrusted: whoever could write it before the run may have planted `OUT/.dsdata.lock ->
-~/.bashrc` or `OUT/kept -> /elsewhere`.  Following such a link truncates, chmods or fills a file or
-folder outside OUT.  Everything dsdata creates in OUT goes through here: an entry in the way that is
-a link (or any non-directory where a folder belongs) is removed — the link itself, never its
-target — and the new entry is created exclusively (`O_CREAT | O_EXCL | O_NOFOLLOW`, `mkdir`), so a
-link planted between the check and the create makes the create fail instead of being followed.
+OUT is untrusted (`OUT/kept -> /elsewhere` may be planted).  An entry in the way that is a link (or
+any non-directory where a folder belongs) is removed (the link itself, never its target) and the new
+entry is created exclusively (`O_CREAT | O_EXCL | O_NOFOLLOW`, `mkdir`), so a link planted between
+the check and the create makes the create fail instead of being followed.
 """
 from __future__ import annotations
 
@@ -74,9 +72,8 @@ def create_exclusive(path: str, mode: int = 0o644) -> int:
 
 def write_file_in_out(directory: str, name: str, text: str | bytes, durable: bool = False) -> str:
     """Write OUT/NAME whole: to a new temporary file beside it, then renamed over the name (a
-    rename replaces a link, it does not write through it); a failed write leaves no partial file.
-    durable: the file is fsynced before the rename and the folder after it, so that once this
-    returns the file survives a crash of the machine with its content (a commit marker)."""
+    rename replaces a link, it does not write through it).  durable: the file is fsynced before the
+    rename and the folder after it (a commit marker)."""
     data = text.encode("utf-8") if isinstance(text, str) else text
     path = os.path.join(directory, name)
     temp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
@@ -89,10 +86,8 @@ def write_file_in_out(directory: str, name: str, text: str | bytes, durable: boo
                 os.fsync(fh.fileno())
         os.replace(temp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
-        except FileNotFoundError:
-            pass
         raise
     if durable:
         sync_dir(directory)

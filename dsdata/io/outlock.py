@@ -1,17 +1,14 @@
 """The output directory of a run: checked writable up front, and locked while a run writes it.
 
-Two runs writing one OUT interleave their part files and each deletes the other's outputs when it
-starts; both used to report success.  A run takes `OUT/.dsdata.lock`: a file holding the owner's
-pid, host and start time, with an exclusive `flock` on it for the run's lifetime.  The kernel drops
-the flock when its process dies (killed, crashed, the machine rebooted), so a lock left behind by a
-dead run is stale by construction and is taken over; a second live run is refused with one line
-naming the holder.  Where the file system has no flock, the pid decides: a lock whose pid is dead on
-this host is taken over, any other is respected.
-
-Remote outputs (gs://, s3://) are not locked: object stores have no exclusive create here.
+A run takes `OUT/.dsdata.lock` (the owner's pid, host and start time) with an exclusive `flock` for
+its lifetime.  The kernel drops the flock when its process dies, so a lock left by a dead run is
+taken over; a second live run is refused with one line naming the holder.  Where the file system has
+no flock, a lock whose pid is dead on this host is taken over, any other respected.  Remote outputs
+are not locked: object stores have no exclusive create here.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -19,7 +16,6 @@ import socket
 import stat
 import sys
 import time
-from contextlib import contextmanager
 from typing import Iterator
 
 from dsdata.io.untrusted_files import load_json_file
@@ -72,7 +68,7 @@ def _read_holder(path: str) -> dict:
         return {}
 
 
-@contextmanager
+@contextlib.contextmanager
 def output_lock(directory: str) -> Iterator[str]:
     """Hold OUT's lock for the duration of the block; OutputDirError if a live run holds it."""
     path = os.path.join(directory, LOCK_NAME)
@@ -94,10 +90,8 @@ def output_lock(directory: str) -> Iterator[str]:
         os.write(fd, (json.dumps(me) + "\n").encode("utf-8"))
         yield path
     finally:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass
         os.close(fd)
 
 
@@ -155,5 +149,5 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True

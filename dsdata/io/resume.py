@@ -1,24 +1,10 @@
-"""OUT/resume/: the committed work of a run, which `dsdata run --resume` reuses after the run was
-killed or failed.  No Beam here: the Beam side (which steps are committed, the DoFn that commits
-and reuses units) is dsdata/beam/resume.py.
+"""OUT/resume/: the committed work of a run, which `dsdata run --resume` reuses (docs/resume.md).
+No Beam here: the Beam side is dsdata/beam/resume.py.
 
     OUT/resume/fingerprint.json     the recipe as run, the files its committed stages read, the inputs
-    OUT/resume/units/G.arrow        a group of units' records after the committed stages: one Arrow IPC
-                                    stream per unit, one after the other
-    OUT/resume/units/G.json         the group's commit marker: per unit its description, key (a digest of
-                                    the description), offset, size and sha256 in G.arrow, records, batches,
-                                    and `content`: a digest of the unit's input bytes (input_digest)
-
-A *unit* is what one worker reads at once: an input file, or a byte range of a JSON Lines file / a
-run of row groups of a Parquet file when the runner spreads ranges (dsdata/io/readers/ranges.py).
-A unit's records are written as the unit is read.  Units finished one after the other are committed
-together (CommitGroup: at most about a second of work, 64 MiB or 1,000 units): the data is made
-durable (fsync), renamed into place and the folder synced; only then is the marker written the same
-way.  Data without a marker (the run died before the group was committed), a temporary file, a
-marker without data, and anything in the folder that is not a regular file dsdata made are removed
-before a resumed run starts; a unit whose bytes do not have the size and sha256 its marker names, or
-whose input's bytes no longer have the digest taken before it was read (a file rewritten in place
-with its size and modification time kept), is not reused: it is read again.
+    OUT/resume/units/G.arrow        a group of units' records: one Arrow IPC stream per unit
+    OUT/resume/units/G.json         the group's commit marker: per unit its description, key, offset,
+                                    size, sha256, records, batches and `content` (input_digest)
 
 OUT is untrusted: files here are opened with O_NOFOLLOW, markers and the fingerprint are read as
 bounded JSON, the Arrow data is fully validated, and every metadata/annotation value is bounded JSON.
@@ -89,18 +75,16 @@ def unit_key(description: list) -> str:
     return hashlib.sha256(text.encode("ascii")).hexdigest()[:32]
 
 
-# A unit's input is hashed whole up to this size (every JSON Lines range is smaller); a bigger one (a
-# whole large file that cannot be cut) by its length and _SAMPLES blocks spread evenly over it, the
-# first and the last included: a second or so of reading at most, against the minutes of work reused.
+# A unit's input is hashed whole up to this size; a bigger one by its length and _SAMPLES blocks
+# spread evenly over it, the first and the last included.
 _DIGEST_WHOLE_BYTES = 64 << 20
 _SAMPLE_BYTES = 1 << 20
 _SAMPLES = 64
 
 
 def input_digest(path: str, start: int = 0, end: int | None = None) -> str:
-    """A digest of a local unit's input bytes [start, end) (end None: to the end of the file), taken
-    before the unit is read and again before a resumed run reuses it; "" for a remote object (its
-    modification time is the server's, set on every write: the fingerprint sees a rewrite)."""
+    """A digest of a local unit's input bytes [start, end) (end None: to the end of the file); "" for
+    a remote object (the fingerprint's modification time sees its rewrite)."""
     if "://" in path:
         return ""
     digest = hashlib.sha256()
@@ -199,8 +183,7 @@ def _records(batch: pa.RecordBatch, what: str) -> tuple[list[Document], list[Rej
 # --- writing committed units ---------------------------------------------------------------------
 
 class _SegmentFile(io.RawIOBase):
-    """The group's data file, written at its end; the bytes of the unit being written are hashed
-    (each unit's segment has its own sha256 in the marker)."""
+    """The group's data file, written at its end; the unit being written is hashed as it goes."""
 
     def __init__(self, fd: int, offset: int):
         self.fd, self.offset, self.size, self.sha256 = fd, offset, 0, hashlib.sha256()
@@ -219,20 +202,16 @@ class _SegmentFile(io.RawIOBase):
 
 
 # A group is committed once its units hold this much data, this many units, or this much time went
-# into them: one data file, one marker and four fsyncs (~20 ms here) per group rather than per unit
-# (a corpus of a million small HTML files), while a kill loses at most about a second of work
-# beside the unit it interrupts.
+# into them: four fsyncs per group rather than per unit, while a kill loses about a second of work.
 GROUP_BYTES = 64 << 20
 GROUP_UNITS = 1000
 GROUP_SECONDS = 1.0
 
 
 class CommitGroup:
-    """Units committed together: their records in one data file, one Arrow IPC stream per unit
-    (`begin`, `add`, `end`), then `commit`: the data fsynced and renamed to G.arrow, the folder
-    synced, then the marker G.json — each unit's description, key, offset, size, sha256, records
-    and batches — written the same way.  A unit whose records cannot be stored exactly (`add`
-    spoils it) or whose reading failed (`drop`) is left out; its bytes stay as unused space."""
+    """Units committed together: one Arrow IPC stream per unit (`begin`, `add`, `end`), then `commit`:
+    the data fsynced and renamed to G.arrow, the folder synced, then the marker G.json.  A unit whose
+    records cannot be stored exactly (`add` spoils it) or whose reading failed (`drop`) is left out."""
 
     def __init__(self, units_dir: str):
         self.units_dir = units_dir
@@ -328,8 +307,7 @@ def _open_regular(path: str) -> int:
 
 
 def _read_json(path: str, max_bytes: int, what: str) -> Any:
-    """A JSON file dsdata wrote in OUT: regular, at most `max_bytes`, bounded JSON; else OSError or
-    UntrustedFileError (one line)."""
+    """A regular JSON file in OUT of at most `max_bytes`; else OSError or UntrustedFileError."""
     with os.fdopen(_open_regular(path), "rb") as fh:
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:
@@ -399,8 +377,7 @@ class _Segment(io.RawIOBase):
 
 def unit_problem(unit: CommittedUnit, description: list, content: str) -> str | None:
     """Why the committed unit cannot be reused for `description`, whose input now has the digest
-    `content` (None: the input is what was read, and the segment has the size and sha256 its marker
-    names)."""
+    `content`; None when it can."""
     if unit.entry["unit"] != description:
         return f"its marker describes another unit ({unit.entry['unit']!r})"
     if unit.entry["content"] != content:
@@ -423,9 +400,8 @@ def unit_problem(unit: CommittedUnit, description: list, content: str) -> str | 
 
 
 def read_unit(unit: CommittedUnit) -> Iterator[tuple[list[Document], list[Rejected]]]:
-    """The committed unit's batches, (kept documents, rejections) each, as they were written.
-    CommittedUnitDamaged (one line) when the data, which matched its sha256, is not what dsdata
-    writes (a file crafted with a matching marker)."""
+    """The committed unit's batches, (kept documents, rejections) each; CommittedUnitDamaged (one
+    line) when the data, which matched its sha256, is not what dsdata writes."""
     entry = unit.entry
     what = f"committed unit {unit.data} (bytes {entry['offset']}+{entry['bytes']})"
     fd = _open_regular(unit.data)
@@ -453,8 +429,7 @@ def read_unit(unit: CommittedUnit) -> Iterator[tuple[list[Document], list[Reject
 
 @dataclass
 class CommittedWork:
-    """The units folder of this run, and whether it resumes an earlier run's committed units (then
-    the unit reader reads their index, committed_index, in each worker)."""
+    """The units folder of this run, and whether it resumes an earlier run's committed units."""
 
     units_dir: str
     resumed: bool
@@ -467,9 +442,8 @@ def resume_folder(output: str) -> str:
 
 def tidy_units(units_dir: str) -> int:
     """Tidy the units folder of a killed or failed run; how many units it holds committed.  Removed:
-    temporary files (a group being written when the run died), data without a marker, markers
-    without data or unreadable, and whatever is not a regular file named as dsdata names them (a
-    planted link: removed, never followed)."""
+    temporary files, data without a marker, markers without data or unreadable, and whatever is not
+    a regular file named as dsdata names them (a planted link: removed, never followed)."""
     data: set[str] = set()
     markers: set[str] = set()
     with os.scandir(units_dir) as entries:
@@ -531,8 +505,7 @@ def start_fresh(output: str, fingerprint: dict) -> CommittedWork:
 
 
 def continue_committed(output: str, fingerprint: dict, recorded: dict) -> CommittedWork:
-    """The committed work of OUT for a resumed run: ResumeRefused when `recorded` (OUT's fingerprint)
-    is not this run's; else the folder tidied (tidy_units)."""
+    """OUT's committed work, tidied; ResumeRefused when `recorded` is not this run's fingerprint."""
     difference = fingerprint_difference(recorded, fingerprint)
     if difference:
         raise ResumeRefused(f"cannot resume {output}: {difference}; its committed work is not this run's "
@@ -563,8 +536,8 @@ _MAX_FILES_FINGERPRINTED = 100_000
 
 
 def path_fingerprint(path: str) -> str:
-    """What a stage's file or folder parameter names, as a digest of its files' relative names, sizes
-    and modification times (ns); "missing" when it does not exist, the path itself when remote."""
+    """A digest of the relative names, sizes and mtimes of what a stage's path parameter names;
+    "missing" when it does not exist, the path itself when remote."""
     if "://" in path:
         return f"remote:{path}"
     try:

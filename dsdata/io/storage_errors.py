@@ -1,14 +1,14 @@
-"""A full or read-only file system, anywhere a command writes (OUT, the spill folder, checkpoints,
-shared memory), is one line naming the path, the bytes needed where known and what is free there.
+"""A full or read-only file system, anywhere a command writes, is one line naming the path, the
+bytes needed where known and what is free there.
 
-The error reaches the command in many shapes: an OSError with its errno and file name; an OSError
-whose `write()` on an open file has no name; Beam's re-raise of it as a RuntimeError whose text is
-"OSError: [Errno 28] No space left on device: '/out/kept/…' [while running 'Write']"; a torch or
-pyarrow error carrying the same text.  `storage_failure` finds it in the exception, its causes and
-contexts, or the text, so every command has one rule (cli.cmd_dispatch, the trainer, shm).
+The error arrives as an OSError (with or without a file name), as Beam's RuntimeError re-raise
+("OSError: [Errno 28] No space left on device: '/out/kept/…' [while running 'Write']") or as a
+torch or pyarrow error with that text: `storage_failure` finds it in the exception, its causes and
+contexts, or the text.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -25,9 +25,9 @@ STORAGE_ERRNOS = {
     errno.EFBIG: "file too large for the file system",
 }
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] [^:'\]\n]*(?::\s*'([^'\n]*)')?")
-_MESSAGE_TEXT = re.compile(r"(No space left on device|Disk quota exceeded|Read-only file system)")
 _TEXT_ERRNO = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
                "Read-only file system": errno.EROFS}
+_MESSAGE_TEXT = re.compile("|".join(_TEXT_ERRNO))
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,6 @@ class StorageFailure:
         if free is not None:
             facts.append(f"{free} bytes free there")
         return " ".join(parts) + (f" ({'; '.join(facts)})" if facts else "")
-
 
     def inside(self, folder: str) -> bool:
         """Whether the failed write was under `folder` (False when the path is not known)."""
@@ -78,10 +77,8 @@ def tree_bytes(path: str) -> int:
     total = 0
     for folder, _, names in os.walk(path):
         for name in names:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(folder, name)).st_size
-            except OSError:
-                pass
     return total
 
 
@@ -111,7 +108,7 @@ def _from_text(text: str) -> StorageFailure | None:
             return StorageFailure(number, match.group(2))
     match = _MESSAGE_TEXT.search(text)
     if match:
-        return StorageFailure(_TEXT_ERRNO[match.group(1)], None)
+        return StorageFailure(_TEXT_ERRNO[match.group(0)], None)
     return None
 
 

@@ -1,17 +1,13 @@
-"""Reading files that arrive from others — manifests, trainer_state.json, a model folder's lm.json
-and the files it names — under one set of rules:
+"""Reading files that arrive from others (manifests, trainer_state.json, a model folder's lm.json
+and the files it names) under one set of rules:
 
-* **Regular files only.**  A FIFO where a file is expected blocked the reader for ever, a directory
-  raised IsADirectoryError with a traceback: the path is stat-ed and refused in one line before it
-  is opened.
-* **Confined names.**  A name a folder's own file gives (`lm.json`'s `arpa`, a manifest's shard, a
-  checkpoint's files) is a plain relative path that stays inside that folder once links are
-  resolved; a link out of it is refused.
-* **Bounded JSON.**  At most `MAX_JSON_BYTES`, nested at most `MAX_JSON_DEPTH` levels (measured
-  before parsing: Python's decoder recursed into a RecursionError traceback, or a MemoryError).
-* **Honest .npy headers.**  An array file's header must give the expected dtype (never object: no
-  pickle), C order and a shape whose bytes are exactly the file's; a header that lies about its
-  shape asked numpy for terabytes, or read a short file.
+* **Regular files only**, stat-ed before they are opened (a FIFO would block the reader for ever).
+* **Confined names**: a name a folder's own file gives is a plain relative path that stays inside
+  that folder once links are resolved.
+* **Bounded JSON**: at most `MAX_JSON_BYTES`, nested at most `MAX_JSON_DEPTH` levels (measured
+  before parsing: Python's decoder recurses into a RecursionError).
+* **Honest .npy headers**: the expected dtype (never object: no pickle), C order and a shape whose
+  bytes are exactly the file's.
 
 Every refusal is an `UntrustedFileError` (a ValueError) whose text is one line naming the path.
 """
@@ -109,9 +105,8 @@ def loads_bounded(text: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH)
 
 def read_regular_file(path: str, what: str, max_bytes: int) -> bytes:
     """The bytes of the regular file `path` (at most `max_bytes`, else UntrustedFileError): checked
-    before it is opened (regular_file), then opened without blocking (O_NONBLOCK: a FIFO swapped in
-    meanwhile opens at once) and checked again on the open file, so that no FIFO waits for a writer
-    and no device (/dev/zero) is read without end."""
+    before it is opened, then opened with O_NONBLOCK (a FIFO swapped in meanwhile opens at once) and
+    checked again on the open file."""
     regular_file(path, what)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))

@@ -1,36 +1,20 @@
-"""Training shards: Arrow IPC files of token lists plus a checksummed `manifest.json`.
-
-Layout of a shard directory:
+"""Training shards: Arrow IPC files of token lists plus a checksummed `manifest.json` (docs/shards.md).
 
   manifest.json                      written last (temp name + rename): its presence means complete
   shard-<bucket>-<i>-of-<n>.arrow    uncompressed Arrow IPC *file* format, so it memory-maps
 
-Each shard holds ONE record batch with columns
-  tokens      list<uint16> (uint32 when the vocabulary exceeds 65,536 ids): every document's ids,
-              ending with EOS; Arrow stores them as one contiguous values buffer + offsets, so the
-              whole shard is a single token stream a loader can slice without copying
-  id          string, the document id
-  difficulty  string, the document's difficulty bucket (easy/medium/hard; every row of a shard
-              has the same bucket, so a curriculum can pick shards per bucket)
-
-`manifest.json`:
-  {"format": "dsdata-shards", "version": 1, "dtype": "uint16", "token_column": "tokens",
-   "tokenizer": {"path", "kind", "vocab_size", "eos_id", "eos_token", "sha256"},
-   "shards": [{"file", "difficulty", "docs", "tokens", "bytes", "sha256"}, ...],
-   "buckets": {"easy": {"shards", "docs", "tokens"}, ...},
-   "totals": {"shards", "docs", "tokens"}}
-
-Every file is written under a temporary name in the same directory and renamed into place only when
-complete and fsynced, so a crash never leaves a file with a final name that is partial; the manifest
-is written after every shard it names, so a crashed run has no manifest at all.  Manifest paths are
-plain file names: one that would escape the manifest's directory is refused.
+Each shard holds ONE record batch: `tokens` (list<uint16>, uint32 past 65,536 ids; every document
+ending with EOS, one contiguous values buffer), `id` and `difficulty` (one bucket per shard).
+Every file is written under a temporary name and renamed into place when complete and fsynced.
+Manifest paths are plain file names: one that would escape the manifest's directory is refused.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -152,26 +136,18 @@ def manifest_bytes(manifest: dict[str, Any]) -> bytes:
     return (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def remove_stale_temp_files(directory: str) -> list[str]:
+def remove_stale_temp_files(directory: str) -> None:
     """Delete temp files a crashed writer left behind (they never carry a final name)."""
-    removed = []
     for name in os.listdir(directory):
         if name.startswith(".") and TEMP_MARK in name:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(directory, name))
-                removed.append(name)
-            except FileNotFoundError:
-                pass
-    return removed
 
 
 @dataclass
 class ShardSetWriter:
-    """Write a shard set without Beam (tests, benchmarks, small tools): `add()` documents, then `close()`.
-
-    Documents are cut into shards of about `shard_size` tokens in the order given, per bucket.
-    Starting a writer removes an existing manifest first, so a crash mid-way leaves no manifest.
-    """
+    """Write a shard set without Beam (tests, benchmarks): `add()` documents, then `close()`.
+    Shards of about `shard_size` tokens per bucket; an existing manifest is removed first."""
 
     directory: str
     dtype: np.dtype = np.dtype(np.uint16)
@@ -276,7 +252,7 @@ def read_manifest(directory: str) -> dict[str, Any]:
         if resolved in first_entry:
             raise ShardError(f"{path}: shard {shard['file']!r} is listed twice (entries {first_entry[resolved]} and {i})")
         first_entry[resolved] = i
-    vocab = (manifest.get("tokenizer") or {}).get("vocab_size") if isinstance(manifest.get("tokenizer"), dict) else None
+    vocab = manifest_vocab_size(manifest)
     if vocab is not None and not (_is_count(vocab) and vocab > 0):
         raise ShardError(f"{path}: tokenizer.vocab_size must be a positive integer, not {vocab!r}")
     if "token_column" in manifest and not isinstance(manifest["token_column"], str):
@@ -289,8 +265,7 @@ def _is_count(value: Any) -> bool:
 
 
 def _check_entry_types(path: str, index: int, shard: dict[str, Any]) -> None:
-    """Field types of one manifest entry, so a hand-edited manifest fails here in one line, not as a
-    TypeError deep in a loader."""
+    """Field types of one manifest entry: a hand-edited manifest fails here in one line."""
     where = f"{path}: shards[{index}]"
     for key in ("bytes", "tokens", "docs"):
         if not _is_count(shard[key]):
@@ -302,12 +277,6 @@ def _check_entry_types(path: str, index: int, shard: dict[str, Any]) -> None:
         raise ShardError(f"{where}.difficulty must be a string or null, not {shard['difficulty']!r}")
 
 
-def _buffers(array: pa.Array) -> Iterator[pa.Buffer]:
-    for buf in array.buffers():
-        if buf is not None:
-            yield buf
-
-
 def manifest_vocab_size(manifest: dict[str, Any]) -> int | None:
     """The tokenizer vocabulary size a manifest records (read_manifest checked its type), or None."""
     tokenizer = manifest.get("tokenizer")
@@ -316,16 +285,13 @@ def manifest_vocab_size(manifest: dict[str, Any]) -> int | None:
 
 def check_shard_buffer(path: str, buffer: pa.Buffer, token_column: str, dtype: np.dtype, tokens: int,
                        vocab_size: int | None = None) -> np.ndarray:
-    """Open the Arrow IPC file held in `buffer` (a shard's whole mapping) and check it against its
-    manifest entry before any token is served; returns the token values as a zero-copy array.
+    """Check the Arrow IPC file in `buffer` (a shard's whole mapping) against its manifest entry
+    before any token is served; returns the token values as a zero-copy array.
 
-    The sha256 only proves the file is the one the manifest names, and whoever can write the file can
-    write the manifest too.  Arrow trusts a record batch's metadata (lengths, buffer offsets), so a
-    file claiming more tokens than it holds would be served from beyond its mapping (a million
-    windows from a 36 KB file, then a segfault).  Checked here: exactly one record batch; Arrow's
-    full validation (every buffer large enough for its array's length, offsets monotonic and inside
-    their child); every buffer of every column inside the mapped file; the token offsets start at 0
-    and end at the values' length; the values have the manifest's dtype and count."""
+    Whoever can write the file can write its sha256 in the manifest too, and Arrow trusts a batch's
+    metadata: a file claiming more tokens than it holds would be served from beyond its mapping
+    (then a segfault).  So: one record batch, full validation, every buffer inside the mapping,
+    offsets from 0 to the values' length, the manifest's dtype and count."""
     try:
         reader = pa.ipc.open_file(pa.BufferReader(buffer))
         if reader.num_record_batches != 1:
@@ -368,8 +334,8 @@ def _check_inside(path: str, batch: pa.RecordBatch, buffer: pa.Buffer) -> None:
         stack = [array]
         while stack:
             arr = stack.pop()
-            for buf in _buffers(arr):
-                if buf.size and not (start <= buf.address and buf.address + buf.size <= end):
+            for buf in arr.buffers():
+                if buf and buf.size and not (start <= buf.address and buf.address + buf.size <= end):
                     raise ShardError(f"{path}: a buffer of column '{batch.schema.field(position).name}' "
                                      "lies outside the file (tampered Arrow metadata)")
             if isinstance(arr, (pa.ListArray, pa.LargeListArray)):

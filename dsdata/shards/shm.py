@@ -1,19 +1,14 @@
 """Publish shard sets to shared memory (/dev/shm/dsdata/NAME): every process on a node maps the same pages.
 
-* publish copies a verified shard set into a private temp directory beside the target, checks every
-  copied file's sha256 against the manifest, writes the manifest last, then renames the directory
-  into place: readers see a complete dataset or none.
-* Directories are 0700, files 0600; the root must be a real directory owned by this user (not a
-  symlink someone else planted in the world-writable /dev/shm).
-* The tokenizer files bundled with the shards (dsdata/shards/tokenizer.py) are copied and
-  checked the same way, so the published set names a tokenizer that exists on this node.
-* Publishing NAME again with the same shards is a no-op; a *different* dataset under an existing
-  NAME is refused (remove it first).
-* A publisher or remover that crashed leaves only a hidden `.NAME.tmp-PID-…` / `.NAME.rm-PID-…`
-  directory; the next publish/list/remove deletes those whose process is gone (or that are over a
-  day old), so a crash never blocks a name forever.
+* publish copies a verified shard set (and its bundled tokenizer) into a private temp directory
+  beside the target, checks every copy's sha256, writes the manifest last, then renames the
+  directory into place: readers see a complete dataset or none.
+* Directories are 0700, files 0600; the root must be a real directory owned by this user.
+* Publishing NAME again with the same shards is a no-op; a different dataset under NAME is refused.
+* A crashed publisher or remover leaves only a hidden `.NAME.tmp-PID-…` / `.NAME.rm-PID-…`
+  directory, removed by the next call once its process is gone (or it is over a day old).
 
-The root is /dev/shm/dsdata, or $DSDATA_SHM_ROOT when set (tests, machines without /dev/shm).
+The root is /dev/shm/dsdata, or $DSDATA_SHM_ROOT when set.
 """
 from __future__ import annotations
 

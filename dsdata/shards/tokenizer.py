@@ -1,19 +1,10 @@
 """The tokenizer inside a shard set, so the set is portable: copied to another node, published to
-/dev/shm or exported, it still names a tokenizer that exists there.
+/dev/shm or exported, it still names a tokenizer that exists there (docs/shards.md).
 
-Writing a manifest copies the tokenizer's files into `<shard dir>/tokenizer/` and records them
-relatively:
-
-  "tokenizer": {"path": "tokenizer", "bundled": true, "origin": "/abs/path/it/came/from",
-                "files": [{"file": "tokenizer/tokenizer.json", "sha256": "…"}, …],
-                "kind", "vocab_size", "eos_id", "eos_token", "sha256"}
-
-Only tokenizer files are copied (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
-vocab/merges files, SentencePiece models, added_tokens.json), only regular files (a symlink in the
-tokenizer directory is not followed), each through a temp name + fsync + rename.  A bare
-`tokenizer.json` given under another name is bundled as tokenizer/tokenizer.json (the name
-AutoTokenizer looks for).  Manifests written before this (an absolute `path`, no `files`) still
-read: `tokenizer_dir` falls back to that path when it exists.
+Writing a manifest copies the tokenizer's files (only tokenizer files, only regular files: a
+symlink is not followed) into `<shard dir>/tokenizer/` and records them relatively, each with its
+sha256.  A bare tokenizer.json under another name is bundled as tokenizer/tokenizer.json.  An older
+manifest (an absolute `path`, no `files`) still reads: `tokenizer_dir` falls back to that path.
 """
 from __future__ import annotations
 

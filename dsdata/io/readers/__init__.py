@@ -1,29 +1,17 @@
 """Readers: turn one input file into Documents, and every unreadable part of it into a Rejected.
 
-One module per format (jsonl.py, parquet.py, html.py, warc.py, text.py, delimited.py) and ONE registry, `REGISTRY` below:
-its name (what `--format` and a recipe's `input.format` take), the file-name suffixes `auto` knows it
-by, its reader, and — for a format several workers may read apart — how to cut a file into ranges
-and read one.  The CLI's --format choices, the recipe's check, input matching (dsdata/io/inputs.py)
-and detect_format all read it.
+One module per format and ONE registry, `REGISTRY` below: its name (`--format`, a recipe's
+`input.format`), the file-name suffixes `auto` knows it by, its reader, and, for a format several
+workers may read apart, how to cut a file into ranges.  Adding a reader: docs/architecture.md.
 
-Each reader takes the file's name and a binary file object (local or from any Beam filesystem) and
-yields `Document` or `Rejected(stage="read")`.  Nothing is skipped silently: a malformed line,
-invalid UTF-8, a record without text, a binary file or a truncated compressed stream each become
-one rejected row, so the ledger (input == kept + Σ rejected) counts them.  Blank lines in JSONL are
-not records and are not counted.
-
-Compressed input is decoded member by member (dsdata/io/decompress.py): every complete record before
-damage is kept, and reading resumes at the next gzip member / zstd frame after it.  Every text that
-leaves a reader is valid Unicode (lone surrogate escapes in JSON become U+FFFD).
+Each reader takes the file's name and a binary file object and yields `Document` or
+`Rejected(stage="read")`: nothing is skipped silently (blank JSONL lines are not records).
+Compressed input is decoded member by member (dsdata/io/decompress.py).  Every text that leaves a
+reader is valid Unicode.
 
 Reason codes (stage `read`): bad_json, not_an_object, invalid_utf8, missing_text, empty_text,
-binary_file, unknown_format, line_too_long, too_large, truncated_compression, corrupt_compression, bad_parquet, bad_warc,
-truncated_record, undecodable_payload, unreadable_file.
-
-**To add a reader**: write `dsdata/io/readers/NAME.py` with `read_NAME(path, raw, text_field="text",
-id_field="id")` yielding Documents and `Rejected(stage=READ_STAGE, ...)` rows (common.py has the
-shared rules: `_file_rejection`, `_looks_binary`, `record_to_document`), add one `InputFormat` to
-REGISTRY, and test it in tests/test_readers.py (good input, and each kind of bad input → one reason).
+binary_file, unknown_format, line_too_long, too_large, truncated_compression, corrupt_compression,
+bad_parquet, bad_warc, truncated_record, undecodable_payload, unreadable_file.
 """
 from __future__ import annotations
 

@@ -55,31 +55,20 @@ def meta_charset(data: bytes) -> str | None:
 
 
 def decode_html(data: bytes, declared: str | None = None) -> str | None:
-    """Bytes of an HTML page → str, as browsers decode it (the WHATWG Encoding Standard): a UTF-8 or
-    UTF-16 byte-order mark first, then the declared (HTTP) charset, then <meta charset> (comments
-    skipped, anywhere in <head>), then an XML declaration's encoding (XHTML), then UTF-8, each label
-    mapped to the standard's encoding (gb2312 → GBK, shift_jis → windows-31j, iso-8859-1 →
-    windows-1252, …).  The first candidate that decodes the page strictly wins; when none does, the
-    first one under which at most 0.1 % of the bytes are invalid (those become U+FFFD, as in a
-    browser; bytes the standard defines and Python's codec lacks are decoded as the standard says).
-    None if no candidate gives the page."""
+    """Bytes of an HTML page → str, as browsers decode it (the WHATWG Encoding Standard): a byte-order
+    mark, else the first of the declared (HTTP) charset, <meta charset>, an XML declaration's
+    encoding and UTF-8 that decodes the page strictly; when none does, the first under which at most
+    0.1 % of the bytes are invalid (made U+FFFD).  None if no candidate gives the page."""
     bom = bom_encoding(data)
     if bom is not None:
         name, length = bom
         candidates = [name]
         data = data[length:]
     else:
-        candidates = []
-        for name in (encoding_for_label(declared), meta_charset(data)):
-            if name:
-                candidates.append(name)
         xml = _XML_DECLARATION.match(data[:1024])
-        if xml:
-            name = meta_encoding(xml.group(1).decode("ascii"))
-            if name:
-                candidates.append(name)
-        candidates.append("UTF-8")
-        candidates = list(dict.fromkeys(candidates))
+        labels = (encoding_for_label(declared), meta_charset(data),
+                  meta_encoding(xml.group(1).decode("ascii")) if xml else None, "UTF-8")
+        candidates = list(dict.fromkeys(name for name in labels if name))
         for name in candidates:
             try:
                 return decode(data, name)
@@ -95,9 +84,7 @@ def decode_html(data: bytes, declared: str | None = None) -> str | None:
 
 def _page_text(data: bytes, declared: str | None = None) -> tuple[str | None, str | None]:
     """An HTML file's or WARC payload's text (decode_html), and what makes it binary (None if
-    nothing).  Bytes are sniffed for control bytes before decoding, except where a byte-order mark
-    or a UTF-16 charset says what they are: UTF-16 is half NUL bytes, so its text is checked once
-    decoded."""
+    nothing); UTF-16 (half NUL bytes) is sniffed for control characters once decoded."""
     marked = bom_encoding(data) is not None or (encoding_for_label(declared) or "").startswith("UTF-16")
     if not marked and _looks_binary(data[:_BINARY_SNIFF]):
         return None, "over 10 % control bytes in the first 8 KiB"

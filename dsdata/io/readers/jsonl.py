@@ -71,24 +71,18 @@ def _iter_lines(chunks: Iterator[bytes | Damage]) -> Iterator[bytes | Damage | _
         yield b"".join(parts)
 
 
-# Rejections held back while a JSONL file has produced no JSON value yet: a binary file (an image
-# named .jsonl) becomes one `binary_file` row instead of thousands of garbage "lines", but only if no
-# line of it parses; a text file with one bad line keeps all its other lines.
+# Rejections held back while a JSONL file has produced no JSON value yet: a binary file becomes one
+# `binary_file` row instead of thousands of garbage "lines", but only if no line of it parses.
 _HOLD_ROWS = 10_000
 _HOLD_BYTES = 16 << 20
 
-# Damage inside a gzip member / zstd frame: deflate and zstd cannot resynchronise, and the decoder
-# may emit garbage up to the member's end before its check (CRC-32, checksum) fails.  Garbage can
-# parse: a back-reference can copy a whole earlier line, so the visible sign of damage (the first
-# line that does not parse) may come a few lines after it begins (up to 12.7 KiB in 257 random
-# damages of a deflate stream).  So each row of a compressed member waits until _LOOKBEHIND bytes
-# (deflate's 32 KiB window) follow it, and from the first line that does not parse the rows, with
-# those still waiting, are held back until the member's fate is known: a clean end (MEMBER_END) or a truncation releases
-# them as they are (what decoded before a cut is sound); a decode or check error makes them part of
-# the one damage row.  A run of _RESUMED_BYTES in at least _RESUMED_LINES consecutive lines that
-# parse (twice deflate's 32 KiB window; the garbage after damage breaks the JSON far more often)
-# ends the doubt early, so a healthy file's bad line delays only that much.  Held rows beyond
-# _SUSPECT_MEMORY go to an anonymous temporary file, so memory stays bounded on huge members.
+# Damage inside a gzip member / zstd frame: the decoder may emit garbage (which can parse: a
+# back-reference copies an earlier line) up to the member's end before its check fails.  So each row
+# of a compressed member waits until _LOOKBEHIND bytes (deflate's window) follow it, and from the
+# first line that does not parse the rows are held until the member's fate is known: a clean end or
+# a truncation releases them, a decode or check error makes them part of the one damage row.  A run
+# of _RESUMED_BYTES in _RESUMED_LINES lines that parse ends the doubt early; held rows beyond
+# _SUSPECT_MEMORY go to an anonymous temporary file.
 _LOOKBEHIND = 32 << 10
 _RESUMED_BYTES = 64 << 10
 _RESUMED_LINES = 8
@@ -176,11 +170,8 @@ def _head(chunks, size: int):
 
 
 def _as_utf8(chunks):
-    """A JSONL stream as UTF-8: one that starts with a UTF-16 byte-order mark (JSON's older RFCs
-    allowed UTF-16; Windows tools still write it) is decoded and re-encoded as it goes.  A lone
-    surrogate stays one (surrogatepass both ways), so its line is rejected as invalid UTF-8 like any
-    other, and so is an odd byte at the end; damage markers pass through.  Other streams pass
-    unchanged."""
+    """A JSONL stream as UTF-8: one that starts with a UTF-16 byte-order mark is re-encoded as it
+    goes (a lone surrogate or an odd last byte stays invalid UTF-8, to be rejected); others pass."""
     pending, first, chunks = _head(chunks, 2)
     if not first.startswith(_UTF16_BOMS):
         yield from pending
@@ -199,9 +190,8 @@ _CR_SNIFF = 64 << 10
 
 
 def _cr_lines(chunks):
-    """A stream whose lines end with a lone CR (classic Mac OS, some exports): when its first
-    _CR_SNIFF bytes hold a CR and no LF, every CR becomes LF, so its records are lines and not one
-    bad line.  (A raw CR inside a JSON string is invalid JSON anyway.)  Other streams pass unchanged."""
+    """A stream whose first _CR_SNIFF bytes hold a CR and no LF has every CR made LF (lone-CR line
+    ends; a raw CR inside a JSON string is invalid JSON anyway).  Other streams pass unchanged."""
     pending, head, chunks = _head(chunks, _CR_SNIFF)
     if b"\n" in head or b"\r" not in head:
         yield from pending
@@ -260,10 +250,8 @@ def read_jsonl(path: str, raw: IO[bytes], text_field: str = "text", id_field: st
 
 def _jsonl_rows(path: str, chunks, text_field: str, id_field: str, lineno: int,
                 watch: bool) -> Iterator[Document | Rejected]:
-    """read_jsonl's rows in file order, before the binary-file rule.  With `watch` (compressed
-    input) each row waits until _LOOKBEHIND decoded bytes follow it, and from a member's first line
-    that does not parse the rows (with those still waiting) are held (a `_Suspect`) until the
-    member's end says whether they are data (`_HeldRows`)."""
+    """read_jsonl's rows in file order, before the binary-file rule; with `watch` (compressed input)
+    held as the comment above _LOOKBEHIND says (`_HeldRows`)."""
     held = _HeldRows()
     try:
         for line in _iter_lines(chunks):
@@ -280,9 +268,7 @@ def _jsonl_rows(path: str, chunks, text_field: str, id_field: str, lineno: int,
                                   f"{line.size} bytes without a newline (at most {_MAX_LINE})")
             else:
                 if line.startswith(_BOM):
-                    # A UTF-8 BOM marks the encoding; it is not content.  One that starts a later line
-                    # is the start of another file (`cat a.jsonl b.jsonl`, `cat a.gz b.gz`): no JSON
-                    # value starts with U+FEFF, so nothing is lost by dropping it there too.
+                    # A UTF-8 BOM is no content, on a later line too (`cat a.jsonl b.jsonl`).
                     line = line[len(_BOM):]
                 lineno += 1
                 size = len(line) + 1
@@ -371,12 +357,10 @@ class _HeldRows:
 
 
 def jsonl_ranges(raw: IO[bytes], range_bytes: int) -> list[tuple[int, int | None, int]] | None:
-    """Line-aligned byte ranges covering a plain JSON Lines file, for several workers to read
-    apart: (start, end, lines before start) each, end None for the last (to the end of the file,
-    as reading it whole would).  Each range after the first starts just after a newline, so
-    `read_jsonl(..., first_line=lines)` on each gives the ids and rows reading the file whole
-    gives.  None when the file must be read whole: its head looks binary (the binary-file rule
-    judges the file as one), or it has no line break past `range_bytes` (one range)."""
+    """Line-aligned byte ranges covering a plain JSON Lines file: (start, end, lines before start)
+    each, end None for the last, so `read_jsonl(..., first_line=lines)` on each gives the rows of
+    reading it whole.  None when the file must be read whole (a binary head, UTF-16, lone-CR lines,
+    or no line break past `range_bytes`)."""
     head = raw.read(_BINARY_SNIFF)
     if _looks_binary(head) or head.startswith(_UTF16_BOMS):  # UTF-16 lines do not end at a newline byte
         return None
@@ -418,9 +402,7 @@ _SCAN_JSON = json.JSONDecoder().scan_once  # json.loads' own C scanner (its deco
 
 def _parse_json(text: str) -> Any:
     """json.loads(text), the common line (a value with no whitespace around it) straight from the C
-    scanner: json.loads adds three Python calls and two whitespace regex matches (~1 µs a record).
-    Anything else, whitespace, a BOM, no value or extra data after it, goes to json.loads itself,
-    so the value and every error are json.loads'; an error inside the value is the same scanner's."""
+    scanner; anything else goes to json.loads itself, so values and errors are json.loads'."""
     try:
         value, end = _SCAN_JSON(text, 0)
     except StopIteration:

@@ -9,10 +9,9 @@ from dsdata.io.readers.common import READ_STAGE, _file_rejection, record_to_docu
 
 
 def parquet_ranges(raw: IO[bytes], range_bytes: int) -> list[tuple[int, int | None, int]] | None:
-    """Runs of consecutive row groups of a Parquet file of about `range_bytes` (uncompressed) each:
-    (first group, end group, rows before first), end None for the last (to the last group).  None
-    when the footer cannot be read (the reader then reports the file whole) or there would be one
-    range."""
+    """Runs of consecutive row groups of about `range_bytes` (uncompressed) each: (first group, end
+    group, rows before first), end None for the last.  None when the footer cannot be read or there
+    would be one range."""
     import pyarrow.parquet as pq
 
     try:
@@ -104,9 +103,7 @@ class _Bomb(ValueError):
 
 def _decompression_bomb(group_meta) -> str | None:
     """Why reading this row group would be a decompression bomb, from the sizes its footer declares:
-    a column chunk that decompresses past BOMB_MIN_OUTPUT at over BOMB_RATIO:1 (deflate's own
-    ceiling, the bound zstd input has too).  A 10 KB file held one 300 MB text (zstd) and reading
-    it took 1.3 GB; real text compresses a few times, never a thousand."""
+    a column chunk that decompresses past BOMB_MIN_OUTPUT at over BOMB_RATIO:1 (as decompress.py)."""
     from dsdata.io.decompress import BOMB_MIN_OUTPUT, BOMB_RATIO
 
     for i in range(group_meta.num_columns):
@@ -124,9 +121,8 @@ _LOST_ROWS_LISTED = 1_000_000
 
 
 def _text_as_string(table, text_field: str):
-    """A binary text column (what writers that do not mark strings as UTF-8 make: older Spark and
-    Hive) as strings when all of it is UTF-8; otherwise as it is, and each value is decoded on its
-    own in read_parquet (one that is not UTF-8 is rejected as invalid_utf8)."""
+    """A binary text column (older Spark and Hive) as strings when all of it is UTF-8; otherwise as it
+    is, each value decoded on its own in _parquet_row."""
     import pyarrow as pa
 
     if text_field not in table.column_names:

@@ -59,14 +59,10 @@ def _stretches(path: str, raw: IO[bytes]) -> Iterator[tuple[Iterator[bytes], lis
 
 
 def read_warc(path: str, raw: IO[bytes], **_: Any) -> Iterator[Document | Rejected]:
-    """WARC (gzipped or not) or ARC: one document per `response` record; other record types
-    (request, metadata, warcinfo) describe the crawl and are not documents.  id = WARC-Record-ID.
-
-    Records are framed here (`_warc_frames`), not by warcio's iterator, which lets a header
-    without a valid Content-Length swallow the rest of the file: a malformed record, or bytes
-    that are no record, are one `bad_warc` row and reading resumes at the next `WARC/1.x` line.
-    A gzipped WARC is read on its decoded stream: after a corrupt member, reading resumes at the
-    next one (the damage is one rejected row; a record it cut is one more)."""
+    """WARC (compressed or not) or ARC: one document per `response` record, id = WARC-Record-ID.
+    Records are framed here (`_warc_frames`), not by warcio's iterator, which lets a header without
+    a valid Content-Length swallow the rest of the file: a malformed record is one `bad_warc` row and
+    reading resumes at the next `WARC/1.x` line (after a corrupt member, at the next member)."""
     count = 0
     first = True
     if compression_of(path) is None and isinstance(raw, (io.BufferedIOBase, io.BytesIO)):
@@ -189,12 +185,9 @@ def _header_problem(head: list[bytes]) -> str | None:
 
 def _warc_frames(src: _Source, arc_allowed: bool = False) -> Iterator[Any]:
     """warcio records (and a Damage for each unusable stretch) of a decoded WARC stream.  Each
-    record's header block is checked and its Content-Length bytes read before it is handed out,
-    so a broken record is one row: a header that is not one, or a block not followed by a record
-    boundary, is one `bad_warc` Damage and framing resumes at the next `WARC/1.x` line (inside
-    what the bad record claimed, when it claimed too much).  A block cut by the end of the
-    stream is handed out (the caller reports it `truncated_record`) and the records it
-    swallowed are read again.  A stream that starts like an ARC file is left to warcio."""
+    record's header block is checked and its block read before it is handed out: a bad header, or a
+    block not followed by a record boundary, is one `bad_warc` Damage and framing resumes at the
+    next `WARC/1.x` line.  A stream that starts like an ARC file is left to warcio."""
     loader = _record_loader()
     while True:
         line = src.readline(_LINE_CAP)

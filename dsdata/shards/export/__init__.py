@@ -3,13 +3,9 @@
   dsdata shards export --format megatron|mds|hf SRC DST      → DST/<format>/ (one folder per format)
   shards stage option  export: [megatron, …]                 → RUN_DIR/export/<format>/
 
-Each format folder is written under a hidden temp name beside its target and renamed into place when
-complete (an older export there is replaced only then; a folder the export did not write is never
-replaced: dsdata/shards/export/files.py), with the shards' tokenizer in <format>/tokenizer/ and
-`export.json` (what was exported from which manifest) written inside it last.  The shard set is
-verified shard by shard as it is read (dsdata/shards/export/source.py), so a corrupt shard stops the export
-naming its file; the tokenizer copied is only the files the manifest pins, each checked against its
-sha256 (a changed, missing or added tokenizer file stops the export).
+Each format folder is staged under a hidden temp name and renamed into place when complete
+(files.py), with the shards' tokenizer in <format>/tokenizer/ and `export.json` written last.  Every
+shard and every pinned tokenizer file is verified as it is read: a bad one stops the export.
 """
 from __future__ import annotations
 
@@ -45,14 +41,11 @@ def check_formats(formats: list[str]) -> list[str]:
 
 
 def copy_tokenizer(source: ShardSource, out_dir: str) -> list[str]:
-    """Copy the shards' tokenizer into out_dir/tokenizer/ (what each trainer needs beside the ids):
-    the bundled files, exactly those the manifest pins, each checked against its sha256 as it is
-    copied.  For a manifest from before bundling, the tokenizer folder it names when its tokenizer.json
-    has the recorded sha256; that manifest pins no other file, so the folder's other tokenizer files
-    (its config and special tokens, which trainers need for eos and padding) are copied as found.
-    ExportError when a pinned file is missing, changed or a link, or the bundle holds a tokenizer
-    file the manifest does not list.  Returns the names copied ([] when an older manifest's
-    tokenizer is not on this machine)."""
+    """Copy the shards' tokenizer into out_dir/tokenizer/: exactly the bundled files the manifest
+    pins, each checked against its sha256 as it is copied (an older manifest: the folder it names,
+    its tokenizer.json checked, its other tokenizer files as found).  ExportError when a pinned file
+    is missing, changed or a link, or the bundle holds one the manifest does not list.  Returns the
+    names copied ([] when an older manifest's tokenizer is not on this machine)."""
     bundled = bundled_files(source.directory, source.manifest)
     if bundled:
         problems = verify_bundled_tokenizer(source.directory, source.manifest)

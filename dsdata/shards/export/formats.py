@@ -1,6 +1,5 @@
-"""THE table of export formats: plain data, importable without numpy, pyarrow or any format's own
-library, so the shards stage's parameter, `dsdata shards export --help`, the CLI summary and the docs
-read the names and summaries here.  A new format is one module under dsdata/shards/export/ with
+"""THE table of export formats: plain data, importable without numpy or pyarrow, read by the shards
+stage, the CLI and the docs.  A new format is one module under dsdata/shards/export/ with
 `write(source, out_dir) -> summary` and one row below; nothing else names it."""
 from __future__ import annotations
 

@@ -53,10 +53,8 @@ class _MdsWriter:
                        "column_sizes": [None] * len(self.names), "compression": None, "format": "mds",
                        "hashes": [], "size_limit": size_limit, "version": 2}
         self.config_bytes = json.dumps(self.config, sort_keys=True).encode("utf-8")
-        # A shard's bytes besides its samples: the sample count, the offset past the last sample,
-        # the config.  Counted against the limit (4 more bytes of offset per sample) as streaming's
-        # MDSWriter counts them, so both split a bucket at the same samples and a shard file
-        # stays within the limit unless one sample alone is larger.
+        # A shard's bytes besides its samples (count, last offset, config), counted against the limit
+        # as streaming's MDSWriter counts them, so both split a bucket at the same samples.
         self.shard_overhead = 4 + 4 + len(self.config_bytes)
         self.samples: list[bytes] = []
         self.pending = self.shard_overhead
@@ -66,8 +64,7 @@ class _MdsWriter:
         parts = [values["difficulty"].encode("utf-8"), values["id"].encode("utf-8"),
                  _ndarray_bytes(values["input_ids"]), values["source"].encode("utf-8")]
         sample = np.array([len(p) for p in parts], dtype=np.uint32).tobytes() + b"".join(parts)
-        # Unlike streaming, never flush an empty shard (streaming writes one, with 0 samples, before
-        # a sample larger than the limit).
+        # Unlike streaming, never flush an empty shard (before a sample larger than the limit).
         if self.samples and self.pending + len(sample) + 4 > self.size_limit:
             self.flush()
         self.samples.append(sample)

@@ -1,11 +1,7 @@
 """Read a verified shard set document by document, per difficulty bucket, for the exporters.
 
-Every shard is checked before any of its tokens is exported: size and sha256 against the manifest,
-then the Arrow content against its entry (`check_shard_buffer`: one record batch, buffers inside the
-file, offsets consistent, every id inside the manifest's vocabulary), so an export never carries a
-corrupt or tampered shard's tokens.
-Documents come in manifest order (shards sorted by file name, documents in shard order): the same
-order on every run, so exports of one shard set are byte-identical.
+Every shard is checked before any of its tokens is exported (size, sha256, `check_shard_buffer`).
+Documents come in manifest order, so exports of one shard set are byte-identical.
 """
 from __future__ import annotations
 
