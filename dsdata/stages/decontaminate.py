@@ -1,33 +1,14 @@
-"""`decontaminate`: reject documents that share an n-gram with an evaluation benchmark.
+"""`decontaminate`: reject documents that share an n-gram with an evaluation benchmark (docs/decontaminate.md).
 
-What datatrove's NGramsDecontIndexer/NGramsDecontFilter and GPT-3's decontamination do: every
-`ngram`-token window (13 by default) of every benchmark item is indexed; a document containing any
-of them is rejected `contaminated`, its detail naming the benchmark file and the matched n-gram.
+As datatrove's NGramsDecontFilter and GPT-3 do: every `ngram`-token window of every benchmark item
+is indexed; a document holding one is rejected `contaminated`, its detail naming the file and n-gram.
+With `max_doc_frequency` the counts need the whole corpus (dsdata/beam/decontaminate.py calls
+`matches`, then `decide`); with it null `process` decides one document at a time.
 
-Shared text.  With `max_doc_frequency` (default 20) an n-gram found in more documents of the corpus
-than that (a footer, a licence) does not reject, nor does one that overlaps such an n-gram in the
-document; a document holding `copy_fraction` of one item's n-grams is a copy whatever the counts.
-The counts need the whole corpus: dsdata/beam/decontaminate.py (`matches` per document, then
-`decide`); with `max_doc_frequency: null` the stage decides one document at a time (`process`).
-
-Tokens.  Text is NFKC-normalised and case-folded; a token is one CJK character (Chinese and
-Japanese have no spaces: 13 characters ≈ 6-8 words) or a run of other letters/digits; punctuation
-and spacing are ignored, so "Paris, France" and "paris france" share their n-grams, and an English
-clitic joins its word ("don't" = "dont" = "don t").
-
-Benchmarks.  A `.jsonl`/`.ndjson` file (optionally .gz) holds one JSON object per line and every
-string in the `fields` listed (null: every string value, lists of strings included, e.g. a
-multiple-choice item's options) is one item; any other file is plain text, one item per line.  An
-item shorter than `ngram` tokens is indexed whole when it has at least `min_tokens` (a short
-question still identifies the item).  A file that yields no n-gram stops the run: a silent no-op
-decontamination is what dolma users hit; so does one that is not UTF-8 text (binary, a lying or
-truncated .gz, a line over MAX_LINE_BYTES, JSON nested too deeply), in one line.
-
-Scale.  Each n-gram is a 64-bit polynomial hash of its tokens' hashes, computed with numpy over a
-document; the index is one sorted uint64 array (8 bytes per n-gram: 10 million n-grams = 80 MB)
-searched with `searchsorted`, built once per worker process and shared by its stage instances.
-Per-benchmark counts of rejected documents are the `decontaminate_benchmark` tally (stats.json
-"tallies", the run report).
+Tokens: NFKC, case-folded; one CJK character, or a run of other letters/digits (punctuation and
+spacing ignored, an English clitic joins its word).  A benchmark file that yields no n-gram or is
+not UTF-8 text stops the run in one line.  The index is one sorted uint64 array of n-gram hashes,
+built once per worker process.
 """
 from __future__ import annotations
 
