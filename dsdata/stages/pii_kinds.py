@@ -1,20 +1,14 @@
 """The kinds of personal data the `pii` stage finds: their shapes, validators and context rules, and
 the finder that runs them in one pass.  The rules, with examples kept and redacted: docs/pii.md.
 
-How a text is read
-  1. Full-width forms (１３９, －, ＠, ．, ：, （）, the ideographic space) and the other dashes and
-     spaces are mapped to ASCII by a same-length table, so every offset found in the mapped text is
-     an offset in the original and the redaction lands on the characters as written.
+  1. Full-width forms, dashes and spaces are mapped to ASCII by a same-length table, so every
+     offset in the mapped text is an offset in the original.
   2. Items are bounded by the characters around them, never by `\\b` (which counts Chinese characters
-     as word characters, so `请拨打13912345678咨询` has no boundary around the number): a digit kind
-     may not touch a digit, a Latin letter, `_` or `@`, nor a `.`/`-` that joins it to more digits or
-     letters; anything else — Chinese characters and punctuation, brackets, quotes, spaces, a line
-     start or end, a full stop — is a boundary.
-  3. One scan per family, each linear in the text: the digit kinds (phone, identity, card, IPv4) are
-     one alternation of bounded shapes whose every attempt reads at most ~70 characters, run only
-     where a compiled pass (pii_kernels, with numba) has not ruled a shape out or read the item in
-     full; e-mail addresses are read only around an `@`, IPv6 only around a `:`.  A candidate is
-     found once and validated once (checksum, issuer range, date, routability, context).
+     as word characters): a digit kind may not touch a digit, a Latin letter, `_` or `@`, nor a
+     `.`/`-` that joins it to more digits or letters.
+  3. One linear scan per family: the digit kinds are one alternation of bounded shapes, run only
+     where the compiled pass (pii_kernels, with numba) has not settled the run; e-mail addresses are
+     read only around an `@`, IPv6 only around a `:`.  Each candidate is validated once.
 """
 from __future__ import annotations
 
