@@ -68,11 +68,8 @@ def _marked_tokens(text: str) -> list[str] | None:
 
 def window_hashes(toks: list[str], lengths) -> dict[int, np.ndarray]:
     """For each n in `lengths`: the uint64 hash of every n-token window of `toks` (position i:
-    toks[i:i+n]; empty when there are fewer tokens).  One pass of multiply-adds up to the longest n
-    serves every shorter one on the way.
-
-    Token hashes are Python's str hash: stable within a process, which is all the index needs (it is
-    built by the process that searches it)."""
+    toks[i:i+n]; empty when there are fewer tokens), one pass of multiply-adds for every n.  Token
+    hashes are Python's str hash: stable within the process that builds and searches the index."""
     wanted = sorted(set(lengths))
     out = {n: np.empty(0, dtype=np.uint64) for n in wanted}
     size = len(toks)
@@ -211,9 +208,8 @@ def benchmark_items(path: str, fields: list[str] | None):
 
 def _item_hashes(item: str, n: int, min_tokens: int, lengths: set[int]) -> np.ndarray:
     """The hashes of an item's n-grams (or of the whole item when it is short); and, for each n-word
-    window of the item without CJK that holds one or two words of punctuation alone ("-", "│"), the
-    hash of its other tokens: 13 words cut out of "set the mode - then restart the server …" are 12
-    tokens, and are caught."""
+    window without CJK holding one or two words of punctuation alone ("-", "│"), the hash of its
+    other tokens (13 words cut out of "set the mode - then restart …" are 12 tokens)."""
     toks = tokens(item)
     if len(toks) >= n:
         out = [ngram_hashes(toks, n)]
@@ -385,11 +381,9 @@ class DecontaminateStage(DocumentStage):
 
     def decide(self, doc: Document, matches: list[Match], capped=frozenset()) -> Document | Rejected:
         """`doc` rejected `contaminated` on its first benchmark n-gram that neither is `capped` (shared
-        by more than max_doc_frequency documents of the corpus) nor overlaps a capped n-gram in this
-        document (the text just before or after a footer: "…current locale" + the footer's first words
-        is under the cap, but part of it is the footer, and the rest too short to count); or, whatever the cap, when it holds
-        at least copy_fraction of one benchmark item's n-grams, and at least `ngram` of them (a
-        passage copied into many documents is still a copy).  Kept otherwise."""
+        by more than max_doc_frequency documents) nor overlaps a capped n-gram in this document (text
+        next to a footer is partly the footer); or, whatever the cap, when it holds at least
+        copy_fraction of one item's n-grams, and at least `ngram` of them.  Kept otherwise."""
         if not matches:
             return doc
         chosen = None
