@@ -211,9 +211,8 @@ def luhn_ok(digits: str) -> bool:
     return (sum(map(int, backwards[::2])) + sum(map(_DOUBLED.__getitem__, backwards[1::2]))) % 10 == 0
 
 
-# Issuer identification ranges: (network, first digits from, to, lengths).  A number is a card when it
-# falls in one of them, has 13-19 digits (Maestro 12-19) and passes Luhn; the networks' own lengths are not required
-# (issuers have widened them, and a misfiled length is still someone's card).
+# Issuer identification ranges: (network, first digits from, to).  A card falls in one, has 13-19 digits
+# (Maestro 12-19) and passes Luhn; the networks' own lengths are not required (issuers widen them).
 _ISSUERS = (("visa", 4, 4), ("mastercard", 51, 55), ("mastercard", 2221, 2720), ("amex", 34, 34), ("amex", 37, 37),
             ("diners", 300, 305), ("diners", 36, 36), ("diners", 38, 39), ("discover", 6011, 6011),
             ("discover", 644, 649), ("discover", 65, 65), ("jcb", 35, 35), ("jcb", 2131, 2131), ("jcb", 1800, 1800),
@@ -377,13 +376,9 @@ class PiiFinder:
 
     # -- digit kinds ---------------------------------------------------------------------------
     def _numbers(self, text: str) -> list[tuple[int, int, str]]:
-        # Where a digit kind can be: a run of 7 or more of its characters (the shortest, an IPv4
-        # address, has 7) whose rest could hold a shape (_gate).  The compiled pass (pii_kernels) finds
-        # the runs, reads in full the items it can settle and gives the first position where a shape
-        # may start in the rest; without numba, _HINT finds the runs (a scan that starts with a
-        # character class, so the engine skips other characters fast).
-        # The full pattern then runs only inside those runs (and 16 characters on, for an extension or
-        # the look-ahead at its end).
+        # Where a digit kind can be: a run of 7 or more of its characters whose rest could hold a shape
+        # (_gate), found by the compiled pass (which also settles the items it can) or by _HINT.  The
+        # full pattern runs only inside those runs (and 16 characters on: an extension, the look-ahead).
         found: list[tuple[int, int, str]] = []
         search, classify, gate = self._number.search, self._classify, self._gate
         if kernels := self._kernels if self._kernels is not None else self._load_kernels():
