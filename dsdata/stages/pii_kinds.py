@@ -287,11 +287,7 @@ _V4_RANGES = [r for ranges in _NOT_GLOBAL_V4.values() for r in ranges]
 
 def _public_v4(quad: str) -> bool:
     a, b, c, d = map(int, quad.split("."))
-    ranges = _NOT_GLOBAL_V4.get(a)
-    if not ranges:
-        return True
-    value = a << 24 | b << 16 | c << 8 | d
-    return not any(value >> shift == net for net, shift in ranges)
+    return _public_v4_int(a << 24 | b << 16 | c << 8 | d)
 
 
 def _public_v4_int(value: int) -> bool:
