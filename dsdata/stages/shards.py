@@ -20,7 +20,6 @@ from dsdata.core.params import Allowed, Integer, ListOf, Path, Text
 
 SHARDS_DIR = "shards"
 EXPORT_DIR = "export"
-# The formats of dsdata/export (not imported here: stages stay light); a test checks they agree.
 _BUCKET_NAME = re.compile(r"^[A-Za-z0-9_]+\Z")  # \Z: "$" also matches before a final newline
 
 
@@ -48,7 +47,6 @@ def shard_key(bucket: str, doc_id: str, totals: dict[str, int], shard_size: int)
     """(bucket, index, count): the shard a document goes to, given the tokens of every bucket."""
     count = shard_count(totals[bucket], shard_size)
     return bucket, id_hash(doc_id) % count, count
-
 
 
 def export_formats(values: dict) -> Allowed:
