@@ -72,9 +72,7 @@ class BucketWeights(MappingOf):
 @dataclass(frozen=True)
 class DifficultyConfig:
     """The plain values the difficulty composite (dsdata/beam/difficulty.py) runs by and records in
-    difficulty.json.  The scoring and grading themselves are the stage's methods (score_batch loads
-    the language models in setup; grade, fixed_cutoffs, grouping_key, sampling_probabilities), which
-    the composite's DoFns call on the stage it is handed with this config."""
+    difficulty.json; scoring and grading are the stage's own methods, which its DoFns call."""
 
     stage_name: str
     batch_size: int

@@ -243,10 +243,8 @@ class QualityRulesStage(DocumentStage):
 
     def _measure(self, text: str, lower: str, cjk: bool, compiled) -> SimpleNamespace:
         """Everything the checks after C4's line filters read: rules_kernels.measure's counts (COUNTS)
-        and n-gram fractions.  The n-grams and English stop words are of the lower-cased words,
-        which are the words of the lower-cased text (tests/test_rules_kernels.py checks every code
-        point): str.lower maps each character on its own except Σ (final sigma looks at the
-        neighbours), so a text with a Σ passes its words lower-cased one by one, joined by spaces."""
+        and n-gram fractions, of the lower-cased words: the lower-cased text's words, except around a Σ
+        (final sigma looks at its neighbours), so such a text passes its words lower-cased one by one."""
         scale = 2 if cjk else 1
         top_ns = tuple(n * scale for n in sorted(self.top_ngram_max_ratio))
         dup_ns = tuple(n * scale for n in sorted(self.dup_ngram_max_ratio))
