@@ -71,10 +71,8 @@ def build_word_table(words, word_offsets):
 
 @njit(cache=True, nogil=True)
 def build_prune_table(keys, values, bucket):
-    """The pruned n-gram map (bucket → row): a bitmap of the kept buckets (one bit a bucket: 256 KB
-    for lid.176.ftz) and an open-addressing table of (key, value) pairs on a power-of-two size.
-    Most n-grams of a text are not kept (lid.176.ftz keeps 42,765 of 2M buckets), and a bit test in
-    a cache-resident bitmap answers those."""
+    """The pruned n-gram map (bucket → row): a bitmap of the kept buckets, which answers most n-grams
+    (not kept) with one bit test, and an open-addressing table of (key, value) pairs."""
     size = 1
     while size < 2 * keys.shape[0] + 2:
         size *= 2
