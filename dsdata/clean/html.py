@@ -1,28 +1,11 @@
 """HTML → main text: a lexbor (selectolax) DOM heuristic that drops boilerplate, plus two baselines.
 
-The `dom` extractor (the default behind `auto`) works on one parse:
-
-1. drop elements that never carry readable text: script, style, buttons, inputs, SVG, media, and
-   hidden elements (`hidden`, `aria-hidden="true"`, inline `display: none`);
-2. pick the content root: the page's single `<main>` / `role="main"` element, else its single
-   `<article>`, else `<body>`; an explicit main region is only trusted when it holds at least a
-   quarter of the page's text (an empty `<main id="app">` placeholder must not swallow the page);
-3. inside the root, drop furniture: `nav` and `footer`; `aside` and `header` outside an explicit
-   main region (inside it they are the article's own header, footnotes and notes); containers
-   whose ARIA role is navigation/banner/contentinfo/complementary/search/menu; containers whose
-   class or id *words* (split on whitespace, `-`, `_`) say nav, menu, sidebar, footer,
-   breadcrumb, toc, related, … — whole words only, so `menuselection` does not match, and an id
-   that is the slug of the element's own heading (`<section id="buffer-related-functions">`) is
-   a section name, not furniture;
-4. drop lists that are nothing but links to the site's own pages (4+ items, 90 % of them pure
-   link text, at most half of the links absolute URLs: tables of contents, indexes, archives; a
-   reference list of outside links, a `<dt>link</dt><dd>description</dd>` list and a list of code
-   references — API names — stay), and heading permalinks (an in-page link whose whole text is one symbol such as ¶);
-5. serialise: paragraph-like blocks apart by a blank line, other blocks (list items, rows, divs,
-   `<br>`) on their own line, table cells separated by tabs, `<pre>` exactly as written, image
-   alt text ignored.
-
-Nothing here is tuned to one site: the rules name HTML semantics and common class-name words.
+The `dom` extractor (the default behind `auto`), on one parse: drop elements that never carry text
+(scripts, media, hidden ones); pick the content root (a single `<main>`/`article` holding at least a
+quarter of the page's text, else `<body>`); drop furniture (nav, footer, ARIA landmarks, containers
+whose class/id words say nav, sidebar, toc, …), lists of links to the site's own pages and heading
+permalinks; serialise blocks, cells and `<pre>` (docs/clean.md has the rules in full).  The rules
+name HTML semantics and common class-name words, never one site.
 """
 from __future__ import annotations
 
@@ -132,9 +115,8 @@ def _slug(text: str) -> str:
 
 
 def _is_heading_anchor(node: LexborNode, value: str) -> bool:
-    """Whether `value` (an id) is the slug of the element's own heading, as documentation and
-    Markdown generators make them: `<section id="buffer-related-functions"><h2>Buffer-related
-    functions</h2>` is a section about related functions, not a "related" box."""
+    """Whether `value` (an id) is the slug of the element's own heading: `<section
+    id="buffer-related-functions">` is a section about related functions, not a "related" box."""
     heading = node.css_first("h1, h2, h3, h4, h5, h6")
     # "in", not "==": numbered headings ("2.3. Python-related paths") keep the number out of the id.
     return heading is not None and _slug(value) in _slug(heading.text(deep=True))
@@ -180,9 +162,8 @@ def _visible_length(node: LexborNode) -> int:
 def _outermost(nodes: list[LexborNode]) -> list[LexborNode]:
     """Drop nodes nested inside another node of the list (document order in, document order out).
 
-    Each ancestor's answer ("inside a chosen node or not") is remembered, so every element is walked
-    past once, not once per node below it (O(nodes × depth) on deeply nested pages).  The memo stays
-    right because a chosen node precedes every node inside it in document order."""
+    Each ancestor's answer is remembered, so every element is walked past once, not once per node
+    below it; right because a chosen node precedes every node inside it in document order."""
     chosen: list[LexborNode] = []
     inside: dict[int, bool] = {}  # mem_id → the element is, or lies inside, a chosen node
     for node in nodes:
@@ -245,8 +226,7 @@ def _is_external(href: str | None) -> bool:
 
 def _is_code_reference_list(links: list[LexborNode]) -> bool:
     """Whether most links' whole text is code (`<code>`, `<tt>`, `<kbd>`, `<samp>`): a list of the
-    functions or constants the text is about ("New functions: time.clock_gettime_ns(), …"), not
-    navigation, whose labels are words."""
+    functions the text is about, not navigation, whose labels are words."""
     code_links = 0
     for link in links:
         code = link.css_first("code, tt, kbd, samp")
@@ -256,9 +236,8 @@ def _is_code_reference_list(links: list[LexborNode]) -> bool:
 
 
 def _drop_link_lists(root: LexborNode, names: set[str] | None = None) -> None:
-    """Drop lists whose items are nothing but links to the site's own pages: tables of contents,
-    indexes, archives.  A list whose links mostly leave the site is a reference list ("Further
-    reading: MDN Web Docs, …") and stays."""
+    """Drop lists whose items are nothing but links to the site's own pages (tables of contents,
+    indexes, archives); a list whose links mostly leave the site is a reference list and stays."""
     if names is not None and names.isdisjoint(("ul", "ol", "dl", "menu")):
         return
     doomed = []
@@ -345,10 +324,8 @@ _MADE_UP = frozenset({"html", "head", "body", "tbody"})
 
 def _serialise(root: LexborNode, names: set[str] | None = None) -> str:
     """Visible text: paragraphs apart by a blank line, other blocks on their own line, table cells
-    separated by tabs, <pre> exactly as written.
-
-    The structure is marked with private-use characters in the DOM so that lexbor collects the
-    text in one C call instead of a Python walk over every node."""
+    separated by tabs, <pre> exactly as written.  The structure is marked with private-use
+    characters so that lexbor collects the text in one C call instead of a Python walk."""
     root_id = root.mem_id
     if root.tag in _PRE_TAGS:
         return root.text(deep=True).strip("\n")
@@ -435,9 +412,8 @@ _NO_COUNT = frozenset({"", *_NO_LEVEL, *(f"/{name}" for name in _NO_LEVEL)})
 
 def _scan(html: str, max_depth: int, data: bytes | None = None) -> tuple[set[str] | None, bool]:
     """(`_tag_names_python`'s answer, whether a tag may be LONG_TAG_BYTES long or longer); from the
-    compiled scan of the page's UTF-8 bytes (`data`, or encoded here) when numba is there, this
-    process has scanned COMPILED_SCAN_AFTER_BYTES of HTML, and the text has no lone surrogates (the
-    reference and a regex otherwise)."""
+    compiled scan of the UTF-8 bytes (`data`, or encoded here) once this process has scanned
+    COMPILED_SCAN_AFTER_BYTES of HTML, with numba and no lone surrogates; the reference otherwise."""
     global _scanned_bytes
     if _kernels is None and _scanned_bytes < COMPILED_SCAN_AFTER_BYTES:
         _scanned_bytes += len(html) if data is None else len(data)
@@ -454,10 +430,8 @@ def _scan(html: str, max_depth: int, data: bytes | None = None) -> tuple[set[str
     return _tag_names_python(html, max_depth), _LONG_TAG.search(html) is not None
 
 
-# lexbor's tree builder checks each attribute of an element against those before it: a tag of k
-# attributes costs ~k² (a 600 KB tag of 100k attributes took 28 s).  A tag longer than LONG_TAG_BYTES,
-# rare in real pages (inline SVG paths, data: URLs), has its attributes past MAX_ATTRIBUTES dropped
-# before the page is parsed (_cap_attributes).
+# lexbor checks each attribute of an element against those before it: a tag of k attributes costs
+# ~k².  A tag longer than LONG_TAG_BYTES has its attributes past MAX_ATTRIBUTES dropped before parsing.
 LONG_TAG_BYTES = 1024
 MAX_ATTRIBUTES = 256
 _LONG_TAG = re.compile(r"</?[A-Za-z][^>]{%d}" % (LONG_TAG_BYTES - 2))
@@ -497,9 +471,8 @@ def _utf8(html: str) -> bytes | None:
 
 
 _kernels = None  # dsdata.clean.html_kernels once imported; False when numba is missing or disabled
-# The compiled scan costs a process ~0.8 CPU-s once (numba's import and machine code) and saves
-# ~17 ms per MB of HTML: it is taken once this process has scanned this much HTML the Python way, so
-# a run of a few pages never pays for numba.  Where the kernel is loaded already, it is used.
+# The compiled scan has a one-off cost per process (numba's import): it is taken once this process
+# has scanned this much HTML the Python way, so a run of a few pages never pays for it.
 COMPILED_SCAN_AFTER_BYTES = 8 << 20
 _scanned_bytes = 0
 
@@ -546,15 +519,9 @@ def _tag_names_python(html: str, max_depth: int) -> set[str] | None:
     """The lowercase names of the page's start and end tags outside raw-text elements, when
     `cap_nesting`'s scan provably never reaches `max_depth` on it; None when it may.
 
-    Instead of the scan's stack, one open-element count per tag name: an end tag takes one off its
-    name's count when that is above zero, a start tag (self-closing ones too) adds one.  The sum of
-    the counts never falls below the scan's stack depth (an end tag the scan honours pops at least
-    the one element this takes off; one it ignores can only take off here what the scan already
-    popped or never pushed), so a sum that stays within the bound proves the scan makes no edit.
-
-    The names let the extractor skip a CSS query for elements the page does not have (every query
-    walks the whole tree): an element of the parsed page has its name here unless the tree builder
-    made it up (html, head, body, tbody) or it is a raw-text element."""
+    Instead of the scan's stack, one open-element count per tag name; their sum never falls below
+    the scan's stack depth, so a sum within the bound proves the scan makes no edit.  The names let
+    the extractor skip CSS queries for elements the page does not have."""
     # No tag ends after the last ">"; without the bound every "<" of "<a<a<a…" scans to the end: O(n²).
     tags = list(map(str.lower, _TAG_NAMES.findall(html, 0, html.rfind(">") + 1)))
     counts: dict[str, int] = {}
@@ -660,11 +627,9 @@ def _parse(html: str | bytes) -> LexborHTMLParser:
     return tree
 
 
-# lexbor's tree builder costs ~k² for a <select> of k options (its "in select" insertion mode:
-# 40,000 options 16 s, 10,000 0.6 s; the same options in any other element are linear).  A select's
-# content is never main text (it is among _NON_CONTENT_TAGS), so on a page with many options every
-# <select> tag is renamed to a custom element before parsing (the options are then parsed as in a
-# <div>) and removed with the other non-content elements.  benchmarks/html_nesting.py measures it.
+# lexbor's "in select" insertion mode costs ~k² for a <select> of k options.  A select is never main
+# text, so on a page with many options every <select> is renamed to a custom element before parsing
+# (its options then parse as in a <div>) and removed with the other non-content elements.
 _WIDE_SELECT_OPTIONS = 512
 _OPTION_TAG = re.compile(r"<option[\s/>]", re.IGNORECASE)
 _SELECT_TAG = re.compile(r"<(/?)select(?=[\s/>])", re.IGNORECASE)

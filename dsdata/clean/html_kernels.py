@@ -1,25 +1,12 @@
 """Optional numba kernel for `dsdata.clean.html._tag_names_python`: the same answer from one pass over the
-page's UTF-8 bytes in machine code.
+page's UTF-8 bytes in machine code (the Python path stays the reference; tests compare both).
 
-The Python path (`_tag_names_python`: one `findall` of `_TAG_NAMES`, then a count per tag name) stays the
-reference; tests compare both on real and generated pages.  What this kernel reproduces, step by
-step, over the bytes before the page's last `>` (the regex's bound):
-
-* at a `<` followed by an ASCII letter, or by `/` and a letter, a tag: its name is the longest run
-  of `[A-Za-z0-9:-]` (lower-cased), and it ends at the next `>` (`[^>]*>`, which may swallow
-  other `<`); any other `<` starts nothing and the scan moves on by one byte;
-* a start tag named like a raw-text element (script, style, …) yields no name: its content up to
-  the first case-insensitive `</name` (Python's `re.IGNORECASE` on text: besides ASCII, `ſ` matches
-  `s` and `İ`/`ı` match `i`; the whole `</name` before the bound) or up to the bound is skipped;
-* every other tag counts unless its name opens no nesting level: a start tag adds one to its
-  name's count, an end tag takes one off when the count is above zero; the running sum of counts
-  above `max_depth` means "may nest too deep" (the Python path's None).
-
-UTF-8 keeps every ASCII byte for itself (a multi-byte character never contains `<`, `>`, `/` or a
-letter byte), so the byte scan sees the tags the text scan sees.  Names are kept in an
-open-addressing table with exact (lower-cased) keys: no hash collision can merge two names.
-Tables are sized for the worst case up front (as many names as `<`), so no array changes inside
-the loop.  `cache=True` stores the machine code beside this file (see dsdata/dedup/numba_kernels.py).
+Over the bytes before the page's last `>`: a `<` then a letter (or `/` and a letter) is a tag named
+by its `[A-Za-z0-9:-]` run, lower-cased, ending at the next `>`; a raw-text start tag (script, …)
+skips to the first case-insensitive `</name` (as Python's re.IGNORECASE: `ſ` matches `s`, `İ`/`ı`
+match `i`); other tags count per name as in the reference.  UTF-8 keeps every ASCII byte for
+itself, so the byte scan sees the tags the text scan sees.  Names are exact keys of an
+open-addressing table sized for the worst case up front.
 """
 from __future__ import annotations
 

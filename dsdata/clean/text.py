@@ -16,10 +16,8 @@ UNICODE_FORMS = ("NFC", "NFKC", "NFKC_CJK", "NFD", "NFKD", "none")
 
 # C0 and C1 controls except \t and \n (\r is turned into \n first), and DEL.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-# Invisible characters with no meaning in running text: zero-width space, word joiner, invisible
-# operators, BOM/zero-width no-break space, soft hyphen, Mongolian vowel separator (an old
-# zero-width space), combining grapheme joiner.  ZWJ/ZWNJ (U+200C/U+200D) are kept: Persian and
-# Indic spelling and emoji sequences need them.
+# Invisible characters with no meaning in running text (ZWSP, word joiner, invisible operators, BOM,
+# soft hyphen, Mongolian vowel separator, CGJ).  ZWJ/ZWNJ are kept: Persian, Indic and emoji need them.
 _ZERO_WIDTH = re.compile("[\u200b\u2060-\u2064\ufeff\u00ad\u180e\u034f]")
 _LINE_SEPARATORS = re.compile("\r\n?|[\u2028\u2029\x85]")
 
@@ -55,10 +53,8 @@ _LINE_BREAKING_TAGS = frozenset(
 _ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
 
 
-# Non-ASCII symbols that form decorative runs: arrows, math operators and technical symbols, box
-# drawing, block elements, geometric shapes (▲ ■ ◆), miscellaneous symbols and dingbats (★ ☆ ♥ ✔),
-# and the emoji planes.  Ordinary punctuation is not in it: '……' and '——' are normal Chinese
-# punctuation, '!!!' and '。。。' are emphasis.
+# Non-ASCII symbols that form decorative runs: arrows, math and technical symbols, box drawing, shapes
+# (▲ ■), dingbats (★ ✔) and emoji.  Not punctuation: '……' and '——' are normal Chinese punctuation.
 _DECORATIVE = "[\u2190-\u23ff\u2500-\u27bf\u2900-\u2bff\U0001f000-\U0001faff]"
 _DECORATIVE_CHAR = re.compile(_DECORATIVE)
 
@@ -79,10 +75,8 @@ _SYMBOL_RUN = re.compile(rf"{_LEADING_BLANKS}({_DECORATIVE})\1{{2,}}[ \t]*")
 
 
 _HSPACE = "[ \t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]"
-# A run inside a line (indentation is left alone by the callback).  Only runs that change are
-# matched (two or more characters, or one that is not a plain space): a callback per single space
-# between words would cost more than the rest of the cleaning.  The pattern starts with the run
-# itself, so the regex engine skips to the next space quickly.
+# A run inside a line (indentation is left alone by the callback); only runs that change (two or more
+# characters, or one that is not a plain space): a callback per space between words costs too much.
 _INNER_SPACE_RUN = re.compile(
     f"(?: (?={_HSPACE})|[\t\f\v\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]){_HSPACE}*"
 )
@@ -233,7 +227,7 @@ class TextCleaner:
             if _DECORATIVE_CHAR.search(text):  # most texts have none: skip the slower pattern
                 text = _SYMBOL_RUN.sub(_symbol_run_replacement, text)  # removes text or adds " "
         if self.normalize_whitespace:
-            # Per line in C (str.rstrip): the pattern was tried at every space between words.
+            # Per line in C (str.rstrip): a pattern would be tried at every space between words.
             text = "\n".join([line.rstrip(_HSPACE_CHARS) for line in text.split("\n")])
             if not self.keep_indent:
                 text = _LEADING_SPACE.sub("", text)

@@ -1,27 +1,8 @@
 """Locality-sensitive hashing over MinHash signatures: choosing bands × rows, and band keys.
 
-A signature of `num_perm` values is cut into `bands` bands of `rows` values.  Two documents whose
-shingle sets have Jaccard similarity s agree on one band with probability s^rows, so they share at
-least one band bucket (become a candidate pair) with probability
-
-    P(s) = 1 − (1 − s^rows)^bands                                   (the S-curve)
-
-whose steepest point is near (1/bands)^(1/rows).  Given a Jaccard `threshold` t, `choose_bands_rows`
-picks the (bands, rows) with bands·rows ≤ num_perm that minimise
-
-    w_fp · ∫_0^t P(s) ds  +  w_fn · ∫_t^1 (1 − P(s)) ds
-
-(the weighted areas of false positives below t and false negatives above t, as datasketch does).
-When candidates are verified by their signature estimate afterwards, false positives cost only
-work, so the default weights there favour recall (w_fp = 0.05, w_fn = 0.95): with num_perm = 128,
-t = 0.8 that gives 16 bands × 8 rows:
-
-    s      0.5    0.6    0.7    0.75   0.8    0.85   0.9
-    P(s)   0.061  0.237  0.613  0.815  0.947  0.994  1.000
-
-Without verification the weights are equal (datasketch's choice): 9 bands × 13 rows, where
-P(0.8) = 0.40 and P(0.85) = 0.69 — the reason a plain MinHashLSH at threshold 0.8 misses
-near-duplicates just above it.
+Two documents of Jaccard s share at least one of `bands` buckets of `rows` values with probability
+P(s) = 1 − (1 − s^rows)^bands; `choose_bands_rows` picks (bands, rows) for a threshold by the weighted
+false-positive and false-negative areas of that S-curve, as datasketch does (docs/dedup.md).
 """
 from __future__ import annotations
 

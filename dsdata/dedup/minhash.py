@@ -1,37 +1,18 @@
 """MinHash signatures for whole batches of documents, vectorised with numpy.
 
-The maths, once:
+* Text is folded (NFKC, lower-case; each run of non-word characters → one space).  A document whose
+  letters are mostly from scripts written without spaces (Han, kana, Thai, Lao, Khmer, Myanmar) is
+  shingled into character n-grams with spaces removed, any other into word n-grams; a document
+  shorter than one shingle is one shingle.
+* Each shingle is hashed to 64 bits with no Python call per shingle: prefix sums of a polynomial
+  hash mod 2^64 (odd base, so invertible) give any span's hash, then a splitmix64 finaliser.
+* Permutation k is h_k(x) = (a_k·x + b_k) mod 2^32 on the hash's top 32 bits (a_k odd: a bijection,
+  and 32-bit lanes are what SIMD multiplies); the signature holds the minimum per k.  a_k, b_k come
+  from blake2b(seed, k): the same seed gives the same signatures on every machine and run.
+* With numba, the shingle hashing and the minima run as compiled loops (numba_kernels.py); the numpy
+  code below computes identical signatures (tests compare the two).
 
-* Text is normalised (NFKC, lower-cased, every run of non-word characters → one space).
-* A document whose letters are mostly from scripts written without spaces (Han, kana, Thai, Lao,
-  Khmer, Myanmar) is shingled into character n-grams (default 5) with spaces removed; any other
-  document into word n-grams (default 5).  A document shorter than one shingle is one shingle.
-* Every shingle is hashed to 64 bits without a Python call per shingle: the batch's text becomes one
-  array of code points c, and with an odd base B the prefix sums P[i] = Σ_{j<i} c_j·B^j (mod 2^64)
-  give the hash of any span as (P[e] − P[s])·B^(−s) (B is invertible mod 2^64), i.e. the polynomial
-  Σ c_j·B^(j−s) of the span's own characters, independent of where it sits.  A splitmix64 finaliser
-  then spreads the bits.  Polynomial hashing mod 2^64 can be made to collide by adversarial inputs
-  (Thue–Morse strings); for deduplication a rare collision only merges one shingle.
-* Permutation k is the universal hash h_k(x) = (a_k·x + b_k) mod 2^32 on the shingle hash's top 32
-  bits (a_k odd, so h_k is a bijection); the signature holds min over shingles of h_k, for
-  k < num_perm.  Everything is 32-bit integer arithmetic that numpy runs with SIMD, one pass per
-  permutation over the whole batch (`np.minimum.reduceat` takes the per-document minima).
-* a_k, b_k come from blake2b(seed, k): the same seed gives the same signatures on every machine,
-  numpy version and run (no Python `hash()`, no RNG stream that could change between releases).
-
-Speed: when numba is installed, `MinHasher(backend="auto")` runs the shingle hashing and the
-permutation minimum as compiled loops (dsdata/dedup/numba_kernels.py) — same integers, one pass,
-no batch-sized temporaries; without numba the numpy code below computes identical signatures
-(tests compare the two).  Why (a·x + b) mod 2^32 on 32 bits rather than the classic
-((a·x + b) mod (2^61 − 1)) on 64: the 32-bit form is what SIMD multiplies 8 lanes at a time; a
-multiply-add mod 2^32 with odd a is a bijection of the 32-bit keys, so equal minima mean equal keys,
-and two distinct shingles share a 32-bit key with probability ~2^−32 per pair (for a 2,000-shingle
-pair: ~5·10^−4 expected collisions, i.e. no measurable effect on a Jaccard estimate with
-1/num_perm resolution).  The family is not min-wise independent in theory; the estimator's bias
-and spread are tested against exact Jaccard on real text (unbiased within 0.01, binomial spread).
-
-The estimate of Jaccard similarity is the share of equal signature entries; its standard deviation
-is about sqrt(J·(1 − J)/num_perm) (0.035 at J = 0.8 with 128 permutations).
+The share of equal signature entries estimates Jaccard similarity (std ≈ sqrt(J·(1 − J)/num_perm)).
 """
 from __future__ import annotations
 
@@ -100,11 +81,6 @@ def normalise_for_shingles(text: str) -> str:
     cps = np.frombuffer(folded.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).copy()
     cps[_classify(cps) == _NON_WORD] = 32
     return " ".join(cps.tobytes().decode("utf-32-le", "surrogatepass").split())
-
-
-def normalise_for_exact(text: str) -> str:
-    """NFKC, lower-case and collapse whitespace: the text exact deduplication compares."""
-    return " ".join(fold(text).split())
 
 
 def exact_hash(text: str, folded: str | None = None) -> bytes:
@@ -325,8 +301,3 @@ def shingle_strings(text: str, ngram: int = 5, char_ngram: int = 5) -> list[str]
     words = norm.split(" ")
     n = min(ngram, len(words))
     return [" ".join(words[i: i + n]) for i in range(len(words) - n + 1)]
-
-
-def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
-    """Share of equal signature entries: an unbiased estimate of the shingle-set Jaccard."""
-    return float(np.mean(sig_a == sig_b))

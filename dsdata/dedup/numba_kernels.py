@@ -1,21 +1,9 @@
 """Optional numba kernels for `MinHasher`: the same integers as its numpy code, in one pass.
 
-Imported only when numba is installed (`MinHasher(backend="auto")` falls back to numpy otherwise);
-every function here must return bit-for-bit what the numpy path returns — the tests compare them.
-
-Why these loop shapes:
-
-* `signatures`: per document, per group of four shingles, the inner loop runs over all
-  permutations with the minimum written as a select (`acc if acc < h else h`), which LLVM turns
-  into 8-lane AVX2 multiply/add/min on uint32 (`vpmulld`/`vpaddd`/`vpminud`, checked in the asm).  The `if h < acc: acc = h` form, or a permutation-outer loop with a
-  scalar running minimum, did not vectorise and ran 5–8× slower (measured).
-* `shingle_hashes`: the polynomial hashes are computed directly per token and per shingle instead
-  of through prefix sums, so no batch-sized temporaries are allocated; the maths is the same sum
-  Σ v_j·B^(j−s) mod 2^64, so the values are identical.
-
-`cache=True` stores the compiled machine code beside this file (or in numba's user cache when the
-package directory is read-only): the first call in a fresh environment compiles for a few seconds,
-later processes load it in well under a second.
+Every function here must return bit-for-bit what the numpy path returns (the tests compare them).
+`signatures` writes the minimum as a select (`acc if acc < h else h`) with permutations innermost:
+that is the shape LLVM vectorises to 8-lane uint32 multiply/add/min.  `shingle_hashes` computes the
+polynomial hashes per token and shingle directly, with no batch-sized temporaries.
 """
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """URL and line/span deduplication keys (pure functions; the Beam steps are in dsdata/beam/dedup/spans.py).
 
-URL keys.  Crawls repeat a page under trivially different URLs across snapshots: the key is the
-URL with scheme (http/https), letter case of scheme and host, a leading "www.", default ports,
-the fragment, a trailing slash, tracking parameters (utm_*, fbclid, gclid, …) and the order of the
-query parameters taken out.
-
-Line and span keys.  `line`: every line whose normalised form (NFKC, case-folded, whitespace
-collapsed) has at least `min_chars` characters is one unit.  `sentences`: C4's rule — every span of
-three consecutive sentences is a unit (sentence ends include 。！？ as well as . ! ? before a space;
-a Chinese text's sentences need no spaces); removing a span removes its three sentences.  A key is
-the 64-bit BLAKE2b of the normalised unit.
+A URL's key drops what differs between copies of one page: scheme (http/https), case of scheme and
+host, "www.", default ports, fragment, trailing slash, tracking parameters, query order.  A unit is
+a line whose normalised form (NFKC, case-folded, whitespace collapsed) has at least `min_chars`
+characters, or (C4's rule) every span of three consecutive sentences; its key is a 64-bit BLAKE2b.
 """
 from __future__ import annotations
 

@@ -59,11 +59,7 @@ def stage_class(name: str) -> type[Stage]:
 
 def available_stages() -> list[str]:
     """Registered stage names whose module exists in this checkout."""
-    out = []
-    for name, target in REGISTRY.items():
-        if importlib.util.find_spec(target.partition(":")[0]) is not None:
-            out.append(name)
-    return out
+    return [name for name, target in REGISTRY.items() if importlib.util.find_spec(target.partition(":")[0])]
 
 
 def custom_stages() -> list[str]:

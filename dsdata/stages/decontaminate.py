@@ -1,33 +1,14 @@
-"""`decontaminate`: reject documents that share an n-gram with an evaluation benchmark.
+"""`decontaminate`: reject documents that share an n-gram with an evaluation benchmark (docs/decontaminate.md).
 
-What datatrove's NGramsDecontIndexer/NGramsDecontFilter and GPT-3's decontamination do: every
-`ngram`-token window (13 by default) of every benchmark item is indexed; a document containing any
-of them is rejected `contaminated`, its detail naming the benchmark file and the matched n-gram.
+As datatrove's NGramsDecontFilter and GPT-3 do: every `ngram`-token window of every benchmark item
+is indexed; a document holding one is rejected `contaminated`, its detail naming the file and n-gram.
+With `max_doc_frequency` the counts need the whole corpus (dsdata/beam/decontaminate.py calls
+`matches`, then `decide`); with it null `process` decides one document at a time.
 
-Shared text.  With `max_doc_frequency` (default 20) an n-gram found in more documents of the corpus
-than that (a footer, a licence) does not reject, nor does one that overlaps such an n-gram in the
-document; a document holding `copy_fraction` of one item's n-grams is a copy whatever the counts.
-The counts need the whole corpus: dsdata/beam/decontaminate.py (`matches` per document, then
-`decide`); with `max_doc_frequency: null` the stage decides one document at a time (`process`).
-
-Tokens.  Text is NFKC-normalised and case-folded; a token is one CJK character (Chinese and
-Japanese have no spaces: 13 characters ≈ 6-8 words) or a run of other letters/digits; punctuation
-and spacing are ignored, so "Paris, France" and "paris france" share their n-grams, and an English
-clitic joins its word ("don't" = "dont" = "don t").
-
-Benchmarks.  A `.jsonl`/`.ndjson` file (optionally .gz) holds one JSON object per line and every
-string in the `fields` listed (null: every string value, lists of strings included, e.g. a
-multiple-choice item's options) is one item; any other file is plain text, one item per line.  An
-item shorter than `ngram` tokens is indexed whole when it has at least `min_tokens` (a short
-question still identifies the item).  A file that yields no n-gram stops the run: a silent no-op
-decontamination is what dolma users hit; so does one that is not UTF-8 text (binary, a lying or
-truncated .gz, a line over MAX_LINE_BYTES, JSON nested too deeply), in one line.
-
-Scale.  Each n-gram is a 64-bit polynomial hash of its tokens' hashes, computed with numpy over a
-document; the index is one sorted uint64 array (8 bytes per n-gram: 10 million n-grams = 80 MB)
-searched with `searchsorted`, built once per worker process and shared by its stage instances.
-Per-benchmark counts of rejected documents are the `decontaminate_benchmark` tally (stats.json
-"tallies", the run report).
+Tokens: NFKC, case-folded; one CJK character, or a run of other letters/digits (punctuation and
+spacing ignored, an English clitic joins its word).  A benchmark file that yields no n-gram or is
+not UTF-8 text stops the run in one line.  The index is one sorted uint64 array of n-gram hashes,
+built once per worker process.
 """
 from __future__ import annotations
 
@@ -87,11 +68,8 @@ def _marked_tokens(text: str) -> list[str] | None:
 
 def window_hashes(toks: list[str], lengths) -> dict[int, np.ndarray]:
     """For each n in `lengths`: the uint64 hash of every n-token window of `toks` (position i:
-    toks[i:i+n]; empty when there are fewer tokens).  One pass of multiply-adds up to the longest n
-    serves every shorter one on the way.
-
-    Token hashes are Python's str hash: stable within a process, which is all the index needs (it is
-    built by the process that searches it)."""
+    toks[i:i+n]; empty when there are fewer tokens), one pass of multiply-adds for every n.  Token
+    hashes are Python's str hash: stable within the process that builds and searches the index."""
     wanted = sorted(set(lengths))
     out = {n: np.empty(0, dtype=np.uint64) for n in wanted}
     size = len(toks)
@@ -230,9 +208,8 @@ def benchmark_items(path: str, fields: list[str] | None):
 
 def _item_hashes(item: str, n: int, min_tokens: int, lengths: set[int]) -> np.ndarray:
     """The hashes of an item's n-grams (or of the whole item when it is short); and, for each n-word
-    window of the item without CJK that holds one or two words of punctuation alone ("-", "│"), the
-    hash of its other tokens: 13 words cut out of "set the mode - then restart the server …" are 12
-    tokens, and are caught."""
+    window without CJK holding one or two words of punctuation alone ("-", "│"), the hash of its
+    other tokens (13 words cut out of "set the mode - then restart …" are 12 tokens)."""
     toks = tokens(item)
     if len(toks) >= n:
         out = [ngram_hashes(toks, n)]
@@ -404,11 +381,9 @@ class DecontaminateStage(DocumentStage):
 
     def decide(self, doc: Document, matches: list[Match], capped=frozenset()) -> Document | Rejected:
         """`doc` rejected `contaminated` on its first benchmark n-gram that neither is `capped` (shared
-        by more than max_doc_frequency documents of the corpus) nor overlaps a capped n-gram in this
-        document (the text just before or after a footer: "…current locale" + the footer's first words
-        is under the cap, but part of it is the footer, and the rest too short to count); or, whatever the cap, when it holds
-        at least copy_fraction of one benchmark item's n-grams, and at least `ngram` of them (a
-        passage copied into many documents is still a copy).  Kept otherwise."""
+        by more than max_doc_frequency documents) nor overlaps a capped n-gram in this document (text
+        next to a footer is partly the footer); or, whatever the cap, when it holds at least
+        copy_fraction of one item's n-grams, and at least `ngram` of them.  Kept otherwise."""
         if not matches:
             return doc
         chosen = None

@@ -1,16 +1,10 @@
 """`dedup`: exact + MinHash-LSH near-duplicate removal over the whole corpus (a Beam transform).
 
-Every document gets `dup_cluster` (the id of the document kept for its cluster; its own id when it
-has no duplicate) and `dup_cluster_size`.  One document per cluster is kept — the lowest id, or with
-`keep: highest_score` the highest `score_field` (read from annotations, then metadata; documents
-without a number there come last, ties go to the lowest id) — and the others are rejected with
-reason `exact_duplicate` (same normalised text as the kept one) or `near_duplicate`.
-`url: true` first keeps one document per normalised URL (`duplicate_url`); `lines: true` last removes
-lines (or C4's three-sentence spans) an earlier document holds, rejecting a document left too short
-(`duplicate_lines`): dsdata/beam/dedup/spans.py.  `index: DIR` writes the kept documents' MinHash
-signatures, `against: DIR` rejects near-duplicates of a previous run's (`indexed_duplicate`):
-dsdata/beam/dedup/index.py, format dsdata/dedup/index.py.  The composite:
-dsdata/beam/dedup/composite.py (built from `transform_config()`); the maths: dsdata/dedup/minhash.py.
+Every document gets `dup_cluster` (the id kept for its cluster) and `dup_cluster_size`; one document
+per cluster is kept (the lowest id, or with `keep: highest_score` the highest `score_field`), the
+others are rejected `exact_duplicate` or `near_duplicate`.  `url`, `lines`, `index` and `against`
+add URL, line/span and cross-run dedup (docs/dedup.md).  The composite:
+dsdata/beam/dedup/composite.py, built from `transform_config()`.
 """
 from __future__ import annotations
 

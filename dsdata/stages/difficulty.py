@@ -1,17 +1,10 @@
 """difficulty: perplexity under a reference language model, and an easy / medium / hard grade.
 
-Each document is scored by the model of its language (doc.annotations["lang"] from the `lang`
-stage, else its input metadata "lang", else the `lang` parameter) and annotated with `perplexity`
-(CCNet's 10 ** (-Σ log10 p / Σ (tokens + 1)), lines weighted by their token counts) and
-`difficulty`. The grade uses fixed cut-offs (`cutoffs`) or, by default, per-language percentiles of
-the corpus being processed (30th / 60th, as CCNet's head / middle / tail), computed in the same
-pipeline from a fixed-bin histogram of perplexities (the same on every runner): the stage is a
-whole-corpus stage (its composite: dsdata/beam/difficulty.py), and writes OUT/difficulty.json.
-
-Documents without a model for their language, or without any scorable token, are kept with
-`perplexity` null and difficulty `unscored_grade` ("medium": the middle of a curriculum), or rejected
-with reason `no_language_model` / `no_tokens` when `unscored_grade: reject`. Optional rejection of
-the extreme tail uses reason `perplexity_outlier`.
+Each document is scored by the model of its language (the `lang` annotation, else metadata "lang",
+else the `lang` parameter) and annotated `perplexity` (CCNet's) and `difficulty`, graded by fixed
+`cutoffs` or per-language corpus percentiles (a whole-corpus stage: dsdata/beam/difficulty.py
+writes OUT/difficulty.json).  Unscorable documents get `unscored_grade` or, with `reject`, reason
+`no_language_model` / `no_tokens`; the extreme tail `perplexity_outlier`.  See docs/difficulty.md.
 """
 from __future__ import annotations
 
@@ -79,9 +72,7 @@ class BucketWeights(MappingOf):
 @dataclass(frozen=True)
 class DifficultyConfig:
     """The plain values the difficulty composite (dsdata/beam/difficulty.py) runs by and records in
-    difficulty.json.  The scoring and grading themselves are the stage's methods (score_batch loads
-    the language models in setup; grade, fixed_cutoffs, grouping_key, sampling_probabilities), which
-    the composite's DoFns call on the stage it is handed with this config."""
+    difficulty.json; scoring and grading are the stage's own methods, which its DoFns call."""
 
     stage_name: str
     batch_size: int

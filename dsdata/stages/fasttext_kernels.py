@@ -1,26 +1,17 @@
 """fastText supervised prediction (k = 1), compiled: the same label and probability as fastText's
 `predictLine`, computed by one numba call per batch of lines.
 
-Imported only when numba is installed (and DSDATA_NO_NUMBA is not set); the model's arrays come
-from dsdata.stages.fasttext_model, which reads and checks the file.  Every step follows fastText's
-C++ (src/dictionary.cc, model.cc, loss.cc, quantmatrix.cc, productquantizer.cc) in the same order
-and the same float32 arithmetic, so the results are bit-identical, not close:
-- words are split on space, \\t, \\v, \\f, \\r and \\0 (readWord); each line ends at \\n with the
-  end-of-sentence token </s>, and a literal </s> token ends the line as it does there;
-- a word's rows are its id (when in the vocabulary) and its character n-grams of "<word>" (minn…maxn
-  UTF-8 characters, FNV-1a hashed with fastText's signed-char quirk, mod bucket, through the pruned
-  n-gram map of a quantized model); word n-grams (wordNgrams > 1) from the words' hashes at the end;
-- the hidden vector is the float32 sum of those rows in that order times float32(1 / count), rows of
-  a product-quantized matrix being the sum of their sub-quantizers' centroids (times the row's
-  quantized norm);
+Imported only with numba (and DSDATA_NO_NUMBA unset); the model's arrays come from
+dsdata.stages.fasttext_model, which reads and checks the file.  Every step follows fastText's C++
+(dictionary.cc, model.cc, loss.cc, quantmatrix.cc, productquantizer.cc) in the same order and the
+same float32 arithmetic, so the results are bit-identical, not close:
+- words split on space, \\t, \\v, \\f, \\r and \\0; a line ends at \\n with </s> (a literal </s> ends it too);
+- a word's rows: its id, and its character n-grams of "<word>" (FNV-1a with fastText's signed-char
+  quirk, mod bucket, through a quantized model's pruned map); word n-grams from the words' hashes;
+- the hidden vector is the float32 sum of those rows in order times float32(1 / count);
 - hierarchical softmax walks the Huffman tree depth-first, left before right, pruning on the best
-  leaf so far and on log(threshold + 1e-5), a later leaf winning a tie (std::push_heap/pop_heap with
-  k = 1); softmax takes the largest of exp(o - max) / sum, a later label winning a tie;
-- the probability is expf of the float32 log score.
+  leaf so far, a later leaf winning a tie; softmax takes the largest, a later label winning a tie.
 A line with no rows has no prediction (label -1), as fastText returns none.
-
-`cache=True` keeps the machine code beside this file (or in numba's user cache): the first run in a
-fresh environment compiles for a few seconds, later processes load it in milliseconds.
 """
 from __future__ import annotations
 
@@ -80,10 +71,8 @@ def build_word_table(words, word_offsets):
 
 @njit(cache=True, nogil=True)
 def build_prune_table(keys, values, bucket):
-    """The pruned n-gram map (bucket → row): a bitmap of the kept buckets (one bit a bucket: 256 KB
-    for lid.176.ftz) and an open-addressing table of (key, value) pairs on a power-of-two size.
-    Most n-grams of a text are not kept (lid.176.ftz keeps 42,765 of 2M buckets), and a bit test in
-    a cache-resident bitmap answers those."""
+    """The pruned n-gram map (bucket → row): a bitmap of the kept buckets, which answers most n-grams
+    (not kept) with one bit test, and an open-addressing table of (key, value) pairs."""
     size = 1
     while size < 2 * keys.shape[0] + 2:
         size *= 2

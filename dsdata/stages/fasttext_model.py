@@ -1,17 +1,11 @@
 """A fastText supervised model read into numpy arrays, for the compiled predictor in
 dsdata.stages.fasttext_kernels: the lang stage's fast path for the top label.
 
-`load(path)` reads fastText's binary format (src/fasttext.cc `loadModel`: magic and version, Args,
-Dictionary, the input matrix dense or product-quantized, the output matrix) and checks every size
-and index against the others before any compiled code touches the arrays.  It returns None, and the
-caller uses the fastText binding as before, for what the compiled path does not cover: losses other
-than hierarchical softmax and softmax, unsupervised models, numba missing or disabled, or a file
-this reader finds inconsistent (the binding then gives its own error).  Reading is plain byte
-parsing: nothing in the file is executed or unpickled.
-
-Why: fastText's binding pays per text before it predicts anything and builds every character
-n-gram as a std::string; the compiled predictor reads the batch as one UTF-8 buffer and hashes
-n-grams in place, with the same labels and the same float32 probabilities.
+`load(path)` reads fastText's binary format (src/fasttext.cc `loadModel`) and checks every size and
+index before compiled code touches the arrays; it returns None, and the caller uses the fastText
+binding, for what the compiled path does not cover (losses other than hierarchical softmax and
+softmax, unsupervised models, no numba, a file it finds inconsistent).  Nothing in the file is
+executed or unpickled.
 """
 from __future__ import annotations
 

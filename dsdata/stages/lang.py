@@ -33,9 +33,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def _fasttext_line(text: str) -> str:
     """`text` as fastText's input: itself when it holds none of _REFLOW's characters, else every
-    run of whitespace made one space.  The checks that find none cost less than the regex's scan:
-    an ASCII text (str.isascii: a flag) can only hold the newline and \x1c-\x1f (memchr each);
-    a printable one none of them (each is a control or a separator other than the space)."""
+    run of whitespace made one space.  An ASCII text can only hold the newline and \x1c-\x1f, a
+    printable one none of them: both checks cost less than the regex's scan."""
     if text.isascii():
         if not ("\n" in text or "\x1c" in text or "\x1d" in text or "\x1e" in text or "\x1f" in text):
             return text

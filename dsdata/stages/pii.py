@@ -1,16 +1,7 @@
-"""`pii`: find personal data — e-mail addresses, public IP addresses, phone numbers, PRC resident
-identity numbers, bank card numbers — and redact, tag or reject.
-
-  mode: redact   each match is replaced by its token (<EMAIL>, <IP>, <PHONE>, <ID>, <CARD>)
-  mode: tag      the text is unchanged; `pii_spans` lists every match (type, start, end), as dolma's
-                 taggers do, to redact or filter later
-  mode: reject   a document with any match is rejected `pii` (the detail counts each type)
-
-Every kept document gets `pii_counts` (matches per type); the counts over the whole run are the
-`pii_counts` tally in stats.json and the report.
-
-What each kind is, how it is found and validated (checksums, issuer ranges, the context that makes
-a dotted number a section rather than an address): dsdata/stages/pii_kinds.py and docs/pii.md.
+"""`pii`: find personal data (e-mail and public IP addresses, phone numbers, PRC resident identity
+numbers, bank card numbers) and redact (each match → <EMAIL>, <IP>, …), tag (`pii_spans`, the text
+unchanged) or reject (`pii`).  Every kept document gets `pii_counts`, summed into the `pii_counts`
+tally.  What each kind is and how it is validated: dsdata/stages/pii_kinds.py and docs/pii.md.
 """
 from __future__ import annotations
 

@@ -1,20 +1,14 @@
 """The kinds of personal data the `pii` stage finds: their shapes, validators and context rules, and
 the finder that runs them in one pass.  The rules, with examples kept and redacted: docs/pii.md.
 
-How a text is read
-  1. Full-width forms (１３９, －, ＠, ．, ：, （）, the ideographic space) and the other dashes and
-     spaces are mapped to ASCII by a same-length table, so every offset found in the mapped text is
-     an offset in the original and the redaction lands on the characters as written.
+  1. Full-width forms, dashes and spaces are mapped to ASCII by a same-length table, so every
+     offset in the mapped text is an offset in the original.
   2. Items are bounded by the characters around them, never by `\\b` (which counts Chinese characters
-     as word characters, so `请拨打13912345678咨询` has no boundary around the number): a digit kind
-     may not touch a digit, a Latin letter, `_` or `@`, nor a `.`/`-` that joins it to more digits or
-     letters; anything else — Chinese characters and punctuation, brackets, quotes, spaces, a line
-     start or end, a full stop — is a boundary.
-  3. One scan per family, each linear in the text: the digit kinds (phone, identity, card, IPv4) are
-     one alternation of bounded shapes whose every attempt reads at most ~70 characters, run only
-     where a compiled pass (pii_kernels, with numba) has not ruled a shape out or read the item in
-     full; e-mail addresses are read only around an `@`, IPv6 only around a `:`.  A candidate is
-     found once and validated once (checksum, issuer range, date, routability, context).
+     as word characters): a digit kind may not touch a digit, a Latin letter, `_` or `@`, nor a
+     `.`/`-` that joins it to more digits or letters.
+  3. One linear scan per family: the digit kinds are one alternation of bounded shapes, run only
+     where the compiled pass (pii_kernels, with numba) has not settled the run; e-mail addresses are
+     read only around an `@`, IPv6 only around a `:`.  Each candidate is validated once.
 """
 from __future__ import annotations
 
@@ -217,9 +211,8 @@ def luhn_ok(digits: str) -> bool:
     return (sum(map(int, backwards[::2])) + sum(map(_DOUBLED.__getitem__, backwards[1::2]))) % 10 == 0
 
 
-# Issuer identification ranges: (network, first digits from, to, lengths).  A number is a card when it
-# falls in one of them, has 13-19 digits (Maestro 12-19) and passes Luhn; the networks' own lengths are not required
-# (issuers have widened them, and a misfiled length is still someone's card).
+# Issuer identification ranges: (network, first digits from, to).  A card falls in one, has 13-19 digits
+# (Maestro 12-19) and passes Luhn; the networks' own lengths are not required (issuers widen them).
 _ISSUERS = (("visa", 4, 4), ("mastercard", 51, 55), ("mastercard", 2221, 2720), ("amex", 34, 34), ("amex", 37, 37),
             ("diners", 300, 305), ("diners", 36, 36), ("diners", 38, 39), ("discover", 6011, 6011),
             ("discover", 644, 649), ("discover", 65, 65), ("jcb", 35, 35), ("jcb", 2131, 2131), ("jcb", 1800, 1800),
@@ -294,11 +287,7 @@ _V4_RANGES = [r for ranges in _NOT_GLOBAL_V4.values() for r in ranges]
 
 def _public_v4(quad: str) -> bool:
     a, b, c, d = map(int, quad.split("."))
-    ranges = _NOT_GLOBAL_V4.get(a)
-    if not ranges:
-        return True
-    value = a << 24 | b << 16 | c << 8 | d
-    return not any(value >> shift == net for net, shift in ranges)
+    return _public_v4_int(a << 24 | b << 16 | c << 8 | d)
 
 
 def _public_v4_int(value: int) -> bool:
@@ -383,13 +372,9 @@ class PiiFinder:
 
     # -- digit kinds ---------------------------------------------------------------------------
     def _numbers(self, text: str) -> list[tuple[int, int, str]]:
-        # Where a digit kind can be: a run of 7 or more of its characters (the shortest, an IPv4
-        # address, has 7) whose rest could hold a shape (_gate).  The compiled pass (pii_kernels) finds
-        # the runs, reads in full the items it can settle and gives the first position where a shape
-        # may start in the rest; without numba, _HINT finds the runs (a scan that starts with a
-        # character class, so the engine skips other characters fast).
-        # The full pattern then runs only inside those runs (and 16 characters on, for an extension or
-        # the look-ahead at its end).
+        # Where a digit kind can be: a run of 7 or more of its characters whose rest could hold a shape
+        # (_gate), found by the compiled pass (which also settles the items it can) or by _HINT.  The
+        # full pattern runs only inside those runs (and 16 characters on: an extension, the look-ahead).
         found: list[tuple[int, int, str]] = []
         search, classify, gate = self._number.search, self._classify, self._gate
         if kernels := self._kernels if self._kernels is not None else self._load_kernels():

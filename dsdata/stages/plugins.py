@@ -1,20 +1,11 @@
 """Stages from outside dsdata: classes given to `register_stage()`, and the stages installed
-distributions declare in the `dsdata.stages` entry-point group:
+distributions declare in the `dsdata.stages` entry-point group (`shout = "my_stages:ShoutStage"`).
 
-    # the plugin's pyproject.toml
-    [project.entry-points."dsdata.stages"]
-    shout = "my_stages:ShoutStage"          # recipe name = "module:Class"
-
-The group is read once per process, the first time a name is not a built-in stage or the whole list
-is asked for (`dsdata stages`): a run of built-in stages pays nothing for it.  An entry point's
-module is imported only when its stage is used or listed, once.  A plugin never breaks dsdata's own
-stages: an entry point that cannot be loaded (whatever its import raises, sys.exit() included; only
-Ctrl-C passes), or that names a class which is no stage, is one line naming the distribution and
-the error (StageConfigError when a recipe names it, a warning in `dsdata stages`); a name already
-taken (built in, reserved, another distribution's) is refused in one line, and the first one runs.
-
-A custom stage is a DocumentStage or a BatchStage: a CorpusStage needs a Beam composite that only
-dsdata/beam/kinds.py can map it to, and side outputs are written by such composites.
+The group is read once per process, only when a name is not built in or the whole list is asked
+for; an entry point's module is imported only when its stage is used or listed.  A plugin never
+breaks dsdata's own stages: one that cannot be loaded (whatever its import raises but Ctrl-C), is no
+stage, or takes a taken name is one line naming the distribution, and the first one runs.  A custom
+stage is a DocumentStage or a BatchStage (a CorpusStage needs a Beam composite in beam/kinds.py).
 """
 from __future__ import annotations
 
@@ -55,9 +46,7 @@ def custom_stage_problem(cls: object, name: str | None = None) -> str | None:
 
 
 def _declaration_problem(cls: type[Stage]) -> str | None:
-    """What is wrong with the class attributes dsdata reads from a stage before and while it runs (a
-    wrong one failed mid-run with a traceback: a string batch_max, an annotation type that is no Arrow
-    type, an environment error that is no exception class)."""
+    """What is wrong with the class attributes dsdata reads from a stage before and while it runs."""
     import pyarrow as pa
 
     from dsdata.stages.base import Param
@@ -150,8 +139,7 @@ class CustomStages:
         try:
             cls = ep.load()
         except BaseException as exc:  # noqa: BLE001 - any fault of a plugin's import is that plugin's, in one line
-            # sys.exit() at import (SystemExit, even with status 0) ended dsdata silently; Ctrl-C
-            # (KeyboardInterrupt, or SIGINT/SIGTERM's Interrupted) during the import is the user's stop.
+            # sys.exit() at import is the plugin's fault too; Ctrl-C (or SIGINT/SIGTERM) is the user's stop.
             if is_stop(exc):
                 raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -1,15 +1,10 @@
 """Heuristic quality rules: Gopher quality + repetition, C4 line/page rules, FineWeb line rules.
 
-Every threshold is a parameter (set it to null to switch that rule off) and every rejection names
-its rule (`gopher_min_words`, `c4_min_sentences`, `fineweb_short_lines`, …).
-
-CJK-aware.  Chinese and Japanese have no spaces, so the English-shaped rules misfire on them:
-splitting on whitespace makes clause-long "words", `。` is not a full stop to a Latin regex, and a
-Chinese stop word list is needed.  Here a *word* is a run of non-space, non-CJK characters or a
-single CJK character; sentence ends include 。！？ and their full-width forms; the stop-word rule
-uses a per-script list; mean word length is measured on Latin words only; n-gram repetition on
-CJK text uses character n-grams of twice the word n (a Chinese word is ~1.5–2 characters), and
-CJK lines count as "short" under `fineweb_short_line_chars_cjk` characters.
+Every threshold is a parameter (null switches that rule off) and every rejection names its rule
+(`gopher_min_words`, `c4_min_sentences`, …).  CJK-aware (docs/filters.md): a *word* is a run of
+non-space, non-CJK characters or one CJK character; sentence ends include 。！？; stop words and
+short lines are per script; mean word length counts Latin words only; n-gram repetition on CJK text
+uses character n-grams of twice the word n.
 """
 from __future__ import annotations
 
@@ -248,10 +243,8 @@ class QualityRulesStage(DocumentStage):
 
     def _measure(self, text: str, lower: str, cjk: bool, compiled) -> SimpleNamespace:
         """Everything the checks after C4's line filters read: rules_kernels.measure's counts (COUNTS)
-        and n-gram fractions.  The n-grams and English stop words are of the lower-cased words,
-        which are the words of the lower-cased text (tests/test_rules_kernels.py checks every code
-        point): str.lower maps each character on its own except Σ (final sigma looks at the
-        neighbours), so a text with a Σ passes its words lower-cased one by one, joined by spaces."""
+        and n-gram fractions, of the lower-cased words: the lower-cased text's words, except around a Σ
+        (final sigma looks at its neighbours), so such a text passes its words lower-cased one by one."""
         scale = 2 if cjk else 1
         top_ns = tuple(n * scale for n in sorted(self.top_ngram_max_ratio))
         dup_ns = tuple(n * scale for n in sorted(self.dup_ngram_max_ratio))

@@ -1,20 +1,12 @@
 """The rules stage's compiled pass: every count its checks read, from one walk over the document's
-code points (words, sentence ends, symbols, lines, paragraphs, duplicate lines and paragraphs, stop
-words) and its top / duplicated n-gram character fractions for every n at once.
+code points, and its top / duplicated n-gram character fractions for every n at once.
 
-Imported only when numba is installed (and DSDATA_NO_NUMBA is not set); otherwise the stage runs
-its regex reference, and tests/test_rules_kernels.py checks that both give the same counts,
-fractions and verdicts.  A character's class (space, CJK, letter, …) is looked up in a table built
-from the stage's own regex character classes, so both classify it alike.
-
-Exact by construction, not by a hash that is "unlikely" to collide: words, lines and paragraphs
-become dense ids in first-occurrence order through an FNV-1a hash whose every match is confirmed by
-comparing code points.  The class of the n-gram at position i is the id of the pair (class_p[i],
-class_g[i+p]) with p + g = n, in an open-addressing table keyed by the pair itself, so a collision
-only lengthens a probe.  "The first of the most frequent n-grams" (Counter.most_common(1) on a tie)
-is then the smallest class with the highest count, and the fractions are the reference's integer
-ratios, divided in Python.  `cache=True` keeps the machine code beside this file (or in numba's
-user cache): the first run in a fresh environment compiles for a few seconds.
+Imported only with numba (and DSDATA_NO_NUMBA unset); otherwise the stage runs its regex reference,
+and tests/test_rules_kernels.py checks both give the same counts, fractions and verdicts.  Character
+classes come from a table built from the stage's own regex classes.  Exact by construction: words,
+lines and paragraphs become dense ids through a hash whose every match is confirmed by comparing
+code points, and n-gram classes are keyed by the id pair itself, so a collision only lengthens a
+probe.  On a tie the smallest class wins, as Counter.most_common(1) does.
 """
 from __future__ import annotations
 

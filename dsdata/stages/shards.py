@@ -1,23 +1,10 @@
 """`shards` stage: write the token ids of kept documents as Arrow IPC training shards + manifest.json.
 
-A whole-corpus stage (its composite: dsdata/beam/shards.py): every document passes through unchanged
-as kept (nothing is rejected), and a side branch writes RUN_DIR/shards/ (layout in dsdata/shards/format.py):
-
-1. each document → (difficulty bucket, id, token ids); documents without a `difficulty` annotation
-   go to the bucket `default_difficulty` (medium);
-2. tokens per bucket are summed, giving each bucket n = max(1, round(tokens / shard_size)) shards;
-3. a document's shard is a stable hash of its id modulo n — deterministic on every runner, no
-   global sort, shards of roughly `shard_size` tokens;
-4. each shard is written by one worker under a temp name and renamed when complete (documents
-   sorted by id hash inside, so shard bytes do not depend on the runner); on object storage it is
-   uploaded under its final name, which appears only when complete;
-5. the shard descriptors are gathered into one list and manifest.json is written last;
-6. with `export: [megatron, mds, hf]`, the finished shard set is exported to RUN_DIR/export/<format>
-   (dsdata/shards/export/; the same as `dsdata shards export`).
-Until step 3 can run the token ids wait in spill files, not in memory (dsdata/beam/shards.py).
-
-The tokenizer recorded in the manifest is the one of the nearest `tokenize` stage upstream, or the
-`tokenizer` parameter when given.
+A whole-corpus stage (its composite: dsdata/beam/shards.py): every document passes through as kept,
+and a side branch writes RUN_DIR/shards/ (layout: dsdata/shards/format.py; how documents are
+bucketed by difficulty and spread over shards: docs/shards.md), then with `export: [...]` exports the
+finished set to RUN_DIR/export/<format>.  The tokenizer recorded in the manifest is the nearest
+`tokenize` stage's upstream, or the `tokenizer` parameter when given.
 """
 from __future__ import annotations
 
@@ -33,7 +20,6 @@ from dsdata.core.params import Allowed, Integer, ListOf, Path, Text
 
 SHARDS_DIR = "shards"
 EXPORT_DIR = "export"
-# The formats of dsdata/export (not imported here: stages stay light); a test checks they agree.
 _BUCKET_NAME = re.compile(r"^[A-Za-z0-9_]+\Z")  # \Z: "$" also matches before a final newline
 
 
@@ -61,7 +47,6 @@ def shard_key(bucket: str, doc_id: str, totals: dict[str, int], shard_size: int)
     """(bucket, index, count): the shard a document goes to, given the tokens of every bucket."""
     count = shard_count(totals[bucket], shard_size)
     return bucket, id_hash(doc_id) % count, count
-
 
 
 def export_formats(values: dict) -> Allowed:

@@ -1,12 +1,8 @@
 """`tokenize` stage: documents → token ids + EOS, for the `shards` stage that follows it.
 
-The ids travel with the document as a numpy array in `doc.annotations["tokens"]` (uint16 when the
-vocabulary fits, else uint32: compact when Beam serialises documents between steps).  By default
-they are NOT written to kept/*.parquet — the shards already hold them, and a list<uint32> column
-would add about as many bytes as the text itself; kept/*.parquet gets only `num_tokens`.  Set
-`keep_column: true` to also write them as a `tokens` (list<uint32>) column.
-
-Reasons: `no_tokens` — the text encodes to fewer than `min_tokens` ids (EOS not counted).
+The ids travel in `doc.annotations["tokens"]` as a numpy array (uint16 when the vocabulary fits,
+else uint32).  kept/*.parquet gets only `num_tokens` (the shards hold the ids) unless
+`keep_column: true` also writes a `tokens` column.  Reason: `no_tokens` (fewer than `min_tokens`).
 """
 from __future__ import annotations
 
