@@ -214,7 +214,7 @@ def prescan(cps, cls):
 def _text_counts(cps, cls, short_limit, counts):
     """Fills counts[:13] and counts[16] (COUNTS order) and returns the spans of the stripped
     non-empty lines and of the stripped non-empty paragraphs.  A paragraph is a group of non-empty
-    lines without a blank line between them (re.split(r"\n\s*\n"): a whitespace run holding two
+    lines without a blank line between them (re.split(r"\\n\\s*\\n"): a whitespace run holding two
     newlines is a blank line)."""
     n = cps.shape[0]
     newlines = 0
