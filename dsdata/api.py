@@ -200,7 +200,8 @@ def execute(prepared: PreparedRun, beam_args: Iterable[str] = (), progress: str 
             full = storage_failure(exc)
             if full is None or not _outs(full, exc, prepared.output):
                 raise  # not OUT's (a stage's own file elsewhere): its own line, OUT's files kept
-        raise  # outside the handler: the failed run's frames (open part files) are gone _storage_failed(full, prepared.output)
+        # outside the handler: the failed run's frames (open part files) are gone
+        raise _storage_failed(full, prepared.output)
 
 
 def _outs(failure, exc: BaseException, output: str) -> bool:
