@@ -1,7 +1,5 @@
-"""The record that flows through every pipeline, and its Arrow/Parquet schemas.
-
-A `Document` is kept (possibly annotated) or becomes a `Rejected` naming the stage and a stable
-reason code, never dropped: the ledger law (input + augmented == kept + Σ rejected) on every runner.
+"""The record that flows through every pipeline, and its Arrow/Parquet schemas: a `Document` is
+kept or becomes a `Rejected` naming the stage and a stable reason code, never dropped.
 """
 from __future__ import annotations
 
@@ -12,8 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-# Rejected rows keep the text for inspection, but a pathological multi-GB record must not blow up
-# the rejected shards; the full length is kept in `text_length`.
+# Rejected rows keep this much text; the full length is kept in `text_length`.
 REJECTED_TEXT_LIMIT = 100_000
 
 
@@ -26,14 +23,11 @@ class Document:
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
     annotations: dict[str, Any] = field(default_factory=dict)
-    # Set on documents a stage creates (e.g. back-translation): the id they were derived from.
-    # The ledger counts such documents as `augmented`.
-    derived_from: str | None = None
+    derived_from: str | None = None  # a created document's source id (back-translation): `augmented`
 
     def __reduce__(self):
-        # How a runner stores and ships a document between stages (Beam's coders pickle it): the
-        # text zlib-compressed (level 1, ~2.5x on prose).  The in-process runner keeps every
-        # PCollection between stages in memory, so this is most of what a large run holds.
+        # Beam's coders pickle documents between stages (held in memory by the in-process runner):
+        # the text zlib-compressed (level 1).
         return unpack_document, (pack_document(self),)
 
 

@@ -1,17 +1,9 @@
 """A Rust binding's panic, caught as a record's error, leaves no report on stderr.
 
-A panic in a Rust extension (Hugging Face `tokenizers`: a pre-tokenizer regex over Oniguruma's
-backtracking limit) reaches Python as pyo3's PanicException, which the per-record handlers turn into
-a rejected row (dsdata/beam/errors.py).  But Rust's panic hook has already written its report to
-file descriptor 2 — "thread '<unnamed>' panicked at …/onig-6.5.3/src/lib.rs:647:23:", the message,
-a note or a whole backtrace — so a run whose every record is accounted for still printed lines that
-are not dsdata's.  Python cannot replace that hook; `hidden_panic_reports()` instead points fd 2 at
-a temporary file for the length of a native call and, when the call returns, writes back what went
-there minus the panic reports (other output — a log line from another thread — is delayed, not
-lost).  Nested and concurrent uses share one redirection; the last one out restores fd 2.
-
-Cost: two dup2 and an fstat per call (a few µs per batch of records); the calls wrapped are the
-tokenizer calls on record text, never a model's forward pass.
+pyo3's PanicException becomes a rejected row (dsdata/beam/errors.py), but Rust's panic hook has
+already written its report to fd 2, which Python cannot replace.  `hidden_panic_reports()` points
+fd 2 at a temporary file for a native call and writes back what went there minus the panic reports
+(other output is delayed, not lost); nested and concurrent uses share one redirection.
 """
 from __future__ import annotations
 
@@ -28,9 +20,8 @@ _depth = 0
 _saved_fd: int | None = None
 _capture = None
 
-# Rust's default panic hook writes: ["\n"] "thread 'NAME' [(TID) ]panicked at FILE:LINE:COL:\n" MESSAGE
-# "\n", then "note: run with `RUST_BACKTRACE=1` …" (first panic of a process only) or "stack
-# backtrace:\n" with indented frames and "note: Some details are omitted, …".
+# Rust's panic hook writes "thread 'NAME' [(TID) ]panicked at FILE:LINE:COL:\n" MESSAGE "\n", then a
+# "note: run with `RUST_BACKTRACE=1` …" line or "stack backtrace:" with indented frames.
 _PANIC_START = re.compile(r"thread '[^'\n]*'(?: \(\d+\))? panicked at ")
 _FRAME = re.compile(r"\s+(?:\d+:|at )")
 

@@ -1,15 +1,8 @@
-"""The runners dsdata knows, by the names users type: ONE registry, plain data, no Beam.
+"""The runners dsdata knows, by the names users type: ONE registry, plain data, no Beam (so the
+recipe's allowlist can read it without importing Beam).
 
-Read by the CLI (`--runner` checks), the recipe's allowlist (dsdata/recipe.py: a shared recipe may
-name only a runner that starts no process), dsdata/beam/engines/options.py (which checks that the
-class's module imports) and docs/engines.md (a test checks every runner here is documented there).
-It lives outside dsdata/beam so the recipe can read it without importing Beam.
-
-**To add a runner**: write its class (a Beam `PipelineRunner`) under dsdata/beam/engines/, add one
-`Runner` entry below (its name, the other names users type, its class path, whether it runs in this
-process, the pip extra its module needs, the modules that declare its pipeline options, the defaults
-it adds to a run), document it in docs/engines.md and test that a recipe gives the default runner's
-outputs on it (tests/test_engines.py).  Nothing else names it.
+**To add a runner**: write its class under dsdata/beam/engines/, add one `Runner` entry below,
+document it in docs/engines.md and test it gives the default runner's outputs (tests/test_engines.py).
 """
 from __future__ import annotations
 

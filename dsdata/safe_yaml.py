@@ -1,10 +1,7 @@
 """YAML from files users share (recipes, configs), bounded before anything is built from it.
 
-`yaml.safe_load` builds no objects but plain data, yet it still follows aliases: a few hundred
-bytes of nested anchors (a "billion laughs" document) describe 10⁹ strings, which the first
-traversal (printing a stage's parameters, json.dumps into stats) expands.  `load_bounded` refuses
-a file over `MAX_BYTES`, a document whose alias-expanded size exceeds `MAX_NODES`, and nesting the
-recursive composer cannot follow — each with one line.
+`load_bounded` refuses a file over `MAX_BYTES`, a document whose alias-expanded size exceeds
+`MAX_NODES` (a "billion laughs" file) and nesting the recursive composer cannot follow: one line each.
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """SIGINT (Ctrl-C) and SIGTERM (a scheduler, `kill`) stop a command cleanly.
 
-Python's default turns SIGINT into KeyboardInterrupt wherever the main thread is, and SIGTERM kills
-the process with nothing cleaned up.  Inside a Beam run KeyboardInterrupt met Beam's per-element
-handler, which logs it with a 150-line traceback and re-raises it under another type (or, raised
-where Beam waits on a worker, was lost and the run finished with exit 0).  Here both signals raise
-`Interrupted` once (a BaseException, so per-record `except Exception` handlers do not take it), the
-signal is remembered so that an exception Beam made of it — or none at all — still ends the command
-as interrupted, and logging is silenced so that no library prints its traceback of the stop.  The
-command then cleans up (lock, spill, marks OUT incomplete), stops its worker processes and exits
-with 128 + the signal number (130, 143), as a shell reports a process the signal ended.
+Both signals raise `Interrupted` once (a BaseException, which per-record `except Exception`
+handlers let pass); the signal is remembered, so that whatever exception Beam made of it still ends
+the command as interrupted, and logging is silenced so that no library prints its traceback.  The
+command cleans up, stops its workers and exits with 128 + the signal number (130, 143).
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Byte-level BPE tokenizers: train one with Hugging Face `tokenizers`, and load any tokenizer the
 `tokenize` stage accepts (our own directories, a bare `tokenizer.json`, or an `AutoTokenizer` dir).
 
-A trained directory holds `tokenizer.json` (the whole tokenizer) plus a small
-`tokenizer_config.json` naming its EOS token, so `transformers.AutoTokenizer.from_pretrained(dir)`
-loads it too.  Byte-level BPE never produces an unknown token, which matters for zh + en corpora:
-any character a merge table has not seen falls back to its UTF-8 bytes.
+A trained directory holds `tokenizer.json` plus a `tokenizer_config.json` naming its EOS token, so
+`transformers.AutoTokenizer` loads it too.
 """
 from __future__ import annotations
 
