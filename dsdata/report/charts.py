@@ -1,10 +1,7 @@
 """The report's charts of what stages wrote: one renderer per chart kind (`KINDS`), drawn for the
-`Chart`s the run's stages declare (dsdata/stages/base.py `Stage.charts`).  The report names no
-stage: a stage that writes a column says how to show it, and a new chart kind is one function and
-one row here.
-
-A renderer takes (chart, the kept sample, the stage's parameters, the stage's side outputs read
-as JSON by name) and returns the chart's HTML, or None when there is nothing to draw.
+`Chart`s the run's stages declare (`Stage.charts`); the report names no stage.  A renderer takes
+(chart, the kept sample, the stage's parameters, its side outputs as JSON by name) and returns the
+chart's HTML, or None when there is nothing to draw.
 """
 from __future__ import annotations
 

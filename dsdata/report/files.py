@@ -1,9 +1,5 @@
-"""The few file operations the report needs, for local and remote run outputs alike.
-
-Local paths (the common case, and every test) are served here with os and glob.  A remote path
-(`scheme://...`) goes to the store registered by dsdata's Beam side (dsdata/beam/run_files.py wraps
-Beam's FileSystems, which knows gs://, s3://, hdfs://), so this package imports no Beam and a
-report of a local run never loads it.
+"""The few file operations the report needs: local paths with os and glob, a remote one
+(`scheme://...`) through the store dsdata's Beam side registers, so this package imports no Beam.
 """
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""OUT/report.html: one self-contained page that shows a whole run.
-
-The funnel (documents after each stage), the rejection reasons per stage with a few rejected
-examples each, histograms of what was kept (length, language, lang_score, relevance, perplexity
-with the difficulty cut-offs, duplicate-cluster sizes), per-stage time when the run measured it,
-and the recipe as run.  Charts are hand-written SVG (dsdata.report.svgchart: no plotting library)
-embedded as base64 data URIs, so the file opens offline and can be mailed or archived on its own.
-
-Reading is bounded whatever the output's size: histograms read only the columns they plot from a
-spread of row groups (up to `SAMPLE_ROWS` rows), and examples read a row group's text only when
-it holds a reason that still lacks examples.
+"""OUT/report.html: one self-contained page that shows a whole run (funnel, rejection reasons with
+examples, distributions of what was kept, time per stage, the recipe as run), its SVG charts
+embedded as data URIs.  Reading is bounded: histograms read only their columns from a spread of row
+groups (`SAMPLE_ROWS`), examples read a row group's text only when it holds a reason still lacking them.
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Live progress of a running pipeline: documents read, kept, rejected, docs/s and the busy stage.
 
-Beam's in-process runner (and the DirectRunner's multi-process mode, which drives the same
-FnApiRunner) only hands Metrics back when `run()` returns, i.e. at the end.  So the stage DoFns
-count twice: into their Beam Metrics counter (the record the runner keeps) and into a tally of
-the worker process they run in (dsdata/beam/counters.py `stage_counter`).  Each worker process writes its tally about once
-a second to `$DSDATA_PROGRESS_DIR/<host>-<pid>.json`; the launching process (`ProgressWatcher`)
-sums those files and prints a line every `interval` seconds.  Workers that cannot see that
-directory (Dataflow, Flink, docker SDK containers) write nothing; for those runners, whose
-`run()` returns while the job is running, the watcher reads the runner's own Metrics instead.
+The in-process runner hands Metrics back only when `run()` returns, so stage DoFns also count into
+their worker process's tally (dsdata/beam/counters.py), written about once a second to
+`$DSDATA_PROGRESS_DIR/<host>-<pid>.json` and summed by the launcher's `ProgressWatcher`.  For
+remote workers that cannot see that directory, the watcher reads the runner's own Metrics.
 """
 from __future__ import annotations
 

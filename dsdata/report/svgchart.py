@@ -1,15 +1,8 @@
 """Small hand-written SVG charts for OUT/report.html: plain string building, numpy only for binning.
 
-Each chart function returns one standalone SVG document (text) whose root `<svg>` has
-`xmlns`, a `viewBox` and explicit `width`/`height` in px, so a browser reports its natural size
-when the report embeds it as an `<img>` data URI.  Nothing in it refers outside the document (no
-script, no font, no link): text is drawn with the generic `sans-serif` family.
-
-Every piece of text goes through `esc` (XML escaping; characters XML 1.0 cannot hold become
-U+FFFD).  Every drawn bar is a `<rect class="bar ..." data-label=".." data-value="..">` (histogram
-bins carry `data-n`, the documents in the bin), so tests can count the bars and read back exactly
-what a chart shows.  Non-finite values are dropped, values outside a log axis are clipped to it,
-and labels too wide for their margin are cut with "…" (the full text stays in `data-label`).
+Each chart is one standalone SVG document (explicit px size, nothing outside it, text escaped by
+`esc`).  Every bar is a `<rect class="bar ..." data-label=".." data-value="..">` (histogram bins:
+`data-n`), so tests read back what a chart shows; labels too wide are cut with "…".
 """
 from __future__ import annotations
 
