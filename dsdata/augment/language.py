@@ -1,8 +1,6 @@
-"""Which language a document is in, for choosing the translation direction.
-
-The `lang` stage's annotation wins when present.  Recipes without a `lang` stage (such as
-pipelines/augment.yaml) fall back to a script guess: mostly Han characters → zh; mostly Latin
-letters with enough English function words → en; anything else → None (not augmented).
+"""Which language a document is in, for choosing the translation direction: the `lang` stage's
+annotation when present, else a script guess (mostly Han → zh; Latin with English function words
+→ en; anything else → None, not augmented).
 """
 from __future__ import annotations
 

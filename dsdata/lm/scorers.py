@@ -1,9 +1,8 @@
 """Perplexity scorers: an n-gram model directory (SentencePiece + KenLM) or a Hugging Face causal LM.
 
-Both return, per document, (Σ log10 p, number of predicted tokens); the perplexity is
-10 ** (-Σ log10 p / Σ tokens), CCNet's formula. The n-gram scorer scores each line separately
-(predicting every piece and </s>, hence tokens + 1 per line) and sums over the document's lines, so
-longer lines weigh more: the document perplexity is the token-weighted mean over its lines.
+Both return, per document, (Σ log10 p, number of predicted tokens), perplexity being
+10 ** (-Σ log10 p / Σ tokens) (CCNet).  The n-gram scorer scores each line (every piece and </s>)
+and sums over the document's lines.
 """
 from __future__ import annotations
 

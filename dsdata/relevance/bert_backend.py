@@ -1,10 +1,8 @@
 """BERT-family relevance classifier: tokenise with a long-document policy, score in length-sorted
 batches (GPU with autocast when present), and train from a sentence encoder (default all-MiniLM-L6-v2).
 
-Long-document policy: a text longer than the model's window (`max_length` tokens including [CLS] and
-[SEP]) is scored on two windows, its first and its last `max_length - 2` tokens, and the two
-probabilities are averaged ("head_tail"); "head" scores the first window only.  Boilerplate sits at
-both ends of a page (navigation above, footers below), which is why the tail is worth a second pass.
+A text longer than the model's window is scored on its first and last `max_length - 2` tokens and the
+two probabilities averaged ("head_tail": boilerplate sits at both ends); "head" scores the first only.
 """
 from __future__ import annotations
 

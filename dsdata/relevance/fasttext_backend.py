@@ -1,13 +1,9 @@
 """Supervised fastText relevance classifier: train, save (.ftz), load, score — and load published
 fastText quality classifiers with any labels (DCLM's `__label__hq`/`__label__cc`).
 
-Training runs in a child process whose allocator hands out zeroed memory.  Why: fastText's
-`DenseMatrix::uniform` initialises only `thread`/10 of the input matrix, and fasttext-numpy2 stores
-it in memory that is not zeroed (posix_memalign), so the other rows start as whatever the heap last
-held: training differed run to run with 1 thread and a fixed seed, and stopped with "Encountered
-NaN." when that held NaN bit patterns.  `GLIBC_TUNABLES=glibc.malloc.perturb=255` makes glibc fill
-every allocation with zero bytes (the complement of 0xFF), so those rows are zero; elsewhere (no
-glibc) the child still starts with a fresh heap, and non-finite weights are refused.
+Training runs in a child process with `GLIBC_TUNABLES=glibc.malloc.perturb=255` (zeroed memory):
+fastText initialises only part of its input matrix and fasttext-numpy2 does not zero the rest, so
+training was not reproducible and could stop with "Encountered NaN."; non-finite weights are refused.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Train relevance classifiers from labelled texts and save them as directories the `relevance`
-stage loads: `DIR/model.ftz` (fastText) or a save_pretrained BertForSequenceClassification (BERT),
-each with `DIR/dsdata-relevance.json` recording how it was trained.
-
-BERT training freezes the bottom of the encoder and trains the top `train_layers` transformer layers
-plus the pooler and classifier.  The frozen part runs once over the data (its outputs are cached in
-memory), so each epoch costs only the trained layers.  `train_layers=0` is the frozen-encoder + head
-setting; `train_layers=-1` (all) is full fine-tuning.  docs/relevance.md has the measured trade-off.
+stage loads (fastText `model.ftz` or a BertForSequenceClassification), each with its
+`dsdata-relevance.json`.  BERT training runs the frozen bottom of the encoder once (outputs cached)
+and trains the top `train_layers` layers plus pooler and classifier (0: head only, -1: all).
 """
 from __future__ import annotations
 
