@@ -23,9 +23,8 @@ class Interrupted(BaseException):
 
 
 def is_stop(exc: BaseException) -> bool:
-    """The user's stop (Ctrl-C's KeyboardInterrupt, a signal's Interrupted): what a handler that takes
-    any BaseException from code it runs (a plug-in's import, a stage) must let pass.  SystemExit is
-    not one: a plug-in's sys.exit() is that plug-in's fault."""
+    """The user's stop (KeyboardInterrupt, Interrupted), which a handler of any BaseException must let
+    pass (a plug-in's SystemExit is that plug-in's fault)."""
     return isinstance(exc, (KeyboardInterrupt, Interrupted))
 
 
@@ -47,16 +46,12 @@ class SignalState:
 @contextmanager
 def stop_on_signals(raise_first: bool = True, unresponsive: tuple[float, str] | None = None) -> Iterator[SignalState]:
     """While the block runs, SIGINT/SIGTERM record themselves in the yielded state; the first one
-    also raises Interrupted in the main thread (unless raise_first is False: a loop that polls the
-    state stops at its own boundary).  Later signals are only recorded: cleanup is not interrupted.
-    Outside the main thread (signals cannot be handled there) the block runs unchanged.
+    also raises Interrupted in the main thread (unless raise_first is False: a polling loop stops at
+    its own boundary).  Later signals are only recorded.  Outside the main thread: no change.
 
-    unresponsive: (seconds, line).  Python runs a signal's handler only when the main thread runs
-    Python again; inside a native call that never checks (a Rust tokenizer trainer merging pairs)
-    a stop waited for minutes, and SIGTERM, which used to kill at once, did too.  The signal's
-    arrival is also written to a pipe a watcher thread reads (signal.set_wakeup_fd): when the
-    handler has not run `seconds` later, the watcher prints `line` (with the signal's name for
-    {signal}), stops the child processes and ends the process with 128 + the signal number."""
+    unresponsive: (seconds, line).  A native call that never returns to Python delays the handler;
+    a watcher thread woken by signal.set_wakeup_fd then prints `line` ({signal}: the signal's name),
+    stops the child processes and ends the process with 128 + the signal number."""
     state = SignalState()
     if threading.current_thread() is not threading.main_thread():
         yield state
@@ -125,8 +120,7 @@ def _watch_unresponsive(handled: threading.Event, seconds: float, line: str):
 
 def stop_child_processes(grace: float = 5.0) -> None:
     """Terminate every descendant of this process (Beam's SDK workers, a local dask cluster), then
-    kill the ones still alive after `grace` seconds (0: kill at once): none outlives an interrupted
-    command."""
+    kill the ones still alive after `grace` seconds (0: kill at once)."""
     try:
         import psutil
     except ImportError:  # psutil is a dependency of the dist extra; without it, children get SIGTERM from /proc

@@ -228,9 +228,8 @@ def _probes_for(patterns: list[str]) -> list[tuple[str, int, str]]:
 
 
 def check_regexes(tokenizer: Any, where: str) -> None:
-    """Encode probe texts with `tokenizer` (a `tokenizers.Tokenizer`) once, at load: a regex in it
-    that gives up on them (the binding panics) is a TokenizerError naming the pattern and the text,
-    one line, before any record meets it.  The panic's report is kept off stderr."""
+    """Encode probe texts with `tokenizer` once, at load: a regex that gives up on them (the binding
+    panics) is a one-line TokenizerError naming the pattern and the text, before any record meets it."""
     try:
         patterns = _regexes(json.loads(tokenizer.to_str()))
     except Exception:  # noqa: BLE001 - the fixed probes still run

@@ -86,13 +86,8 @@ def _seeded_sampling_processor(seeds: list[int]):
     from transformers import LogitsProcessor
 
     class SeededGumbelSampling(LogitsProcessor):
-        """Sampling by the Gumbel-max trick with one random stream per row.
-
-        argmax(logits + Gumbel noise) is a draw from softmax(logits).  Seeding the noise by
-        (sentence seed, step) instead of one global generator makes each sentence's sample
-        independent of which other sentences share its batch, so runs are reproducible even
-        though Beam forms batches differently each time.
-        """
+        """Sampling by the Gumbel-max trick with noise seeded by (sentence seed, step), so a
+        sentence's sample does not depend on which sentences share its batch."""
 
         def __call__(self, input_ids, scores):
             step = input_ids.shape[1]

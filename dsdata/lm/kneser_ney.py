@@ -256,11 +256,8 @@ def _token_stream(sentences: Iterable[Sequence[int]], vocab_size: int, bos: int,
 
 
 def _prune(levels: list[NgramLevel], thresholds: list[int], vocab: int) -> None:
-    """Drop n-grams with raw count <= threshold and renormalise the backoff of their contexts.
-
-    Raw counts never grow when an n-gram is extended, so with thresholds that do not decrease with
-    order every kept n-gram keeps its prefix and suffix: the pruned model stays a valid backoff model.
-    """
+    """Drop n-grams with raw count <= threshold and renormalise the backoff of their contexts
+    (thresholds not decreasing with order keep every kept n-gram's prefix and suffix)."""
     for n in range(2, len(levels) + 1):
         level, lower = levels[n - 1], levels[n - 2]
         level.keep = level.raw_counts > thresholds[n - 1]

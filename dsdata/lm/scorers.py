@@ -47,9 +47,8 @@ def is_causal_lm_dir(path: str) -> bool:
 
 
 def ngram_model_files(model_dir: str) -> tuple[dict, str, str]:
-    """An n-gram folder's lm.json and the two files it names (SentencePiece, ARPA or KenLM binary),
-    each a regular file inside the folder: a name leading out of it (../../x, an absolute path, a
-    link to /elsewhere) is refused, not followed; so is a FIFO or folder where a file belongs."""
+    """An n-gram folder's lm.json and the two files it names, each a regular file inside the folder
+    (a name or link leading out of it, a FIFO or a folder is refused, not followed)."""
     meta_path = os.path.join(model_dir, META_FILE)
     try:
         meta = load_json_file(meta_path, f"n-gram model {META_FILE}")
@@ -140,12 +139,9 @@ def _load_quietly(load, *args):
 class CausalLMScorer:
     """Any Hugging Face causal LM (AutoModelForCausalLM + its tokenizer), batched, on GPU when present.
 
-    Each document is one token sequence: BOS (or EOS when the tokenizer has no BOS, GPT-2 style) +
-    tokens + EOS; every token after the first is predicted once. Documents longer than
-    `max_length` are cut into consecutive windows that overlap by one token.  A forward pass holds
-    at most `logits_budget` logits (batch × tokens × vocabulary), and log-probabilities are taken one
-    window at a time, so memory does not grow with the vocabulary times the batch.  Progress is
-    logged (logger dsdata.lm.scorers) every PROGRESS_EVERY_S seconds of scoring.
+    Each document is BOS (or EOS, GPT-2 style) + tokens + EOS, every token after the first predicted
+    once, in `max_length` windows overlapping by one token.  A forward pass holds at most
+    `logits_budget` logits (batch × tokens × vocabulary).
     """
 
     def __init__(self, model_dir: str, device: str = "auto", max_length: int = 1024, batch_tokens: int = 16384,

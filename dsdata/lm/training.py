@@ -71,11 +71,9 @@ def _matches(value, lang: str) -> bool:
 class CorpusReader:
     """Normalised non-empty lines of one language from a .txt, .jsonl or .parquet corpus.
 
-    Records (JSONL lines, Parquet rows) are filtered on `lang_field`: a record is used when that
-    field holds `lang` (en also takes en-US).  Records without the field are not used.  When no
-    record matches, training is refused with the languages that were seen, so `--lang en` on a file
-    whose language lives in another field never silently trains on every language.  A .txt file has
-    no fields: all of it is taken as `lang`.  After iterating, `summary()` says what was read."""
+    Records are used when `lang_field` holds `lang` (en also takes en-US); when none matches,
+    training is refused naming the languages seen.  A .txt file is all `lang`.  `summary()` says
+    what was read."""
 
     def __init__(self, path: str, lang: str, text_field: str = "text", lang_field: str = "lang"):
         if not os.path.isfile(path):

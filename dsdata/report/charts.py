@@ -20,10 +20,8 @@ def _e(value: Any) -> str:
 
 
 def img(element_id: str, svg: str, alt: str) -> str:
-    """An SVG chart as an <img> with a base64 data URI (its natural size is the SVG's width/height).
-
-    An SVG shown as an image sees none of the page's fonts: a chart whose labels hold CJK characters
-    (a stage or language named in Chinese) carries the glyphs of its own characters."""
+    """An SVG chart as an <img> with a base64 data URI.  An image sees none of the page's fonts: a
+    chart with CJK labels carries the glyphs of its own characters."""
     import base64
 
     if cjk_characters(svg):

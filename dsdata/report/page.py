@@ -114,10 +114,8 @@ UTF8_COMPUTE_BYTES = 2 << 20
 
 
 def utf8_lengths(column, compute_bytes: int | None = None) -> Any:
-    """Characters of each string of an Arrow string column, nulls kept, as int64:
-    pyarrow.compute.utf8_length from `compute_bytes` (UTF8_COMPUTE_BYTES) bytes of text, Python's
-    len() of each string below that, so that a small run does not import pyarrow.compute (the report
-    is its only user in most runs)."""
+    """Characters of each string of an Arrow string column, nulls kept, as int64: Python's len()
+    below `compute_bytes` of text, so that a small run does not import pyarrow.compute."""
     import pyarrow as pa
 
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
@@ -320,10 +318,8 @@ def _e(value: Any) -> str:
 
 
 def tallies_section(stats: dict[str, Any]) -> list[str]:
-    """The stages' tallies (stats.json "tallies": which benchmark contaminated how many documents,
-    how many e-mails, phones, … the pii stage found) and the notes a stage's stats carry
-    (stage_stats.STAGE.notes: {title: {key: count}}, e.g. the n-grams decontaminate's cap set aside),
-    as one table each."""
+    """stats.json's "tallies" ({name: {kind: count}}) and each stage's stage_stats.STAGE.notes
+    ({title: {key: count}}), as one table each."""
     tables = [(name, name, counts) for name, counts in (stats.get("tallies") or {}).items()]
     for stage, stage_stats in (stats.get("stage_stats") or {}).items():
         notes = stage_stats.get("notes") if isinstance(stage_stats, dict) else None

@@ -30,10 +30,7 @@ _FLUSH_SECONDS = 1.0
 
 class _ProcessTally:
     """This process's stage counters, summed and flushed to the progress directory by a thread.
-
-    Counting itself takes no lock: each `StageCounter` adds to its own integer (Beam never runs one
-    DoFn instance on two threads at once), and a snapshot only reads those integers.
-    """
+    Counting takes no lock: each `StageCounter` adds to its own integer (one DoFn, one thread)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -143,10 +140,8 @@ def format_line(now: Progress, earlier: Progress | None, elapsed: float, dt: flo
 
 
 class ProgressWatcher:
-    """Context manager around a run: sets up the progress directory and reports every `interval` s.
-
-    Nothing is printed before the first interval has passed, so short runs stay quiet.
-    """
+    """Context manager around a run: sets up the progress directory and reports every `interval` s
+    (nothing before the first interval has passed)."""
 
     def __init__(self, mode: str = "lines", stage_order: list[str] | None = None, interval: float = 10.0,
                  stream=None):

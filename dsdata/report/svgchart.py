@@ -570,10 +570,8 @@ def histogram_panels(panels: Sequence[dict[str, Any]], *, xlabel: str, log_x: bo
                      plot_height: float = 150) -> str:
     """One histogram per panel, stacked vertically, the x label under the last one.
 
-    A panel is {"title", "edges" (ascending bin edges), "series": [(values, label, colour, opacity)],
-    "lines": [(x, label, colour)], "ylabel", "legend" (bool), "title_size"}.  Values are counted
-    with numpy after dropping non-finite ones and clipping into [edges[0], edges[-1]], so every
-    finite value lands in a bin (each bin is a rect with data-n)."""
+    A panel is {"title", "edges", "series": [(values, label, colour, opacity)], "lines": [(x, label,
+    colour)], "ylabel", "legend", "title_size"}; finite values are clipped into the edges' range."""
     title_h, ticks_h, gap = 26.0, 22.0, 14.0
     xlabel_h = 20.0
     height = sum(title_h + plot_height + ticks_h for _ in panels) + gap * max(0, len(panels) - 1) + xlabel_h + 4
