@@ -25,11 +25,9 @@ class Runner:
     replaces_beams: bool = False  # dsdata hands Beam `class_path`, not the name (Beam would pick another class)
     extra: str | None = None    # the pip extra its module needs, for the one-line error when it is missing
     summary: str = ""
-    # Modules whose PipelineOptions subclasses declare this runner's flags (imported, where installed,
-    # to tell a mistyped dsdata flag from a Beam option).
+    # modules whose PipelineOptions declare this runner's flags (to tell a typo from a Beam option)
     options_modules: tuple[str, ...] = ()
-    # "module:function" giving the Beam arguments a run on this runner gets by default (function(args)
-    # → extra args), e.g. the Flink job-server jar that .ci/engines-setup assembles.
+    # "module:function": function(args) → the Beam arguments a run on this runner gets by default
     defaults: str = ""
 
     def names(self) -> tuple[str, ...]:

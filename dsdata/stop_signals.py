@@ -67,9 +67,7 @@ def stop_on_signals(raise_first: bool = True, unresponsive: tuple[float, str] | 
             logging.disable(logging.CRITICAL)  # no library's traceback of the stop
             # Nor a thread's: Beam's job-service thread raises when its worker dies.
             threading.excepthook = lambda args: None
-            # Workers first: Beam's SDK worker processes, told to shut down by a runner that is
-            # unwinding, die in interpreter finalization with a "Fatal Python error" on the shared
-            # stderr; their state is discarded with the run anyway.
+            # workers first: told to shut down by an unwinding runner, they print "Fatal Python error"
             stop_child_processes(grace=0)
             raise Interrupted(signal.Signals(signum).name)
 

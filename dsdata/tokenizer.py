@@ -181,12 +181,9 @@ def _pick_eos(token_to_id: Callable[[str], int | None], configured: str | None, 
     raise TokenizerError(f"tokenizer {where} has no end-of-text token ({wanted}); set tokenize.eos_token to one it has")
 
 
-# A tokenizer.json may carry regexes of its own (a Split pre-tokenizer, a Replace normalizer), which
-# Oniguruma runs by backtracking; past its retry limit (10 million steps for one search) it gives up
-# and the binding panics.  A pattern with nested quantifiers ((a+)+$, (\w+\s?)+$) needs 2^n steps on
-# n characters of one kind followed by one that fails it, so texts of that shape find it at load:
-# a run of each kind of character, then each kind of end.  The runs are long enough for an
-# exponential pattern (256) and, for a few, for a quadratic one to pass the limit (4096).
+# A tokenizer.json's own regexes run on Oniguruma, which panics past its backtracking limit.  Nested
+# quantifiers ((a+)+$) blow up on a run of one kind of character followed by one that fails them:
+# probe texts are such runs (256 for exponential patterns, 4096 for quadratic ones), then each end.
 _PROBE_CHARS = ("a", "A", "1", " ", "\t", "\n", ".", "-", "'", "_", ",", "\u4e2d", "\u00e9", "\u3042", "\U0001f600",
                 "e\u0301")
 _PROBE_ENDS = ("", "!", "a", " ", "\n", "1", ".", "\u4e2d", "\x00")

@@ -127,12 +127,10 @@ class Seq2SeqTranslator:
             raise ModelNotFoundError(str(exc)) from None
         self.device = torch.device(device)
         self.model.to(self.device).eval()
-        # Multi-target opus-mt models (en→zh) need a target-language token such as >>cmn_Hans<<;
-        # only prepend it when this model's vocabulary has it.
+        # multi-target opus-mt models need a target token (>>cmn_Hans<<), when their vocabulary has it
         vocab = self.tokenizer.get_vocab()
         self.source_prefix = f"{source_prefix} " if source_prefix and source_prefix in vocab else ""
-        # The model's own limits cap the configured ones (a 256-position model given max_input_tokens
-        # 512 would index past its position table).
+        # the model's own limits (its position table) cap the configured ones
         self.max_input_tokens = input_token_limit(self.model.config, self.tokenizer)
         self.max_output_tokens = output_token_limit(self.model.config)
 

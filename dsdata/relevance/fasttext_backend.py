@@ -20,13 +20,10 @@ MODEL_FILE = "model.ftz"
 # fastText reads one example per line and splits words on whitespace and NUL: any of them inside a
 # text would start a new example or word.
 _LINE_BREAKS = re.compile(r"[\s\x00]+")
-# Tuned on the grouped validation split of relevance-dev (see docs/relevance.md): word bigrams and
-# character 2–5-grams carry Chinese (no spaces) and template-like navigation text.
-# dim 16 scores the same as 64 here and quantizes to under 1 MB.
+# Tuned on relevance-dev (docs/relevance.md): char 2–5-grams carry Chinese; dim 16 scores as 64 does.
 DEFAULT_TRAIN_ARGS = {"epoch": 25, "lr": 0.5, "wordNgrams": 2, "minn": 2, "maxn": 5, "dim": 16,
                       "bucket": 100_000, "loss": "softmax", "thread": 2, "seed": 0}
-# Keep the 40k most useful rows (words + n-gram buckets) when quantizing: ~0.9 MB; retraining after
-# pruning gained nothing measurable on the validation split.
+# Rows (words + n-gram buckets) kept when quantizing: ~0.9 MB.
 QUANTIZE_CUTOFF = 40_000
 # glibc fills each allocation with ~perturb: 255 → zero bytes (see the module docstring).
 _ZEROING_TUNABLE = "glibc.malloc.perturb=255"

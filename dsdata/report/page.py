@@ -30,7 +30,6 @@ EXAMPLE_SCAN_ROWS = 2_000_000
 
 
 
-# ---------------------------------------------------------------------------------------------
 # Run information (run.json: written at run time by dsdata/beam/run_files.py, read by the report)
 
 
@@ -73,7 +72,6 @@ def remove_report(output: str) -> None:
         log.debug("could not remove an earlier report in %s: %s", output, exc)
 
 
-# ---------------------------------------------------------------------------------------------
 # Reading the run's outputs
 
 
@@ -108,8 +106,7 @@ def _open_parquet(path: str):
     return pq.ParquetFile(pa.OSFile(os.fsencode(path)))
 
 
-# Text bytes from which utf8_lengths hands the column to pyarrow.compute (whose import costs more
-# than Python's len() over a small sample).
+# Text bytes from which utf8_lengths hands the column to pyarrow.compute (a costly import).
 UTF8_COMPUTE_BYTES = 2 << 20
 
 
@@ -240,9 +237,7 @@ def rejected_examples(output: str, wanted: Iterable[tuple[str, str]], per_reason
     return found
 
 
-# ---------------------------------------------------------------------------------------------
-# Charts (hand-written SVG from svgchart: no plotting library, a few milliseconds per chart).
-# Each returns the SVG document as text; charts.img embeds it as a base64 data URI.
+# Charts: each returns an SVG document as text (charts.img embeds it)
 
 
 def _count(value: Any) -> int | float:
@@ -295,7 +290,6 @@ def stage_times(stats: dict[str, Any]) -> list[tuple[str, float, float | None]]:
     return rows
 
 
-# ---------------------------------------------------------------------------------------------
 # The page
 
 # The last family is the page's own CJK glyphs (cjkfont.embedded_font), for machines without a CJK font.

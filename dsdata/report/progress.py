@@ -87,7 +87,6 @@ class _ProcessTally:
 TALLY = _ProcessTally()  # this process's; dsdata/beam/counters.py StageCounter registers with it
 
 
-# ---------------------------------------------------------------------------------------------
 # The launching process: sum the tallies, print a line (or drive a bar).
 
 
@@ -107,8 +106,7 @@ class Progress:
         self.read = read.get("in", 0)
         self.rejected = sum(e["rejected"] for e in self.stages.values())
         last = stage_order[-1] if stage_order else None
-        # Kept so far: documents that passed the last stage (a whole-corpus stage such as dedup
-        # holds everything back until it has seen the whole corpus).
+        # kept so far: documents that passed the last stage
         self.kept = self.stages.get(last, {}).get("kept", 0) if last else 0
         if len(stage_order) <= 1:
             self.kept = read.get("kept", 0)
@@ -128,8 +126,7 @@ def format_line(now: Progress, earlier: Progress | None, elapsed: float, dt: flo
     """One progress line, in the style of the run's final summary line."""
     moved = now.moved_since(earlier)
     if moved:
-        # The most downstream stage that moved is the front of the stream; its rate is the rate
-        # the fused chain upstream of it runs at.
+        # the most downstream stage that moved is the front of the stream: its rate is the chain's
         front, n = moved[-1]
         rate = f"{n / dt:.0f} docs/s" if dt > 0 else "- docs/s"
         busy = " → ".join(s for s, _ in moved) if len(moved) <= 3 else f"{moved[0][0]} … {front}"
@@ -166,8 +163,7 @@ class ProgressWatcher:
         self._pipeline = pipeline
 
     def __enter__(self) -> "ProgressWatcher":
-        # The in-process runner counts in this process: forget an earlier run's counters (also when
-        # off, so a long-lived process that runs many pipelines does not keep them all).
+        # the in-process runner counts in this process: forget an earlier run's counters (also when off)
         TALLY.reset()
         if self.mode == "off":
             return self
@@ -176,8 +172,7 @@ class ProgressWatcher:
         os.environ[PROGRESS_DIR_ENV] = self._dir
         self._start = time.time()
         if self.mode == "bar":
-            # Log lines (e.g. "read FILE: N records") go through tqdm.write, above the bar, instead
-            # of being printed into the middle of it.
+            # log lines go through tqdm.write, above the bar
             self._log_redirect = logging_above_bar()
             self._log_redirect.__enter__()
         self._thread = threading.Thread(target=self._report_forever, name="dsdata-progress-watch", daemon=True)

@@ -27,7 +27,6 @@ MAX_LABEL_PX = 220   # a category label wider than this is cut with "…"
 _INVALID_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-# ---------------------------------------------------------------------------------------------
 # Text
 
 
@@ -120,7 +119,6 @@ def tick_label(v: float, step: float | None = None, largest: float | None = None
     return ("0" if float(out) == 0 else out) + suffix
 
 
-# ---------------------------------------------------------------------------------------------
 # Scales and ticks
 
 
@@ -197,7 +195,6 @@ class Scale:
         return [(t, tick_label(t, step, largest)) for t in values]
 
 
-# ---------------------------------------------------------------------------------------------
 # The document
 
 
@@ -340,7 +337,6 @@ def _legend_key(svg: Svg, x: float, cy: float, color: str, kind: str, opacity: f
         svg.rect(x + 2, cy - 5, 12, 10, color, opacity=opacity if opacity < 1 else None)
 
 
-# ---------------------------------------------------------------------------------------------
 # Charts
 
 
