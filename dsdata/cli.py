@@ -172,7 +172,7 @@ def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info
 
 
 def _say_what_is_replaced(output: str, recipe) -> None:
-    """A run replaces OUT's kept/, rejected/, side outputs and *.json: say so when another recipe wrote them."""
+    """A run replaces OUT's kept/, rejected/, side outputs, *.json: say so when another recipe wrote them."""
     stats_path = os.path.join(output, "stats.json")
     if "://" in output or not os.path.isfile(stats_path):
         return

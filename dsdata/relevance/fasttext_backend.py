@@ -69,7 +69,7 @@ def train_fasttext(texts: Sequence[str], labels: Sequence[int], out_dir: str, qu
                    **overrides) -> str:
     """Train a supervised model on (text, 0/1) pairs and save it as OUT_DIR/model.ftz; returns the path.
 
-    quantize: prune and product-quantize the model (<1 MB instead of ≈7 MB).  thread=1: same bytes every run."""
+    quantize: prune and product-quantize the model (<1 MB, not ≈7 MB).  thread=1: same bytes every run."""
     _fasttext()  # a predict-only module fails here with a plain message, before any work
     args = {**DEFAULT_TRAIN_ARGS, **overrides}
     os.makedirs(out_dir, exist_ok=True)
