@@ -20,10 +20,6 @@ from dsdata.relevance.data import LabelledDataError, load_labelled, split_groupe
 from dsdata.relevance.fasttext_backend import FastTextTrainingFailed, FastTextUnavailable
 
 
-def _err(msg: str) -> None:
-    print(f"dsdata classifier: error: {msg}", file=sys.stderr)
-
-
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -170,7 +166,8 @@ def main(argv: list[str]) -> int:
     try:
         return commands[argv[0]](argv[1:])
     except (LabelledDataError, ValueError, FastTextUnavailable, FastTextTrainingFailed, OSError) as exc:
-        _err(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"dsdata classifier: error: {line}", file=sys.stderr)
         return 2
 
 def _train(args, train) -> dict:
