@@ -51,8 +51,7 @@ def problem_classes() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseE
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
-    """dsdata's own exceptions, re-raised as RunError (the original chained as its cause).  The
-    first Beam import of a run, the CLI's and the API's, is here: quietly (quiet_library_imports)."""
+    """dsdata's own exceptions re-raised as RunError; the run's first Beam import, made quietly."""
     quiet_library_imports()
     from dsdata.beam.pipeline import LedgerError
 
@@ -90,8 +89,7 @@ def filter_library_noise() -> None:
 
 
 def quiet_library_imports() -> None:
-    """Import QUIET_IMPORT_WARNINGS' modules with their warnings filtered; a NullHandler meanwhile
-    keeps `logging.warning()` from configuring the caller's logging (basicConfig)."""
+    """Import QUIET_IMPORT_WARNINGS' modules quietly, without configuring the caller's logging."""
     import importlib
 
     filter_library_noise()
@@ -215,8 +213,7 @@ def _outs(failure, exc: BaseException, output: str) -> bool:
 
 
 def _storage_failed(failure, output: str) -> Exception:
-    """A full, over-quota or read-only disk under OUT (outputs, spill): the run's partial outputs are
-    removed, OUT/INCOMPLETE says why, and the run fails with one line (exit 1)."""
+    """A full or read-only disk under OUT: partial outputs removed, OUT/INCOMPLETE says why (exit 1)."""
     import gc
 
     from dsdata.beam.errors import RunFailed

@@ -94,8 +94,7 @@ def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> N
 
 
 def _execute_stoppable(prepared, beam_args: list[str], progress: str) -> dict:
-    """execute(), stopped by SIGINT/SIGTERM: whatever Beam made of the signal, OUT is marked
-    incomplete (OUT/INCOMPLETE, no stats.json) and the command ends in one line."""
+    """execute(); a SIGINT/SIGTERM marks OUT incomplete and ends the command in one line."""
     from dsdata.beam.pipeline import RESUME_HINT, mark_incomplete
     from dsdata.stop_signals import stop_on_signals
 

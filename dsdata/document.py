@@ -113,8 +113,7 @@ REJECTED_SCHEMA = pa.schema(
 
 
 def kept_columns(docs: list[Document], annotation_names: list[str]) -> list[list[Any]]:
-    """The columns of kept_schema for `docs`: id, text, metadata (JSON), then each annotation (None
-    where a document lacks it)."""
+    """The columns of kept_schema for `docs` (None where a document lacks an annotation)."""
     columns = [[d.id for d in docs], [d.text for d in docs], [metadata_json(d.metadata) for d in docs]]
     for name in annotation_names:
         columns.append([d.annotations.get(name) for d in docs])

@@ -18,8 +18,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(BaseException):
-    """Raised in the main thread by the first SIGINT/SIGTERM.  Takes any arguments: Beam re-raises
-    an exception as `type(exn)(message + step name)`."""
+    """Raised in the main thread by the first SIGINT/SIGTERM; takes any arguments, as Beam re-raises."""
 
 
 def is_stop(exc: BaseException) -> bool:

@@ -204,8 +204,7 @@ def _regexes(spec: Any) -> list[str]:
 
 
 def _is_native_failure(exc: BaseException) -> bool:
-    """An exception encoding a text raised that is the text's (an Exception, or pyo3's PanicException,
-    a BaseException), not a stop (KeyboardInterrupt, SystemExit, a signal's Interrupted)."""
+    """Whether an exception raised encoding a text is the text's (a panic included), not a stop."""
     return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
 
 

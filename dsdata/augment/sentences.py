@@ -102,8 +102,7 @@ def _cut_long(sentence: str, max_chars: int) -> list[tuple[str, str]]:
 
 
 def split_sentences(text: str, max_chars: int = 400) -> Layout:
-    """Split `text` into sentences of at most `max_chars` characters (longer ones cut at clause
-    marks, then spaces, then anywhere)."""
+    """`text` in sentences of at most `max_chars` (cut at clause marks, spaces, then anywhere)."""
     separators = [""]
     sentences: list[str] = []
     for start, end in _sentence_spans(text):

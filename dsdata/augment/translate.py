@@ -179,8 +179,7 @@ _LOAD_LOCK = threading.Lock()
 
 
 def load_translator(model_dir: str, param: str, device: str, source_prefix: str) -> Seq2SeqTranslator:
-    """One translator per (model, device, prefix) per process: the two RunInference passes of a
-    round trip use both models, and loading each once halves memory."""
+    """One translator per (model, device, prefix) per process: each model loaded once."""
     key = (model_dir, device, source_prefix)
     with _LOAD_LOCK:
         if key not in _LOADED:

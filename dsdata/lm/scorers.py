@@ -120,8 +120,7 @@ def one_line_of(exc: BaseException) -> str:
 
 
 def _load_quietly(load, *args):
-    """KenLM prints a 'build a binary file' hint on stderr at every ARPA load (once per worker):
-    silence file descriptor 2 while loading."""
+    """Load a KenLM model with fd 2 silenced (its 'build a binary file' hint at every ARPA load)."""
     import sys
 
     sys.stderr.flush()

@@ -145,8 +145,7 @@ class WindowTokenizer:
 
 
 def length_batches(windows: list[Window], batch_size: int, token_budget: int) -> list[list[Window]]:
-    """Sort by length and cut into batches of at most `batch_size` windows and `token_budget` padded
-    tokens, so short texts are not padded to the longest one in the corpus."""
+    """Length-sorted batches of at most `batch_size` windows and `token_budget` padded tokens."""
     ordered = sorted(windows, key=lambda w: len(w.ids))
     batches, current = [], []
     for w in ordered:

@@ -187,8 +187,7 @@ def _load_encoder(encoder: str, device: str):
 
 
 def _labelled_windows(windows_of: WindowTokenizer, records: Sequence[LabelledText]):
-    """Every window of a document is a training example with the document's label (head and
-    tail); from here on a window's `doc` indexes its label."""
+    """Every window of a document is an example with the document's label (window.doc → label)."""
     windows = windows_of.windows([r.text for r in records])
     labels = [records[w.doc].label for w in windows]
     for i, w in enumerate(windows):

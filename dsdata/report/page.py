@@ -47,8 +47,7 @@ def is_run_output(output: str) -> bool:
 
 
 def write_report_safely(output: str, info: dict[str, Any] | None = None) -> str | None:
-    """Write run.json (when the run's information is given) and report.html; on any error log ONE
-    warning, never raise."""
+    """Write run.json (when `info` is given) and report.html; on any error log ONE warning, never raise."""
     try:
         if info is not None:
             write_run_info(output, info)
@@ -130,8 +129,7 @@ class KeptSample:
     """Columns of kept/*.parquet read from a spread of row groups: at most ~SAMPLE_ROWS rows."""
 
     def __init__(self, output: str, sample_rows: int = SAMPLE_ROWS, columns: Iterable[str] | None = None):
-        """`columns`: the kept columns to read besides the text's length (None: all but the text,
-        id and metadata)."""
+        """`columns`: the kept columns to read besides the length (None: all but text, id, metadata)."""
         import pyarrow as pa
 
         self.total_rows = 0
@@ -276,8 +274,7 @@ def stage_time_chart(rows: list[tuple[str, float, float | None]]) -> str:
 
 
 def stage_times(stats: dict[str, Any]) -> list[tuple[str, float, float | None]]:
-    """(stage, CPU seconds, docs/s) from stats.json's "stage_time" ({stage: {"cpu_s", "docs",
-    "docs_per_s"}}, written by every run whose runner returns metrics); [] when absent."""
+    """(stage, CPU seconds, docs/s) from stats.json's "stage_time"; [] when absent."""
     timing = stats.get("stage_time")
     if not isinstance(timing, dict):
         return []
@@ -408,8 +405,7 @@ def _rejections_section(parts: list[str], output: str, stats: dict[str, Any]) ->
 
 
 def _distributions_section(parts: list[str], nav: list[tuple[str, str]], output: str, info: dict[str, Any]) -> None:
-    """Histograms of what was kept: document length, then the charts the run's stages declare
-    (dsdata/report/charts.py)."""
+    """Histograms of what was kept: document length, then the charts the run's stages declare."""
     declared = charts.declared_charts(info.get("stages", []))
     sample = KeptSample(output, columns=charts.chart_columns(declared))
     hists: list[str] = []

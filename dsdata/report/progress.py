@@ -158,8 +158,7 @@ class ProgressWatcher:
         self._start = time.time()
 
     def attach(self, pipeline) -> None:
-        """The running Pipeline: once `run()` has returned (async runners: portable, Dataflow) its
-        `result`'s Metrics are read where no worker tallies arrive (remote workers)."""
+        """The running Pipeline, whose result's Metrics are read where no worker tallies arrive."""
         self._pipeline = pipeline
 
     def __enter__(self) -> "ProgressWatcher":

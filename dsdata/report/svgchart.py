@@ -123,8 +123,7 @@ def tick_label(v: float, step: float | None = None, largest: float | None = None
 
 
 def nice_ticks(lo: float, hi: float, target: int = 5, integer: bool = False) -> tuple[list[float], float]:
-    """Round tick values (1, 2, 2.5, 5 × 10^k steps) inside [lo, hi], and the step; `integer`:
-    whole-number steps only (counts)."""
+    """Round tick values (1, 2, 2.5, 5 × 10^k steps) inside [lo, hi], and the step."""
     if not hi > lo:
         hi = lo + 1.0
     raw = (hi - lo) / max(1, target)
@@ -434,8 +433,7 @@ def bar_chart(labels: Sequence[Any], counts: Sequence[Any], *, title: str, xlabe
 
 
 def _counted_panel(p: dict[str, Any], plot_height: float, log_x: bool):
-    """(panel, edges, per series (counts, label, colour, opacity), the highest count, the x range
-    with the panel's lines, the width of its y tick labels)."""
+    """(panel, edges, [(counts, label, colour, opacity)], ymax, x range, y tick label width)."""
     import numpy as np
 
     edges = np.asarray(p["edges"], dtype="float64")
@@ -501,8 +499,7 @@ def _histogram_panel(svg: "Svg", p: dict[str, Any], edges, counts, ymax: int, xl
 
 
 def _bar_range(values: list[float], log_ratio: float) -> tuple[float, float, bool]:
-    """(low, high, logarithmic?) of bar_chart's y axis: logarithmic when the positive counts span
-    more than `log_ratio`×."""
+    """(low, high, logarithmic?) of bar_chart's y axis."""
     positive = [v for v in values if v > 0]
     if positive and max(values) > log_ratio * max(1.0, min(positive)):
         lo = 10.0 ** math.floor(math.log10(min(positive)) - 0.3)
