@@ -17,8 +17,7 @@ from dsdata.api import RunError, execute, filter_library_noise, one_line_errors,
 from dsdata.commands.run import run_parser
 from dsdata.io.object_storage import object_storage_beam_args
 
-# Sub-commands implemented in their own modules (dsdata/commands/NAME.py, each with main(argv)).
-SUBCOMMANDS = {
+SUBCOMMANDS = {  # each module has main(argv)
     "classifier": ("dsdata.commands.classifier", "train and evaluate relevance classifiers"),
     "lm": ("dsdata.commands.lm", "train n-gram language models for difficulty grading"),
     "tokenizer": ("dsdata.commands.tokenizer", "train a byte-level BPE tokenizer"),

@@ -26,8 +26,7 @@ class Document:
     derived_from: str | None = None  # a created document's source id (back-translation): `augmented`
 
     def __reduce__(self):
-        # Beam's coders pickle documents between stages (held in memory by the in-process runner):
-        # the text zlib-compressed (level 1).
+        # Beam's coders pickle documents between stages: the text zlib-compressed (level 1)
         return unpack_document, (pack_document(self),)
 
 

@@ -41,8 +41,7 @@ def strip_panic_reports(text: str) -> str:
         if out and not out[-1].strip():  # the blank line the hook writes first
             out.pop()
         i += 1
-        # The message: up to a note, a backtrace, a blank line, the next report or a line of dsdata's
-        # own (another thread's, written meanwhile).
+        # the message: up to a note, a backtrace, a blank line, the next report or a dsdata line
         while i < len(lines) and lines[i].strip() and not lines[i].startswith(("note: ", "stack backtrace:", "dsdata")) \
                 and not _PANIC_START.match(lines[i]):
             i += 1

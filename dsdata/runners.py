@@ -36,8 +36,7 @@ class Runner:
 
 _BEAM = "apache_beam.runners."
 RUNNERS: tuple[Runner, ...] = (
-    # Beam 2.77's DirectRunner tries the Prism runner first (a download, then a binary): dsdata's
-    # DirectRunner is the FnApiRunner it would fall back to, in this process.
+    # Beam's DirectRunner tries Prism first (a download, then a binary): dsdata's is the FnApiRunner
     Runner("FnApiRunner", IN_PROCESS_RUNNER, ("directrunner",), in_process=True,
            replaces_beams=True, summary="dsdata's default: Beam's FnApiRunner in this process"),
     Runner("BundleBasedDirectRunner", _BEAM + "direct.direct_runner.BundleBasedDirectRunner", in_process=True,

@@ -28,9 +28,6 @@ class TokenizerError(ValueError):
     """A tokenizer path or file a user gave cannot be used; the message says what to do."""
 
 
-# ----------------------------------------------------------------------------------------- training
-
-
 def iter_training_texts(patterns: list[str], text_field: str = "text") -> Iterator[str]:
     """Texts from files matching `patterns`: .txt (documents separated by a blank line), .jsonl
     (field `text_field`) or .parquet (column `text_field`, e.g. a run's kept/*.parquet)."""
@@ -130,9 +127,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: str, min_frequency
     return path
 
 
-# ------------------------------------------------------------------------------------------ loading
-
-
 @dataclass
 class LoadedTokenizer:
     """A tokenizer ready to encode batches; `describe()` is what the shard manifest records."""
@@ -214,8 +208,7 @@ def _probes_for(patterns: list[str]) -> list[tuple[str, int, str]]:
                       if c.isprintable() and c not in "()[]{}?*+|^$.\\"})[:64]
     if not literal:
         return list(REGEX_PROBES)
-    # Also each run followed by the literals: an engine that first looks for a pattern's required
-    # literal ('z' in (\d|1)+z) fails a text without it at once, and blows up on one with it.
+    # also each run followed by the literals: a pattern's required literal ('z' in (\d|1)+z) is sought first
     named = "!" + "".join(literal)
     joined = "".join(literal)  # (q|z|qz)+$ on qzqz…
     return (list(REGEX_PROBES) + [(c, 256, end) for c in literal for end in ("", "!", "\x00", named) if c not in _PROBE_CHARS]

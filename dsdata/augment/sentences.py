@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# Where a sentence ends: Chinese terminators end one at once (no space follows them in Chinese);
-# Latin ones only before whitespace, so "3.14", "e.g.x" and URLs stay whole; a line break always.
+# Sentence ends: a Chinese terminator, a Latin one before whitespace ("3.14" stays whole), a line break.
 _BOUNDARY = re.compile(
     r"""[。！？]+[」』”’）)\]"']*
       | (?<![.!?])[.!?]+["'”’)\]]*(?=\s)   # from a run's first mark only: O(n) on "....…"
@@ -25,8 +24,7 @@ _ABBREVIATIONS = frozenset(
 _LONGEST_ABBREVIATION = max(map(len, _ABBREVIATIONS))
 # Inside an over-long sentence, cut after a clause mark (Chinese marks need no following space).
 _CLAUSE = re.compile(r"[，；：、]|[,;:](?=\s)")
-# List markers and quote marks at the start of a line stay outside the translation ("* ", "- ",
-# "1. ", "> "): a model would drop or mangle them.
+# List and quote markers at a line's start ("* ", "1. ", "> ") stay outside the translation.
 _LINE_MARKER = re.compile(r"^(?:[-*•·–—>#]+|\d{1,3}[.)])\s+")
 # A piece is worth translating only if it holds a letter or digit (any script).
 _WORDY = re.compile(r"[^\W_]")
@@ -49,8 +47,7 @@ class Layout:
 
 
 def _is_abbreviation(text: str, dot: int) -> bool:
-    # Both look-backs are bounded: walked to the start of the word or line, "a.a.a.a…" or a long line
-    # of dots made the splitter O(n²).
+    # both look-backs are bounded: walking to the word's or line's start made "a.a.a.a…" O(n²)
     floor = max(0, dot - _LONGEST_ABBREVIATION - 1)
     start = dot
     while start > floor and (text[start - 1].isalpha() or text[start - 1] == "."):

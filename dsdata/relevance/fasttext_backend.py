@@ -17,8 +17,7 @@ import tempfile
 from typing import Sequence
 
 MODEL_FILE = "model.ftz"
-# fastText reads one example per line and splits words on whitespace and NUL: any of them inside a
-# text would start a new example or word.
+# fastText starts a new example or word at each of these.
 _LINE_BREAKS = re.compile(r"[\s\x00]+")
 # Tuned on relevance-dev (docs/relevance.md): char 2–5-grams carry Chinese; dim 16 scores as 64 does.
 DEFAULT_TRAIN_ARGS = {"epoch": 25, "lr": 0.5, "wordNgrams": 2, "minn": 2, "maxn": 5, "dim": 16,

@@ -35,8 +35,7 @@ class LocalFiles:
         return open(path, "wb")
 
     def files_in(self, folder: str, suffix: str) -> list[str]:
-        # Listed, not globbed: OUT's own name may hold *, ? or [ (a glob took `out-*/kept/*.parquet`
-        # for a pattern and read every run's files).
+        # listed, not globbed: OUT's own name may hold *, ? or [
         try:
             names = os.listdir(folder)
         except FileNotFoundError:

@@ -71,9 +71,6 @@ def remove_report(output: str) -> None:
         log.debug("could not remove an earlier report in %s: %s", output, exc)
 
 
-# Reading the run's outputs
-
-
 def _read_json(output: str, name: str) -> dict[str, Any] | None:
     fs = files_for(output)
     path = fs.join(output, name)
@@ -286,8 +283,6 @@ def stage_times(stats: dict[str, Any]) -> list[tuple[str, float, float | None]]:
         rows.append((str(stage), float(value["cpu_s"]), float(rate) if isinstance(rate, (int, float)) and rate else None))
     return rows
 
-
-# The page
 
 # The last family is the page's own CJK glyphs (cjkfont.embedded_font), for machines without a CJK font.
 _CSS = """

@@ -17,7 +17,6 @@ import tempfile
 import threading
 import time
 
-# The mode choice, the clock and the bar are shared with the trainer.
 from dsdata.core.display import MODES, logging_above_bar, open_bar, resolve_mode  # noqa: F401 (re-exported)
 from dsdata.core.display import clock as _clock
 
@@ -85,9 +84,6 @@ class _ProcessTally:
 
 
 TALLY = _ProcessTally()  # this process's; dsdata/beam/counters.py StageCounter registers with it
-
-
-# The launching process: sum the tallies, print a line (or drive a bar).
 
 
 class Progress:

@@ -27,9 +27,6 @@ MAX_LABEL_PX = 220   # a category label wider than this is cut with "…"
 _INVALID_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-# Text
-
-
 def esc(value: Any) -> str:
     """`value` as text safe in an XML element or a double-quoted attribute."""
     s = _INVALID_XML.sub("\ufffd", str(value))
@@ -119,9 +116,6 @@ def tick_label(v: float, step: float | None = None, largest: float | None = None
     return ("0" if float(out) == 0 else out) + suffix
 
 
-# Scales and ticks
-
-
 def nice_ticks(lo: float, hi: float, target: int = 5, integer: bool = False) -> tuple[list[float], float]:
     """Round tick values (1, 2, 2.5, 5 × 10^k steps) inside [lo, hi], and the step."""
     if not hi > lo:
@@ -192,9 +186,6 @@ class Scale:
         values, step = nice_ticks(self.lo, self.hi, target, integer)
         largest = max([abs(t) for t in values] + [0.0])
         return [(t, tick_label(t, step, largest)) for t in values]
-
-
-# The document
 
 
 class Svg:
@@ -334,9 +325,6 @@ def _legend_key(svg: Svg, x: float, cy: float, color: str, kind: str, opacity: f
         svg.line(x, cy, x + 16, cy, color, width=1.5, dash="4 2")
     else:
         svg.rect(x + 2, cy - 5, 12, 10, color, opacity=opacity if opacity < 1 else None)
-
-
-# Charts
 
 
 def hbar_chart(rows: Sequence[tuple[str, Sequence[tuple[float, str, str]], str]], *, title: str, xlabel: str,
