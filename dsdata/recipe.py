@@ -92,7 +92,6 @@ class Recipe:
         return built
 
 
-
 def confine(base_dir: str, rel: str, what: str, recipe_path: str) -> str:
     """Resolve a recipe-relative path, refusing anything that escapes `base_dir`."""
     if "\0" in rel:

@@ -237,7 +237,6 @@ def _train_sentencepiece(lines: list[str], lang: str, options: TrainOptions) -> 
     return model_bytes
 
 
-
 def _metadata(lang: str, options: TrainOptions, reader: CorpusReader, corpus: str, model, counts, vocab: int,
               training_lines: int, n_tokens: int) -> dict:
     """What a model folder's metadata file says of the model and of the corpus it was trained on."""

@@ -160,24 +160,19 @@ def _clusters(chart, sample, params: dict[str, Any], sides: dict[str, Any]) -> s
     """Bars of cluster sizes (powers of two past 30 distinct sizes)."""
     sizes = sample.numbers(chart.column)
     if sizes is None and chart.also and chart.also in sample.columns:
-        per_cluster: dict[str, int] = {}
-        for cluster in sample.strings(chart.also):
-            per_cluster[cluster] = per_cluster.get(cluster, 0) + 1
         import numpy as np
 
+        per_cluster = Counter(sample.strings(chart.also))
         sizes = np.array(list(per_cluster.values()), dtype="float64") if per_cluster else None
     if sizes is None:
         return None
-    size_counts: dict[int, int] = {}
-    for s in sizes.astype(int):
-        size_counts[int(s)] = size_counts.get(int(s), 0) + 1
+    size_counts = Counter(int(s) for s in sizes.astype(int))
     keys = sorted(size_counts)
     if len(keys) > 30:  # long tail: bucket by powers of two
-        buckets: dict[str, int] = {}
+        buckets: Counter = Counter()
         for k in keys:
             b = 2 ** int(math.log2(max(k, 1)))
-            label = f"{b}-{2 * b - 1}" if b > 1 else "1"
-            buckets[label] = buckets.get(label, 0) + size_counts[k]
+            buckets[f"{b}-{2 * b - 1}" if b > 1 else "1"] += size_counts[k]
         labels, counts = list(buckets), list(buckets.values())
     else:
         labels, counts = [str(k) for k in keys], [size_counts[k] for k in keys]

@@ -61,7 +61,6 @@ def register_remote_files(store: RunFiles) -> None:
     _remote = store
 
 
-
 def files_for(path: str) -> RunFiles:
     """The store that serves `path`: local files here, a remote path through the registered store."""
     if not is_remote(path):

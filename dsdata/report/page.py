@@ -29,11 +29,8 @@ EXAMPLE_TEXT_CHARS = 400
 EXAMPLE_SCAN_ROWS = 2_000_000
 
 
-
-# Run information (run.json: written at run time by dsdata/beam/run_files.py, read by the report)
-
-
 def write_run_info(output: str, info: dict[str, Any]) -> None:
+    """OUT/run.json: what the run was (dsdata/beam/run_files.py), read back by the report."""
     data = json.dumps(info, indent=2, ensure_ascii=False).encode("utf-8")  # before the file is created
     fs = files_for(output)
     with fs.create(fs.join(output, RUN_INFO_NAME)) as fh:
