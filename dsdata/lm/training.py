@@ -1,9 +1,5 @@
-"""Train one language's reference model: SentencePiece, then a Kneser-Ney n-gram model as ARPA.
-
-A model directory holds:
-  sp.model      SentencePiece model (unigram LM), applied after `normalize_line`
-  lm.arpa.gz    the n-gram model (gzip ARPA; KenLM loads it directly)
-  lm.json       metadata: language, order, vocabulary, pruning, discounts, n-gram counts, corpus
+"""Train one language's reference model: SentencePiece, then a Kneser-Ney n-gram model as ARPA,
+written as sp.model, lm.arpa.gz and lm.json (docs/difficulty.md).
 """
 from __future__ import annotations
 
