@@ -78,10 +78,8 @@ def iter_training_texts(patterns: list[str], text_field: str = "text") -> Iterat
 
 def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: str, min_frequency: int = 2,
               provenance: dict[str, Any] | None = None) -> str:
-    """Train a byte-level BPE tokenizer on `texts` and save it to `out_dir`; returns tokenizer.json's path.
-
-    The EOS token `<|endoftext|>` gets id 0; the 256 byte symbols are always in the vocabulary.
-    """
+    """Train a byte-level BPE tokenizer on `texts` into `out_dir` (EOS `<|endoftext|>` is id 0, the 256
+    byte symbols always in the vocabulary); returns tokenizer.json's path."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 300:

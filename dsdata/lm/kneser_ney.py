@@ -32,11 +32,7 @@ class EstimationError(ValueError):
 
 @dataclass
 class NgramLevel:
-    """All n-grams of one order, sorted by key.
-
-    Order 1 is dense (id == word id, every vocabulary word present, unseen ones with count 0);
-    order n > 1 keys are prefix_id * vocab_size + last_word, prefix_id being the (n-1)-gram's id.
-    """
+    """All n-grams of one order, sorted by key; order 1 is dense (id == word id, unseen words count 0)."""
 
     order: int
     keys: np.ndarray            # int64, sorted

@@ -116,12 +116,9 @@ def label_name(label: str) -> str:
 
 
 class FastTextScorer:
-    """Loads a supervised fastText model once; `score(texts)` → the probability of the positive
-    label, or the sum of the probabilities of several (datatrove's filter's rule).
-
-    positive_label: one label or a list; None means `__label__1` (what `dsdata classifier train`
-    writes).  lowercase: the text is lower-cased as dsdata's training did; a published model (no
-    dsdata-relevance.json beside it) sees the text with its case, line breaks made spaces."""
+    """Loads a supervised fastText model once; `score(texts)` → the summed probability of the
+    positive label(s) (None: `__label__1`).  lowercase: as dsdata's training did; a published model
+    sees the text with its case, line breaks made spaces."""
 
     backend = "fasttext"
 

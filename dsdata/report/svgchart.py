@@ -549,10 +549,8 @@ def log_edges(lo: float, hi: float, bins: int = 40):
 
 def histogram_panels(panels: Sequence[dict[str, Any]], *, xlabel: str, log_x: bool = False, width: float = 600,
                      plot_height: float = 150) -> str:
-    """One histogram per panel, stacked vertically, the x label under the last one.
-
-    A panel is {"title", "edges", "series": [(values, label, colour, opacity)], "lines": [(x, label,
-    colour)], "ylabel", "legend", "title_size"}; finite values are clipped into the edges' range."""
+    """One histogram per panel, stacked vertically: {"title", "edges", "series": [(values, label,
+    colour, opacity)], "lines": [(x, label, colour)], "ylabel", "legend", "title_size"}."""
     title_h, ticks_h, gap = 26.0, 22.0, 14.0
     xlabel_h = 20.0
     height = sum(title_h + plot_height + ticks_h for _ in panels) + gap * max(0, len(panels) - 1) + xlabel_h + 4
