@@ -12,7 +12,7 @@ import re
 import sys
 import tempfile
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Iterator
 
 _lock = threading.Lock()
@@ -60,10 +60,8 @@ def hidden_panic_reports() -> Iterator[None]:
     global _depth, _saved_fd, _capture
     with _lock:
         if _depth == 0:
-            try:
+            with suppress(OSError, ValueError, AttributeError):
                 sys.stderr.flush()
-            except (OSError, ValueError, AttributeError):
-                pass
             capture = tempfile.TemporaryFile()
             _saved_fd = os.dup(2)
             os.dup2(capture.fileno(), 2)
@@ -75,10 +73,8 @@ def hidden_panic_reports() -> Iterator[None]:
         with _lock:
             _depth -= 1
             if _depth == 0:
-                try:
+                with suppress(OSError, ValueError, AttributeError):
                     sys.stderr.flush()
-                except (OSError, ValueError, AttributeError):
-                    pass
                 os.dup2(_saved_fd, 2)
                 os.close(_saved_fd)
                 capture, _capture, _saved_fd = _capture, None, None

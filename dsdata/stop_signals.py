@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -129,18 +129,14 @@ def stop_child_processes(grace: float = 5.0) -> None:
         return
     if grace > 0:
         for child in children:
-            try:
+            with suppress(psutil.Error):
                 child.terminate()
-            except psutil.Error:
-                pass
         _, alive = psutil.wait_procs(children, timeout=grace)
     else:
         alive = children
     for child in alive:
-        try:
+        with suppress(psutil.Error):
             child.kill()
-        except psutil.Error:
-            pass
 
 
 def _terminate_from_proc(sig: int = signal.SIGKILL) -> None:
@@ -162,7 +158,5 @@ def _terminate_from_proc(sig: int = signal.SIGKILL) -> None:
                 family.add(pid)
                 grew = True
     for pid in family - {me}:
-        try:
+        with suppress(OSError):
             os.kill(pid, sig)
-        except OSError:
-            pass

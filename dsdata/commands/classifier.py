@@ -10,6 +10,7 @@ shown to a model.  `eval` prints the figures and, as its last line, one JSON obj
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -110,12 +111,10 @@ def cmd_eval(argv: list[str]) -> int:
     records, _ = _load(args.data, args.holdout, args.seed, "valid")
     from dsdata.relevance.scorer import load_scorer
 
-    try:
+    with contextlib.suppress(ModuleNotFoundError):
         import torch
 
         torch.set_num_threads(max(1, args.threads))
-    except ModuleNotFoundError:
-        pass
     scorer = load_scorer(args.model, backend=args.backend, device=args.device, batch_size=args.batch_size)
     report, scores = _evaluate(scorer, records, args.threshold)
     report["backend"] = scorer.backend
