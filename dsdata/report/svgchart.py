@@ -271,10 +271,9 @@ def _x_axis(svg: Svg, scale: Scale, y: float, top: float, target: int) -> None:
     svg.line(lo, y, hi, y, AXIS)
 
 
-def _y_axis(svg: Svg, scale: Scale, x: float, right: float, target: int, *, integer: bool = False) -> float:
-    """Ticks, labels and horizontal grid lines of a vertical axis at `x`; returns the labels' width."""
+def _y_axis(svg: Svg, scale: Scale, x: float, right: float, target: int, *, integer: bool = False) -> None:
+    """Ticks, labels and horizontal grid lines of a vertical axis at `x`."""
     lo, hi = min(scale.a, scale.b), max(scale.a, scale.b)
-    widest = 0.0
     for value, label in scale.ticks(target, integer):
         y = scale(value)
         if y < lo - 0.5 or y > hi + 0.5:
@@ -282,12 +281,10 @@ def _y_axis(svg: Svg, scale: Scale, x: float, right: float, target: int, *, inte
         svg.line(x, y, right, y, GRID)
         svg.line(x - 4, y, x, y, AXIS)
         svg.text(x - 6, y, label, anchor="end", middle=True, cls="ytick")
-        widest = max(widest, text_width(label))
     if scale.log:
         for value in log_minor_ticks(scale.lo, scale.hi):
             svg.line(x - 2.5, scale(value), x, scale(value), AXIS, width=0.8)
     svg.line(x, lo, x, hi, AXIS)
-    return widest
 
 
 def _y_tick_width(scale: Scale, target: int, integer: bool = False) -> float:
