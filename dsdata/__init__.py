@@ -1,8 +1,7 @@
 """dsdata: LLM pre-training data pipelines on Apache Beam, and a trainer for them.
 
-The Python API (README.md, "Python API" and "Custom stages"): `dsdata.run`, `dsdata.RunError`,
-`dsdata.register_stage` and what a custom stage is written with, imported on first use:
-`import dsdata` loads neither Beam nor pyarrow.
+The Python API (README.md): `dsdata.run`, `dsdata.RunError`, `dsdata.register_stage` and what a
+custom stage is written with, imported on first use (`import dsdata` loads neither Beam nor pyarrow).
 """
 __version__ = "0.1.0"
 

@@ -22,10 +22,8 @@ from dsdata.commands.run import DEFAULT_RECIPE
 
 
 class RunError(Exception):
-    """A run that could not start or did not succeed; `str(exc)` is one line saying why.
-
-    exit_code: 2 when nothing ran, 1 when the run started and failed (over its error budget the
-    outputs are written all the same), 3 when `--resume` was refused (nothing was touched)."""
+    """A run that could not start or did not succeed; `str(exc)` is one line saying why.  exit_code:
+    2 when nothing ran, 1 when the run started and failed, 3 when `--resume` was refused."""
 
     def __init__(self, message: str, exit_code: int = 2):
         super().__init__(message)

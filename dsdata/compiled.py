@@ -12,11 +12,8 @@ _numba_loading = threading.Lock()
 
 
 def _load_numba_registries() -> None:
-    """Load numba's implementation registries now, with scipy unimportable while they load.
-
-    numba.np.arraymath imports scipy.linalg (~0.35 CPU-s per process) only for np.dot/np.linalg,
-    which dsdata's kernels never use.  Other threads wait: compiling against half-loaded registries
-    fails with numba's "Unknown attribute '_allocate'"."""
+    """Load numba's registries now, scipy.linalg unimportable meanwhile (~0.35 CPU-s, only for the
+    np.dot/np.linalg dsdata never compiles).  Other threads wait: half-loaded registries fail to type."""
     global _numba_ready
     if _numba_ready:
         return

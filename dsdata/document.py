@@ -46,9 +46,8 @@ def unpack_text(packed: str | bytes) -> str:
 
 
 def pack_document(doc: Document) -> tuple:
-    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships).  A document
-    keeps its packed text beside the text it was packed from or unpacked to: packed again with that
-    same text object (it is parked and shipped several times between stages), it is not recompressed."""
+    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships); the packed
+    text is kept beside its text, so a document shipped again is not recompressed."""
     text, cached = doc.text, doc.__dict__.get("_packed")
     if cached is not None and cached[0] is text:
         packed = cached[1]

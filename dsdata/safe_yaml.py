@@ -1,7 +1,5 @@
-"""YAML from files users share (recipes, configs), bounded before anything is built from it.
-
-`load_bounded` refuses a file over `MAX_BYTES`, a document whose alias-expanded size exceeds
-`MAX_NODES` (a "billion laughs" file) and nesting the recursive composer cannot follow: one line each.
+"""YAML from files users share, bounded before anything is built from it: `load_bounded` refuses
+a file over `MAX_BYTES`, alias expansion past `MAX_NODES` (a "billion laughs") and too deep nesting.
 """
 from __future__ import annotations
 

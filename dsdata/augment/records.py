@@ -1,7 +1,5 @@
-"""Which documents a method augments, and how an augmented copy is recorded.
-
-Selection and random seeds are hashes of (seed, method, document id), so they do not depend on
-worker count, bundle boundaries or input order: the same input and seed give the same copies.
+"""Which documents a method augments, and how an augmented copy is recorded.  Selection and seeds
+are hashes of (seed, method, document id): independent of workers, bundles and input order.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Split a document into translatable sentences and put translations back in the same layout.
-
-A document becomes `Layout(separators, sentences)` with one more separator than sentences:
-text == separators[0] + sentences[0] + separators[1] + … + sentences[-1] + separators[-1].
-Separators hold everything that is not translated: whitespace, line breaks, and pieces with no
-letters or digits (rules, bullets, lone punctuation), so reassembly keeps the document's shape.
+"""Split a document into translatable sentences and put translations back in the same layout:
+`Layout(separators, sentences)`, text == separators[0] + sentences[0] + … + separators[-1], the
+separators holding what is not translated (whitespace, pieces without letters or digits).
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""chrF: the similarity that decides whether a back-translated copy is a useful paraphrase.
-
-sacreBLEU's default sentence-level chrF (character orders 1..6, beta = 2, whitespace ignored, no
-smoothing), scaled to 0..1 like the window bounds `min_sim` / `max_sim`.
+"""chrF, which decides whether a back-translated copy is a useful paraphrase: sacreBLEU's default
+sentence-level chrF (orders 1..6, beta = 2, whitespace ignored), scaled to 0..1.
 """
 from __future__ import annotations
 

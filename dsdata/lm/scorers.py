@@ -135,12 +135,8 @@ def _load_quietly(load, *args):
 
 
 class CausalLMScorer:
-    """Any Hugging Face causal LM (AutoModelForCausalLM + its tokenizer), batched, on GPU when present.
-
-    Each document is BOS (or EOS, GPT-2 style) + tokens + EOS, every token after the first predicted
-    once, in `max_length` windows overlapping by one token.  A forward pass holds at most
-    `logits_budget` logits (batch × tokens × vocabulary).
-    """
+    """Any Hugging Face causal LM, batched, on GPU when present: each document is BOS (or EOS) + tokens
+    + EOS in `max_length` windows overlapping by one token; a forward pass holds ≤ `logits_budget` logits."""
 
     def __init__(self, model_dir: str, device: str = "auto", max_length: int = 1024, batch_tokens: int = 16384,
                  logits_budget: int = LOGITS_BUDGET):

@@ -172,10 +172,8 @@ def pad_batch(batch: list[Window], pad_id: int):
 
 
 class BertScorer:
-    """Loads a sequence-classification model once; `score(texts)` → P(relevant) per text.
-
-    device: auto (GPU when torch sees one) | cpu | cuda[:N].  max_length: window in tokens; default the
-    model's training setting, capped by its position embeddings and its tokenizer's model_max_length."""
+    """Loads a sequence-classification model once; `score(texts)` → P(relevant) per text.  max_length:
+    window in tokens (default: the training setting), capped by what the model takes."""
 
     backend = "bert"
 

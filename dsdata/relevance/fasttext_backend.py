@@ -66,8 +66,7 @@ def normalise(text: str) -> str:
 
 def train_fasttext(texts: Sequence[str], labels: Sequence[int], out_dir: str, quantize: bool = True,
                    **overrides) -> str:
-    """Train a supervised model on (text, 0/1) pairs and save it as OUT_DIR/model.ftz; returns the path.
-
+    """Train a supervised model on (text, 0/1) pairs into OUT_DIR/model.ftz; returns the path.
     quantize: prune and product-quantize the model (<1 MB, not ≈7 MB).  thread=1: same bytes every run."""
     _fasttext()  # a predict-only module fails here with a plain message, before any work
     args = {**DEFAULT_TRAIN_ARGS, **overrides}

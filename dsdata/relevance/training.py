@@ -1,7 +1,6 @@
-"""Train relevance classifiers from labelled texts and save them as directories the `relevance`
-stage loads (fastText `model.ftz` or a BertForSequenceClassification), each with its
-`dsdata-relevance.json`.  BERT training runs the frozen bottom of the encoder once (outputs cached)
-and trains the top `train_layers` layers plus pooler and classifier (0: head only, -1: all).
+"""Train relevance classifiers into directories the `relevance` stage loads, each with its
+`dsdata-relevance.json`.  BERT: the frozen bottom of the encoder runs once (outputs cached); the top
+`train_layers` layers plus pooler and classifier train (0: head only, -1: all).
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Chinese on the report page without a system CJK font: the glyphs the page uses, embedded.
-
-dsdata ships one OFL font (fonts/NotoSansCJKsc-subset.woff: CJK ideographs, kana, bopomofo, Hangul,
-CJK punctuation); each report embeds only the glyphs its page uses, as a WOFF data URI behind the
-system fonts.  Characters outside that set are named in one line on the page.
+"""Chinese on the report page without a system CJK font: the shipped OFL font's glyphs the page
+uses (fonts/NotoSansCJKsc-subset.woff), embedded as a WOFF data URI behind the system fonts;
+characters outside it are named in one line on the page.
 """
 from __future__ import annotations
 
