@@ -37,7 +37,8 @@ def main(argv: list[str]) -> int:
         if args.command == "list":
             return _list(args)
         if not remove(args.name, args.root):  # remove: the parser allows no other command
-            print(f"dsdata: error: no dataset named '{args.name}' under {shm_root(args.root)}", file=sys.stderr)
+            print(f"dsdata: error: no dataset named '{args.name}' under {shm_root(args.root)}",
+                  file=sys.stderr)
             return 1
         print(f"removed {args.name}")
         return 0
