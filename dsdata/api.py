@@ -124,8 +124,7 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
                 max_errors: str | int | None = None, quiet: bool = False, limit: int | None = None,
                 resume: bool = False) -> PreparedRun:
     """The recipe with `inputs`, `input_format`, `overrides` ("STAGE.PARAM=VALUE") and `limit` applied
-    and every check made before anything is written.  The recipe's own inputs must stay inside its
-    folder; inputs given here are the caller's.  resume: not with `limit`, nor into a remote OUT."""
+    and every check made before anything is written (resume: not with `limit`, nor into a remote OUT)."""
     from dsdata.beam.errors import ErrorBudget
     from dsdata.io.inputs import input_notes, resolve_recipe_inputs
     from dsdata.io.outlock import check_output_dir

@@ -51,9 +51,8 @@ def one_line(exc: BaseException | str) -> str:
 
 
 def _collect_after_startup() -> None:
-    """In the command's own process (`main()` without argv): freeze the million long-lived objects
-    start-up made, so full collections never walk them again, and switch the collector back on
-    (docs/throughput.md).  main(argv) called from Python leaves the caller's collector alone."""
+    """In the command's own process only: freeze the million objects start-up made, so full
+    collections never walk them, and switch the collector back on (docs/throughput.md)."""
     if _collect_after_startup.pending:
         _collect_after_startup.pending = False
         gc.freeze()
@@ -154,9 +153,8 @@ def _print_summary(stats: dict, output: str) -> None:
 
 
 def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info: bool) -> list[str]:
-    """Unless the user set them, Beam's SDK workers log at WARNING (not INFO's harness chatter), their
-    two start-up warnings silenced, dsdata's own progress lines kept.  Spelled WARN: Flink's Java job
-    server refuses WARNING (its LogLevel enum), and Python's logging takes WARN as an alias."""
+    """Unless the user set them, Beam's SDK workers log at WARN (Flink's job server refuses WARNING),
+    their two start-up warnings silenced, dsdata's own progress lines kept."""
     given = {arg.split("=", 1)[0] for arg in [*recipe_args, *beam_args]}
     extra = []
     if "--default_sdk_harness_log_level" not in given:

@@ -1,9 +1,6 @@
-"""A Rust binding's panic, caught as a record's error, leaves no report on stderr.
-
-pyo3's PanicException becomes a rejected row (dsdata/beam/errors.py), but Rust's panic hook has
-already written its report to fd 2, which Python cannot replace.  `hidden_panic_reports()` points
-fd 2 at a temporary file for a native call and writes back what went there minus the panic reports
-(other output is delayed, not lost); nested and concurrent uses share one redirection.
+"""A Rust binding's panic, caught as a record's error, leaves no report on stderr: Rust's hook writes
+it to fd 2, so `hidden_panic_reports()` points fd 2 at a temporary file for a native call and writes
+back what went there minus the panic reports (nested and concurrent uses share one redirection).
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The runners dsdata knows, by the names users type: ONE registry, plain data, no Beam (so the
-recipe's allowlist can read it without importing Beam).
-
-**To add a runner**: write its class under dsdata/beam/engines/, add one `Runner` entry below,
-document it in docs/engines.md and test it gives the default runner's outputs (tests/test_engines.py).
+"""The runners dsdata knows, by the names users type: ONE registry, plain data, no Beam.  To add
+one: its class under dsdata/beam/engines/, one `Runner` row below, docs/engines.md, tests/test_engines.py.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""SIGINT (Ctrl-C) and SIGTERM (a scheduler, `kill`) stop a command cleanly.
-
-Both signals raise `Interrupted` once (a BaseException, which per-record `except Exception`
-handlers let pass); the signal is remembered, so that whatever exception Beam made of it still ends
-the command as interrupted, and logging is silenced so that no library prints its traceback.  The
-command cleans up, stops its workers and exits with 128 + the signal number (130, 143).
+"""SIGINT (Ctrl-C) and SIGTERM stop a command cleanly: both raise `Interrupted` once (a
+BaseException, which per-record handlers let pass), remembered whatever Beam made of it, with logging
+silenced; the command cleans up and exits with 128 + the signal number (130, 143).
 """
 from __future__ import annotations
 
@@ -44,13 +41,10 @@ class SignalState:
 
 @contextmanager
 def stop_on_signals(raise_first: bool = True, unresponsive: tuple[float, str] | None = None) -> Iterator[SignalState]:
-    """While the block runs, SIGINT/SIGTERM record themselves in the yielded state; the first one
-    also raises Interrupted in the main thread (unless raise_first is False: a polling loop stops at
-    its own boundary).  Later signals are only recorded.  Outside the main thread: no change.
-
-    unresponsive: (seconds, line).  A native call that never returns to Python delays the handler;
-    a watcher thread woken by signal.set_wakeup_fd then prints `line` ({signal}: the signal's name),
-    stops the child processes and ends the process with 128 + the signal number."""
+    """While the block runs, SIGINT/SIGTERM record themselves in the yielded state; the first also
+    raises Interrupted in the main thread (unless raise_first is False).  Outside the main thread: no
+    change.  unresponsive: (seconds, line): a watcher thread ends a process stuck in a native call
+    that long after a signal, printing `line` ({signal}: its name), with 128 + the signal number."""
     state = SignalState()
     if threading.current_thread() is not threading.main_thread():
         yield state

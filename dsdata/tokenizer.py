@@ -1,8 +1,6 @@
-"""Byte-level BPE tokenizers: train one with Hugging Face `tokenizers`, and load any tokenizer the
-`tokenize` stage accepts (our own directories, a bare `tokenizer.json`, or an `AutoTokenizer` dir).
-
-A trained directory holds `tokenizer.json` plus a `tokenizer_config.json` naming its EOS token, so
-`transformers.AutoTokenizer` loads it too.
+"""Byte-level BPE tokenizers: train one with Hugging Face `tokenizers` (tokenizer.json plus a
+tokenizer_config.json naming EOS, so AutoTokenizer loads it), and load any tokenizer the `tokenize`
+stage accepts (our directories, a bare tokenizer.json, an AutoTokenizer directory).
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Seq2seq translation for back-translation: find the model, load it once, translate batches.
-
-Any `AutoModelForSeq2SeqLM` directory works.  Models are never downloaded: a value is a local
-directory, or a Hugging Face repo id already in the local cache (HF_HOME / HF_HUB_CACHE).
+"""Seq2seq translation for back-translation: find the model (a local directory or a repo id already
+in the HF cache: never downloaded), load it once, translate batches.
 """
 from __future__ import annotations
 

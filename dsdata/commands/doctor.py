@@ -1,7 +1,5 @@
-"""`dsdata doctor [--json]`: check that this environment can run dsdata, and say plainly what is wrong.
-
-One line per check: `ok`, `warn` (works, with a caveat) or `FAIL` (with the command that repairs
-it); exit status 1 when any check fails.
+"""`dsdata doctor [--json]`: one line per check, `ok`, `warn` or `FAIL` (with the command that
+repairs it); exit status 1 when any check fails.
 """
 from __future__ import annotations
 
@@ -96,9 +94,8 @@ def _check_torch() -> tuple[str, str, str]:
 
 
 def _unmet(requirement: str, extra: str = "", depth: int = 0) -> list[str]:
-    """What `requirement` (a line of a distribution's Requires-Dist) lacks here, when its marker holds
-    for `extra`: the distribution, a version outside its range, or (recursively) what its own
-    extras need."""
+    """What a Requires-Dist line lacks here when its marker holds for `extra`: the distribution, a
+    version in range, or (recursively) what its own extras need."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     try:

@@ -152,9 +152,8 @@ def estimate(sentences: Iterable[Sequence[int]], order: int, vocab_size: int, *,
              discount_fallback: tuple[float, float, float] | None = FALLBACK_DISCOUNTS) -> KneserNeyModel:
     """Estimate an interpolated modified-KN model from sentences of word ids (without <s>/</s>).
 
-    prune: per order, drop n-grams whose raw count is <= the value (index 0 = unigrams, which are
-    never pruned); must not decrease with order. discounts: fixed (D1, D2, D3+) per order, for tests.
-    """
+    prune: per order (unigrams first, never pruned), drop n-grams with raw count <= the value; must
+    not decrease with order.  discounts: fixed (D1, D2, D3+) per order, for tests."""
     if order < 1:
         raise EstimationError(f"order must be >= 1 (got {order})")
     thresholds = _prune_thresholds(prune, order)

@@ -1,8 +1,5 @@
-"""Perplexity scorers: an n-gram model directory (SentencePiece + KenLM) or a Hugging Face causal LM.
-
-Both return, per document, (Σ log10 p, number of predicted tokens), perplexity being
-10 ** (-Σ log10 p / Σ tokens) (CCNet).  The n-gram scorer scores each line (every piece and </s>)
-and sums over the document's lines.
+"""Perplexity scorers: an n-gram model directory (SentencePiece + KenLM) or a Hugging Face causal LM,
+each giving per document (Σ log10 p, predicted tokens): perplexity 10 ** (-Σ log10 p / Σ tokens) (CCNet).
 """
 from __future__ import annotations
 

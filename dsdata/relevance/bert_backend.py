@@ -1,8 +1,6 @@
-"""BERT-family relevance classifier: tokenise with a long-document policy, score in length-sorted
-batches (GPU with autocast when present), and train from a sentence encoder (default all-MiniLM-L6-v2).
-
-A text longer than the model's window is scored on its first and last `max_length - 2` tokens and the
-two probabilities averaged ("head_tail": boilerplate sits at both ends); "head" scores the first only.
+"""BERT-family relevance classifier: a long text is scored on its first and last `max_length - 2`
+tokens, the two probabilities averaged ("head_tail": boilerplate sits at both ends; "head": first
+only), in length-sorted batches (GPU with autocast when present).
 """
 from __future__ import annotations
 

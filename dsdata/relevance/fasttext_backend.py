@@ -1,9 +1,6 @@
-"""Supervised fastText relevance classifier: train, save (.ftz), load, score — and load published
-fastText quality classifiers with any labels (DCLM's `__label__hq`/`__label__cc`).
-
-Training runs in a child process with `GLIBC_TUNABLES=glibc.malloc.perturb=255` (zeroed memory):
-fastText initialises only part of its input matrix and fasttext-numpy2 does not zero the rest, so
-training was not reproducible and could stop with "Encountered NaN."; non-finite weights are refused.
+"""Supervised fastText relevance classifier: train, save (.ftz), load, score, and load published
+classifiers with any labels (DCLM's `__label__hq`).  Training runs in a child with zeroed allocations
+(glibc.malloc.perturb): fastText leaves part of its input matrix uninitialised (NaN, unreproducible).
 """
 from __future__ import annotations
 

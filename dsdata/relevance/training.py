@@ -71,9 +71,7 @@ class _TopLayers:
 def train_bert_model(records: Sequence[LabelledText], out_dir: str, encoder: str | None = None,
                      train_layers: int = 2, epochs: int = 3, lr: float = 1e-4, batch_size: int = 16,
                      max_length: int = 256, device: str = "auto", seed: int = 0, log: Log = print) -> dict:
-    """Train a BERT-family relevance classifier from `encoder` (default all-MiniLM-L6-v2) and save it.
-
-    train_layers: top transformer layers to train (0 = frozen encoder + head, -1 = all)."""
+    """Train a BERT-family relevance classifier from `encoder` (default all-MiniLM-L6-v2) and save it."""
     _offline()
     import torch
 

@@ -1,7 +1,6 @@
-"""OUT/report.html: one self-contained page that shows a whole run (funnel, rejection reasons with
-examples, distributions of what was kept, time per stage, the recipe as run), its SVG charts
-embedded as data URIs.  Reading is bounded: histograms read only their columns from a spread of row
-groups (`SAMPLE_ROWS`), examples read a row group's text only when it holds a reason still lacking them.
+"""OUT/report.html: one self-contained page that shows a whole run, its SVG charts embedded as data
+URIs.  Reading is bounded: histograms read their columns from a spread of row groups (`SAMPLE_ROWS`),
+examples read a row group's text only when it holds a reason still lacking them.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Live progress of a running pipeline: documents read, kept, rejected, docs/s and the busy stage.
-
-The in-process runner hands Metrics back only when `run()` returns, so stage DoFns also count into
-their worker process's tally (dsdata/beam/counters.py), written about once a second to
-`$DSDATA_PROGRESS_DIR/<host>-<pid>.json` and summed by the launcher's `ProgressWatcher`.  For
-remote workers that cannot see that directory, the watcher reads the runner's own Metrics.
+Stage DoFns also count into their process's tally, written about once a second under
+`$DSDATA_PROGRESS_DIR` and summed by `ProgressWatcher` (remote workers: the runner's own Metrics).
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Small hand-written SVG charts for OUT/report.html: plain string building, numpy only for binning.
-
-Each chart is one standalone SVG document (explicit px size, nothing outside it, text escaped by
-`esc`).  Every bar is a `<rect class="bar ..." data-label=".." data-value="..">` (histogram bins:
-`data-n`), so tests read back what a chart shows; labels too wide are cut with "…".
+"""Small hand-written SVG charts for OUT/report.html: each a standalone SVG document whose bars are
+`<rect class="bar ..." data-label=".." data-value="..">` (histogram bins: `data-n`), so tests read
+back what a chart shows; labels too wide are cut with "…".
 """
 from __future__ import annotations
 
