@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Beam's FnApiRunner in this process: dsdata's default runner.
-IN_PROCESS_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+IN_PROCESS_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"  # dsdata's default
 
 
 class BeamOptionError(ValueError):

@@ -75,8 +75,7 @@ class GenerationSettings:
     top_p: float = 1.0
     max_new_tokens: int = 256
     max_input_tokens: int = 512
-    # Further keyword arguments for model.generate (e.g. no_repeat_ngram_size).
-    extra: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    extra: tuple[tuple[str, Any], ...] = field(default_factory=tuple)  # more model.generate arguments
 
 
 def _seeded_sampling_processor(seeds: list[int]):

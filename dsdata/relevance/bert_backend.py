@@ -199,8 +199,7 @@ class BertScorer:
 
         check_transformers_tokenizer(self.tokenizer, f"of '{model_dir}'")  # a TokenizerError is a ValueError
         self.model = model.to(self.device).eval()
-        # The window never exceeds what the model takes: its position table and its tokenizer's limit.
-        limit = input_token_limit(model.config, self.tokenizer) or 512
+        limit = input_token_limit(model.config, self.tokenizer) or 512  # never past what the model takes
         wanted = max_length or self.meta.get("max_length") or min(256, limit)
         self.windows = WindowTokenizer(self.tokenizer, min(int(wanted), limit), long_policy)
         self.batch_size = batch_size

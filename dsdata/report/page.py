@@ -228,9 +228,6 @@ def rejected_examples(output: str, wanted: Iterable[tuple[str, str]], per_reason
     return found
 
 
-# Charts: each returns an SVG document as text (charts.img embeds it)
-
-
 def _count(value: Any) -> int | float:
     """A count from stats.json as a number to draw (0 for a missing or non-finite one)."""
     if isinstance(value, int) and not isinstance(value, bool):
