@@ -254,15 +254,10 @@ def _dispatch_flushed(commands, argv: list[str]) -> int:
         code = cmd_dispatch(commands, argv)
         sys.stdout.flush()  # inside the try: a pipe's buffer is otherwise written at exit
         return code
-    except BrokenPipeError:
-        return _stdout_closed()
-
-
-def _stdout_closed() -> int:
-    """`dsdata ... | head`: the reader left; stop quietly, as `cat` does, instead of a traceback."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
-    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
+    except BrokenPipeError:  # `dsdata ... | head`: the reader left; stop quietly, as `cat` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
 
 
 def _main_stoppable(module, argv: list[str], name: str) -> int:

@@ -63,10 +63,6 @@ def read_meta(model_dir: str) -> dict:
     return load_json_file(path, "relevance model metadata")
 
 
-def _read_architectures(model_dir: str) -> list[str]:
-    return list(load_json_file(os.path.join(model_dir, "config.json"), "model config").get("architectures") or [])
-
-
 def positive_index(config, meta: dict) -> int:
     """Which logit means 'relevant': the training metadata, else a label named 1/relevant/positive, else 1."""
     if "positive_index" in meta:
@@ -185,7 +181,8 @@ class BertScorer:
         check_model_dir(model_dir)
         self.meta = read_meta(model_dir)
         self.device = resolve_device(device)
-        architectures = _read_architectures(model_dir)
+        config = load_json_file(os.path.join(model_dir, "config.json"), "model config")
+        architectures = list(config.get("architectures") or [])
         if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
             raise ValueError(f"'{model_dir}' holds a {architectures[0]}, not a sequence classifier; train a classifier "
                              f"from it with 'dsdata classifier train --backend bert --encoder {model_dir} ...'")

@@ -98,11 +98,8 @@ class Progress:
         read = self.stages.get(stage_order[0] if stage_order else "read", {})
         self.read = read.get("in", 0)
         self.rejected = sum(e["rejected"] for e in self.stages.values())
-        last = stage_order[-1] if stage_order else None
-        # kept so far: documents that passed the last stage
-        self.kept = self.stages.get(last, {}).get("kept", 0) if last else 0
-        if len(stage_order) <= 1:
-            self.kept = read.get("kept", 0)
+        last = stage_order[-1] if len(stage_order) > 1 else None  # kept so far: passed the last stage
+        self.kept = self.stages.get(last, {}).get("kept", 0) if last else read.get("kept", 0)
 
     def moved_since(self, earlier: "Progress | None") -> list[tuple[str, int]]:
         """(stage, documents in since `earlier`) for each stage whose input counter moved, in order."""
