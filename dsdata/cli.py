@@ -138,18 +138,15 @@ def cmd_run(argv: list[str]) -> int:
         stats = _execute_stoppable(prepared, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
                                    progress=resolve_mode(args.progress, quiet=args.quiet))
     if not args.quiet:
-        _print_summary(stats, output)
+        rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
+        print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
+              f"rejected {stats['rejected_total']} ({rej}) in {stats['seconds']} s; ledger ok",
+              file=sys.stderr)
+        report = os.path.join(output, "report.html")
+        if "://" not in output and os.path.isfile(report):
+            print(f"dsdata: report: {shown_path(report)} (open it in a browser)", file=sys.stderr)
     print(json.dumps({k: stats[k] for k in ("input", "kept", "augmented", "rejected_total", "seconds")}))
     return 0
-
-
-def _print_summary(stats: dict, output: str) -> None:
-    rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
-    print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
-          f"rejected {stats['rejected_total']} ({rej}) in {stats['seconds']} s; ledger ok", file=sys.stderr)
-    report = os.path.join(output, "report.html")
-    if "://" not in output and os.path.isfile(report):
-        print(f"dsdata: report: {shown_path(report)} (open it in a browser)", file=sys.stderr)
 
 
 def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info: bool) -> list[str]:

@@ -37,8 +37,12 @@ class _ProcessTally:
     def register(self, counter) -> None:
         with self._lock:
             self._counters.append(counter)
-        if self._flusher is None:
-            self._start_flusher()
+            if self._flusher is None:
+                # A forked worker inherits the parent's tally object; its own pid names its own file.
+                self._file = f"{socket.gethostname()}-{os.getpid()}.json"
+                self._flusher = threading.Thread(target=self._flush_forever, name="dsdata-progress",
+                                                 daemon=True)
+                self._flusher.start()
 
     def reset(self) -> None:
         with self._lock:
@@ -51,15 +55,6 @@ class _ProcessTally:
         for counter in counters:
             counts[counter.key] = counts.get(counter.key, 0) + counter.value
         return counts
-
-    def _start_flusher(self) -> None:
-        with self._lock:
-            if self._flusher is not None:
-                return
-            # A forked worker inherits the parent's tally object; its own pid names its own file.
-            self._file = f"{socket.gethostname()}-{os.getpid()}.json"
-            self._flusher = threading.Thread(target=self._flush_forever, name="dsdata-progress", daemon=True)
-            self._flusher.start()
 
     def _flush_forever(self) -> None:
         while True:
