@@ -53,6 +53,4 @@ def guess_script_language(text: str) -> str | None:
 def document_language(doc: Document) -> str | None:
     """The `lang` annotation when a lang stage ran, else the script guess."""
     annotated = normalize_lang(doc.annotations.get("lang"))
-    if annotated is not None:
-        return annotated
-    return guess_script_language(doc.text)
+    return annotated if annotated is not None else guess_script_language(doc.text)

@@ -118,8 +118,7 @@ def _replaced(text: str, spans: list[tuple[int, int, str]]) -> Replacement:
     the case of the text it replaces."""
     parts, last = [], 0
     for start, end, replacement in spans:
-        parts.append(text[last:start])
-        parts.append(_match_case(text[start:end], replacement))
+        parts += [text[last:start], _match_case(text[start:end], replacement)]
         last = end
     parts.append(text[last:])
     return Replacement("".join(parts), len(spans))

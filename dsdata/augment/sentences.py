@@ -36,11 +36,7 @@ class Layout:
         """The document with `sentences` (e.g. translations) in place of the originals."""
         if len(sentences) != len(self.sentences):
             raise ValueError(f"layout has {len(self.sentences)} sentences, got {len(sentences)}")
-        parts = [self.separators[0]]
-        for sentence, sep in zip(sentences, self.separators[1:]):
-            parts.append(sentence)
-            parts.append(sep)
-        return "".join(parts)
+        return self.separators[0] + "".join(s + sep for s, sep in zip(sentences, self.separators[1:]))
 
 
 def _is_abbreviation(text: str, dot: int) -> bool:
