@@ -41,8 +41,7 @@ class CommandInterrupted(Exception):
 
 
 def one_line(exc: BaseException | str) -> str:
-    """An error's text as the one line dsdata prints: line breaks folded into spaces, a path's
-    non-UTF-8 bytes (lone surrogates) written `\\xNN`, as shown_path writes them."""
+    """An error's text as the one line dsdata prints: line breaks folded, non-UTF-8 bytes as `\\xNN`."""
     text = " ".join(str(exc).split())
     try:
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
@@ -68,8 +67,7 @@ class _OWN_PROCESS:  # noqa: N801 - a flag: main() runs as the process's own com
 
 
 def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """A `--flag` that is neither dsdata's nor Beam's is a typo: one line with the closest flag,
-    as `--ouput=DIR` or `--ouput DIR` (Beam ignores unknown options; argparse took DIR for the recipe)."""
+    """A `--flag` neither dsdata's nor Beam's is a typo (`--ouput=DIR` or `--ouput DIR`): one line."""
     from dsdata.beam.known_options import long_flags, unknown_flag_message
 
     own = long_flags(parser)

@@ -13,9 +13,8 @@ stages:
   - lang: {keep: [zh, en]}
 ```
 
-A recipe's paths must stay inside its directory (`output`: inside the working directory), links
-resolved, so a shared recipe cannot make a run read or write elsewhere; other locations are given
-on the command line.  Every check is one RecipeError line.
+A recipe's paths stay inside its directory (`output`: the working directory), links resolved; other
+locations are given on the command line.  Every check is one RecipeError line.
 """
 from __future__ import annotations
 

@@ -83,8 +83,7 @@ _SUFFIXES = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
 
 
 def _unit(largest: float, step: float | None) -> tuple[float, str]:
-    """The suffix of a tick: k from 10 000 on (1 000 on log axes, which have no `step`); on a linear
-    axis at most twice the step, so that ticks read 0.5M, 1M or 250M, 500M (not 0.25G)."""
+    """The suffix of a tick (k, M, G, T); on a linear axis at most twice the step (0.5M, 1M; not 0.25G)."""
     for u, suffix in _SUFFIXES:
         if largest >= (u if step is None or u > 1e3 else 10 * u) and (step is None or 2 * step >= u * (1 - 1e-9)):
             return u, suffix
