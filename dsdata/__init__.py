@@ -1,15 +1,7 @@
 """dsdata: LLM pre-training data pipelines on Apache Beam, and a trainer for them.
 
-The Python API (docs in README.md, "Python API"):
-
-* `dsdata.run(recipe, inputs=..., output=..., overrides=...)` runs a recipe as `dsdata run` does and
-  returns its stats (OUT/stats.json as a dict); every problem is one `dsdata.RunError`.
-* `dsdata.register_stage(cls)` makes a DocumentStage or BatchStage subclass usable by name in recipes.
-* What a custom stage is written with (README.md, "Custom stages"): `DocumentStage`, `BatchStage`,
-  `Param` and its types (`Integer`, `Number`, `Text`, `Boolean`, `Choice`, `ListOf`, `Path`), and the
-  records a stage takes and returns, `Document` and `Rejected`.
-
-They are imported on first use: `import dsdata` loads neither Beam nor pyarrow.
+The Python API (README.md): `dsdata.run`, `dsdata.RunError`, `dsdata.register_stage` and what a
+custom stage is written with, imported on first use (`import dsdata` loads neither Beam nor pyarrow).
 """
 __version__ = "0.1.0"
 

@@ -5,11 +5,9 @@
                        overrides={"lang.min_score": 0.6})
     stats["kept"], stats["rejected"]          # OUT/stats.json, as a dict
 
-Both the command line and this function go through `prepare_run` (recipe loaded and confined to its
-folder, overrides checked, inputs matched with links checked, environment checked, OUT made) and
-`execute` (OUT's lock, the Beam run): one code path.  Every problem is one `RunError`, whose message
-is the line `dsdata run` prints and whose `exit_code` is the status it exits with.  Beam is
-imported when a run starts, never by `import dsdata`.
+The command line and this function share one path: `prepare_run` (every check, OUT made) and
+`execute` (OUT's lock, the Beam run).  Every problem is one `RunError`: the line `dsdata run` prints
+and its exit status.  Beam is imported when a run starts, never by `import dsdata`.
 """
 from __future__ import annotations
 
@@ -24,13 +22,8 @@ from dsdata.commands.run import DEFAULT_RECIPE
 
 
 class RunError(Exception):
-    """A run that could not start or did not succeed; `str(exc)` is one line saying why.
-
-    exit_code: 2 when nothing ran (the recipe, an input, an option, the output directory or the
-    environment needs fixing), 1 when the run started and failed (a stage cannot run here, more
-    records raised than the error budget allows — the outputs are then written —, a broken ledger),
-    3 when `--resume` was refused (OUT's committed work is another recipe's or other inputs'; nothing
-    was touched)."""
+    """A run that could not start or did not succeed; `str(exc)` is one line saying why.  exit_code:
+    2 when nothing ran, 1 when the run started and failed, 3 when `--resume` was refused."""
 
     def __init__(self, message: str, exit_code: int = 2):
         super().__init__(message)
@@ -56,8 +49,7 @@ def problem_classes() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseE
 
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
-    """dsdata's own exceptions, re-raised as RunError (the original chained as its cause).  The
-    first Beam import of a run, the CLI's and the API's, is here: quietly (quiet_library_imports)."""
+    """dsdata's own exceptions re-raised as RunError; the run's first Beam import, made quietly."""
     quiet_library_imports()
     from dsdata.beam.pipeline import LedgerError
 
@@ -76,9 +68,7 @@ def one_line_errors() -> Iterator[None]:
         raise RunError(str(exc), 1) from exc
 
 
-# A library line a normal run has no use for, by the module that logs it and its text: Beam's GCP
-# client package warns through the root logger, when imported (by Beam's own I/O modules), that
-# Google's apitools is absent, though no run of dsdata's needs it.
+# (module, text) of import-time warnings no run needs: Beam's GCP clients miss Google's apitools
 QUIET_IMPORT_WARNINGS = (("apache_beam.io.gcp.internal.clients.bigquery", "apitools not found"),)
 
 
@@ -97,9 +87,7 @@ def filter_library_noise() -> None:
 
 
 def quiet_library_imports() -> None:
-    """Import QUIET_IMPORT_WARNINGS' modules with their warnings filtered at the logger they use;
-    while they import, a logger without handlers gets a NullHandler, so that `logging.warning()`
-    does not configure the caller's logging (basicConfig) as a side effect."""
+    """Import QUIET_IMPORT_WARNINGS' modules quietly, without configuring the caller's logging."""
     import importlib
 
     filter_library_noise()
@@ -117,7 +105,6 @@ def quiet_library_imports() -> None:
 def default_recipe() -> str:
     if os.path.isfile(DEFAULT_RECIPE):
         return DEFAULT_RECIPE
-    # Installed elsewhere than the checkout: fall back to the recipe next to the package source.
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), DEFAULT_RECIPE)
 
 
@@ -136,10 +123,8 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
                 input_format: str | None = None, overrides: Iterable[str] = (), beam_args: Iterable[str] = (),
                 max_errors: str | int | None = None, quiet: bool = False, limit: int | None = None,
                 resume: bool = False) -> PreparedRun:
-    """The recipe with `inputs` (replacing the recipe's), `input_format` and `overrides`
-    ("STAGE.PARAM=VALUE") applied, `limit` (read only the first N records) set, and every check
-    made before anything is written.  The recipe's own inputs must stay inside its folder, links
-    resolved; inputs given here are the caller's.  resume: not with `limit`, nor into a remote OUT."""
+    """The recipe with `inputs`, `input_format`, `overrides` ("STAGE.PARAM=VALUE") and `limit` applied
+    and every check made before anything is written (resume: not with `limit`, nor into a remote OUT)."""
     from dsdata.beam.errors import ErrorBudget
     from dsdata.io.inputs import input_notes, resolve_recipe_inputs
     from dsdata.io.outlock import check_output_dir
@@ -172,18 +157,15 @@ def prepare_run(recipe_path: str | None = None, inputs: Iterable[str] | None = N
     check_beam_args(list(recipe.beam_args) + list(beam_args))
     remote_inputs = [p for p in recipe.inputs if "://" in p]
     if remote_inputs or "://" in output:
-        # Object storage (s3://, gs://) through Beam's file systems, with the run's options (S3's
-        # endpoint and credential flags): inputs listed and OUT probed now, each failure one line.
+        # s3://, gs:// through Beam's file systems and the run's options: listed and probed now
         from dsdata.beam import location
         from dsdata.beam.pipeline import pipeline_options
 
         location.use_object_storage(remote_inputs + ([output] if "://" in output else []),
                                     pipeline_options(list(recipe.beam_args) + list(beam_args)))
-        # Listed once, here: the run reads exactly the objects listed (keys escaped: never a glob again).
         listed = location.check_remote_inputs(remote_inputs)
         recipe.inputs = [q for p in recipe.inputs
                          for q in ([glob.escape(o) for o in listed[p]] if p in listed else [p])]
-    # May refuse an input, before OUT is made.
     expanded = resolve_recipe_inputs(recipe, confined=given is None, output=output)
     if "://" in output:
         output = location.check_remote_output(output)
@@ -213,14 +195,13 @@ def execute(prepared: PreparedRun, beam_args: Iterable[str] = (), progress: str 
             full = storage_failure(exc)
             if full is None or not _outs(full, exc, prepared.output):
                 raise  # not OUT's (a stage's own file elsewhere): its own line, OUT's files kept
-        # Outside the handler: the traceback's frames (the failed run's open part files) are gone.
+        # outside the handler: the failed run's frames (open part files) are gone
         raise _storage_failed(full, prepared.output)
 
 
 def _outs(failure, exc: BaseException, output: str) -> bool:
     """Whether a full or read-only disk is OUT's: the failed write's path is under OUT, or, its path
-    unknown (a write on an open file), dsdata's own writers raised it, not a stage's code (which
-    writes nothing under OUT: the stage's error then names the stage, beam/errors.py)."""
+    unknown, dsdata's own writers raised it (not a stage's code: beam/errors.py names the stage)."""
     from dsdata.beam.errors import find_environment_error
 
     if failure.path is not None:
@@ -229,8 +210,7 @@ def _outs(failure, exc: BaseException, output: str) -> bool:
 
 
 def _storage_failed(failure, output: str) -> Exception:
-    """A full, over-quota or read-only disk under OUT (outputs, spill): the run's partial outputs are
-    removed, OUT/INCOMPLETE says why, and the run fails with one line (exit 1)."""
+    """A full or read-only disk under OUT: partial outputs removed, OUT/INCOMPLETE says why (exit 1)."""
     import gc
 
     from dsdata.beam.errors import RunFailed
@@ -249,20 +229,13 @@ def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] 
         input_format: str | None = None, max_errors: str | int | None = None,
         beam_args: Iterable[str] = (), progress: str = "off", limit: int | None = None,
         resume: bool = False) -> dict[str, Any]:
-    """Run a recipe as `dsdata run` does and return its stats (the dict written to OUT/stats.json,
-    plus `seconds`).
+    """Run a recipe as `dsdata run` does and return its stats (OUT/stats.json's dict plus `seconds`).
 
-    recipe: a recipe file (default pipelines/pretrain.yaml).  inputs: a path or glob, or a list of
-    them, replacing the recipe's (local, gs://, s3://).  output: OUT (default: the recipe's, under
-    the working directory).  overrides: {"STAGE.PARAM": value} or ["STAGE.PARAM=VALUE", …], as
-    `--set`.  input_format: as `--format`.  max_errors: as `--max-errors` (25, "0.5%").  beam_args:
-    Beam pipeline options (["--direct_num_workers=2", …]).  progress: "off", "lines", "bar" or "auto".
-    limit: as `--limit` (read only the first N records).  resume: as `--resume` (continue a killed
-    or failed run into `output`, reusing the work it committed; refused with exit_code 3 when that
-    work is another recipe's or other inputs').
-
-    Raises RunError (one line; `exit_code` as the command's) for any problem, including a run over
-    its error budget, whose outputs are written all the same."""
+    recipe: default pipelines/pretrain.yaml.  inputs: a path or glob or a list of them, replacing
+    the recipe's.  overrides: {"STAGE.PARAM": value} or ["STAGE.PARAM=VALUE", …] as `--set`;
+    input_format, max_errors, limit, resume: as `--format`, `--max-errors`, `--limit`, `--resume`.
+    beam_args: Beam options (["--direct_num_workers=2"]).  progress: "off", "lines", "bar" or "auto".
+    Raises RunError (one line; `exit_code` as the command's) for any problem."""
     from dsdata.core.display import resolve_mode
 
     with one_line_errors():
@@ -282,8 +255,7 @@ def run(recipe: str | os.PathLike | None = None, *, inputs: str | Iterable[str] 
 
 
 def _override_items(overrides: Mapping[str, Any] | Iterable[str] | None) -> list[str]:
-    """{"lang.min_score": 0.6, "lang.keep": ["zh", "en"]} → ["lang.min_score=0.6", "lang.keep=[zh, en]"]:
-    the values are written as YAML, which is how --set reads them."""
+    """{"lang.min_score": 0.6, "lang.keep": ["zh", "en"]} → ["lang.min_score=0.6", "lang.keep=[zh, en]"]."""
     if overrides is None:
         return []
     if isinstance(overrides, str):
@@ -300,9 +272,7 @@ def _override_items(overrides: Mapping[str, Any] | Iterable[str] | None) -> list
     return items
 
 
-# Beam's multi-threaded in-process worker (EmbeddedPythonGrpcEnvironment) drops elements between
-# fused stages, sometimes on both ledger sides alike (docs/reliability.md); multi_processing and
-# in_memory lost nothing in the same repro.  Until Beam fixes it, the mode is refused.
+# Beam's multi-threaded in-process worker drops elements between fused stages (docs/reliability.md).
 UNSAFE_RUNNING_MODES = {
     "multi_threading": "Beam's multi-threaded in-process worker loses records between stages (3 runs in 8 "
                        "on 20,000 documents, sometimes unseen by the ledger); use "
@@ -311,9 +281,8 @@ UNSAFE_RUNNING_MODES = {
 
 
 def check_beam_args(beam_args: list[str]) -> None:
-    """Beam options (the recipe's and the caller's) refused as `dsdata run` refuses its flags: an
-    option that no Beam options class declares is a typo (Beam would drop it and run anyway), as is
-    one of `dsdata run`'s own flags, which dsdata.run() takes as keyword arguments."""
+    """Beam options refused as `dsdata run` refuses its flags: one no Beam options class declares
+    (Beam would drop it silently), or one of `dsdata run`'s own flags (a keyword of dsdata.run())."""
     from dsdata.beam.engines.options import check_runner, last_option
     from dsdata.beam.known_options import beam_option_names, unknown_flag_message
 
@@ -336,8 +305,7 @@ def check_beam_args(beam_args: list[str]) -> None:
 
 
 def check_preflight(recipe) -> None:
-    """What stops a stage from running on this machine (each stage's `preflight`: a broken fastText
-    install, say) stops the run before Beam starts, in one line."""
+    """A stage's `preflight` problem (a broken fastText install, say) stops the run before Beam starts."""
     for stage in recipe.build_stages():
         problem = stage.preflight()
         if problem:

@@ -17,8 +17,7 @@ from dsdata.api import RunError, execute, filter_library_noise, one_line_errors,
 from dsdata.commands.run import run_parser
 from dsdata.io.object_storage import object_storage_beam_args
 
-# Sub-commands implemented in their own modules (dsdata/commands/NAME.py, each with main(argv)).
-SUBCOMMANDS = {
+SUBCOMMANDS = {  # each module has main(argv)
     "classifier": ("dsdata.commands.classifier", "train and evaluate relevance classifiers"),
     "lm": ("dsdata.commands.lm", "train n-gram language models for difficulty grading"),
     "tokenizer": ("dsdata.commands.tokenizer", "train a byte-level BPE tokenizer"),
@@ -42,9 +41,7 @@ class CommandInterrupted(Exception):
 
 
 def one_line(exc: BaseException | str) -> str:
-    """An error's text as the one line dsdata prints: a message that quotes a multi-line source
-    (a library's error with its context lines) has its line breaks folded into spaces, and a path's
-    bytes that are not UTF-8 (held as lone surrogates) are written `\\xNN`, as shown_path writes them."""
+    """An error's text as the one line dsdata prints: line breaks folded, non-UTF-8 bytes as `\\xNN`."""
     text = " ".join(str(exc).split())
     try:
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
@@ -53,13 +50,8 @@ def one_line(exc: BaseException | str) -> str:
 
 
 def _collect_after_startup() -> None:
-    """Start-up (Beam, pyarrow, the recipe's modules) makes over a million objects that live until
-    the process exits, and the cyclic collector walks all of them at each full collection: ~0.15
-    CPU-s while starting, ~0.1 s more per 100k documents of a run (docs/throughput.md).  When the
-    process is the command's own (`main()` without argv), nothing is collected while it starts and
-    what start-up made is then frozen (gc.freeze: kept, never walked again) before the collector is
-    switched back on, its young generation made larger (dsdata/collector.py).  Called from Python,
-    main(argv) leaves the caller's collector alone."""
+    """In the command's own process only: freeze the million objects start-up made, so full
+    collections never walk them, and switch the collector back on (docs/throughput.md)."""
     if _collect_after_startup.pending:
         _collect_after_startup.pending = False
         gc.freeze()
@@ -75,9 +67,7 @@ class _OWN_PROCESS:  # noqa: N801 - a flag: main() runs as the process's own com
 
 
 def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """A `--flag` that is neither dsdata's nor one of Beam's options is a typo: one line with the
-    closest flag, whether written `--ouput=DIR` or `--ouput DIR` (Beam ignores options it does not
-    know, and argparse took `DIR` for the recipe)."""
+    """A `--flag` neither dsdata's nor Beam's is a typo (`--ouput=DIR` or `--ouput DIR`): one line."""
     from dsdata.beam.known_options import long_flags, unknown_flag_message
 
     own = long_flags(parser)
@@ -100,15 +90,12 @@ def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> N
 
 
 def _execute_stoppable(prepared, beam_args: list[str], progress: str) -> dict:
-    """execute(), stopped cleanly by SIGINT/SIGTERM (dsdata/stop_signals.py): a signal that came
-    while the run went — Beam may have made another exception of it, or finished the run anyway —
-    leaves OUT marked incomplete (no stats.json, OUT/INCOMPLETE) and ends the command in one line."""
+    """execute(); a SIGINT/SIGTERM marks OUT incomplete and ends the command in one line."""
     from dsdata.beam.pipeline import RESUME_HINT, mark_incomplete
     from dsdata.stop_signals import stop_on_signals
 
     output = prepared.output
-    # What the run commits is kept for --resume, except a --limit trial's (it commits nothing) and a
-    # remote OUT's (no atomic rename to commit with).
+    # a --limit trial commits nothing, a remote OUT has no atomic rename to commit with
     resumable = prepared.recipe.limit is None and "://" not in output
     with stop_on_signals() as stop:
         try:
@@ -149,30 +136,20 @@ def cmd_run(argv: list[str]) -> int:
         stats = _execute_stoppable(prepared, _quiet_sdk_workers(beam_args, recipe.beam_args, dsdata_info=not args.quiet),
                                    progress=resolve_mode(args.progress, quiet=args.quiet))
     if not args.quiet:
-        _print_summary(stats, output)
+        rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
+        print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
+              f"rejected {stats['rejected_total']} ({rej}) in {stats['seconds']} s; ledger ok",
+              file=sys.stderr)
+        report = os.path.join(output, "report.html")
+        if "://" not in output and os.path.isfile(report):
+            print(f"dsdata: report: {shown_path(report)} (open it in a browser)", file=sys.stderr)
     print(json.dumps({k: stats[k] for k in ("input", "kept", "augmented", "rejected_total", "seconds")}))
     return 0
 
 
-def _print_summary(stats: dict, output: str) -> None:
-    rej = ", ".join(f"{s}: {sum(r.values())}" for s, r in stats["rejected"].items()) or "none"
-    print(f"dsdata: input {stats['input']}, kept {stats['kept']}, augmented {stats['augmented']}, "
-          f"rejected {stats['rejected_total']} ({rej}) in {stats['seconds']} s; ledger ok", file=sys.stderr)
-    report = os.path.join(output, "report.html")
-    if "://" not in output and os.path.isfile(report):
-        print(f"dsdata: report: {shown_path(report)} (open it in a browser)", file=sys.stderr)
-
-
 def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info: bool) -> list[str]:
-    """Beam's SDK workers (multi_processing, portable runners, Dataflow) log at INFO by default: 120+
-    lines of harness chatter for a small job.  Unless the user set them, run workers at WARNING like
-    the in-process runner, silence the two warnings every worker prints about its own start-up
-    ('Discarding unparseable args' for the launcher's options, 'No semi_persistent_directory'), and
-    keep dsdata's own progress lines.
-
-    The level is spelled WARN: a Java job server (Flink's) parses these options into its LogLevel enum
-    (TRACE DEBUG INFO WARN ERROR OFF) and refuses the whole job on WARNING with a bare INTERNAL status;
-    Python's workers read the name with getattr(logging, ...), where WARN is WARNING's alias."""
+    """Unless the user set them, Beam's SDK workers log at WARN (Flink's job server refuses WARNING),
+    their two start-up warnings silenced, dsdata's own progress lines kept."""
     given = {arg.split("=", 1)[0] for arg in [*recipe_args, *beam_args]}
     extra = []
     if "--default_sdk_harness_log_level" not in given:
@@ -186,8 +163,7 @@ def _quiet_sdk_workers(beam_args: list[str], recipe_args: list[str], dsdata_info
 
 
 def _say_what_is_replaced(output: str, recipe) -> None:
-    """A run replaces OUT's kept/, rejected/, shards/ and *.json: when another recipe wrote them, say
-    so (the default job's shards/ and difficulty.json are what training reads)."""
+    """A run replaces OUT's kept/, rejected/, side outputs, *.json: say so when another recipe wrote them."""
     stats_path = os.path.join(output, "stats.json")
     if "://" in output or not os.path.isfile(stats_path):
         return
@@ -200,8 +176,7 @@ def _say_what_is_replaced(output: str, recipe) -> None:
     if previous and previous != recipe.name:
         from dsdata.stages import registered_side_outputs
 
-        # What the run will remove (beam/pipeline.py _prepare_output): the stages' declared side outputs,
-        # kept/ and rejected/.
+        # what the run will remove (beam/pipeline.py _prepare_output)
         sides = registered_side_outputs()
         names = ([f"{s.name}/" for s in sides if s.directory] + [s.name for s in sides if not s.directory]
                  + ["kept/", "rejected/"])
@@ -234,9 +209,7 @@ def cmd_stages(argv: list[str]) -> int:
 
 
 def _not_reported_in_one_line(record: logging.LogRecord) -> bool:
-    """Beam logs every exception a DoFn raises with its traceback before re-raising it; for the
-    failures dsdata reports in one line (a full or read-only disk, a stage that cannot run) that
-    traceback is noise above the line."""
+    """Beam's traceback of a DoFn's exception, dropped for the failures dsdata reports in one line."""
     if not (record.exc_info and record.exc_info[1] is not None and record.name.startswith("apache_beam")):
         return True
     from dsdata.beam.errors import find_environment_error
@@ -256,16 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     filter_library_noise()  # every command: a library's import-time warning a user has no use for
     for handler in logging.getLogger().handlers:
         handler.addFilter(_not_reported_in_one_line)
-    # A file name with [ is passed to Beam's matcher as `[[]` (its pattern syntax cannot quote);
-    # Python's re warns about that class, which is what it should be.
+    # a file name's [ goes to Beam's matcher as `[[]`, which Python's re warns about
     warnings.filterwarnings("ignore", message="Possible nested set", category=FutureWarning)
     commands = {"run": (cmd_run, "run a pipeline recipe (default: pipelines/pretrain.yaml)"),
                 "stages": (cmd_stages, "list stages and their parameters")}
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: dsdata COMMAND [ARGS]\n\ncommands:")
-        for name, (_, help_) in commands.items():
-            print(f"  {name:<11} {help_}")
-        for name, (_, help_) in SUBCOMMANDS.items():
+        for name, (_, help_) in {**commands, **SUBCOMMANDS}.items():
             print(f"  {name:<11} {help_}")
         print("\n`dsdata` with no command is `dsdata run` of the default recipe.")
         if not argv:
@@ -279,25 +249,17 @@ def _dispatch_flushed(commands, argv: list[str]) -> int:
         code = cmd_dispatch(commands, argv)
         sys.stdout.flush()  # inside the try: a pipe's buffer is otherwise written at exit
         return code
-    except BrokenPipeError:
-        return _stdout_closed()
-
-
-def _stdout_closed() -> int:
-    """`dsdata ... | head`: the reader left; stop quietly, as `cat` does, instead of a traceback."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
-    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
+    except BrokenPipeError:  # `dsdata ... | head`: the reader left; stop quietly, as `cat` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
 
 
 def _main_stoppable(module, argv: list[str], name: str) -> int:
-    """A sub-command's main(), stopped by SIGINT/SIGTERM as `dsdata run` is: one line and 130/143
-    (Ctrl-C during `dsdata tokenizer train` was a KeyboardInterrupt traceback; SIGTERM ended it
-    without its `finally` clauses, which remove what it was writing)."""
+    """A sub-command's main(), stopped by SIGINT/SIGTERM as `dsdata run` is: one line and 130/143."""
     from dsdata.stop_signals import Interrupted, stop_on_signals
 
-    # A sub-command may sit in a native call that never checks for signals (the Rust BPE trainer):
-    # five seconds after a signal it has not taken, the process ends with the same line.
+    # a native call that never checks for signals (the Rust BPE trainer) is ended 5 s after one
     with stop_on_signals(unresponsive=(5.0, f"dsdata: {name} stopped by {{signal}}")) as stop:
         try:
             return int(module.main(argv) or 0)
@@ -327,15 +289,9 @@ def cmd_dispatch(commands, argv: list[str]) -> int:
         if name.startswith("-") or name.endswith((".yaml", ".yml")):
             return commands["run"][0](argv)
         raise UserError(f"unknown command '{name}'; see 'dsdata --help'")
-    except RunError as exc:  # `dsdata run`: exit 2 before a run, 1 for one that started and failed
+    except (RunError, UserError, *before, *during) as exc:  # exit 2 before a run, 1 for one that failed
         print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
-        return exc.exit_code
-    except (UserError, *before) as exc:  # the other commands
-        print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    except during as exc:
-        print(f"dsdata: error: {one_line(exc)}", file=sys.stderr)
-        return 1
+        return exc.exit_code if isinstance(exc, RunError) else 1 if isinstance(exc, during) else 2
     except CommandInterrupted as exc:
         from dsdata.stop_signals import stop_child_processes
 

@@ -1,9 +1,6 @@
-"""The cyclic garbage collector in processes that are dsdata's own (`dsdata run`, Beam SDK workers).
-
-Python collects its youngest generation every 700 container objects allocated (more than freed).
-One batch of documents makes more than that, so a run collected hundreds of times and found nothing
-to free: documents, rows and batches are freed by their reference counts.  Only Python's own default
-is raised: a threshold the user set (gc.set_threshold, or 0: collections off) is kept.
+"""The cyclic garbage collector in processes that are dsdata's own (`dsdata run`, Beam SDK workers):
+a batch of documents allocates more than Python's 700-object youngest generation, and documents are
+freed by their reference counts, so only Python's default threshold is raised, never the user's.
 """
 from __future__ import annotations
 

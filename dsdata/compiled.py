@@ -12,19 +12,8 @@ _numba_loading = threading.Lock()
 
 
 def _load_numba_registries() -> None:
-    """Load numba's implementation registries now, with scipy unimportable while they load.
-
-    numba loads them on a process's first compile or cache load, and one of them
-    (numba.np.arraymath) imports scipy.linalg only to learn whether np.dot and np.linalg can be
-    compiled: ~0.35 CPU-s, a fifth of a short run's start-up, and again in every Beam worker.
-    dsdata's kernels use neither, so numba is told there is no BLAS: compiling np.dot in this
-    process then fails with numba's "scipy 0.16+ is required for linear algebra".  When scipy.linalg
-    is already imported, nothing is blocked.
-
-    Several threads of one process may get here at once (an SDK worker in this process runs
-    bundles in parallel: Flink with --environment_type=LOOPBACK): the others wait until the
-    registries are loaded, else one compiles against half-loaded ones (numba's "Unknown attribute
-    '_allocate'" TypingError, a stage that cannot start)."""
+    """Load numba's registries now, scipy.linalg unimportable meanwhile (~0.35 CPU-s, only for the
+    np.dot/np.linalg dsdata never compiles).  Other threads wait: half-loaded registries fail to type."""
     global _numba_ready
     if _numba_ready:
         return

@@ -1,7 +1,5 @@
-"""The record that flows through every pipeline, and its Arrow/Parquet schemas.
-
-A `Document` is kept (possibly annotated) or becomes a `Rejected` naming the stage and a stable
-reason code, never dropped: the ledger law (input + augmented == kept + Σ rejected) on every runner.
+"""The record that flows through every pipeline, and its Arrow/Parquet schemas: a `Document` is
+kept or becomes a `Rejected` naming the stage and a stable reason code, never dropped.
 """
 from __future__ import annotations
 
@@ -12,8 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-# Rejected rows keep the text for inspection, but a pathological multi-GB record must not blow up
-# the rejected shards; the full length is kept in `text_length`.
+# Rejected rows keep this much text; the full length is kept in `text_length`.
 REJECTED_TEXT_LIMIT = 100_000
 
 
@@ -26,14 +23,10 @@ class Document:
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
     annotations: dict[str, Any] = field(default_factory=dict)
-    # Set on documents a stage creates (e.g. back-translation): the id they were derived from.
-    # The ledger counts such documents as `augmented`.
-    derived_from: str | None = None
+    derived_from: str | None = None  # a created document's source id (back-translation): `augmented`
 
     def __reduce__(self):
-        # How a runner stores and ships a document between stages (Beam's coders pickle it): the
-        # text zlib-compressed (level 1, ~2.5x on prose).  The in-process runner keeps every
-        # PCollection between stages in memory, so this is most of what a large run holds.
+        # Beam's coders pickle documents between stages: the text zlib-compressed (level 1)
         return unpack_document, (pack_document(self),)
 
 
@@ -53,9 +46,8 @@ def unpack_text(packed: str | bytes) -> str:
 
 
 def pack_document(doc: Document) -> tuple:
-    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships).  A document
-    keeps its packed text beside the text it was packed from or unpacked to: packed again with that
-    same text object (it is parked and shipped several times between stages), it is not recompressed."""
+    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships); the packed
+    text is kept beside its text, so a document shipped again is not recompressed."""
     text, cached = doc.text, doc.__dict__.get("_packed")
     if cached is not None and cached[0] is text:
         packed = cached[1]
@@ -87,8 +79,7 @@ class Rejected:
 def metadata_json(metadata: dict[str, Any]) -> str:
     """Serialise metadata deterministically; non-JSON values (e.g. Parquet timestamps) become strings."""
     if metadata == {}:
-        # Most records carry no metadata (JSONL with only id and text); json.dumps costs a few µs
-        # per kept row even for {} (benchmarks/langid.py: ~3 % of a 100k-paragraph run).
+        # most records carry no metadata, and json.dumps costs µs per row even for {}
         return "{}"
     return json.dumps(metadata, ensure_ascii=False, sort_keys=True, default=str)
 
@@ -120,8 +111,7 @@ REJECTED_SCHEMA = pa.schema(
 
 
 def kept_columns(docs: list[Document], annotation_names: list[str]) -> list[list[Any]]:
-    """The columns of kept_schema for `docs`: id, text, metadata (JSON), then each annotation (None
-    where a document lacks it)."""
+    """The columns of kept_schema for `docs` (None where a document lacks an annotation)."""
     columns = [[d.id for d in docs], [d.text for d in docs], [metadata_json(d.metadata) for d in docs]]
     for name in annotation_names:
         columns.append([d.annotations.get(name) for d in docs])

@@ -1,6 +1,5 @@
 """How many tokens a transformers model can take: the smallest of its position table and its
-tokenizer's `model_max_length`, so a configured truncation above either never indexes past the
-position embeddings (an IndexError inside the model, for every long input)."""
+tokenizer's `model_max_length` (past the position table a model raises IndexError)."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,17 +1,6 @@
-"""A Rust binding's panic, caught as a record's error, leaves no report on stderr.
-
-A panic in a Rust extension (Hugging Face `tokenizers`: a pre-tokenizer regex over Oniguruma's
-backtracking limit) reaches Python as pyo3's PanicException, which the per-record handlers turn into
-a rejected row (dsdata/beam/errors.py).  But Rust's panic hook has already written its report to
-file descriptor 2 — "thread '<unnamed>' panicked at …/onig-6.5.3/src/lib.rs:647:23:", the message,
-a note or a whole backtrace — so a run whose every record is accounted for still printed lines that
-are not dsdata's.  Python cannot replace that hook; `hidden_panic_reports()` instead points fd 2 at
-a temporary file for the length of a native call and, when the call returns, writes back what went
-there minus the panic reports (other output — a log line from another thread — is delayed, not
-lost).  Nested and concurrent uses share one redirection; the last one out restores fd 2.
-
-Cost: two dup2 and an fstat per call (a few µs per batch of records); the calls wrapped are the
-tokenizer calls on record text, never a model's forward pass.
+"""A Rust binding's panic, caught as a record's error, leaves no report on stderr: Rust's hook writes
+it to fd 2, so `hidden_panic_reports()` points fd 2 at a temporary file for a native call and writes
+back what went there minus the panic reports (nested and concurrent uses share one redirection).
 """
 from __future__ import annotations
 
@@ -20,7 +9,7 @@ import re
 import sys
 import tempfile
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Iterator
 
 _lock = threading.Lock()
@@ -28,9 +17,8 @@ _depth = 0
 _saved_fd: int | None = None
 _capture = None
 
-# Rust's default panic hook writes: ["\n"] "thread 'NAME' [(TID) ]panicked at FILE:LINE:COL:\n" MESSAGE
-# "\n", then "note: run with `RUST_BACKTRACE=1` …" (first panic of a process only) or "stack
-# backtrace:\n" with indented frames and "note: Some details are omitted, …".
+# Rust's panic hook writes "thread 'NAME' [(TID) ]panicked at FILE:LINE:COL:\n" MESSAGE "\n", then a
+# "note: run with `RUST_BACKTRACE=1` …" line or "stack backtrace:" with indented frames.
 _PANIC_START = re.compile(r"thread '[^'\n]*'(?: \(\d+\))? panicked at ")
 _FRAME = re.compile(r"\s+(?:\d+:|at )")
 
@@ -50,8 +38,7 @@ def strip_panic_reports(text: str) -> str:
         if out and not out[-1].strip():  # the blank line the hook writes first
             out.pop()
         i += 1
-        # The message: up to a note, a backtrace, a blank line, the next report or a line of dsdata's
-        # own (another thread's, written meanwhile).
+        # the message: up to a note, a backtrace, a blank line, the next report or a dsdata line
         while i < len(lines) and lines[i].strip() and not lines[i].startswith(("note: ", "stack backtrace:", "dsdata")) \
                 and not _PANIC_START.match(lines[i]):
             i += 1
@@ -70,10 +57,8 @@ def hidden_panic_reports() -> Iterator[None]:
     global _depth, _saved_fd, _capture
     with _lock:
         if _depth == 0:
-            try:
+            with suppress(OSError, ValueError, AttributeError):
                 sys.stderr.flush()
-            except (OSError, ValueError, AttributeError):
-                pass
             capture = tempfile.TemporaryFile()
             _saved_fd = os.dup(2)
             os.dup2(capture.fileno(), 2)
@@ -85,10 +70,8 @@ def hidden_panic_reports() -> Iterator[None]:
         with _lock:
             _depth -= 1
             if _depth == 0:
-                try:
+                with suppress(OSError, ValueError, AttributeError):
                     sys.stderr.flush()
-                except (OSError, ValueError, AttributeError):
-                    pass
                 os.dup2(_saved_fd, 2)
                 os.close(_saved_fd)
                 capture, _capture, _saved_fd = _capture, None, None

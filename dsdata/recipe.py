@@ -13,12 +13,8 @@ stages:
   - lang: {keep: [zh, en]}
 ```
 
-Paths written in a recipe are resolved against the recipe's directory and must stay inside it
-(a shared recipe cannot make a run read or write elsewhere); absolute paths, other locations and
-remote URLs (gs://, s3://) are given on the command line (`--input`, `--output`, `--set`).  The
-recipe's `output` is the exception to "against the recipe's directory": it is a directory under the
-working directory (`dsdata run pipelines/pretrain.yaml` writes ./out), and it too must stay there
-with every symbolic link resolved (`recipe_output`).  Every check is one RecipeError line.
+A recipe's paths stay inside its directory (`output`: the working directory), links resolved; other
+locations are given on the command line.  Every check is one RecipeError line.
 """
 from __future__ import annotations
 
@@ -40,7 +36,6 @@ from dsdata.stop_signals import is_stop
 INPUT_FORMATS = ("auto", *READER_FORMATS)  # dsdata/io/readers REGISTRY
 RECIPE_KEYS = ("name", "description", "input", "output", "stages", "beam")
 INPUT_KEYS = ("paths", "format", "text_field", "id_field")
-# A recipe is a page of YAML; a bigger file is not a recipe (and bounds what a bad one costs).
 MAX_RECIPE_BYTES = 1 << 20
 
 
@@ -52,7 +47,6 @@ class RecipeError(ValueError):
 class StageSpec:
     name: str
     params: dict[str, Any]
-    # Parameters given with --set: a bad value there is the command line's, not the recipe file's.
     from_command_line: set[str] = field(default_factory=set)
 
 
@@ -67,15 +61,11 @@ class Recipe:
     output: str = "out"
     stages: list[StageSpec] = field(default_factory=list)
     beam_args: list[str] = field(default_factory=list)
-    # Not from the recipe file: the matched paths that `dsdata run` left out (inputs.left_out), for stats.json.
-    inputs_left_out: dict[str, Any] = field(default_factory=dict)
-    # Not from the recipe file: `dsdata run --limit N` reads only the first N records.
-    limit: int | None = None
-    # The input paths as the recipe file gives them (resolved): while `inputs` are among them, a run
-    # keeps every file it reads inside the recipe's folder.  `inputs_checked`: the inputs were
-    # checked and expanded (dsdata.io.inputs.resolve_recipe_inputs), so a run does not do it again.
+    inputs_left_out: dict[str, Any] = field(default_factory=dict)  # for stats.json (inputs.left_out)
+    limit: int | None = None  # --limit N
+    # the file's own (resolved) inputs: while `inputs` are among them, a run stays in the recipe's folder
     file_inputs: tuple[str, ...] = ()
-    inputs_checked: bool = False
+    inputs_checked: bool = False  # already expanded by dsdata.io.inputs.resolve_recipe_inputs
 
     @property
     def inputs_from_file(self) -> bool:
@@ -99,7 +89,6 @@ class Recipe:
                 raise RecipeError(f"{self.path}: stage '{spec.name}' cannot be built: {type(exc).__name__}"
                                   f"{': ' + text.splitlines()[0] if text else ''}") from None
         return built
-
 
 
 def confine(base_dir: str, rel: str, what: str, recipe_path: str) -> str:
@@ -139,24 +128,10 @@ def _as_stage_list(raw: Any, path: str) -> list[StageSpec]:
     return specs
 
 
-# ---------------------------------------------------------------------------------------------
-# The recipe's `beam:` section: which Beam options a shared file may carry.
-#
-# A recipe is a file people share.  Beam options can make a runner execute commands
-# (`environment_type: beam:env:harness_subprocess_python:v1` with an `environment_config` command,
-# a `PROCESS` environment's `command`, a `sdk_location`/`setup_file`/`extra_packages` installed on
-# workers, a container image, a job endpoint or job-server jar that is started): whoever writes the
-# recipe would run code on the machine of whoever runs it.  So a recipe's `beam:` section takes only
-# the options below — which runner and how many workers/threads — with scalar values; every other
-# option is the user's own choice, given on the command line.
-#
-# Nor may a recipe choose a runner or a running mode that starts processes: Prism runs a binary
-# (downloaded to Beam's cache, where anything could have been put), Flink and Spark a job-server jar
-# with `java`, Beam's DirectRunner tries Prism first, and `multi_processing` starts worker processes.
-# A recipe's `runner` is one of the in-process runners of dsdata/runners.py (DirectRunner and
-# FnApiRunner mean dsdata's default) and its `direct_running_mode` is `in_memory`.
-
-# Runner choice and tuning: none of these names a program, a file, an image, a package or an endpoint.
+# A recipe's `beam:` section: many Beam options make a runner execute commands (an environment
+# command, packages installed on workers, an image, a job server), which would run the recipe
+# writer's code on the user's machine.  A recipe takes only runner choice and tuning, as scalars,
+# an in-process runner of dsdata/runners.py and `in_memory` mode; the rest goes on the command line.
 RECIPE_BEAM_OPTIONS = frozenset({
     "runner",
     "direct_num_workers", "direct_running_mode",
@@ -201,8 +176,7 @@ def recipe_beam_args(cfg: Any, recipe_path: str) -> list[str]:
 def _recipe_runner(value: str, recipe_path: str) -> str:
     """The class path a recipe's `runner: NAME` runs on: an in-process runner of dsdata/runners.py only."""
     runner = find_runner(value)
-    if runner is None or "." in value:
-        # A dotted class path imports that module: the user's choice, on the command line.
+    if runner is None or "." in value:  # a dotted class path imports that module: the user's choice
         raise BeamOptionError(
             f"{recipe_path}: runner '{value}' is not one of Beam's runners by name; "
             "a runner class path is given on the command line (--runner=package.module.Class)"
@@ -217,9 +191,8 @@ def _recipe_runner(value: str, recipe_path: str) -> str:
 
 
 def parse_value(text: str, item: str | None = None) -> Any:
-    """A --set value: YAML (safe_load) scalar/list syntax (1, 0.5, true, [zh, en], plain words).
-    Text that is not valid YAML (`[zh, en` with its bracket missing) is refused in one line, never
-    taken as a string: a string that YAML cannot read is quoted ('@x')."""
+    """A --set value: YAML (safe_load) syntax (1, 0.5, true, [zh, en], plain words).  Invalid YAML
+    (`[zh, en`) is refused in one line, never taken as a string."""
     where = f"--set '{item}'" if item is not None else f"value {text!r}"
     try:
         return load_bounded(text, where)  # yaml.safe_load, bounded as a recipe file is
@@ -236,7 +209,6 @@ def load_recipe(path: str, overrides: list[str] | None = None) -> Recipe:
     if not os.path.lexists(path):
         raise RecipeError(f"recipe '{path}' not found; pass a YAML file such as pipelines/pretrain.yaml")
     try:
-        # A regular file of bounded size: a FIFO would block, /dev/zero never end.
         data = read_regular_file(path, "recipe", MAX_RECIPE_BYTES)
         raw = load_bounded(data, path, max_bytes=MAX_RECIPE_BYTES) or {}
     except (YamlBoundError, BeamOptionError, UntrustedFileError) as exc:
@@ -317,9 +289,8 @@ def _refuse_unknown_keys(mapping: dict, known: tuple[str, ...], prefix: str, pat
 
 
 def recipe_output(recipe: Recipe, cwd: str | None = None) -> str:
-    """The recipe's `output` as an absolute path under the working directory `cwd`: refused (one
-    RecipeError line) when, with symbolic links resolved, it would lie outside it (`out -> /elsewhere`).
-    Only for the recipe's own output: an --output given on the command line is the user's choice."""
+    """The recipe's `output` as an absolute path under the working directory `cwd`, refused when
+    links resolved lead outside it (an --output given on the command line is the user's choice)."""
     base = os.path.realpath(cwd or os.getcwd())
     resolved = os.path.realpath(os.path.join(base, recipe.output))
     if os.path.commonpath([base, resolved]) != base:
@@ -329,8 +300,7 @@ def recipe_output(recipe: Recipe, cwd: str | None = None) -> str:
 
 
 def check_parameters(recipe: Recipe) -> None:
-    """Check every given stage parameter against its declared type, before any pipeline is built:
-    a bad value is one line naming STAGE.PARAM (and the recipe file, when the value is from it)."""
+    """Each given stage parameter checked against its declared type: one line naming STAGE.PARAM."""
     for spec in recipe.stages:
         cls = _stage_class_or_error(spec.name, recipe.path)
         try:
@@ -372,7 +342,6 @@ def apply_override(recipe: Recipe, item: str) -> None:
     if isinstance(parsed, str) and "\0" in parsed:
         raise RecipeError(f"--set '{key}=…': the value holds a NUL byte")
     if cls.params[param].is_path and isinstance(parsed, str) and not is_remote(parsed):
-        # Paths given on the command line are the user's own: relative to the working directory.
         parsed = os.path.abspath(parsed)
     elif cls.params[param].is_path and isinstance(parsed, list):
         parsed = [os.path.abspath(v) if isinstance(v, str) and not is_remote(v) else v for v in parsed]

@@ -1,22 +1,11 @@
-"""The runners dsdata knows, by the names users type: ONE registry, plain data, no Beam.
-
-Read by the CLI (`--runner` checks), the recipe's allowlist (dsdata/recipe.py: a shared recipe may
-name only a runner that starts no process), dsdata/beam/engines/options.py (which checks that the
-class's module imports) and docs/engines.md (a test checks every runner here is documented there).
-It lives outside dsdata/beam so the recipe can read it without importing Beam.
-
-**To add a runner**: write its class (a Beam `PipelineRunner`) under dsdata/beam/engines/, add one
-`Runner` entry below (its name, the other names users type, its class path, whether it runs in this
-process, the pip extra its module needs, the modules that declare its pipeline options, the defaults
-it adds to a run), document it in docs/engines.md and test that a recipe gives the default runner's
-outputs on it (tests/test_engines.py).  Nothing else names it.
+"""The runners dsdata knows, by the names users type: ONE registry, plain data, no Beam.  To add
+one: its class under dsdata/beam/engines/, one `Runner` row below, docs/engines.md, tests/test_engines.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Beam's FnApiRunner in this process: dsdata's default runner.
-IN_PROCESS_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+IN_PROCESS_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"  # dsdata's default
 
 
 class BeamOptionError(ValueError):
@@ -32,11 +21,9 @@ class Runner:
     replaces_beams: bool = False  # dsdata hands Beam `class_path`, not the name (Beam would pick another class)
     extra: str | None = None    # the pip extra its module needs, for the one-line error when it is missing
     summary: str = ""
-    # Modules whose PipelineOptions subclasses declare this runner's flags (imported, where installed,
-    # to tell a mistyped dsdata flag from a Beam option).
+    # modules whose PipelineOptions declare this runner's flags (to tell a typo from a Beam option)
     options_modules: tuple[str, ...] = ()
-    # "module:function" giving the Beam arguments a run on this runner gets by default (function(args)
-    # → extra args), e.g. the Flink job-server jar that .ci/engines-setup assembles.
+    # "module:function": function(args) → the Beam arguments a run on this runner gets by default
     defaults: str = ""
 
     def names(self) -> tuple[str, ...]:
@@ -45,8 +32,7 @@ class Runner:
 
 _BEAM = "apache_beam.runners."
 RUNNERS: tuple[Runner, ...] = (
-    # Beam 2.77's DirectRunner tries the Prism runner first (a download, then a binary): dsdata's
-    # DirectRunner is the FnApiRunner it would fall back to, in this process.
+    # Beam's DirectRunner tries Prism first (a download, then a binary): dsdata's is the FnApiRunner
     Runner("FnApiRunner", IN_PROCESS_RUNNER, ("directrunner",), in_process=True,
            replaces_beams=True, summary="dsdata's default: Beam's FnApiRunner in this process"),
     Runner("BundleBasedDirectRunner", _BEAM + "direct.direct_runner.BundleBasedDirectRunner", in_process=True,

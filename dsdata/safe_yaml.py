@@ -1,10 +1,5 @@
-"""YAML from files users share (recipes, configs), bounded before anything is built from it.
-
-`yaml.safe_load` builds no objects but plain data, yet it still follows aliases: a few hundred
-bytes of nested anchors (a "billion laughs" document) describe 10⁹ strings, which the first
-traversal (printing a stage's parameters, json.dumps into stats) expands.  `load_bounded` refuses
-a file over `MAX_BYTES`, a document whose alias-expanded size exceeds `MAX_NODES`, and nesting the
-recursive composer cannot follow — each with one line.
+"""YAML from files users share, bounded before anything is built from it: `load_bounded` refuses
+a file over `MAX_BYTES`, alias expansion past `MAX_NODES` (a "billion laughs") and too deep nesting.
 """
 from __future__ import annotations
 

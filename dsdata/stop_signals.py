@@ -1,14 +1,6 @@
-"""SIGINT (Ctrl-C) and SIGTERM (a scheduler, `kill`) stop a command cleanly.
-
-Python's default turns SIGINT into KeyboardInterrupt wherever the main thread is, and SIGTERM kills
-the process with nothing cleaned up.  Inside a Beam run KeyboardInterrupt met Beam's per-element
-handler, which logs it with a 150-line traceback and re-raises it under another type (or, raised
-where Beam waits on a worker, was lost and the run finished with exit 0).  Here both signals raise
-`Interrupted` once (a BaseException, so per-record `except Exception` handlers do not take it), the
-signal is remembered so that an exception Beam made of it — or none at all — still ends the command
-as interrupted, and logging is silenced so that no library prints its traceback of the stop.  The
-command then cleans up (lock, spill, marks OUT incomplete), stops its worker processes and exits
-with 128 + the signal number (130, 143), as a shell reports a process the signal ended.
+"""SIGINT (Ctrl-C) and SIGTERM stop a command cleanly: both raise `Interrupted` once (a
+BaseException, which per-record handlers let pass), remembered whatever Beam made of it, with logging
+silenced; the command cleans up and exits with 128 + the signal number (130, 143).
 """
 from __future__ import annotations
 
@@ -16,21 +8,19 @@ import logging
 import os
 import signal
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(BaseException):
-    """Raised in the main thread by the first SIGINT/SIGTERM.  Takes any arguments: Beam re-raises
-    an exception as `type(exn)(message + step name)`."""
+    """Raised in the main thread by the first SIGINT/SIGTERM; takes any arguments, as Beam re-raises."""
 
 
 def is_stop(exc: BaseException) -> bool:
-    """The user's stop (Ctrl-C's KeyboardInterrupt, a signal's Interrupted): what a handler that takes
-    any BaseException from code it runs (a plug-in's import, a stage) must let pass.  SystemExit is
-    not one: a plug-in's sys.exit() is that plug-in's fault."""
+    """The user's stop (KeyboardInterrupt, Interrupted), which a handler of any BaseException must let
+    pass (a plug-in's SystemExit is that plug-in's fault)."""
     return isinstance(exc, (KeyboardInterrupt, Interrupted))
 
 
@@ -51,17 +41,10 @@ class SignalState:
 
 @contextmanager
 def stop_on_signals(raise_first: bool = True, unresponsive: tuple[float, str] | None = None) -> Iterator[SignalState]:
-    """While the block runs, SIGINT/SIGTERM record themselves in the yielded state; the first one
-    also raises Interrupted in the main thread (unless raise_first is False: a loop that polls the
-    state stops at its own boundary).  Later signals are only recorded: cleanup is not interrupted.
-    Outside the main thread (signals cannot be handled there) the block runs unchanged.
-
-    unresponsive: (seconds, line).  Python runs a signal's handler only when the main thread runs
-    Python again; inside a native call that never checks (a Rust tokenizer trainer merging pairs)
-    a stop waited for minutes, and SIGTERM, which used to kill at once, did too.  The signal's
-    arrival is also written to a pipe a watcher thread reads (signal.set_wakeup_fd): when the
-    handler has not run `seconds` later, the watcher prints `line` (with the signal's name for
-    {signal}), stops the child processes and ends the process with 128 + the signal number."""
+    """While the block runs, SIGINT/SIGTERM record themselves in the yielded state; the first also
+    raises Interrupted in the main thread (unless raise_first is False).  Outside the main thread: no
+    change.  unresponsive: (seconds, line): a watcher thread ends a process stuck in a native call
+    that long after a signal, printing `line` ({signal}: its name), with 128 + the signal number."""
     state = SignalState()
     if threading.current_thread() is not threading.main_thread():
         yield state
@@ -77,9 +60,7 @@ def stop_on_signals(raise_first: bool = True, unresponsive: tuple[float, str] | 
             logging.disable(logging.CRITICAL)  # no library's traceback of the stop
             # Nor a thread's: Beam's job-service thread raises when its worker dies.
             threading.excepthook = lambda args: None
-            # Workers first: Beam's SDK worker processes, told to shut down by a runner that is
-            # unwinding, die in interpreter finalization with a "Fatal Python error" on the shared
-            # stderr; their state is discarded with the run anyway.
+            # workers first: told to shut down by an unwinding runner, they print "Fatal Python error"
             stop_child_processes(grace=0)
             raise Interrupted(signal.Signals(signum).name)
 
@@ -130,8 +111,7 @@ def _watch_unresponsive(handled: threading.Event, seconds: float, line: str):
 
 def stop_child_processes(grace: float = 5.0) -> None:
     """Terminate every descendant of this process (Beam's SDK workers, a local dask cluster), then
-    kill the ones still alive after `grace` seconds (0: kill at once): none outlives an interrupted
-    command."""
+    kill the ones still alive after `grace` seconds (0: kill at once)."""
     try:
         import psutil
     except ImportError:  # psutil is a dependency of the dist extra; without it, children get SIGTERM from /proc
@@ -143,18 +123,14 @@ def stop_child_processes(grace: float = 5.0) -> None:
         return
     if grace > 0:
         for child in children:
-            try:
+            with suppress(psutil.Error):
                 child.terminate()
-            except psutil.Error:
-                pass
         _, alive = psutil.wait_procs(children, timeout=grace)
     else:
         alive = children
     for child in alive:
-        try:
+        with suppress(psutil.Error):
             child.kill()
-        except psutil.Error:
-            pass
 
 
 def _terminate_from_proc(sig: int = signal.SIGKILL) -> None:
@@ -176,7 +152,5 @@ def _terminate_from_proc(sig: int = signal.SIGKILL) -> None:
                 family.add(pid)
                 grew = True
     for pid in family - {me}:
-        try:
+        with suppress(OSError):
             os.kill(pid, sig)
-        except OSError:
-            pass

@@ -1,10 +1,6 @@
-"""Byte-level BPE tokenizers: train one with Hugging Face `tokenizers`, and load any tokenizer the
-`tokenize` stage accepts (our own directories, a bare `tokenizer.json`, or an `AutoTokenizer` dir).
-
-A trained directory holds `tokenizer.json` (the whole tokenizer) plus a small
-`tokenizer_config.json` naming its EOS token, so `transformers.AutoTokenizer.from_pretrained(dir)`
-loads it too.  Byte-level BPE never produces an unknown token, which matters for zh + en corpora:
-any character a merge table has not seen falls back to its UTF-8 bytes.
+"""Byte-level BPE tokenizers: train one with Hugging Face `tokenizers` (tokenizer.json plus a
+tokenizer_config.json naming EOS, so AutoTokenizer loads it), and load any tokenizer the `tokenize`
+stage accepts (our directories, a bare tokenizer.json, an AutoTokenizer directory).
 """
 from __future__ import annotations
 
@@ -28,9 +24,6 @@ _EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>", 
 
 class TokenizerError(ValueError):
     """A tokenizer path or file a user gave cannot be used; the message says what to do."""
-
-
-# ----------------------------------------------------------------------------------------- training
 
 
 def iter_training_texts(patterns: list[str], text_field: str = "text") -> Iterator[str]:
@@ -83,10 +76,8 @@ def iter_training_texts(patterns: list[str], text_field: str = "text") -> Iterat
 
 def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: str, min_frequency: int = 2,
               provenance: dict[str, Any] | None = None) -> str:
-    """Train a byte-level BPE tokenizer on `texts` and save it to `out_dir`; returns tokenizer.json's path.
-
-    The EOS token `<|endoftext|>` gets id 0; the 256 byte symbols are always in the vocabulary.
-    """
+    """Train a byte-level BPE tokenizer on `texts` into `out_dir` (EOS `<|endoftext|>` is id 0, the 256
+    byte symbols always in the vocabulary); returns tokenizer.json's path."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 300:
@@ -130,9 +121,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: str, min_frequency
             json.dump(info, fh, indent=2, ensure_ascii=False)
             fh.write("\n")
     return path
-
-
-# ------------------------------------------------------------------------------------------ loading
 
 
 @dataclass
@@ -183,12 +171,9 @@ def _pick_eos(token_to_id: Callable[[str], int | None], configured: str | None, 
     raise TokenizerError(f"tokenizer {where} has no end-of-text token ({wanted}); set tokenize.eos_token to one it has")
 
 
-# A tokenizer.json may carry regexes of its own (a Split pre-tokenizer, a Replace normalizer), which
-# Oniguruma runs by backtracking; past its retry limit (10 million steps for one search) it gives up
-# and the binding panics.  A pattern with nested quantifiers ((a+)+$, (\w+\s?)+$) needs 2^n steps on
-# n characters of one kind followed by one that fails it, so texts of that shape find it at load:
-# a run of each kind of character, then each kind of end.  The runs are long enough for an
-# exponential pattern (256) and, for a few, for a quadratic one to pass the limit (4096).
+# A tokenizer.json's own regexes run on Oniguruma, which panics past its backtracking limit.  Nested
+# quantifiers ((a+)+$) blow up on a run of one kind of character followed by one that fails them:
+# probe texts are such runs (256 for exponential patterns, 4096 for quadratic ones), then each end.
 _PROBE_CHARS = ("a", "A", "1", " ", "\t", "\n", ".", "-", "'", "_", ",", "\u4e2d", "\u00e9", "\u3042", "\U0001f600",
                 "e\u0301")
 _PROBE_ENDS = ("", "!", "a", " ", "\n", "1", ".", "\u4e2d", "\x00")
@@ -209,8 +194,7 @@ def _regexes(spec: Any) -> list[str]:
 
 
 def _is_native_failure(exc: BaseException) -> bool:
-    """An exception encoding a text raised that is the text's (an Exception, or pyo3's PanicException,
-    a BaseException), not a stop (KeyboardInterrupt, SystemExit, a signal's Interrupted)."""
+    """Whether an exception raised encoding a text is the text's (a panic included), not a stop."""
     return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
 
 
@@ -220,8 +204,7 @@ def _probes_for(patterns: list[str]) -> list[tuple[str, int, str]]:
                       if c.isprintable() and c not in "()[]{}?*+|^$.\\"})[:64]
     if not literal:
         return list(REGEX_PROBES)
-    # Also each run followed by the literals: an engine that first looks for a pattern's required
-    # literal ('z' in (\d|1)+z) fails a text without it at once, and blows up on one with it.
+    # also each run followed by the literals: a pattern's required literal ('z' in (\d|1)+z) is sought first
     named = "!" + "".join(literal)
     joined = "".join(literal)  # (q|z|qz)+$ on qzqz…
     return (list(REGEX_PROBES) + [(c, 256, end) for c in literal for end in ("", "!", "\x00", named) if c not in _PROBE_CHARS]
@@ -230,9 +213,8 @@ def _probes_for(patterns: list[str]) -> list[tuple[str, int, str]]:
 
 
 def check_regexes(tokenizer: Any, where: str) -> None:
-    """Encode probe texts with `tokenizer` (a `tokenizers.Tokenizer`) once, at load: a regex in it
-    that gives up on them (the binding panics) is a TokenizerError naming the pattern and the text,
-    one line, before any record meets it.  The panic's report is kept off stderr."""
+    """Encode probe texts with `tokenizer` once, at load: a regex that gives up on them (the binding
+    panics) is a one-line TokenizerError naming the pattern and the text, before any record meets it."""
     try:
         patterns = _regexes(json.loads(tokenizer.to_str()))
     except Exception:  # noqa: BLE001 - the fixed probes still run

@@ -1,8 +1,6 @@
-"""Which language a document is in, for choosing the translation direction.
-
-The `lang` stage's annotation wins when present.  Recipes without a `lang` stage (such as
-pipelines/augment.yaml) fall back to a script guess: mostly Han characters → zh; mostly Latin
-letters with enough English function words → en; anything else → None (not augmented).
+"""Which language a document is in, for choosing the translation direction: the `lang` stage's
+annotation when present, else a script guess (mostly Han → zh; Latin with English function words
+→ en; anything else → None, not augmented).
 """
 from __future__ import annotations
 
@@ -15,14 +13,12 @@ _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _KANA_HANGUL = re.compile(r"[\u3040-\u30ff\uac00-\ud7af]")
 _LATIN = re.compile(r"[A-Za-z\u00c0-\u024f]")
 _WORD = re.compile(r"[A-Za-z\u00c0-\u024f']+")
-# Only words that are rare outside English: short ones such as "a", "i", "in", "no", "de" are
-# common words in Hungarian, Galician, Dutch, Portuguese … and made those pass as English.
+# Only words rare outside English ("a", "in", "no", "de" made Dutch or Portuguese pass as English).
 _ENGLISH_FUNCTION_WORDS = frozenset(
     "the and of are were with that this these those which from have has been would should "
     "could their there what when where will you they it's don't can't does shall than then".split()
 )
-# Shares of letters / words; chosen so that short technical English (option names, code words)
-# still counts as en while French or German prose (few English function words) does not.
+# Shares of letters / words: short technical English counts as en, French or German prose does not.
 _MIN_HAN_SHARE = 0.3
 _MAX_KANA_HANGUL_SHARE = 0.05
 _MIN_LATIN_SHARE = 0.8
@@ -57,6 +53,4 @@ def guess_script_language(text: str) -> str | None:
 def document_language(doc: Document) -> str | None:
     """The `lang` annotation when a lang stage ran, else the script guess."""
     annotated = normalize_lang(doc.annotations.get("lang"))
-    if annotated is not None:
-        return annotated
-    return guess_script_language(doc.text)
+    return annotated if annotated is not None else guess_script_language(doc.text)

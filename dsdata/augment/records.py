@@ -1,7 +1,5 @@
-"""Which documents a method augments, and how an augmented copy is recorded.
-
-Selection and random seeds are hashes of (seed, method, document id), so they do not depend on
-worker count, bundle boundaries or input order: the same input and seed give the same copies.
+"""Which documents a method augments, and how an augmented copy is recorded.  Selection and seeds
+are hashes of (seed, method, document id): independent of workers, bundles and input order.
 """
 from __future__ import annotations
 
@@ -23,9 +21,7 @@ def stable_hash(*parts: object) -> int:
 
 def is_selected(seed: int, method: str, doc_id: str, fraction: float) -> bool:
     """True for a seeded, deterministic `fraction` of document ids."""
-    if fraction >= 1.0:
-        return True
-    return stable_hash(seed, method, doc_id) < fraction * 2**64
+    return fraction >= 1.0 or stable_hash(seed, method, doc_id) < fraction * 2**64
 
 
 def derived_id(source_id: str, method: str) -> str:

@@ -1,14 +1,8 @@
-"""Synonym and entity replacement from a user's dictionary file.
+"""Synonym and entity replacement from a user's dictionary file (TSV or JSON; docs/augment.md).
 
-Dictionary files (TSV or JSON, UTF-8):
-* synonyms — TSV lines `term<TAB>synonym[<TAB>synonym…]`, or JSON `{"term": ["synonym", …]}`.
-  Each occurrence of a term is replaced, with probability `replace_prob`, by one of its synonyms.
-* entities — TSV lines `TYPE<TAB>entity`, or JSON `{"TYPE": ["entity", …]}`: entities of one type
-  are interchangeable.  Each distinct entity in a document is swapped, with probability
-  `replace_prob`, for another entity of its type, consistently everywhere in that document.
-Lines starting with `#` and blank lines in TSV files are ignored.  Matching is longest-first;
-Latin-script terms match whole words, case-insensitively (a capitalised word gets a capitalised
-replacement); Chinese terms match anywhere.
+Each synonym occurrence is replaced with probability `replace_prob`; each distinct entity is
+swapped for another of its type, consistently within a document.  Matching is longest-first; Latin
+terms match whole words, case-insensitively (case carried over); Chinese terms match anywhere.
 """
 from __future__ import annotations
 
@@ -124,8 +118,7 @@ def _replaced(text: str, spans: list[tuple[int, int, str]]) -> Replacement:
     the case of the text it replaces."""
     parts, last = [], 0
     for start, end, replacement in spans:
-        parts.append(text[last:start])
-        parts.append(_match_case(text[start:end], replacement))
+        parts += [text[last:start], _match_case(text[start:end], replacement)]
         last = end
     parts.append(text[last:])
     return Replacement("".join(parts), len(spans))

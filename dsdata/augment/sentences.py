@@ -1,17 +1,13 @@
-"""Split a document into translatable sentences and put translations back in the same layout.
-
-A document becomes `Layout(separators, sentences)` with one more separator than sentences:
-text == separators[0] + sentences[0] + separators[1] + … + sentences[-1] + separators[-1].
-Separators hold everything that is not translated: whitespace, line breaks, and pieces with no
-letters or digits (rules, bullets, lone punctuation), so reassembly keeps the document's shape.
+"""Split a document into translatable sentences and put translations back in the same layout:
+`Layout(separators, sentences)`, text == separators[0] + sentences[0] + … + separators[-1], the
+separators holding what is not translated (whitespace, pieces without letters or digits).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-# Where a sentence ends: Chinese terminators end one at once (no space follows them in Chinese);
-# Latin ones only before whitespace, so "3.14", "e.g.x" and URLs stay whole; a line break always.
+# Sentence ends: a Chinese terminator, a Latin one before whitespace ("3.14" stays whole), a line break.
 _BOUNDARY = re.compile(
     r"""[。！？]+[」』”’）)\]"']*
       | (?<![.!?])[.!?]+["'”’)\]]*(?=\s)   # from a run's first mark only: O(n) on "....…"
@@ -25,8 +21,7 @@ _ABBREVIATIONS = frozenset(
 _LONGEST_ABBREVIATION = max(map(len, _ABBREVIATIONS))
 # Inside an over-long sentence, cut after a clause mark (Chinese marks need no following space).
 _CLAUSE = re.compile(r"[，；：、]|[,;:](?=\s)")
-# List markers and quote marks at the start of a line stay outside the translation ("* ", "- ",
-# "1. ", "> "): a model would drop or mangle them.
+# List and quote markers at a line's start ("* ", "1. ", "> ") stay outside the translation.
 _LINE_MARKER = re.compile(r"^(?:[-*•·–—>#]+|\d{1,3}[.)])\s+")
 # A piece is worth translating only if it holds a letter or digit (any script).
 _WORDY = re.compile(r"[^\W_]")
@@ -41,16 +36,11 @@ class Layout:
         """The document with `sentences` (e.g. translations) in place of the originals."""
         if len(sentences) != len(self.sentences):
             raise ValueError(f"layout has {len(self.sentences)} sentences, got {len(sentences)}")
-        parts = [self.separators[0]]
-        for sentence, sep in zip(sentences, self.separators[1:]):
-            parts.append(sentence)
-            parts.append(sep)
-        return "".join(parts)
+        return self.separators[0] + "".join(s + sep for s, sep in zip(sentences, self.separators[1:]))
 
 
 def _is_abbreviation(text: str, dot: int) -> bool:
-    # Both look-backs are bounded: walked to the start of the word or line, "a.a.a.a…" or a long line
-    # of dots made the splitter O(n²).
+    # both look-backs are bounded: walking to the word's or line's start made "a.a.a.a…" O(n²)
     floor = max(0, dot - _LONGEST_ABBREVIATION - 1)
     start = dot
     while start > floor and (text[start - 1].isalpha() or text[start - 1] == "."):
@@ -102,8 +92,7 @@ def _cut_long(sentence: str, max_chars: int) -> list[tuple[str, str]]:
 
 
 def split_sentences(text: str, max_chars: int = 400) -> Layout:
-    """Split `text` into sentences of at most `max_chars` characters (longer ones cut at clause
-    marks, then spaces, then anywhere)."""
+    """`text` in sentences of at most `max_chars` (cut at clause marks, spaces, then anywhere)."""
     separators = [""]
     sentences: list[str] = []
     for start, end in _sentence_spans(text):

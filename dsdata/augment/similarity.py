@@ -1,9 +1,5 @@
-"""chrF: the similarity that decides whether a back-translated copy is a useful paraphrase.
-
-Character n-grams need no tokenizer, so the same measure works for Chinese and English.  This is
-sacreBLEU's default sentence-level chrF (character orders 1..6, beta = 2, whitespace ignored,
-precision and recall averaged over the orders both strings have, no epsilon smoothing), scaled to
-0..1 instead of 0..100 so it reads like the window bounds `min_sim` / `max_sim`.
+"""chrF, which decides whether a back-translated copy is a useful paraphrase: sacreBLEU's default
+sentence-level chrF (orders 1..6, beta = 2, whitespace ignored), scaled to 0..1.
 """
 from __future__ import annotations
 

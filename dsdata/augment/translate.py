@@ -1,8 +1,5 @@
-"""Seq2seq translation for back-translation: find the model, load it once, translate batches.
-
-Any `AutoModelForSeq2SeqLM` directory works (MarianMT opus-mt models are the defaults).  Models are
-never downloaded: a value is a local directory, or a Hugging Face repo id whose snapshot is already
-in the local cache (HF_HOME / HF_HUB_CACHE, default ~/.cache/huggingface/hub).
+"""Seq2seq translation for back-translation: find the model (a local directory or a repo id already
+in the HF cache: never downloaded), load it once, translate batches.
 """
 from __future__ import annotations
 
@@ -78,8 +75,7 @@ class GenerationSettings:
     top_p: float = 1.0
     max_new_tokens: int = 256
     max_input_tokens: int = 512
-    # Further keyword arguments for model.generate (e.g. no_repeat_ngram_size).
-    extra: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    extra: tuple[tuple[str, Any], ...] = field(default_factory=tuple)  # more model.generate arguments
 
 
 def _seeded_sampling_processor(seeds: list[int]):
@@ -87,13 +83,8 @@ def _seeded_sampling_processor(seeds: list[int]):
     from transformers import LogitsProcessor
 
     class SeededGumbelSampling(LogitsProcessor):
-        """Sampling by the Gumbel-max trick with one random stream per row.
-
-        argmax(logits + Gumbel noise) is a draw from softmax(logits).  Seeding the noise by
-        (sentence seed, step) instead of one global generator makes each sentence's sample
-        independent of which other sentences share its batch, so runs are reproducible even
-        though Beam forms batches differently each time.
-        """
+        """Sampling by the Gumbel-max trick with noise seeded by (sentence seed, step), so a
+        sentence's sample does not depend on which sentences share its batch."""
 
         def __call__(self, input_ids, scores):
             step = input_ids.shape[1]
@@ -133,12 +124,10 @@ class Seq2SeqTranslator:
             raise ModelNotFoundError(str(exc)) from None
         self.device = torch.device(device)
         self.model.to(self.device).eval()
-        # Multi-target opus-mt models (en→zh) need a target-language token such as >>cmn_Hans<<;
-        # only prepend it when this model's vocabulary has it.
+        # multi-target opus-mt models need a target token (>>cmn_Hans<<), when their vocabulary has it
         vocab = self.tokenizer.get_vocab()
         self.source_prefix = f"{source_prefix} " if source_prefix and source_prefix in vocab else ""
-        # The model's own limits cap the configured ones (a 256-position model given max_input_tokens
-        # 512 would index past its position table).
+        # the model's own limits (its position table) cap the configured ones
         self.max_input_tokens = input_token_limit(self.model.config, self.tokenizer)
         self.max_output_tokens = output_token_limit(self.model.config)
 
@@ -187,8 +176,7 @@ _LOAD_LOCK = threading.Lock()
 
 
 def load_translator(model_dir: str, param: str, device: str, source_prefix: str) -> Seq2SeqTranslator:
-    """One translator per (model, device, prefix) per process: the two RunInference passes of a
-    round trip use both models, and loading each once halves memory."""
+    """One translator per (model, device, prefix) per process: each model loaded once."""
     key = (model_dir, device, source_prefix)
     with _LOAD_LOCK:
         if key not in _LOADED:

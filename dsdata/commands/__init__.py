@@ -7,9 +7,7 @@ import sys
 
 
 class CommandParser(argparse.ArgumentParser):
-    """argparse for a sub-command: an error is one line `dsdata: error: PROG: …`, exit 2, and a
-    mistyped flag is named with the closest one.  argparse printed its usage first, and took
-    `--corpsu x` for missing arguments ("the following arguments are required: --corpus")."""
+    """argparse for a sub-command: one-line errors (exit 2), a mistyped flag named with the closest."""
 
     def parse_known_args(self, args=None, namespace=None):
         self._given = list(sys.argv[1:] if args is None else args)

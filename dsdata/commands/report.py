@@ -15,8 +15,7 @@ def main(argv: list[str]) -> int:
                         "local, s3://BUCKET/PREFIX or gs://…")
     add_object_storage_flags(parser)
     args = parser.parse_args(argv)
-    from dsdata.core.names import is_remote
-    from dsdata.core.names import recovered_path, shown_path
+    from dsdata.core.names import is_remote, recovered_path, shown_path
     from dsdata.report.page import is_run_output, write_report
 
     if is_remote(args.output):

@@ -51,7 +51,7 @@ def positive_int(value: str) -> int:
     try:
         n = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value!r}") from None
+        n = 0
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value!r}")
     return n

@@ -103,10 +103,9 @@ def main(argv: list[str]) -> int:
 
 @contextlib.contextmanager
 def located(path: str, storage_args: list[str], with_files: bool = True):
-    """(the shard folder to read, a function that names the user's files in a line about it, the set's
-    name or None): `path`'s shard folder (the set itself or a run's shards/).  A remote set is copied
-    to a temporary folder first (only its manifest when not `with_files`); lines about the copy name
-    the remote files, and the set is named after the remote folder (export's source column)."""
+    """(the shard folder to read, a function naming the user's files in a line, the set's name or
+    None) of `path` (a set or a run's shards/); a remote set is copied to a temporary folder first
+    (only its manifest when not `with_files`)."""
     if "://" not in path:
         yield locate_shard_dir(path), lambda text: text, None
         return

@@ -36,16 +36,15 @@ def main(argv: list[str]) -> int:
             return 0
         if args.command == "list":
             return _list(args)
-        if args.command == "remove":
-            if not remove(args.name, args.root):
-                print(f"dsdata: error: no dataset named '{args.name}' under {shm_root(args.root)}", file=sys.stderr)
-                return 1
-            print(f"removed {args.name}")
-            return 0
+        if not remove(args.name, args.root):  # remove: the parser allows no other command
+            print(f"dsdata: error: no dataset named '{args.name}' under {shm_root(args.root)}",
+                  file=sys.stderr)
+            return 1
+        print(f"removed {args.name}")
+        return 0
     except (ShmError, ShardError) as exc:
         print(f"dsdata: error: {exc}", file=sys.stderr)
         return 2
-    return 2
 
 
 def _list(args) -> int:

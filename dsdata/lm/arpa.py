@@ -17,10 +17,8 @@ def _log10(values: np.ndarray) -> np.ndarray:
 
 
 def write_arpa(model: KneserNeyModel, words: Sequence[str], path: str) -> dict[str, int]:
-    """Write `model` as ARPA to `path` (gzip-compressed when it ends in .gz); returns n-grams per order.
-
-    words: the surface string of every word id (no whitespace; <s>, </s>, <unk> at the model's ids).
-    """
+    """Write `model` as ARPA to `path` (gzip when it ends in .gz); returns n-grams per order.
+    words: the surface string of every word id (no whitespace; <s>, </s>, <unk> at the model's ids)."""
     if len(words) != model.vocab_size:
         raise ValueError(f"{len(words)} words given for a vocabulary of {model.vocab_size}")
     for special, wid in (("<s>", model.bos), ("</s>", model.eos), ("<unk>", model.unk)):

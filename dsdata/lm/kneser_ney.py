@@ -11,14 +11,9 @@ The math, once:
   and the unigram distribution interpolated with the uniform 1 / |V| (V: every predictable word,
   i.e. the seen words, </s> and <unk>; never <s>).
 
-Written as ARPA, the stored probability of a seen n-gram is that interpolated p(w | h) and the
-backoff weight of a context is γ(h): a backoff query then reproduces the interpolated model exactly.
-Count pruning (`prune`) drops rare n-grams after estimation and recomputes the affected backoff
-weights so that Σ_w p(w | h) stays 1 for every history.
-
-N-grams are numbered level by level (a trie in arrays): an n-gram's key is
-prefix_id * vocab_size + last_word, so any order fits in int64 and memory is a few int64 arrays
-per token of the corpus.
+As ARPA, a seen n-gram stores p(w | h) and a context's backoff weight is γ(h), so a backoff query
+reproduces the interpolated model.  Pruning recomputes the affected backoff weights (Σ_w p(w | h) = 1).
+N-grams are numbered level by level: key = prefix_id * vocab_size + last_word (int64 for any order).
 """
 from __future__ import annotations
 
@@ -37,11 +32,7 @@ class EstimationError(ValueError):
 
 @dataclass
 class NgramLevel:
-    """All n-grams of one order, sorted by key.
-
-    Order 1 is dense (id == word id, every vocabulary word present, unseen ones with count 0);
-    order n > 1 keys are prefix_id * vocab_size + last_word, prefix_id being the (n-1)-gram's id.
-    """
+    """All n-grams of one order, sorted by key; order 1 is dense (id == word id, unseen words count 0)."""
 
     order: int
     keys: np.ndarray            # int64, sorted
@@ -161,9 +152,8 @@ def estimate(sentences: Iterable[Sequence[int]], order: int, vocab_size: int, *,
              discount_fallback: tuple[float, float, float] | None = FALLBACK_DISCOUNTS) -> KneserNeyModel:
     """Estimate an interpolated modified-KN model from sentences of word ids (without <s>/</s>).
 
-    prune: per order, drop n-grams whose raw count is <= the value (index 0 = unigrams, which are
-    never pruned); must not decrease with order. discounts: fixed (D1, D2, D3+) per order, for tests.
-    """
+    prune: per order (unigrams first, never pruned), drop n-grams with raw count <= the value; must
+    not decrease with order.  discounts: fixed (D1, D2, D3+) per order, for tests."""
     if order < 1:
         raise EstimationError(f"order must be >= 1 (got {order})")
     thresholds = _prune_thresholds(prune, order)
@@ -261,11 +251,8 @@ def _token_stream(sentences: Iterable[Sequence[int]], vocab_size: int, bos: int,
 
 
 def _prune(levels: list[NgramLevel], thresholds: list[int], vocab: int) -> None:
-    """Drop n-grams with raw count <= threshold and renormalise the backoff of their contexts.
-
-    Raw counts never grow when an n-gram is extended, so with thresholds that do not decrease with
-    order every kept n-gram keeps its prefix and suffix: the pruned model stays a valid backoff model.
-    """
+    """Drop n-grams with raw count <= threshold and renormalise the backoff of their contexts
+    (thresholds not decreasing with order keep every kept n-gram's prefix and suffix)."""
     for n in range(2, len(levels) + 1):
         level, lower = levels[n - 1], levels[n - 2]
         level.keep = level.raw_counts > thresholds[n - 1]

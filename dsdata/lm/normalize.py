@@ -1,8 +1,5 @@
-"""Text normalisation applied before SentencePiece, identically at training and scoring time.
-
-As CCNet does before its KenLM models: Unicode NFKC (full-width forms and punctuation become
-ASCII), lower case, accents removed, every digit mapped to 0, whitespace collapsed. The n-gram
-model then spends no mass on case, accent or number variants.
+"""Text normalisation applied before SentencePiece, identically at training and scoring time, as
+CCNet does: NFKC, lower case, accents removed, digits mapped to 0, whitespace collapsed.
 """
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Perplexity scorers: an n-gram model directory (SentencePiece + KenLM) or a Hugging Face causal LM.
-
-Both return, per document, (Σ log10 p, number of predicted tokens); the perplexity is
-10 ** (-Σ log10 p / Σ tokens), CCNet's formula. The n-gram scorer scores each line separately
-(predicting every piece and </s>, hence tokens + 1 per line) and sums over the document's lines, so
-longer lines weigh more: the document perplexity is the token-weighted mean over its lines.
+"""Perplexity scorers: an n-gram model directory (SentencePiece + KenLM) or a Hugging Face causal LM,
+each giving per document (Σ log10 p, predicted tokens): perplexity 10 ** (-Σ log10 p / Σ tokens) (CCNet).
 """
 from __future__ import annotations
 
@@ -20,9 +16,8 @@ from dsdata.native_panics import hidden_panic_reports
 
 LN10 = math.log(10.0)
 log = logging.getLogger(__name__)
-# Elements of the [batch, tokens, vocabulary] logits tensor one forward pass may produce: 128 MiB in
-# fp32 (a bound on tokens alone lets the logits grow with the vocabulary).  One window is always
-# allowed, whatever its size.
+# Elements of the [batch, tokens, vocabulary] logits one forward pass may produce (128 MiB in fp32);
+# one window is always allowed.
 LOGITS_BUDGET = 1 << 25
 PROGRESS_EVERY_S = 10.0
 _ARPA_CANDIDATES = ("lm.binary", "lm.arpa.gz", "lm.arpa")
@@ -48,9 +43,8 @@ def is_causal_lm_dir(path: str) -> bool:
 
 
 def ngram_model_files(model_dir: str) -> tuple[dict, str, str]:
-    """An n-gram folder's lm.json and the two files it names (SentencePiece, ARPA or KenLM binary),
-    each a regular file inside the folder: a name leading out of it (../../x, an absolute path, a
-    link to /elsewhere) is refused, not followed; so is a FIFO or folder where a file belongs."""
+    """An n-gram folder's lm.json and the two files it names, each a regular file inside the folder
+    (a name or link leading out of it, a FIFO or a folder is refused, not followed)."""
     meta_path = os.path.join(model_dir, META_FILE)
     try:
         meta = load_json_file(meta_path, f"n-gram model {META_FILE}")
@@ -123,8 +117,7 @@ def one_line_of(exc: BaseException) -> str:
 
 
 def _load_quietly(load, *args):
-    """KenLM prints a 'build a binary file' hint on stderr at every ARPA load (once per worker):
-    silence file descriptor 2 while loading."""
+    """Load a KenLM model with fd 2 silenced (its 'build a binary file' hint at every ARPA load)."""
     import sys
 
     sys.stderr.flush()
@@ -139,15 +132,8 @@ def _load_quietly(load, *args):
 
 
 class CausalLMScorer:
-    """Any Hugging Face causal LM (AutoModelForCausalLM + its tokenizer), batched, on GPU when present.
-
-    Each document is one token sequence: BOS (or EOS when the tokenizer has no BOS, GPT-2 style) +
-    tokens + EOS; every token after the first is predicted once. Documents longer than
-    `max_length` are cut into consecutive windows that overlap by one token.  A forward pass holds
-    at most `logits_budget` logits (batch × tokens × vocabulary), and log-probabilities are taken one
-    window at a time, so memory does not grow with the vocabulary times the batch.  Progress is
-    logged (logger dsdata.lm.scorers) every PROGRESS_EVERY_S seconds of scoring.
-    """
+    """Any Hugging Face causal LM, batched, on GPU when present: each document is BOS (or EOS) + tokens
+    + EOS in `max_length` windows overlapping by one token; a forward pass holds ≤ `logits_budget` logits."""
 
     def __init__(self, model_dir: str, device: str = "auto", max_length: int = 1024, batch_tokens: int = 16384,
                  logits_budget: int = LOGITS_BUDGET):
@@ -229,8 +215,7 @@ class CausalLMScorer:
             logits = self.model(input_ids=ids, attention_mask=mask).logits
             for row, (_, seq) in enumerate(batch):
                 n = len(seq) - 1
-                # log p(target) = logit(target) - logsumexp(logits), one window at a time: the fp32
-                # temporary is one window's [tokens, vocabulary], not the batch's.
+                # log p(target) = logit(target) - logsumexp(logits), one window at a time
                 row_logits = logits[row, :n].float()
                 target = row_logits.gather(-1, ids[row, 1:n + 1, None]).squeeze(-1)
                 sums.append(float((target - torch.logsumexp(row_logits, dim=-1)).double().sum()))

@@ -1,9 +1,5 @@
-"""Train one language's reference model: SentencePiece, then a Kneser-Ney n-gram model as ARPA.
-
-A model directory holds:
-  sp.model      SentencePiece model (unigram LM), applied after `normalize_line`
-  lm.arpa.gz    the n-gram model (gzip ARPA; KenLM loads it directly)
-  lm.json       metadata: language, order, vocabulary, pruning, discounts, n-gram counts, corpus
+"""Train one language's reference model: SentencePiece, then a Kneser-Ney n-gram model as ARPA,
+written as sp.model, lm.arpa.gz and lm.json (docs/difficulty.md).
 """
 from __future__ import annotations
 
@@ -69,13 +65,8 @@ def _matches(value, lang: str) -> bool:
 
 
 class CorpusReader:
-    """Normalised non-empty lines of one language from a .txt, .jsonl or .parquet corpus.
-
-    Records (JSONL lines, Parquet rows) are filtered on `lang_field`: a record is used when that
-    field holds `lang` (en also takes en-US).  Records without the field are not used.  When no
-    record matches, training is refused with the languages that were seen, so `--lang en` on a file
-    whose language lives in another field never silently trains on every language.  A .txt file has
-    no fields: all of it is taken as `lang`.  After iterating, `summary()` says what was read."""
+    """Normalised non-empty lines of one language from a .txt (all `lang`), .jsonl or .parquet corpus:
+    records whose `lang_field` holds `lang` (en takes en-US); none matching is refused in one line."""
 
     def __init__(self, path: str, lang: str, text_field: str = "text", lang_field: str = "lang"):
         if not os.path.isfile(path):
@@ -237,7 +228,6 @@ def _train_sentencepiece(lines: list[str], lang: str, options: TrainOptions) -> 
         minloglevel=2, seed_sentencepiece_size=200_000, max_sentence_length=1 << 16,
     )
     return model_bytes
-
 
 
 def _metadata(lang: str, options: TrainOptions, reader: CorpusReader, corpus: str, model, counts, vocab: int,

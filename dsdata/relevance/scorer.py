@@ -53,10 +53,8 @@ SCORES = ("probability", "raw")
 def load_scorer(model: str, backend: str = "auto", device: str = "auto", batch_size: int = 32,
                 max_length: int | None = None, long_documents: str = "head_tail",
                 positive_label: str | list[str] | None = None, score: str = "probability") -> Scorer:
-    """Load a relevance model once; the BERT options are ignored for fastText.
-
-    positive_label: the label (or labels, probabilities summed) whose probability is the score.
-    score: probability | raw (a one-output head's value as it is: FineWeb-Edu's 0-5 regression)."""
+    """Load a relevance model once; the BERT options are ignored for fastText.  positive_label: the
+    label(s) whose probability is the score; raw: a one-output head's value (FineWeb-Edu's 0-5)."""
     if score not in SCORES:
         raise ValueError(f"score '{score}' unknown (choose one of {', '.join(SCORES)})")
     if backend not in BACKENDS:

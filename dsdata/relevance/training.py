@@ -1,11 +1,6 @@
-"""Train relevance classifiers from labelled texts and save them as directories the `relevance`
-stage loads: `DIR/model.ftz` (fastText) or a save_pretrained BertForSequenceClassification (BERT),
-each with `DIR/dsdata-relevance.json` recording how it was trained.
-
-BERT training freezes the bottom of the encoder and trains the top `train_layers` transformer layers
-plus the pooler and classifier.  The frozen part runs once over the data (its outputs are cached in
-memory), so each epoch costs only the trained layers.  `train_layers=0` is the frozen-encoder + head
-setting; `train_layers=-1` (all) is full fine-tuning.  docs/relevance.md has the measured trade-off.
+"""Train relevance classifiers into directories the `relevance` stage loads, each with its
+`dsdata-relevance.json`.  BERT: the frozen bottom of the encoder runs once (outputs cached); the top
+`train_layers` layers plus pooler and classifier train (0: head only, -1: all).
 """
 from __future__ import annotations
 
@@ -76,9 +71,7 @@ class _TopLayers:
 def train_bert_model(records: Sequence[LabelledText], out_dir: str, encoder: str | None = None,
                      train_layers: int = 2, epochs: int = 3, lr: float = 1e-4, batch_size: int = 16,
                      max_length: int = 256, device: str = "auto", seed: int = 0, log: Log = print) -> dict:
-    """Train a BERT-family relevance classifier from `encoder` (default all-MiniLM-L6-v2) and save it.
-
-    train_layers: top transformer layers to train (0 = frozen encoder + head, -1 = all)."""
+    """Train a BERT-family relevance classifier from `encoder` (default all-MiniLM-L6-v2) and save it."""
     _offline()
     import torch
 
@@ -191,8 +184,7 @@ def _load_encoder(encoder: str, device: str):
 
 
 def _labelled_windows(windows_of: WindowTokenizer, records: Sequence[LabelledText]):
-    """Every window of a document is a training example with the document's label (head and
-    tail); from here on a window's `doc` indexes its label."""
+    """Every window of a document is an example with the document's label (window.doc → label)."""
     windows = windows_of.windows([r.text for r in records])
     labels = [records[w.doc].label for w in windows]
     for i, w in enumerate(windows):

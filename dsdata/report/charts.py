@@ -1,10 +1,7 @@
 """The report's charts of what stages wrote: one renderer per chart kind (`KINDS`), drawn for the
-`Chart`s the run's stages declare (dsdata/stages/base.py `Stage.charts`).  The report names no
-stage: a stage that writes a column says how to show it, and a new chart kind is one function and
-one row here.
-
-A renderer takes (chart, the kept sample, the stage's parameters, the stage's side outputs read
-as JSON by name) and returns the chart's HTML, or None when there is nothing to draw.
+`Chart`s the run's stages declare (`Stage.charts`); the report names no stage.  A renderer takes
+(chart, the kept sample, the stage's parameters, its side outputs as JSON by name) and returns the
+chart's HTML, or None when there is nothing to draw.
 """
 from __future__ import annotations
 
@@ -23,10 +20,8 @@ def _e(value: Any) -> str:
 
 
 def img(element_id: str, svg: str, alt: str) -> str:
-    """An SVG chart as an <img> with a base64 data URI (its natural size is the SVG's width/height).
-
-    An SVG shown as an image sees none of the page's fonts: a chart whose labels hold CJK characters
-    (a stage or language named in Chinese) carries the glyphs of its own characters."""
+    """An SVG chart as an <img> with a base64 data URI.  An image sees none of the page's fonts: a
+    chart with CJK labels carries the glyphs of its own characters."""
     import base64
 
     if cjk_characters(svg):
@@ -165,24 +160,19 @@ def _clusters(chart, sample, params: dict[str, Any], sides: dict[str, Any]) -> s
     """Bars of cluster sizes (powers of two past 30 distinct sizes)."""
     sizes = sample.numbers(chart.column)
     if sizes is None and chart.also and chart.also in sample.columns:
-        per_cluster: dict[str, int] = {}
-        for cluster in sample.strings(chart.also):
-            per_cluster[cluster] = per_cluster.get(cluster, 0) + 1
         import numpy as np
 
+        per_cluster = Counter(sample.strings(chart.also))
         sizes = np.array(list(per_cluster.values()), dtype="float64") if per_cluster else None
     if sizes is None:
         return None
-    size_counts: dict[int, int] = {}
-    for s in sizes.astype(int):
-        size_counts[int(s)] = size_counts.get(int(s), 0) + 1
+    size_counts = Counter(int(s) for s in sizes.astype(int))
     keys = sorted(size_counts)
     if len(keys) > 30:  # long tail: bucket by powers of two
-        buckets: dict[str, int] = {}
+        buckets: Counter = Counter()
         for k in keys:
             b = 2 ** int(math.log2(max(k, 1)))
-            label = f"{b}-{2 * b - 1}" if b > 1 else "1"
-            buckets[label] = buckets.get(label, 0) + size_counts[k]
+            buckets[f"{b}-{2 * b - 1}" if b > 1 else "1"] += size_counts[k]
         labels, counts = list(buckets), list(buckets.values())
     else:
         labels, counts = [str(k) for k in keys], [size_counts[k] for k in keys]

@@ -1,12 +1,6 @@
-"""Chinese on the report page without a system CJK font: the glyphs the page uses, embedded.
-
-A machine without a CJK font (a fresh container, a minimal server) shows Chinese as boxes.  dsdata
-ships one OFL font as package data — fonts/NotoSansCJKsc-subset.woff, 6.5 MB: Noto Sans CJK SC cut
-to the CJK Unified Ideographs (Simplified and Traditional hanzi, kanji, hanja), kana, bopomofo,
-Hangul syllables, CJK punctuation and fullwidth forms (fonts/OFL.txt) — and each report embeds only
-the glyphs its own page uses (fontTools' subsetter, a few KB), as a WOFF data URI in an @font-face
-the page's font stack falls back to after the system fonts.  Characters outside that set (the rare
-hanzi of the extension blocks) are named in one line on the page: they need a system font that has them.
+"""Chinese on the report page without a system CJK font: the shipped OFL font's glyphs the page
+uses (fonts/NotoSansCJKsc-subset.woff), embedded as a WOFF data URI behind the system fonts;
+characters outside it are named in one line on the page.
 """
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The few file operations the report needs, for local and remote run outputs alike.
-
-Local paths (the common case, and every test) are served here with os and glob.  A remote path
-(`scheme://...`) goes to the store registered by dsdata's Beam side (dsdata/beam/run_files.py wraps
-Beam's FileSystems, which knows gs://, s3://, hdfs://), so this package imports no Beam and a
-report of a local run never loads it.
+"""The few file operations the report needs: local paths with os and glob, a remote one
+(`scheme://...`) through the store dsdata's Beam side registers, so this package imports no Beam.
 """
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ class LocalFiles:
         return open(path, "wb")
 
     def files_in(self, folder: str, suffix: str) -> list[str]:
-        # Listed, not globbed: OUT's own name may hold *, ? or [ (a glob took `out-*/kept/*.parquet`
-        # for a pattern and read every run's files).
+        # listed, not globbed: OUT's own name may hold *, ? or [
         try:
             names = os.listdir(folder)
         except FileNotFoundError:
@@ -64,7 +59,6 @@ def register_remote_files(store: RunFiles) -> None:
     """Serve `scheme://` paths from `store` (dsdata/beam/run_files.py registers Beam's FileSystems)."""
     global _remote
     _remote = store
-
 
 
 def files_for(path: str) -> RunFiles:

@@ -1,14 +1,6 @@
-"""OUT/report.html: one self-contained page that shows a whole run.
-
-The funnel (documents after each stage), the rejection reasons per stage with a few rejected
-examples each, histograms of what was kept (length, language, lang_score, relevance, perplexity
-with the difficulty cut-offs, duplicate-cluster sizes), per-stage time when the run measured it,
-and the recipe as run.  Charts are hand-written SVG (dsdata.report.svgchart: no plotting library)
-embedded as base64 data URIs, so the file opens offline and can be mailed or archived on its own.
-
-Reading is bounded whatever the output's size: histograms read only the columns they plot from a
-spread of row groups (up to `SAMPLE_ROWS` rows), and examples read a row group's text only when
-it holds a reason that still lacks examples.
+"""OUT/report.html: one self-contained page that shows a whole run, its SVG charts embedded as data
+URIs.  Reading is bounded: histograms read their columns from a spread of row groups (`SAMPLE_ROWS`),
+examples read a row group's text only when it holds a reason still lacking them.
 """
 from __future__ import annotations
 
@@ -36,12 +28,8 @@ EXAMPLE_TEXT_CHARS = 400
 EXAMPLE_SCAN_ROWS = 2_000_000
 
 
-
-# ---------------------------------------------------------------------------------------------
-# Run information (run.json: written at run time by dsdata/beam/run_files.py, read by the report)
-
-
 def write_run_info(output: str, info: dict[str, Any]) -> None:
+    """OUT/run.json: what the run was (dsdata/beam/run_files.py), read back by the report."""
     data = json.dumps(info, indent=2, ensure_ascii=False).encode("utf-8")  # before the file is created
     fs = files_for(output)
     with fs.create(fs.join(output, RUN_INFO_NAME)) as fh:
@@ -55,8 +43,7 @@ def is_run_output(output: str) -> bool:
 
 
 def write_report_safely(output: str, info: dict[str, Any] | None = None) -> str | None:
-    """Write run.json (when the run's information is given) and report.html; on any error log ONE
-    warning, never raise."""
+    """Write run.json (when `info` is given) and report.html; on any error log ONE warning, never raise."""
     try:
         if info is not None:
             write_run_info(output, info)
@@ -78,10 +65,6 @@ def remove_report(output: str) -> None:
             fs.delete(existing)
     except Exception as exc:  # noqa: BLE001 - cleaning up is best effort; the new run overwrites them
         log.debug("could not remove an earlier report in %s: %s", output, exc)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the run's outputs
 
 
 def _read_json(output: str, name: str) -> dict[str, Any] | None:
@@ -118,18 +101,15 @@ def _open_parquet(path: str):
     return pq.ParquetFile(pa.OSFile(os.fsencode(path)), **opts)
 
 
-# Text bytes from which utf8_lengths hands the column to pyarrow.compute (whose import costs more
-# than Python's len() over a small sample).
+# Text bytes from which utf8_lengths hands the column to pyarrow.compute (a costly import).
 UTF8_COMPUTE_BYTES = 2 << 20
 # Rows of text decoded at a time (kept lengths, rejected examples).
 TEXT_BATCH_ROWS = 1024
 
 
 def utf8_lengths(column, compute_bytes: int | None = None) -> Any:
-    """Characters of each string of an Arrow string column, nulls kept, as int64:
-    pyarrow.compute.utf8_length from `compute_bytes` (UTF8_COMPUTE_BYTES) bytes of text, Python's
-    len() of each string below that, so that a small run does not import pyarrow.compute (the report
-    is its only user in most runs)."""
+    """Characters of each string of an Arrow string column, nulls kept, as int64: Python's len()
+    below `compute_bytes` of text, so that a small run does not import pyarrow.compute."""
     import pyarrow as pa
 
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
@@ -147,8 +127,7 @@ class KeptSample:
     """Columns of kept/*.parquet read from a spread of row groups: at most ~SAMPLE_ROWS rows."""
 
     def __init__(self, output: str, sample_rows: int = SAMPLE_ROWS, columns: Iterable[str] | None = None):
-        """`columns`: the kept columns to read besides the text's length (None: all but the text,
-        id and metadata)."""
+        """`columns`: the kept columns to read besides the length (None: all but text, id, metadata)."""
         import pyarrow as pa
 
         self.total_rows = 0
@@ -259,11 +238,6 @@ def rejected_examples(output: str, wanted: Iterable[tuple[str, str]], per_reason
     return found
 
 
-# ---------------------------------------------------------------------------------------------
-# Charts (hand-written SVG from svgchart: no plotting library, a few milliseconds per chart).
-# Each returns the SVG document as text; charts.img embeds it as a base64 data URI.
-
-
 def _count(value: Any) -> int | float:
     """A count from stats.json as a number to draw (0 for a missing or non-finite one)."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -300,8 +274,7 @@ def stage_time_chart(rows: list[tuple[str, float, float | None]]) -> str:
 
 
 def stage_times(stats: dict[str, Any]) -> list[tuple[str, float, float | None]]:
-    """(stage, CPU seconds, docs/s) from stats.json's "stage_time" ({stage: {"cpu_s", "docs",
-    "docs_per_s"}}, written by every run whose runner returns metrics); [] when absent."""
+    """(stage, CPU seconds, docs/s) from stats.json's "stage_time"; [] when absent."""
     timing = stats.get("stage_time")
     if not isinstance(timing, dict):
         return []
@@ -313,9 +286,6 @@ def stage_times(stats: dict[str, Any]) -> list[tuple[str, float, float | None]]:
         rows.append((str(stage), float(value["cpu_s"]), float(rate) if isinstance(rate, (int, float)) and rate else None))
     return rows
 
-
-# ---------------------------------------------------------------------------------------------
-# The page
 
 # The last family is the page's own CJK glyphs (cjkfont.embedded_font), for machines without a CJK font.
 _CSS = """
@@ -337,10 +307,8 @@ def _e(value: Any) -> str:
 
 
 def tallies_section(stats: dict[str, Any]) -> list[str]:
-    """The stages' tallies (stats.json "tallies": which benchmark contaminated how many documents,
-    how many e-mails, phones, … the pii stage found) and the notes a stage's stats carry
-    (stage_stats.STAGE.notes: {title: {key: count}}, e.g. the n-grams decontaminate's cap set aside),
-    as one table each."""
+    """stats.json's "tallies" ({name: {kind: count}}) and each stage's stage_stats.STAGE.notes
+    ({title: {key: count}}), as one table each."""
     tables = [(name, name, counts) for name, counts in (stats.get("tallies") or {}).items()]
     for stage, stage_stats in (stats.get("stage_stats") or {}).items():
         notes = stage_stats.get("notes") if isinstance(stage_stats, dict) else None
@@ -435,8 +403,7 @@ def _rejections_section(parts: list[str], output: str, stats: dict[str, Any]) ->
 
 
 def _distributions_section(parts: list[str], nav: list[tuple[str, str]], output: str, info: dict[str, Any]) -> None:
-    """Histograms of what was kept: document length, then the charts the run's stages declare
-    (dsdata/report/charts.py)."""
+    """Histograms of what was kept: document length, then the charts the run's stages declare."""
     declared = charts.declared_charts(info.get("stages", []))
     sample = KeptSample(output, columns=charts.chart_columns(declared))
     hists: list[str] = []

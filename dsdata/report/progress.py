@@ -1,13 +1,6 @@
 """Live progress of a running pipeline: documents read, kept, rejected, docs/s and the busy stage.
-
-Beam's in-process runner (and the DirectRunner's multi-process mode, which drives the same
-FnApiRunner) only hands Metrics back when `run()` returns, i.e. at the end.  So the stage DoFns
-count twice: into their Beam Metrics counter (the record the runner keeps) and into a tally of
-the worker process they run in (dsdata/beam/counters.py `stage_counter`).  Each worker process writes its tally about once
-a second to `$DSDATA_PROGRESS_DIR/<host>-<pid>.json`; the launching process (`ProgressWatcher`)
-sums those files and prints a line every `interval` seconds.  Workers that cannot see that
-directory (Dataflow, Flink, docker SDK containers) write nothing; for those runners, whose
-`run()` returns while the job is running, the watcher reads the runner's own Metrics instead.
+Stage DoFns also count into their process's tally, written about once a second under
+`$DSDATA_PROGRESS_DIR` and summed by `ProgressWatcher` (remote workers: the runner's own Metrics).
 """
 from __future__ import annotations
 
@@ -21,7 +14,6 @@ import tempfile
 import threading
 import time
 
-# The mode choice, the clock and the bar are shared with the trainer.
 from dsdata.core.display import MODES, logging_above_bar, open_bar, resolve_mode  # noqa: F401 (re-exported)
 from dsdata.core.display import clock as _clock
 
@@ -34,10 +26,7 @@ _FLUSH_SECONDS = 1.0
 
 class _ProcessTally:
     """This process's stage counters, summed and flushed to the progress directory by a thread.
-
-    Counting itself takes no lock: each `StageCounter` adds to its own integer (Beam never runs one
-    DoFn instance on two threads at once), and a snapshot only reads those integers.
-    """
+    Counting takes no lock: each `StageCounter` adds to its own integer (one DoFn, one thread)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -48,8 +37,12 @@ class _ProcessTally:
     def register(self, counter) -> None:
         with self._lock:
             self._counters.append(counter)
-        if self._flusher is None:
-            self._start_flusher()
+            if self._flusher is None:
+                # A forked worker inherits the parent's tally object; its own pid names its own file.
+                self._file = f"{socket.gethostname()}-{os.getpid()}.json"
+                self._flusher = threading.Thread(target=self._flush_forever, name="dsdata-progress",
+                                                 daemon=True)
+                self._flusher.start()
 
     def reset(self) -> None:
         with self._lock:
@@ -62,15 +55,6 @@ class _ProcessTally:
         for counter in counters:
             counts[counter.key] = counts.get(counter.key, 0) + counter.value
         return counts
-
-    def _start_flusher(self) -> None:
-        with self._lock:
-            if self._flusher is not None:
-                return
-            # A forked worker inherits the parent's tally object; its own pid names its own file.
-            self._file = f"{socket.gethostname()}-{os.getpid()}.json"
-            self._flusher = threading.Thread(target=self._flush_forever, name="dsdata-progress", daemon=True)
-            self._flusher.start()
 
     def _flush_forever(self) -> None:
         while True:
@@ -94,10 +78,6 @@ class _ProcessTally:
 TALLY = _ProcessTally()  # this process's; dsdata/beam/counters.py StageCounter registers with it
 
 
-# ---------------------------------------------------------------------------------------------
-# The launching process: sum the tallies, print a line (or drive a bar).
-
-
 class Progress:
     """Totals at one moment, summed over stages: {stage: {"in", "kept", "rejected"}}."""
 
@@ -113,12 +93,8 @@ class Progress:
         read = self.stages.get(stage_order[0] if stage_order else "read", {})
         self.read = read.get("in", 0)
         self.rejected = sum(e["rejected"] for e in self.stages.values())
-        last = stage_order[-1] if stage_order else None
-        # Kept so far: documents that passed the last stage (a whole-corpus stage such as dedup
-        # holds everything back until it has seen the whole corpus).
-        self.kept = self.stages.get(last, {}).get("kept", 0) if last else 0
-        if len(stage_order) <= 1:
-            self.kept = read.get("kept", 0)
+        last = stage_order[-1] if len(stage_order) > 1 else None  # kept so far: passed the last stage
+        self.kept = self.stages.get(last, {}).get("kept", 0) if last else read.get("kept", 0)
 
     def moved_since(self, earlier: "Progress | None") -> list[tuple[str, int]]:
         """(stage, documents in since `earlier`) for each stage whose input counter moved, in order."""
@@ -135,8 +111,7 @@ def format_line(now: Progress, earlier: Progress | None, elapsed: float, dt: flo
     """One progress line, in the style of the run's final summary line."""
     moved = now.moved_since(earlier)
     if moved:
-        # The most downstream stage that moved is the front of the stream; its rate is the rate
-        # the fused chain upstream of it runs at.
+        # the most downstream stage that moved is the front of the stream: its rate is the chain's
         front, n = moved[-1]
         rate = f"{n / dt:.0f} docs/s" if dt > 0 else "- docs/s"
         busy = " → ".join(s for s, _ in moved) if len(moved) <= 3 else f"{moved[0][0]} … {front}"
@@ -147,10 +122,8 @@ def format_line(now: Progress, earlier: Progress | None, elapsed: float, dt: flo
 
 
 class ProgressWatcher:
-    """Context manager around a run: sets up the progress directory and reports every `interval` s.
-
-    Nothing is printed before the first interval has passed, so short runs stay quiet.
-    """
+    """Context manager around a run: sets up the progress directory and reports every `interval` s
+    (nothing before the first interval has passed)."""
 
     def __init__(self, mode: str = "lines", stage_order: list[str] | None = None, interval: float = 10.0,
                  stream=None):
@@ -170,13 +143,11 @@ class ProgressWatcher:
         self._start = time.time()
 
     def attach(self, pipeline) -> None:
-        """The running Pipeline: once `run()` has returned (async runners: portable, Dataflow) its
-        `result`'s Metrics are read where no worker tallies arrive (remote workers)."""
+        """The running Pipeline, whose result's Metrics are read where no worker tallies arrive."""
         self._pipeline = pipeline
 
     def __enter__(self) -> "ProgressWatcher":
-        # The in-process runner counts in this process: forget an earlier run's counters (also when
-        # off, so a long-lived process that runs many pipelines does not keep them all).
+        # the in-process runner counts in this process: forget an earlier run's counters (also when off)
         TALLY.reset()
         if self.mode == "off":
             return self
@@ -185,8 +156,7 @@ class ProgressWatcher:
         os.environ[PROGRESS_DIR_ENV] = self._dir
         self._start = time.time()
         if self.mode == "bar":
-            # Log lines (e.g. "read FILE: N records") go through tqdm.write, above the bar, instead
-            # of being printed into the middle of it.
+            # log lines go through tqdm.write, above the bar
             self._log_redirect = logging_above_bar()
             self._log_redirect.__enter__()
         self._thread = threading.Thread(target=self._report_forever, name="dsdata-progress-watch", daemon=True)

@@ -1,15 +1,6 @@
-"""Small hand-written SVG charts for OUT/report.html: plain string building, numpy only for binning.
-
-Each chart function returns one standalone SVG document (text) whose root `<svg>` has
-`xmlns`, a `viewBox` and explicit `width`/`height` in px, so a browser reports its natural size
-when the report embeds it as an `<img>` data URI.  Nothing in it refers outside the document (no
-script, no font, no link): text is drawn with the generic `sans-serif` family.
-
-Every piece of text goes through `esc` (XML escaping; characters XML 1.0 cannot hold become
-U+FFFD).  Every drawn bar is a `<rect class="bar ..." data-label=".." data-value="..">` (histogram
-bins carry `data-n`, the documents in the bin), so tests can count the bars and read back exactly
-what a chart shows.  Non-finite values are dropped, values outside a log axis are clipped to it,
-and labels too wide for their margin are cut with "…" (the full text stays in `data-label`).
+"""Small hand-written SVG charts for OUT/report.html: each a standalone SVG document whose bars are
+`<rect class="bar ..." data-label=".." data-value="..">` (histogram bins: `data-n`), so tests read
+back what a chart shows; labels too wide are cut with "…".
 """
 from __future__ import annotations
 
@@ -32,10 +23,6 @@ GRID = "#e6e6e6"
 MAX_LABEL_PX = 220   # a category label wider than this is cut with "…"
 
 _INVALID_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-# ---------------------------------------------------------------------------------------------
-# Text
 
 
 def esc(value: Any) -> str:
@@ -96,8 +83,7 @@ _SUFFIXES = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
 
 
 def _unit(largest: float, step: float | None) -> tuple[float, str]:
-    """The suffix of a tick: k from 10 000 on (1 000 on log axes, which have no `step`); on a linear
-    axis at most twice the step, so that ticks read 0.5M, 1M or 250M, 500M (not 0.25G)."""
+    """The suffix of a tick (k, M, G, T); on a linear axis at most twice the step (0.5M, 1M; not 0.25G)."""
     for u, suffix in _SUFFIXES:
         if largest >= (u if step is None or u > 1e3 else 10 * u) and (step is None or 2 * step >= u * (1 - 1e-9)):
             return u, suffix
@@ -127,13 +113,8 @@ def tick_label(v: float, step: float | None = None, largest: float | None = None
     return ("0" if float(out) == 0 else out) + suffix
 
 
-# ---------------------------------------------------------------------------------------------
-# Scales and ticks
-
-
 def nice_ticks(lo: float, hi: float, target: int = 5, integer: bool = False) -> tuple[list[float], float]:
-    """Round tick values (1, 2, 2.5, 5 × 10^k steps) inside [lo, hi], and the step; `integer`:
-    whole-number steps only (counts)."""
+    """Round tick values (1, 2, 2.5, 5 × 10^k steps) inside [lo, hi], and the step."""
     if not hi > lo:
         hi = lo + 1.0
     raw = (hi - lo) / max(1, target)
@@ -202,10 +183,6 @@ class Scale:
         values, step = nice_ticks(self.lo, self.hi, target, integer)
         largest = max([abs(t) for t in values] + [0.0])
         return [(t, tick_label(t, step, largest)) for t in values]
-
-
-# ---------------------------------------------------------------------------------------------
-# The document
 
 
 class Svg:
@@ -291,10 +268,9 @@ def _x_axis(svg: Svg, scale: Scale, y: float, top: float, target: int) -> None:
     svg.line(lo, y, hi, y, AXIS)
 
 
-def _y_axis(svg: Svg, scale: Scale, x: float, right: float, target: int, *, integer: bool = False) -> float:
-    """Ticks, labels and horizontal grid lines of a vertical axis at `x`; returns the labels' width."""
+def _y_axis(svg: Svg, scale: Scale, x: float, right: float, target: int, *, integer: bool = False) -> None:
+    """Ticks, labels and horizontal grid lines of a vertical axis at `x`."""
     lo, hi = min(scale.a, scale.b), max(scale.a, scale.b)
-    widest = 0.0
     for value, label in scale.ticks(target, integer):
         y = scale(value)
         if y < lo - 0.5 or y > hi + 0.5:
@@ -302,12 +278,10 @@ def _y_axis(svg: Svg, scale: Scale, x: float, right: float, target: int, *, inte
         svg.line(x, y, right, y, GRID)
         svg.line(x - 4, y, x, y, AXIS)
         svg.text(x - 6, y, label, anchor="end", middle=True, cls="ytick")
-        widest = max(widest, text_width(label))
     if scale.log:
         for value in log_minor_ticks(scale.lo, scale.hi):
             svg.line(x - 2.5, scale(value), x, scale(value), AXIS, width=0.8)
     svg.line(x, lo, x, hi, AXIS)
-    return widest
 
 
 def _y_tick_width(scale: Scale, target: int, integer: bool = False) -> float:
@@ -345,10 +319,6 @@ def _legend_key(svg: Svg, x: float, cy: float, color: str, kind: str, opacity: f
         svg.line(x, cy, x + 16, cy, color, width=1.5, dash="4 2")
     else:
         svg.rect(x + 2, cy - 5, 12, 10, color, opacity=opacity if opacity < 1 else None)
-
-
-# ---------------------------------------------------------------------------------------------
-# Charts
 
 
 def hbar_chart(rows: Sequence[tuple[str, Sequence[tuple[float, str, str]], str]], *, title: str, xlabel: str,
@@ -445,8 +415,7 @@ def bar_chart(labels: Sequence[Any], counts: Sequence[Any], *, title: str, xlabe
 
 
 def _counted_panel(p: dict[str, Any], plot_height: float, log_x: bool):
-    """(panel, edges, per series (counts, label, colour, opacity), the highest count, the x range
-    with the panel's lines, the width of its y tick labels)."""
+    """(panel, edges, [(counts, label, colour, opacity)], ymax, x range, y tick label width)."""
     import numpy as np
 
     edges = np.asarray(p["edges"], dtype="float64")
@@ -512,8 +481,7 @@ def _histogram_panel(svg: "Svg", p: dict[str, Any], edges, counts, ymax: int, xl
 
 
 def _bar_range(values: list[float], log_ratio: float) -> tuple[float, float, bool]:
-    """(low, high, logarithmic?) of bar_chart's y axis: logarithmic when the positive counts span
-    more than `log_ratio`×."""
+    """(low, high, logarithmic?) of bar_chart's y axis."""
     positive = [v for v in values if v > 0]
     if positive and max(values) > log_ratio * max(1.0, min(positive)):
         lo = 10.0 ** math.floor(math.log10(min(positive)) - 0.3)
@@ -575,12 +543,8 @@ def log_edges(lo: float, hi: float, bins: int = 40):
 
 def histogram_panels(panels: Sequence[dict[str, Any]], *, xlabel: str, log_x: bool = False, width: float = 600,
                      plot_height: float = 150) -> str:
-    """One histogram per panel, stacked vertically, the x label under the last one.
-
-    A panel is {"title", "edges" (ascending bin edges), "series": [(values, label, colour, opacity)],
-    "lines": [(x, label, colour)], "ylabel", "legend" (bool), "title_size"}.  Values are counted
-    with numpy after dropping non-finite ones and clipping into [edges[0], edges[-1]], so every
-    finite value lands in a bin (each bin is a rect with data-n)."""
+    """One histogram per panel, stacked vertically: {"title", "edges", "series": [(values, label,
+    colour, opacity)], "lines": [(x, label, colour)], "ylabel", "legend", "title_size"}."""
     title_h, ticks_h, gap = 26.0, 22.0, 14.0
     xlabel_h = 20.0
     height = sum(title_h + plot_height + ticks_h for _ in panels) + gap * max(0, len(panels) - 1) + xlabel_h + 4
