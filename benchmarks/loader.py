@@ -64,8 +64,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # shard_sets: test tooling that writes a shard set without Beam
 
-from dsdata.shards.format import ShardSetWriter  # noqa: E402
+from shard_sets import ShardSetWriter  # noqa: E402
 from dsdata.shards.shm import publish, remove  # noqa: E402
 from dsdata.train.data import ShardDataset  # noqa: E402
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dsdata.shards.format import ShardSetWriter
+from shard_sets import ShardSetWriter
 from dsdata.train.curriculum import (CurriculumSampler, FixedSchedule, LinearSchedule, TableSchedule,
                                      natural_weights, schedule_from_spec)
 from dsdata.train.data import ShardDataset

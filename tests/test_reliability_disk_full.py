@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsdata.shards.format import ShardSetWriter
+from shard_sets import ShardSetWriter
 from dsdata.io.storage_errors import storage_failure
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from dsdata.cli import main as cli_main
-from dsdata.shards.format import ShardError, ShardSetWriter, check_shard_buffer, verify_shards
+from dsdata.shards.format import ShardError, check_shard_buffer, verify_shards
+from shard_sets import ShardSetWriter
 from dsdata.io.outfiles import file_sha256
 
 REPO = Path(__file__).resolve().parents[1]

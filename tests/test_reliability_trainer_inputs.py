@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsdata.shards.format import ShardError, ShardSetWriter, read_manifest, verify_shards
+from dsdata.shards.format import ShardError, read_manifest, verify_shards
+from shard_sets import ShardSetWriter
 from dsdata.shards.shm import ShmError, publish
 from dsdata.io.untrusted_files import UntrustedFileError, load_json_file
 

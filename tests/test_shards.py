@@ -15,7 +15,8 @@ import pytest
 
 from dsdata.cli import main as cli_main
 from dsdata.document import Document
-from dsdata.shards.format import MANIFEST, ShardError, ShardSetWriter, read_manifest, verify_shards
+from dsdata.shards.format import MANIFEST, ShardError, read_manifest, verify_shards
+from shard_sets import ShardSetWriter
 from dsdata.stages.shards import shard_record
 from dsdata.tokenizer import load_tokenizer
 
@@ -197,7 +198,7 @@ def test_buckets_from_difficulty_annotation_default_medium():
 _KILL_WRITER = r"""
 import sys
 import numpy as np
-from dsdata.shards.format import ShardSetWriter
+from shard_sets import ShardSetWriter
 
 writer = ShardSetWriter(sys.argv[1], shard_size=20_000_000)
 rng = np.random.default_rng(1)
@@ -215,7 +216,7 @@ def test_sigkill_during_shard_writing_leaves_no_partial_shard_named(tmp_path):
     directory = tmp_path / "s"
     _small_set(directory)  # a complete earlier set, about to be overwritten
     proc = subprocess.Popen([sys.executable, "-c", _KILL_WRITER, str(directory)], cwd=str(REPO),
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"})
     # Kill as soon as a 40 MB shard is being written under its temp name.
     deadline = time.time() + 120
     caught_mid_write = False

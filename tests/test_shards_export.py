@@ -15,7 +15,8 @@ import pytest
 
 from dsdata.cli import main as cli_main
 from dsdata.shards.export.formats import ExportFormat, format_names, register_export_format
-from dsdata.shards.format import MANIFEST, ShardSetWriter, read_manifest
+from dsdata.shards.format import MANIFEST, read_manifest
+from shard_sets import ShardSetWriter
 from dsdata.io.outfiles import file_sha256
 
 REPO = Path(__file__).resolve().parents[1]

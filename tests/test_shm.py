@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from dsdata.cli import main as cli_main
-from dsdata.shards.format import ShardSetWriter, verify_shards
+from dsdata.shards.format import verify_shards
+from shard_sets import ShardSetWriter
 from dsdata.shards.shm import ShmError, clean_stale, list_published, publish, remove
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsdata.shards.format import ShardSetWriter
+from shard_sets import ShardSetWriter
 from dsdata.train.config import ConfigError, DataConfig, load_config
 from dsdata.train.mixture import MixtureBatches
 from test_train import TINY, _env, command, metrics, run_train, wait_for_lines

@@ -117,7 +117,7 @@ def test_every_batch_source_and_kernel_provides_every_protocol_member(tmp_path):
     """The loop calls the protocols' members unconditionally: each implementation has all of them."""
     import numpy as np
 
-    from dsdata.shards.format import ShardSetWriter
+    from shard_sets import ShardSetWriter
     from dsdata.train.attention import ATTENTION_KERNELS
     from dsdata.train.batches import build_batches
     from dsdata.train.config import DataConfig
