@@ -1,32 +1,13 @@
 """Attention kernels: causal attention over rotated q, k, v of shape (batch, heads, seq, head_dim).
 
-- ``DenseAttention``: PyTorch SDPA with a causal mask (flash / memory-efficient kernels).
-- ``DynamicSparseAttention``: each query i attends to
-    * its local window: keys j with i - window < j <= i,
-    * exactly the top-k keys of its far past (j <= i - window) ranked by a light gating MLP,
-    * one summary key/value: the mean of the far-past keys/values that were not selected.
-  Queries are processed in blocks; per block only the candidate keys any query of the block can
-  select (the top-k of the earlier blocks plus one block) and the window are gathered, so time and
-  memory grow as T · (k + window + 2·block), not T².
-- ``LSHAttention``: Reformer-style: positions hashed by random rotations of their keys, sorted by
-  (bucket, position), cut into chunks; each chunk attends to itself and the previous chunk, where a
-  query sees the keys of its own bucket at most chunk − 1 places back (which keeps it strictly causal).
+``DenseAttention`` (SDPA), ``DynamicSparseAttention`` (gated top-k + local window + mean summary)
+and ``LSHAttention`` (Reformer-style, strictly causal); docs/train.md ("Attention") defines them.
+Kernels take the head count from the tensors, so tensor parallelism may split heads.  The sparse
+kernels have three implementations of one function (``kernel``): ``reference`` (the definition),
+``fused`` (it compiled whole by Inductor) and ``flex`` (block-sparse FlexAttention); ``auto`` is the
+CUDA default on CUDA, the reference elsewhere.
 
-All kernels take the head count from the tensors, so heads may be split by tensor parallelism.
-
-The sparse kernels come in three implementations of the same function (``kernel``):
-``reference``, the gathers above (the definition; the CPU default); ``fused``, the reference
-compiled whole by Inductor (a few generated kernels around batched matmuls; dynamic_sparse's CUDA
-default: per query it computes the ~window + block + top-k + block candidate keys, whatever the
-length); and ``flex``, block-sparse FlexAttention (dsdata/train/block_sparse.py: the selection is
-computed as above, the attention runs as one fused kernel over only the key blocks that hold
-selected keys; lsh's CUDA default).  ``auto`` picks the CUDA default on CUDA and the reference
-elsewhere.  Tests hold all three equal, forward and backward.
-
-A kernel is one ``AttentionKernel`` subclass and one ``ATTENTION_KERNELS`` row: its ``Config``
-dataclass is the ``[model.attention_config]`` table when ``model.attention`` names it (its fields are
-``Param``s: dsdata/core/params.py), ``from_config`` builds one layer's kernel, and the per-step
-members (``on_training_step``, ``on_weights_initialised``) are no-ops unless it needs them.
+A kernel is one ``AttentionKernel`` subclass and one ``ATTENTION_KERNELS`` row.
 """
 from __future__ import annotations
 
@@ -53,10 +34,7 @@ def _checked_kernel(kernel: str) -> str:
 
 class AttentionKernel(nn.Module):
     """Base of the kernels: the `protocols.AttentionKernel` members, the per-step ones as no-ops.
-
-    A kernel is this subclass plus one `ATTENTION_KERNELS` row (`register_attention`): `Config` is
-    its options dataclass (the `[model.attention_config]` table when `model.attention` names it),
-    `from_config` builds one layer's kernel from it."""
+    `Config` is the `[model.attention_config]` table; `from_config` builds one layer's kernel."""
 
     Config: type[Settings] = NoOptions
     llama_compatible = False  # the exported weights are a Hugging Face LlamaForCausalLM's
@@ -84,11 +62,8 @@ def _implementation(kernel: str, q: torch.Tensor, cuda_default: str) -> str:
 
 @functools.cache
 def _fused(method):
-    """``method`` (a reference forward, called with the module) compiled whole by Inductor: the
-    gathers, masks, softmax and sums become a few fused kernels (Triton on CUDA, C++ on CPU) around
-    the batched matmuls, instead of the hundreds of small kernels the eager reference launches.
-    Module settings are plain attributes, so layers that share them share one compiled graph; under
-    an enclosing torch.compile (training.compile) the method is simply traced into that graph."""
+    """``method`` (a reference forward, called with the module) compiled whole by Inductor; layers
+    with equal settings (plain attributes) share one compiled graph."""
     return torch.compile(method, dynamic=False)
 
 
@@ -117,9 +92,8 @@ def _local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def _local_windows(x: torch.Tensor, lag: int, n_blocks: int) -> torch.Tensor:
     """(B, H, nb, (lag + 1)·bs, D): for each block b of x (B, H, nb·bs, D), blocks b − lag .. b in order
-    (zeros before the start).  Contiguous copies made by concatenating shifted block views: batched
-    matmuls over overlapping strided views hit slow non-BLAS paths on CPU, and Inductor (torch 2.13,
-    CPU) miscompiles the backward of the `unfold` that built them before (wrong key gradients)."""
+    (zeros before the start).  Contiguous copies, not `unfold` views: matmuls over overlapping views
+    are slow on CPU, and Inductor (torch 2.13, CPU) miscompiles `unfold`'s backward."""
     bsz, heads, _, dim = x.shape
     blocks = F.pad(x, (0, 0, lag * (x.shape[2] // n_blocks), 0)).view(bsz, heads, n_blocks + lag, -1, dim)
     return torch.cat([blocks[:, :, j:j + n_blocks] for j in range(lag + 1)], dim=3)
@@ -142,14 +116,10 @@ class DynamicSparseConfig(Settings):
 
 
 class DynamicSparseAttention(AttentionKernel):
-    """Gated top-k + local window + mean summary attention (see the module docstring).
+    """Gated top-k + local window + mean summary attention (docs/train.md).
 
-    The gate scores each key position from its value vector (per head; the gate weights are shared
-    by the heads).  Selection uses a snapshot of the gate that is refreshed every ``refresh_steps``
-    optimizer steps (``on_training_step``), so the selection pattern is stable between refreshes; the
-    live gate receives gradients through a straight-through term that adds zero to the logits of the
-    selected keys but lets d(loss)/d(logit) flow into the gate.  The snapshot is a persistent buffer,
-    so it is checkpointed and resume stays exact.
+    Keys are selected by a snapshot of the gate, refreshed every ``refresh_steps`` optimizer steps;
+    the snapshot is a persistent buffer, so it is checkpointed and resume stays exact.
     """
 
     def __init__(self, head_dim: int, top_k: int = 16, window: int = 64, block: int = 64,
@@ -446,11 +416,8 @@ class LSHConfig(Settings):
 
 
 class LSHAttention(AttentionKernel):
-    """Reformer-style LSH attention (one hash round; see the module docstring).
-
-    Positions are hashed from their normalised key vectors with fixed random rotations (derived from
-    ``seed`` and the layer id, never trained nor checkpointed).
-    """
+    """Reformer-style LSH attention, one hash round; the rotations come from ``seed`` and the layer id
+    (never trained nor checkpointed)."""
 
     def __init__(self, head_dim: int, chunk: int = 64, n_buckets: int = 0, seed: int = 1234, kernel: str = "auto"):
         super().__init__()
@@ -554,10 +521,8 @@ class LSHAttention(AttentionKernel):
         v_win = torch.cat([F.pad(vc, (0, 0, 0, 0, 1, 0))[:, :, :-1], vc], dim=3)
         b_win = torch.cat([F.pad(bc, (0, 0, 1, 0), value=-2)[:, :, :-1], bc], dim=3)
         r_win = torch.cat([rank - chunk, rank], dim=1)  # (nc, 2·chunk)
-        # Same bucket and at most chunk-1 places back in the sorted order: within one bucket the
-        # sorted order is position order, so these are the query's own most recent same-bucket keys.
-        # Plain Reformer chunking also admits other buckets, but where chunk boundaries fall depends
-        # on how many FUTURE positions hash to lower buckets, which leaks the future into a causal LM.
+        # Same bucket and at most chunk-1 places back in the sorted order (position order within a
+        # bucket).  Other buckets are never admitted: chunk edges depend on future positions' hashes.
         lag = rank[:, :, None] - r_win[:, None, :]  # (nc, chunk, 2·chunk)
         allowed = (b_win[:, :, :, None, :] == bc[:, :, :, :, None]) & ((lag >= 0) & (lag < chunk))
         logits = torch.matmul(qc, k_win.transpose(-1, -2)) / math.sqrt(dim)
