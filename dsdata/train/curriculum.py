@@ -1,19 +1,9 @@
 """Curriculum: per-bucket (easy/medium/hard) sampling weights as a function of the training step.
 
-Schedules (all give {bucket: weight}, weights >= 0; a sampler renormalises them over the buckets
-that actually have data):
-
-* `FixedSchedule(weights)`                 the same weights at every step (e.g. the corpus' own mix);
-* `LinearSchedule(start, end, warmup_steps)` start → end linearly over the warm-up, then `end`;
-  "easy → hard": start heavy on easy, end at the corpus mix (or uniform);
-* `TableSchedule([(step, weights), ...])`   piecewise-linear between rows, flat outside them.
-
-`schedule_from_spec(spec, total_steps, natural)` builds one from a config dict (or from the path of
-a pipeline's difficulty.json, which holds such a dict under "curriculum"), e.g.
-`{"schedule": "linear", "warmup_fraction": 0.3, "start": {"easy": 0.7, "medium": 0.2, "hard": 0.1}}`
-(`end` defaults to `natural`).  `natural_weights(path)` reads the corpus mix from a pipeline's
-stats.json / difficulty.json or a shard manifest.json.  `CurriculumSampler` draws buckets with a
-seeded generator whose state goes into checkpoints.
+Schedules (`FixedSchedule`, `LinearSchedule`, `TableSchedule`) give {bucket: weight}, weights >= 0;
+`CurriculumSampler` renormalises them over the buckets that have data and draws with a seeded
+generator whose state goes into checkpoints.  `schedule_from_spec` builds a schedule from a config
+dict or a pipeline's difficulty.json; docs/shards.md ("Curriculum") is the reference.
 """
 from __future__ import annotations
 
