@@ -1,15 +1,9 @@
 """The `Layout` protocol: everything the trainer asks of a parallel layout, and nothing optional.
 
-The trainer (dsdata/train/loop.py), the checkpointer and the export talk to a layout only through
-these methods, so loss, scaling, clipping, optimizer, checkpoints and metrics are one code path for
-every layout.  Two layouts implement it:
-
-- `DataParallelLayout` (parallel/data_parallel.py): DDP or FSDP2 over all ranks (tp = pp = 1);
-- `HybridLayout` (parallel/layout.py): data × pipeline × tensor parallel over one (dp, pp, tp) mesh.
-
-`build_layout` (parallel/layout.py) picks one.  A layout subclasses `Layout`: a method it leaves out
-is an abstract method, and the layout cannot be built (TypeError naming it), instead of a hook the
-trainer would have to look for with `hasattr`.
+The trainer, the checkpointer and the export talk to a layout only through these methods.
+Implementations: `DataParallelLayout` (DDP or FSDP2, tp = pp = 1) and `HybridLayout` (dp × pp × tp);
+`build_layout` picks one.  A method a subclass leaves out is abstract, so the layout cannot be built
+(TypeError naming it).
 """
 from __future__ import annotations
 
