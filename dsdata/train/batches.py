@@ -18,15 +18,10 @@ from dsdata.train.protocols import BatchSource
 
 
 class ShardBatches:
-    """Global batches of `seq_len + 1` token windows from a shard directory.
-
-    The dataset batches itself (ShardDataset(batch_size=B, endless=True), iterated directly, no
-    DataLoader; it gathers several steps' windows at a time and hands out one [B, seq_len + 1] view
-    per step).  Batches stay in the shard's dtype (uint16/uint32): the layout moves them to the
-    device as they are and widens them to int64 there (`distributed.token_ids_on`; a quarter of the
-    host→device bytes for uint16).  The window stream is the per-window one cut into steps of B, rolling over epoch ends,
-    so the loader position means the same thing whatever B: a checkpoint resumes under another
-    global batch size as well.  B is the trainer's global batch size (checked by the config).
+    """Global batches of `seq_len + 1` token windows from a shard directory: an endless batched
+    ShardDataset iterated directly, batches in the shard's dtype (`distributed.token_ids_on` widens
+    them on the device).  The loader position counts windows, so a checkpoint resumes under another
+    global batch size as well.
     """
 
     def __init__(self, data: DataConfig, seq_len: int, total_steps: int, batch_size: int):
@@ -144,7 +139,7 @@ class SyntheticBatches:
         self.position = int(state["position"])
 
     def close(self) -> None:
-        """Nothing to stop (no thread, no file)."""
+        pass
 
 
 def resolve_shard_dir(path: str) -> str:

@@ -1,15 +1,9 @@
 """Block-sparse attention through FlexAttention (``torch.nn.attention.flex_attention``).
 
-The sparse kernels of attention.py decide WHICH keys each query sees with cheap O(T) work (gate
-scores, per-block top-k, hashing); the attention itself then runs as one fused FlexAttention call
-over a ``BlockMask`` that lists, per query block, only the key blocks holding something that query
-block may see.  A ``mask_mod`` decides the exact keys inside those blocks, so the result equals the
-gather-based references in attention.py (which stay as the definition and the CPU default).
-
-On CUDA FlexAttention is compiled (Triton kernels, forward and backward).  Elsewhere it runs eagerly
-when no gradient is needed; torch has no FlexAttention backward on CPU, so there a differentiable
-dense emulation (`emulate_flex`) evaluates the same block mask, mask_mod and score_mod over the
-whole grid — slow, for tests and CPU runs that ask for the flex kernel.
+The sparse kernels of attention.py pick the keys; the attention runs as one FlexAttention call over
+a ``BlockMask`` of the key blocks each query block may see, a ``mask_mod`` choosing the exact keys.
+On CUDA FlexAttention is compiled.  Elsewhere it runs eagerly without gradients; torch has no CPU
+backward, so there a differentiable dense emulation (`emulate_flex`) evaluates the same masks.
 """
 from __future__ import annotations
 
