@@ -35,6 +35,10 @@ def _clean(weights: Mapping[str, float], what: str) -> dict[str, float]:
     return out
 
 
+def _lerp(a: Mapping[str, float], b: Mapping[str, float], t: float) -> dict[str, float]:
+    return {k: (1 - t) * a.get(k, 0.0) + t * b.get(k, 0.0) for k in sorted(set(a) | set(b))}
+
+
 class CurriculumSchedule:
     """Base class: `weights(step) -> {bucket: weight}`."""
 
@@ -74,8 +78,7 @@ class LinearSchedule(CurriculumSchedule):
 
     def weights(self, step: int) -> dict[str, float]:
         t = 1.0 if self.warmup_steps == 0 else min(1.0, max(0.0, step / self.warmup_steps))
-        keys = sorted(set(self.start) | set(self.end))
-        return {k: (1 - t) * self.start.get(k, 0.0) + t * self.end.get(k, 0.0) for k in keys}
+        return _lerp(self.start, self.end, t)
 
     def describe(self) -> dict[str, Any]:
         return {"schedule": "linear", "start": self.start, "end": self.end, "warmup_steps": self.warmup_steps}
@@ -98,9 +101,7 @@ class TableSchedule(CurriculumSchedule):
             return dict(rows[0][1])
         for (s0, w0), (s1, w1) in zip(rows, rows[1:]):
             if step < s1:
-                t = (step - s0) / (s1 - s0)
-                keys = sorted(set(w0) | set(w1))
-                return {k: (1 - t) * w0.get(k, 0.0) + t * w1.get(k, 0.0) for k in keys}
+                return _lerp(w0, w1, (step - s0) / (s1 - s0))
         return dict(rows[-1][1])
 
     def describe(self) -> dict[str, Any]:

@@ -72,9 +72,6 @@ class DataParallelLayout(Layout):
 
     # ---------------------------------------------------------------- batches, forward / backward
 
-    def local_micro_batches(self, global_batch: torch.Tensor) -> list[torch.Tensor]:
-        return self.dims.rows_of(global_batch, self.dp_rank)
-
     def forward_backward(self, model: nn.Module, micro_batches: list[torch.Tensor], loss_fn: LossFn,
                          loss_multiplier: float, autocast_ctx: Callable) -> torch.Tensor:
         reported = torch.zeros((), device=self.env.device)

@@ -115,9 +115,6 @@ class HybridLayout(Layout):
 
     # ---------------------------------------------------------------- batches, forward / backward
 
-    def local_micro_batches(self, global_batch: torch.Tensor) -> list[torch.Tensor]:
-        return self.dims.rows_of(global_batch, self.dp_rank)
-
     def forward_backward(self, model: nn.Module, micro_batches: list[torch.Tensor], loss_fn: LossFn,
                          loss_multiplier: float, autocast_ctx: Callable) -> torch.Tensor:
         if self.schedule is None:

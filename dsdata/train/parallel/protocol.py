@@ -24,6 +24,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 class Layout(Protocol):
     env: DistEnv
     dims: ParallelDims  # sizes and the global-batch split (dp × micro_batch_size × accumulation)
+    dp_rank: int
     vocab_parallel: bool = False  # logits sharded over tp into loss_parallel (DTensor logits: loss stays eager)
 
     # ---------------------------------------------------------------- model and batches
@@ -32,9 +33,9 @@ class Layout(Protocol):
     def parallelize(self, model: nn.Module) -> nn.Module:
         """Apply the layout to the plain model (in place where it can); returns the module to train."""
 
-    @abstractmethod
     def local_micro_batches(self, global_batch: torch.Tensor) -> list[torch.Tensor]:
         """This rank's micro-batches of the global batch (every rank draws the same global batch)."""
+        return self.dims.rows_of(global_batch, self.dp_rank)
 
     @abstractmethod
     def forward_backward(self, model: nn.Module, micro_batches: list[torch.Tensor], loss_fn: LossFn,
