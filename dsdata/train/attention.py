@@ -67,10 +67,18 @@ def _fused(method):
     return torch.compile(method, dynamic=False)
 
 
-def _run_fused(method, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    if torch.compiler.is_compiling():
-        return method(module, q, k, v)
-    return _fused(method)(module, q, k, v)
+class _SparseKernel(AttentionKernel):
+    """A sparse kernel: ``_forward_reference`` is its definition, ``kernel`` the implementation run."""
+
+    cuda_default = "fused"
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        implementation = _implementation(self.kernel, q, self.cuda_default)
+        if implementation == "flex":
+            return self._forward_flex(q, k, v)
+        if implementation == "fused" and not torch.compiler.is_compiling():  # compiling: traced into the graph
+            return _fused(type(self)._forward_reference)(self, q, k, v)
+        return self._forward_reference(q, k, v)
 
 
 class DenseAttention(AttentionKernel):
@@ -115,7 +123,7 @@ class DynamicSparseConfig(Settings):
             raise ValueError(f"{where}.window ({self.window}) must be a positive multiple of {where}.block ({self.block})")
 
 
-class DynamicSparseAttention(AttentionKernel):
+class DynamicSparseAttention(_SparseKernel):
     """Gated top-k + local window + mean summary attention (docs/train.md).
 
     Keys are selected by a snapshot of the gate, refreshed every ``refresh_steps`` optimizer steps;
@@ -170,14 +178,6 @@ class DynamicSparseAttention(AttentionKernel):
             w1, b1, w2, b2 = self.gate_in.weight, self.gate_in.bias, self.gate_out.weight, self.gate_out.bias
         hidden = F.gelu(F.linear(v, w1.to(v.dtype), b1.to(v.dtype)))
         return F.linear(hidden, w2.to(v.dtype), b2.to(v.dtype)).squeeze(-1)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        implementation = _implementation(self.kernel, q, cuda_default="fused")
-        if implementation == "flex":
-            return self._forward_flex(q, k, v)
-        if implementation == "fused":
-            return _run_fused(DynamicSparseAttention._forward_reference, self, q, k, v)
-        return self._forward_reference(q, k, v)
 
     def _selection(self, v: torch.Tensor, seqlen: int, n_blocks: int):
         """Gate scores (the snapshot's, padding −inf; the live gate's) and each query's selected
@@ -415,7 +415,7 @@ class LSHConfig(Settings):
     kernel: str = Param("auto", "implementation", Choice(KERNEL_CHOICES))
 
 
-class LSHAttention(AttentionKernel):
+class LSHAttention(_SparseKernel):
     """Reformer-style LSH attention, one hash round; the rotations come from ``seed`` and the layer id
     (never trained nor checkpointed)."""
 
@@ -427,6 +427,7 @@ class LSHAttention(AttentionKernel):
         self._rotations: dict[tuple[int, str], torch.Tensor] = {}
 
     Config = LSHConfig
+    cuda_default = "flex"
 
     @classmethod
     def from_config(cls, options: LSHConfig, head_dim: int, layer_id: int) -> "LSHAttention":
@@ -457,14 +458,6 @@ class LSHAttention(AttentionKernel):
         top, bottom = proj.argmax(-1, keepdim=True), proj.argmin(-1, keepdim=True)
         use_top = proj.gather(-1, top) >= -proj.gather(-1, bottom)
         return torch.where(use_top, top, bottom + proj.shape[-1]).squeeze(-1)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        implementation = _implementation(self.kernel, q, cuda_default="flex")
-        if implementation == "flex":
-            return self._forward_flex(q, k, v)
-        if implementation == "fused":
-            return _run_fused(LSHAttention._forward_reference, self, q, k, v)
-        return self._forward_reference(q, k, v)
 
     def _sorted(self, q, k, v):
         """q, k, v and the buckets in (bucket, position) order, and the order itself."""

@@ -116,9 +116,6 @@ class SyntheticBatches:
             out = torch.where(step, power[out], out)
         return out
 
-    def window(self, index: int) -> torch.Tensor:
-        return self.windows(index, 1)[0]
-
     def next_batch(self, step: int) -> torch.Tensor:
         batch = self.windows(self.position, self.batch_size)
         self.position += self.batch_size

@@ -344,19 +344,13 @@ class ShardDataset(torch.utils.data.IterableDataset):
         """The rest of the current epoch of `group`; the hot loop, kept to a slice and a yield per window."""
         pos = self._state["groups"][group]  # [epoch, shard position in the epoch's order, window position]
         span = self.seq_len + 1
-        order = self._shard_order(group, pos[0])
-        while pos[1] < len(order):
-            shard = order[pos[1]]
-            starts = self._window_starts(shard, pos[0])
-            if pos[2] < len(starts):
-                tokens = self._open(shard).tokens
-                self._prefetch(self._following(group, order, pos))
-                while pos[2] < len(starts):
-                    start = starts[pos[2]]
-                    pos[2] += 1
-                    yield tokens[start:start + span]
-            pos[1], pos[2] = pos[1] + 1, 0
-        pos[0], pos[1], pos[2] = pos[0] + 1, 0, 0
+        while (found := self._next_shard(group, wrap=False)) is not None:
+            shard, opened = found
+            starts, tokens = self._window_starts(shard, pos[0]), opened.tokens
+            while pos[2] < len(starts):
+                start = starts[pos[2]]
+                pos[2] += 1
+                yield tokens[start:start + span]
 
     def _too_small(self) -> str:
         return (f"{self.path}: no windows of {self.seq_len + 1} tokens for {self._runtime['n']} consumer(s); "
