@@ -296,17 +296,16 @@ class ShardDataset(torch.utils.data.IterableDataset):
         """The rest of the current epoch of `group` as batches; a short last batch ends the epoch.
         With `endless`, epochs follow each other and every batch is full (one crosses each epoch end).
 
-        Batches inside one shard skip per-batch lookups; shuffled, several are gathered at once
-        (~_CHUNK_BYTES) and handed out as row views.  The position counts batches handed out, not
-        gathered, so state_dict() is exact between batches.  A batch crossing a shard (or epoch)
-        boundary goes through `_take`, which yields exactly the same windows."""
+        Shuffled batches inside one shard are gathered several at once (~_CHUNK_BYTES) and handed out
+        as row views.  The position counts batches handed out, not gathered, so state_dict() is exact
+        between batches.  Other batches go through `_take`, which yields exactly the same windows."""
         pos = self._state["groups"][group]  # [epoch, shard position in the epoch's order, window position]
-        size, n, first_epoch = self.batch_size, self._runtime["n"], pos[0]
+        size, first_epoch = self.batch_size, pos[0]
         from_numpy = torch.from_numpy
         while endless or pos[0] == first_epoch:
             epoch = pos[0]
             order = self._shard_order(group, epoch)
-            if pos[1] < len(order):
+            if self.shuffle and pos[1] < len(order):
                 shard = order[pos[1]]
                 index = self._window_index(shard, epoch)
                 last_start = len(index) - size  # the last position whose batch ends inside this shard
@@ -315,26 +314,18 @@ class ShardDataset(torch.utils.data.IterableDataset):
                     if pos[2] == 0:
                         self._prefetch(self._following(group, order, pos))
                     start = pos[2]
-                    if self.shuffle:
-                        rows, dtype, span = opened.window_rows(self.seq_len), self.dtype, self.seq_len + 1
-                        per_chunk = max(1, _CHUNK_BYTES // (size * span * dtype.itemsize))
-                        while start <= last_start:
-                            # A fresh array per chunk, so a batch handed out is never overwritten.
-                            count = min(per_chunk, (last_start - start) // size + 1)
-                            chunk = from_numpy(rows[index[start:start + count * size]].view(dtype)
-                                               .reshape(count * size, span))
-                            for batch in chunk.split(size):
-                                start += size
-                                pos[2] = start  # advanced before the yield: state_dict() counts batches handed out
-                                yield batch
-                    else:
-                        as_torch = opened.window_matrix(self.seq_len)
-                        while start <= last_start:
-                            first = int(index[start])
+                    rows, dtype, span = opened.window_rows(self.seq_len), self.dtype, self.seq_len + 1
+                    per_chunk = max(1, _CHUNK_BYTES // (size * span * dtype.itemsize))
+                    while start <= last_start:
+                        # A fresh array per chunk, so a batch handed out is never overwritten.
+                        count = min(per_chunk, (last_start - start) // size + 1)
+                        chunk = from_numpy(rows[index[start:start + count * size]].view(dtype)
+                                           .reshape(count * size, span))
+                        for batch in chunk.split(size):
                             start += size
-                            pos[2] = start
-                            yield as_torch[first:first + (size - 1) * n + 1:n]  # a strided view: no copy
-            # Crosses into the next shard; at an epoch's end, into the next epoch (endless) or a short batch.
+                            pos[2] = start  # advanced before the yield: state_dict() counts batches handed out
+                            yield batch
+            # In order, or across a shard; at an epoch's end, into the next epoch (endless) or a short batch.
             pieces = self._take(group, size, wrap=endless)
             if not pieces:
                 return
