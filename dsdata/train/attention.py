@@ -26,12 +26,6 @@ from dsdata.train.registry import Registry
 KERNEL_CHOICES = ("auto", "fused", "flex", "reference")
 
 
-def _checked_kernel(kernel: str) -> str:
-    if kernel not in KERNEL_CHOICES:
-        raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
-    return kernel
-
-
 class AttentionKernel(nn.Module):
     """Base of the kernels: the `protocols.AttentionKernel` members, the per-step ones as no-ops.
     `Config` is the `[model.attention_config]` table; `from_config` builds one layer's kernel."""
@@ -71,6 +65,13 @@ class _SparseKernel(AttentionKernel):
     """A sparse kernel: ``_forward_reference`` is its definition, ``kernel`` the implementation run."""
 
     cuda_default = "fused"
+
+    def __init__(self, kernel: str):
+        super().__init__()
+        if kernel not in KERNEL_CHOICES:
+            raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
+        self.kernel = kernel
+        self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         implementation = _implementation(self.kernel, q, self.cuda_default)
@@ -132,9 +133,7 @@ class DynamicSparseAttention(_SparseKernel):
 
     def __init__(self, head_dim: int, top_k: int = 16, window: int = 64, block: int = 64,
                  gate_hidden: int = 32, refresh_steps: int = 4, summary: bool = True, kernel: str = "auto"):
-        super().__init__()
-        self.kernel = _checked_kernel(kernel)
-        self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
+        super().__init__(kernel)
         if window <= 0 or window % block:
             raise ValueError(f"sparse window ({window}) must be a positive multiple of the block ({block})")
         self.top_k, self.window, self.block = top_k, window, block
@@ -420,9 +419,7 @@ class LSHAttention(_SparseKernel):
     (never trained nor checkpointed)."""
 
     def __init__(self, head_dim: int, chunk: int = 64, n_buckets: int = 0, seed: int = 1234, kernel: str = "auto"):
-        super().__init__()
-        self.kernel = _checked_kernel(kernel)
-        self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
+        super().__init__(kernel)
         self.head_dim, self.chunk, self.n_buckets, self.seed = head_dim, chunk, n_buckets, seed
         self._rotations: dict[tuple[int, str], torch.Tensor] = {}
 
