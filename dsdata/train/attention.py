@@ -77,7 +77,8 @@ class _SparseKernel(AttentionKernel):
         implementation = _implementation(self.kernel, q, self.cuda_default)
         if implementation == "flex":
             return self._forward_flex(q, k, v)
-        if implementation == "fused" and not torch.compiler.is_compiling():  # compiling: traced into the graph
+        # Under an enclosing torch.compile the reference is simply traced into that graph.
+        if implementation == "fused" and not torch.compiler.is_compiling():
             return _fused(type(self)._forward_reference)(self, q, k, v)
         return self._forward_reference(q, k, v)
 

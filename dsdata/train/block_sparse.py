@@ -38,7 +38,8 @@ def flex_with_lse(q, k, v, block_mask, scale: float) -> tuple[torch.Tensor, torc
         return emulate_flex(q, k, v, block_mask, scale)
     fn = _compiled_flex() if q.device.type == "cuda" else flex_module.flex_attention
     if hasattr(flex_module, "AuxRequest"):  # torch >= 2.10: return_lse is deprecated
-        out, aux = fn(q, k, v, block_mask=block_mask, scale=scale, return_aux=flex_module.AuxRequest(lse=True))
+        out, aux = fn(q, k, v, block_mask=block_mask, scale=scale,
+                      return_aux=flex_module.AuxRequest(lse=True))
         return out, aux.lse
     return fn(q, k, v, block_mask=block_mask, scale=scale, return_lse=True)
 

@@ -127,7 +127,8 @@ class GlobalRng:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
         if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
+            cuda = bytearray(base64.b64decode(state["cuda"]))
+            torch.cuda.set_rng_state(torch.frombuffer(cuda, dtype=torch.uint8))
 
 
 class Checkpointer:

@@ -84,23 +84,20 @@ class _OpenShard:
         [windows, seq_len + 1] view copies token by token (up to ~1.7x slower in a micro-benchmark)."""
         if self._rows is None:
             values = self.tokens.numpy()
-            self._rows = np.ndarray((self.info.windows,), dtype=np.dtype((np.void, (seq_len + 1) * values.itemsize)),
-                                    buffer=values, strides=(seq_len * values.itemsize,))
+            item = np.dtype((np.void, (seq_len + 1) * values.itemsize))
+            self._rows = np.ndarray((self.info.windows,), dtype=item, buffer=values,
+                                    strides=(seq_len * values.itemsize,))
         return self._rows
 
 
 class ShardDataset(torch.utils.data.IterableDataset):
     """Token windows of `seq_len + 1` ids from a shard directory, zero-copy (see module docstring).
 
-    curriculum: None (plain epochs), a CurriculumSchedule, or a spec mapping for
-        `schedule_from_spec` (its default weights: the shards' own bucket mix).
+    curriculum: None (plain epochs), a CurriculumSchedule, or a spec for `schedule_from_spec`.
     total_steps: the run's length, needed only by a `linear` spec given as warmup_fraction.
     shuffle: False walks shards and windows in manifest order (for inspection and tests).
-    batch_size: yield [batch_size, seq_len + 1] batches instead of windows (use DataLoader(ds,
-        batch_size=None), or iterate the dataset directly): one gather per batch instead of one
-        tensor per window — the fast path.
-    endless: without a curriculum, never end an iteration: epochs follow each other, and batches
-        cross epoch boundaries with exactly batch_size rows (a curriculum is always endless).
+    batch_size: yield [batch_size, seq_len + 1] batches instead of windows (the fast path).
+    endless: without a curriculum, epochs follow each other and every batch is full.
     max_mapped_shards: shards kept memory-mapped at once (least recently used unmapped first; at
         least the current and next shard of every bucket; each counts against vm.max_map_count).
     """
@@ -323,7 +320,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
                                            .reshape(count * size, span))
                         for batch in chunk.split(size):
                             start += size
-                            pos[2] = start  # advanced before the yield: state_dict() counts batches handed out
+                            pos[2] = start  # before the yield: state_dict() counts batches handed out
                             yield batch
             # In order, or across a shard; at an epoch's end, into the next epoch (endless) or a short batch.
             pieces = self._take(group, size, wrap=endless)

@@ -1,10 +1,8 @@
 """Export a trained model as a Hugging Face causal-LM directory (for the difficulty stage to score with).
 
-A dense-attention model without MoE is exactly a Llama: the weights are renamed into
-`LlamaForCausalLM` and saved with `save_pretrained` (RoPE already uses HF's rotate-half layout, so
-no permutation).  Other architectures (dynamic_sparse / lsh attention, MoE) have no HF equivalent;
-for them the directory holds the native weights (model.safetensors with dsdata names) and
-dsdata_model.json, and `export_hf` says so in its return value and log line.
+A dense-attention model without MoE is exactly a Llama (`LlamaForCausalLM`, no weight permutation:
+RoPE uses HF's rotate-half layout).  Other architectures have no HF equivalent: the directory holds
+native weights (model.safetensors, dsdata names) and dsdata_model.json, and `export_hf` says so.
 """
 from __future__ import annotations
 

@@ -249,23 +249,15 @@ def set_training_step(model: Transformer, step: int) -> None:
 
 
 def compile_blocks(model: nn.Module) -> None:
-    """Run each transformer block's forward through torch.compile (training.compile).
-
-    The forward method is compiled, not the module: the hooks a parallel layout puts on the block
-    (FSDP2's all-gather / reshard, DDP, tensor parallel's DTensor plumbing on the linear layers)
-    keep running as they do eagerly, parameter names and checkpoints are unchanged, and pipeline
-    stages compile just the blocks they own.  Compilation happens on the first call.
-    """
+    """Run each transformer block's forward through torch.compile (training.compile).  The method,
+    not the module: a layout's hooks keep running eagerly and parameter names stay unchanged."""
     for block in model.layers.values():
         block.forward = _plain_input(torch.compile(block.forward))
 
 
 def _plain_input(compiled):
-    """Hand the compiled block a plain tensor.  Under tensor parallelism the embedding's all-reduced
-    output arrives as an AsyncCollectiveTensor (a functional collective not yet waited on); given to
-    a compiled graph as its input, its gradient came back as a plain tensor that DTensor's
-    redistribution could not take ('Tensor' object has no attribute '_local_tensor', torch 2.13).
-    An eager clone waits for the collective and keeps the autograd link."""
+    """Hand the compiled block a plain tensor: under tensor parallelism the embedding's output is an
+    AsyncCollectiveTensor, whose gradient through a compiled graph DTensor refused (torch 2.13)."""
     def forward(x, *args, **kwargs):
         if type(x) is not torch.Tensor and hasattr(x, "trigger_wait"):
             x = x.clone()

@@ -1,8 +1,5 @@
-"""DataParallelLayout: pure data parallelism over all ranks (DDP or FSDP2, optional PowerSGD).
-
-The layout when tensor_parallel_size = pipeline_parallel_size = 1.  With one process the model is
-trained as it is; the global batch is still split into `accumulation` micro-batches.
-"""
+"""DataParallelLayout: pure data parallelism over all ranks (DDP or FSDP2, optional PowerSGD); with
+one process the model is trained as it is."""
 from __future__ import annotations
 
 import contextlib
