@@ -198,13 +198,11 @@ class DynamicSparseAttention(_SparseKernel):
         return select_score, live_score, cand_idx, selected, far_last
 
     def _forward_flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The same function as the reference, the attention as one block-sparse FlexAttention call.
+        """The reference's function, the attention as one block-sparse FlexAttention call.
 
-        Query i's selected far keys are exactly the far keys j with score_j >= thr_i, its top_k-th
-        best candidate's score (ties at the threshold, measure-zero for real-valued gates, would
-        admit all tied keys).  The summary key/value is folded in afterwards through the
-        log-sum-exp FlexAttention returns, and so is the gate's straight-through gradient (see
-        `_gate_gradient_term`), so the kernel itself is a plain masked attention.
+        Query i's selected far keys are the far keys scoring at least its top_k-th candidate's score.
+        The summary and the gate's straight-through gradient (`_gate_gradient_term`) are folded in
+        through the log-sum-exp FlexAttention returns, so the kernel is a plain masked attention.
         """
         bsz, heads, seqlen, dim = q.shape
         bs, window = self.block, self.window

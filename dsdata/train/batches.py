@@ -1,9 +1,6 @@
-"""Global batches for the training loop: every rank draws the same global batch and keeps its rows.
-
-Drawing the whole global batch on every rank (from a ShardDataset opened as rank 0 of 1) costs a few
-MB of memory-mapped reads per step and buys two things: the batch of step s is the same set of
-windows whatever the parallel layout (so 1 process and N processes train the same math), and the
-loader position is one state shared by all ranks (so a checkpoint resumes under any layout).
+"""Global batches for the training loop: every rank draws the same global batch and keeps its rows,
+so the batch of step s is the same windows under any parallel layout and the loader position is one
+state shared by all ranks (a checkpoint resumes under any layout).
 """
 from __future__ import annotations
 
@@ -74,13 +71,9 @@ class ShardBatches:
 class SyntheticBatches:
     """A learnable synthetic stream (for tests, smoke runs and benchmarks without shards).
 
-    Window i is a walk of a fixed random permutation of the vocabulary ("next token = perm[token]")
-    with 10 % of the tokens replaced at random: a model can drive its loss well below log(vocab).
-    Everything is a function of (seed, window index), so the state is one integer.
-
-    The walk is built without a per-token loop: token t is perm applied (t − r) times to the noise
-    token at r, the last reset at or before t; perm^d is applied as the product of the precomputed
-    powers perm^(2^j) of d's binary digits (log2(seq_len) gathers over the whole batch).
+    Window i walks a fixed random permutation of the vocabulary with 10 % of the tokens replaced at
+    random; it is a function of (seed, i), so the state is one integer.  Token t is perm applied
+    (t − r) times to the noise token at r, the last reset at or before t, as log2(seq_len) gathers.
     """
 
     def __init__(self, vocab_size: int, seq_len: int, batch_size: int, seed: int = 0):

@@ -1,21 +1,13 @@
 """The decoder LM: pre-norm blocks of (RMSNorm → attention → residual, RMSNorm → SwiGLU/MoE → residual).
 
-Plain single-device code, torchtitan style: it knows nothing of parallelism.  What the parallel code
-(dsdata/train/parallel/) may rely on:
-
-- submodule names: ``tok_embeddings``, ``layers[str(i)].attention.{wq,wk,wv,wo}``,
-  ``layers[str(i)].attention_norm``, ``layers[str(i)].feed_forward.{w1,w2,w3}`` (dense FFN) or
-  ``layers[str(i)].feed_forward.{router,experts}`` (MoE), ``layers[str(i)].ffn_norm``, ``norm``,
-  ``output``;
-- attention derives the number of heads from the projected tensors at run time (``view(B, T, -1,
-  head_dim)``), so column-sharding wq/wk/wv by heads and row-sharding wo needs no model change;
-- ``layers`` is an ``nn.ModuleDict`` keyed by the global layer index: a pipeline stage deletes the
-  layers it does not own, and sets ``tok_embeddings``/``norm``/``output`` to ``None`` where it does
-  not own them; ``forward`` then passes hidden states through;
-- the RoPE tables are non-persistent buffers, recomputed from the arguments (never checkpointed).
-
-The rotary embedding uses the "rotate half" layout of Hugging Face's Llama, so a dense model exports
-to ``LlamaForCausalLM`` without permuting weights (see dsdata/train/export.py).
+Plain single-device code, torchtitan style.  What the parallel code (dsdata/train/parallel/) relies on:
+- submodule names: ``tok_embeddings``, ``layers[str(i)]`` with ``attention.{wq,wk,wv,wo}``,
+  ``attention_norm``, ``feed_forward.{w1,w2,w3}`` (or ``{router,experts}`` for MoE), ``ffn_norm``;
+  then ``norm``, ``output``;
+- attention takes the head count from the projected tensors, so tensor parallelism needs no change;
+- ``layers`` is keyed by the global layer index: a pipeline stage deletes layers it does not own and
+  sets ``tok_embeddings``/``norm``/``output`` to ``None``; ``forward`` passes hidden states through;
+- the RoPE tables (HF Llama's rotate-half layout) are non-persistent buffers, never checkpointed.
 """
 from __future__ import annotations
 
