@@ -91,14 +91,10 @@ def export_hf(state: dict[str, torch.Tensor], args, out_dir: str, tokenizer_path
     else:
         from safetensors.torch import save_file
 
-        unique = {}
-        seen = set()
+        unique = {}  # by storage: a tied weight is saved once, under its first name
         for key, value in state.items():
-            if value.data_ptr() in seen:
-                continue
-            seen.add(value.data_ptr())
-            unique[key] = value.clone()
-        save_file(unique, os.path.join(out_dir, "model.safetensors"))
+            unique.setdefault(value.data_ptr(), (key, value.clone()))
+        save_file(dict(unique.values()), os.path.join(out_dir, "model.safetensors"))
         kind = "native"
         log.warning("export: %s attention%s has no Hugging Face equivalent; %s holds dsdata-native weights "
                     "(model.safetensors + dsdata_model.json), not a LlamaForCausalLM", args.attention,
