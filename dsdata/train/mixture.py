@@ -106,11 +106,13 @@ class MixtureBatches:
             dataset.close()
         self._iters = None
 
-    def step_metrics(self) -> dict[str, float]:
-        """mix/<name>: the realised fraction of windows per source so far (0 before the first batch)."""
+    def proportions(self) -> dict[str, float]:
+        """The realised fraction of windows per source so far (0 before the first batch)."""
         total = int(self.counts.sum())
-        return {f"mix/{name}": round(int(c) / total if total else 0.0, 6)
-                for name, c in zip(self.names, self.counts)}
+        return {name: (int(c) / total if total else 0.0) for name, c in zip(self.names, self.counts)}
+
+    def step_metrics(self) -> dict[str, float]:
+        return {f"mix/{name}": round(value, 6) for name, value in self.proportions().items()}
 
     def _identity(self) -> str:
         described = [[name, d.manifest_sha256, float(w)] for name, d, w in zip(self.names, self.datasets, self.weights)]
