@@ -148,11 +148,8 @@ def natural_weights(path: str) -> dict[str, float]:
 
 def schedule_from_spec(spec: Mapping[str, Any] | CurriculumSchedule | None, total_steps: int | None = None,
                        natural: Mapping[str, float] | None = None) -> CurriculumSchedule | None:
-    """Build a schedule from a config mapping (see module docstring); None stays None.
-
-    `natural` (the corpus mix) is the default for `fixed` weights and for the end of `linear`;
-    `weights_from: PATH` in the spec reads it with natural_weights().
-    """
+    """Build a schedule from a config mapping (None stays None).  `natural` (the corpus mix, or the
+    spec's `weights_from: PATH` read by natural_weights) defaults `fixed` weights and `linear`'s end."""
     if spec is None or isinstance(spec, CurriculumSchedule):
         return spec
     if isinstance(spec, (str, os.PathLike)):

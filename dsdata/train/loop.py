@@ -258,11 +258,8 @@ class Trainer:
             self.metrics.histograms(self.step, activations.values)
 
     def _forward_backward(self, micro_batches: list[torch.Tensor]):
-        """(global loss, global grad norm, precision used, loss multiplier, unscaled gradients).
-
-        Loss and grad norm stay on the device until one read of both at the end (the step's only
-        host sync); a non-finite loss under bf16/fp16 is redone in fp32.
-        """
+        """(global loss, global grad norm, precision used, loss multiplier, unscaled gradients); one
+        host sync reads loss and norm, and a non-finite loss under bf16/fp16 is redone in fp32."""
         t = self.config.training
         precision = t.precision
         while True:

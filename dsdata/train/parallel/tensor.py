@@ -29,9 +29,7 @@ def check_tensor_parallel(args, tp: int) -> None:
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh, vocab_parallel_loss: bool = True) -> list[nn.Parameter]:
     """Shard the (possibly pipeline-pruned) model in place; returns replicated params with partial grads.
-
-    vocab_parallel_loss: shard embedding and output over the vocabulary (needs vocab_size % tp == 0).
-    """
+    vocab_parallel_loss: shard embedding and output over the vocabulary (needs vocab_size % tp == 0)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
