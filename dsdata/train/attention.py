@@ -1,32 +1,13 @@
 """Attention kernels: causal attention over rotated q, k, v of shape (batch, heads, seq, head_dim).
 
-- ``DenseAttention``: PyTorch SDPA with a causal mask (flash / memory-efficient kernels).
-- ``DynamicSparseAttention``: each query i attends to
-    * its local window: keys j with i - window < j <= i,
-    * exactly the top-k keys of its far past (j <= i - window) ranked by a light gating MLP,
-    * one summary key/value: the mean of the far-past keys/values that were not selected.
-  Queries are processed in blocks; per block only the candidate keys any query of the block can
-  select (the top-k of the earlier blocks plus one block) and the window are gathered, so time and
-  memory grow as T · (k + window + 2·block), not T².
-- ``LSHAttention``: Reformer-style: positions hashed by random rotations of their keys, sorted by
-  (bucket, position), cut into chunks; each chunk attends to itself and the previous chunk, where a
-  query sees the keys of its own bucket at most chunk − 1 places back (which keeps it strictly causal).
+``DenseAttention`` (SDPA), ``DynamicSparseAttention`` (gated top-k + local window + mean summary)
+and ``LSHAttention`` (Reformer-style, strictly causal); docs/train.md ("Attention") defines them.
+Kernels take the head count from the tensors, so tensor parallelism may split heads.  The sparse
+kernels have three implementations of one function (``kernel``): ``reference`` (the definition),
+``fused`` (it compiled whole by Inductor) and ``flex`` (block-sparse FlexAttention); ``auto`` is the
+CUDA default on CUDA, the reference elsewhere.
 
-All kernels take the head count from the tensors, so heads may be split by tensor parallelism.
-
-The sparse kernels come in three implementations of the same function (``kernel``):
-``reference``, the gathers above (the definition; the CPU default); ``fused``, the reference
-compiled whole by Inductor (a few generated kernels around batched matmuls; dynamic_sparse's CUDA
-default: per query it computes the ~window + block + top-k + block candidate keys, whatever the
-length); and ``flex``, block-sparse FlexAttention (dsdata/train/block_sparse.py: the selection is
-computed as above, the attention runs as one fused kernel over only the key blocks that hold
-selected keys; lsh's CUDA default).  ``auto`` picks the CUDA default on CUDA and the reference
-elsewhere.  Tests hold all three equal, forward and backward.
-
-A kernel is one ``AttentionKernel`` subclass and one ``ATTENTION_KERNELS`` row: its ``Config``
-dataclass is the ``[model.attention_config]`` table when ``model.attention`` names it (its fields are
-``Param``s: dsdata/core/params.py), ``from_config`` builds one layer's kernel, and the per-step
-members (``on_training_step``, ``on_weights_initialised``) are no-ops unless it needs them.
+A kernel is one ``AttentionKernel`` subclass and one ``ATTENTION_KERNELS`` row.
 """
 from __future__ import annotations
 
@@ -45,18 +26,9 @@ from dsdata.train.registry import Registry
 KERNEL_CHOICES = ("auto", "fused", "flex", "reference")
 
 
-def _checked_kernel(kernel: str) -> str:
-    if kernel not in KERNEL_CHOICES:
-        raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
-    return kernel
-
-
 class AttentionKernel(nn.Module):
     """Base of the kernels: the `protocols.AttentionKernel` members, the per-step ones as no-ops.
-
-    A kernel is this subclass plus one `ATTENTION_KERNELS` row (`register_attention`): `Config` is
-    its options dataclass (the `[model.attention_config]` table when `model.attention` names it),
-    `from_config` builds one layer's kernel from it."""
+    `Config` is the `[model.attention_config]` table; `from_config` builds one layer's kernel."""
 
     Config: type[Settings] = NoOptions
     llama_compatible = False  # the exported weights are a Hugging Face LlamaForCausalLM's
@@ -84,18 +56,31 @@ def _implementation(kernel: str, q: torch.Tensor, cuda_default: str) -> str:
 
 @functools.cache
 def _fused(method):
-    """``method`` (a reference forward, called with the module) compiled whole by Inductor: the
-    gathers, masks, softmax and sums become a few fused kernels (Triton on CUDA, C++ on CPU) around
-    the batched matmuls, instead of the hundreds of small kernels the eager reference launches.
-    Module settings are plain attributes, so layers that share them share one compiled graph; under
-    an enclosing torch.compile (training.compile) the method is simply traced into that graph."""
+    """``method`` (a reference forward, called with the module) compiled whole by Inductor; layers
+    with equal settings (plain attributes) share one compiled graph."""
     return torch.compile(method, dynamic=False)
 
 
-def _run_fused(method, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    if torch.compiler.is_compiling():
-        return method(module, q, k, v)
-    return _fused(method)(module, q, k, v)
+class _SparseKernel(AttentionKernel):
+    """A sparse kernel: ``_forward_reference`` is its definition, ``kernel`` the implementation run."""
+
+    cuda_default = "fused"
+
+    def __init__(self, kernel: str):
+        super().__init__()
+        if kernel not in KERNEL_CHOICES:
+            raise ValueError(f"sparse attention kernel = {kernel!r}; choose one of {KERNEL_CHOICES}")
+        self.kernel = kernel
+        self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        implementation = _implementation(self.kernel, q, self.cuda_default)
+        if implementation == "flex":
+            return self._forward_flex(q, k, v)
+        # Under an enclosing torch.compile the reference is simply traced into that graph.
+        if implementation == "fused" and not torch.compiler.is_compiling():
+            return _fused(type(self)._forward_reference)(self, q, k, v)
+        return self._forward_reference(q, k, v)
 
 
 class DenseAttention(AttentionKernel):
@@ -117,9 +102,8 @@ def _local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def _local_windows(x: torch.Tensor, lag: int, n_blocks: int) -> torch.Tensor:
     """(B, H, nb, (lag + 1)·bs, D): for each block b of x (B, H, nb·bs, D), blocks b − lag .. b in order
-    (zeros before the start).  Contiguous copies made by concatenating shifted block views: batched
-    matmuls over overlapping strided views hit slow non-BLAS paths on CPU, and Inductor (torch 2.13,
-    CPU) miscompiles the backward of the `unfold` that built them before (wrong key gradients)."""
+    (zeros before the start).  Contiguous copies, not `unfold` views: matmuls over overlapping views
+    are slow on CPU, and Inductor (torch 2.13, CPU) miscompiles `unfold`'s backward."""
     bsz, heads, _, dim = x.shape
     blocks = F.pad(x, (0, 0, lag * (x.shape[2] // n_blocks), 0)).view(bsz, heads, n_blocks + lag, -1, dim)
     return torch.cat([blocks[:, :, j:j + n_blocks] for j in range(lag + 1)], dim=3)
@@ -141,22 +125,16 @@ class DynamicSparseConfig(Settings):
             raise ValueError(f"{where}.window ({self.window}) must be a positive multiple of {where}.block ({self.block})")
 
 
-class DynamicSparseAttention(AttentionKernel):
-    """Gated top-k + local window + mean summary attention (see the module docstring).
+class DynamicSparseAttention(_SparseKernel):
+    """Gated top-k + local window + mean summary attention (docs/train.md).
 
-    The gate scores each key position from its value vector (per head; the gate weights are shared
-    by the heads).  Selection uses a snapshot of the gate that is refreshed every ``refresh_steps``
-    optimizer steps (``on_training_step``), so the selection pattern is stable between refreshes; the
-    live gate receives gradients through a straight-through term that adds zero to the logits of the
-    selected keys but lets d(loss)/d(logit) flow into the gate.  The snapshot is a persistent buffer,
-    so it is checkpointed and resume stays exact.
+    Keys are selected by a snapshot of the gate, refreshed every ``refresh_steps`` optimizer steps;
+    the snapshot is a persistent buffer, so it is checkpointed and resume stays exact.
     """
 
     def __init__(self, head_dim: int, top_k: int = 16, window: int = 64, block: int = 64,
                  gate_hidden: int = 32, refresh_steps: int = 4, summary: bool = True, kernel: str = "auto"):
-        super().__init__()
-        self.kernel = _checked_kernel(kernel)
-        self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
+        super().__init__(kernel)
         if window <= 0 or window % block:
             raise ValueError(f"sparse window ({window}) must be a positive multiple of the block ({block})")
         self.top_k, self.window, self.block = top_k, window, block
@@ -201,14 +179,6 @@ class DynamicSparseAttention(AttentionKernel):
         hidden = F.gelu(F.linear(v, w1.to(v.dtype), b1.to(v.dtype)))
         return F.linear(hidden, w2.to(v.dtype), b2.to(v.dtype)).squeeze(-1)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        implementation = _implementation(self.kernel, q, cuda_default="fused")
-        if implementation == "flex":
-            return self._forward_flex(q, k, v)
-        if implementation == "fused":
-            return _run_fused(DynamicSparseAttention._forward_reference, self, q, k, v)
-        return self._forward_reference(q, k, v)
-
     def _selection(self, v: torch.Tensor, seqlen: int, n_blocks: int):
         """Gate scores (the snapshot's, padding −inf; the live gate's) and each query's selected
         candidates: (select_score, live_score, cand_idx, selected, far_last)."""
@@ -228,13 +198,11 @@ class DynamicSparseAttention(AttentionKernel):
         return select_score, live_score, cand_idx, selected, far_last
 
     def _forward_flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The same function as the reference, the attention as one block-sparse FlexAttention call.
+        """The reference's function, the attention as one block-sparse FlexAttention call.
 
-        Query i's selected far keys are exactly the far keys j with score_j >= thr_i, its top_k-th
-        best candidate's score (ties at the threshold, measure-zero for real-valued gates, would
-        admit all tied keys).  The summary key/value is folded in afterwards through the
-        log-sum-exp FlexAttention returns, and so is the gate's straight-through gradient (see
-        `_gate_gradient_term`), so the kernel itself is a plain masked attention.
+        Query i's selected far keys are the far keys scoring at least its top_k-th candidate's score.
+        The summary and the gate's straight-through gradient (`_gate_gradient_term`) are folded in
+        through the log-sum-exp FlexAttention returns, so the kernel is a plain masked attention.
         """
         bsz, heads, seqlen, dim = q.shape
         bs, window = self.block, self.window
@@ -445,21 +413,17 @@ class LSHConfig(Settings):
     kernel: str = Param("auto", "implementation", Choice(KERNEL_CHOICES))
 
 
-class LSHAttention(AttentionKernel):
-    """Reformer-style LSH attention (one hash round; see the module docstring).
-
-    Positions are hashed from their normalised key vectors with fixed random rotations (derived from
-    ``seed`` and the layer id, never trained nor checkpointed).
-    """
+class LSHAttention(_SparseKernel):
+    """Reformer-style LSH attention, one hash round; the rotations come from ``seed`` and the layer id
+    (never trained nor checkpointed)."""
 
     def __init__(self, head_dim: int, chunk: int = 64, n_buckets: int = 0, seed: int = 1234, kernel: str = "auto"):
-        super().__init__()
-        self.kernel = _checked_kernel(kernel)
-        self.flex_blocks = (FLEX_BLOCK, FLEX_BLOCK)  # (query, key) block sizes
+        super().__init__(kernel)
         self.head_dim, self.chunk, self.n_buckets, self.seed = head_dim, chunk, n_buckets, seed
         self._rotations: dict[tuple[int, str], torch.Tensor] = {}
 
     Config = LSHConfig
+    cuda_default = "flex"
 
     @classmethod
     def from_config(cls, options: LSHConfig, head_dim: int, layer_id: int) -> "LSHAttention":
@@ -490,14 +454,6 @@ class LSHAttention(AttentionKernel):
         top, bottom = proj.argmax(-1, keepdim=True), proj.argmin(-1, keepdim=True)
         use_top = proj.gather(-1, top) >= -proj.gather(-1, bottom)
         return torch.where(use_top, top, bottom + proj.shape[-1]).squeeze(-1)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        implementation = _implementation(self.kernel, q, cuda_default="flex")
-        if implementation == "flex":
-            return self._forward_flex(q, k, v)
-        if implementation == "fused":
-            return _run_fused(LSHAttention._forward_reference, self, q, k, v)
-        return self._forward_reference(q, k, v)
 
     def _sorted(self, q, k, v):
         """q, k, v and the buckets in (bucket, position) order, and the order itself."""
@@ -554,10 +510,8 @@ class LSHAttention(AttentionKernel):
         v_win = torch.cat([F.pad(vc, (0, 0, 0, 0, 1, 0))[:, :, :-1], vc], dim=3)
         b_win = torch.cat([F.pad(bc, (0, 0, 1, 0), value=-2)[:, :, :-1], bc], dim=3)
         r_win = torch.cat([rank - chunk, rank], dim=1)  # (nc, 2·chunk)
-        # Same bucket and at most chunk-1 places back in the sorted order: within one bucket the
-        # sorted order is position order, so these are the query's own most recent same-bucket keys.
-        # Plain Reformer chunking also admits other buckets, but where chunk boundaries fall depends
-        # on how many FUTURE positions hash to lower buckets, which leaks the future into a causal LM.
+        # Same bucket and at most chunk-1 places back in the sorted order (position order within a
+        # bucket).  Other buckets are never admitted: chunk edges depend on future positions' hashes.
         lag = rank[:, :, None] - r_win[:, None, :]  # (nc, chunk, 2·chunk)
         allowed = (b_win[:, :, :, None, :] == bc[:, :, :, :, None]) & ((lag >= 0) & (lag < chunk))
         logits = torch.matmul(qc, k_win.transpose(-1, -2)) / math.sqrt(dim)

@@ -1,9 +1,6 @@
-"""Global batches for the training loop: every rank draws the same global batch and keeps its rows.
-
-Drawing the whole global batch on every rank (from a ShardDataset opened as rank 0 of 1) costs a few
-MB of memory-mapped reads per step and buys two things: the batch of step s is the same set of
-windows whatever the parallel layout (so 1 process and N processes train the same math), and the
-loader position is one state shared by all ranks (so a checkpoint resumes under any layout).
+"""Global batches for the training loop: every rank draws the same global batch and keeps its rows,
+so the batch of step s is the same windows under any parallel layout and the loader position is one
+state shared by all ranks (a checkpoint resumes under any layout).
 """
 from __future__ import annotations
 
@@ -18,15 +15,10 @@ from dsdata.train.protocols import BatchSource
 
 
 class ShardBatches:
-    """Global batches of `seq_len + 1` token windows from a shard directory.
-
-    The dataset batches itself (ShardDataset(batch_size=B, endless=True), iterated directly, no
-    DataLoader; it gathers several steps' windows at a time and hands out one [B, seq_len + 1] view
-    per step).  Batches stay in the shard's dtype (uint16/uint32): the layout moves them to the
-    device as they are and widens them to int64 there (`distributed.token_ids_on`; a quarter of the
-    host→device bytes for uint16).  The window stream is the per-window one cut into steps of B, rolling over epoch ends,
-    so the loader position means the same thing whatever B: a checkpoint resumes under another
-    global batch size as well.  B is the trainer's global batch size (checked by the config).
+    """Global batches of `seq_len + 1` token windows from a shard directory: an endless batched
+    ShardDataset iterated directly, batches in the shard's dtype (`distributed.token_ids_on` widens
+    them on the device).  The loader position counts windows, so a checkpoint resumes under another
+    global batch size as well.
     """
 
     def __init__(self, data: DataConfig, seq_len: int, total_steps: int, batch_size: int):
@@ -79,13 +71,9 @@ class ShardBatches:
 class SyntheticBatches:
     """A learnable synthetic stream (for tests, smoke runs and benchmarks without shards).
 
-    Window i is a walk of a fixed random permutation of the vocabulary ("next token = perm[token]")
-    with 10 % of the tokens replaced at random: a model can drive its loss well below log(vocab).
-    Everything is a function of (seed, window index), so the state is one integer.
-
-    The walk is built without a per-token loop: token t is perm applied (t − r) times to the noise
-    token at r, the last reset at or before t; perm^d is applied as the product of the precomputed
-    powers perm^(2^j) of d's binary digits (log2(seq_len) gathers over the whole batch).
+    Window i walks a fixed random permutation of the vocabulary with 10 % of the tokens replaced at
+    random; it is a function of (seed, i), so the state is one integer.  Token t is perm applied
+    (t − r) times to the noise token at r, the last reset at or before t, as log2(seq_len) gathers.
     """
 
     def __init__(self, vocab_size: int, seq_len: int, batch_size: int, seed: int = 0):
@@ -121,9 +109,6 @@ class SyntheticBatches:
             out = torch.where(step, power[out], out)
         return out
 
-    def window(self, index: int) -> torch.Tensor:
-        return self.windows(index, 1)[0]
-
     def next_batch(self, step: int) -> torch.Tensor:
         batch = self.windows(self.position, self.batch_size)
         self.position += self.batch_size
@@ -144,7 +129,7 @@ class SyntheticBatches:
         self.position = int(state["position"])
 
     def close(self) -> None:
-        """Nothing to stop (no thread, no file)."""
+        pass
 
 
 def resolve_shard_dir(path: str) -> str:

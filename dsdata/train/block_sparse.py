@@ -1,15 +1,9 @@
 """Block-sparse attention through FlexAttention (``torch.nn.attention.flex_attention``).
 
-The sparse kernels of attention.py decide WHICH keys each query sees with cheap O(T) work (gate
-scores, per-block top-k, hashing); the attention itself then runs as one fused FlexAttention call
-over a ``BlockMask`` that lists, per query block, only the key blocks holding something that query
-block may see.  A ``mask_mod`` decides the exact keys inside those blocks, so the result equals the
-gather-based references in attention.py (which stay as the definition and the CPU default).
-
-On CUDA FlexAttention is compiled (Triton kernels, forward and backward).  Elsewhere it runs eagerly
-when no gradient is needed; torch has no FlexAttention backward on CPU, so there a differentiable
-dense emulation (`emulate_flex`) evaluates the same block mask, mask_mod and score_mod over the
-whole grid — slow, for tests and CPU runs that ask for the flex kernel.
+The sparse kernels of attention.py pick the keys; the attention runs as one FlexAttention call over
+a ``BlockMask`` of the key blocks each query block may see, a ``mask_mod`` choosing the exact keys.
+On CUDA FlexAttention is compiled.  Elsewhere it runs eagerly without gradients; torch has no CPU
+backward, so there a differentiable dense emulation (`emulate_flex`) evaluates the same masks.
 """
 from __future__ import annotations
 
@@ -36,18 +30,18 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def flex_with_lse(q, k, v, block_mask, score_mod=None, scale=None) -> tuple[torch.Tensor, torch.Tensor]:
+def flex_with_lse(q, k, v, block_mask, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, log-sum-exp of each query's logits), compiled on CUDA."""
     from torch.nn.attention import flex_attention as flex_module
 
     if q.device.type != "cuda" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return emulate_flex(q, k, v, block_mask, score_mod, scale)
+        return emulate_flex(q, k, v, block_mask, scale)
     fn = _compiled_flex() if q.device.type == "cuda" else flex_module.flex_attention
     if hasattr(flex_module, "AuxRequest"):  # torch >= 2.10: return_lse is deprecated
-        out, aux = fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+        out, aux = fn(q, k, v, block_mask=block_mask, scale=scale,
                       return_aux=flex_module.AuxRequest(lse=True))
         return out, aux.lse
-    return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, return_lse=True)
+    return fn(q, k, v, block_mask=block_mask, scale=scale, return_lse=True)
 
 
 def block_mask_from_pairs(visible: torch.Tensor, mask_mod, seqlen: int, block_sizes: tuple[int, int]):
@@ -75,20 +69,17 @@ def band_blocks(n_q: int, n_kv: int, block_sizes: tuple[int, int], reach: int, d
     return (first_key <= last_query) & (last_key >= first_query - (reach - 1))
 
 
-def emulate_flex(q, k, v, block_mask, score_mod=None, scale=None) -> tuple[torch.Tensor, torch.Tensor]:
+def emulate_flex(q, k, v, block_mask, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """What FlexAttention computes, in plain differentiable torch over the dense (T, T) grid: keys
     outside the listed blocks or refused by mask_mod are masked; lse is the natural log-sum-exp."""
     bsz, heads, q_len, dim = q.shape
     kv_len = k.shape[2]
     acc = torch.promote_types(q.dtype, torch.float32)
-    scale = 1.0 / dim ** 0.5 if scale is None else scale
     scores = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale
     b = torch.arange(bsz, device=q.device)[:, None, None, None]
     h = torch.arange(heads, device=q.device)[None, :, None, None]
     qi = torch.arange(q_len, device=q.device)[None, None, :, None]
     ki = torch.arange(kv_len, device=q.device)[None, None, None, :]
-    if score_mod is not None:
-        scores = score_mod(scores, b, h, qi, ki)
     listed = block_mask.to_dense().bool()  # (B or 1, H or 1, q_blocks, kv_blocks)
     q_block, kv_block = block_mask.BLOCK_SIZE
     listed = listed.repeat_interleave(q_block, 2)[:, :, :q_len].repeat_interleave(kv_block, 3)[..., :kv_len]

@@ -4,13 +4,10 @@ one JSON file written last — a directory without it is incomplete and ignored.
 
 RUN_DIR/checkpoints/step_00000040/{__0_0.distcp, .metadata, trainer_state.json}
 
-Resume runs no code a checkpoint file could carry.  DCP writes `.metadata` with pickle and its
-non-tensor values (the optimizer's param groups) with torch.save, and reads both back with full
-unpickling (`pickle.load`, `torch.load(weights_only=False)`): whoever can write a run directory, or
-ships a checkpoint, would run code in the trainer.  Here `.metadata` is read by an unpickler that
-admits only DCP's own metadata classes and torch's dtype/layout/size objects, every file it names
-must lie in the checkpoint directory, and the non-tensor values are read with
-`torch.load(weights_only=True)` (plain numbers, strings, lists, dicts).  Anything else refuses the
+Resume runs no code a checkpoint file could carry: DCP itself unpickles `.metadata` and non-tensor
+values in full, so here `.metadata` is read by an unpickler that admits only DCP's metadata classes
+and torch's dtype/layout/size objects, every file it names must lie in the checkpoint directory, and
+non-tensor values are read with `torch.load(weights_only=True)`.  Anything else refuses the
 checkpoint with one line (`CheckpointError`).
 """
 from __future__ import annotations
@@ -118,27 +115,20 @@ class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
-def rng_state() -> dict[str, Any]:
-    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode("ascii")
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
-
-
 class GlobalRng:
     """torch's global generators (CPU, and CUDA when in use) as a checkpointable part of the trainer."""
 
     def state_dict(self) -> dict[str, Any]:
-        return rng_state()
+        state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode("ascii")
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_rng_state(state)
+        torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+        if "cuda" in state and torch.cuda.is_available():
+            cuda = bytearray(base64.b64decode(state["cuda"]))
+            torch.cuda.set_rng_state(torch.frombuffer(cuda, dtype=torch.uint8))
 
 
 class Checkpointer:
@@ -275,11 +265,14 @@ class Checkpointer:
                 optimizer.state.pop(param, None)
 
 
+def _rank_failures(exc: BaseException) -> list[BaseException]:
+    """What each rank raised, when `exc` is DCP's CheckpointException (rank -> (exception, traceback))."""
+    return [f[0] if isinstance(f, tuple) else f for f in (getattr(exc, "failures", None) or {}).values()]
+
+
 def _first_line(exc: BaseException) -> str:
     """`Type: message` of what went wrong, taken from inside DCP's per-rank wrapper when there is one."""
-    for failure in (getattr(exc, "failures", None) or {}).values():
-        exc = failure[0] if isinstance(failure, tuple) else failure
-        break
+    exc = next(iter(_rank_failures(exc)), exc)
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
@@ -288,8 +281,7 @@ def _checkpoint_error_in(exc: BaseException) -> CheckpointError | None:
     """The CheckpointError behind `exc`: DCP wraps what a rank raised in a CheckpointException."""
     if isinstance(exc, CheckpointError):
         return exc
-    for failure in (getattr(exc, "failures", None) or {}).values():  # rank -> (exception, traceback)
-        inner = failure[0] if isinstance(failure, tuple) else failure
+    for inner in _rank_failures(exc):
         if isinstance(inner, CheckpointError):
             return inner
     context = exc.__cause__ or exc.__context__

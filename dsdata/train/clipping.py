@@ -8,10 +8,8 @@ import torch
 
 
 class DynamicGradClipper:
-    """Fixed `max_norm` until `min_history` norms are known, then factor × median(history).
-
-    Only finite norms of steps that were applied enter the history.
-    """
+    """Fixed `max_norm` until `min_history` norms are known, then factor × median(history) of the
+    finite norms of applied steps."""
 
     def __init__(self, max_norm: float = 1.0, factor: float = 0.8, window: int = 100, min_history: int = 50,
                  dynamic: bool = True):

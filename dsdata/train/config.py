@@ -1,10 +1,8 @@
 """Training configuration: one TOML file (models/*.toml) plus `--set section.key=value` overrides.
 
-Every table is a `Settings` dataclass whose fields are `Param`s, the same declarations recipe stages
-use (dsdata/core/params.py): `parse` checks every value the same way and refuses a bad one in one
-line naming TABLE.KEY.  `model.attention_config` and `optimizer.config` hold the options of the
-attention kernel and the optimizer that `model.attention` and `optimizer.name` pick (a row of
-`attention.ATTENTION_KERNELS` / `optim.OPTIMIZERS`).
+Every table is a `Settings` dataclass of `Param`s (dsdata/core/params.py, as recipe stages use):
+`parse` refuses a bad value in one line naming TABLE.KEY.  `model.attention_config` and
+`optimizer.config` hold the options of the kernel and optimizer their selector names.
 """
 from __future__ import annotations
 

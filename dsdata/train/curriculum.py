@@ -1,19 +1,9 @@
 """Curriculum: per-bucket (easy/medium/hard) sampling weights as a function of the training step.
 
-Schedules (all give {bucket: weight}, weights >= 0; a sampler renormalises them over the buckets
-that actually have data):
-
-* `FixedSchedule(weights)`                 the same weights at every step (e.g. the corpus' own mix);
-* `LinearSchedule(start, end, warmup_steps)` start → end linearly over the warm-up, then `end`;
-  "easy → hard": start heavy on easy, end at the corpus mix (or uniform);
-* `TableSchedule([(step, weights), ...])`   piecewise-linear between rows, flat outside them.
-
-`schedule_from_spec(spec, total_steps, natural)` builds one from a config dict (or from the path of
-a pipeline's difficulty.json, which holds such a dict under "curriculum"), e.g.
-`{"schedule": "linear", "warmup_fraction": 0.3, "start": {"easy": 0.7, "medium": 0.2, "hard": 0.1}}`
-(`end` defaults to `natural`).  `natural_weights(path)` reads the corpus mix from a pipeline's
-stats.json / difficulty.json or a shard manifest.json.  `CurriculumSampler` draws buckets with a
-seeded generator whose state goes into checkpoints.
+Schedules (`FixedSchedule`, `LinearSchedule`, `TableSchedule`) give {bucket: weight}, weights >= 0;
+`CurriculumSampler` renormalises them over the buckets that have data and draws with a seeded
+generator whose state goes into checkpoints.  `schedule_from_spec` builds a schedule from a config
+dict or a pipeline's difficulty.json; docs/shards.md ("Curriculum") is the reference.
 """
 from __future__ import annotations
 
@@ -43,6 +33,10 @@ def _clean(weights: Mapping[str, float], what: str) -> dict[str, float]:
     if sum(out.values()) <= 0:
         raise ValueError(f"{what}: weights sum to 0")
     return out
+
+
+def _lerp(a: Mapping[str, float], b: Mapping[str, float], t: float) -> dict[str, float]:
+    return {k: (1 - t) * a.get(k, 0.0) + t * b.get(k, 0.0) for k in sorted(set(a) | set(b))}
 
 
 class CurriculumSchedule:
@@ -84,8 +78,7 @@ class LinearSchedule(CurriculumSchedule):
 
     def weights(self, step: int) -> dict[str, float]:
         t = 1.0 if self.warmup_steps == 0 else min(1.0, max(0.0, step / self.warmup_steps))
-        keys = sorted(set(self.start) | set(self.end))
-        return {k: (1 - t) * self.start.get(k, 0.0) + t * self.end.get(k, 0.0) for k in keys}
+        return _lerp(self.start, self.end, t)
 
     def describe(self) -> dict[str, Any]:
         return {"schedule": "linear", "start": self.start, "end": self.end, "warmup_steps": self.warmup_steps}
@@ -108,9 +101,7 @@ class TableSchedule(CurriculumSchedule):
             return dict(rows[0][1])
         for (s0, w0), (s1, w1) in zip(rows, rows[1:]):
             if step < s1:
-                t = (step - s0) / (s1 - s0)
-                keys = sorted(set(w0) | set(w1))
-                return {k: (1 - t) * w0.get(k, 0.0) + t * w1.get(k, 0.0) for k in keys}
+                return _lerp(w0, w1, (step - s0) / (s1 - s0))
         return dict(rows[-1][1])
 
     def describe(self) -> dict[str, Any]:
@@ -157,11 +148,8 @@ def natural_weights(path: str) -> dict[str, float]:
 
 def schedule_from_spec(spec: Mapping[str, Any] | CurriculumSchedule | None, total_steps: int | None = None,
                        natural: Mapping[str, float] | None = None) -> CurriculumSchedule | None:
-    """Build a schedule from a config mapping (see module docstring); None stays None.
-
-    `natural` (the corpus mix) is the default for `fixed` weights and for the end of `linear`;
-    `weights_from: PATH` in the spec reads it with natural_weights().
-    """
+    """Build a schedule from a config mapping (None stays None).  `natural` (the corpus mix, or the
+    spec's `weights_from: PATH` read by natural_weights) defaults `fixed` weights and `linear`'s end."""
     if spec is None or isinstance(spec, CurriculumSchedule):
         return spec
     if isinstance(spec, (str, os.PathLike)):

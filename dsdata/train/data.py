@@ -1,54 +1,8 @@
 """Zero-copy training data: a torch IterableDataset over a shard directory (disk or /dev/shm).
 
-API (stable; the trainer builds on exactly this):
-
-    ds = ShardDataset(path, seq_len, *, rank=0, world_size=1, seed=0, verify=True,
-                      curriculum=None, prefetch=True, shuffle=True, total_steps=None,
-                      batch_size=None, endless=False)
-    loader = torch.utils.data.DataLoader(ds, batch_size=B, num_workers=0)
-    for batch in loader:                 # uint16/uint32 tensor [B, seq_len + 1]
-        tokens = batch.long()
-        x, y = tokens[:, :-1], tokens[:, 1:]
-    ds.set_step(step)                    # curriculum position (call before fetching step's batch)
-    state = ds.state_dict()              # plain dict (ints/strings): position, step, sampler RNG
-    ds2.load_state_dict(state)           # a fresh dataset continues with exactly the next window
-
-What it yields: 1-D tensors of `seq_len + 1` token ids (dtype from the manifest: uint16 or uint32).
-Each is `torch.from_numpy` of a slice of the shard's memory-mapped Arrow values buffer: no copy
-(`mapped_regions()` lists the mappings; the tensors are read-only in practice — never write to them;
-`.long()` makes the training copy).  Documents of a shard (each ending with EOS, appended by the
-`tokenize` stage) form one token stream; window k covers stream[k*seq_len : k*seq_len + seq_len + 1],
-so consecutive windows share one boundary token and every token is a prediction target exactly once.
-The last partial window of a shard (< seq_len + 1 tokens) is not used.
-With batch_size set, an unshuffled batch inside a shard is a strided view of the mapping (no copy);
-a shuffled one is a row view of a fresh array that several batches' windows were gathered into at
-once (one gather per ~_CHUNK_BYTES: a copy per chunk, never a reused buffer; a chunk stays alive
-while any of its batches does).
-
-Work split: consumers are (rank, DataLoader worker) pairs, n = world_size * num_workers.  Each
-shard's windows are permuted (seed, epoch, shard), cut to a multiple of n (at most n - 1 windows per
-shard per epoch are left out, different ones each epoch) and dealt round-robin, so consumers get
-disjoint windows and every rank yields the same number per epoch (DDP never waits on a short rank).
-Shard order is permuted per (seed, epoch) as well.
-
-Epochs: without a curriculum, each `iter()` yields the rest of the current epoch, then the next
-`iter()` starts the next epoch; in batched mode the epoch's last batch may be short.  With
-`endless=True` one `iter()` runs through epoch after epoch: the window stream is the same, and every
-batch holds exactly batch_size windows (the batch at an epoch's end takes the remaining windows and
-continues with the next epoch's first ones) — what a step-based trainer wants (dsdata's does this).  With a curriculum, iteration is endless: each window comes from a
-bucket (easy/medium/hard, the shards' `difficulty`) drawn with the schedule's weights at the step
-given by `set_step`; each bucket cycles through its own epochs.
-
-Integrity: the manifest is read (paths may not leave its directory) and each shard's size checked
-at construction; with `verify=True` each shard's sha256 is checked when it is first opened in
-this process (ShardError naming the file on mismatch; re-checked if the file is replaced).  With `prefetch=True` the next shard is mapped and
-verified on a background thread while the current one is consumed.
-
-Resume: `state_dict()` / `load_state_dict()` are exact when the dataset is iterated in the training
-process (DataLoader num_workers=0, or `iter(ds)` directly) — the recommended setup: windows cost no
-I/O or copy, and worker processes would copy every batch through shared memory.  With
-num_workers > 0 each worker holds its own position and the main process cannot see it; loading a
-state saved under a different consumer layout raises ValueError.
+`ShardDataset` yields `seq_len + 1`-token windows (or [batch_size, seq_len + 1] batches) that view the
+shards' memory mappings; consumers (rank, DataLoader worker) get disjoint windows, and
+`state_dict()` / `load_state_dict()` resume exactly.  docs/shards.md ("Loader") is the reference.
 """
 from __future__ import annotations
 
@@ -71,9 +25,7 @@ from dsdata.train.curriculum import CurriculumSampler, CurriculumSchedule, sched
 _STATE_FORMAT = "dsdata-loader"
 _ALL = "all"
 # Shuffled batched mode gathers this many bytes of windows at a time (whole batches, at least one):
-# big enough to amortise the fixed cost of a gather, a view and a tensor, small enough to cost
-# little memory (a chunk stays alive while any of its batches does).  1 MB measured as fast as
-# 2-4 MB and faster than 256 KB (benchmarks/loader.py shapes).
+# enough to amortise a gather's fixed cost; a chunk stays alive while any of its batches does.
 _CHUNK_BYTES = 1 << 20
 
 
@@ -114,51 +66,40 @@ class _OpenShard:
             warnings.simplefilter("ignore", UserWarning)
             self.tokens = torch.from_numpy(values)
         self.region = (info.path, self.buffer.address, self.buffer.size)
-        self._matrices: dict[int, torch.Tensor] = {}
-        self._rows: dict[int, np.ndarray] = {}
+        self._matrix: torch.Tensor | None = None
+        self._rows: np.ndarray | None = None
 
+    # `seq_len` is always the dataset's, the one `info.windows` was counted for.
     def window_matrix(self, seq_len: int) -> torch.Tensor:
         """All windows of the shard as a [windows, seq_len + 1] strided tensor view (rows overlap by one
         token), for slices (in-order batches). Gathers use `window_rows`: torch's indexing of an
         overlapping strided view is orders of magnitude slower."""
-        matrix = self._matrices.get(seq_len)
-        if matrix is None:
-            rows = (self.info.tokens - 1) // seq_len if self.info.tokens > seq_len else 0
-            matrix = self._matrices[seq_len] = torch.as_strided(self.tokens, (rows, seq_len + 1), (seq_len, 1))
-        return matrix
+        if self._matrix is None:
+            self._matrix = torch.as_strided(self.tokens, (self.info.windows, seq_len + 1), (seq_len, 1))
+        return self._matrix
 
     def window_rows(self, seq_len: int) -> np.ndarray:
         """All windows of the shard as a 1-D numpy array of opaque (void) items of seq_len + 1 tokens each,
         viewing the mapping: a gather `rows[index]` copies each window with one memcpy, where the
         [windows, seq_len + 1] view copies token by token (up to ~1.7x slower in a micro-benchmark)."""
-        rows = self._rows.get(seq_len)
-        if rows is None:
+        if self._rows is None:
             values = self.tokens.numpy()
-            count = (self.info.tokens - 1) // seq_len if self.info.tokens > seq_len else 0
-            rows = self._rows[seq_len] = np.ndarray((count,), dtype=np.dtype((np.void, (seq_len + 1) * values.itemsize)),
-                                                    buffer=values, strides=(seq_len * values.itemsize,))
-        return rows
+            item = np.dtype((np.void, (seq_len + 1) * values.itemsize))
+            self._rows = np.ndarray((self.info.windows,), dtype=item, buffer=values,
+                                    strides=(seq_len * values.itemsize,))
+        return self._rows
 
 
 class ShardDataset(torch.utils.data.IterableDataset):
     """Token windows of `seq_len + 1` ids from a shard directory, zero-copy (see module docstring).
 
-    curriculum: None (plain epochs), a CurriculumSchedule, or a spec mapping for
-        `schedule_from_spec` (its default weights: the shards' own bucket mix).
+    curriculum: None (plain epochs), a CurriculumSchedule, or a spec for `schedule_from_spec`.
     total_steps: the run's length, needed only by a `linear` spec given as warmup_fraction.
     shuffle: False walks shards and windows in manifest order (for inspection and tests).
-    batch_size: yield [batch_size, seq_len + 1] batches instead of windows (use DataLoader(ds,
-        batch_size=None), or iterate the dataset directly): one gather per batch instead of one
-        tensor per window — the fast path.
-    endless: without a curriculum, never end an iteration: epochs follow each other, and batches
-        cross epoch boundaries with exactly batch_size rows (a curriculum is always endless).
+    batch_size: yield [batch_size, seq_len + 1] batches instead of windows (the fast path).
+    endless: without a curriculum, epochs follow each other and every batch is full.
     max_mapped_shards: shards kept memory-mapped at once (least recently used unmapped first; at
-        least the current and next shard of every bucket).  A mapping copies nothing — its pages
-        are the page cache's or /dev/shm's own, shared by every process on the node — so keeping a
-        shard mapped costs page-table entries (~0.2 % of its size once touched) and buys not
-        faulting its pages in again next epoch (~20 % of loader time when shards were re-mapped
-        every epoch in benchmarks/loader.py).  Each mapping is one of the kernel's per-process
-        vm.max_map_count (65,530 by default).  Touched pages of open mappings count in RSS as shared.
+        least the current and next shard of every bucket; each counts against vm.max_map_count).
     """
 
     def __init__(self, path: str, seq_len: int, *, rank: int = 0, world_size: int = 1, seed: int = 0,
@@ -247,8 +188,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
 
     def close(self) -> None:
         """Stop the prefetch thread (after the shard it is reading) and forget the open shards; an
-        iteration after this starts them again.  The trainer closes its loader at the end of a run,
-        so no thread of it is left for interpreter exit."""
+        iteration after this starts them again."""
         runtime, self._runtime = self._runtime, None
         if runtime is not None and runtime["executor"] is not None:
             runtime["executor"].shutdown(wait=True, cancel_futures=True)
@@ -353,20 +293,16 @@ class ShardDataset(torch.utils.data.IterableDataset):
         """The rest of the current epoch of `group` as batches; a short last batch ends the epoch.
         With `endless`, epochs follow each other and every batch is full (one crosses each epoch end).
 
-        The hot loop serves batches that lie within one shard without per-batch lookups (they cost
-        ~10 µs per batch before).  Shuffled, it gathers the windows of several batches at once (chunks
-        of about _CHUNK_BYTES, within the shard) and yields row views of the chunk: the fixed numpy/torch
-        cost of a gather is paid once per chunk instead of once per batch (a view costs ~1.5 µs).  The position
-        counts batches handed out, not gathered, so state_dict() is exact between batches and a resume
-        re-gathers from there (chunk edges move; the windows do not).  A batch that crosses a shard
-        (or epoch) boundary goes through `_take`, which yields exactly the same windows."""
+        Shuffled batches inside one shard are gathered several at once (~_CHUNK_BYTES) and handed out
+        as row views.  The position counts batches handed out, not gathered, so state_dict() is exact
+        between batches.  Other batches go through `_take`, which yields exactly the same windows."""
         pos = self._state["groups"][group]  # [epoch, shard position in the epoch's order, window position]
-        size, n, first_epoch = self.batch_size, self._runtime["n"], pos[0]
+        size, first_epoch = self.batch_size, pos[0]
         from_numpy = torch.from_numpy
         while endless or pos[0] == first_epoch:
             epoch = pos[0]
             order = self._shard_order(group, epoch)
-            if pos[1] < len(order):
+            if self.shuffle and pos[1] < len(order):
                 shard = order[pos[1]]
                 index = self._window_index(shard, epoch)
                 last_start = len(index) - size  # the last position whose batch ends inside this shard
@@ -375,28 +311,18 @@ class ShardDataset(torch.utils.data.IterableDataset):
                     if pos[2] == 0:
                         self._prefetch(self._following(group, order, pos))
                     start = pos[2]
-                    if self.shuffle:
-                        rows, dtype, span = opened.window_rows(self.seq_len), self.dtype, self.seq_len + 1
-                        per_chunk = max(1, _CHUNK_BYTES // (size * span * dtype.itemsize))
-                        while start <= last_start:
-                            # One gather of up to per_chunk batches (never past last_start) into a fresh
-                            # array, cut into row views: every chunk is a new allocation, so a batch
-                            # handed out is never overwritten.
-                            count = min(per_chunk, (last_start - start) // size + 1)
-                            chunk = from_numpy(rows[index[start:start + count * size]].view(dtype)
-                                               .reshape(count * size, span))
-                            for batch in chunk.split(size):
-                                start += size
-                                pos[2] = start  # advanced before the yield: state_dict() counts batches handed out
-                                yield batch
-                    else:
-                        as_torch = opened.window_matrix(self.seq_len)
-                        while start <= last_start:
-                            first = int(index[start])
+                    rows, dtype, span = opened.window_rows(self.seq_len), self.dtype, self.seq_len + 1
+                    per_chunk = max(1, _CHUNK_BYTES // (size * span * dtype.itemsize))
+                    while start <= last_start:
+                        # A fresh array per chunk, so a batch handed out is never overwritten.
+                        count = min(per_chunk, (last_start - start) // size + 1)
+                        chunk = from_numpy(rows[index[start:start + count * size]].view(dtype)
+                                           .reshape(count * size, span))
+                        for batch in chunk.split(size):
                             start += size
-                            pos[2] = start
-                            yield as_torch[first:first + (size - 1) * n + 1:n]  # a strided view: no copy
-            # Crosses into the next shard; at an epoch's end, into the next epoch (endless) or a short batch.
+                            pos[2] = start  # before the yield: state_dict() counts batches handed out
+                            yield batch
+            # In order, or across a shard; at an epoch's end, into the next epoch (endless) or a short batch.
             pieces = self._take(group, size, wrap=endless)
             if not pieces:
                 return
@@ -406,19 +332,13 @@ class ShardDataset(torch.utils.data.IterableDataset):
         """The rest of the current epoch of `group`; the hot loop, kept to a slice and a yield per window."""
         pos = self._state["groups"][group]  # [epoch, shard position in the epoch's order, window position]
         span = self.seq_len + 1
-        order = self._shard_order(group, pos[0])
-        while pos[1] < len(order):
-            shard = order[pos[1]]
-            starts = self._window_starts(shard, pos[0])
-            if pos[2] < len(starts):
-                tokens = self._open(shard).tokens
-                self._prefetch(self._following(group, order, pos))
-                while pos[2] < len(starts):
-                    start = starts[pos[2]]
-                    pos[2] += 1
-                    yield tokens[start:start + span]
-            pos[1], pos[2] = pos[1] + 1, 0
-        pos[0], pos[1], pos[2] = pos[0] + 1, 0, 0
+        while (found := self._next_shard(group, wrap=False)) is not None:
+            shard, opened = found
+            starts, tokens = self._window_starts(shard, pos[0]), opened.tokens
+            while pos[2] < len(starts):
+                start = starts[pos[2]]
+                pos[2] += 1
+                yield tokens[start:start + span]
 
     def _too_small(self) -> str:
         return (f"{self.path}: no windows of {self.seq_len + 1} tokens for {self._runtime['n']} consumer(s); "

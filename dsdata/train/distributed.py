@@ -28,12 +28,9 @@ _HOST_WIDENED: set[tuple[str, torch.dtype]] = set()
 def token_ids_on(device: torch.device | str, tokens: torch.Tensor) -> torch.Tensor:
     """int64 token ids on `device` from a batch in the shard's dtype (uint16/uint32) or int64.
 
-    The batch crosses to the device in its own dtype (uint16: a quarter of int64's bytes) and is
-    widened there.  torch's uint16/uint32 are "shell" dtypes with few kernels.  Verified on CPU (torch
-    2.13, tests/test_loader.py): slicing, split, cat, .to, .long of both.  NOT verified: the copy to a
-    CUDA device and the widening there (no GPU where this was written).  If either raises, this
-    (device type, dtype) is widened on the host from then on — uint16 → int32 (exact, half of int64's
-    bytes), wider ones → int64 — and the device finishes with .long(); one warning says so.
+    The batch crosses to the device in its own dtype and is widened there.  torch's uint16/uint32
+    are "shell" dtypes with few kernels: if the copy or widening raises, this (device type, dtype)
+    is widened on the host from then on (uint16 → int32, wider → int64), with one warning.
     """
     if tokens.dtype == torch.int64:
         return tokens.to(device, non_blocking=True)
@@ -74,15 +71,10 @@ def shutdown_distributed(completed: bool) -> None:
     """Take this process's process groups down while the interpreter is whole (the trainer's last
     distributed act, every exit path).
 
-    After a completed run every rank first meets at a barrier, so none tears its groups down while
-    another still talks to it; after a failure there is no barrier (a rank that died would hang
-    it).  Then destroy_process_group().  That alone leaves gloo's threads running: a DeviceMesh
-    holds its groups, and DTensor's sharding caches hold every mesh they saw for the life of the
-    process, so the groups' C++ destructors — which join those threads — ran in interpreter
-    teardown or not at all, where a rank now and then aborted with "terminate called without an
-    active exception" after a finished run.  So the caches are cleared, every mesh still alive
-    lets go of its groups, and a collection frees them here: the gloo threads are joined before
-    this returns (tests/test_parallel.py checks that no gloo thread is left)."""
+    After a completed run every rank first meets at a barrier (not after a failure: a dead rank
+    would hang it).  destroy_process_group() alone leaves gloo's threads running, held by meshes in
+    DTensor's caches, and their teardown at interpreter exit could abort ("terminate called without
+    an active exception"); so the caches and meshes let go and the groups are collected here."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     try:

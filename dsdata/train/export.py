@@ -1,10 +1,8 @@
 """Export a trained model as a Hugging Face causal-LM directory (for the difficulty stage to score with).
 
-A dense-attention model without MoE is exactly a Llama: the weights are renamed into
-`LlamaForCausalLM` and saved with `save_pretrained` (RoPE already uses HF's rotate-half layout, so
-no permutation).  Other architectures (dynamic_sparse / lsh attention, MoE) have no HF equivalent;
-for them the directory holds the native weights (model.safetensors with dsdata names) and
-dsdata_model.json, and `export_hf` says so in its return value and log line.
+A dense-attention model without MoE is exactly a Llama (`LlamaForCausalLM`, no weight permutation:
+RoPE uses HF's rotate-half layout).  Other architectures have no HF equivalent: the directory holds
+native weights (model.safetensors, dsdata names) and dsdata_model.json, and `export_hf` says so.
 """
 from __future__ import annotations
 
@@ -93,14 +91,10 @@ def export_hf(state: dict[str, torch.Tensor], args, out_dir: str, tokenizer_path
     else:
         from safetensors.torch import save_file
 
-        unique = {}
-        seen = set()
+        unique = {}  # by storage: a tied weight is saved once, under its first name
         for key, value in state.items():
-            if value.data_ptr() in seen:
-                continue
-            seen.add(value.data_ptr())
-            unique[key] = value.clone()
-        save_file(unique, os.path.join(out_dir, "model.safetensors"))
+            unique.setdefault(value.data_ptr(), (key, value.clone()))
+        save_file(dict(unique.values()), os.path.join(out_dir, "model.safetensors"))
         kind = "native"
         log.warning("export: %s attention%s has no Hugging Face equivalent; %s holds dsdata-native weights "
                     "(model.safetensors + dsdata_model.json), not a LlamaForCausalLM", args.attention,

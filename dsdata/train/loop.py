@@ -258,11 +258,8 @@ class Trainer:
             self.metrics.histograms(self.step, activations.values)
 
     def _forward_backward(self, micro_batches: list[torch.Tensor]):
-        """(global loss, global grad norm, precision used, loss multiplier, unscaled gradients).
-
-        Loss and grad norm stay on the device until one read of both at the end (the step's only
-        host sync); a non-finite loss under bf16/fp16 is redone in fp32.
-        """
+        """(global loss, global grad norm, precision used, loss multiplier, unscaled gradients); one
+        host sync reads loss and norm, and a non-finite loss under bf16/fp16 is redone in fp32."""
         t = self.config.training
         precision = t.precision
         while True:
@@ -328,12 +325,9 @@ def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
     """The shards' tokenizer (file or directory) named by their manifest, when it exists and is the
     one the shards were written with, and the end-of-document id the manifest records.
 
-    A manifest is an untrusted file and the export copies the tokenizer into the model folder people
-    share: a manifest naming `~/.aws/credentials.json` must not get it copied.  A tokenizer.json is
-    used only when its sha256 is the one the manifest records (its author cannot know a stranger's
-    file's hash; a tokenizer changed since the shards were written is also not the right one); a
-    directory without tokenizer.json (an AutoTokenizer one, no sha256 recorded) gives only its
-    tokenizer files (export._copy_tokenizer)."""
+    The manifest is untrusted and the export copies the tokenizer into a shared folder, so a
+    tokenizer.json is used only when its sha256 is the manifest's (a manifest naming
+    ~/.aws/credentials.json cannot know that file's hash)."""
     shards = batches.tokenizer()
     if shards is None:
         return None, None

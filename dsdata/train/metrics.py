@@ -26,16 +26,15 @@ class LossAnomalyDetector:
         self.history: collections.deque[float] = collections.deque(maxlen=window)
 
     def check(self, loss: float) -> str | None:
-        message = None
         if not math.isfinite(loss):
             return f"loss is {loss}"
-        if len(self.history) >= 10 and math.isfinite(loss):
+        message = None
+        if len(self.history) >= 10:
             mean = statistics.fmean(self.history)
             std = statistics.pstdev(self.history)
             if loss > mean + self.sigma * std:
                 message = f"loss {loss:.4f} > mean {mean:.4f} + {self.sigma:g}σ ({std:.4f}) of the last {len(self.history)} steps"
-        if math.isfinite(loss):
-            self.history.append(loss)
+        self.history.append(loss)
         return message
 
     def state_dict(self) -> dict:

@@ -1,24 +1,9 @@
 """Weighted mixing of several shard sets (`data.sources`), deterministic and exactly resumable.
 
-    [data]
-    sources = [{path = "runs/web", weight = 0.7}, {path = "runs/code", weight = 0.2},
-               {path = "runs/books", weight = 0.1, name = "books"}]
-    # or, per source, `epochs = 2.0` instead of `weight`: the source's tokens × epochs (upsampling;
-    # 0.5 = half of it) — every source of one config uses the same of the two keys.
-
-Each source is a ShardDataset of its own (windows of seq_len + 1 tokens, shuffled per the source's
-seed and epochs, endless; `data.curriculum` applies inside every source, drawing its difficulty
-buckets).  Which source each window of a batch comes from is not random: window n goes to the source
-whose realised count lags its target most (argmax of p_i·(n+1) − c_i, ties to the first source), so
-after any n windows every source's count is within one window of p_i·n — the realised mix equals the
-asked one from the first batch on, and the state is just the counts.  A source running out of its
-epoch starts its next one (its own shuffle), so `epochs` are what a run of the matching length
-sees, not a hard stop.
-
-The loader state (checkpointed with the model) holds the counts and every source's ShardDataset
-state: resuming continues with exactly the next window of every source.  A state saved with other
-sources, weights or shards is refused.  The realised proportions are logged in metrics.jsonl per
-step (`mix/<name>`: the fraction of all windows so far that came from the source).
+Each source is an endless ShardDataset of its own.  Window n of the stream goes to the source whose
+realised count lags its target most (argmax of p_i·(n+1) − c_i, ties to the first source), so every
+source stays within one window of its share and the state is just the counts plus each source's
+ShardDataset state.  docs/shards.md ("Mixing shard sets by weight") is the reference.
 """
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
 """The decoder LM: pre-norm blocks of (RMSNorm → attention → residual, RMSNorm → SwiGLU/MoE → residual).
 
-Plain single-device code, torchtitan style: it knows nothing of parallelism.  What the parallel code
-(dsdata/train/parallel/) may rely on:
-
-- submodule names: ``tok_embeddings``, ``layers[str(i)].attention.{wq,wk,wv,wo}``,
-  ``layers[str(i)].attention_norm``, ``layers[str(i)].feed_forward.{w1,w2,w3}`` (dense FFN) or
-  ``layers[str(i)].feed_forward.{router,experts}`` (MoE), ``layers[str(i)].ffn_norm``, ``norm``,
-  ``output``;
-- attention derives the number of heads from the projected tensors at run time (``view(B, T, -1,
-  head_dim)``), so column-sharding wq/wk/wv by heads and row-sharding wo needs no model change;
-- ``layers`` is an ``nn.ModuleDict`` keyed by the global layer index: a pipeline stage deletes the
-  layers it does not own, and sets ``tok_embeddings``/``norm``/``output`` to ``None`` where it does
-  not own them; ``forward`` then passes hidden states through;
-- the RoPE tables are non-persistent buffers, recomputed from the arguments (never checkpointed).
-
-The rotary embedding uses the "rotate half" layout of Hugging Face's Llama, so a dense model exports
-to ``LlamaForCausalLM`` without permuting weights (see dsdata/train/export.py).
+Plain single-device code, torchtitan style.  What the parallel code (dsdata/train/parallel/) relies on:
+- submodule names: ``tok_embeddings``, ``layers[str(i)]`` with ``attention.{wq,wk,wv,wo}``,
+  ``attention_norm``, ``feed_forward.{w1,w2,w3}`` (or ``{router,experts}`` for MoE), ``ffn_norm``;
+  then ``norm``, ``output``;
+- attention takes the head count from the projected tensors, so tensor parallelism needs no change;
+- ``layers`` is keyed by the global layer index: a pipeline stage deletes layers it does not own and
+  sets ``tok_embeddings``/``norm``/``output`` to ``None``; ``forward`` passes hidden states through;
+- the RoPE tables (HF Llama's rotate-half layout) are non-persistent buffers, never checkpointed.
 """
 from __future__ import annotations
 
@@ -249,23 +241,15 @@ def set_training_step(model: Transformer, step: int) -> None:
 
 
 def compile_blocks(model: nn.Module) -> None:
-    """Run each transformer block's forward through torch.compile (training.compile).
-
-    The forward method is compiled, not the module: the hooks a parallel layout puts on the block
-    (FSDP2's all-gather / reshard, DDP, tensor parallel's DTensor plumbing on the linear layers)
-    keep running as they do eagerly, parameter names and checkpoints are unchanged, and pipeline
-    stages compile just the blocks they own.  Compilation happens on the first call.
-    """
+    """Run each transformer block's forward through torch.compile (training.compile).  The method,
+    not the module: a layout's hooks keep running eagerly and parameter names stay unchanged."""
     for block in model.layers.values():
         block.forward = _plain_input(torch.compile(block.forward))
 
 
 def _plain_input(compiled):
-    """Hand the compiled block a plain tensor.  Under tensor parallelism the embedding's all-reduced
-    output arrives as an AsyncCollectiveTensor (a functional collective not yet waited on); given to
-    a compiled graph as its input, its gradient came back as a plain tensor that DTensor's
-    redistribution could not take ('Tensor' object has no attribute '_local_tensor', torch 2.13).
-    An eager clone waits for the collective and keeps the autograd link."""
+    """Hand the compiled block a plain tensor: under tensor parallelism the embedding's output is an
+    AsyncCollectiveTensor, whose gradient through a compiled graph DTensor refused (torch 2.13)."""
     def forward(x, *args, **kwargs):
         if type(x) is not torch.Tensor and hasattr(x, "trigger_wait"):
             x = x.clone()

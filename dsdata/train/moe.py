@@ -39,7 +39,6 @@ class MoEFeedForward(nn.Module):
         self.router = nn.Linear(dim, n_experts, bias=False)
         self.experts = GroupedExperts(dim, hidden_dim, n_experts)
         self.aux_loss: torch.Tensor | None = None
-        self.dropped_fraction: torch.Tensor | None = None
 
     def route(self, x_flat: torch.Tensor):
         """(expert ids (N, k), gate weights (N, k), kept mask (N, k), aux loss)."""
@@ -61,7 +60,6 @@ class MoEFeedForward(nn.Module):
         x_flat = x.reshape(-1, shape[-1])
         top_e, gates, kept, aux = self.route(x_flat)
         self.aux_loss = aux
-        self.dropped_fraction = (1.0 - kept.float().mean()).detach()
         out = torch.zeros_like(x_flat)
         for e in range(self.n_experts):
             token, choice = torch.nonzero((top_e == e) & kept, as_tuple=True)

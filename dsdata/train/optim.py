@@ -1,11 +1,7 @@
 """Optimizers (DeepOpt, LambdaOpt, AdamW baseline) and the warm-up + cosine learning-rate schedule.
 
-All state is tensors (step counts, moments), so torch.distributed.checkpoint saves and
-reshards it like the model and no pickled Python objects end up in a checkpoint.
-
-An optimizer is one `OPTIMIZERS` row (`register_optimizer`): a `Config` dataclass of its own options
-(the `[optimizer.config]` table when `optimizer.name` names it) and `build(groups, common, options,
-total_steps, device)`, where `common` is the `[optimizer]` table (lr, beta1, beta2, eps, weight_decay).
+All state is tensors, so torch.distributed.checkpoint saves and reshards it like the model.  An
+optimizer is one `OPTIMIZERS` row (`register_optimizer`, `OptimizerRow`).
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Mixed precision: autocast contexts and a dynamic loss scaler for fp16.
 
-The scaler follows torch.amp.GradScaler's policy (initial 2^16, ×2 after `growth_interval` clean
-steps, ×0.5 and the step skipped on overflow) but is a plain object: the trainer unscales the
-gradients itself, so the overflow check, the global grad norm and clipping see the same tensors
-under every parallel layout, and the state is three numbers that checkpoint as JSON.
+The scaler follows torch.amp.GradScaler's policy but is a plain object: the trainer unscales the
+gradients itself (the same tensors under every layout), and its state checkpoints as JSON.
 """
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""What the trainer (dsdata/train/loop.py) asks of its collaborators, declared instead of probed.
-
-Every implementation provides every member (a no-op or an empty answer where it has nothing to do),
-so the loop calls them unconditionally:
-
-- `BatchSource`: the global batches (batches.py: ShardBatches, SyntheticBatches; mixture.py:
-  MixtureBatches), built knowing the global batch size;
-- `AttentionKernel`: one layer's attention kernel (attention.py; the base class `AttentionKernel`
-  there gives the per-step members as no-ops), a row of `attention.ATTENTION_KERNELS`;
-- the parallel layout: `parallel/protocol.py:Layout`.
+"""What the trainer (dsdata/train/loop.py) asks of its collaborators, declared instead of probed:
+`BatchSource` (batches.py, mixture.py) and `AttentionKernel` (attention.py); the parallel layout's is
+`parallel/protocol.py:Layout`.  Every implementation provides every member (a no-op where it has
+nothing to do), so the loop calls them unconditionally.
 """
 from __future__ import annotations
 

@@ -11,14 +11,9 @@ log = logging.getLogger("dsdata.train")
 
 
 class Registry:
-    """Rows by name (attention kernels, optimizers): the built-in ones given here, `register`ed ones,
-    and those installed distributions declare in the entry-point `group` (`name = "module:object"`),
-    read on the first lookup (a plugin module may import the module that holds the registry).
-
-    `problem(row)` says why an object cannot be a row (None: it can); every row's `Config` is its
-    options, a `Settings` dataclass.  A plugin never breaks the
-    built-in rows: one that cannot be loaded, is no row, or takes a name already there is a warning
-    line, and the registry keeps what it had."""
+    """Rows by name: the built-in ones, `register`ed ones, and the entry-point `group`'s, read on the
+    first lookup.  `problem(row)` says why an object cannot be a row (None: it can).  A plugin that
+    cannot be loaded, is no row or takes a name already there is a warning line; the rows stay."""
 
     def __init__(self, kind: str, group: str, problem, rows: dict):
         self.kind, self.group, self.problem = kind, group, problem

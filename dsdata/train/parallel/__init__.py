@@ -1,7 +1,5 @@
-"""The trainer's parallel layouts (docs/parallel.md): the `Layout` protocol (protocol.py), pure data
-parallel (data_parallel.py), data × pipeline × tensor parallel over one DeviceMesh (layout.py), and
-`build_layout(config, env)`, the one factory.  `MixedParallel` builds the hybrid layout from a plain
-dict of `[parallel]` values.
+"""The trainer's parallel layouts (docs/parallel.md): the `Layout` protocol, pure data parallel,
+data × pipeline × tensor parallel, `build_layout(config, env)` (the one factory) and `MixedParallel`.
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""DataParallelLayout: pure data parallelism over all ranks (DDP or FSDP2, optional PowerSGD).
-
-The layout when tensor_parallel_size = pipeline_parallel_size = 1.  With one process the model is
-trained as it is; the global batch is still split into `accumulation` micro-batches.
-"""
+"""DataParallelLayout: pure data parallelism over all ranks (DDP or FSDP2, optional PowerSGD); with
+one process the model is trained as it is."""
 from __future__ import annotations
 
 import contextlib
@@ -71,9 +68,6 @@ class DataParallelLayout(Layout):
         return ddp
 
     # ---------------------------------------------------------------- batches, forward / backward
-
-    def local_micro_batches(self, global_batch: torch.Tensor) -> list[torch.Tensor]:
-        return self.dims.rows_of(global_batch, self.dp_rank)
 
     def forward_backward(self, model: nn.Module, micro_batches: list[torch.Tensor], loss_fn: LossFn,
                          loss_multiplier: float, autocast_ctx: Callable) -> torch.Tensor:

@@ -70,11 +70,8 @@ def resolve_dims(parallel: ParallelConfig, world_size: int, global_batch_size: i
 
 def split_batch(global_batch: int, dp: int, pp: int, micro_batch: int, accumulation: int,
                 schedule: str) -> tuple[int, int]:
-    """(micro_batch_size, micro-batches per step) with dp × micro × accumulation = global batch.
-
-    Unset values are derived; with a pipeline the default is 2·pp micro-batches (fewer idle stages)
-    when the batch allows it, else pp.
-    """
+    """(micro_batch_size, micro-batches per step) with dp × micro × accumulation = global batch; unset
+    values are derived (a pipeline's default: 2·pp micro-batches when the batch allows, else pp)."""
     if global_batch % dp:
         raise ConfigError(f"training.global_batch_size ({global_batch}) is not divisible by the "
                           f"data-parallel size ({dp})")

@@ -1,11 +1,5 @@
-"""`MixedParallel({...})`: the hybrid layout built from a plain dict instead of a TOML config.
-
-    from dsdata.train import MixedParallel
-    layout = MixedParallel({"tensor_parallel_size": 4, "pipeline_parallel_size": 2,
-                            "micro_batch_size": 8, "gradient_accumulation_steps": 16})
-    model = layout.parallelize(Transformer(args))      # under torchrun with 8 × dp processes
-
-Keys are those of the `[parallel]` table, plus `global_batch_size` (default: dp × micro × accumulation).
+"""`MixedParallel({...})`: the hybrid layout from a plain dict of `[parallel]` keys (plus
+`global_batch_size`, default dp × micro × accumulation) instead of a TOML config; docs/parallel.md.
 """
 from __future__ import annotations
 

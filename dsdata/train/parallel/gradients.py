@@ -1,8 +1,5 @@
-"""Gradient reductions of the hybrid layout: after them every gradient equals one process's.
-
-DTensor gradients are reduced through their local shard (`local`); the collectives run on the
-layout's process groups.
-"""
+"""Gradient reductions of the hybrid layout: after them every gradient equals one process's (DTensor
+gradients through their local shard, on the layout's process groups)."""
 from __future__ import annotations
 
 import torch

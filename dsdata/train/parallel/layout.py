@@ -1,19 +1,11 @@
 """HybridLayout: data × pipeline × tensor parallelism over one (dp, pp, tp) DeviceMesh, and
 `build_layout`, the one factory the trainer calls.
 
-`HybridLayout.parallelize` applies the parallelisms to the plain model one after the other, as
-torchtitan's `parallelize_llama` does:
-
-1. pipeline split: keep this rank's layers (parallel/pipeline.py), and the tied-embedding group
-   between the first and last stage (parallel/tied.py);
-2. tensor parallel: shard the stage with DTensor `parallelize_module` (parallel/tensor.py);
-3. pipeline schedule: wrap the stage in a `torch.distributed.pipelining` GPipe / 1F1B schedule.
-
-`forward_backward` runs this rank's micro-batches (directly, or through the schedule) and then makes
-the gradients those of one process (parallel/gradients.py): partial gradients summed over tp, the
-two copies of a tied embedding summed across the first and last stage, the mean taken over dp.  The
-reported loss lives on the last stage; `mean_over_data_parallel` sums it over all ranks (other
-stages contribute zero), so every rank has the global loss.
+`HybridLayout.parallelize` applies, as torchtitan's `parallelize_llama` does: the pipeline split
+(parallel/pipeline.py, parallel/tied.py), tensor parallel (parallel/tensor.py), then the pipeline
+schedule.  `forward_backward` runs this rank's micro-batches and reduces the gradients to one
+process's (parallel/gradients.py).  The loss lives on the last stage; `mean_over_data_parallel`
+sums it over all ranks (other stages contribute zero), so every rank has the global loss.
 """
 from __future__ import annotations
 
@@ -122,9 +114,6 @@ class HybridLayout(Layout):
         self.schedule = build_schedule(stage, d.schedule, d.accumulation, self._pipeline_loss)
 
     # ---------------------------------------------------------------- batches, forward / backward
-
-    def local_micro_batches(self, global_batch: torch.Tensor) -> list[torch.Tensor]:
-        return self.dims.rows_of(global_batch, self.dp_rank)
 
     def forward_backward(self, model: nn.Module, micro_batches: list[torch.Tensor], loss_fn: LossFn,
                          loss_multiplier: float, autocast_ctx: Callable) -> torch.Tensor:

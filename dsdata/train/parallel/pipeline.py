@@ -4,10 +4,7 @@ The stage split is contiguous and balanced by parameter count: the first stage a
 embedding, the last the final norm and output projection, and the split minimises the largest
 stage.  A stage is the plain `Transformer` with the layers it does not own deleted (the layer dict
 keeps global indices, so parameter names, checkpoints and exports are the same as one process).
-
-With tied embeddings the first stage owns the embedding and the last stage a copy as its output
-projection; their gradients are summed across the two stages after backward (Megatron's
-"embedding group", parallel/tied.py), so both copies take the same optimizer step and stay equal.
+Tied embeddings across the first and last stage: parallel/tied.py.
 """
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """The `Layout` protocol: everything the trainer asks of a parallel layout, and nothing optional.
 
-The trainer (dsdata/train/loop.py), the checkpointer and the export talk to a layout only through
-these methods, so loss, scaling, clipping, optimizer, checkpoints and metrics are one code path for
-every layout.  Two layouts implement it:
-
-- `DataParallelLayout` (parallel/data_parallel.py): DDP or FSDP2 over all ranks (tp = pp = 1);
-- `HybridLayout` (parallel/layout.py): data × pipeline × tensor parallel over one (dp, pp, tp) mesh.
-
-`build_layout` (parallel/layout.py) picks one.  A layout subclasses `Layout`: a method it leaves out
-is an abstract method, and the layout cannot be built (TypeError naming it), instead of a hook the
-trainer would have to look for with `hasattr`.
+The trainer, the checkpointer and the export talk to a layout only through these methods.
+Implementations: `DataParallelLayout` (DDP or FSDP2, tp = pp = 1) and `HybridLayout` (dp × pp × tp);
+`build_layout` picks one.  A method a subclass leaves out is abstract, so the layout cannot be built
+(TypeError naming it).
 """
 from __future__ import annotations
 
@@ -30,6 +24,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 class Layout(Protocol):
     env: DistEnv
     dims: ParallelDims  # sizes and the global-batch split (dp × micro_batch_size × accumulation)
+    dp_rank: int
     vocab_parallel: bool = False  # logits sharded over tp into loss_parallel (DTensor logits: loss stays eager)
 
     # ---------------------------------------------------------------- model and batches
@@ -38,9 +33,9 @@ class Layout(Protocol):
     def parallelize(self, model: nn.Module) -> nn.Module:
         """Apply the layout to the plain model (in place where it can); returns the module to train."""
 
-    @abstractmethod
     def local_micro_batches(self, global_batch: torch.Tensor) -> list[torch.Tensor]:
         """This rank's micro-batches of the global batch (every rank draws the same global batch)."""
+        return self.dims.rows_of(global_batch, self.dp_rank)
 
     @abstractmethod
     def forward_backward(self, model: nn.Module, micro_batches: list[torch.Tensor], loss_fn: LossFn,

@@ -1,20 +1,9 @@
 """Tensor parallelism (Megatron-style, with DTensor `parallelize_module`) applied to the plain model.
 
-Per block: wq/wk/wv column-wise (each rank owns n_heads/tp heads; attention runs on local heads),
-wo row-wise (one all-reduce); w1/w3 column-wise, w2 row-wise (one all-reduce).  The embedding is
-vocab-parallel (row-wise: each rank owns vocab/tp rows, looks up its ids and the partial sums are
-all-reduced); the output projection is column-wise over the vocabulary and its logits stay sharded
-(`Shard(-1)`) into a vocab-parallel cross-entropy (`loss_parallel`), so no rank ever holds the full
-(batch, seq, vocab) logits.  Norms are replicated.  When tp does not divide the vocabulary (a tokenizer's odd size) the embedding
-and output stay replicated instead (full logits on every rank; set model.vocab_size to a padded
-multiple of tp to get the vocab-parallel path).
-
-Attention variants: every kernel takes the head count from its tensors, so dense, dynamic_sparse and
-lsh run on the local heads unchanged.  dynamic_sparse's gate MLP is shared by all heads: its weights
-stay replicated and their gradients (partial: each rank saw only its heads) are summed over the
-tensor-parallel group by the layout (`tp_partial_gradient_params`).
-MoE: the router and the experts stay replicated on the tensor-parallel ranks (every rank routes and
-computes all experts of its replicated input); correct but without memory savings for the experts.
+Attention and FFN projections are split column-/row-wise by heads and width; the embedding and
+output are vocab-parallel (logits stay sharded into `loss_parallel`) unless tp does not divide the
+vocabulary.  Norms, dynamic_sparse's shared gate and MoE experts stay replicated.  docs/parallel.md
+("What each dimension does") is the reference.
 """
 from __future__ import annotations
 
@@ -40,9 +29,7 @@ def check_tensor_parallel(args, tp: int) -> None:
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh, vocab_parallel_loss: bool = True) -> list[nn.Parameter]:
     """Shard the (possibly pipeline-pruned) model in place; returns replicated params with partial grads.
-
-    vocab_parallel_loss: shard embedding and output over the vocabulary (needs vocab_size % tp == 0).
-    """
+    vocab_parallel_loss: shard embedding and output over the vocabulary (needs vocab_size % tp == 0)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 

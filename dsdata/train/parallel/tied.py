@@ -1,10 +1,8 @@
 """A tied embedding split over pipeline stages (Megatron's "embedding group").
 
-With tie_embeddings the first stage owns the embedding and the last stage a copy as its output
-projection.  The two copies stay one parameter in effect: their gradients are summed across the two
-stages after backward, so both take the same optimizer step; on a checkpoint load the last stage
-takes the first stage's weight and optimizer state (a checkpoint names the tied weight once, as
-tok_embeddings.weight).  Middle stages hold neither copy.
+The first stage owns the embedding, the last a copy as its output projection: their gradients are
+summed across the two stages, and on a checkpoint load the last stage takes the first stage's weight
+and optimizer state (a checkpoint names the tied weight once, as tok_embeddings.weight).
 """
 from __future__ import annotations
 
