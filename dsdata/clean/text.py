@@ -176,15 +176,7 @@ def normalize_unicode(text: str, form: str) -> str:
 class TextCleaner:
     """Configured text cleaning; `clean(text, markup_possible)` runs the enabled steps in order.
 
-    remove_control: C0/C1 control characters (\\t and \\n kept; \\r\\n, \\r, U+2028/2029 → \\n).
-    remove_zero_width: ZWSP, word joiner, BOM, soft hyphen… (ZWJ/ZWNJ kept).
-    strip_tags: leftover HTML tags (real element names only), comments, script/style blocks.
-    decode_entities: HTML entities with a terminating ';' (&amp; &#8212; &eacute;).
-    symbol_runs: lines made only of ASCII rules (==== ******, 4+) are emptied; runs of 3+ of one
-      non-ASCII symbol (▲▲▲ ★★★) are removed anywhere.
-    normalize_whitespace: collapse horizontal space runs, strip line ends, at most one blank line;
-      keep_indent keeps leading indentation (code blocks).
-    unicode_form: NFC | NFKC | NFKC_CJK | NFD | NFKD | none.
+    What each flag removes or keeps: the table in docs/clean.md.
     """
 
     remove_control: bool = True
