@@ -1,14 +1,10 @@
 """The kinds of personal data the `pii` stage finds: their shapes, validators and context rules, and
-the finder that runs them in one pass.  The rules, with examples kept and redacted: docs/pii.md.
+the finder that runs them in one pass.  The rules (boundaries, not `\\b`; full-width forms; cost),
+with examples kept and redacted: docs/pii.md.
 
-  1. Full-width forms, dashes and spaces are mapped to ASCII by a same-length table, so every
-     offset in the mapped text is an offset in the original.
-  2. Items are bounded by the characters around them, never by `\\b` (which counts Chinese characters
-     as word characters): a digit kind may not touch a digit, a Latin letter, `_` or `@`, nor a
-     `.`/`-` that joins it to more digits or letters.
-  3. One linear scan per family: the digit kinds are one alternation of bounded shapes, run only
-     where the compiled pass (pii_kernels, with numba) has not settled the run; e-mail addresses are
-     read only around an `@`, IPv6 only around a `:`.  Each candidate is validated once.
+Full-width forms, dashes and spaces are mapped to ASCII by a same-length table, so every offset in
+the mapped text is an offset in the original.  The digit kinds are one alternation of bounded
+shapes, run only where the compiled pass (pii_kernels, with numba) has not settled the run.
 """
 from __future__ import annotations
 
