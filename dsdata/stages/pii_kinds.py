@@ -281,21 +281,16 @@ for _net in map(ipaddress.IPv4Network, (
 _V4_RANGES = [r for ranges in _NOT_GLOBAL_V4.values() for r in ranges]
 
 
-def _public_v4(quad: str) -> bool:
-    a, b, c, d = map(int, quad.split("."))
-    return _public_v4_int(a << 24 | b << 16 | c << 8 | d)
-
-
 def _public_v4_int(value: int) -> bool:
     ranges = _NOT_GLOBAL_V4.get(value >> 24)
     return not ranges or not any(value >> shift == net for net, shift in ranges)
 
 
 def _ip4_ok(text: str, start: int, end: int) -> bool:
-    quad = text[start:end]
-    octets = quad.split(".")
-    if not _public_v4(quad) or (_numbering_may_end(text, start) and _NUMBERING_BEFORE.search(text, max(0, start - 12), start)) \
-            or _SECTION_AFTER.match(text, end, end + 3):
+    octets = text[start:end].split(".")
+    a, b, c, d = map(int, octets)
+    if not _public_v4_int(a << 24 | b << 16 | c << 8 | d) or _SECTION_AFTER.match(text, end, end + 3) \
+            or _numbering_may_end(text, start) and _NUMBERING_BEFORE.search(text, max(0, start - 12), start):
         return False
     if (len(octets[0]) > 1) + (len(octets[1]) > 1) + (len(octets[2]) > 1) + (len(octets[3]) > 1) >= 2:
         return True
