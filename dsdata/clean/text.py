@@ -1,9 +1,8 @@
 """Regex/Unicode cleaning of plain text: invisible characters, leftover markup, symbol runs,
 whitespace, Unicode normal form.  Each step is a flag so a recipe can switch it off.
 
-CJK safety: NFKC folds full-width punctuation (，！？：；（）) into ASCII and the ideographic space
-into a plain space, which changes Chinese text.  The default form is NFC; `NFKC_CJK` applies NFKC
-everywhere except to full-width punctuation and the ideographic space.
+The default form is NFC, not NFKC, which would fold full-width punctuation and the ideographic space
+of Chinese text into ASCII; `NFKC_CJK` spares them (docs/clean.md).
 """
 from __future__ import annotations
 
