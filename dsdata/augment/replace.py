@@ -1,8 +1,7 @@
 """Synonym and entity replacement from a user's dictionary file (TSV or JSON; docs/augment.md).
 
 Each synonym occurrence is replaced with probability `replace_prob`; each distinct entity is
-swapped for another of its type, consistently within a document.  Matching is longest-first; Latin
-terms match whole words, case-insensitively (case carried over); Chinese terms match anywhere.
+swapped for another of its type, consistently within a document; matching as docs/augment.md says.
 """
 from __future__ import annotations
 

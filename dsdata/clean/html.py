@@ -1,11 +1,8 @@
 """HTML → main text: a lexbor (selectolax) DOM heuristic that drops boilerplate, plus two baselines.
 
-The `dom` extractor (the default behind `auto`), on one parse: drop elements that never carry text
-(scripts, media, hidden ones); pick the content root (a single `<main>`/`article` holding at least a
-quarter of the page's text, else `<body>`); drop furniture (nav, footer, ARIA landmarks, containers
-whose class/id words say nav, sidebar, toc, …), lists of links to the site's own pages and heading
-permalinks; serialise blocks, cells and `<pre>` (docs/clean.md has the rules in full).  The rules
-name HTML semantics and common class-name words, never one site.
+The `dom` extractor (the default behind `auto`) drops elements that never carry text, picks the
+content root, drops furniture and link lists, and serialises blocks, cells and `<pre>` on one parse
+(docs/clean.md has the rules).  The rules name HTML semantics and common class-name words, never one site.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Optional numba kernel for `dsdata.clean.html._tag_names_python`: the same answer from one pass over the
 page's UTF-8 bytes in machine code (the Python path stays the reference; tests compare both).
 
-Over the bytes before the page's last `>`: a `<` then a letter (or `/` and a letter) is a tag named
-by its `[A-Za-z0-9:-]` run, lower-cased, ending at the next `>`; a raw-text start tag (script, …)
-skips to the first case-insensitive `</name` (as Python's re.IGNORECASE: `ſ` matches `s`, `İ`/`ı`
-match `i`); other tags count per name as in the reference.  UTF-8 keeps every ASCII byte for
+A raw-text start tag (script, …) skips to the first case-insensitive `</name` as Python's
+re.IGNORECASE finds it (`ſ` matches `s`, `İ`/`ı` match `i`).  UTF-8 keeps every ASCII byte for
 itself, so the byte scan sees the tags the text scan sees.  Names are exact keys of an
 open-addressing table sized for the worst case up front.
 """

@@ -1,9 +1,8 @@
 """Regex/Unicode cleaning of plain text: invisible characters, leftover markup, symbol runs,
 whitespace, Unicode normal form.  Each step is a flag so a recipe can switch it off.
 
-CJK safety: NFKC folds full-width punctuation (，！？：；（）) into ASCII and the ideographic space
-into a plain space, which changes Chinese text.  The default form is NFC; `NFKC_CJK` applies NFKC
-everywhere except to full-width punctuation and the ideographic space.
+The default form is NFC, not NFKC, which would fold full-width punctuation and the ideographic space
+of Chinese text into ASCII; `NFKC_CJK` spares them (docs/clean.md).
 """
 from __future__ import annotations
 
@@ -176,15 +175,7 @@ def normalize_unicode(text: str, form: str) -> str:
 class TextCleaner:
     """Configured text cleaning; `clean(text, markup_possible)` runs the enabled steps in order.
 
-    remove_control: C0/C1 control characters (\\t and \\n kept; \\r\\n, \\r, U+2028/2029 → \\n).
-    remove_zero_width: ZWSP, word joiner, BOM, soft hyphen… (ZWJ/ZWNJ kept).
-    strip_tags: leftover HTML tags (real element names only), comments, script/style blocks.
-    decode_entities: HTML entities with a terminating ';' (&amp; &#8212; &eacute;).
-    symbol_runs: lines made only of ASCII rules (==== ******, 4+) are emptied; runs of 3+ of one
-      non-ASCII symbol (▲▲▲ ★★★) are removed anywhere.
-    normalize_whitespace: collapse horizontal space runs, strip line ends, at most one blank line;
-      keep_indent keeps leading indentation (code blocks).
-    unicode_form: NFC | NFKC | NFKC_CJK | NFD | NFKD | none.
+    What each flag removes or keeps: the table in docs/clean.md.
     """
 
     remove_control: bool = True

@@ -1,14 +1,8 @@
 """A run's MinHash index on disk (`dedup.index: DIR`) and the lookup `dedup.against: DIR` makes.
 
-Layout (no pickle anywhere: each .npy header checked before its data is read, JSON bounded:
-dsdata/io/untrusted_files.py; a folder that breaks a rule is BadIndex, one line):
-  DIR/manifest.json            {"format": "dsdata-minhash-index", "version": 1, "num_perm", "seed",
-                                "ngram", "char_ngram", "documents", "parts": [name, …]}
-  DIR/NAME.signatures.npy      uint32 [n, num_perm]: the MinHash signatures of one part's documents
-  DIR/NAME.ids.json            their ids, in the same order
-Only the kept documents of the run are written (the deduplicated corpus).  The MinHash parameters
-that make signatures comparable (num_perm, seed, ngram, char_ngram) are recorded and a later run
-must use the same; bands and rows are the later run's own (band keys are recomputed).
+Layout and rules: docs/dedup.md.  No pickle anywhere: each .npy header is checked before its data is
+read, JSON is bounded (dsdata/io/untrusted_files.py); a folder that breaks a rule is BadIndex, one
+line.  num_perm, seed, ngram and char_ngram must match the later run's; bands and rows are its own.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Locality-sensitive hashing over MinHash signatures: choosing bands × rows, and band keys.
 
-Two documents of Jaccard s share at least one of `bands` buckets of `rows` values with probability
-P(s) = 1 − (1 − s^rows)^bands; `choose_bands_rows` picks (bands, rows) for a threshold by the weighted
-false-positive and false-negative areas of that S-curve, as datasketch does (docs/dedup.md).
+`choose_bands_rows` picks (bands, rows) for a threshold by the weighted false-positive and
+false-negative areas of the S-curve P(s) = 1 − (1 − s^rows)^bands, as datasketch does (docs/dedup.md).
 """
 from __future__ import annotations
 

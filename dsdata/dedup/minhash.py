@@ -1,18 +1,8 @@
 """MinHash signatures for whole batches of documents, vectorised with numpy.
 
-* Text is folded (NFKC, lower-case; each run of non-word characters → one space).  A document whose
-  letters are mostly from scripts written without spaces (Han, kana, Thai, Lao, Khmer, Myanmar) is
-  shingled into character n-grams with spaces removed, any other into word n-grams; a document
-  shorter than one shingle is one shingle.
-* Each shingle is hashed to 64 bits with no Python call per shingle: prefix sums of a polynomial
-  hash mod 2^64 (odd base, so invertible) give any span's hash, then a splitmix64 finaliser.
-* Permutation k is h_k(x) = (a_k·x + b_k) mod 2^32 on the hash's top 32 bits (a_k odd: a bijection,
-  and 32-bit lanes are what SIMD multiplies); the signature holds the minimum per k.  a_k, b_k come
-  from blake2b(seed, k): the same seed gives the same signatures on every machine and run.
-* With numba, the shingle hashing and the minima run as compiled loops (numba_kernels.py); the numpy
-  code below computes identical signatures (tests compare the two).
-
-The share of equal signature entries estimates Jaccard similarity (std ≈ sqrt(J·(1 − J)/num_perm)).
+Folding, shingling, hashing and the permutations: docs/dedup.md ("How it works").  With numba, the
+shingle hashing and the minima run as compiled loops (numba_kernels.py); the numpy code below
+computes identical signatures (tests compare the two).
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """URL and line/span deduplication keys (pure functions; the Beam steps are in dsdata/beam/dedup/spans.py).
 
-A URL's key drops what differs between copies of one page: scheme (http/https), case of scheme and
-host, "www.", default ports, fragment, trailing slash, tracking parameters, query order.  A unit is
-a line whose normalised form (NFKC, case-folded, whitespace collapsed) has at least `min_chars`
-characters, or (C4's rule) every span of three consecutive sentences; its key is a 64-bit BLAKE2b.
+What a URL's key drops and what a line or span unit is: docs/dedup.md; a unit's key is a 64-bit
+BLAKE2b of its normalised form (NFKC, case-folded, whitespace collapsed).
 """
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """Interpolated modified Kneser-Ney n-gram estimation (Chen & Goodman 1998, as in KenLM's lmplz).
 
-The math, once:
-
-* Adjusted counts a(g): the raw count for the highest order and for n-grams that start with <s>
-  (nothing can precede <s>); otherwise the number of distinct words seen to the left of g.
-* Discounts per order n from the count-of-counts t_k of adjusted counts (k = 1..4):
-  Y = t1 / (t1 + 2 t2),  D_k = k - (k + 1) Y t_{k+1} / t_k  for k = 1, 2, 3 (D_3 serves all a >= 3).
-* For context h and word w:  p(w | h) = (a(hw) - D(a(hw))) / Σ_x a(hx)  +  γ(h) p(w | h')
-  with γ(h) = (D_1 N_1(h·) + D_2 N_2(h·) + D_3 N_3+(h·)) / Σ_x a(hx), h' = h minus its first word,
-  and the unigram distribution interpolated with the uniform 1 / |V| (V: every predictable word,
-  i.e. the seen words, </s> and <unk>; never <s>).
-
-As ARPA, a seen n-gram stores p(w | h) and a context's backoff weight is γ(h), so a backoff query
-reproduces the interpolated model.  Pruning recomputes the affected backoff weights (Σ_w p(w | h) = 1).
-N-grams are numbered level by level: key = prefix_id * vocab_size + last_word (int64 for any order).
+Adjusted counts, discounts D1, D2, D3+ per order, interpolation down to the uniform distribution
+and the ARPA form (p(w | h) stored, γ(h) as backoff weight): docs/difficulty.md.  Pruning recomputes
+the affected backoff weights (Σ_w p(w | h) = 1).  N-grams are numbered level by level:
+key = prefix_id * vocab_size + last_word (int64 for any order).
 """
 from __future__ import annotations
 

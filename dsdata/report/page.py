@@ -4,7 +4,6 @@ examples read a row group's text only when it holds a reason still lacking them.
 """
 from __future__ import annotations
 
-import html
 import json
 import os
 import logging
@@ -12,7 +11,7 @@ import math
 from typing import Any, Iterable
 
 from dsdata.report import charts, svgchart
-from dsdata.report.charts import histogram_chart, img
+from dsdata.report.charts import _e, histogram_chart, img  # _e: HTML-escape for text and attributes
 from dsdata.report.cjkfont import embedded_font
 from dsdata.report.files import LOCAL, files_for
 from dsdata.core.names import shown_path
@@ -300,10 +299,6 @@ pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.8em} .ex{font-siz
 nav a{margin-right:1em;font-size:.9em}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:.5em 1.5em}
 """
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def tallies_section(stats: dict[str, Any]) -> list[str]:

@@ -1,11 +1,7 @@
 """augment: add paraphrased copies of chosen documents (back-translation, synonyms, entities).
 
-Originals always stay.  Each copy is a new document with id `<source id>#bt|#syn|#ent`,
-annotations augmentation / source_id / derived_by="augment" / augment_similarity (chrF to the
-original), and `derived_from` = the source id, so the ledger counts it as `augmented`.
-Back-translated copies whose chrF to the original lies outside [min_sim, max_sim] are not emitted;
-they are counted in RUN_DIR/augment.json and Beam Metrics (namespace dsdata.augment).
-The Beam graph: dsdata/beam/augment.py.  See docs/augment.md.
+Originals always stay; each copy is a new document derived from its source (ids, annotations and
+the chrF bounds on back-translations: docs/augment.md).  The Beam graph: dsdata/beam/augment.py.
 """
 from __future__ import annotations
 

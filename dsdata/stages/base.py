@@ -1,10 +1,5 @@
-"""The stage contract: three kinds of small classes, none of which imports Beam.
-
-* `DocumentStage.process(doc) -> Document | Rejected`            per-document stages
-* `BatchStage.process_batch(docs) -> list[Document | Rejected]`  model stages, batched (the model
-                                                                loaded once per worker in setup())
-* `CorpusStage.transform_config()`                               whole-corpus stages: the config of
-                                                                their composite (dsdata/beam/kinds.py)
+"""The stage contract: three kinds of small classes, none of which imports Beam (the table of
+kinds, and how Beam runs each: docs/architecture.md).
 
 Every parameter is a typed `Param` (dsdata/core/params.py; the trainer's config tables use it too),
 checked and converted once when the stage is built (and by `load_recipe` for recipe and --set

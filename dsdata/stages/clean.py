@@ -1,9 +1,7 @@
 """`clean`: HTML → main text (boilerplate removed), then regex/Unicode cleaning of every document.
 
-A document is treated as HTML when its metadata says `content_type: text/html` (the HTML and WARC
-readers set it) or, with `html: auto`, when its text looks like HTML (a doctype or <html> at the
-start, or a high density of HTML tags).  Rejections: `html_parse_error` (the page cannot be
-parsed), `empty_after_clean` (nothing but whitespace is left).  See docs/clean.md.
+When a document counts as HTML, and the rejections `html_parse_error` and `empty_after_clean`:
+docs/clean.md.
 """
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """`decontaminate`: reject documents that share an n-gram with an evaluation benchmark (docs/decontaminate.md).
 
 As datatrove's NGramsDecontFilter and GPT-3 do: every `ngram`-token window of every benchmark item
-is indexed; a document holding one is rejected `contaminated`, its detail naming the file and n-gram.
-With `max_doc_frequency` the counts need the whole corpus (dsdata/beam/decontaminate.py calls
-`matches`, then `decide`); with it null `process` decides one document at a time.
-
-Tokens: NFKC, case-folded; one CJK character, or a run of other letters/digits (punctuation and
-spacing ignored, an English clitic joins its word).  A benchmark file that yields no n-gram or is
-not UTF-8 text stops the run in one line.  The index is one sorted uint64 array of n-gram hashes,
-built once per worker process.
+is indexed; a document holding one is rejected `contaminated`.  With `max_doc_frequency` the counts
+need the whole corpus (dsdata/beam/decontaminate.py calls `matches`, then `decide`); with it null
+`process` decides one document at a time.  Tokens: docs/decontaminate.md.  The index is one sorted
+uint64 array of n-gram hashes, built once per worker process.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """`dedup`: exact + MinHash-LSH near-duplicate removal over the whole corpus (a Beam transform).
 
-Every document gets `dup_cluster` (the id kept for its cluster) and `dup_cluster_size`; one document
-per cluster is kept (the lowest id, or with `keep: highest_score` the highest `score_field`), the
-others are rejected `exact_duplicate` or `near_duplicate`.  `url`, `lines`, `index` and `against`
-add URL, line/span and cross-run dedup (docs/dedup.md).  The composite:
-dsdata/beam/dedup/composite.py, built from `transform_config()`.
+Annotations, which document of a cluster is kept, the rejection reasons and the URL, line/span and
+cross-run modes: docs/dedup.md.  The composite: dsdata/beam/dedup/composite.py, built from
+`transform_config()`.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """difficulty: perplexity under a reference language model, and an easy / medium / hard grade.
 
-Each document is scored by the model of its language (the `lang` annotation, else metadata "lang",
-else the `lang` parameter) and annotated `perplexity` (CCNet's) and `difficulty`, graded by fixed
-`cutoffs` or per-language corpus percentiles (a whole-corpus stage: dsdata/beam/difficulty.py
-writes OUT/difficulty.json).  Unscorable documents get `unscored_grade` or, with `reject`, reason
-`no_language_model` / `no_tokens`; the extreme tail `perplexity_outlier`.  See docs/difficulty.md.
+Each document is scored by the model of its language and annotated `perplexity` (CCNet's) and
+`difficulty`; grading by cutoffs or per-language percentiles (a whole-corpus stage:
+dsdata/beam/difficulty.py), unscorable documents and outliers: docs/difficulty.md.
 """
 from __future__ import annotations
 

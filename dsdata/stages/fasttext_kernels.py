@@ -1,10 +1,8 @@
 """fastText supervised prediction (k = 1), compiled: the same label and probability as fastText's
-`predictLine`, computed by one numba call per batch of lines.
+`predictLine`, computed by one numba call per batch of lines (arrays from fasttext_model).
 
-Imported only with numba (and DSDATA_NO_NUMBA unset); the model's arrays come from
-dsdata.stages.fasttext_model, which reads and checks the file.  Every step follows fastText's C++
-(dictionary.cc, model.cc, loss.cc, quantmatrix.cc, productquantizer.cc) in the same order and the
-same float32 arithmetic, so the results are bit-identical, not close:
+Every step follows fastText's C++ (dictionary.cc, model.cc, loss.cc, quantmatrix.cc,
+productquantizer.cc) in the same order and float32 arithmetic, so the results are bit-identical:
 - words split on space, \\t, \\v, \\f, \\r and \\0; a line ends at \\n with </s> (a literal </s> ends it too);
 - a word's rows: its id, and its character n-grams of "<word>" (FNV-1a with fastText's signed-char
   quirk, mod bucket, through a quantized model's pruned map); word n-grams from the words' hashes;

@@ -1,9 +1,6 @@
-"""Language identification: fastText (default) or langdetect.
-
-The default fastText model is `lid.176.ftz` (fastText's compressed 176-language model,
-CC-BY-SA-3.0), shipped as package data in dsdata/models/lid176/ and loaded with `fasttext`.  Any other fastText model path
-(lid.176.bin, GlotLID) works through `model`.  Chinese is reported as `zh`, with the script
-(Hans = Simplified, Hant = Traditional) in `lang_script`.
+"""Language identification: fastText (default; the shipped lid.176.ftz or any model through `model`)
+or langdetect (docs/filters.md).  Chinese is reported as `zh`, with the script (Hans = Simplified,
+Hant = Traditional) in `lang_script`.
 """
 from __future__ import annotations
 

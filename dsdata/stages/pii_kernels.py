@@ -1,11 +1,6 @@
 """The `pii` stage's digit kinds, compiled: one numba pass over the normalised text's code points
-that does what pii_kinds.PiiFinder._numbers does with regexes wherever it can do it exactly.
-
-It finds the runs pii_kinds._HINT finds, applies the same gate and skips to the first position where
-a chosen shape can start (_may_start: never "hopeless" where the regex matches).  Where the regex's
-order of alternatives and greedy ends make the match certain (a solid or grouped identity or card
-number, a solid mobile, a dotted quad) and _classify needs no context regex, it gives the item or
-its refusal; anywhere else it hands the rest of the run to Python's regex and rules.
+that does what pii_kinds.PiiFinder._numbers does with regexes wherever it can do it exactly
+(first_candidates and _found: what it settles, and where it hands a run back to Python's regex).
 tests/test_pii_kernels.py: _may_start against the regex, the same spans as the pure-Python path.
 """
 from __future__ import annotations

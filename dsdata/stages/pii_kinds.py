@@ -1,14 +1,10 @@
 """The kinds of personal data the `pii` stage finds: their shapes, validators and context rules, and
-the finder that runs them in one pass.  The rules, with examples kept and redacted: docs/pii.md.
+the finder that runs them in one pass.  The rules (boundaries, not `\\b`; full-width forms; cost),
+with examples kept and redacted: docs/pii.md.
 
-  1. Full-width forms, dashes and spaces are mapped to ASCII by a same-length table, so every
-     offset in the mapped text is an offset in the original.
-  2. Items are bounded by the characters around them, never by `\\b` (which counts Chinese characters
-     as word characters): a digit kind may not touch a digit, a Latin letter, `_` or `@`, nor a
-     `.`/`-` that joins it to more digits or letters.
-  3. One linear scan per family: the digit kinds are one alternation of bounded shapes, run only
-     where the compiled pass (pii_kernels, with numba) has not settled the run; e-mail addresses are
-     read only around an `@`, IPv6 only around a `:`.  Each candidate is validated once.
+Full-width forms, dashes and spaces are mapped to ASCII by a same-length table, so every offset in
+the mapped text is an offset in the original.  The digit kinds are one alternation of bounded
+shapes, run only where the compiled pass (pii_kernels, with numba) has not settled the run.
 """
 from __future__ import annotations
 
@@ -285,21 +281,16 @@ for _net in map(ipaddress.IPv4Network, (
 _V4_RANGES = [r for ranges in _NOT_GLOBAL_V4.values() for r in ranges]
 
 
-def _public_v4(quad: str) -> bool:
-    a, b, c, d = map(int, quad.split("."))
-    return _public_v4_int(a << 24 | b << 16 | c << 8 | d)
-
-
 def _public_v4_int(value: int) -> bool:
     ranges = _NOT_GLOBAL_V4.get(value >> 24)
     return not ranges or not any(value >> shift == net for net, shift in ranges)
 
 
 def _ip4_ok(text: str, start: int, end: int) -> bool:
-    quad = text[start:end]
-    octets = quad.split(".")
-    if not _public_v4(quad) or (_numbering_may_end(text, start) and _NUMBERING_BEFORE.search(text, max(0, start - 12), start)) \
-            or _SECTION_AFTER.match(text, end, end + 3):
+    octets = text[start:end].split(".")
+    a, b, c, d = map(int, octets)
+    if not _public_v4_int(a << 24 | b << 16 | c << 8 | d) or _SECTION_AFTER.match(text, end, end + 3) \
+            or _numbering_may_end(text, start) and _NUMBERING_BEFORE.search(text, max(0, start - 12), start):
         return False
     if (len(octets[0]) > 1) + (len(octets[1]) > 1) + (len(octets[2]) > 1) + (len(octets[3]) > 1) >= 2:
         return True

@@ -1,11 +1,10 @@
 """Stages from outside dsdata: classes given to `register_stage()`, and the stages installed
-distributions declare in the `dsdata.stages` entry-point group (`shout = "my_stages:ShoutStage"`).
+distributions declare in the `dsdata.stages` entry-point group (docs/architecture.md).
 
 The group is read once per process, only when a name is not built in or the whole list is asked
 for; an entry point's module is imported only when its stage is used or listed.  A plugin never
 breaks dsdata's own stages: one that cannot be loaded (whatever its import raises but Ctrl-C), is no
-stage, or takes a taken name is one line naming the distribution, and the first one runs.  A custom
-stage is a DocumentStage or a BatchStage (a CorpusStage needs a Beam composite in beam/kinds.py).
+stage, or takes a taken name is one line naming the distribution, and the first one runs.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Heuristic quality rules: Gopher quality + repetition, C4 line/page rules, FineWeb line rules.
 
 Every threshold is a parameter (null switches that rule off) and every rejection names its rule
-(`gopher_min_words`, `c4_min_sentences`, …).  CJK-aware (docs/filters.md): a *word* is a run of
-non-space, non-CJK characters or one CJK character; sentence ends include 。！？; stop words and
-short lines are per script; mean word length counts Latin words only; n-gram repetition on CJK text
-uses character n-grams of twice the word n.
+(`gopher_min_words`, `c4_min_sentences`, …).  CJK-aware: words, sentence ends, stop words and
+n-grams on CJK text as docs/filters.md describes.
 """
 from __future__ import annotations
 

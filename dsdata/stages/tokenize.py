@@ -1,8 +1,7 @@
 """`tokenize` stage: documents → token ids + EOS, for the `shards` stage that follows it.
 
-The ids travel in `doc.annotations["tokens"]` as a numpy array (uint16 when the vocabulary fits,
-else uint32).  kept/*.parquet gets only `num_tokens` (the shards hold the ids) unless
-`keep_column: true` also writes a `tokens` column.  Reason: `no_tokens` (fewer than `min_tokens`).
+The ids travel in `doc.annotations["tokens"]` (dtype and the `keep_column` option: docs/shards.md).
+Reason: `no_tokens` (fewer than `min_tokens`).
 """
 from __future__ import annotations
 
