@@ -6,9 +6,8 @@ list, tuple, dict, and dates/times without a named time zone, Decimal); decoding
 types — nothing read back can run code, unlike pickle, which the runner's own shuffles use.  A value
 of any other type raises `Unspillable`: its document then travels through the shuffle instead.
 
-Files are written through Beam's FileSystems (so a run directory on GCS or S3 works too) and
-named by a random id, so a bundle that a runner retries writes a new file and the old one, which
-no surviving record refers to, is never read.
+Files are written through Beam's FileSystems and named by a random id, so a retried bundle writes
+a new file and the old one is never read.
 """
 from __future__ import annotations
 
@@ -223,10 +222,8 @@ def _named(exc: OSError, path: str) -> OSError:
 
 
 class RollingSpill:
-    """One bundle's records appended to spill files under `directory`, a new file once the open one
-    holds `file_bytes`; `close()` ends the open file and hands over the names of the files completed
-    since the last call (names, not paths: what crosses Beam's coders as str is written as UTF-8,
-    and OUT's path need not be)."""
+    """One bundle's records appended to spill files under `directory`, a new file past `file_bytes`;
+    `close()` ends the open file and returns the names (not paths) of the files completed since."""
 
     def __init__(self, directory: str, file_bytes: int):
         self.directory, self.file_bytes = directory, file_bytes
