@@ -7,13 +7,9 @@
   a per-document stage with a corpus-wide part → its composite while `uses_composite()` (decontaminate's
                                                            document-frequency cap)
 
-The recipe's leading run of per-document and batched stages without a composite or side outputs
-(`batchable`) runs instead on Batches straight from the reader: ParDo(BatchChainDoFn), one runner
-element per batch of records (dsdata/beam/pipeline.py build_pipeline).
-
-Every transform returns {"kept", "rejected"}; a composite may add "stats" (one JSON-able dict,
-written into stats.json[stage name]) and one dict per side output the stage declares (written by
-the builder under the run directory).
+The recipe's leading `batchable` stages run instead on the reader's Batches (BatchChainDoFn).
+Every transform returns {"kept", "rejected"}; a composite may add "stats" (one JSON-able dict) and
+one dict per side output the stage declares.
 """
 from __future__ import annotations
 
@@ -132,17 +128,15 @@ class ApplyBatchChain(beam.PTransform):
 
 
 def committable(stage: Stage) -> bool:
-    """A per-document stage that can run inside one DoFn on Batches: a batchable one, or one whose
-    composite module offers a `batch_run`.  A run commits the output of its leading such stages per
-    unit (dsdata/beam/resume.py)."""
+    """A per-document stage that can run inside one DoFn on Batches (batchable, or its composite module
+    offers a `batch_run`): what a run commits per unit (dsdata/beam/resume.py)."""
     if batchable(stage):
         return True
     return isinstance(stage, BatchStage) and not stage.side_outputs and _composite_batch_run(stage) is not None
 
 
 def batch_run(stage: Stage, shared):
-    """The object that runs a committable stage on Batches inside another DoFn (`run_batch(docs,
-    rejected)`, `finish_bundle()`); made in that DoFn's setup.  `shared`: a Beam Shared handle the
-    DoFn made, for a model loaded once per process."""
+    """The object that runs a committable stage on Batches inside another DoFn's setup (`run_batch`,
+    `finish_bundle`); `shared`: a Beam Shared handle, for a model loaded once per process."""
     run = _composite_batch_run(stage)
     return run(stage, shared) if run is not None else batchable_run(stage)

@@ -1,10 +1,8 @@
 """The names of every Beam pipeline option this installation understands, so that `dsdata run` can
 tell a mistyped dsdata flag (`--ouput=DIR`) from a Beam option that passes through (`--runner=…`).
 
-Beam's own parser ignores an option it does not know (it logs "Discarding unparseable args"), so a
-typo once ran the default samples into ./out and exited 0.  The known set is what Beam itself would
-parse: the flags every `PipelineOptions` subclass adds in `_add_argparse_args`, after the modules
-that define runner options (dsdata/runners.py) have been imported where they are installed.
+Beam's own parser ignores an option it does not know.  The known set: the flags every
+`PipelineOptions` subclass adds, after the runner rows' option modules are imported.
 """
 from __future__ import annotations
 
