@@ -1,10 +1,8 @@
 """Spill files: a whole-corpus stage parks its documents on disk while only small keys shuffle.
 
-A spill file is a sequence of records, each `u32 length` + one encoded value.  The encoding is a
-small tagged binary form of the values a packed Document holds (None, bool, int, float, str, bytes,
-list, tuple, dict, and dates/times without a named time zone, Decimal); decoding builds only those
-types — nothing read back can run code, unlike pickle, which the runner's own shuffles use.  A value
-of any other type raises `Unspillable`: its document then travels through the shuffle instead.
+A spill file is a sequence of records, each `u32 length` + one value in a small tagged binary form of
+the plain values a packed Document holds; decoding builds only those (no pickle).  Any other value
+raises `Unspillable`: its document then travels through the shuffle instead.
 
 Files are written through Beam's FileSystems and named by a random id, so a retried bundle writes
 a new file and the old one is never read.
@@ -377,9 +375,8 @@ class _GroupRuns(beam.DoFn):
 
 
 class SpilledGroupByKey(beam.PTransform):
-    """GroupByKey (one PCollection: (key, [values])) or CoGroupByKey (a dict of them: (key, {tag:
-    [values]})) whose records wait in spill files under `spill_dir`, not in the runner; keys and
-    values must be spillable (plain values)."""
+    """GroupByKey (one PCollection) or CoGroupByKey (a dict of them) whose records wait in spill files
+    under `spill_dir`, not in the runner; keys and values must be spillable."""
 
     def __init__(self, spill_dir: str):
         super().__init__()

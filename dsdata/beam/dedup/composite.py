@@ -245,9 +245,7 @@ def _similarity(x: np.ndarray, y: np.ndarray, mode: str) -> float:
 @ANY_OUTPUT
 class _VerifyComponent(beam.DoFn):
     """One candidate component → (node, cluster label) for every node of a verified cluster of ≥ 2:
-    its buckets rebuilt, candidate pairs verified with a union-find that skips pairs already
-    connected (k − 1 checks for k copies, not k²/2); buckets of up to _ALL_PAIRS_LIMIT offer all
-    pairs, larger ones a star; a pair whose set sizes rule out the threshold is not intersected."""
+    its buckets rebuilt, candidate pairs verified with a union-find that skips connected pairs."""
 
     def __init__(self, threshold: float, mode: str, stage_name: str = "dedup"):
         self.threshold, self.mode, self.stage_name = threshold, mode, stage_name
@@ -534,10 +532,7 @@ class _DecideSpilled(_Decide):
 
 
 class DedupTransform(beam.PTransform):
-    """PCollection[Document] → {"kept": …, "rejected": …}: exact + MinHash-LSH near deduplication.
-
-    cfg: the stage's DedupConfig (dsdata/stages/dedup.py).
-    """
+    """PCollection[Document] → {"kept", "rejected"}; cfg: the stage's DedupConfig."""
 
     def __init__(self, cfg: DedupConfig):
         super().__init__()

@@ -1,8 +1,5 @@
-"""The dedup stage's steps around the document-level composite (registered in dsdata/beam/kinds.py):
-the previous run's index (`against`), URL dedup (`url`), document-level exact/near dedup (`exact`,
-`near`: composite.py), line/span dedup (`lines`: spans.py), and the kept documents' index (`index`:
-index.py).  A stage with none of the extra kinds gets the document-level composite alone, with the
-graph and step names earlier runs had."""
+"""The dedup stage's steps around the document-level composite (composite.py): `against`, `url`,
+`lines` (spans.py) and `index` (index.py); a stage with none of them gets the composite alone."""
 from __future__ import annotations
 
 import apache_beam as beam
@@ -16,10 +13,8 @@ from dsdata.beam.transforms import KEPT, REJECTED
 
 
 class DedupSteps(ConfiguredStep):
-    """The stage's steps in order: the previous run's index (`against`), URL dedup (`url`),
-    document-level exact/near dedup (`exact`, `near`), line/span dedup (`lines`); each step's
-    rejections joined; the kept documents' signatures written to `index` (dsdata/beam/dedup/spans.py,
-    dsdata/beam/dedup/index.py)."""
+    """The stage's steps in order (`against`, `url`, `exact`/`near`, `lines`), their rejections joined,
+    the kept documents' signatures written to `index`."""
 
     def expand(self, docs):
         c, rejected = self.cfg, []
