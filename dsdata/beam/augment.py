@@ -79,8 +79,7 @@ class _Errors(StageCounters):
 
 
 class LoadedTranslators(dict):
-    """direction → Seq2SeqTranslator; a dict subclass because Beam's Shared keeps a weak reference
-    to the loaded model, which a plain dict does not allow."""
+    """direction → Seq2SeqTranslator; a dict subclass: Beam's Shared needs a weak reference to it."""
 
 
 class TranslationHandler(ModelHandler):
@@ -347,6 +346,5 @@ class Augment(beam.PTransform):
 
 
 def composite(stage, context) -> Augment:
-    """The augment stage's transform (registered in dsdata/beam/kinds.py); its documents are parked
-    under the run directory."""
+    """The augment stage's transform; its documents are parked under the run directory."""
     return Augment(stage.transform_config(), spill_directory(context.run_dir, stage.name))

@@ -254,8 +254,7 @@ def summarize(stage: DifficultyStage, config: DifficultyConfig, counts: list[tup
 
 
 class GradeByPerplexity(beam.PTransform):
-    """PCollection[Document] → {"kept", "rejected", "stats" and "difficulty.json": one summary dict};
-    with `spill_dir` the scored documents wait for the quantiles in spill files there."""
+    """PCollection[Document] → {"kept", "rejected", "stats" and "difficulty.json": one summary dict}."""
 
     def __init__(self, stage: DifficultyStage, config: DifficultyConfig, spill_dir: str | None = None):
         super().__init__()
@@ -294,7 +293,6 @@ class GradeByPerplexity(beam.PTransform):
 
 
 def composite(stage: DifficultyStage, context) -> GradeByPerplexity:
-    """The difficulty stage's transform (registered in dsdata/beam/kinds.py); scored documents wait
-    for the quantiles in spill files under the run directory unless the stage says `spill: false`."""
+    """The difficulty stage's transform; spilled under the run directory unless `spill: false`."""
     spill_dir = spill_directory(context.run_dir, stage.name) if stage.spill else None
     return GradeByPerplexity(stage, stage.transform_config(), spill_dir)

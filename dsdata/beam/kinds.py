@@ -85,14 +85,12 @@ class ApplyStage(beam.PTransform):
 
 
 def fusable(stage: Stage) -> bool:
-    """A per-document stage with no composite and no side outputs: it can share a StageDoFn with its
-    per-document neighbours."""
+    """A per-document stage with no composite and no side outputs: it can share a StageDoFn."""
     return isinstance(stage, DocumentStage) and not has_composite(stage) and not stage.side_outputs
 
 
 class ApplyStageChain(beam.PTransform):
-    """Consecutive per-document stages as ONE ParDo (StageDoFn runs them in turn): {"kept", "rejected"},
-    each rejection still carrying its own stage and reason, each stage its own counters and CPU time."""
+    """Consecutive per-document stages as ONE ParDo (StageDoFn): {"kept", "rejected"}."""
 
     def __init__(self, stages: list[DocumentStage]):
         super().__init__(label="stages:" + "+".join(s.name for s in stages))
@@ -106,15 +104,13 @@ class ApplyStageChain(beam.PTransform):
 
 
 def batchable(stage: Stage) -> bool:
-    """A per-document or batched stage with no composite and no side outputs: it can run inside
-    BatchChainDoFn on Batches of records."""
+    """A per-document or batched stage with no composite and no side outputs: BatchChainDoFn runs it."""
     return (isinstance(stage, (DocumentStage, BatchStage)) and not has_composite(stage)
             and not stage.side_outputs)
 
 
 class ApplyBatchChain(beam.PTransform):
-    """PCollection[Batch] → PCollection[Batch]: consecutive batchable stages as ONE ParDo over batches
-    (BatchChainDoFn); each rejection joins its batch's, with its own stage and reason."""
+    """PCollection[Batch] → PCollection[Batch]: consecutive batchable stages as ONE ParDo (BatchChainDoFn)."""
 
     def __init__(self, stages: list[Stage]):
         super().__init__(label="batch:" + "+".join(s.name for s in stages))

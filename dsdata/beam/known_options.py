@@ -23,9 +23,8 @@ def _all_subclasses(cls: type) -> list[type]:
 
 @functools.lru_cache(maxsize=1)
 def beam_option_names() -> dict[str, bool]:
-    """Every long option (`--name`, as written) that some PipelineOptions subclass declares → whether
-    it takes a value, after the modules of the runner rows' `options_modules` are imported where they
-    can be (an extra that is not installed adds no options; its runner is refused by --runner's check)."""
+    """Every long option (`--name`) some PipelineOptions subclass declares → whether it takes a value,
+    after the runner rows' `options_modules` are imported where installed."""
     import logging
 
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
@@ -55,9 +54,8 @@ def beam_option_names() -> dict[str, bool]:
 
 
 def unknown_flag_message(flag: str, own_flags: list[str]) -> str | None:
-    """None when `flag` (`--name` or `--name=value`) is one of `own_flags` (or an unambiguous
-    abbreviation of one, as argparse accepts), or a Beam option; else the one-line error, with the
-    closest known flag as a suggestion."""
+    """None when `flag` is one of `own_flags` (or an unambiguous abbreviation) or a Beam option; else
+    the one-line error, suggesting the closest known flag."""
     import difflib
 
     name = flag.split("=", 1)[0]

@@ -52,8 +52,7 @@ def bundle_spill(spill_dir: str) -> RollingSpill:
 
 
 def park(spill: RollingSpill, item, pack=pack_record) -> tuple[bool, Any] | None:
-    """None once `item` is in the bundle's spill files; else the entry that carries it (a value the
-    spill format cannot carry)."""
+    """None once `item` is in the bundle's spill files; else the entry that carries it (unspillable)."""
     try:
         record = encode(pack(item))
     except Unspillable:
@@ -111,8 +110,7 @@ class _Unpark(beam.DoFn):
 
 
 class FlattenParked(beam.PTransform):
-    """Flatten of PCollections of Documents or Rejected, whose records wait in spill files under
-    `spill_dir` instead of in the runner; a plain Flatten when `spill_dir` is None."""
+    """Flatten whose records wait in spill files under `spill_dir`; a plain one when it is None."""
 
     def __init__(self, spill_dir: str | None):
         super().__init__()

@@ -138,15 +138,13 @@ class ScoringBatchRun(StageCounters):
 
 
 def batch_run(stage: ScoringStage, shared) -> ScoringBatchRun:
-    """The stage's run on batches inside another DoFn (dsdata/beam/kinds.py asks its composite module for it);
-    `shared`: a Beam `Shared` handle made with the DoFn."""
+    """The stage's run on batches inside another DoFn (kinds.batch_run); `shared`: a Beam Shared handle."""
     return ScoringBatchRun(stage, shared)
 
 
 class RelevanceFilter(beam.PTransform):
-    """PCollection[Document] → {"kept", "rejected"} scored by RunInference with RelevanceModelHandler.
-
-    stage: a ScoringStage (dsdata/stages/base.py): its `judge(doc, score)` decides each document."""
+    """PCollection[Document] → {"kept", "rejected"} scored by RunInference; the ScoringStage's
+    `judge(doc, score)` decides each document."""
 
     def __init__(self, handler: RelevanceModelHandler, stage):
         super().__init__()

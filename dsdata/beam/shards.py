@@ -200,8 +200,7 @@ class _CutByShard(beam.DoFn):
 
 @ANY_OUTPUT
 class _WriteShard(beam.DoFn):
-    """One shard's fragment files → its file and manifest entry; a write error (disk, permissions)
-    stops the run."""
+    """One shard's fragment files → its file and manifest entry; a write error stops the run."""
 
     def __init__(self, directory: str, dtype_name: str, stage_name: str, spill_dir: str):
         self.directory, self.dtype_name, self.stage_name = directory, dtype_name, stage_name
@@ -224,8 +223,7 @@ class _WriteShard(beam.DoFn):
 
 
 class WriteShards(beam.PTransform):
-    """PCollection[Document] → {"kept": the same documents, "rejected": those whose shard record
-    raised}; writes `directory` (local or remote), parking token ids in `spill_dir`."""
+    """PCollection[Document] → {"kept", "rejected"}; writes the shards to `directory`."""
 
     def __init__(self, config: dict[str, Any], directory: str, tokenizer: dict[str, Any], spill_dir: str,
                  stage_name: str = "shards", export_dir: str | None = None):

@@ -283,11 +283,9 @@ def remove_spill(run_dir: str) -> None:
         FileSystems.delete([m.path for m in matches])
 
 
-# Spilled grouping: a bundle's (key, value) records go to its spill file in runs of one partition
-# (crc32 of the key's encoding mod GROUP_PARTITIONS), flushed once GROUP_PENDING_BYTES wait; only
-# (partition, (file, offset, length, input)) entries cross the runner's GroupByKey, and each
-# partition is read back and grouped in memory: a worker holds 1/GROUP_PARTITIONS of the records,
-# the in-process runner none of them (its GroupByKey keeps every value as a Python object).
+# Spilled grouping: a bundle's records go to its spill file in runs of one partition (crc32 of the
+# key mod GROUP_PARTITIONS); only (partition, (file, offset, length, input)) entries cross the
+# runner's GroupByKey, and a worker reads back and groups one partition at a time.
 GROUP_PARTITIONS = 64
 GROUP_PENDING_BYTES = 16 << 20
 

@@ -640,8 +640,7 @@ class DedupTransform(beam.PTransform):
 
 
 def composite(stage, context) -> DedupTransform:
-    """The dedup stage's transform (registered in dsdata/beam/kinds.py); documents are spilled
-    under the run directory unless the stage says `spill: false`."""
+    """The document-level transform; spilled under the run directory unless `spill: false`."""
     cfg = stage.transform_config()
     if stage.spill:
         cfg = dataclasses.replace(cfg, spill_dir=spill_directory(context.run_dir, stage.name))

@@ -36,8 +36,7 @@ class DedupSteps(ConfiguredStep):
 
 
 def composite(stage, context) -> beam.PTransform:
-    """The dedup stage's transform (registered in dsdata/beam/kinds.py); documents are spilled
-    under the run directory unless the stage says `spill: false`."""
+    """The dedup stage's transform: the document-level composite, with the extra steps if any."""
     document_step = document_composite(stage, context)
     cfg = document_step.cfg
     if not any(getattr(cfg, k) for k in ("url", "lines", "index", "against")):
