@@ -485,19 +485,15 @@ def _write_rows(docs, all_rejected, stages: list[Stage], output: str, batched: b
 
 def runs_on_several_workers(options: PipelineOptions) -> bool:
     """False only for the in-process runner with one worker (dsdata's default)."""
-    runner = options.view_as(StandardOptions).runner
-    if not is_in_process(runner):
-        return True
     direct = options.view_as(DirectOptions)
-    return direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1
+    return (not is_in_process(options.view_as(StandardOptions).runner)
+            or direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1)
 
 
 def runs_on_one_worker(options: PipelineOptions) -> bool:
     """The in-process runner with --direct_num_workers=1 (any running mode): no Reshuffle of files."""
-    runner = options.view_as(StandardOptions).runner
-    if not is_in_process(runner):
-        return False
-    return options.view_as(DirectOptions).direct_num_workers == 1
+    return (is_in_process(options.view_as(StandardOptions).runner)
+            and options.view_as(DirectOptions).direct_num_workers == 1)
 
 
 def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage],
@@ -505,24 +501,21 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
     """Add the recipe's read → stages → write graph to pipeline `p`.  The leading batchable stages run
     on the reader's Batches in one ParDo; from the first composite on records go one per element.
     commits: the reader is resume.CommitUnitsDoFn, which runs the plan's leading stages per unit."""
-    spread_documents = runs_on_several_workers(p.options)
-    reading = dict(spread_documents=spread_documents, batch_docs=BATCH_DOCS,
+    reading = dict(spread_documents=runs_on_several_workers(p.options), batch_docs=BATCH_DOCS,
                    spread_files=not runs_on_one_worker(p.options), limit=recipe.limit)
     tallied = tuple(name for s in stages for name in s.tallies)
+    lead, reader = 0, None
     if commits is not None and commits.work is not None:
         lead = commits.stages
         reader = CommitUnitsDoFn(recipe.input_format, recipe.text_field, recipe.id_field, BATCH_DOCS, stages[:lead],
                                  commits.work.units_dir, commits.work.resumed)
-        read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
-                                           unit_reader=reader, **reading)
-        batches = read[KEPT]
+    read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
+                                       unit_reader=reader, **reading)
+    batches = read[KEPT]
+    if reader is not None:
         input_keys = read[UNIT_LEDGER] | "UnitKeys" >> beam.Map(lambda entry: (LEDGER_KEY, entry))
     else:
-        read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
-                                           **reading)
-        batches = read[KEPT]
         input_keys = batches | "InputKeys" >> beam.ParDo(_TallyKeys("input", "docs"))
-        lead = 0
         while lead < len(stages) and batchable(stages[lead]):
             lead += 1
         if lead:
