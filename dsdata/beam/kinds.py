@@ -110,7 +110,7 @@ def batchable(stage: Stage) -> bool:
 
 
 class ApplyBatchChain(beam.PTransform):
-    """PCollection[Batch] → PCollection[Batch]: consecutive batchable stages as ONE ParDo (BatchChainDoFn)."""
+    """Batches → Batches: consecutive batchable stages as ONE ParDo (BatchChainDoFn)."""
 
     def __init__(self, stages: list[Stage]):
         super().__init__(label="batch:" + "+".join(s.name for s in stages))
