@@ -1,14 +1,11 @@
 """What a run does when code raises for one record, and when a run as a whole fails.
 
-* An exception raised while one record is read or processed (SystemExit too; only a stop, Ctrl-C
-  or SIGTERM, ends the run) rejects that record: reason `error`, detail the exception's first line.
-  A failing batch is retried record by record, each from a copy of the documents as they were
-  before (a stage may change them in place), so one poison record does not take its batch-mates.
-* A stage's result that is not a Document or a Rejected (or a process_batch list of the wrong
-  length) is that record's error the same way (StageResultError).
-* An *environment* error is never blamed on a record: ImportError, MemoryError, StageConfigError,
-  an object store's endpoint that stopped answering, anything a stage's `setup()` raises, and the
-  stage's declared `environment_errors`.  It stops the run with one line (StageEnvironmentError).
+* An exception raised while one record is read or processed (only a stop ends the run) rejects that
+  record: reason `error`, detail the exception's first line.  A failing batch is retried record by
+  record, each from a copy of the documents as they were before.  A malformed stage result is that
+  record's error the same way (StageResultError).
+* An *environment* error (ENVIRONMENT_ERRORS, anything a stage's `setup()` raises, the stage's
+  declared `environment_errors`) is never blamed on a record: one line (StageEnvironmentError).
 * After the run, the errors are held against a budget (`--max-errors`, default 0.1 % of the input):
   over it, the run fails with one line (ErrorBudgetExceeded) — its outputs are written first.
 
