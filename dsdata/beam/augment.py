@@ -6,10 +6,8 @@ back_translation, per document chosen by `is_selected`:
                               ─► CoGroupByKey with the plan ─► reassemble ─► chrF window
 synonym / entity: one DoFn each.  Originals always pass through unchanged.
 
-Copies outside the window (and empty translations) are never emitted: they are counted by Beam
-Metrics counters (namespace `dsdata.augment`) and in the report the builder writes to
-RUN_DIR/augment.json, so the ledger (input + augmented == kept + Σ rejected) counts only copies that exist.
-The configs (BackTranslationConfig, ReplacementConfig) are built by the stage, dsdata/stages/augment.py.
+Copies outside the window (and empty translations) are never emitted, only counted (Metrics and
+RUN_DIR/augment.json), so the ledger counts only copies that exist.
 """
 from __future__ import annotations
 
@@ -81,14 +79,12 @@ class _Errors(StageCounters):
 
 
 class LoadedTranslators(dict):
-    """direction → Seq2SeqTranslator; a dict subclass because Beam's Shared keeps a weak reference
-    to the loaded model, which a plain dict does not allow."""
+    """direction → Seq2SeqTranslator; a dict subclass: Beam's Shared needs a weak reference to it."""
 
 
 class TranslationHandler(ModelHandler):
-    """RunInference handler for (direction, text, seed) examples; holds both directions' models.
-
-    Written here rather than using Beam's Hugging Face handlers, which import TensorFlow."""
+    """RunInference handler for (direction, text, seed) examples; both directions' models (Beam's
+    Hugging Face handlers import TensorFlow)."""
 
     def __init__(self, config: BackTranslationConfig):
         super().__init__(min_batch_size=config.batch_size, max_batch_size=config.batch_size)
@@ -350,6 +346,5 @@ class Augment(beam.PTransform):
 
 
 def composite(stage, context) -> Augment:
-    """The augment stage's transform (registered in dsdata/beam/kinds.py); its documents are parked
-    under the run directory."""
+    """The augment stage's transform; its documents are parked under the run directory."""
     return Augment(stage.transform_config(), spill_directory(context.run_dir, stage.name))

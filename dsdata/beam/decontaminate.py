@@ -5,10 +5,8 @@
                  └─► each matched n-gram once per document ─► Count.PerElement ─► > cap ─┘
                                                                          └─► summary ─► the stage's stats
 
-Only a document holding at least one benchmark n-gram waits for the counts (in the runner: on a
-corpus that is not itself the benchmark these are few); the others are kept at once, and the two
-paths meet in spill files under RUN_DIR/.spill/decontaminate (dsdata/beam/park.py).  The counts are
-keyed on the n-gram's tokens as text, the same in every worker process.
+Only a document holding a benchmark n-gram waits for the counts (in the runner: few); the others
+are kept at once, and the two paths meet in spill files (dsdata/beam/park.py).
 """
 from __future__ import annotations
 

@@ -6,12 +6,9 @@
   kept + rejected ─► counts per (lang, grade) ─► summary (cut-offs, counts, sampling weights): the
                                                  stage's stats and OUT/difficulty.json (the builder writes it)
 
-Memory: no document can be graded before the quantiles of all of them are known, and a runner holds
-the PCollection that waits for a side input (the in-process runner would hold every kept document's
-text).  With a spill directory (the stage's `spill: true`, the default) each bundle's scored
-documents go to spill files under RUN_DIR/.spill/difficulty (dsdata/beam/spill.py: plain values
-only, no pickle) and only the files' names wait; grading reads one file at a time.  A document with
-a value the spill format cannot carry waits in the runner.
+No document can be graded before all quantiles are known: with a spill directory (`spill: true`,
+the default) the scored documents wait in spill files under RUN_DIR/.spill/difficulty, not in the
+runner (an unspillable one waits in the runner); grading reads one file at a time.
 """
 from __future__ import annotations
 
@@ -41,10 +38,8 @@ _WAITING = "waiting"
 class LogHistogram(beam.CombineFn):
     """Perplexities → [{bin: count}, smallest, largest], bins of BIN_WIDTH in log(value).
 
-    The percentiles that grade documents must not depend on how a runner splits the values into
-    partial accumulators, as Beam's ApproximateQuantiles' do.  Integer counts per fixed bin, and the
-    exact minimum and maximum, merge to the same result in any order and any grouping.  The accumulator holds one entry per occupied bin: at most ln(max / min) / BIN_WIDTH
-    (about 69,000 for perplexities from 10 to 10,000), a few hundred KB, whatever the corpus size."""
+    Integer counts per fixed bin and the exact extremes merge to the same result in any order and
+    grouping (Beam's ApproximateQuantiles do not); one entry per occupied bin, whatever the corpus."""
 
     def create_accumulator(self):
         return [{}, math.inf, -math.inf]
@@ -79,9 +74,8 @@ def _bin(value: float) -> int:
 
 
 def percentiles_from_histogram(histogram, percentiles) -> list[float]:
-    """numpy.percentile's linear interpolation between order statistics, each order statistic read
-    from its bin (interpolated geometrically by its rank within the bin, and clamped to the exact
-    minimum and maximum): within 0.01 % of the exact value, and the same for the same histogram."""
+    """numpy.percentile's linear interpolation, each order statistic read from its bin (geometrically
+    by rank, clamped to the exact extremes): within 0.01 % of the exact value."""
     counts, smallest, largest = histogram
     bins = sorted(counts.items())
     total = sum(n for _, n in bins)
@@ -111,12 +105,9 @@ def percentiles_from_histogram(histogram, percentiles) -> list[float]:
 
 @ANY_OUTPUT
 class _ScoreDoFn(StageCounters, beam.DoFn):
-    """Batches → scored documents, each as an entry (the main output) that grading reads
-    (dsdata/beam/park.py): with `spill_dir` the scored documents are parked in this bundle's spill
-    files and an entry names each complete file; without, or for a document the spill format cannot
-    carry, the entry holds the document.  A batch that raises is scored again one document at a
-    time, and a document that raises alone is rejected (reason `error`).  Every scored document's
-    (group, perplexity) goes to tag `perplexity`."""
+    """Batches → scored documents as park entries (dsdata/beam/park.py: spill files with `spill_dir`);
+    a document that raises alone is rejected (reason `error`).  Each scored document's (group,
+    perplexity) goes to tag `perplexity`."""
 
     def __init__(self, stage: DifficultyStage, spill_dir: str | None = None):
         self.stage, self.spill_dir = stage, spill_dir
@@ -263,8 +254,7 @@ def summarize(stage: DifficultyStage, config: DifficultyConfig, counts: list[tup
 
 
 class GradeByPerplexity(beam.PTransform):
-    """PCollection[Document] → {"kept", "rejected", "stats" and "difficulty.json": one summary dict};
-    with `spill_dir` the scored documents wait for the quantiles in spill files there."""
+    """PCollection[Document] → {"kept", "rejected", "stats" and "difficulty.json": one summary dict}."""
 
     def __init__(self, stage: DifficultyStage, config: DifficultyConfig, spill_dir: str | None = None):
         super().__init__()
@@ -303,7 +293,6 @@ class GradeByPerplexity(beam.PTransform):
 
 
 def composite(stage: DifficultyStage, context) -> GradeByPerplexity:
-    """The difficulty stage's transform (registered in dsdata/beam/kinds.py); scored documents wait
-    for the quantiles in spill files under the run directory unless the stage says `spill: false`."""
+    """The difficulty stage's transform; spilled under the run directory unless `spill: false`."""
     spill_dir = spill_directory(context.run_dir, stage.name) if stage.spill else None
     return GradeByPerplexity(stage, stage.transform_config(), spill_dir)

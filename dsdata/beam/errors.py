@@ -1,14 +1,11 @@
 """What a run does when code raises for one record, and when a run as a whole fails.
 
-* An exception raised while one record is read or processed (SystemExit too; only a stop, Ctrl-C
-  or SIGTERM, ends the run) rejects that record: reason `error`, detail the exception's first line.
-  A failing batch is retried record by record, each from a copy of the documents as they were
-  before (a stage may change them in place), so one poison record does not take its batch-mates.
-* A stage's result that is not a Document or a Rejected (or a process_batch list of the wrong
-  length) is that record's error the same way (StageResultError).
-* An *environment* error is never blamed on a record: ImportError, MemoryError, StageConfigError,
-  an object store's endpoint that stopped answering, anything a stage's `setup()` raises, and the
-  stage's declared `environment_errors`.  It stops the run with one line (StageEnvironmentError).
+* An exception raised while one record is read or processed (only a stop ends the run) rejects that
+  record: reason `error`, detail the exception's first line.  A failing batch is retried record by
+  record, each from a copy of the documents as they were before.  A malformed stage result is that
+  record's error the same way (StageResultError).
+* An *environment* error (ENVIRONMENT_ERRORS, anything a stage's `setup()` raises, the stage's
+  declared `environment_errors`) is never blamed on a record: one line (StageEnvironmentError).
 * After the run, the errors are held against a budget (`--max-errors`, default 0.1 % of the input):
   over it, the run fails with one line (ErrorBudgetExceeded) — its outputs are written first.
 
@@ -67,11 +64,8 @@ def first_line(exc: BaseException) -> str:
 
 
 def passes_through(exc: BaseException) -> bool:
-    """True for what a per-record handler must let pass: a stop (KeyboardInterrupt, SIGINT/SIGTERM's
-    Interrupted, GeneratorExit).  Every other BaseException is the record's: a native binding's
-    panic (pyo3's PanicException — a tokenizer regex over the engine's backtracking limit) derives
-    from BaseException, not Exception, and killed the run; so did a stage's sys.exit() (SystemExit)
-    for one record."""
+    """True for what a per-record handler must let pass: a stop (KeyboardInterrupt, Interrupted,
+    GeneratorExit).  Every other BaseException is the record's (pyo3's PanicException, SystemExit)."""
     from dsdata.stop_signals import is_stop
 
     return is_stop(exc) or isinstance(exc, GeneratorExit)
@@ -124,9 +118,8 @@ def checked_result(stage_name: str, result: object, checks: tuple = ()) -> Docum
 
 
 def annotation_checks(annotations) -> tuple:
-    """(name, the usual Python type, the accepted ones) for each declared annotation of a simple kind
-    (bool, integer, floating point, string): a value of another kind would fail the kept/ writer for
-    the whole bundle (pyarrow's ArrowInvalid, a 127-line traceback) instead of that one record."""
+    """(name, the usual Python type, the accepted ones) for each declared annotation of a simple kind:
+    a value of another kind would fail the kept/ writer for the whole bundle, not that one record."""
     import numbers
 
     import pyarrow as pa
@@ -201,11 +194,9 @@ def retry_one_at_a_time(stage_name: str, items: Sequence[T], run: Callable[[Sequ
                         on_error: Callable[[T, BaseException], R],
                         declared: tuple[type[BaseException], ...] = (),
                         fresh: Callable[[T], T] | None = None) -> list[R]:
-    """`run(items)`, and when the batch raises, `run([item])` for each item so that only the items
-    that raise alone are blamed: `on_error(item, exc)` stands in for each of them.  An environment
-    error (is_environment_error, `declared`) stops the run instead, whether the batch or one item
-    raised it.  fresh: for a `run` that changes its items in place, a copy is made of each before the
-    batch runs, and each retry runs on a new copy of that (`on_error` gets it unchanged)."""
+    """`run(items)`, and when the batch raises, `run([item])` for each item: `on_error(item, exc)`
+    stands in for each that raises alone.  An environment error stops the run instead.  fresh: a
+    copy function, for a `run` that changes its items in place (each retry runs on a new copy)."""
     saved = [fresh(item) for item in items] if fresh is not None else items
     try:
         return list(run(items))
@@ -234,9 +225,8 @@ def _unencodable(text: str) -> bool:
 
 
 def _writable(doc: Document) -> Document:
-    """`doc`, or a copy whose lone surrogates are replaced: text that made a stage raise may be text no
-    UTF-8 encoder takes, and the rejected row must still be written (the error detail says why).  A
-    field a stage set to the wrong type before it failed (text = None) is made one a row can hold."""
+    """`doc`, or a copy a rejected row can hold: lone surrogates replaced, a field a stage set to the
+    wrong type before it failed (text = None) made one of the right type."""
     if result_problem(doc) is not None:
         doc = Document(str(doc.id), "" if doc.text is None else str(doc.text),
                        doc.metadata if isinstance(doc.metadata, dict) else {"metadata": str(doc.metadata)},
@@ -253,9 +243,8 @@ _NAMED = re.compile(r"(StageEnvironmentError|StorageUnreachable): (.+)")
 
 
 def find_environment_error(exc: BaseException) -> StageEnvironmentError | None:
-    """The StageEnvironmentError behind a runner's exception: the object itself on in-process runners
-    (Beam re-raises it with "[while running 'STEP']" appended), its text inside the traceback a remote
-    worker sent back on the others."""
+    """The StageEnvironmentError behind a runner's exception: the object itself in process, else
+    parsed from the traceback a remote worker sent back."""
     seen = set()
     todo: list[BaseException] = [exc]
     while todo:

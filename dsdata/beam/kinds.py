@@ -7,13 +7,9 @@
   a per-document stage with a corpus-wide part → its composite while `uses_composite()` (decontaminate's
                                                            document-frequency cap)
 
-The recipe's leading run of per-document and batched stages without a composite or side outputs
-(`batchable`) runs instead on Batches straight from the reader: ParDo(BatchChainDoFn), one runner
-element per batch of records (dsdata/beam/pipeline.py build_pipeline).
-
-Every transform returns {"kept", "rejected"}; a composite may add "stats" (one JSON-able dict,
-written into stats.json[stage name]) and one dict per side output the stage declares (written by
-the builder under the run directory).
+The recipe's leading `batchable` stages run instead on the reader's Batches (BatchChainDoFn).
+Every transform returns {"kept", "rejected"}; a composite may add "stats" (one JSON-able dict) and
+one dict per side output the stage declares.
 """
 from __future__ import annotations
 
@@ -89,14 +85,12 @@ class ApplyStage(beam.PTransform):
 
 
 def fusable(stage: Stage) -> bool:
-    """A per-document stage with no composite and no side outputs: it can share a StageDoFn with its
-    per-document neighbours."""
+    """A per-document stage with no composite and no side outputs: it can share a StageDoFn."""
     return isinstance(stage, DocumentStage) and not has_composite(stage) and not stage.side_outputs
 
 
 class ApplyStageChain(beam.PTransform):
-    """Consecutive per-document stages as ONE ParDo (StageDoFn runs them in turn): {"kept", "rejected"},
-    each rejection still carrying its own stage and reason, each stage its own counters and CPU time."""
+    """Consecutive per-document stages as ONE ParDo (StageDoFn): {"kept", "rejected"}."""
 
     def __init__(self, stages: list[DocumentStage]):
         super().__init__(label="stages:" + "+".join(s.name for s in stages))
@@ -110,15 +104,13 @@ class ApplyStageChain(beam.PTransform):
 
 
 def batchable(stage: Stage) -> bool:
-    """A per-document or batched stage with no composite and no side outputs: it can run inside
-    BatchChainDoFn on Batches of records."""
+    """A per-document or batched stage with no composite and no side outputs: BatchChainDoFn runs it."""
     return (isinstance(stage, (DocumentStage, BatchStage)) and not has_composite(stage)
             and not stage.side_outputs)
 
 
 class ApplyBatchChain(beam.PTransform):
-    """PCollection[Batch] → PCollection[Batch]: consecutive batchable stages as ONE ParDo over batches
-    (BatchChainDoFn); each rejection joins its batch's, with its own stage and reason."""
+    """Batches → Batches: consecutive batchable stages as ONE ParDo (BatchChainDoFn)."""
 
     def __init__(self, stages: list[Stage]):
         super().__init__(label="batch:" + "+".join(s.name for s in stages))
@@ -132,17 +124,15 @@ class ApplyBatchChain(beam.PTransform):
 
 
 def committable(stage: Stage) -> bool:
-    """A per-document stage that can run inside one DoFn on Batches: a batchable one, or one whose
-    composite module offers a `batch_run`.  A run commits the output of its leading such stages per
-    unit (dsdata/beam/resume.py)."""
+    """A per-document stage that can run inside one DoFn on Batches (batchable, or its composite module
+    offers a `batch_run`): what a run commits per unit (dsdata/beam/resume.py)."""
     if batchable(stage):
         return True
     return isinstance(stage, BatchStage) and not stage.side_outputs and _composite_batch_run(stage) is not None
 
 
 def batch_run(stage: Stage, shared):
-    """The object that runs a committable stage on Batches inside another DoFn (`run_batch(docs,
-    rejected)`, `finish_bundle()`); made in that DoFn's setup.  `shared`: a Beam Shared handle the
-    DoFn made, for a model loaded once per process."""
+    """The object that runs a committable stage on Batches inside another DoFn's setup (`run_batch`,
+    `finish_bundle`); `shared`: a Beam Shared handle, for a model loaded once per process."""
     run = _composite_batch_run(stage)
     return run(stage, shared) if run is not None else batchable_run(stage)

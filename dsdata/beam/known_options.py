@@ -1,10 +1,8 @@
 """The names of every Beam pipeline option this installation understands, so that `dsdata run` can
 tell a mistyped dsdata flag (`--ouput=DIR`) from a Beam option that passes through (`--runner=…`).
 
-Beam's own parser ignores an option it does not know (it logs "Discarding unparseable args"), so a
-typo once ran the default samples into ./out and exited 0.  The known set is what Beam itself would
-parse: the flags every `PipelineOptions` subclass adds in `_add_argparse_args`, after the modules
-that define runner options (dsdata/runners.py) have been imported where they are installed.
+Beam's own parser ignores an option it does not know.  The known set: the flags every
+`PipelineOptions` subclass adds, after the runner rows' option modules are imported.
 """
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ def _all_subclasses(cls: type) -> list[type]:
 
 @functools.lru_cache(maxsize=1)
 def beam_option_names() -> dict[str, bool]:
-    """Every long option (`--name`, as written) that some PipelineOptions subclass declares → whether
-    it takes a value, after the modules of the runner rows' `options_modules` are imported where they
-    can be (an extra that is not installed adds no options; its runner is refused by --runner's check)."""
+    """Every long option (`--name`) some PipelineOptions subclass declares → whether it takes a value,
+    after the runner rows' `options_modules` are imported where installed."""
     import logging
 
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
@@ -57,9 +54,8 @@ def beam_option_names() -> dict[str, bool]:
 
 
 def unknown_flag_message(flag: str, own_flags: list[str]) -> str | None:
-    """None when `flag` (`--name` or `--name=value`) is one of `own_flags` (or an unambiguous
-    abbreviation of one, as argparse accepts), or a Beam option; else the one-line error, with the
-    closest known flag as a suggestion."""
+    """None when `flag` is one of `own_flags` (or an unambiguous abbreviation) or a Beam option; else
+    the one-line error, suggesting the closest known flag."""
     import difflib
 
     name = flag.split("=", 1)[0]

@@ -1,19 +1,10 @@
 """Where a run's files go: a local directory or an object-store prefix (s3://, gs://, …), one API.
 
-Every output a run writes (kept/, rejected/, stats.json, side files, shards + manifest; report.html
-through dsdata/beam/run_files.py) goes through Beam's FileSystems, which picks the file system by the path's scheme: the same code
-writes a local folder, S3 (apache-beam[aws]) or GCS (apache-beam[gcp]); nothing here names a scheme.
-What differs is how a file becomes complete:
-
-- local: written under a temporary name in the same folder, fsynced, then renamed (`os.replace`), so
-  a file with its final name is never partial;
-- object stores: an object appears only when its upload completes (Beam's S3 and GCS writers use
-  multipart / resumable uploads committed on close), so writing the final name directly is already
-  all-or-nothing; a "rename" there is a copy + delete and would add nothing.
-
-Files that mark a finished result (stats.json, shards/manifest.json) are written last, with
-`write_bytes`.  Object stores have no folders: `make_dirs` is a no-op there and removing a folder
-removes the objects under its prefix.
+Outputs go through Beam's FileSystems, which picks the file system by the path's scheme.  A local
+file is written under a temporary name, fsynced and renamed, so a final name is never partial; an
+object appears only when its upload completes, so it is written under its final name.  Files that
+mark a finished result (stats.json, shards/manifest.json) are written last, with `write_bytes`.
+Object stores have no folders: removing one removes the objects under its prefix.
 """
 from __future__ import annotations
 
@@ -59,9 +50,8 @@ def upload(local_path: str, path: str) -> None:
 
 
 def download(path: str, local_path: str, max_bytes: int | None = None) -> int:
-    """Copy the remote file `path` to `local_path` (a new file), streamed in chunks; at most
-    `max_bytes` + 1 bytes are copied (what an untrusted object may not exceed; the caller sees the
-    surplus byte).  Returns the bytes written."""
+    """Copy the remote file `path` to `local_path` (a new file); at most `max_bytes` + 1 bytes, so the
+    caller sees an untrusted object's surplus byte.  Returns the bytes written."""
     written = 0
     limit = None if max_bytes is None else max_bytes + 1
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as src, \
@@ -87,10 +77,8 @@ def storage_error(exc: BaseException) -> str:
 
 
 def use_object_storage(paths: list[str], options) -> None:
-    """Give Beam's file systems the run's PipelineOptions before its Pipeline exists (a remote file
-    system, S3's --s3_endpoint_url and credentials, reads its settings from them; or the flags
-    themselves), and when `paths` name s3:// objects, check once that the endpoint answers
-    (`probe_s3_endpoint`)."""
+    """Give Beam's file systems the run's PipelineOptions (or flags) before its Pipeline exists, and
+    when `paths` name s3:// objects, check once that the endpoint answers (`probe_s3_endpoint`)."""
     if isinstance(options, (list, tuple)):
         from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -107,14 +95,9 @@ PROBE_TIMEOUT_S = 5
 
 
 def probe_s3_endpoint(options, bucket: str) -> None:
-    """One request (HEAD of `bucket`) to the S3 endpoint the options name, with a short timeout and no
-    retry: ObjectStorageError in one line, naming the endpoint, when it is unreachable (refused, no
-    route, a timeout, a TLS failure) or no credentials are found.  Any answer from the server (even
-    403 or 404) passes: the listing and the output probe then say what is wrong with the bucket.
-
-    Why: Beam's S3 file system retries every call that fails without an HTTP status 7 times with
-    exponential backoff (5 s doubling, ~10 minutes), over boto3's own retries, so a wrong port or a
-    missing credential used to fail only after ~9 minutes of silence."""
+    """One HEAD of `bucket` at the options' S3 endpoint, short timeout, no retry: ObjectStorageError in
+    one line when it is unreachable or no credentials are found; any answer (even 403, 404) passes.
+    Why: Beam retries a call that fails without an HTTP status for ~10 minutes of silence."""
     import boto3
     from apache_beam.options.pipeline_options import S3Options
     from botocore import exceptions as boto_errors
@@ -160,20 +143,16 @@ _S3_CLIENT_METHODS = ("get_object_metadata", "get_stream", "list", "create_multi
 
 
 def bound_s3_requests() -> None:
-    """Make every S3 request Beam's file system sends in this process fail fast, in one line, when
-    the endpoint stops answering mid-run: Beam's S3 client is replaced by a subclass whose boto3
-    client has short timeouts (above) and whose calls raise EndpointUnreachable — a Beam
-    PermanentException, which its retry decorators do not retry — for a refused connection, no
-    route or a timeout.  Without it each call was retried 7 times with backoff (~9 minutes) and the
-    reader then made the failure an `unreadable_file` row per object.  An answer from the server
-    (404, 403, 5xx) keeps Beam's handling.  Idempotent; a no-op without boto3."""
+    """Make every S3 request of this process fail fast, in one line, when the endpoint stops answering:
+    Beam's S3 client is replaced by one with short timeouts whose calls raise a PermanentException
+    (not retried) on a connection-level failure; a server's answer keeps Beam's handling.  Idempotent;
+    a no-op without boto3."""
     from apache_beam.io.aws.clients.s3 import boto3_client
 
     if boto3_client.boto3 is None or getattr(boto3_client.Client, "dsdata_bounded", False):
         return
     boto3_client.Client = _bounded_client_class(boto3_client.Client)
-    # Beam's S3 uploader logs the failure with its traceback (on the root logger) before raising it:
-    # the run's one line says the same.
+    # Beam's S3 uploader logs the failure's traceback before raising it: the run's one line says it.
     logging.getLogger().addFilter(_not_while_unreachable)
 
 
@@ -228,9 +207,7 @@ def _bounded_client_class(beam_client: type) -> type:
 
 
 def _connection_failure(exc: BaseException) -> BaseException | None:
-    """The connection-level failure behind `exc` (itself, a cause or context): botocore's
-    ConnectionError (refused, no route, connect timeout, TLS) or HTTPClientError (read timeout, a
-    connection closed mid-answer), or an EndpointUnreachable already raised; None otherwise."""
+    """The connection-level failure behind `exc` (itself, a cause or context), or None."""
     from botocore import exceptions as boto_errors
 
     seen, current = set(), exc
@@ -263,10 +240,9 @@ def check_remote_output(path: str) -> str:
 
 
 def check_remote_inputs(patterns: list[str]) -> dict[str, list[str]]:
-    """The objects each remote input pattern names (`list_objects`), listed once here: the run reads
-    exactly these (a key named so is handed on escaped, never matched again as a glob), so an object
-    deleted after this listing is an `unreadable_file` row, not a silent gap.  InputPathError in one
-    line when a pattern cannot be listed (endpoint, credentials) or names no object."""
+    """The objects each remote input pattern names, listed once: the run reads exactly these, so one
+    deleted later is an `unreadable_file` row.  InputPathError when a pattern cannot be listed or
+    names no object."""
     found: dict[str, list[str]] = {}
     for pattern in patterns:
         try:
@@ -281,8 +257,7 @@ def check_remote_inputs(patterns: list[str]) -> dict[str, list[str]]:
 
 
 def _list_prefix(prefix: str) -> list[FileMetadata]:
-    """Every object whose name starts with `prefix`, at any depth: one listing (Beam's `**`, the
-    prefix's own *, ? and [ bracketed so that they are taken literally)."""
+    """Every object whose name starts with `prefix` (taken literally), at any depth: one listing."""
     return FileSystems.match([glob.escape(prefix) + "**"])[0].metadata_list
 
 
@@ -294,17 +269,9 @@ def _visible(relative: str, size: int) -> bool:
 
 
 def list_objects(pattern: str) -> list[FileMetadata]:
-    """The objects a remote input names, sorted; each key is taken as it is (any bytes: a backslash,
-    spaces, %, unicode, *, ? or [ in a key are characters, not a glob or a path):
-
-    - the object whose key is exactly the pattern's, when there is one;
-    - else, for a pattern without *, ? or [, the folder it names: every object under PATTERN/ at any
-      depth (object stores have no folders: nesting is the '/' in the keys);
-    - else the objects the glob matches: * ? [...] within one '/'-separated level, ** across levels.
-
-    Keys with a level starting with '.' are left out of folders and globs (as a local folder's hidden
-    files are) unless the pattern names such a level itself.  One listing of the pattern's literal
-    prefix serves all three."""
+    """The objects a remote input names, sorted: the object whose key is exactly the pattern, else for
+    a pattern without *, ? or [ every object under PATTERN/, else those the glob matches (** across
+    levels).  Hidden levels ('.') are left out unless the pattern names one."""
     literal = re.match(r"[^*?\[]*", pattern).group(0)
     found = _list_prefix(literal)
     exact = [m for m in found if m.path == pattern and not pattern.endswith("/")]
@@ -323,9 +290,7 @@ def list_objects(pattern: str) -> list[FileMetadata]:
 
 
 class ObjectSizes:
-    """Size and time of named objects (the exact keys check_remote_inputs handed on) from one listing
-    per folder, not one request per object; None for an object that is gone (its reading then fails
-    and it becomes an `unreadable_file` row)."""
+    """Size and time of named objects from one listing per folder; None for an object that is gone."""
 
     def __init__(self):
         self._listed: dict[str, dict[str, FileMetadata]] = {}
@@ -341,9 +306,7 @@ class ObjectSizes:
 
 @contextmanager
 def _one_line_errors():
-    """What a file system raises inside the block → OSError(one line).  Beam's S3 client logs a
-    failed request with its traceback before raising; that log is held back here, the raised
-    error says the same in one line."""
+    """What a file system raises inside the block → OSError(one line); Beam's own error log held back."""
     logging.disable(logging.ERROR)
     try:
         yield

@@ -1,16 +1,10 @@
 """Flattens that do not hold the documents in the runner: each input parks its records in spill files.
 
-A Flatten whose inputs come from different runner stages is materialised by Beam's in-process
-runner (FnApiRunner's `sink_flattens`: every input writes into one buffer, read back only when all
-of them are done), and the same holds for any collection that waits for a stage further on.  Over
-documents that is the corpus in memory (dedup's kept documents, every stage's rejections).
-
-`FlattenParked` parks each input's records in spill files under a spill directory, in a step fused
-into the input's own producer, and flattens only entries: `(True, file name)` per complete file,
-or `(False, record)` for a record with a value the spill format cannot carry
-(dsdata/beam/spill.py: plain values only, no pickle).  One step after the Flatten reads each
-file once, one record at a time, and emits the records; what the runner holds is file names.
-Without a spill directory it is a plain Flatten.
+Beam's in-process runner materialises a Flatten whose inputs come from different runner stages:
+over documents, the corpus in memory.  `FlattenParked` parks each input's records in spill files (a
+step fused into the producer) and flattens only entries: `(True, file name)` per complete file, or
+`(False, record)` for an unspillable record; one step after it reads each file once.  Without a
+spill directory it is a plain Flatten.
 """
 from __future__ import annotations
 
@@ -58,8 +52,7 @@ def bundle_spill(spill_dir: str) -> RollingSpill:
 
 
 def park(spill: RollingSpill, item, pack=pack_record) -> tuple[bool, Any] | None:
-    """None once `item` is in the bundle's spill files; else the entry that carries it (a value the
-    spill format cannot carry)."""
+    """None once `item` is in the bundle's spill files; else the entry that carries it (unspillable)."""
     try:
         record = encode(pack(item))
     except Unspillable:
@@ -117,8 +110,7 @@ class _Unpark(beam.DoFn):
 
 
 class FlattenParked(beam.PTransform):
-    """Flatten of PCollections of Documents or Rejected, whose records wait in spill files under
-    `spill_dir` instead of in the runner; a plain Flatten when `spill_dir` is None."""
+    """Flatten whose records wait in spill files under `spill_dir`; a plain one when it is None."""
 
     def __init__(self, spill_dir: str | None):
         super().__init__()

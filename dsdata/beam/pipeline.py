@@ -54,11 +54,8 @@ from dsdata.stages import SideOutput, Stage, registered_side_outputs
 
 log = logging.getLogger("dsdata")
 
-# The in-process FnApiRunner is the runner Beam's DirectRunner uses for batch pipelines.  Beam 2.77's
-# DirectRunner first tries to download the Prism runner, which logs a failure offline and adds
-# seconds; asking for the in-process runner by its own name skips that (with --direct_* flags too:
-# pipeline_options).  Users who want Prism, Flink, Dataflow or a PortableRunner pass --runner
-# explicitly.
+# The in-process FnApiRunner by its own name: Beam's DirectRunner first tries to download Prism
+# (offline a failed request; online a run on Prism that ignores the --direct_* flags).
 DEFAULT_RUNNER = IN_PROCESS_RUNNER
 # Under RUN_DIR/.spill: the rejected records of every stage, parked until the writer reads them.
 PARKED_REJECTIONS = "rejected"
@@ -73,16 +70,11 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     for i, arg in enumerate(args):
         flag, _, name = arg.partition("=")
         if flag == "--runner" and resolve_runner(name) != name:
-            # A runner dsdata replaces (dsdata/runners.py): `dask` means dsdata's runner (Beam's own
-            # loses outputs on a real cluster, docs/engines.md), DirectRunner the in-process FnApiRunner.
-            # Importing its module here also registers its options (--dask_*) before Beam parses them.
+            # A runner dsdata replaces (dsdata/runners.py); importing its module registers its
+            # options (--dask_*) before Beam parses them.
             importlib.import_module(find_runner(name).class_path.rpartition(".")[0])
             args[i] = f"--runner={resolve_runner(name)}"
-    names = [a.split("=", 1)[0] for a in args]
-    if "--runner" not in names:
-        # The --direct_* flags (direct_running_mode, direct_num_workers) are read by the FnApiRunner
-        # itself.  Through Beam's DirectRunner they would first try the Prism runner, which downloads
-        # its binary from GitHub: offline a failed request, online a run on Prism that ignores them.
+    if "--runner" not in [a.split("=", 1)[0] for a in args]:
         args.append(f"--runner={DEFAULT_RUNNER}")
     return PipelineOptions(args + runner_defaults(args))
 
@@ -109,8 +101,7 @@ def _count_keys(kind: str):
         else:
             yield ("kept",) if kind == KEPT else ("input",)
             doc = item
-        # A derived document counts as augmented wherever it ends: kept, or rejected by a later
-        # stage (counting only kept ones broke the ledger when a later stage rejected a copy).
+        # A derived document counts as augmented wherever it ends: kept, or rejected by a later stage.
         if kind in (KEPT, REJECTED) and doc.derived_from is not None:
             yield ("augmented", doc.annotations.get("derived_by") or "augment")
 
@@ -187,8 +178,7 @@ def stats_from_counts(counts: dict[tuple, int], stage_order: list[str]) -> dict[
             by_key[key[2]] = by_key.get(key[2], 0) + n
     n_rejected = sum(sum(r.values()) for r in rejected.values())
     n_aug = sum(augmented_by.values())
-    # Reader rejections are part of the input (they were records); they are counted under "input"
-    # via the reader's own rejected output as well.
+    # Reader rejections were records: part of the input.
     n_input += sum(rejected.get(READ_STAGE, {}).values())
     stages: dict[str, dict[str, int]] = {}
     running = n_input
@@ -261,8 +251,7 @@ RESUME_HINT = "continue the run with the same command and --resume, or run it ag
 
 def mark_incomplete(output: str, why: str, discard: bool = False, resumable: bool = False) -> None:
     """A stopped run's OUT: stats.json, report.html and run.json removed, OUT/INCOMPLETE says why and
-    what to do (`resumable`: committed work is kept for --resume); discard: every output goes too
-    (a full disk's partial files), which also frees the space the marker needs."""
+    what to do (`resumable`: work kept for --resume); discard: every output goes too (a full disk)."""
     if "://" in output:
         return
     if discard:
@@ -278,11 +267,9 @@ def mark_incomplete(output: str, why: str, discard: bool = False, resumable: boo
 
 
 def _prepare_output(output: str) -> None:
-    """Remove the outputs of an earlier run in DIR (only the files this tool writes: kept/, rejected/,
-    stats.json, the side outputs every stage declares, and .spill/ left by a run that was killed).
-    DIR may be remote (s3://, gs://): a folder there is the objects under its prefix."""
-    # Which stage wrote a side output is known only to the stage classes: ask them (importing every
-    # stage module) only where there is an earlier run's output to clear (dot-entries: the lock, .spill/).
+    """Remove the outputs of an earlier run in DIR, local or remote (only the files this tool writes:
+    kept/, rejected/, stats.json, every stage's declared side outputs, .spill/)."""
+    # The side outputs' names import every stage module: asked only where there is something to clear.
     remote = is_remote(output)
     fresh = not remote and not (os.path.isdir(output) and any(n[:1] != "." for n in os.listdir(output)))
     sides = [] if fresh else registered_side_outputs()
@@ -297,8 +284,7 @@ def _prepare_output(output: str) -> None:
             location.remove_file(location.join(output, name))
         return
     os.makedirs(output, exist_ok=True)
-    # OUT is untrusted (dsdata/io/outfiles.py): an entry planted as a link is removed, never followed
-    # (a linked kept/ was filled, a dangling report.html link created its target).
+    # OUT is untrusted (dsdata/io/outfiles.py): an entry planted as a link is removed, never followed.
     for name in [*folders, *files, "report.html", "run.json"]:
         remove_entry(os.path.join(output, name))
     for sub in ("kept", "rejected"):
@@ -317,9 +303,8 @@ class _WriteSideOutput(beam.DoFn):
 
 
 def _apply_stages(docs, stages: list[Stage], output: str, start: int = 0):
-    """Run stages[start:] in order: (kept docs, [rejected PCollections], [(stage name, stats)]); a
-    stage's declared side-output files are written under `output` as their composite produces them.
-    Consecutive per-document stages run as one fused step (ApplyStageChain)."""
+    """Run stages[start:] in order: (kept docs, [rejected PCollections], [stats entries]), writing each
+    stage's declared side-output files; consecutive fusable stages run as one step."""
     rejected, stage_stats = [], []
     i = start
     while i < len(stages):
@@ -350,16 +335,14 @@ def _apply_stages(docs, stages: list[Stage], output: str, start: int = 0):
 
 
 # Rows go to Parquet as Arrow record batches of this many records, and a table (one row group) per
-# this many bytes of them or per bundle: what a writer holds before writing, and what the report
-# reads at once (Beam's 64 MB held ~100 MB more at the peak of a 20k-document run).
+# this many bytes of them or per bundle: what a writer holds, and what the report reads at once.
 ARROW_BATCH_ROWS = 1000
 ARROW_TABLE_BYTES = 16 << 20
 
 
 class _ArrowTables(beam.DoFn):
-    """Records → pyarrow Tables of `schema`: each ARROW_BATCH_ROWS records one record batch built a
-    column at a time (`columns(records)`: one Python list per column), a table per ARROW_TABLE_BYTES
-    and at the bundle's end.  `part` ("docs", "rejected"): elements are Batches, that list is written."""
+    """Records → pyarrow Tables of `schema` (`columns(records)`: one list per column), a table per
+    ARROW_TABLE_BYTES and at the bundle's end.  `part`: elements are Batches, that list is written."""
 
     def __init__(self, schema, columns, part: str | None = None):
         self.schema, self.columns, self.part = schema, columns, part
@@ -401,11 +384,9 @@ class _ArrowTables(beam.DoFn):
 
 
 class ParquetParts:
-    """One output folder of Parquet part files (kept/, rejected/), without Beam's five-stage file sink.
-    Each bundle's writer (_ParquetPartFiles) writes FOLDER/.temp-RUN/UUID.parquet and sends its name
-    through the ledger's GroupByKey; _WriteStats commits them as part-SSSSS-of-NNNNN.parquet (sorted
-    by name; one empty file with the schema when none) and removes the temporary folder.  Same
-    schema, codec ('none') and writer options as Beam's WriteToParquetBatched."""
+    """One output folder of Parquet part files (kept/, rejected/).  Each bundle writes
+    FOLDER/.temp-RUN/UUID.parquet and sends its name through the ledger; _WriteStats commits them as
+    part-SSSSS-of-NNNNN.parquet (one empty file when none) and removes the temporary folder."""
 
     def __init__(self, output: str, sub: str, schema: pa.Schema, run_id: str):
         self.sub, self.schema = sub, schema
@@ -447,8 +428,8 @@ class ParquetParts:
 
 @ANY_OUTPUT
 class _ParquetPartFiles(_ArrowTables):
-    """_ArrowTables' tables written to one temporary Parquet file per bundle (ParquetParts); the
-    file's name goes to the ledger as ("file", sub, path) when the bundle ends."""
+    """_ArrowTables' tables written to one temporary Parquet file per bundle; its name goes to the
+    ledger as ("file", sub, name) when the bundle ends."""
 
     def __init__(self, parts: ParquetParts, columns, part: str | None = None):
         super().__init__(parts.schema, columns, part)
@@ -486,9 +467,8 @@ class _ParquetPartFiles(_ArrowTables):
 
 
 def _write_rows(docs, all_rejected, stages: list[Stage], output: str, batched: bool = False) -> tuple:
-    """kept/*.parquet (one typed column per annotation of any stage) and rejected/*.parquet; `batched`:
-    both PCollections are the same one of Batches (their docs and their rejections are written).
-    Returns the ParquetParts to commit and the PCollections of their part files' ledger entries."""
+    """kept/ and rejected/ Parquet writers (`batched`: both inputs are one PCollection of Batches).
+    Returns the ParquetParts to commit and their part files' ledger entries."""
     annotation_types: dict[str, Any] = {}
     for stage in stages:
         annotation_types.update(stage.annotations)
@@ -504,48 +484,38 @@ def _write_rows(docs, all_rejected, stages: list[Stage], output: str, batched: b
 
 
 def runs_on_several_workers(options: PipelineOptions) -> bool:
-    """False only for the in-process runner with one worker (dsdata's default): multi_processing
-    with --direct_num_workers other than 1 and every other runner spread work across workers."""
-    runner = options.view_as(StandardOptions).runner
-    if not is_in_process(runner):
-        return True
+    """False only for the in-process runner with one worker (dsdata's default)."""
     direct = options.view_as(DirectOptions)
-    return direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1
+    return (not is_in_process(options.view_as(StandardOptions).runner)
+            or direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1)
 
 
 def runs_on_one_worker(options: PipelineOptions) -> bool:
     """The in-process runner with --direct_num_workers=1 (any running mode): no Reshuffle of files."""
-    runner = options.view_as(StandardOptions).runner
-    if not is_in_process(runner):
-        return False
-    return options.view_as(DirectOptions).direct_num_workers == 1
+    return (is_in_process(options.view_as(StandardOptions).runner)
+            and options.view_as(DirectOptions).direct_num_workers == 1)
 
 
 def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[Stage],
                    commits: CommitPlan | None = None) -> None:
-    """Add the recipe's read → stages → write graph to pipeline `p`.  The leading batchable stages
-    (kinds.batchable) run on the reader's Batches in one ParDo (the writers and the ledger take the
-    Batches when no other stage follows); from the first composite stage on records go one per
-    element.  commits (dsdata/beam/resume.py): the reader is CommitUnitsDoFn, which runs the plan's
-    leading stages unit by unit and commits (or reuses) each unit's results."""
-    spread_documents = runs_on_several_workers(p.options)
-    reading = dict(spread_documents=spread_documents, batch_docs=BATCH_DOCS,
+    """Add the recipe's read → stages → write graph to pipeline `p`.  The leading batchable stages run
+    on the reader's Batches in one ParDo; from the first composite on records go one per element.
+    commits: the reader is resume.CommitUnitsDoFn, which runs the plan's leading stages per unit."""
+    reading = dict(spread_documents=runs_on_several_workers(p.options), batch_docs=BATCH_DOCS,
                    spread_files=not runs_on_one_worker(p.options), limit=recipe.limit)
     tallied = tuple(name for s in stages for name in s.tallies)
+    lead, reader = 0, None
     if commits is not None and commits.work is not None:
         lead = commits.stages
         reader = CommitUnitsDoFn(recipe.input_format, recipe.text_field, recipe.id_field, BATCH_DOCS, stages[:lead],
                                  commits.work.units_dir, commits.work.resumed)
-        read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
-                                           unit_reader=reader, **reading)
-        batches = read[KEPT]
+    read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
+                                       unit_reader=reader, **reading)
+    batches = read[KEPT]
+    if reader is not None:
         input_keys = read[UNIT_LEDGER] | "UnitKeys" >> beam.Map(lambda entry: (LEDGER_KEY, entry))
     else:
-        read = p | "Read" >> ReadDocuments(recipe.inputs, recipe.input_format, recipe.text_field, recipe.id_field,
-                                           **reading)
-        batches = read[KEPT]
         input_keys = batches | "InputKeys" >> beam.ParDo(_TallyKeys("input", "docs"))
-        lead = 0
         while lead < len(stages) and batchable(stages[lead]):
             lead += 1
         if lead:
@@ -583,8 +553,8 @@ def build_pipeline(p: beam.Pipeline, recipe: Recipe, output: str, stages: list[S
 
 
 def stage_times(result, stats: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
-    """stats.json's "stage_time": each stage's CPU seconds (its `cpu_us` counters), input documents
-    and docs per CPU-second; None when the runner returned no such metrics (never invented zeros)."""
+    """stats.json's "stage_time": each stage's CPU seconds, input documents and docs per CPU-second;
+    None when the runner returned no such metrics."""
     try:
         counters = result.metrics().query(MetricsFilter().with_name(CPU_COUNTER))["counters"]
     except Exception:  # noqa: BLE001 - a runner without metrics support
@@ -612,14 +582,11 @@ def stage_times(result, stats: dict[str, Any]) -> dict[str, dict[str, Any]] | No
 def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] | None = None,
                max_errors: str | ErrorBudget | None = None, progress: str = "off",
                resume: bool = False) -> dict[str, Any]:
-    """Run a recipe to completion and return its stats (also written to OUTPUT/stats.json), then
-    OUTPUT/report.html and run.json (a report error only warns).
+    """Run a recipe and return its stats (also OUTPUT/stats.json), then write report.html and run.json.
 
-    resume: reuse the units a killed or failed run into OUTPUT committed (dsdata/beam/resume.py;
-    ResumeRefused when they are another recipe's or inputs').  max_errors: records that may be
-    rejected with reason `error`, a count ("25") or a share ("0.1%", the default); over it the
-    outputs are written, then ErrorBudgetExceeded raised.  A stage's environment error raises
-    StageEnvironmentError.  progress: "lines" / "bar" (dsdata.report.progress) or "off"."""
+    resume: reuse the units a stopped run committed (ResumeRefused when another recipe's or inputs').
+    max_errors: `error` rejections allowed, "25" or "0.1%" (default); over it ErrorBudgetExceeded is
+    raised after the outputs are written.  progress: "lines" / "bar" or "off"."""
     if output is None:  # the recipe's own output may not leave the working directory (recipe_output)
         output = recipe.output if is_remote(recipe.output) else recipe_output(recipe)
     if not recipe.inputs_checked:  # called from Python with a recipe nobody checked: the CLI's checks
@@ -627,8 +594,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
     budget = ErrorBudget.parse(max_errors)
     stages = recipe.build_stages()
     options = pipeline_options(list(recipe.beam_args) + list(beam_args or []))
-    # Beam's Pipeline does this too, but the old outputs are removed before it exists: a remote
-    # file system (S3's endpoint and credentials flags) reads its settings from here.
+    # Before the Pipeline exists: removing old remote outputs needs S3's endpoint and credentials.
     FileSystems.set_options(options)
     commits = plan_commits(recipe, stages, output, runs_on_several_workers(options), resume)
     _prepare_output(output)
@@ -649,8 +615,7 @@ def run_recipe(recipe: Recipe, output: str | None = None, beam_args: list[str] |
             mark_incomplete(output, str(fatal))
         raise fatal from None
     finally:
-        # Documents parked by whole-corpus stages (dsdata/beam/spill.py); after a failure, at best
-        # effort: the failure may be the storage's own (an endpoint gone), and must not be hidden.
+        # After a failure at best effort: the failure may be the storage's own and must not be hidden.
         with contextlib.nullcontext() if ran else contextlib.suppress(Exception):
             remove_spill(output)
     stats_path = FileSystems.join(output, "stats.json")

@@ -1,8 +1,5 @@
-"""Beam side of the relevance stage: a small RunInference ModelHandler (no Beam ML extras, no
-TensorFlow) and the composite transform that annotates, keeps and rejects documents.
-
-The stage is a batched model stage; Beam runs it through RunInference rather than the generic
-BatchElements + DoFn so the model is shared by the threads of a worker process."""
+"""Beam side of the relevance stage: a small RunInference ModelHandler (no TensorFlow) and the
+composite; RunInference shares the model among a worker process's threads."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,9 +25,8 @@ class ScoringFailed:
 
 
 class RelevanceModelHandler(ModelHandler[Document, PredictionResult, Scorer]):
-    """Loads the relevance model once per worker process (RunInference shares it across threads and
-    bundles) and scores whole batches of documents.  A batch that raises is scored again one document
-at a time; a document that raises alone gets a ScoringFailed inference (rejected, reason `error`)."""
+    """Loads the relevance model once per worker process and scores whole batches; a document that
+    raises alone gets a ScoringFailed inference (rejected, reason `error`)."""
 
     def __init__(self, model: str, backend: str = "auto", device: str = "auto", batch_size: int = 32,
                  max_length: int | None = None, long_documents: str = "head_tail",
@@ -123,10 +119,8 @@ class _LoadedScorer:
 
 
 class ScoringBatchRun(StageCounters):
-    """The stage scored inside another DoFn over batches (the committed steps of a run,
-    dsdata/beam/resume.py) instead of through RunInference: the same model handler (its model loaded
-    once per process through `shared`, as RunInference does; its retry rule and CPU counter), then
-    `judge` as RelevanceFilter's route does, in chunks of the stage's batch_max."""
+    """The stage scored inside another DoFn over batches (a run's committed steps) with the same model
+    handler (loaded once per process through `shared`), then `judge`, in chunks of batch_max."""
 
     def __init__(self, stage: ScoringStage, shared):
         self.stage = stage
@@ -144,15 +138,13 @@ class ScoringBatchRun(StageCounters):
 
 
 def batch_run(stage: ScoringStage, shared) -> ScoringBatchRun:
-    """The stage's run on batches inside another DoFn (dsdata/beam/kinds.py asks its composite module for it);
-    `shared`: a Beam `Shared` handle made with the DoFn."""
+    """The stage's run on batches inside another DoFn (kinds.batch_run); `shared`: a Beam Shared handle."""
     return ScoringBatchRun(stage, shared)
 
 
 class RelevanceFilter(beam.PTransform):
-    """PCollection[Document] → {"kept", "rejected"} scored by RunInference with RelevanceModelHandler.
-
-    stage: a ScoringStage (dsdata/stages/base.py): its `judge(doc, score)` decides each document."""
+    """PCollection[Document] → {"kept", "rejected"} scored by RunInference; the ScoringStage's
+    `judge(doc, score)` decides each document."""
 
     def __init__(self, handler: RelevanceModelHandler, stage):
         super().__init__()

@@ -1,13 +1,10 @@
 """A shard set on object storage (s3://BUCKET/out, gs://…), copied to a local folder for the commands
 that read shards: `dsdata shards verify|info|export` and `dsdata shm publish`.
 
-Shards are memory-mapped Arrow files: every reader of them (the checks, the exporters, the trainer)
-works on local files.  So a remote set is fetched first — its manifest, then exactly the files the
-manifest names (shards and the bundled tokenizer), each name confined to the folder as for a local
-set — into a temporary folder (under $TMPDIR) that is removed afterwards, and the command then reads
-it as it reads any local set.  An object larger than its manifest entry is copied only one byte past
-that size (verify then reports the size), so an untrusted bucket cannot fill the disk; an object
-that is missing stays missing (verify names it).
+Shards are memory-mapped, so a remote set is fetched first: its manifest, then exactly the files it
+names (confined to the folder), into a temporary folder removed afterwards.  An object larger than
+its manifest entry is copied only one byte past that size, so an untrusted bucket cannot fill the
+disk; a missing object stays missing (verify names it).
 """
 from __future__ import annotations
 

@@ -1,25 +1,12 @@
-"""Runs that resume where they died: the recipe's leading per-document stages are committed per unit.
+"""Runs that resume where they died: the recipe's leading per-document stages are committed per unit
+(docs/resume.md).
 
-A run's *committed stages* are its leading stages that work one document at a time and can run
-inside one DoFn on the reader's Batches (kinds.committable: for pretrain.yaml clean, lang, rules
-and relevance; everything before the first whole-corpus stage — decontaminate with its cap, dedup,
-difficulty, augment, shards — or side output).  Each *unit* (an input file, or the byte range / row groups of
-one that a worker reads: dsdata/io/readers/ranges.py) is read and run through them by ONE DoFn call
-(CommitUnitsDoFn), whose results are written to OUT/resume/units as they come and committed once the
-unit is done, with the units finished just before it (dsdata/io/resume.py CommitGroup: fsync,
-rename, then the marker).  The batches go on downstream as they are made, as they would without
-commits.
-
-`dsdata run --resume` after a killed or failed run compares OUT/resume/fingerprint.json with its own
-(recipe after --set, the files the committed stages read, the inputs' names, sizes and modification
-times) and refuses in one line when they differ.  Otherwise each unit its plan reads that has a
-commit marker is read back from OUT instead of from the input and through the stages; the others
-are read and committed; then the whole-corpus stages run over everything, so that every output is
-what an uninterrupted run writes.  A successful run removes OUT/resume.
-
-The ledger: a unit reader emits its input count ("count", ("input",), n) and ("resume", "reused" |
-"processed", (1, records)) per unit on its UNIT_LEDGER output; stats.json's "resume" (on --resume
-runs) sums the latter.
+Each unit (an input file, or a range of one) is read and run through the committed stages by ONE
+DoFn call (CommitUnitsDoFn), whose results go to OUT/resume/units and are committed once the unit is
+done.  `--resume` checks OUT/resume/fingerprint.json against its own, then reads committed units back
+instead of their inputs; the whole-corpus stages then run over everything, so every output is what
+an uninterrupted run writes.  A unit reader's UNIT_LEDGER output carries ("count", ("input",), n) and
+("resume", "reused" | "processed", (1, records)) per unit.
 """
 from __future__ import annotations
 
@@ -86,9 +73,7 @@ def _jsonable(value: Any) -> Any:
 
 def input_listing(patterns: list[str]) -> dict[str, list | None]:
     """The files the patterns name now: path → [size in bytes, modification time] (None: nothing
-    matches it now; the reader will reject it as unreadable).  A local file named as it is (what
-    dsdata/io/inputs.py hands on for every local input but names with glob characters, which it
-    escapes) is stat-ed here (ns); any other pattern is listed by Beam's file systems (seconds)."""
+    matches it now).  A local named file is stat-ed (ns), any other pattern listed by Beam (seconds)."""
     listing: dict[str, list | None] = {}
     objects = ObjectSizes()
     for pattern in patterns:
@@ -111,10 +96,8 @@ def input_listing(patterns: list[str]) -> dict[str, list | None]:
 
 
 def run_fingerprint(recipe, stages: list[Stage], n_committed: int) -> dict[str, Any]:
-    """What a resumed run must share with the run that committed: the recipe after --set (every
-    stage's parameters, the input format and fields), dsdata's version, the files the committed
-    stages' path parameters name (models, benchmark lists: sizes and modification times), and the
-    input files (names, sizes, modification times)."""
+    """What a resumed run must share with the run that committed: the recipe after --set, dsdata's
+    version, the files the committed stages' path parameters name, and the input files."""
     stage_files = {}
     for stage in stages[:n_committed]:
         for key, spec in type(stage).params.items():
@@ -141,16 +124,14 @@ def run_fingerprint(recipe, stages: list[Stage], n_committed: int) -> dict[str, 
 def plan_commits(recipe, stages: list[Stage], output: str, several_workers: bool, resume: bool) -> CommitPlan:
     """Decide how this run commits, set up OUT/resume, and (resume) check that OUT's committed work
     is this run's: ResumeRefused (one line, nothing touched) when it is not.  Called under OUT's lock
-    before the run's old outputs are removed.  (A remote OUT and --limit never come here with
-    resume: prepare_run refuses them.)"""
+    before the run's old outputs are removed."""
     n = committed_stage_count(stages)
     local = "://" not in output
     if resume and local:
         recorded = read_fingerprint(output)
         if recorded is not None:
-            # Same recipe, so n > 0 as when it was recorded.  A multi-worker runner on big files it
-            # cannot cut commits too when resuming (each such file is then read by one worker): the
-            # committed work is worth more than the spread.
+            # Same recipe, so n > 0.  Resuming commits even where several workers cannot cut a big
+            # file: the committed work is worth more than the spread.
             work = continue_committed(output, run_fingerprint(recipe, stages, n), recorded)
             log.info("resuming %s: %d unit(s) committed by the earlier run", output, work.committed)
             return CommitPlan(n, work, resume=True)
@@ -188,9 +169,8 @@ def unit_description(element: fileio.FileMetadata | FileRange) -> list:
 
 
 def unit_content(element: fileio.FileMetadata | FileRange) -> str:
-    """The digest of a unit's input bytes (dsdata/io/resume.py input_digest): a JSON Lines range's
-    bytes, a whole file's otherwise (a Parquet range's row groups lie anywhere in it); "" when the
-    file cannot be opened (its reading makes it a row, and nothing of it is committed)."""
+    """The digest of a unit's input bytes: a JSON Lines range's, a whole file's otherwise (a Parquet
+    range's row groups lie anywhere in it); "" when the file cannot be opened."""
     jsonl = isinstance(element, FileRange) and element.fmt == "jsonl"
     try:
         return input_digest(element.path, element.start if jsonl else 0, element.end if jsonl else None)
@@ -199,13 +179,10 @@ def unit_content(element: fileio.FileMetadata | FileRange) -> str:
 
 
 class CommitUnitsDoFn(ReadFileDoFn):
-    """Reads a unit (ReadFileDoFn's batches), runs the committed stages on each batch and writes the
-    results to OUT/resume/units as they come; finished units are committed in groups (CommitGroup:
-    about a second of work at most), the last group when the bundle ends, or when a unit fails (the
-    units finished before it).  With `resumed`, a unit an earlier run committed is read back from
-    there instead (the index of committed units is read once per worker).  Main output: the batches
-    after the committed stages; UNIT_LEDGER: each unit's input count and whether it was reused or
-    processed."""
+    """Reads a unit, runs the committed stages on each batch and writes the results to OUT/resume/units;
+    finished units are committed in groups (CommitGroup), the last when the bundle ends or a unit
+    fails.  With `resumed`, a committed unit is read back instead.  Main output: the batches after
+    the committed stages; UNIT_LEDGER: each unit's entries."""
 
     def __init__(self, fmt: str, text_field: str, id_field: str, batch_docs: int, stages: list[Stage],
                  units_dir: str, resumed: bool):

@@ -10,10 +10,8 @@
 Every document passes through unchanged as kept; nothing is rejected.  How shards are cut and why:
 dsdata/stages/shards.py; the file layout: dsdata/shards/format.py.
 
-Memory: no document can be placed before the per-bucket token totals are known, so the token ids
-wait in spill files under RUN_DIR/.spill/shards (dsdata/beam/spill.py), not in the runner; only
-file names and counts wait and shuffle, and a worker holds one spill file (≤ SPILL_FILE_BYTES) or
-one shard at a time.
+No document can be placed before the per-bucket totals are known: the token ids wait in spill files
+under RUN_DIR/.spill/shards, and only file names and counts shuffle.
 """
 from __future__ import annotations
 
@@ -76,11 +74,8 @@ def write_shard_group(keyed, directory: str, dtype_name: str, spill_dir: str) ->
 
 def write_manifest_from(entries: list[dict[str, Any]], directory: str, dtype_name: str,
                         tokenizer: dict[str, Any] | None, extra: dict[str, Any]) -> str:
-    """manifest.json, written after every shard it names is there with its size, with the
-    tokenizer's files bundled beside the shards (local: by dsdata.shards.format.write_manifest,
-    atomically; remote: bundled in a local temporary folder and uploaded, the manifest the last
-    object written).  Returns the manifest's file name (a path would cross Beam's coders, which
-    write str as UTF-8: OUT's path need not be)."""
+    """manifest.json, written last (after the shards and the bundled tokenizer files; remote: uploaded
+    from a local temporary folder).  Returns the manifest's file name, not its path."""
     if not location.is_remote(directory):
         os.makedirs(directory, exist_ok=True)
         tokenizer = bundle_tokenizer(directory, tokenizer)  # the shard set carries its tokenizer (portable)
@@ -127,10 +122,9 @@ _TOTALS = "totals"
 
 @ANY_OUTPUT
 class _ParkRecords(StageCounters, beam.DoFn):
-    """Each document stays kept; its shard record (bucket, id, token ids in the shard dtype) goes to
-    this bundle's spill file, whose name is emitted (tag `parked`) once complete, with the bundle's
-    tokens per bucket (tag `totals`).  A document whose record cannot be made (it raises) is
-    rejected (reason `error`) and is in no shard; a token id outside the vocabulary stops the run."""
+    """Each document stays kept; its shard record goes to this bundle's spill file (names: tag
+    `parked`; tokens per bucket: tag `totals`).  A record that raises rejects its document (`error`);
+    a token id outside the vocabulary stops the run."""
 
     def __init__(self, default_difficulty: str, spill_dir: str, dtype_name: str, vocab_size: int | None,
                  stage_name: str):
@@ -206,8 +200,7 @@ class _CutByShard(beam.DoFn):
 
 @ANY_OUTPUT
 class _WriteShard(beam.DoFn):
-    """One shard's fragment files → its file and manifest entry; a write error (disk, permissions)
-    stops the run."""
+    """One shard's fragment files → its file and manifest entry; a write error stops the run."""
 
     def __init__(self, directory: str, dtype_name: str, stage_name: str, spill_dir: str):
         self.directory, self.dtype_name, self.stage_name = directory, dtype_name, stage_name
@@ -230,8 +223,7 @@ class _WriteShard(beam.DoFn):
 
 
 class WriteShards(beam.PTransform):
-    """PCollection[Document] → {"kept": the same documents, "rejected": those whose shard record
-    raised}; writes `directory` (local or remote), parking token ids in `spill_dir`."""
+    """PCollection[Document] → {"kept", "rejected"}; writes the shards to `directory`."""
 
     def __init__(self, config: dict[str, Any], directory: str, tokenizer: dict[str, Any], spill_dir: str,
                  stage_name: str = "shards", export_dir: str | None = None):
@@ -262,9 +254,7 @@ class WriteShards(beam.PTransform):
 
 
 def composite(stage, context) -> WriteShards:
-    """The shards stage's transform (registered in dsdata/beam/kinds.py): the builder hands over the
-    run directory (local or remote) and the stages upstream, whose nearest `tokenize` names the
-    tokenizer."""
+    """The shards stage's transform; the nearest upstream `tokenize` names the tokenizer."""
     config = stage.transform_config()
     if config.get("export") and location.is_remote(context.run_dir):
         raise StageConfigError(f"shards.export writes local files and the output '{context.run_dir}' is remote; "

@@ -1,14 +1,11 @@
 """Spill files: a whole-corpus stage parks its documents on disk while only small keys shuffle.
 
-A spill file is a sequence of records, each `u32 length` + one encoded value.  The encoding is a
-small tagged binary form of the values a packed Document holds (None, bool, int, float, str, bytes,
-list, tuple, dict, and dates/times without a named time zone, Decimal); decoding builds only those
-types — nothing read back can run code, unlike pickle, which the runner's own shuffles use.  A value
-of any other type raises `Unspillable`: its document then travels through the shuffle instead.
+A spill file is a sequence of records, each `u32 length` + one value in a small tagged binary form of
+the plain values a packed Document holds; decoding builds only those (no pickle).  Any other value
+raises `Unspillable`: its document then travels through the shuffle instead.
 
-Files are written through Beam's FileSystems (so a run directory on GCS or S3 works too) and
-named by a random id, so a bundle that a runner retries writes a new file and the old one, which
-no surviving record refers to, is never read.
+Files are written through Beam's FileSystems and named by a random id, so a retried bundle writes
+a new file and the old one is never read.
 """
 from __future__ import annotations
 
@@ -223,10 +220,8 @@ def _named(exc: OSError, path: str) -> OSError:
 
 
 class RollingSpill:
-    """One bundle's records appended to spill files under `directory`, a new file once the open one
-    holds `file_bytes`; `close()` ends the open file and hands over the names of the files completed
-    since the last call (names, not paths: what crosses Beam's coders as str is written as UTF-8,
-    and OUT's path need not be)."""
+    """One bundle's records appended to spill files under `directory`, a new file past `file_bytes`;
+    `close()` ends the open file and returns the names (not paths) of the files completed since."""
 
     def __init__(self, directory: str, file_bytes: int):
         self.directory, self.file_bytes = directory, file_bytes
@@ -288,11 +283,9 @@ def remove_spill(run_dir: str) -> None:
         FileSystems.delete([m.path for m in matches])
 
 
-# Spilled grouping: a bundle's (key, value) records go to its spill file in runs of one partition
-# (crc32 of the key's encoding mod GROUP_PARTITIONS), flushed once GROUP_PENDING_BYTES wait; only
-# (partition, (file, offset, length, input)) entries cross the runner's GroupByKey, and each
-# partition is read back and grouped in memory: a worker holds 1/GROUP_PARTITIONS of the records,
-# the in-process runner none of them (its GroupByKey keeps every value as a Python object).
+# Spilled grouping: a bundle's records go to its spill file in runs of one partition (crc32 of the
+# key mod GROUP_PARTITIONS); only (partition, (file, offset, length, input)) entries cross the
+# runner's GroupByKey, and a worker reads back and groups one partition at a time.
 GROUP_PARTITIONS = 64
 GROUP_PENDING_BYTES = 16 << 20
 
@@ -383,9 +376,8 @@ class _GroupRuns(beam.DoFn):
 
 
 class SpilledGroupByKey(beam.PTransform):
-    """GroupByKey (one PCollection: (key, [values])) or CoGroupByKey (a dict of them: (key, {tag:
-    [values]})) whose records wait in spill files under `spill_dir`, not in the runner; keys and
-    values must be spillable (plain values)."""
+    """GroupByKey (one PCollection) or CoGroupByKey (a dict of them) whose records wait in spill files
+    under `spill_dir`, not in the runner; keys and values must be spillable."""
 
     def __init__(self, spill_dir: str):
         super().__init__()

@@ -1,7 +1,5 @@
-"""Generic Beam wrappers around the stage contract: one DoFn runs any per-document stage, another any
-batched stage, each with two tagged outputs (kept, rejected), Beam Metrics counters per stage and
-reason and the stage's CPU time; and the reader.  A record whose processing raises is rejected with
-reason `error` (dsdata/beam/errors.py).  Which wrapper runs which stage: dsdata/beam/kinds.py."""
+"""Generic Beam wrappers around the stage contract (kept/rejected outputs, counters per stage and
+reason, CPU time, the `error` rule of dsdata/beam/errors.py), and the reader."""
 from __future__ import annotations
 
 import glob
@@ -40,31 +38,22 @@ REJECTED = "rejected"
 UNIT_LEDGER = "ledger"
 
 
-# Per-stage CPU time: thread-local CPU seconds (correct when a worker runs bundles in several
-# threads; a library's own threads are not seen, so a stage keeps its work on the calling thread)
-# summed in the DoFn and added to this counter, in microseconds, once per bundle.
+# Per-stage CPU time: thread-local CPU seconds (a library's own threads are not seen), added to this
+# counter in microseconds once per bundle.
 CPU_COUNTER = "cpu_us"
-# One thread_time() read is a system call (~1.5 µs here, benchmarks/stage_timing.py): elements that
-# cost more than _EXACT_ABOVE_S on average are all timed; cheaper ones one in _SAMPLE_STRIDE, each
-# timed one standing for the untimed ones before it (so a stage's CPU seconds stay an unbiased
-# estimate while the clock costs a tenth of a microsecond per element).
+# thread_time() is a system call: elements costing more than _EXACT_ABOVE_S on average are all
+# timed, cheaper ones one in _SAMPLE_STRIDE (each timed one stands for the untimed ones before it).
 _EXACT_ABOVE_S = 100e-6
 _SAMPLE_STRIDE = 16
-# An untimed element whose wall time (perf_counter: no system call) passes this is counted by that
-# wall time: one pathological document between two samples (a regex stuck for minutes) would
-# otherwise vanish from the stage's CPU seconds.
+# An untimed element whose wall time passes this counts by that wall time (a regex stuck for
+# minutes between two samples must not vanish from the stage's CPU seconds).
 _OUTLIER_S = 10e-3
-# A DoFn class decorator: its main output's element type is Any, declared.  Beam infers an
-# undeclared one from the process() method's bytecode when the graph is built (1-20 ms a DoFn:
-# ~45 ms of a langid run's start-up for the ledger's tallies and the Parquet writers).  Only for
-# DoFns whose inferred type is Any anyway (FastPrimitivesCoder either way), not for the ones that
-# feed a GroupByKey with tuples, whose inferred Tuple gives the key its coder.
+# Declares a DoFn's main output type Any, sparing Beam's bytecode inference at graph build.  Not for
+# DoFns feeding a GroupByKey with tuples, whose inferred Tuple gives the key its coder.
 ANY_OUTPUT = beam.typehints.with_output_types(Any)
-# Without batch_docs the reader reads (and times, and adds to its `in` counter) this many records
-# at a time before handing them on one by one.
+# Without batch_docs the reader reads this many records at a time, then hands them on one by one.
 _READ_CHUNK = 256
-# Errors are logged (INFO: shown unless --quiet) with the document id for the first few records of
-# each DoFn instance; the rejected rows hold them all.
+# Errors logged (with the document id) per DoFn instance; the rejected rows hold them all.
 _LOGGED_ERRORS = 5
 
 
@@ -121,8 +110,7 @@ class StageCounters:
         return False
 
     def _collect(self, results, rejected: list[Rejected]) -> list[Document]:
-        """The kept ones of `results`; each rejection counted (per reason) and appended to `rejected`,
-        the kept ones counted at once."""
+        """The kept ones of `results`, counted; each rejection counted and appended to `rejected`."""
         kept: list[Document] = []
         for result in results:
             if isinstance(result, Rejected):
@@ -178,11 +166,8 @@ class _DocumentStageRun(StageCounters):
         self._setup_stage(stage)
 
     def run(self, doc: Document) -> Document | Rejected:
+        """The stage's result for `doc`, counted and timed."""
         self._in.inc()
-        return self._processed(doc)
-
-    def _processed(self, doc: Document) -> Document | Rejected:
-        """The stage's result for `doc`, timed."""
         start = self._clock_start()
         result = self._result(doc)
         self._clock_stop(start)
@@ -199,9 +184,8 @@ class _DocumentStageRun(StageCounters):
 
 
 class StageDoFn(beam.DoFn):
-    """Runs consecutive per-document stages (`process(doc)`) in one step: a document goes through them
-    until one rejects it (tagged output); each stage keeps its own counters, CPU time and error rule
-    as in a ParDo of its own, without a DoFn invocation and output routing per stage."""
+    """Runs consecutive per-document stages (`process(doc)`) in one step until one rejects the
+    document (tagged output); each stage keeps its own counters, CPU time and error rule."""
 
     def __init__(self, stages: DocumentStage | list[DocumentStage]):
         self.stages = list(stages) if isinstance(stages, (list, tuple)) else [stages]
@@ -225,8 +209,7 @@ class StageDoFn(beam.DoFn):
 
 class _BatchStageRun(StageCounters):
     """One batched stage (`process_batch(docs)`): its own counters, CPU clock and error rule.  A batch
-    that raises is run again one document at a time, so only the documents that raise alone are
-    rejected."""
+    that raises is run again one document at a time."""
 
     def __init__(self, stage: BatchStage):
         self.stage = stage
@@ -236,8 +219,8 @@ class _BatchStageRun(StageCounters):
         self._setup_stage(stage)
 
     def _checked(self, docs: list[Document]) -> list[Document | Rejected]:
-        """process_batch(docs); a result list of the wrong kind or length fails the batch (each document
-        is then tried alone), a malformed result for one document rejects that document."""
+        """process_batch(docs); a result list of the wrong kind or length fails the batch, a malformed
+        result for one document rejects that document."""
         results = self.stage.process_batch(docs)
         if not isinstance(results, (list, tuple)) or len(results) != len(docs):
             got = f"{len(results)} results" if isinstance(results, (list, tuple)) else type(results).__name__
@@ -288,28 +271,23 @@ class BatchStageDoFn(beam.DoFn):
 
 
 # Between the reader and the writers, documents travel as Batches of up to BATCH_DOCS records (or
-# BATCH_CHARS characters of text) where the recipe allows (dsdata/beam/pipeline.py): one runner
-# element per batch instead of several per document (~2 µs per DoFn a record passes, and a
-# record passes 4-6 of them; benchmarks/stage_overhead.py).
+# BATCH_CHARS characters of text) where the recipe allows: one runner element per batch.
 BATCH_DOCS = 1000
 BATCH_CHARS = 16 << 20
 
 
 @dataclass
 class Batch:
-    """Documents read together and still kept, with the rejections made of their records so far (by
-    the reader and by the stages run on the batch): both are written from it, so the rejected rows
-    need no Flatten (which the in-process runner materialises)."""
+    """Documents read together and still kept, with their records' rejections so far: both are
+    written from it, so the rejected rows need no Flatten."""
 
     docs: list[Document]
     rejected: list[Rejected]
 
 
 class BatchCoder(beam.coders.Coder):
-    """How a runner ships a Batch (pickle; each Document packs its own text, document.py) and what it
-    guesses its size to be.  Beam samples the elements of every PCollection for its size counters
-    (the first ten, then fewer: opcounters.py) by encoding them, which for whole batches cost ~1 CPU-s
-    on 100k paragraphs; the guess is the texts' lengths."""
+    """How a runner ships a Batch (pickle) and guesses its size from the texts' lengths (encoding
+    whole batches for Beam's size counters is costly)."""
 
     def encode(self, batch: Batch) -> bytes:
         return pickle.dumps((batch.docs, batch.rejected), pickle.HIGHEST_PROTOCOL)
@@ -333,9 +311,7 @@ beam.coders.registry.register_coder(Batch, BatchCoder)
 
 class _DocumentStageBatchRun(_DocumentStageRun):
     def run_batch(self, docs: list[Document], rejected: list[Rejected]) -> list[Document]:
-        """The kept ones of `docs`, rejections appended to `rejected`: what run() and _counted_rejected
-        do per document, with the in and kept counters added to and the clock read once per batch
-        (the stage's CPU time is the batch's: its process() calls and their result checks)."""
+        """The kept ones of `docs`, rejections appended to `rejected`; counters and clock once per batch."""
         self._in.inc(len(docs))
         start = thread_time()
         results = [self._result(doc) for doc in docs]
@@ -344,10 +320,8 @@ class _DocumentStageBatchRun(_DocumentStageRun):
 
 
 class BatchChainDoFn(beam.DoFn):
-    """Runs consecutive per-document and batched stages (no composite, no side outputs: `batchable`
-    in dsdata/beam/kinds.py) over Batches: each stage takes the documents the ones before it kept,
-    its rejections are added to the batch's.  Counters, CPU time and the per-record error rule are
-    each stage's own, exactly as in StageDoFn / BatchStageDoFn."""
+    """Runs consecutive `batchable` stages (dsdata/beam/kinds.py) over Batches (run_batch_chain);
+    counters, CPU time and the error rule are each stage's own."""
 
     def __init__(self, stages: list[Stage]):
         self.stages = list(stages)
@@ -382,8 +356,7 @@ def run_batch_chain(runs: list, batch: Batch) -> Batch | None:
 
 
 class Unbatch(beam.DoFn):
-    """Batches → documents (main output) and their rejections (tagged): for the stages that take
-    documents one at a time through the runner (composites: dedup, difficulty, …)."""
+    """Batches → documents (main output) and their rejections (tagged), for composite stages."""
 
     def process(self, batch: Batch):
         yield from batch.docs
@@ -393,9 +366,7 @@ class Unbatch(beam.DoFn):
 
 class ReadFileDoFn(StageCounters, beam.DoFn):
     """Reads one matched file into Documents; unreadable parts become rejections (never skipped).
-
-    If the reader itself raises part-way, the records it yielded stay and the rest of the file
-    becomes one rejected row (reason `error`, the exception and the byte offset reached)."""
+    A reader raising part-way keeps its records; the rest of the file is one `error` row."""
 
     def __init__(self, fmt: str = "auto", text_field: str = "text", id_field: str = "id",
                  batch_docs: int | None = None):
@@ -421,14 +392,11 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
         return Batch(self._collect(results, rejected), rejected)
 
     def _chunks(self, element: FileMetadata | FileRange, size: int) -> Iterator[list[Document | Rejected]]:
-        """The file's (or range's) records, Documents or Rejected, in lists of up to `size` records
-        or BATCH_CHARS characters of text, counted as read (`in`).  The reader is timed a list at a
-        time (no yield happens while one fills: a yield hands records on to the fused stages
-        downstream), not a record at a time: two clock reads and a generator step per record were
-        a third of reading's cost (benchmarks/langid.py)."""
+        """The file's (or range's) records in lists of up to `size` records or BATCH_CHARS characters,
+        counted as read.  Timed a list at a time: no yield while one fills (a yield runs the fused
+        stages downstream)."""
         real = element.path
-        # Ids, rows and logs name the file as shown_path writes it (UTF-8, any name's bytes kept);
-        # the file itself is opened by its real name.
+        # Ids, rows and logs name the file as shown_path writes it; it is opened by its real name.
         path = shown_path(real)
         part = element if isinstance(element, FileRange) else None
         try:
@@ -480,8 +448,7 @@ class ReadFileDoFn(StageCounters, beam.DoFn):
                     n += len(chunk)
                     self._in.inc(len(chunk))
                     yield chunk
-        # Progress for long runs: one line per input file (the `dsdata` logger is INFO under the CLI);
-        # a file cut into ranges (up to 64 of them) logs each at DEBUG, its last at INFO.
+        # One line per input file; a file cut into ranges logs each at DEBUG, its last at INFO.
         if part is None:
             log.info("read %s: %d records (%d rejected by the reader)", path, n, bad)
         else:
@@ -506,18 +473,14 @@ def _rest_of_file(path: str, n: int, fh, part: FileRange | None = None) -> Docum
         metadata["offset"] = int(fh.tell())
     except Exception:  # noqa: BLE001 - not every stream knows its position
         pass
-    if part is None:
-        return Document(f"{path}:after{n - 1}", "", metadata)
-    # Each range has its own: "after the n-th record of the range starting at byte B".
-    return Document(f"{path}:after{n - 1}@{part.start}", "", metadata)
+    where = "" if part is None else f"@{part.start}"  # a range's: after its n-th record
+    return Document(f"{path}:after{n - 1}{where}", "", metadata)
 
 
 @dataclass(frozen=True)
 class FileRange:
-    """A part of a file that one worker reads, as its format's `ranges` cut it (dsdata/io/readers
-    REGISTRY): for "jsonl" a line-aligned byte range, bytes start to end (None: to the end of the
-    file) after first_line lines; for "parquet" row groups start to end - 1 (None: to the last)
-    after first_line rows."""
+    """A part of a file one worker reads, as its format's `ranges` cut it: for "jsonl" bytes start to
+    end (None: the file's end) after first_line lines; for "parquet" row groups start to end - 1."""
 
     path: str
     start: int
@@ -527,9 +490,8 @@ class FileRange:
 
 
 class PlanRanges(beam.DoFn):
-    """Matched files → what the workers read: a plain JSON Lines or a Parquet file over
-    `range_bytes_for` its size as ranges (of lines, of row groups), any other file whole (also one
-    that cannot be cut: a binary head, one row group, an unreadable footer)."""
+    """Matched files → what the workers read: a big plain JSON Lines or Parquet file as FileRanges,
+    any other file (or one that cannot be cut) whole."""
 
     def __init__(self, fmt: str = "auto", range_bytes: int | None = None):
         self.fmt, self.range_bytes = fmt, range_bytes
@@ -553,9 +515,8 @@ class PlanRanges(beam.DoFn):
 
 
 def all_cuttable(patterns: list[str], fmt: str = "auto", range_bytes: int | None = None) -> bool:
-    """Whether every file the patterns match now is small (one range) or in a format PlanRanges can
-    cut (plain JSON Lines, Parquet); False when they cannot be listed here (the launcher may not
-    see a worker's file system)."""
+    """Whether every file the patterns match is small or cuttable by PlanRanges; False when they
+    cannot be listed here (the launcher may not see a worker's file system)."""
     try:
         from dsdata.beam.location import ObjectSizes
 
@@ -572,9 +533,8 @@ def all_cuttable(patterns: list[str], fmt: str = "auto", range_bytes: int | None
 
 
 def open_input(path: str):
-    """An input file opened for reading, raw bytes.  Local files are opened here: Beam's local open
-    takes no path over PATH_MAX (dsdata/io/local_paths.py), and a folder that reaches the reader
-    (one an input folder holds and that could not be listed) is refused saying why."""
+    """An input file opened for reading, raw bytes; local ones through dsdata/io/local_paths.py (Beam's
+    local open takes no path over PATH_MAX)."""
     if "://" in path:
         if path.startswith("s3://"):  # on a worker: an endpoint gone mid-run fails fast, in one line
             from dsdata.beam.location import bound_s3_requests
@@ -586,18 +546,15 @@ def open_input(path: str):
 
 def unreadable_reason(exc: Exception) -> str:
     """Why a file could not be opened, for its `unreadable_file` row: the system's reason without
-    the path (the row's id names the file as shown_path shows it; str(OSError) quotes the name's
-    repr, whose non-UTF-8 bytes read as \\udcNN)."""
+    the path (the row's id names the file; str(OSError) quotes the name's repr)."""
     if isinstance(exc, OSError) and exc.strerror:
         return f"[Errno {exc.errno}] {exc.strerror}" if exc.errno else exc.strerror
     return " ".join(str(exc).encode("utf-8", "backslashreplace").decode("utf-8").split())
 
 
 class MatchPatterns(beam.DoFn):
-    """An input pattern (as bytes: a name that is not UTF-8 has no str form Beam's coders can write)
-    → the files it matches, as Beam's fileio.MatchAll does.  A named file (no wildcard) that does not match
-    — gone since it was listed, or a path the OS cannot stat (longer than PATH_MAX) — still goes on,
-    so that the reader's open fails and the file is an `unreadable_file` row, never silently absent."""
+    """An input pattern (bytes) → the files it matches.  A named file that does not match (gone, or
+    unstattable) still goes on, so that it becomes an `unreadable_file` row, never silently absent."""
 
     def setup(self):
         from dsdata.beam.location import ObjectSizes, bound_s3_requests
@@ -628,9 +585,8 @@ class MatchPatterns(beam.DoFn):
 
 
 def matched_files(pattern: str, objects) -> list[FileMetadata]:
-    """The files an input pattern names.  A local one through Beam's FileSystems; a remote one that
-    check_remote_inputs listed (escaped) from `objects` (dsdata/beam/location.py ObjectSizes: one
-    listing per folder); any other remote pattern listed anew."""
+    """The files an input pattern names: local through Beam's FileSystems; a remote named file from
+    `objects` (location.ObjectSizes: one listing per folder); any other remote pattern listed anew."""
     if "://" not in pattern:
         return FileSystems.match([pattern])[0].metadata_list
     from dsdata.beam.location import list_objects
@@ -652,8 +608,7 @@ def named_file(pattern: str) -> str | None:
 
 
 class ReadFirstDoFn(ReadFileDoFn):
-    """Reads the first `limit` records of all matched files (one element: their list), the files in
-    path order (each once), the records in file order; stops reading there."""
+    """Reads the first `limit` records of all matched files (one element: their list), in path order."""
 
     def __init__(self, limit: int, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -683,17 +638,11 @@ class ReadFirstDoFn(ReadFileDoFn):
 class ReadDocuments(beam.PTransform):
     """File patterns (local, gs://, s3://, …) → {"kept": docs, "rejected": unreadable records}.
 
-    spread_documents (several workers): the stages after the reader run fused into its step, so one
-    big file must not be read by one worker.  When every big file is plain JSON Lines or Parquet
-    (all_cuttable) the files are cut into line-aligned byte ranges or runs of row groups read apart
-    (PlanRanges; ids and rows as reading them whole gives); otherwise the documents are reshuffled
-    after reading (never both: the in-process runner would materialise their Flatten).
-    batch_docs: "kept" holds Batches of up to that many records, the reader's rejections in them.
-    spread_files: the matched files are reshuffled so that workers read them apart (False only where
-    one worker runs everything: one runner stage fewer).
-    unit_reader: a ReadFileDoFn that reads and commits each file or range itself (dsdata/beam/resume.py
-    CommitUnitsDoFn), with one more output, UNIT_LEDGER, in the result; its documents are never
-    reshuffled."""
+    spread_documents (several workers): big files are cut into ranges (PlanRanges) when all_cuttable,
+    otherwise the documents are reshuffled after reading.  batch_docs: "kept" holds Batches, the
+    reader's rejections in them.  spread_files: the matched files are reshuffled across workers.
+    unit_reader: a ReadFileDoFn that commits each file or range itself (resume.CommitUnitsDoFn); the
+    result then has UNIT_LEDGER instead of REJECTED, and its documents are never reshuffled."""
 
     def __init__(self, patterns: list[str], fmt: str = "auto", text_field: str = "text", id_field: str = "id",
                  spread_documents: bool = False, range_bytes: int | None = None, batch_docs: int | None = None,
@@ -712,33 +661,30 @@ class ReadDocuments(beam.PTransform):
             | "Patterns" >> beam.Create([os.fsencode(p) for p in self.patterns])
             | "Match" >> beam.ParDo(MatchPatterns())
         )
+        fields = (self.fmt, self.text_field, self.id_field, self.batch_docs)
+        cut = False
         if self.limit is not None:
-            # The first `limit` records: every matched file in one element, read in path order by one
-            # worker that stops there, so the same records on every runner and worker count.
-            read = beam.ParDo(ReadFirstDoFn(self.limit, self.fmt, self.text_field, self.id_field, self.batch_docs))
-            if self.batch_docs:
-                read = read.with_output_types(Batch)
-            out = files | "AllFiles" >> beam.combiners.ToList() | "ReadFirst" >> read.with_outputs(REJECTED, main=KEPT)
-            kept = out[KEPT]
-            if self.spread_documents:
-                kept = kept | "SpreadDocuments" >> beam.Reshuffle()
-            return {KEPT: kept, REJECTED: out[REJECTED]}
-        if self.spread_files:
-            # One pattern can match thousands of files: spread reading across workers.
-            files = files | "Spread" >> beam.Reshuffle()
-        cut = self.spread_documents and all_cuttable(self.patterns, self.fmt, self.range_bytes)
-        if cut:
-            files = (files | "PlanRanges" >> beam.ParDo(PlanRanges(self.fmt, self.range_bytes))
-                     | "SpreadRanges" >> beam.Reshuffle())
-        if self.unit_reader is not None:
-            read = beam.ParDo(self.unit_reader).with_output_types(Batch)
-            out = files | "ReadUnits" >> read.with_outputs(UNIT_LEDGER, main=KEPT)
-            return {KEPT: out[KEPT], UNIT_LEDGER: out[UNIT_LEDGER]}
-        read = beam.ParDo(ReadFileDoFn(self.fmt, self.text_field, self.id_field, self.batch_docs))
-        if self.batch_docs:
-            read = read.with_output_types(Batch)
-        out = files | "Read" >> read.with_outputs(REJECTED, main=KEPT)
+            # Every matched file in one element, read in path order by one worker that stops at
+            # `limit`: the same records on every runner and worker count.
+            read = self._read(ReadFirstDoFn(self.limit, *fields))
+            out = files | "AllFiles" >> beam.combiners.ToList() | "ReadFirst" >> read
+        else:
+            if self.spread_files:
+                files = files | "Spread" >> beam.Reshuffle()
+            cut = self.spread_documents and all_cuttable(self.patterns, self.fmt, self.range_bytes)
+            if cut:
+                files = (files | "PlanRanges" >> beam.ParDo(PlanRanges(self.fmt, self.range_bytes))
+                         | "SpreadRanges" >> beam.Reshuffle())
+            if self.unit_reader is not None:
+                read = beam.ParDo(self.unit_reader).with_output_types(Batch)
+                out = files | "ReadUnits" >> read.with_outputs(UNIT_LEDGER, main=KEPT)
+                return {KEPT: out[KEPT], UNIT_LEDGER: out[UNIT_LEDGER]}
+            out = files | "Read" >> self._read(ReadFileDoFn(*fields))
         kept = out[KEPT]
         if self.spread_documents and not cut:
             kept = kept | "SpreadDocuments" >> beam.Reshuffle()
         return {KEPT: kept, REJECTED: out[REJECTED]}
+
+    def _read(self, dofn: ReadFileDoFn):
+        read = beam.ParDo(dofn)
+        return (read.with_output_types(Batch) if self.batch_docs else read).with_outputs(REJECTED, main=KEPT)

@@ -1,36 +1,10 @@
-"""Whole-corpus deduplication as one composite Beam transform: exact + MinHash-LSH near duplicates.
+"""Whole-corpus deduplication as one composite Beam transform: exact + MinHash-LSH near duplicates
+(the steps, verification, spilling and memory bounds: docs/dedup.md).
 
-1. **Signatures** — batches of documents get their MinHash signatures (numba kernels when installed,
-   else numpy; same values) and a *node key* `[score prefix] id \x1f exact-hash` whose string order
-   is the keep order (lowest id, or highest score then lowest id): a cluster keeps its smallest node.
-2. **Exact** — group by the 128-bit hash of the normalised text; members link to the group's
-   smallest node, which alone goes on to LSH.
-3. **Candidates** — one (band key → node) element per band; each bucket of k ≥ 2 nodes yields a
-   star of k − 1 candidate links from its smallest node.
-4. **Candidate components** — alternating large-star / small-star rounds (Kiveris et al. 2014),
-   `cc_rounds` of them; a component still not a star after them (counter
-   `dsdata.dedup/cc_unconverged_nodes`) is verified in parts: fewer removals, never a lost document.
-5. **Verify** (`verify: exact`, the default: true Jaccard of the distinct shingle hashes;
-   `signature`: the MinHash estimate; `none`: candidate components are the clusters) — each
-   component's members meet once with their band keys and data, buckets are rebuilt and candidate
-   pairs verified with a union-find, so each document's data travels once (joining it onto every
-   pair shuffled ~k² shingle sets for k near-copies).
-6. **Decide** — exact duplicates take their representative's label; the label node is kept, the
-   others rejected as `exact_duplicate` or `near_duplicate`.
-
-With a spill directory (`spill: true`, the default) step 1 parks each bundle's documents in spill
-files under RUN_DIR/.spill (dsdata/beam/spill.py) and emits a `where` record (node → file);
-decisions are routed to the files, each read once.  A node with several documents (same id and text)
-or a document the spill format cannot carry is joined with its decision in a shuffle instead, as
-every document is with `spill: false`.  The groupings with a record per document, band or candidate
-(steps 2, 3, 5 and the `where` join) wait in spill files too (spill.SpilledGroupByKey), so the
-in-process runner holds no per-document state.
-
-Memory per worker: one signature batch, one group (an exact group, a bucket, a node's neighbourhood,
-a candidate component with its data: ~1.5 KB per 2 KB document) and 1/GROUP_PARTITIONS of a spilled
-grouping; the largest candidate component (distribution `dsdata.dedup/candidate_component_size`)
-bounds it, not the corpus.  Spill files must be reachable from every worker (a shared or
-object-store run directory on a cluster, as for the outputs).
+A document's node key `[score prefix] id \x1f exact-hash` sorts in keep order: a cluster keeps its
+smallest node.  With a spill directory (`spill: true`, the default) documents and the groupings with
+a record per document wait in spill files under RUN_DIR/.spill (reachable from every worker);
+decisions are routed to the files, each read once.
 """
 from __future__ import annotations
 
@@ -105,10 +79,8 @@ def _node_hash(node: str) -> str:
 
 
 class _SignatureDoFn(StageCounters, beam.DoFn):
-    """Batch of documents → (node, doc), exact records and (when verifying) verification data.
-
-    A batch that raises is run again one document at a time; a document that raises alone is
-    rejected (reason `error`) and takes no part in deduplication."""
+    """Batch of documents → (node, doc), exact records and (when verifying) verification data.  A
+    document that raises alone is rejected (reason `error`) and takes no part in deduplication."""
 
     def __init__(self, cfg: DedupConfig):
         self.cfg = cfg
@@ -132,9 +104,8 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
         self._bundle, self._writer = None, None
 
     def _park(self, item: "_Park") -> list:
-        """The document's verification data goes to the component join; with a spill directory the
-        document goes to this bundle's spill file and a `where` record (node → (bundle, in its
-        file?)) is emitted (an unspillable document goes into the shuffle)."""
+        """The document's outputs: its verification data, and either the document itself (shuffled) or,
+        with a spill directory, a `where` record (node → (bundle, in its file?)) after spilling it."""
         node, fields, verification = item
         out = [] if verification is None else [beam.pvalue.TaggedOutput(_SIGNATURES, (node, verification))]
         try:
@@ -205,9 +176,8 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
             # Without exact dedup every node is its own group: key it by the node itself.
             group = digest if c.exact else node.encode("utf-8")
             out.append(beam.pvalue.TaggedOutput(_RECORDS, (group, (node, bands))))
-            # The document as a tuple of primitives (pack_document), not the Document: Beam's fast
-            # coder encodes these natively, whereas a dataclass falls back to pickling.  Its text
-            # packed.  Parked (see _park) once the whole batch has succeeded.
+            # Primitives (pack_document), which Beam's fast coder encodes natively; parked (_park)
+            # once the whole batch has succeeded.
             out.append(_Park(node, pack_document(doc), verification))
         if no_shingles:
             self.no_shingles.inc(no_shingles)
@@ -275,9 +245,7 @@ def _similarity(x: np.ndarray, y: np.ndarray, mode: str) -> float:
 @ANY_OUTPUT
 class _VerifyComponent(beam.DoFn):
     """One candidate component → (node, cluster label) for every node of a verified cluster of ≥ 2:
-    its buckets rebuilt, candidate pairs verified with a union-find that skips pairs already
-    connected (k − 1 checks for k copies, not k²/2); buckets of up to _ALL_PAIRS_LIMIT offer all
-    pairs, larger ones a star; a pair whose set sizes rule out the threshold is not intersected."""
+    its buckets rebuilt, candidate pairs verified with a union-find that skips connected pairs."""
 
     def __init__(self, threshold: float, mode: str, stage_name: str = "dedup"):
         self.threshold, self.mode, self.stage_name = threshold, mode, stage_name
@@ -511,9 +479,8 @@ class _Decide(StageCounters, beam.DoFn):
 
 
 def _timed(records, counter, chunk: int = 64):
-    """The records of a spill file, the CPU time of reading and decoding them added to `counter`
-    (the stage's CPU time; what the consumer does between records is not counted): read `chunk`
-    records at a time, the clock read once per chunk, not twice per record."""
+    """The records of a spill file, the CPU time of reading them added to `counter` (the clock read
+    once per `chunk` records)."""
     spent = 0.0
     try:
         while True:
@@ -565,10 +532,7 @@ class _DecideSpilled(_Decide):
 
 
 class DedupTransform(beam.PTransform):
-    """PCollection[Document] → {"kept": …, "rejected": …}: exact + MinHash-LSH near deduplication.
-
-    cfg: the stage's DedupConfig (dsdata/stages/dedup.py).
-    """
+    """PCollection[Document] → {"kept", "rejected"}; cfg: the stage's DedupConfig."""
 
     def __init__(self, cfg: DedupConfig):
         super().__init__()
@@ -606,8 +570,7 @@ class DedupTransform(beam.PTransform):
         return self._decided(out, decisions)
 
     def _group(self) -> beam.PTransform:
-        """GroupByKey over a record per document, band or candidate: with a spill directory its
-        records wait in spill files (spill.SpilledGroupByKey), not in the runner."""
+        """GroupByKey, its records waiting in spill files when there is a spill directory."""
         if self.cfg.spill_dir:
             return SpilledGroupByKey(self.cfg.spill_dir)
         return beam.GroupByKey()
@@ -669,8 +632,7 @@ class DedupTransform(beam.PTransform):
         )
         kept.append(decided[KEPT])
         rejected.append(decided[REJECTED])
-        # With spill files the decided documents wait for the next stage in files too: a Flatten of
-        # the documents would hold all of them in the in-process runner (dsdata/beam/park.py).
+        # Spilled, the decided documents wait for the next stage in files too (dsdata/beam/park.py).
         parked = c.spill_dir and parked_sibling(c.spill_dir, "decided")
         kept = kept[0] if len(kept) == 1 else tuple(kept) | "AllKept" >> FlattenParked(parked)
         rejected = tuple(rejected) | "AllRejected" >> FlattenParked(parked)
@@ -678,8 +640,7 @@ class DedupTransform(beam.PTransform):
 
 
 def composite(stage, context) -> DedupTransform:
-    """The dedup stage's transform (registered in dsdata/beam/kinds.py); documents are spilled
-    under the run directory unless the stage says `spill: false`."""
+    """The document-level transform; spilled under the run directory unless `spill: false`."""
     cfg = stage.transform_config()
     if stage.spill:
         cfg = dataclasses.replace(cfg, spill_dir=spill_directory(context.run_dir, stage.name))

@@ -1,17 +1,12 @@
 """The dedup stage's URL and line/span steps (Beam), run before and after its document-level step.
 
-UrlDedup     documents with the same normalised URL (dsdata/dedup/spans.py) form one group; the
-             first in keep order (lowest id, or highest score — the same node order as the
-             document-level step) is kept, the others rejected `duplicate_url`.  Documents
-             without a URL pass untouched.
-LineDedup    corpus-wide: every unit (line, or C4's three-sentence span) belongs to the first
-             document containing it in keep order; later documents lose it.  Unit keys shuffle
-             (one 8-byte key and a document key per unit; in spill files with `spill: true`), documents meet their drop lists in a
-             CoGroupByKey on the document key.  A document left with fewer than `min_doc_chars`
-             characters is rejected `duplicate_lines`; the others are kept with `dup_lines_removed`.
+UrlDedup     of the documents with one normalised URL the first in keep order is kept, the others
+             rejected `duplicate_url`; documents without a URL pass untouched.
+LineDedup    every unit (line, or three-sentence span) belongs to the first document containing it
+             in keep order; later ones lose it, and one left under `min_doc_chars` is rejected
+             `duplicate_lines`.  Unit keys shuffle; documents meet their drop lists by document key.
 
-"Earlier" is the keep order, not the order of reading: the same corpus gives the same result on
-every runner and with any number of workers.
+Keep order, not reading order: the same result on every runner and any number of workers.
 """
 from __future__ import annotations
 

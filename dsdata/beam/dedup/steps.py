@@ -1,8 +1,5 @@
-"""The dedup stage's steps around the document-level composite (registered in dsdata/beam/kinds.py):
-the previous run's index (`against`), URL dedup (`url`), document-level exact/near dedup (`exact`,
-`near`: composite.py), line/span dedup (`lines`: spans.py), and the kept documents' index (`index`:
-index.py).  A stage with none of the extra kinds gets the document-level composite alone, with the
-graph and step names earlier runs had."""
+"""The dedup stage's steps around the document-level composite (composite.py): `against`, `url`,
+`lines` (spans.py) and `index` (index.py); a stage with none of them gets the composite alone."""
 from __future__ import annotations
 
 import apache_beam as beam
@@ -16,10 +13,8 @@ from dsdata.beam.transforms import KEPT, REJECTED
 
 
 class DedupSteps(ConfiguredStep):
-    """The stage's steps in order: the previous run's index (`against`), URL dedup (`url`),
-    document-level exact/near dedup (`exact`, `near`), line/span dedup (`lines`); each step's
-    rejections joined; the kept documents' signatures written to `index` (dsdata/beam/dedup/spans.py,
-    dsdata/beam/dedup/index.py)."""
+    """The stage's steps in order (`against`, `url`, `exact`/`near`, `lines`), their rejections joined,
+    the kept documents' signatures written to `index`."""
 
     def expand(self, docs):
         c, rejected = self.cfg, []
@@ -41,8 +36,7 @@ class DedupSteps(ConfiguredStep):
 
 
 def composite(stage, context) -> beam.PTransform:
-    """The dedup stage's transform (registered in dsdata/beam/kinds.py); documents are spilled
-    under the run directory unless the stage says `spill: false`."""
+    """The dedup stage's transform: the document-level composite, with the extra steps if any."""
     document_step = document_composite(stage, context)
     cfg = document_step.cfg
     if not any(getattr(cfg, k) for k in ("url", "lines", "index", "against")):

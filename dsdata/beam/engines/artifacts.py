@@ -1,7 +1,6 @@
 """Where the engine artifacts that are not Python packages live: Prism's binary, Flink's job-server jar.
 
-`.ci/engines-setup` fetches them into one cache directory (outside the git tree) and the tests, the
-benchmark and docs/engines.md look them up here, so all three agree on the places and the names.
+`.ci/engines-setup` fetches them into one cache directory; the tests and benchmarks look them up here.
 """
 from __future__ import annotations
 
@@ -65,8 +64,7 @@ def flink_job_server_jar(flink_version: str = FLINK_VERSION, beam_version: str =
 
 def flink_defaults(args: list[str]) -> list[str]:
     """`--flink_job_server_jar=JAR` for a FlinkRunner run that names none, when the engines cache has
-    the job server .ci/engines-setup assembles for this Flink version: Beam would download its published
-    jar, which Maven Central does not serve for this Beam (docs/flink.md "The job server")."""
+    the assembled job server: Maven Central does not serve this Beam's published jar (docs/flink.md)."""
     from dsdata.beam.engines.options import last_option
 
     if (last_option(args, "flink_job_server_jar") or last_option(args, "job_endpoint")

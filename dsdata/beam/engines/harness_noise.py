@@ -1,15 +1,9 @@
 """Beam's SDK harness, hung up on by its runner: no tracebacks for the streams a runner closes.
 
-When a portable runner (Flink's job server, Prism) is done with a job it closes the gRPC streams of
-the job's SDK harness.  A harness in this process (`--environment_type=LOOPBACK`) or in a worker
-process of dsdata's pool then logs "Failed to read inputs in the data plane" and its stream threads
-(`read_grpc_client_inputs`, `run_worker_*`, `read_state`, `read_log_control_messages`) die with a
-gRPC `CANCELLED`: tracebacks printed before the `ledger ok` of a run that succeeded.
-
-Only that is dropped, where Beam reports it: a gRPC CANCELLED status, in that logger's records and
-in those threads' uncaught exceptions.  Any other status or exception prints as before, and a job
-that failed says so through its own state and the harness's "Error processing instruction" lines.
-Beam's "Waiting for grpc channel to be ready" while a Java job server starts is dropped too.
+When a portable runner is done with a job it closes the harness's gRPC streams, whose threads then
+die with a gRPC `CANCELLED` traceback before a successful run's `ledger ok`.  Only that status is
+dropped, in the logger's records and those threads' uncaught exceptions (and Beam's "Waiting for
+grpc channel to be ready" while a Java job server starts); anything else prints as before.
 """
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
 """Beam's RunInference without torch and scipy: `apache_beam.ml.inference.base` imported without
 its optional model manager.
 
-dsdata's model stages (relevance, augment) run through Beam's RunInference, whose module tries at
-import `from apache_beam.ml.inference.model_manager import ModelManager` (used only by
-`RunInference(use_model_manager=True)`); the model manager imports torch and scipy.optimize: seconds
-of CPU and ~0.4 GB in every worker of a run with a relevance stage, even a fastText one.  The import
-is wrapped in `try/except ImportError`, and RunInference imports the model manager itself when asked.
-
-`install()` (called by dsdata/beam/__init__.py, so before any dsdata module imports Beam's ML
-code) puts a finder first on `sys.meta_path` that only handles that one module: its loader runs
-the module with the model manager marked unimportable (a None entry in sys.modules, which makes
-`import` raise ImportError) and removes the mark right after, so a later
-`RunInference(use_model_manager=True)`, or anyone importing the model manager, gets the real one.
-The same `try` also sets `resource = None` (base's memory metric reads it): it is put back.
+The module's optional `ModelManager` import (only for `use_model_manager=True`) pulls in torch and
+scipy in every worker.  `install()` puts a finder on `sys.meta_path` that loads that one module with
+the model manager marked unimportable (a None entry in sys.modules) and removes the mark right
+after, so a later import gets the real one; the `resource` the same `try` sets to None is put back.
 """
 from __future__ import annotations
 

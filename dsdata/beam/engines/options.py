@@ -1,8 +1,7 @@
 """Checks of the runner a user names on the command line, against dsdata/runners.py's registry.
 
-The registry (plain data, no Beam) says which names exist and which class each runs; here the
-class's module is imported, so a missing extra or a class that is not a PipelineRunner is one line
-before anything runs.
+Here the row's class is imported, so a missing extra or a class that is not a PipelineRunner is one
+line before anything runs.
 """
 from __future__ import annotations
 

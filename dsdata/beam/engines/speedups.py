@@ -1,28 +1,15 @@
 """Start-up and shut-down costs of Beam's, cut where they are paid (history:
 docs/history/2026-12-throughput.md §4).
 
-1. `userstate.get_dofn_specs` remembered per DoFn instance.  Beam calls it several times per DoFn
-   while a pipeline is built and started, each time running `inspect.signature` on every method.
-   The answer depends only on the instance's methods, which do not change once it is made, so it is
-   kept per instance (by identity, dropped with it); each caller gets its own sets.
-   `tests/test_stage_kinds.py` checks it against Beam's own answer, stateful DoFns included.
-
-2. `interactive_utils.is_in_ipython` without importing IPython.  Beam asks it for every transform;
-   where IPython is installed but not running, the first question imports all of IPython.  A running
-   IPython shell has imported its package, so while `IPython` is not in `sys.modules` the answer is
-   False; once it is, Beam's own function answers.
-
-3. Exit without the interpreter's last garbage collections over everything Beam imported (each
-   multi_processing worker pays them too, while the launcher waits).  An exit handler, registered
-   here so it runs before logging's and weakref finalizers', calls `gc.freeze()`: the exit handlers
-   still run, modules are still torn down.  In a Beam SDK worker process the objects are also frozen
-   at `install()`, after the worker's imports, and young collections are made rarer
-   (dsdata/collector.py), so collections while it works walk what the run makes, not Beam's modules.
-
-4. `PipelineOptions.view_as` remembered per options object and view class.  A view holds nothing of
-   its own: it reads and writes the `_all_options` dict of the object it was made from, and making it
-   only adds that class's defaults the first time.  So the first view of each class is kept (weakly
-   by the options object) and handed out again; what is set through one view is seen through all.
+1. `userstate.get_dofn_specs` remembered per DoFn instance (it depends only on the instance's
+   methods; each caller gets its own sets).
+2. `interactive_utils.is_in_ipython` answers False while `IPython` is not in `sys.modules`, instead
+   of importing all of IPython.
+3. Exit without the interpreter's last garbage collections: an exit handler (before logging's and
+   weakref finalizers') calls `gc.freeze()`; in an SDK worker the objects are also frozen at
+   `install()`, after its imports, so collections walk what the run makes, not Beam's modules.
+4. `PipelineOptions.view_as` remembered per options object and view class: a view only reads and
+   writes its object's `_all_options`, so what is set through one view is seen through all.
 """
 from __future__ import annotations
 

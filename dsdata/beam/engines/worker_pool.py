@@ -1,22 +1,11 @@
 """A Beam worker pool for EXTERNAL environments: starts one Python SDK worker process per request.
 
-A portable runner (Flink's TaskManagers, the FnApiRunner) started with
-`--environment_type=EXTERNAL --environment_config=HOST:PORT` asks this service to StartWorker and later
-StopWorker over Beam's own BeamFnExternalWorkerPool gRPC service.  It replaces Beam's stock pool
-(apache_beam.runners.worker.worker_pool_main), which on a real Flink cluster:
-
-- keyed workers by worker id, which is only unique per caller (both TaskManagers ask for `1-1`), so
-  one TaskManager's StopWorker killed the other's worker: here the key is (gRPC peer, worker id);
-- started workers with `python -c` in its own working directory, first on sys.path (a `dsdata/`
-  checkout there shadowed the installed one): here workers run with Python's safe-path mode (-P,
-  PYTHONSAFEPATH) in a private working directory;
-- gave workers no pipeline options and piped their output nowhere: here each worker gets the job's
-  options from the runner's provision service, as Beam's container boot does, and logs to a file.
-
-The pool process must itself be started so that it imports the right dsdata (`python -P -m
-dsdata.beam.engines.worker_pool`, or from an installed package); workers import what the pool's interpreter
-imports.  Nothing is staged: the pool's environment must have dsdata and its dependencies installed,
-as on every machine of a Flink cluster (docs/engines.md).
+A portable runner started with `--environment_type=EXTERNAL --environment_config=HOST:PORT` asks
+this service to StartWorker / StopWorker.  Unlike Beam's stock pool, workers are keyed by (gRPC
+peer, worker id) (worker ids are unique only per TaskManager), run in safe-path mode (-P) in a
+private working directory, get the job's options from the provision service, and log to a file.
+Start the pool as `python -P -m dsdata.beam.engines.worker_pool`; nothing is staged, so its
+environment must have dsdata installed (docs/engines.md).
 """
 from __future__ import annotations
 
