@@ -23,10 +23,6 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 _MAX_LINKS = 40
 
 
-def _too_long(exc: OSError) -> bool:
-    return exc.errno == errno.ENAMETOOLONG
-
-
 def _pieces(path: bytes) -> list[bytes]:
     """`path`'s names joined into pieces each shorter than PATH_MAX (one name is at most NAME_MAX)."""
     pieces, current = [], b""
@@ -75,7 +71,7 @@ def path_stat(path: str, follow_symlinks: bool = True) -> os.stat_result:
     try:
         return os.stat(path, follow_symlinks=follow_symlinks)
     except OSError as exc:
-        if not _too_long(exc):
+        if exc.errno != errno.ENAMETOOLONG:
             raise
     with _at(path) as (fd, name):
         return os.stat(name, dir_fd=fd, follow_symlinks=follow_symlinks)
@@ -107,7 +103,7 @@ def read_link(path: str) -> str:
     try:
         return os.readlink(path)
     except OSError as exc:
-        if not _too_long(exc):
+        if exc.errno != errno.ENAMETOOLONG:
             raise
     with _at(path) as (fd, name):
         return os.fsdecode(os.readlink(name, dir_fd=fd))
@@ -119,7 +115,7 @@ def open_binary(path: str) -> BinaryIO:
     try:
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
     except OSError as exc:
-        if not _too_long(exc):
+        if exc.errno != errno.ENAMETOOLONG:
             _refuse_folder(path)
             raise
     with _at(path) as (fd, name):
