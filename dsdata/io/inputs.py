@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from dsdata.io import local_paths
 from dsdata.io.readers import InputFormatError, detect_format
+from dsdata.io.untrusted_files import FILE_KINDS
 from dsdata.core.names import shown_path
 
 
@@ -35,10 +36,6 @@ class ExpandedInputs:
     in_output: list[str] = field(default_factory=list)
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"))
-
-
 def _not_a_file(path: str) -> str | None:
     """Why `path` (not a directory) is not a regular file to read, or None when it is one (or cannot be
     examined: opening it then gives the reader's `unreadable_file` row with the system's reason)."""
@@ -52,7 +49,7 @@ def _not_a_file(path: str) -> str | None:
         return None
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
-    kind = next((name for test, name in _KINDS if test(mode)), "of another kind")
+    kind = next((name for test, name in FILE_KINDS if test(mode)), "of another kind")
     return f"not a regular file but {kind}"
 
 

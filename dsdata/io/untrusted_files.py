@@ -28,12 +28,12 @@ class UntrustedFileError(ValueError):
     """A file that is not what it claims to be; one line naming it."""
 
 
+FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
+    return next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
 
 
 def regular_file(path: str, what: str) -> str:
