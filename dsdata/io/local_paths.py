@@ -1,9 +1,7 @@
-"""Local paths of any length: stat, open, resolve and list them where the kernel refuses the path.
-
-A path of PATH_MAX bytes or more is refused by every call that takes a path (ENAMETOOLONG), though
-each of its names is short and the file is there.  Here it is reached piece by piece with `openat`
-(links followed, `..` the physical parent), after the plain call: a short path costs nothing more.
-`walk_files` also reports the folders it cannot list, which os.walk drops silently.
+"""Local paths of any length: stat, open, resolve and list them where the kernel refuses a path of
+PATH_MAX bytes or more (ENAMETOOLONG) though each name is short: after the plain call fails, the path
+is reached piece by piece with `openat` (links followed, `..` the physical parent).  `walk_files`
+also reports the folders it cannot list, which os.walk drops silently.
 """
 from __future__ import annotations
 

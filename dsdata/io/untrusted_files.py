@@ -1,15 +1,13 @@
 """Reading files that arrive from others (manifests, trainer_state.json, a model folder's lm.json
-and the files it names) under one set of rules:
+and the files it names) under one set of rules, each refusal an `UntrustedFileError` (a ValueError)
+whose text is one line naming the path:
 
 * **Regular files only**, stat-ed before they are opened (a FIFO would block the reader for ever).
-* **Confined names**: a name a folder's own file gives is a plain relative path that stays inside
-  that folder once links are resolved.
+* **Confined names**: a plain relative path that stays inside its folder once links are resolved.
 * **Bounded JSON**: at most `MAX_JSON_BYTES`, nested at most `MAX_JSON_DEPTH` levels (measured
   before parsing: Python's decoder recurses into a RecursionError).
 * **Honest .npy headers**: the expected dtype (never object: no pickle), C order and a shape whose
   bytes are exactly the file's.
-
-Every refusal is an `UntrustedFileError` (a ValueError) whose text is one line naming the path.
 """
 from __future__ import annotations
 
