@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dsdata.io.outfiles import TEMP_MARK, atomic_file, atomic_write_bytes, file_sha256, fsync_dir
+from dsdata.io.outfiles import TEMP_MARK, atomic_file, atomic_write_bytes, file_sha256
 from dsdata.io.untrusted_files import UntrustedFileError, confined_path, load_json_file
 
 MANIFEST = "manifest.json"
