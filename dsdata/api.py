@@ -1,13 +1,6 @@
-"""dsdata's Python API: `dsdata.run()` runs a recipe with the checks and outputs of `dsdata run`.
-
-    import dsdata
-    stats = dsdata.run("pipelines/langid.yaml", inputs=["data/*.jsonl"], output="out/langid",
-                       overrides={"lang.min_score": 0.6})
-    stats["kept"], stats["rejected"]          # OUT/stats.json, as a dict
-
-The command line and this function share one path: `prepare_run` (every check, OUT made) and
-`execute` (OUT's lock, the Beam run).  Every problem is one `RunError`: the line `dsdata run` prints
-and its exit status.  Beam is imported when a run starts, never by `import dsdata`.
+"""dsdata's Python API (README.md): `dsdata.run()` runs a recipe with the checks and outputs of
+`dsdata run`, through the same `prepare_run` (every check, OUT made) and `execute` (OUT's lock, the
+Beam run).  Every problem is one `RunError`: the line `dsdata run` prints and its exit status.
 """
 from __future__ import annotations
 

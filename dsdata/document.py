@@ -86,14 +86,12 @@ def metadata_json(metadata: dict[str, Any]) -> str:
 
 def kept_schema(annotation_types: dict[str, pa.DataType]) -> pa.Schema:
     """Schema of DIR/kept/*.parquet: id, text, metadata, then one typed column per annotation."""
-    fields = [
+    return pa.schema([
         pa.field("id", pa.string(), nullable=False),
         pa.field("text", pa.string(), nullable=False),
         pa.field("metadata", pa.string(), nullable=False),
-    ]
-    for name, typ in annotation_types.items():
-        fields.append(pa.field(name, typ))
-    return pa.schema(fields)
+        *(pa.field(name, typ) for name, typ in annotation_types.items()),
+    ])
 
 
 REJECTED_SCHEMA = pa.schema(
@@ -112,10 +110,8 @@ REJECTED_SCHEMA = pa.schema(
 
 def kept_columns(docs: list[Document], annotation_names: list[str]) -> list[list[Any]]:
     """The columns of kept_schema for `docs` (None where a document lacks an annotation)."""
-    columns = [[d.id for d in docs], [d.text for d in docs], [metadata_json(d.metadata) for d in docs]]
-    for name in annotation_names:
-        columns.append([d.annotations.get(name) for d in docs])
-    return columns
+    return [[d.id for d in docs], [d.text for d in docs], [metadata_json(d.metadata) for d in docs],
+            *([d.annotations.get(name) for d in docs] for name in annotation_names)]
 
 
 def kept_row(doc: Document, annotation_names: list[str]) -> dict[str, Any]:

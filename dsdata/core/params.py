@@ -1,13 +1,7 @@
-"""One parameter system for recipe stages and the trainer's config tables.
-
-A `Param` declares one parameter: default, a one-line help, its type (`Integer`, `Number`, `Choice`,
-`ListOf`, `Path` …), whether null means "not set".  A type returns the value to use or raises
-`BadValue`; `Param.coerce` turns that into one line naming the parameter (`lang.min_score must be a
-number between 0 and 1, got 'abc'`).  `str(type)` is what `dsdata stages` shows.
-
-A stage declares `params = {name: Param}`; a trainer table is a `Settings` dataclass whose fields
-are Params, read by `parse`.  `Options` holds the typed options of the registry row (attention
-kernel, optimizer) that a sibling parameter names.
+"""One parameter system for recipe stages (`params = {name: Param}`) and the trainer's config tables
+(`Settings` dataclasses whose fields are Params, read by `parse`).  A type (`Integer`, `Choice` …)
+returns the value to use or raises `BadValue`; `Param.coerce` turns that into one line naming the
+parameter.  `str(type)` is what `dsdata stages` shows.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Decompress gzip and zstd input member by member (frame by frame), surviving damage.
-
-Python's gzip and zstandard's stream_reader raise on damage from inside a `read()` whose output is
-then lost, and cannot continue past it.  Members (frames) are independent: `decoded_chunks` yields
-decompressed bytes as the decoder produces them, one `Damage` at a damaged place, then goes on at
-the next member header that really decodes.  With `member_ends=True` it also yields `MEMBER_END`
-where a member passed its check: only there is its output known to be sound (after damage a decoder
-may emit garbage up to the member's end), so a reader can hold doubtful lines until then.
+"""Decompress gzip and zstd input member by member (frame by frame), surviving damage: Python's
+readers lose a `read()`'s output on damage and cannot go on.  `decoded_chunks` yields one `Damage`
+at a damaged place and goes on at the next member header that really decodes; with member_ends a
+`MEMBER_END` after each member that passed its check, the only point where its output is known sound.
 """
 from __future__ import annotations
 

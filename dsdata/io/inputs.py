@@ -1,11 +1,5 @@
-"""Input paths as the user gives them → the file patterns the pipeline reads (docs/input-damage.md).
-
-A local directory means the files in it, recursively, hidden names left out; with format `auto`
-only files whose name gives a data format (`skipped` lists the others).  Remote paths go to Beam
-unchanged.  Each local file is read once (told apart by device and inode; `duplicates` lists the
-repeats); a link to a directory is expanded only where a glob or `--input` names it and it is no
-cycle (`not_followed`).  Only regular files are read: named by itself, anything else is an
-InputPathError (one line); matched by a glob or found in a directory, it is listed in `not_read`.
+"""Input paths as the user gives them → the file patterns the pipeline reads: directories expanded,
+each local file once, only regular files read, whatever is left out listed (docs/input-damage.md).
 """
 from __future__ import annotations
 
@@ -17,6 +11,7 @@ from dataclasses import dataclass, field
 
 from dsdata.io import local_paths
 from dsdata.io.readers import InputFormatError, detect_format
+from dsdata.io.untrusted_files import FILE_KINDS
 from dsdata.core.names import shown_path
 
 
@@ -41,10 +36,6 @@ class ExpandedInputs:
     in_output: list[str] = field(default_factory=list)
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"))
-
-
 def _not_a_file(path: str) -> str | None:
     """Why `path` (not a directory) is not a regular file to read, or None when it is one (or cannot be
     examined: opening it then gives the reader's `unreadable_file` row with the system's reason)."""
@@ -58,7 +49,7 @@ def _not_a_file(path: str) -> str | None:
         return None
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
-    kind = next((name for test, name in _KINDS if test(mode)), "of another kind")
+    kind = next((name for test, name in FILE_KINDS if test(mode)), "of another kind")
     return f"not a regular file but {kind}"
 
 
@@ -72,8 +63,6 @@ def local_glob(pattern: str) -> list[str]:
     first_magic = next(i for i, part in enumerate(parts) if glob.has_magic(part))
     root = os.sep.join(parts[:first_magic]) or ("." if not pattern.startswith(os.sep) else os.sep)
     wanted = parts[first_magic:]
-    if first_magic and parts[:first_magic] == [""]:
-        root = os.sep
     if not local_paths.is_dir(root):
         return []
     try:
@@ -125,8 +114,7 @@ def _inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
-def _real(path: str) -> str:
-    return local_paths.real_path(path)
+_real = local_paths.real_path
 
 
 def _identity(path: str) -> tuple[int, int] | str:

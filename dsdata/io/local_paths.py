@@ -1,9 +1,7 @@
-"""Local paths of any length: stat, open, resolve and list them where the kernel refuses the path.
-
-A path of PATH_MAX bytes or more is refused by every call that takes a path (ENAMETOOLONG), though
-each of its names is short and the file is there.  Here it is reached piece by piece with `openat`
-(links followed, `..` the physical parent), after the plain call: a short path costs nothing more.
-`walk_files` also reports the folders it cannot list, which os.walk drops silently.
+"""Local paths of any length: stat, open, resolve and list them where the kernel refuses a path of
+PATH_MAX bytes or more (ENAMETOOLONG) though each name is short: after the plain call fails, the path
+is reached piece by piece with `openat` (links followed, `..` the physical parent).  `walk_files`
+also reports the folders it cannot list, which os.walk drops silently.
 """
 from __future__ import annotations
 
@@ -21,10 +19,6 @@ except (OSError, ValueError, AttributeError):
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 # At most this many symbolic links are followed while resolving one path (the kernel's MAXSYMLINKS).
 _MAX_LINKS = 40
-
-
-def _too_long(exc: OSError) -> bool:
-    return exc.errno == errno.ENAMETOOLONG
 
 
 def _pieces(path: bytes) -> list[bytes]:
@@ -75,7 +69,7 @@ def path_stat(path: str, follow_symlinks: bool = True) -> os.stat_result:
     try:
         return os.stat(path, follow_symlinks=follow_symlinks)
     except OSError as exc:
-        if not _too_long(exc):
+        if exc.errno != errno.ENAMETOOLONG:
             raise
     with _at(path) as (fd, name):
         return os.stat(name, dir_fd=fd, follow_symlinks=follow_symlinks)
@@ -107,7 +101,7 @@ def read_link(path: str) -> str:
     try:
         return os.readlink(path)
     except OSError as exc:
-        if not _too_long(exc):
+        if exc.errno != errno.ENAMETOOLONG:
             raise
     with _at(path) as (fd, name):
         return os.fsdecode(os.readlink(name, dir_fd=fd))
@@ -119,7 +113,7 @@ def open_binary(path: str) -> BinaryIO:
     try:
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
     except OSError as exc:
-        if not _too_long(exc):
+        if exc.errno != errno.ENAMETOOLONG:
             _refuse_folder(path)
             raise
     with _at(path) as (fd, name):

@@ -1,9 +1,6 @@
-"""The object-storage flags every command that takes a location accepts: one parser, so
-`--s3_endpoint_url` and the credential flags mean the same thing everywhere.
-
-They are Beam's own S3Options (tests/test_object_storage_flags.py checks the names), declared here
-without importing Beam; `object_storage_beam_args` turns the parsed values back into those flags.
-GCS (gs://) takes no flags: Google's application-default credentials.
+"""The object-storage flags every command that takes a location accepts: Beam's own S3Options
+(tests/test_object_storage_flags.py checks the names), declared without importing Beam, so that they
+mean the same everywhere.  GCS (gs://) takes no flags: Google's application-default credentials.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""The output directory of a run: checked writable up front, and locked while a run writes it.
-
-A run takes `OUT/.dsdata.lock` (the owner's pid, host and start time) with an exclusive `flock` for
-its lifetime.  The kernel drops the flock when its process dies, so a lock left by a dead run is
-taken over; a second live run is refused with one line naming the holder.  Where the file system has
-no flock, a lock whose pid is dead on this host is taken over, any other respected.  Remote outputs
-are not locked: object stores have no exclusive create here.
+"""The output directory of a run: checked writable up front, and locked while a run writes it
+(`OUT/.dsdata.lock`, an exclusive `flock`; docs/reliability.md).  The kernel drops a dead process's
+flock, so its lock is taken over; without flock, a lock whose pid is dead on this host is.  Remote
+outputs are not locked: object stores have no exclusive create here.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""OUT/resume/: the committed work of a run, which `dsdata run --resume` reuses (docs/resume.md).
-No Beam here: the Beam side is dsdata/beam/resume.py.
-
-    OUT/resume/fingerprint.json     the recipe as run, the files its committed stages read, the inputs
-    OUT/resume/units/G.arrow        a group of units' records: one Arrow IPC stream per unit
-    OUT/resume/units/G.json         the group's commit marker: per unit its description, key, offset,
-                                    size, sha256, records, batches and `content` (input_digest)
+"""OUT/resume/: the committed work of a run, which `dsdata run --resume` reuses (docs/resume.md
+has the layout: fingerprint.json, and per group units/G.arrow, one Arrow IPC stream per unit, and
+its commit marker units/G.json).  No Beam here: the Beam side is dsdata/beam/resume.py.
 
 OUT is untrusted: files here are opened with O_NOFOLLOW, markers and the fingerprint are read as
 bounded JSON, the Arrow data is fully validated, and every metadata/annotation value is bounded JSON.

@@ -1,10 +1,6 @@
 """A full or read-only file system, anywhere a command writes, is one line naming the path, the
-bytes needed where known and what is free there.
-
-The error arrives as an OSError (with or without a file name), as Beam's RuntimeError re-raise
-("OSError: [Errno 28] No space left on device: '/out/kept/…' [while running 'Write']") or as a
-torch or pyarrow error with that text: `storage_failure` finds it in the exception, its causes and
-contexts, or the text.
+bytes needed where known and what is free there.  `storage_failure` finds the error in an OSError,
+its causes and contexts, or the text of Beam's, torch's or pyarrow's re-raise.
 """
 from __future__ import annotations
 

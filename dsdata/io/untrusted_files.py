@@ -1,15 +1,13 @@
 """Reading files that arrive from others (manifests, trainer_state.json, a model folder's lm.json
-and the files it names) under one set of rules:
+and the files it names) under one set of rules, each refusal an `UntrustedFileError` (a ValueError)
+whose text is one line naming the path:
 
 * **Regular files only**, stat-ed before they are opened (a FIFO would block the reader for ever).
-* **Confined names**: a name a folder's own file gives is a plain relative path that stays inside
-  that folder once links are resolved.
+* **Confined names**: a plain relative path that stays inside its folder once links are resolved.
 * **Bounded JSON**: at most `MAX_JSON_BYTES`, nested at most `MAX_JSON_DEPTH` levels (measured
   before parsing: Python's decoder recurses into a RecursionError).
 * **Honest .npy headers**: the expected dtype (never object: no pickle), C order and a shape whose
   bytes are exactly the file's.
-
-Every refusal is an `UntrustedFileError` (a ValueError) whose text is one line naming the path.
 """
 from __future__ import annotations
 
@@ -28,12 +26,12 @@ class UntrustedFileError(ValueError):
     """A file that is not what it claims to be; one line naming it."""
 
 
+FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
+    return next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
 
 
 def regular_file(path: str, what: str) -> str:

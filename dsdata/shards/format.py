@@ -1,12 +1,7 @@
-"""Training shards: Arrow IPC files of token lists plus a checksummed `manifest.json` (docs/shards.md).
-
-  manifest.json                      written last (temp name + rename): its presence means complete
-  shard-<bucket>-<i>-of-<n>.arrow    uncompressed Arrow IPC *file* format, so it memory-maps
-
-Each shard holds ONE record batch: `tokens` (list<uint16>, uint32 past 65,536 ids; every document
-ending with EOS, one contiguous values buffer), `id` and `difficulty` (one bucket per shard).
-Every file is written under a temporary name and renamed into place when complete and fsynced.
-Manifest paths are plain file names: one that would escape the manifest's directory is refused.
+"""Training shards: Arrow IPC files of token lists plus a checksummed `manifest.json`, written last
+(docs/shards.md).  Each shard is ONE record batch (one contiguous values buffer), uncompressed so it
+memory-maps; every file is written under a temporary name, fsynced and renamed into place.  Manifest
+paths are plain file names: one that would escape the manifest's directory is refused.
 """
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dsdata.io.outfiles import TEMP_MARK, atomic_file, atomic_write_bytes, file_sha256, fsync_dir
+from dsdata.io.outfiles import TEMP_MARK, atomic_file, atomic_write_bytes, file_sha256
 from dsdata.io.untrusted_files import UntrustedFileError, confined_path, load_json_file
 
 MANIFEST = "manifest.json"

@@ -1,14 +1,8 @@
-"""Publish shard sets to shared memory (/dev/shm/dsdata/NAME): every process on a node maps the same pages.
-
-* publish copies a verified shard set (and its bundled tokenizer) into a private temp directory
-  beside the target, checks every copy's sha256, writes the manifest last, then renames the
-  directory into place: readers see a complete dataset or none.
-* Directories are 0700, files 0600; the root must be a real directory owned by this user.
-* Publishing NAME again with the same shards is a no-op; a different dataset under NAME is refused.
-* A crashed publisher or remover leaves only a hidden `.NAME.tmp-PID-…` / `.NAME.rm-PID-…`
-  directory, removed by the next call once its process is gone (or it is over a day old).
-
-The root is /dev/shm/dsdata, or $DSDATA_SHM_ROOT when set.
+"""Publish shard sets to shared memory (/dev/shm/dsdata/NAME, or $DSDATA_SHM_ROOT/NAME) so that every
+process on a node maps the same pages (docs/shards.md).  A set is copied into a private hidden temp
+directory, every sha256 checked, the manifest written last, then renamed into place: readers see a
+complete dataset or none.  Directories are 0700, files 0600; the root must be a real directory
+owned by this user.  Publishing NAME again with the same shards is a no-op, another dataset refused.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The tokenizer inside a shard set, so the set is portable: copied to another node, published to
-/dev/shm or exported, it still names a tokenizer that exists there (docs/shards.md).
-
-Writing a manifest copies the tokenizer's files (only tokenizer files, only regular files: a
-symlink is not followed) into `<shard dir>/tokenizer/` and records them relatively, each with its
-sha256.  A bare tokenizer.json under another name is bundled as tokenizer/tokenizer.json.  An older
-manifest (an absolute `path`, no `files`) still reads: `tokenizer_dir` falls back to that path.
+"""The tokenizer inside a shard set, so the set stays portable (docs/shards.md): its files (only
+tokenizer files, only regular files: a symlink is not followed) are copied into `<shard dir>/tokenizer/`
+and recorded relatively with their sha256.  An older manifest (an absolute `path`) still reads.
 """
 from __future__ import annotations
 
