@@ -110,16 +110,10 @@ class _Reader:
 
     def value(self) -> Any:
         tag = self.take(1)
-        if tag == b"N":
-            return None
-        if tag == b"T":
-            return True
-        if tag == b"F":
-            return False
-        if tag == b"i":
-            return _I64.unpack(self.take(8))[0]
-        if tag == b"f":
-            return _F64.unpack(self.take(8))[0]
+        if tag in _CONSTANTS:
+            return _CONSTANTS[tag]
+        if tag in _FIXED:
+            return _FIXED[tag].unpack(self.take(8))[0]
         if tag in (b"l", b"t"):
             items = [self.value() for _ in range(self.length())]
             return items if tag == b"l" else tuple(items)
@@ -134,18 +128,15 @@ class _Reader:
             return data.decode("utf-8", "surrogatepass")
         if tag == b"b":
             return data
-        text = data.decode("ascii")
-        if tag == b"I":
-            return int(text)
-        if tag == b"D":
-            return _dt.datetime.fromisoformat(text)
-        if tag == b"H":
-            return _dt.time.fromisoformat(text)
-        if tag == b"Y":
-            return _dt.date.fromisoformat(text)
-        if tag == b"M":
-            return Decimal(text)
-        raise SpillFormatError(f"unknown tag {tag!r}")
+        if tag not in _FROM_ASCII:
+            raise SpillFormatError(f"unknown tag {tag!r}")
+        return _FROM_ASCII[tag](data.decode("ascii"))
+
+
+_CONSTANTS = {b"N": None, b"T": True, b"F": False}
+_FIXED = {b"i": _I64, b"f": _F64}
+_FROM_ASCII = {b"I": int, b"D": _dt.datetime.fromisoformat, b"H": _dt.time.fromisoformat,
+               b"Y": _dt.date.fromisoformat, b"M": Decimal}
 
 
 def decode(data: bytes) -> Any:
