@@ -1,9 +1,5 @@
 """The parallel layout's sizes: data × pipeline × tensor = world size, and the global-batch split.
-
-Rank order on the (dp, pp, tp) mesh is row-major with tp fastest, so the ranks of one tensor-parallel
-group are neighbours (on a GPU node: the same NVLink island), then the pipeline stages, then the
-data-parallel replicas (which only all-reduce gradients once per step, across nodes if need be).
-"""
+Rank order on the (dp, pp, tp) mesh: row-major, tp fastest (docs/parallel.md says why)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

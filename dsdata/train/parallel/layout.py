@@ -1,11 +1,6 @@
 """HybridLayout: data × pipeline × tensor parallelism over one (dp, pp, tp) DeviceMesh, and
-`build_layout`, the one factory the trainer calls.
-
-`HybridLayout.parallelize` applies, as torchtitan's `parallelize_llama` does: the pipeline split
-(parallel/pipeline.py, parallel/tied.py), tensor parallel (parallel/tensor.py), then the pipeline
-schedule.  `forward_backward` runs this rank's micro-batches and reduces the gradients to one
-process's (parallel/gradients.py).  The loss lives on the last stage; `mean_over_data_parallel`
-sums it over all ranks (other stages contribute zero), so every rank has the global loss.
+`build_layout`, the one factory the trainer calls.  `parallelize` applies, as torchtitan's
+`parallelize_llama` does: the pipeline split, tensor parallel, then the pipeline schedule.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Pipeline parallelism: split the plain model into stages by layers, run GPipe or 1F1B.
 
-The stage split is contiguous and balanced by parameter count: the first stage also carries the
-embedding, the last the final norm and output projection, and the split minimises the largest
-stage.  A stage is the plain `Transformer` with the layers it does not own deleted (the layer dict
-keeps global indices, so parameter names, checkpoints and exports are the same as one process).
-Tied embeddings across the first and last stage: parallel/tied.py.
+The split (contiguous, balanced by parameter count) is docs/parallel.md's.  A stage is the plain
+`Transformer` without the layers it does not own; the layer dict keeps global indices, so parameter
+names, checkpoints and exports are the same as one process's.
 """
 from __future__ import annotations
 

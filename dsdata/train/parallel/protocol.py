@@ -1,9 +1,5 @@
-"""The `Layout` protocol: everything the trainer asks of a parallel layout, and nothing optional.
-
-The trainer, the checkpointer and the export talk to a layout only through these methods.
-Implementations: `DataParallelLayout` (DDP or FSDP2, tp = pp = 1) and `HybridLayout` (dp × pp × tp);
-`build_layout` picks one.  A method a subclass leaves out is abstract, so the layout cannot be built
-(TypeError naming it).
+"""The `Layout` protocol: everything the trainer, the checkpointer and the export ask of a parallel
+layout, and nothing optional (a method a subclass leaves out is abstract: TypeError naming it).
 """
 from __future__ import annotations
 
