@@ -154,8 +154,6 @@ class ShardDataset(torch.utils.data.IterableDataset):
                                        "consumers": None}
         self._runtime: dict[str, Any] | None = None
 
-    # ----------------------------------------------------------------------------- public API
-
     def set_step(self, step: int) -> None:
         """The training step the next windows are for (drives the curriculum weights)."""
         self._state["step"] = int(step)
@@ -203,8 +201,6 @@ class ShardDataset(torch.utils.data.IterableDataset):
         """Windows one consumer gets per epoch (without a curriculum)."""
         n = self.world_size * max(1, num_workers)
         return sum((s.windows - s.windows % n) // n for s in self.shards)
-
-    # ------------------------------------------------------------------------------ iteration
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get the plan and position, never threads or mappings.

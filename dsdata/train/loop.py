@@ -79,8 +79,6 @@ class Trainer:
         self.frozen = _lower_layer_parameters(self.model, config) if t.unfreeze_fraction > 0 else []
         self.frozen_until = int(t.unfreeze_fraction * t.steps)
 
-    # ---------------------------------------------------------------- checkpointed state
-
     def _checkpointed(self) -> dict[str, object]:
         """What a checkpoint carries besides model and optimizer (DCP), in trainer_state.json: save and
         load both read this one list.  None: not used by this run (no loss scaler in fp32)."""
@@ -115,8 +113,6 @@ class Trainer:
             if self.layout.writes_metrics:
                 log.info("resumed from %s at step %d", self.checkpointer.path(latest), self.step)
         return latest
-
-    # ---------------------------------------------------------------- the run
 
     def describe(self) -> list[str]:
         """The run's set-up, logged at the start (rank 0)."""

@@ -13,8 +13,6 @@ from torch import nn
 from dsdata.train.config import ConfigError
 
 
-# ------------------------------------------------------------------ stage split
-
 def layer_parameter_counts(model: nn.Module) -> tuple[int, list[int], int]:
     """(embedding params, params per layer, norm + output params), tied output counted on both ends."""
     embed = model.tok_embeddings.weight.numel()
