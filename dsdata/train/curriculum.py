@@ -1,9 +1,7 @@
 """Curriculum: per-bucket (easy/medium/hard) sampling weights as a function of the training step.
 
-Schedules (`FixedSchedule`, `LinearSchedule`, `TableSchedule`) give {bucket: weight}, weights >= 0;
-`CurriculumSampler` renormalises them over the buckets that have data and draws with a seeded
-generator whose state goes into checkpoints.  `schedule_from_spec` builds a schedule from a config
-dict or a pipeline's difficulty.json; docs/shards.md ("Curriculum") is the reference.
+Schedules give {bucket: weight >= 0}; `CurriculumSampler` draws buckets from them;
+`schedule_from_spec` builds one from a config dict or difficulty.json.  docs/shards.md ("Curriculum").
 """
 from __future__ import annotations
 
