@@ -1,13 +1,9 @@
 """Attention kernels: causal attention over rotated q, k, v of shape (batch, heads, seq, head_dim).
 
-``DenseAttention`` (SDPA), ``DynamicSparseAttention`` (gated top-k + local window + mean summary)
-and ``LSHAttention`` (Reformer-style, strictly causal); docs/train.md ("Attention") defines them.
-Kernels take the head count from the tensors, so tensor parallelism may split heads.  The sparse
-kernels have three implementations of one function (``kernel``): ``reference`` (the definition),
-``fused`` (it compiled whole by Inductor) and ``flex`` (block-sparse FlexAttention); ``auto`` is the
-CUDA default on CUDA, the reference elsewhere.
-
-A kernel is one ``AttentionKernel`` subclass and one ``ATTENTION_KERNELS`` row.
+``DenseAttention`` (SDPA), ``DynamicSparseAttention`` and ``LSHAttention``; docs/train.md
+("Attention") defines them and the sparse kernels' implementations (reference, fused, flex, auto).
+Kernels take the head count from the tensors, so tensor parallelism may split heads.  A kernel is
+one ``AttentionKernel`` subclass and one ``ATTENTION_KERNELS`` row.
 """
 from __future__ import annotations
 
@@ -198,12 +194,8 @@ class DynamicSparseAttention(_SparseKernel):
         return select_score, live_score, cand_idx, selected, far_last
 
     def _forward_flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The reference's function, the attention as one block-sparse FlexAttention call.
-
-        Query i's selected far keys are the far keys scoring at least its top_k-th candidate's score.
-        The summary and the gate's straight-through gradient (`_gate_gradient_term`) are folded in
-        through the log-sum-exp FlexAttention returns, so the kernel is a plain masked attention.
-        """
+        """The reference's function as one block-sparse FlexAttention call; the summary and the gate's
+        gradient (`_gate_gradient_term`) are folded in through its log-sum-exp (docs/train.md, `flex`)."""
         bsz, heads, seqlen, dim = q.shape
         bs, window = self.block, self.window
         n_blocks = -(-seqlen // bs)
@@ -251,13 +243,9 @@ class DynamicSparseAttention(_SparseKernel):
         return out[:, :, :seqlen].to(v.dtype)
 
     def _gate_gradient_term(self, q, k_cand, v_cand, cand_idx, selected, live_score, total, out) -> torch.Tensor:
-        """Zero in the forward pass; its gradient is the reference's straight-through gate gradient.
-
-        The reference adds δ_j = g_j − g_j.detach() (g: the live gate score) to the logit of every
-        selected far key j, so d loss/d g_j = Σ_i sel_ij · d loss/d s_ij, and for softmax attention
-        d out_i/d s_ij = P_ij (v_j − out_i).  Σ_j sel_ij P_ij δ_j (v_j − out_i), with P, v and out
-        detached, has exactly that gradient and the value 0.  P_ij = exp(s_ij − total_i), total_i
-        the log-sum-exp over all of query i's keys (window, selected, summary).
+        """Σ_j sel_ij P_ij δ_j (v_j − out_i), δ_j = g_j − g_j.detach() (g: the live gate score), P, v, out
+        detached: zero in the forward pass, the reference's straight-through gate gradient backward
+        (d out_i/d s_ij = P_ij (v_j − out_i)).  P_ij = exp(s_ij − total_i), total_i over all of i's keys.
         """
         bsz, heads, n_blocks, n_cand, dim = k_cand.shape
         bs = self.block
