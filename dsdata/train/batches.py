@@ -57,8 +57,7 @@ class ShardBatches:
         return self.dataset.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # Positions count windows, not batches: a state saved under another batch size (or by the
-        # per-window trainer before it, batch_size None) continues the same window stream.
+        # Positions count windows, not batches: a state saved under another batch size continues.
         self.dataset.load_state_dict({**state, "batch_size": self.dataset.batch_size})
         self._iter = None
 

@@ -80,8 +80,7 @@ class _OpenShard:
 
     def window_rows(self, seq_len: int) -> np.ndarray:
         """All windows of the shard as a 1-D numpy array of opaque (void) items of seq_len + 1 tokens each,
-        viewing the mapping: a gather `rows[index]` copies each window with one memcpy, where the
-        [windows, seq_len + 1] view copies token by token (up to ~1.7x slower in a micro-benchmark)."""
+        viewing the mapping: a gather `rows[index]` copies each window with one memcpy, not token by token."""
         if self._rows is None:
             values = self.tokens.numpy()
             item = np.dtype((np.void, (seq_len + 1) * values.itemsize))
@@ -286,12 +285,9 @@ class ShardDataset(torch.utils.data.IterableDataset):
         return pieces
 
     def _batches(self, group: str, endless: bool) -> Iterator[torch.Tensor]:
-        """The rest of the current epoch of `group` as batches; a short last batch ends the epoch.
-        With `endless`, epochs follow each other and every batch is full (one crosses each epoch end).
-
-        Shuffled batches inside one shard are gathered several at once (~_CHUNK_BYTES) and handed out
-        as row views.  The position counts batches handed out, not gathered, so state_dict() is exact
-        between batches.  Other batches go through `_take`, which yields exactly the same windows."""
+        """The rest of the current epoch of `group` as batches; a short last batch ends the epoch
+        (with `endless`, epochs follow each other and every batch is full).  Shuffled batches inside one
+        shard are gathered ~_CHUNK_BYTES at once; others go through `_take` (the same windows)."""
         pos = self._state["groups"][group]  # [epoch, shard position in the epoch's order, window position]
         size, first_epoch = self.batch_size, pos[0]
         from_numpy = torch.from_numpy

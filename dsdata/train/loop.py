@@ -318,12 +318,9 @@ def _lower_layer_parameters(model: torch.nn.Module, config: Config) -> list[torc
 
 
 def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
-    """The shards' tokenizer (file or directory) named by their manifest, when it exists and is the
-    one the shards were written with, and the end-of-document id the manifest records.
-
-    The manifest is untrusted and the export copies the tokenizer into a shared folder, so a
-    tokenizer.json is used only when its sha256 is the manifest's (a manifest naming
-    ~/.aws/credentials.json cannot know that file's hash)."""
+    """(the shards' tokenizer named by their manifest, the manifest's end-of-document id).  The manifest
+    is untrusted and the export copies the tokenizer out, so a tokenizer.json is used only when its
+    sha256 is the manifest's (a manifest naming ~/.aws/credentials.json cannot know that hash)."""
     shards = batches.tokenizer()
     if shards is None:
         return None, None

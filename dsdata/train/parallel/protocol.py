@@ -23,8 +23,6 @@ class Layout(Protocol):
     dp_rank: int
     vocab_parallel: bool = False  # logits sharded over tp into loss_parallel (DTensor logits: loss stays eager)
 
-    # ---------------------------------------------------------------- model and batches
-
     @abstractmethod
     def parallelize(self, model: nn.Module) -> nn.Module:
         """Apply the layout to the plain model (in place where it can); returns the module to train."""
@@ -38,8 +36,6 @@ class Layout(Protocol):
                          loss_multiplier: float, autocast_ctx: Callable) -> torch.Tensor:
         """Backward of Σ loss · multiplier / micro-batches; afterwards every gradient is the one a single
         process would hold (reduced over data parallel).  Returns this rank's mean LM loss (detached)."""
-
-    # ---------------------------------------------------------------- reductions
 
     @abstractmethod
     def mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
@@ -64,8 +60,6 @@ class Layout(Protocol):
     @abstractmethod
     def describe(self) -> str:
         """One line for the run's set-up message, e.g. 'ddp, dp 2 × tp 1 × pp 1, ...'."""
-
-    # ---------------------------------------------------------------- checkpoints and export
 
     @abstractmethod
     def optimizer_state_to_save(self, optim_state: dict) -> dict:
