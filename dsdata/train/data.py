@@ -80,7 +80,7 @@ class _OpenShard:
 
     def window_rows(self, seq_len: int) -> np.ndarray:
         """All windows of the shard as a 1-D numpy array of opaque (void) items of seq_len + 1 tokens each,
-        viewing the mapping: a gather `rows[index]` copies each window with one memcpy, not token by token."""
+        viewing the mapping: a gather `rows[index]` copies each window in one memcpy, not token by token."""
         if self._rows is None:
             values = self.tokens.numpy()
             item = np.dtype((np.void, (seq_len + 1) * values.itemsize))
