@@ -90,15 +90,9 @@ class _OpenShard:
 
 
 class ShardDataset(torch.utils.data.IterableDataset):
-    """Token windows of `seq_len + 1` ids from a shard directory, zero-copy (see module docstring).
-
-    curriculum: None (plain epochs), a CurriculumSchedule, or a spec for `schedule_from_spec`.
-    total_steps: the run's length, needed only by a `linear` spec given as warmup_fraction.
-    shuffle: False walks shards and windows in manifest order (for inspection and tests).
-    batch_size: yield [batch_size, seq_len + 1] batches instead of windows (the fast path).
-    endless: without a curriculum, epochs follow each other and every batch is full.
-    max_mapped_shards: shards kept memory-mapped at once (least recently used unmapped first; at
-        least the current and next shard of every bucket; each counts against vm.max_map_count).
+    """Token windows of `seq_len + 1` ids from a shard directory, zero-copy; docs/shards.md ("Loader")
+    describes the options.  curriculum: None (plain epochs), a CurriculumSchedule, or a spec for
+    `schedule_from_spec` (total_steps: needed only by a `linear` spec given as warmup_fraction).
     """
 
     def __init__(self, path: str, seq_len: int, *, rank: int = 0, world_size: int = 1, seed: int = 0,
