@@ -122,11 +122,8 @@ class DynamicSparseConfig(Settings):
 
 
 class DynamicSparseAttention(_SparseKernel):
-    """Gated top-k + local window + mean summary attention (docs/train.md).
-
-    Keys are selected by a snapshot of the gate, refreshed every ``refresh_steps`` optimizer steps;
-    the snapshot is a persistent buffer, so it is checkpointed and resume stays exact.
-    """
+    """Gated top-k + local window + mean summary attention (docs/train.md).  Keys are selected by a
+    snapshot of the gate refreshed every ``refresh_steps``: a persistent buffer, so resume stays exact."""
 
     def __init__(self, head_dim: int, top_k: int = 16, window: int = 64, block: int = 64,
                  gate_hidden: int = 32, refresh_steps: int = 4, summary: bool = True, kernel: str = "auto"):
@@ -330,12 +327,9 @@ class DynamicSparseAttention(_SparseKernel):
         return out.reshape(bsz, heads, padded, dim)[:, :, :seqlen]
 
     def _candidates(self, score: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per query block: every key any of its queries may select, sorted by score (descending).
-
-        The far past of query block b ends inside key block b − window/block; the top-k of a prefix
-        lies within (top-k of the whole earlier blocks) ∪ (that one block), and the top-k of the
-        earlier blocks within the union of each block's own top-k.
-        """
+        """Per query block: every key any of its queries may select, sorted by score (descending).  Its far
+        past ends inside key block b − lag; the top-k of that prefix lies within (top-k of the earlier
+        blocks, itself within the union of each block's own top-k) ∪ (that one block)."""
         bsz, heads, padded = score.shape
         bs, top_k = self.block, self.top_k
         device = score.device
@@ -356,7 +350,6 @@ class DynamicSparseAttention(_SparseKernel):
             idx = merged_idx.gather(-1, order)
             shift *= 2
         n_prefix = min(top_k, n_blocks * per_block)
-        # The far past of query block b ends inside key block b − lag: its prefix is blocks < b − lag.
         prefix_val = F.pad(val[..., :n_prefix], (0, 0, lag + 1, 0), value=float("-inf"))[:, :, :n_blocks]
         prefix_idx = F.pad(idx[..., :n_prefix], (0, 0, lag + 1, 0))[:, :, :n_blocks]
         blocks = torch.arange(n_blocks, device=device)
@@ -514,8 +507,7 @@ def _kernel_problem(kernel) -> str | None:
     return None
 
 
-# The kernels by `model.attention` name: one row each.  Installed distributions add theirs as
-# `[project.entry-points."dsdata.attention_kernels"] name = "module:Class"`.
+# The kernels by `model.attention` name; plugins: entry points `dsdata.attention_kernels` (module:Class).
 ATTENTION_KERNELS = Registry("attention kernel", "dsdata.attention_kernels", _kernel_problem, {
     "dense": DenseAttention, "dynamic_sparse": DynamicSparseAttention, "lsh": LSHAttention,
 })

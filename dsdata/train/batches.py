@@ -60,7 +60,6 @@ class ShardBatches:
         self._iter = None
 
     def close(self) -> None:
-        """Stop the loader's prefetch thread (the end of a run)."""
         self.dataset.close()
         self._iter = None
 

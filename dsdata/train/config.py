@@ -87,8 +87,7 @@ class DataConfig(Settings):
     verify: bool = Param(True, "check the shards' checksums before training", Boolean())
     prefetch: bool = Param(True, "read the next batch while a step runs", Boolean())
     curriculum: dict = Param({}, "spec for dsdata.train.curriculum (empty: none)", MappingOf(Text(), expect="a table"))
-    # several shard sets mixed by weight instead of one path: [{path, weight | epochs, name?}]
-    # (dsdata/train/mixture.py, checked by check_sources); the curriculum applies inside each source
+    # [{path, weight | epochs, name?}] instead of one path (mixture.py; checked by check_sources)
     sources: list = Param([], "several shard sets mixed by weight", ListOf(ParamType()))
     synthetic_vocab: int = Param(256, "vocabulary of the synthetic source when no path is given", Integer(min=2))
 

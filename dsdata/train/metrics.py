@@ -1,6 +1,5 @@
-"""Run monitoring: RUN_DIR/metrics.jsonl, TensorBoard scalars and histograms, live progress on the
-console (a bar or lines, as `dsdata run` shows them), and a warning when the loss jumps above
-mean + 3σ of the recent steps.  Only the metrics rank writes."""
+"""Run monitoring: RUN_DIR/metrics.jsonl, TensorBoard scalars and histograms, live console progress,
+and a warning when the loss jumps above mean + 3σ of the recent steps.  Only the metrics rank writes."""
 from __future__ import annotations
 
 import collections

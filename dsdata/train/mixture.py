@@ -100,7 +100,6 @@ class MixtureBatches:
         return torch.stack([next(self._iters[i]) for i in chosen.tolist()])
 
     def close(self) -> None:
-        """Stop every source's prefetch thread (the end of a run)."""
         for dataset in self.datasets:
             dataset.close()
         self._iters = None

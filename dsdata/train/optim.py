@@ -216,8 +216,7 @@ def _row_problem(row) -> str | None:
     return None
 
 
-# The optimizers by `optimizer.name`: one row each.  Installed distributions add theirs as
-# `[project.entry-points."dsdata.optimizers"] name = "module:ROW"` (an OptimizerRow).
+# The optimizers by `optimizer.name`; plugins: entry points `dsdata.optimizers` (module:OptimizerRow).
 OPTIMIZERS = Registry("optimizer", "dsdata.optimizers", _row_problem, {
     "adamw": OptimizerRow(_adamw), "deepopt": OptimizerRow(_deepopt, DeepOptConfig),
     "lambdaopt": OptimizerRow(_lambdaopt, LambdaOptConfig),
