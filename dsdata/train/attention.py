@@ -41,8 +41,7 @@ class AttentionKernel(nn.Module):
 
 
 def _implementation(kernel: str, q: torch.Tensor, cuda_default: str) -> str:
-    """The implementation a call runs: ``kernel`` (checked when the module was built), with ``auto``
-    resolved (``cuda_default`` on CUDA, the eager reference elsewhere)."""
+    """The implementation a call runs: ``kernel``, ``auto`` resolved (``cuda_default`` on CUDA, else the reference)."""
     if kernel != "auto":
         return kernel
     if q.device.type != "cuda":
@@ -52,8 +51,7 @@ def _implementation(kernel: str, q: torch.Tensor, cuda_default: str) -> str:
 
 @functools.cache
 def _fused(method):
-    """``method`` (a reference forward, called with the module) compiled whole by Inductor; layers
-    with equal settings (plain attributes) share one compiled graph."""
+    """``method`` (a reference forward, called with the module) compiled whole by Inductor."""
     return torch.compile(method, dynamic=False)
 
 

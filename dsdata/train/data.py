@@ -71,9 +71,8 @@ class _OpenShard:
 
     # `seq_len` is always the dataset's, the one `info.windows` was counted for.
     def window_matrix(self, seq_len: int) -> torch.Tensor:
-        """All windows of the shard as a [windows, seq_len + 1] strided tensor view (rows overlap by one
-        token), for slices (in-order batches). Gathers use `window_rows`: torch's indexing of an
-        overlapping strided view is orders of magnitude slower."""
+        """All windows as a [windows, seq_len + 1] strided view (rows overlap by one token) for in-order
+        slices; gathers use `window_rows` (indexing an overlapping strided view is far slower)."""
         if self._matrix is None:
             self._matrix = torch.as_strided(self.tokens, (self.info.windows, seq_len + 1), (seq_len, 1))
         return self._matrix

@@ -216,7 +216,7 @@ def _row_problem(row) -> str | None:
     return None
 
 
-# The optimizers by `optimizer.name`; plugins: entry points `dsdata.optimizers` (module:OptimizerRow).
+# The optimizers by `optimizer.name`; plugins: entry points `dsdata.optimizers`, each an OptimizerRow.
 OPTIMIZERS = Registry("optimizer", "dsdata.optimizers", _row_problem, {
     "adamw": OptimizerRow(_adamw), "deepopt": OptimizerRow(_deepopt, DeepOptConfig),
     "lambdaopt": OptimizerRow(_lambdaopt, LambdaOptConfig),
