@@ -41,7 +41,7 @@ class AttentionKernel(nn.Module):
 
 
 def _implementation(kernel: str, q: torch.Tensor, cuda_default: str) -> str:
-    """The implementation a call runs: ``kernel``, ``auto`` as ``cuda_default`` on CUDA, else the reference."""
+    """The implementation a call runs: ``kernel``, ``auto`` as ``cuda_default`` on CUDA, else reference."""
     if kernel != "auto":
         return kernel
     if q.device.type != "cuda":
