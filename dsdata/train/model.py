@@ -230,8 +230,7 @@ class Transformer(nn.Module):
 
 
 def set_training_step(model: Transformer, step: int) -> None:
-    """Tell each layer's attention kernel which optimizer step starts (the dynamic-sparse key selector
-    refreshes on a schedule)."""
+    """Tell each layer's attention kernel which optimizer step starts."""
     for block in model.layers.values():
         block.attention.kernel.on_training_step(step)
 

@@ -24,10 +24,9 @@ class GroupedExperts(nn.Module):
 
 
 class MoEFeedForward(nn.Module):
-    """Routes each token to its top-k experts (GShard-style), at most
-    ``ceil(capacity_factor · tokens · k / E)`` assignments per expert, the rest dropped; ``aux_loss``
-    after a forward is the load-balancing loss (1.0 when uniform).  docs/train.md ("MoE") has the rules.
-    """
+    """Routes each token to its top-k experts (GShard-style), at most ``ceil(capacity_factor · tokens ·
+    k / E)`` assignments per expert, the rest dropped; ``aux_loss`` after a forward is the load-balancing
+    loss (1.0 when uniform).  docs/train.md ("MoE") has the rules."""
 
     def __init__(self, dim: int, hidden_dim: int, n_experts: int, top_k: int = 2, capacity_factor: float = 1.25):
         super().__init__()
