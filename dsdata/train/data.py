@@ -1,8 +1,5 @@
-"""Zero-copy training data: a torch IterableDataset over a shard directory (disk or /dev/shm).
-
-`ShardDataset` yields `seq_len + 1`-token windows (or [batch_size, seq_len + 1] batches) that view the
-shards' memory mappings; consumers (rank, DataLoader worker) get disjoint windows, and
-`state_dict()` / `load_state_dict()` resume exactly.  docs/shards.md ("Loader") is the reference.
+"""Zero-copy training data: a torch IterableDataset over a shard directory (disk or /dev/shm) whose
+windows view the shards' memory mappings; docs/shards.md ("Loader") is the reference.
 """
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Pipeline parallelism: split the plain model into stages by layers, run GPipe or 1F1B.
-
-The split (contiguous, balanced by parameter count) is docs/parallel.md's.  A stage is the plain
-`Transformer` without the layers it does not own; the layer dict keeps global indices, so parameter
-names, checkpoints and exports are the same as one process's.
-"""
+"""Pipeline parallelism: split the plain model into stages by layers, run GPipe or 1F1B (docs/parallel.md)."""
 from __future__ import annotations
 
 import torch
