@@ -1,13 +1,9 @@
 """Attention kernels: causal attention over rotated q, k, v of shape (batch, heads, seq, head_dim).
 
-``DenseAttention`` (SDPA), ``DynamicSparseAttention`` (gated top-k + local window + mean summary)
-and ``LSHAttention`` (Reformer-style, strictly causal); docs/train.md ("Attention") defines them.
-Kernels take the head count from the tensors, so tensor parallelism may split heads.  The sparse
-kernels have three implementations of one function (``kernel``): ``reference`` (the definition),
-``fused`` (it compiled whole by Inductor) and ``flex`` (block-sparse FlexAttention); ``auto`` is the
-CUDA default on CUDA, the reference elsewhere.
-
-A kernel is one ``AttentionKernel`` subclass and one ``ATTENTION_KERNELS`` row.
+``DenseAttention`` (SDPA), ``DynamicSparseAttention`` and ``LSHAttention``; docs/train.md
+("Attention") defines them and the sparse kernels' implementations (reference, fused, flex, auto).
+Kernels take the head count from the tensors, so tensor parallelism may split heads.  A kernel is
+one ``AttentionKernel`` subclass and one ``ATTENTION_KERNELS`` row.
 """
 from __future__ import annotations
 
@@ -45,8 +41,7 @@ class AttentionKernel(nn.Module):
 
 
 def _implementation(kernel: str, q: torch.Tensor, cuda_default: str) -> str:
-    """The implementation a call runs: ``kernel`` (checked when the module was built), with ``auto``
-    resolved (``cuda_default`` on CUDA, the eager reference elsewhere)."""
+    """The implementation a call runs: ``kernel``, ``auto`` as ``cuda_default`` on CUDA, else reference."""
     if kernel != "auto":
         return kernel
     if q.device.type != "cuda":
@@ -56,8 +51,7 @@ def _implementation(kernel: str, q: torch.Tensor, cuda_default: str) -> str:
 
 @functools.cache
 def _fused(method):
-    """``method`` (a reference forward, called with the module) compiled whole by Inductor; layers
-    with equal settings (plain attributes) share one compiled graph."""
+    """``method`` (a reference forward, called with the module) compiled whole by Inductor."""
     return torch.compile(method, dynamic=False)
 
 
@@ -126,11 +120,8 @@ class DynamicSparseConfig(Settings):
 
 
 class DynamicSparseAttention(_SparseKernel):
-    """Gated top-k + local window + mean summary attention (docs/train.md).
-
-    Keys are selected by a snapshot of the gate, refreshed every ``refresh_steps`` optimizer steps;
-    the snapshot is a persistent buffer, so it is checkpointed and resume stays exact.
-    """
+    """Gated top-k + local window + mean summary attention (docs/train.md).  Keys are selected by a
+    snapshot of the gate refreshed every ``refresh_steps``: a persistent buffer, so resume stays exact."""
 
     def __init__(self, head_dim: int, top_k: int = 16, window: int = 64, block: int = 64,
                  gate_hidden: int = 32, refresh_steps: int = 4, summary: bool = True, kernel: str = "auto"):
@@ -198,12 +189,8 @@ class DynamicSparseAttention(_SparseKernel):
         return select_score, live_score, cand_idx, selected, far_last
 
     def _forward_flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The reference's function, the attention as one block-sparse FlexAttention call.
-
-        Query i's selected far keys are the far keys scoring at least its top_k-th candidate's score.
-        The summary and the gate's straight-through gradient (`_gate_gradient_term`) are folded in
-        through the log-sum-exp FlexAttention returns, so the kernel is a plain masked attention.
-        """
+        """The reference's function as one block-sparse FlexAttention call; the summary and the gate's
+        gradient (`_gate_gradient_term`) are folded in through its log-sum-exp (docs/train.md, `flex`)."""
         bsz, heads, seqlen, dim = q.shape
         bs, window = self.block, self.window
         n_blocks = -(-seqlen // bs)
@@ -251,13 +238,9 @@ class DynamicSparseAttention(_SparseKernel):
         return out[:, :, :seqlen].to(v.dtype)
 
     def _gate_gradient_term(self, q, k_cand, v_cand, cand_idx, selected, live_score, total, out) -> torch.Tensor:
-        """Zero in the forward pass; its gradient is the reference's straight-through gate gradient.
-
-        The reference adds δ_j = g_j − g_j.detach() (g: the live gate score) to the logit of every
-        selected far key j, so d loss/d g_j = Σ_i sel_ij · d loss/d s_ij, and for softmax attention
-        d out_i/d s_ij = P_ij (v_j − out_i).  Σ_j sel_ij P_ij δ_j (v_j − out_i), with P, v and out
-        detached, has exactly that gradient and the value 0.  P_ij = exp(s_ij − total_i), total_i
-        the log-sum-exp over all of query i's keys (window, selected, summary).
+        """Σ_j sel_ij P_ij δ_j (v_j − out_i), δ_j = g_j − g_j.detach() (g: the live gate score), P, v, out
+        detached: zero in the forward pass, the reference's straight-through gate gradient backward
+        (d out_i/d s_ij = P_ij (v_j − out_i)).  P_ij = exp(s_ij − total_i), total_i over all of i's keys.
         """
         bsz, heads, n_blocks, n_cand, dim = k_cand.shape
         bs = self.block
@@ -342,12 +325,9 @@ class DynamicSparseAttention(_SparseKernel):
         return out.reshape(bsz, heads, padded, dim)[:, :, :seqlen]
 
     def _candidates(self, score: torch.Tensor, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per query block: every key any of its queries may select, sorted by score (descending).
-
-        The far past of query block b ends inside key block b − window/block; the top-k of a prefix
-        lies within (top-k of the whole earlier blocks) ∪ (that one block), and the top-k of the
-        earlier blocks within the union of each block's own top-k.
-        """
+        """Per query block: every key any of its queries may select, sorted by score (descending).  Its far
+        past ends inside key block b − lag; the top-k of that prefix lies within (top-k of the earlier
+        blocks, itself within the union of each block's own top-k) ∪ (that one block)."""
         bsz, heads, padded = score.shape
         bs, top_k = self.block, self.top_k
         device = score.device
@@ -368,7 +348,6 @@ class DynamicSparseAttention(_SparseKernel):
             idx = merged_idx.gather(-1, order)
             shift *= 2
         n_prefix = min(top_k, n_blocks * per_block)
-        # The far past of query block b ends inside key block b − lag: its prefix is blocks < b − lag.
         prefix_val = F.pad(val[..., :n_prefix], (0, 0, lag + 1, 0), value=float("-inf"))[:, :, :n_blocks]
         prefix_idx = F.pad(idx[..., :n_prefix], (0, 0, lag + 1, 0))[:, :, :n_blocks]
         blocks = torch.arange(n_blocks, device=device)
@@ -526,8 +505,7 @@ def _kernel_problem(kernel) -> str | None:
     return None
 
 
-# The kernels by `model.attention` name: one row each.  Installed distributions add theirs as
-# `[project.entry-points."dsdata.attention_kernels"] name = "module:Class"`.
+# The kernels by `model.attention` name; plugins: entry points `dsdata.attention_kernels` (module:Class).
 ATTENTION_KERNELS = Registry("attention kernel", "dsdata.attention_kernels", _kernel_problem, {
     "dense": DenseAttention, "dynamic_sparse": DynamicSparseAttention, "lsh": LSHAttention,
 })

@@ -16,9 +16,7 @@ from dsdata.train.protocols import BatchSource
 
 class ShardBatches:
     """Global batches of `seq_len + 1` token windows from a shard directory: an endless batched
-    ShardDataset iterated directly, batches in the shard's dtype (`distributed.token_ids_on` widens
-    them on the device).  The loader position counts windows, so a checkpoint resumes under another
-    global batch size as well.
+    ShardDataset, batches in the shard's dtype (`distributed.token_ids_on` widens them on the device).
     """
 
     def __init__(self, data: DataConfig, seq_len: int, total_steps: int, batch_size: int):
@@ -57,24 +55,19 @@ class ShardBatches:
         return self.dataset.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # Positions count windows, not batches: a state saved under another batch size (or by the
-        # per-window trainer before it, batch_size None) continues the same window stream.
+        # Positions count windows, not batches: a state saved under another batch size continues.
         self.dataset.load_state_dict({**state, "batch_size": self.dataset.batch_size})
         self._iter = None
 
     def close(self) -> None:
-        """Stop the loader's prefetch thread (the end of a run)."""
         self.dataset.close()
         self._iter = None
 
 
 class SyntheticBatches:
-    """A learnable synthetic stream (for tests, smoke runs and benchmarks without shards).
-
-    Window i walks a fixed random permutation of the vocabulary with 10 % of the tokens replaced at
-    random; it is a function of (seed, i), so the state is one integer.  Token t is perm applied
-    (t − r) times to the noise token at r, the last reset at or before t, as log2(seq_len) gathers.
-    """
+    """A learnable synthetic stream (for tests, smoke runs and benchmarks without shards): window i, a
+    function of (seed, i), walks a fixed random permutation of the vocabulary with 10 % of the tokens
+    replaced at random; token t is perm applied (t − r) times to the noise token at r, the last reset."""
 
     def __init__(self, vocab_size: int, seq_len: int, batch_size: int, seed: int = 0):
         self.vocab_size, self.seq_len, self.batch_size, self.seed = vocab_size, seq_len, batch_size, seed

@@ -2,8 +2,7 @@
 
 The sparse kernels of attention.py pick the keys; the attention runs as one FlexAttention call over
 a ``BlockMask`` of the key blocks each query block may see, a ``mask_mod`` choosing the exact keys.
-On CUDA FlexAttention is compiled.  Elsewhere it runs eagerly without gradients; torch has no CPU
-backward, so there a differentiable dense emulation (`emulate_flex`) evaluates the same masks.
+torch has no CPU backward: there `emulate_flex` evaluates the same masks densely (docs/train.md).
 """
 from __future__ import annotations
 

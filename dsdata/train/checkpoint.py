@@ -4,11 +4,8 @@ one JSON file written last — a directory without it is incomplete and ignored.
 
 RUN_DIR/checkpoints/step_00000040/{__0_0.distcp, .metadata, trainer_state.json}
 
-Resume runs no code a checkpoint file could carry: DCP itself unpickles `.metadata` and non-tensor
-values in full, so here `.metadata` is read by an unpickler that admits only DCP's metadata classes
-and torch's dtype/layout/size objects, every file it names must lie in the checkpoint directory, and
-non-tensor values are read with `torch.load(weights_only=True)`.  Anything else refuses the
-checkpoint with one line (`CheckpointError`).
+Resume runs no code a checkpoint file could carry (DCP itself would unpickle in full); what is
+admitted is docs/train.md's ("What resume trusts"), anything else is one `CheckpointError` line.
 """
 from __future__ import annotations
 

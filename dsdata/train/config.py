@@ -1,8 +1,6 @@
 """Training configuration: one TOML file (models/*.toml) plus `--set section.key=value` overrides.
-
-Every table is a `Settings` dataclass of `Param`s (dsdata/core/params.py, as recipe stages use):
-`parse` refuses a bad value in one line naming TABLE.KEY.  `model.attention_config` and
-`optimizer.config` hold the options of the kernel and optimizer their selector names.
+Every table is a `Settings` dataclass of `Param`s (dsdata/core/params.py): a bad value is one line
+naming TABLE.KEY.  `model.attention_config` / `optimizer.config` hold the selected row's options.
 """
 from __future__ import annotations
 
@@ -89,8 +87,7 @@ class DataConfig(Settings):
     verify: bool = Param(True, "check the shards' checksums before training", Boolean())
     prefetch: bool = Param(True, "read the next batch while a step runs", Boolean())
     curriculum: dict = Param({}, "spec for dsdata.train.curriculum (empty: none)", MappingOf(Text(), expect="a table"))
-    # several shard sets mixed by weight instead of one path: [{path, weight | epochs, name?}]
-    # (dsdata/train/mixture.py, checked by check_sources); the curriculum applies inside each source
+    # [{path, weight | epochs, name?}] instead of one path (mixture.py; checked by check_sources)
     sources: list = Param([], "several shard sets mixed by weight", ListOf(ParamType()))
     synthetic_vocab: int = Param(256, "vocabulary of the synthetic source when no path is given", Integer(min=2))
 
@@ -158,9 +155,8 @@ class Config:
 
 @dataclass
 class SourceConfig(Settings):
-    """One of data.sources: a shard set and its share of the mix, a weight or epochs of its tokens.
-    Shares are bounded so that their sum (and epochs × a source's tokens) stays a finite float; 1e308
-    overflowed into a silently wrong mix."""
+    """One of data.sources: a shard set and its share of the mix, a weight or epochs of its tokens
+    (bounded by MAX_SHARE, see curriculum.py)."""
 
     path: str = Param("", "shard directory", Text(nonempty=True, expect=SHARD_DIR))
     weight: float | None = Param(None, "relative share", SHARE)

@@ -1,9 +1,7 @@
 """Curriculum: per-bucket (easy/medium/hard) sampling weights as a function of the training step.
 
-Schedules (`FixedSchedule`, `LinearSchedule`, `TableSchedule`) give {bucket: weight}, weights >= 0;
-`CurriculumSampler` renormalises them over the buckets that have data and draws with a seeded
-generator whose state goes into checkpoints.  `schedule_from_spec` builds a schedule from a config
-dict or a pipeline's difficulty.json; docs/shards.md ("Curriculum") is the reference.
+Schedules give {bucket: weight >= 0}; `CurriculumSampler` draws buckets from them;
+`schedule_from_spec` builds one from a config dict or difficulty.json.  docs/shards.md ("Curriculum").
 """
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ from dsdata.io.untrusted_files import load_json_file
 
 BUCKETS = ("easy", "medium", "hard")
 # The largest relative share a mixture takes (a curriculum bucket's weight here, a data.sources weight
-# or epochs in dsdata/train/config.py): sums and interpolations of such numbers stay finite floats
-# (1e308 overflowed into inf and NaN probabilities, a silently wrong mix).
+# or epochs in config.py), so sums and interpolations stay finite (no inf/NaN probabilities).
 MAX_SHARE = 1e6
 WEIGHT = Param(1.0, "a bucket's weight", Number(0, MAX_SHARE, open_max=True))
 WARMUP_FRACTION = Param(0.3, "share of the steps the linear schedule takes", Number(0, 1))

@@ -1,8 +1,5 @@
-"""Zero-copy training data: a torch IterableDataset over a shard directory (disk or /dev/shm).
-
-`ShardDataset` yields `seq_len + 1`-token windows (or [batch_size, seq_len + 1] batches) that view the
-shards' memory mappings; consumers (rank, DataLoader worker) get disjoint windows, and
-`state_dict()` / `load_state_dict()` resume exactly.  docs/shards.md ("Loader") is the reference.
+"""Zero-copy training data: a torch IterableDataset over a shard directory (disk or /dev/shm) whose
+windows view the shards' memory mappings; docs/shards.md ("Loader") is the reference.
 """
 from __future__ import annotations
 
@@ -71,17 +68,15 @@ class _OpenShard:
 
     # `seq_len` is always the dataset's, the one `info.windows` was counted for.
     def window_matrix(self, seq_len: int) -> torch.Tensor:
-        """All windows of the shard as a [windows, seq_len + 1] strided tensor view (rows overlap by one
-        token), for slices (in-order batches). Gathers use `window_rows`: torch's indexing of an
-        overlapping strided view is orders of magnitude slower."""
+        """All windows as a [windows, seq_len + 1] strided view (rows overlap by one token) for in-order
+        slices; gathers use `window_rows` (indexing an overlapping strided view is far slower)."""
         if self._matrix is None:
             self._matrix = torch.as_strided(self.tokens, (self.info.windows, seq_len + 1), (seq_len, 1))
         return self._matrix
 
     def window_rows(self, seq_len: int) -> np.ndarray:
         """All windows of the shard as a 1-D numpy array of opaque (void) items of seq_len + 1 tokens each,
-        viewing the mapping: a gather `rows[index]` copies each window with one memcpy, where the
-        [windows, seq_len + 1] view copies token by token (up to ~1.7x slower in a micro-benchmark)."""
+        viewing the mapping: a gather `rows[index]` copies each window in one memcpy, not token by token."""
         if self._rows is None:
             values = self.tokens.numpy()
             item = np.dtype((np.void, (seq_len + 1) * values.itemsize))
@@ -91,15 +86,9 @@ class _OpenShard:
 
 
 class ShardDataset(torch.utils.data.IterableDataset):
-    """Token windows of `seq_len + 1` ids from a shard directory, zero-copy (see module docstring).
-
-    curriculum: None (plain epochs), a CurriculumSchedule, or a spec for `schedule_from_spec`.
-    total_steps: the run's length, needed only by a `linear` spec given as warmup_fraction.
-    shuffle: False walks shards and windows in manifest order (for inspection and tests).
-    batch_size: yield [batch_size, seq_len + 1] batches instead of windows (the fast path).
-    endless: without a curriculum, epochs follow each other and every batch is full.
-    max_mapped_shards: shards kept memory-mapped at once (least recently used unmapped first; at
-        least the current and next shard of every bucket; each counts against vm.max_map_count).
+    """Token windows of `seq_len + 1` ids from a shard directory, zero-copy; docs/shards.md ("Loader")
+    describes the options.  curriculum: None (plain epochs), a CurriculumSchedule, or a spec for
+    `schedule_from_spec` (total_steps: needed only by a `linear` spec given as warmup_fraction).
     """
 
     def __init__(self, path: str, seq_len: int, *, rank: int = 0, world_size: int = 1, seed: int = 0,
@@ -154,8 +143,6 @@ class ShardDataset(torch.utils.data.IterableDataset):
                                        "consumers": None}
         self._runtime: dict[str, Any] | None = None
 
-    # ----------------------------------------------------------------------------- public API
-
     def set_step(self, step: int) -> None:
         """The training step the next windows are for (drives the curriculum weights)."""
         self._state["step"] = int(step)
@@ -203,8 +190,6 @@ class ShardDataset(torch.utils.data.IterableDataset):
         """Windows one consumer gets per epoch (without a curriculum)."""
         n = self.world_size * max(1, num_workers)
         return sum((s.windows - s.windows % n) // n for s in self.shards)
-
-    # ------------------------------------------------------------------------------ iteration
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get the plan and position, never threads or mappings.
@@ -290,12 +275,9 @@ class ShardDataset(torch.utils.data.IterableDataset):
         return pieces
 
     def _batches(self, group: str, endless: bool) -> Iterator[torch.Tensor]:
-        """The rest of the current epoch of `group` as batches; a short last batch ends the epoch.
-        With `endless`, epochs follow each other and every batch is full (one crosses each epoch end).
-
-        Shuffled batches inside one shard are gathered several at once (~_CHUNK_BYTES) and handed out
-        as row views.  The position counts batches handed out, not gathered, so state_dict() is exact
-        between batches.  Other batches go through `_take`, which yields exactly the same windows."""
+        """The rest of the current epoch of `group` as batches; a short last batch ends the epoch
+        (with `endless`, epochs follow each other and every batch is full).  Shuffled batches inside one
+        shard are gathered ~_CHUNK_BYTES at once; others go through `_take` (the same windows)."""
         pos = self._state["groups"][group]  # [epoch, shard position in the epoch's order, window position]
         size, first_epoch = self.batch_size, pos[0]
         from_numpy = torch.from_numpy

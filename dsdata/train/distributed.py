@@ -26,11 +26,8 @@ _HOST_WIDENED: set[tuple[str, torch.dtype]] = set()
 
 
 def token_ids_on(device: torch.device | str, tokens: torch.Tensor) -> torch.Tensor:
-    """int64 token ids on `device` from a batch in the shard's dtype (uint16/uint32) or int64.
-
-    The batch crosses to the device in its own dtype and is widened there.  torch's uint16/uint32
-    are "shell" dtypes with few kernels: if the copy or widening raises, this (device type, dtype)
-    is widened on the host from then on (uint16 → int32, wider → int64), with one warning.
+    """int64 token ids on `device` from a batch in the shard's dtype (uint16/uint32) or int64, widened on
+    the device, or on the host once that raised for this (device type, dtype): docs/shards.md ("Loader").
     """
     if tokens.dtype == torch.int64:
         return tokens.to(device, non_blocking=True)
@@ -68,13 +65,9 @@ def init_distributed(device_choice: str = "auto") -> DistEnv:
 
 
 def shutdown_distributed(completed: bool) -> None:
-    """Take this process's process groups down while the interpreter is whole (the trainer's last
-    distributed act, every exit path).
-
-    After a completed run every rank first meets at a barrier (not after a failure: a dead rank
-    would hang it).  destroy_process_group() alone leaves gloo's threads running, held by meshes in
-    DTensor's caches, and their teardown at interpreter exit could abort ("terminate called without
-    an active exception"); so the caches and meshes let go and the groups are collected here."""
+    """Take this process's process groups down while the interpreter is whole (every exit path); a
+    barrier first after a completed run only (a dead rank would hang it).  destroy_process_group()
+    alone leaves gloo's threads held by DTensor's cached meshes, whose teardown at exit could abort."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     try:

@@ -1,8 +1,7 @@
 """Export a trained model as a Hugging Face causal-LM directory (for the difficulty stage to score with).
 
-A dense-attention model without MoE is exactly a Llama (`LlamaForCausalLM`, no weight permutation:
-RoPE uses HF's rotate-half layout).  Other architectures have no HF equivalent: the directory holds
-native weights (model.safetensors, dsdata names) and dsdata_model.json, and `export_hf` says so.
+A dense-attention model without MoE is exactly a Llama (RoPE in HF's rotate-half layout: no weight
+permutation); other architectures are written native (docs/train.md, "Export for the difficulty stage").
 """
 from __future__ import annotations
 

@@ -79,8 +79,6 @@ class Trainer:
         self.frozen = _lower_layer_parameters(self.model, config) if t.unfreeze_fraction > 0 else []
         self.frozen_until = int(t.unfreeze_fraction * t.steps)
 
-    # ---------------------------------------------------------------- checkpointed state
-
     def _checkpointed(self) -> dict[str, object]:
         """What a checkpoint carries besides model and optimizer (DCP), in trainer_state.json: save and
         load both read this one list.  None: not used by this run (no loss scaler in fp32)."""
@@ -115,8 +113,6 @@ class Trainer:
             if self.layout.writes_metrics:
                 log.info("resumed from %s at step %d", self.checkpointer.path(latest), self.step)
         return latest
-
-    # ---------------------------------------------------------------- the run
 
     def describe(self) -> list[str]:
         """The run's set-up, logged at the start (rank 0)."""
@@ -322,12 +318,9 @@ def _lower_layer_parameters(model: torch.nn.Module, config: Config) -> list[torc
 
 
 def _shard_tokenizer(batches) -> tuple[str | None, int | None]:
-    """The shards' tokenizer (file or directory) named by their manifest, when it exists and is the
-    one the shards were written with, and the end-of-document id the manifest records.
-
-    The manifest is untrusted and the export copies the tokenizer into a shared folder, so a
-    tokenizer.json is used only when its sha256 is the manifest's (a manifest naming
-    ~/.aws/credentials.json cannot know that file's hash)."""
+    """(the shards' tokenizer named by their manifest, the manifest's end-of-document id).  The manifest
+    is untrusted and the export copies the tokenizer out, so a tokenizer.json is used only when its
+    sha256 is the manifest's (a manifest naming ~/.aws/credentials.json cannot know that hash)."""
     shards = batches.tokenizer()
     if shards is None:
         return None, None

@@ -1,6 +1,5 @@
-"""Run monitoring: RUN_DIR/metrics.jsonl, TensorBoard scalars and histograms, live progress on the
-console (a bar or lines, as `dsdata run` shows them), and a warning when the loss jumps above
-mean + 3σ of the recent steps.  Only the metrics rank writes."""
+"""Run monitoring: RUN_DIR/metrics.jsonl, TensorBoard scalars and histograms, live console progress,
+and a warning when the loss jumps above mean + 3σ of the recent steps.  Only the metrics rank writes."""
 from __future__ import annotations
 
 import collections
@@ -58,10 +57,8 @@ def format_step_line(record: dict[str, Any], total_steps: int, elapsed: float) -
 
 
 class ConsoleProgress:
-    """Live progress on stderr, chosen as `dsdata run --progress` chooses (dsdata.core.display):
-    a tqdm bar on a terminal (total = steps; loss and tok/s after it), else a line at step 1 (the
-    run is seen to train long before step `interval`), every `interval` steps and at the last step.
-    `interval` 0 shows nothing."""
+    """Live progress on stderr as `dsdata run --progress` chooses it: a tqdm bar on a terminal, else a
+    line at step 1, every `interval` steps (0: none) and at the last step."""
 
     def __init__(self, mode: str, interval: int, total_steps: int, started: float | None = None, stream=None):
         self._fixed_stream = stream

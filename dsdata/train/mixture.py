@@ -1,9 +1,8 @@
 """Weighted mixing of several shard sets (`data.sources`), deterministic and exactly resumable.
 
-Each source is an endless ShardDataset of its own.  Window n of the stream goes to the source whose
-realised count lags its target most (argmax of p_i·(n+1) − c_i, ties to the first source), so every
-source stays within one window of its share and the state is just the counts plus each source's
-ShardDataset state.  docs/shards.md ("Mixing shard sets by weight") is the reference.
+Each source is an endless ShardDataset of its own; window n goes to the source whose count lags its
+share most (ties to the first), so the state is the counts plus each source's ShardDataset state.
+docs/shards.md ("Mixing shard sets by weight") is the reference.
 """
 from __future__ import annotations
 
@@ -101,7 +100,6 @@ class MixtureBatches:
         return torch.stack([next(self._iters[i]) for i in chosen.tolist()])
 
     def close(self) -> None:
-        """Stop every source's prefetch thread (the end of a run)."""
         for dataset in self.datasets:
             dataset.close()
         self._iters = None

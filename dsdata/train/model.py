@@ -1,13 +1,9 @@
 """The decoder LM: pre-norm blocks of (RMSNorm → attention → residual, RMSNorm → SwiGLU/MoE → residual).
 
-Plain single-device code, torchtitan style.  What the parallel code (dsdata/train/parallel/) relies on:
-- submodule names: ``tok_embeddings``, ``layers[str(i)]`` with ``attention.{wq,wk,wv,wo}``,
-  ``attention_norm``, ``feed_forward.{w1,w2,w3}`` (or ``{router,experts}`` for MoE), ``ffn_norm``;
-  then ``norm``, ``output``;
-- attention takes the head count from the projected tensors, so tensor parallelism needs no change;
-- ``layers`` is keyed by the global layer index: a pipeline stage deletes layers it does not own and
-  sets ``tok_embeddings``/``norm``/``output`` to ``None``; ``forward`` passes hidden states through;
-- the RoPE tables (HF Llama's rotate-half layout) are non-persistent buffers, never checkpointed.
+Plain single-device code, torchtitan style; the submodule names the parallel code relies on are
+docs/train.md's.  ``layers`` is keyed by the global layer index: a pipeline stage deletes the layers
+it does not own and sets ``tok_embeddings``/``norm``/``output`` to ``None``.  The RoPE tables (HF
+Llama's rotate-half layout) are non-persistent buffers, never checkpointed.
 """
 from __future__ import annotations
 
@@ -234,8 +230,7 @@ class Transformer(nn.Module):
 
 
 def set_training_step(model: Transformer, step: int) -> None:
-    """Tell each layer's attention kernel which optimizer step starts (the dynamic-sparse key selector
-    refreshes on a schedule)."""
+    """Tell each layer's attention kernel which optimizer step starts."""
     for block in model.layers.values():
         block.attention.kernel.on_training_step(step)
 

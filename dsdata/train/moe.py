@@ -24,14 +24,9 @@ class GroupedExperts(nn.Module):
 
 
 class MoEFeedForward(nn.Module):
-    """Routes each token to its top-k experts (GShard-style).
-
-    Each expert takes at most ``capacity = ceil(capacity_factor · tokens · k / E)`` assignments, first
-    choices before second choices, earlier tokens first; assignments beyond capacity are dropped
-    (the residual stream carries the token).  ``aux_loss`` after a forward is the Switch-Transformer
-    load-balancing loss E · Σ_e f_e · P_e (f_e: share of assignments routed to e, P_e: mean router
-    probability of e); it is 1.0 when routing is perfectly uniform.
-    """
+    """Routes each token to its top-k experts (GShard-style), at most ``ceil(capacity_factor · tokens ·
+    k / E)`` assignments per expert, the rest dropped; ``aux_loss`` after a forward is the load-balancing
+    loss (1.0 when uniform).  docs/train.md ("MoE") has the rules."""
 
     def __init__(self, dim: int, hidden_dim: int, n_experts: int, top_k: int = 2, capacity_factor: float = 1.25):
         super().__init__()

@@ -34,15 +34,8 @@ def _adam_moments(state: dict, p: torch.Tensor) -> tuple[dict, int]:
 
 
 class DeepOpt(torch.optim.Optimizer):
-    """Adam whose β1 and β2 follow a schedule over training, with decoupled weight decay.
-
-    At step t (1-based) of a schedule of T steps, with s = min(t / T, 1):
-        β1_t = beta1 · (1 − 0.01 · s)
-        β2_t = beta2 + (beta2_final − beta2) · s          (β2 rises; capped below 1)
-    Bias correction uses the products of the betas actually used: m̂ = m / (1 − Π β1_i),
-    v̂ = v / (1 − Π β2_i), which reduces to Adam's 1 − β^t for constant betas.
-        p ← p − lr · wd · p − lr · m̂ / (√v̂ + eps)
-    """
+    """Adam whose β1 and β2 follow a schedule over training (`betas_at`), with decoupled weight decay
+    and bias correction by the products of the betas actually used; docs/train.md ("Optimizers")."""
 
     def __init__(self, params, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.999), beta2_final: float = 0.9999,
                  schedule_steps: int = 10000, eps: float = 1e-8, weight_decay: float = 0.0):
@@ -127,12 +120,8 @@ def _moments_by_step(optimizer: torch.optim.Optimizer, group: dict):
 
 
 class LambdaOpt(torch.optim.Optimizer):
-    """AdamW moments with a LAMB layer-wise trust ratio.
-
-        u = m̂ / (√v̂ + eps) + wd · p          (Adam direction plus decoupled decay)
-        r = ‖p‖ / ‖u‖  (1 when either norm is 0; clipped to max_trust)
-        p ← p − lr · r · u
-    """
+    """AdamW moments with a LAMB layer-wise trust ratio ‖p‖/‖u‖ (1 when either norm is 0, clipped to
+    max_trust) scaling the update u = m̂ / (√v̂ + eps) + wd · p; docs/train.md ("Optimizers")."""
 
     def __init__(self, params, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, max_trust: float = 10.0):
@@ -227,8 +216,7 @@ def _row_problem(row) -> str | None:
     return None
 
 
-# The optimizers by `optimizer.name`: one row each.  Installed distributions add theirs as
-# `[project.entry-points."dsdata.optimizers"] name = "module:ROW"` (an OptimizerRow).
+# The optimizers by `optimizer.name`; plugins: entry points `dsdata.optimizers`, each an OptimizerRow.
 OPTIMIZERS = Registry("optimizer", "dsdata.optimizers", _row_problem, {
     "adamw": OptimizerRow(_adamw), "deepopt": OptimizerRow(_deepopt, DeepOptConfig),
     "lambdaopt": OptimizerRow(_lambdaopt, LambdaOptConfig),

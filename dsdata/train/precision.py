@@ -1,7 +1,5 @@
-"""Mixed precision: autocast contexts and a dynamic loss scaler for fp16.
-
-The scaler follows torch.amp.GradScaler's policy but is a plain object: the trainer unscales the
-gradients itself (the same tensors under every layout), and its state checkpoints as JSON.
+"""Mixed precision: autocast contexts and a dynamic fp16 loss scaler with torch.amp.GradScaler's
+policy, as a plain object: the trainer unscales the gradients itself and the state checkpoints as JSON.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What the trainer (dsdata/train/loop.py) asks of its collaborators, declared instead of probed:
-`BatchSource` (batches.py, mixture.py) and `AttentionKernel` (attention.py); the parallel layout's is
-`parallel/protocol.py:Layout`.  Every implementation provides every member (a no-op where it has
-nothing to do), so the loop calls them unconditionally.
+"""What the trainer asks of its batch sources and attention kernels (the layout's: parallel/protocol.py).
+Every implementation provides every member (a no-op where it has nothing to do); the loop calls them all.
 """
 from __future__ import annotations
 

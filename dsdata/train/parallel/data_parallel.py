@@ -34,8 +34,6 @@ class DataParallelLayout(Layout):
             kind += f" + PowerSGD rank {pc.powersgd_rank}"
         return f"{kind}, {self.dims.describe()}"
 
-    # ---------------------------------------------------------------- model
-
     def parallelize(self, model: nn.Module) -> nn.Module:
         model.to(self.env.device)
         if self.env.world_size == 1:
@@ -67,8 +65,6 @@ class DataParallelLayout(Layout):
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return ddp
 
-    # ---------------------------------------------------------------- batches, forward / backward
-
     def forward_backward(self, model: nn.Module, micro_batches: list[torch.Tensor], loss_fn: LossFn,
                          loss_multiplier: float, autocast_ctx: Callable) -> torch.Tensor:
         reported = torch.zeros((), device=self.env.device)
@@ -93,8 +89,6 @@ class DataParallelLayout(Layout):
         model.set_requires_gradient_sync(last)  # FSDP2
         return contextlib.nullcontext()
 
-    # ---------------------------------------------------------------- reductions
-
     def mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
         if self.env.world_size == 1:
             return value
@@ -109,8 +103,6 @@ class DataParallelLayout(Layout):
         if self.env.world_size > 1 and self.config.parallel.data_parallel == "fsdp":
             norm = norm.full_tensor()  # each rank holds a shard of every gradient
         return norm
-
-    # ---------------------------------------------------------------- checkpoints and export
 
     def optimizer_state_to_save(self, optim_state: dict) -> dict:
         return optim_state  # every rank holds every parameter (FSDP2: a shard of each)

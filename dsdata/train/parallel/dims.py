@@ -1,9 +1,5 @@
 """The parallel layout's sizes: data × pipeline × tensor = world size, and the global-batch split.
-
-Rank order on the (dp, pp, tp) mesh is row-major with tp fastest, so the ranks of one tensor-parallel
-group are neighbours (on a GPU node: the same NVLink island), then the pipeline stages, then the
-data-parallel replicas (which only all-reduce gradients once per step, across nodes if need be).
-"""
+Rank order on the (dp, pp, tp) mesh: row-major, tp fastest (docs/parallel.md says why)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +30,7 @@ class ParallelDims:
         return (dp * self.pp + pp) * self.tp + tp
 
     def rows_of(self, global_batch: torch.Tensor, dp_rank: int) -> list[torch.Tensor]:
-        """The rows of data-parallel rank `dp_rank` (a contiguous slice) cut into micro-batches (views, in
-        the batch's dtype: the layouts widen the ids to int64 on the device)."""
+        """The rows of data-parallel rank `dp_rank` (a contiguous slice) cut into micro-batches (views)."""
         per_rank = self.micro_batch_size * self.accumulation
         return list(global_batch[dp_rank * per_rank:(dp_rank + 1) * per_rank].split(self.micro_batch_size))
 
@@ -47,8 +42,7 @@ class ParallelDims:
 
 
 def resolve_dims(parallel: ParallelConfig, world_size: int, global_batch_size: int) -> ParallelDims:
-    """Check the sizes (each already in its range: config.py) against the world size and split the
-    global batch (one clear error otherwise)."""
+    """Check the sizes against the world size and split the global batch (one clear error otherwise)."""
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     if parallel.data_parallel_size:
         dp = parallel.data_parallel_size

@@ -1,6 +1,5 @@
 """`MixedParallel({...})`: the hybrid layout from a plain dict of `[parallel]` keys (plus
-`global_batch_size`, default dp × micro × accumulation) instead of a TOML config; docs/parallel.md.
-"""
+`global_batch_size`) instead of a TOML config; docs/parallel.md."""
 from __future__ import annotations
 
 from dataclasses import fields, replace

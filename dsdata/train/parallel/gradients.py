@@ -54,9 +54,8 @@ def average_over_data_parallel(params, group, size: int) -> None:
 @torch.no_grad()
 def global_grad_norm(grads: list[torch.Tensor], skip: torch.Tensor | None, tp_group, pp_group,
                      device: torch.device) -> torch.Tensor:
-    """L2 norm over tensor-parallel shards and pipeline stages; `skip` (a second copy of a tied
-    weight's gradient) is left out so that every parameter counts once.  Groups are None when that
-    dimension is 1."""
+    """L2 norm over tensor-parallel shards and pipeline stages (a group is None when its size is 1);
+    `skip` (a tied weight's second gradient copy) is left out so that every parameter counts once."""
     sharded = torch.zeros((), device=device, dtype=torch.float64)
     replicated = torch.zeros((), device=device, dtype=torch.float64)
     for g in grads:

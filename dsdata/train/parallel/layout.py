@@ -1,11 +1,6 @@
 """HybridLayout: data × pipeline × tensor parallelism over one (dp, pp, tp) DeviceMesh, and
-`build_layout`, the one factory the trainer calls.
-
-`HybridLayout.parallelize` applies, as torchtitan's `parallelize_llama` does: the pipeline split
-(parallel/pipeline.py, parallel/tied.py), tensor parallel (parallel/tensor.py), then the pipeline
-schedule.  `forward_backward` runs this rank's micro-batches and reduces the gradients to one
-process's (parallel/gradients.py).  The loss lives on the last stage; `mean_over_data_parallel`
-sums it over all ranks (other stages contribute zero), so every rank has the global loss.
+`build_layout`, the one factory the trainer calls.  `parallelize` applies, as torchtitan's
+`parallelize_llama` does: the pipeline split, tensor parallel, then the pipeline schedule.
 """
 from __future__ import annotations
 
@@ -69,8 +64,6 @@ class HybridLayout(Layout):
         extra = ", vocab-parallel loss" if self.vocab_parallel else ""
         return f"hybrid, {self.dims.describe()}{extra}"
 
-    # ---------------------------------------------------------------- model
-
     def parallelize(self, model: nn.Module) -> nn.Module:
         args = self.model_args = model.args
         check_tensor_parallel(args, self.dims.tp)
@@ -112,8 +105,6 @@ class HybridLayout(Layout):
 
         stage = PipelineStage(model, self.pp_rank, d.pp, self.env.device, group=self.groups["pp"])
         self.schedule = build_schedule(stage, d.schedule, d.accumulation, self._pipeline_loss)
-
-    # ---------------------------------------------------------------- batches, forward / backward
 
     def forward_backward(self, model: nn.Module, micro_batches: list[torch.Tensor], loss_fn: LossFn,
                          loss_multiplier: float, autocast_ctx: Callable) -> torch.Tensor:
@@ -177,8 +168,6 @@ class HybridLayout(Layout):
         if self.dims.dp > 1:
             average_over_data_parallel(model.parameters(), self.groups["dp"], self.dims.dp)
 
-    # ---------------------------------------------------------------- reductions
-
     def mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
         """Only last-stage ranks hold the loss; tp ranks hold copies."""
         if self.env.world_size == 1:
@@ -193,8 +182,6 @@ class HybridLayout(Layout):
         duplicate = self.tied.duplicate_gradient() if self.tied is not None else None
         return global_grad_norm(grads, duplicate, self.groups["tp"] if self.dims.tp > 1 else None,
                                 self.groups["pp"] if self.dims.pp > 1 else None, self.env.device)
-
-    # ---------------------------------------------------------------- checkpoints and export
 
     def optimizer_state_to_save(self, optim_state: dict) -> dict:
         """List every stage's parameters in the saved param groups (DCP keeps one rank's copy of them), so

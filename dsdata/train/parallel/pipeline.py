@@ -1,11 +1,4 @@
-"""Pipeline parallelism: split the plain model into stages by layers, run GPipe or 1F1B.
-
-The stage split is contiguous and balanced by parameter count: the first stage also carries the
-embedding, the last the final norm and output projection, and the split minimises the largest
-stage.  A stage is the plain `Transformer` with the layers it does not own deleted (the layer dict
-keeps global indices, so parameter names, checkpoints and exports are the same as one process).
-Tied embeddings across the first and last stage: parallel/tied.py.
-"""
+"""Pipeline parallelism: split the plain model into stages by layers, run GPipe or 1F1B (docs/parallel.md)."""
 from __future__ import annotations
 
 import torch
@@ -14,8 +7,6 @@ from torch import nn
 
 from dsdata.train.config import ConfigError
 
-
-# ------------------------------------------------------------------ stage split
 
 def layer_parameter_counts(model: nn.Module) -> tuple[int, list[int], int]:
     """(embedding params, params per layer, norm + output params), tied output counted on both ends."""

@@ -1,9 +1,5 @@
-"""The `Layout` protocol: everything the trainer asks of a parallel layout, and nothing optional.
-
-The trainer, the checkpointer and the export talk to a layout only through these methods.
-Implementations: `DataParallelLayout` (DDP or FSDP2, tp = pp = 1) and `HybridLayout` (dp × pp × tp);
-`build_layout` picks one.  A method a subclass leaves out is abstract, so the layout cannot be built
-(TypeError naming it).
+"""The `Layout` protocol: everything the trainer, the checkpointer and the export ask of a parallel
+layout, and nothing optional (a method a subclass leaves out is abstract: TypeError naming it).
 """
 from __future__ import annotations
 
@@ -27,8 +23,6 @@ class Layout(Protocol):
     dp_rank: int
     vocab_parallel: bool = False  # logits sharded over tp into loss_parallel (DTensor logits: loss stays eager)
 
-    # ---------------------------------------------------------------- model and batches
-
     @abstractmethod
     def parallelize(self, model: nn.Module) -> nn.Module:
         """Apply the layout to the plain model (in place where it can); returns the module to train."""
@@ -42,8 +36,6 @@ class Layout(Protocol):
                          loss_multiplier: float, autocast_ctx: Callable) -> torch.Tensor:
         """Backward of Σ loss · multiplier / micro-batches; afterwards every gradient is the one a single
         process would hold (reduced over data parallel).  Returns this rank's mean LM loss (detached)."""
-
-    # ---------------------------------------------------------------- reductions
 
     @abstractmethod
     def mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
@@ -68,8 +60,6 @@ class Layout(Protocol):
     @abstractmethod
     def describe(self) -> str:
         """One line for the run's set-up message, e.g. 'ddp, dp 2 × tp 1 × pp 1, ...'."""
-
-    # ---------------------------------------------------------------- checkpoints and export
 
     @abstractmethod
     def optimizer_state_to_save(self, optim_state: dict) -> dict:

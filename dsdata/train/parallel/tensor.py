@@ -1,9 +1,5 @@
-"""Tensor parallelism (Megatron-style, with DTensor `parallelize_module`) applied to the plain model.
-
-Attention and FFN projections are split column-/row-wise by heads and width; the embedding and
-output are vocab-parallel (logits stay sharded into `loss_parallel`) unless tp does not divide the
-vocabulary.  Norms, dynamic_sparse's shared gate and MoE experts stay replicated.  docs/parallel.md
-("What each dimension does") is the reference.
+"""Tensor parallelism (Megatron-style, with DTensor `parallelize_module`) applied to the plain model;
+what is split how is docs/parallel.md's ("What each dimension does").
 """
 from __future__ import annotations
 

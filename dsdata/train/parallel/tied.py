@@ -1,8 +1,6 @@
-"""A tied embedding split over pipeline stages (Megatron's "embedding group").
-
-The first stage owns the embedding, the last a copy as its output projection: their gradients are
-summed across the two stages, and on a checkpoint load the last stage takes the first stage's weight
-and optimizer state (a checkpoint names the tied weight once, as tok_embeddings.weight).
+"""A tied embedding split over pipeline stages (Megatron's "embedding group"; docs/parallel.md).
+On a checkpoint load the last stage's copy takes the first stage's weight and optimizer state (a
+checkpoint names the tied weight once, as tok_embeddings.weight).
 """
 from __future__ import annotations
 
