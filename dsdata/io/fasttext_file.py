@@ -162,5 +162,3 @@ def _structure_problem(data) -> str | None:
     if r.pos != len(data):
         return f"{len(data) - r.pos} bytes after the output matrix (two files joined, or not a model)"
     return None
-
-

@@ -56,4 +56,3 @@ def object_storage_beam_args(args: argparse.Namespace) -> list[str]:
         if getattr(args, flag[2:], False):
             out.append(flag)
     return out
-

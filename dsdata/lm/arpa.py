@@ -76,4 +76,3 @@ def _write_level(fh: IO[str], strings: list[str], logp: np.ndarray, logb: np.nda
             fh.writelines(lines)
             lines.clear()
     fh.writelines(lines)
-

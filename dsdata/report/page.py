@@ -467,4 +467,3 @@ def write_report(output: str) -> str:
     with fs.create(path) as fh:
         fh.write(page)
     return path
-

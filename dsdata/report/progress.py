@@ -267,4 +267,3 @@ def watch(mode: str, stage_order: list[str], interval: float | None = None) -> P
     if interval is None:
         interval = float(os.environ.get("DSDATA_PROGRESS_INTERVAL", "10"))
     return ProgressWatcher(mode, stage_order, interval)
-

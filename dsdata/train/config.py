@@ -259,4 +259,3 @@ def validate(config: Config, source: str) -> None:
             raise ConfigError(f"{source}: data.curriculum: {exc}") from None
     if t.seq_len > config.model.max_seq_len:
         raise ConfigError(f"{source}: training.seq_len ({t.seq_len}) exceeds model.max_seq_len ({config.model.max_seq_len})")
-

@@ -7,7 +7,7 @@ from typing import IO, Any, Iterator
 
 from dsdata.document import Document, Rejected
 from dsdata.io.encodings import bom_encoding, decode, decode_with_replacement, encoding_for_label, meta_encoding
-from dsdata.io.readers.common import (READ_STAGE, _BINARY_SNIFF, _MAX_LINE, _file_rejection, _looks_binary,
+from dsdata.io.readers.common import (READ_STAGE, _BINARY_SNIFF, _file_rejection, _looks_binary,
                                       _one_record_file)
 
 HTML_SUFFIXES = (".html", ".htm", ".xhtml", ".shtml")

@@ -6,8 +6,6 @@ import io
 from typing import IO
 
 
-
-
 # When a run has several workers, a plain JSON Lines or Parquet file is read in ranges (of lines,
 # of row groups: jsonl_ranges, parquet_ranges) of about this size: at least RANGE_MIN_BYTES, at most
 # RANGE_MAX_BYTES, and a file cut into at most RANGES_PER_FILE of them.
