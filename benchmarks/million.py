@@ -54,8 +54,9 @@ sys.path.insert(0, str(REPO / "tests"))  # the local Flink cluster is test tooli
 
 from million_corpus import generate  # noqa: E402
 
-from dsdata.beam.engines.artifacts import flink_job_server_jar, prism_binary  # noqa: E402
+from dsdata.beam.engines.artifacts import flink_job_server_jar  # noqa: E402
 from local_flink import ClusterError, LocalFlinkCluster  # noqa: E402
+from prism_binary import prism_binary  # noqa: E402
 
 RECIPE = REPO / "pipelines" / "pretrain.yaml"
 

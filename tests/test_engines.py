@@ -18,6 +18,7 @@ import pytest
 from object_store import assert_same_run_outputs, bucket_files, local_files
 
 from dsdata.beam.engines import artifacts as engines
+from prism_binary import prism_binary
 import local_flink
 from local_flink import ClusterError, LocalFlinkCluster
 from dsdata.beam.pipeline import run_recipe
@@ -58,7 +59,7 @@ def _is_loopback(ip: str) -> bool:
 
 @pytest.mark.slow
 def test_prism_pretrain_identical_to_default_runner(baseline, tmp_path):
-    prism = engines.prism_binary()
+    prism = prism_binary()
     if prism is None:
         pytest.skip(f"no Prism binary: run .ci/engines-setup (go install github.com/apache/beam/sdks/v2/go/cmd/"
                     f"prism@v{engines.BEAM_VERSION}) or set DSDATA_PRISM")

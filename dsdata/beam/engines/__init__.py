@@ -1,7 +1,7 @@
 """Engine plumbing: what runs a pipeline, and what dsdata changes in Beam to run it well.
 
     options.py      the runner a user names: checked against dsdata/runners.py's registry
-    artifacts.py    where the non-Python engine artifacts live: Prism's binary, Flink's job-server jar
+    artifacts.py    where Flink's job-server jar lives (the cache .ci/engines-setup fills)
     harness_noise.py  no tracebacks from Beam's SDK harness for the streams a runner closes at a job's end
     worker_pool.py  the worker pool TaskManagers ask for SDK workers (--environment_type=EXTERNAL)
     speedups.py     Beam patches applied at import (option views, DoFn specs, collections)

@@ -1,11 +1,10 @@
-"""Where the engine artifacts that are not Python packages live: Prism's binary, Flink's job-server jar.
+"""Where the engine artifacts that are not Python packages live: Flink's job-server jar (and its cache).
 
 `.ci/engines-setup` fetches them into one cache directory; the tests and benchmarks look them up here.
 """
 from __future__ import annotations
 
 import os
-import shutil
 from importlib.metadata import version
 
 # From the installed distribution's metadata: importing apache_beam here would slow every CLI command.
@@ -26,15 +25,6 @@ def engines_cache_dir() -> str:
     if os.path.isdir("/work/.cache"):
         return "/work/.cache/engines"
     return os.path.join(os.path.expanduser("~"), ".cache", "dsdata", "engines")
-
-
-def prism_binary() -> str | None:
-    """The Prism runner binary built by `go install .../cmd/prism@v<beam version>`, if any."""
-    for candidate in (os.environ.get("DSDATA_PRISM"), os.path.join(engines_cache_dir(), "gobin", "prism"),
-                      shutil.which("prism")):
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 # Beam publishes no Flink job-server jar that Maven Central serves for Beam 2.77, so .ci/engines-setup
