@@ -15,7 +15,7 @@ import apache_beam as beam
 from dsdata.beam.spill import spill_directory
 from dsdata.beam.errors import passes_through
 from dsdata.beam.park import FlattenParked
-from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageCounters
+from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageStepDoFn
 from dsdata.document import Document
 from dsdata.stages.decontaminate import CAPPED_LISTED, CAPPED_NOTE, DecontaminateStage, Match, shown
 
@@ -24,17 +24,10 @@ _GRAMS = "grams"
 
 
 @ANY_OUTPUT
-class _MatchDoFn(StageCounters, beam.DoFn):
+class _MatchDoFn(StageStepDoFn):
     """A document without a benchmark n-gram is kept (main output); one with some waits (tag
     `waiting`, with its matches) and names each of its n-grams once (tag `grams`); a document whose
     matching raises is rejected (reason `error`)."""
-
-    def __init__(self, stage: DecontaminateStage):
-        self.stage = stage
-
-    def setup(self):
-        self._init_counters(self.stage.name)
-        self._setup_stage(self.stage)
 
     def process(self, doc: Document):
         start = self._clock_start()
@@ -57,16 +50,9 @@ class _MatchDoFn(StageCounters, beam.DoFn):
         yield beam.pvalue.TaggedOutput(_WAITING, (doc, [(m.key, m.benchmark, m.n, m.at, m.item) for m in found]))
 
 
-class _DecideDoFn(StageCounters, beam.DoFn):
+class _DecideDoFn(StageStepDoFn):
     """(document, matches) → rejected on its first n-gram under the cap (or as a copy of an item),
     else kept; a document whose decision raises is rejected (reason `error`)."""
-
-    def __init__(self, stage: DecontaminateStage):
-        self.stage = stage
-
-    def setup(self):
-        self._init_counters(self.stage.name)
-        self._setup_stage(self.stage)
 
     def process(self, item, capped: dict[str, int]):
         doc, found = item

@@ -22,7 +22,7 @@ from apache_beam.transforms.window import GlobalWindows
 from dsdata.beam.spill import make_private_dir, spill_directory
 from dsdata.beam.park import bundle_spill, park, parked_entries, read_entry
 from dsdata.beam.errors import retry_one_at_a_time, passes_through
-from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageCounters
+from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageStepDoFn
 from dsdata.document import Document, Rejected, pack_document, unpack_document
 from dsdata.stages.difficulty import GRADES, SUMMARY_FILE, DifficultyConfig, DifficultyStage
 
@@ -104,17 +104,13 @@ def percentiles_from_histogram(histogram, percentiles) -> list[float]:
 
 
 @ANY_OUTPUT
-class _ScoreDoFn(StageCounters, beam.DoFn):
+class _ScoreDoFn(StageStepDoFn):
     """Batches → scored documents as park entries (dsdata/beam/park.py: spill files with `spill_dir`);
     a document that raises alone is rejected (reason `error`).  Each scored document's (group,
     perplexity) goes to tag `perplexity`."""
 
-    def __init__(self, stage: DifficultyStage, spill_dir: str | None = None):
-        self.stage, self.spill_dir = stage, spill_dir
-
     def setup(self):
-        self._init_counters(self.stage.name)
-        self._setup_stage(self.stage)
+        super().setup()
         if self.spill_dir:
             make_private_dir(self.spill_dir)
 
@@ -165,16 +161,9 @@ def _thresholds(stage: DifficultyStage):
     return build
 
 
-class _GradeDoFn(StageCounters, beam.DoFn):
+class _GradeDoFn(StageStepDoFn):
     """Entries of scored documents (a document, or a spill file of them read one record at a time)
     → each document graded against the quantiles."""
-
-    def __init__(self, stage: DifficultyStage, spill_dir: str | None = None):
-        self.stage, self.spill_dir = stage, spill_dir
-
-    def setup(self):
-        self._init_counters(self.stage.name)
-        self._setup_stage(self.stage)
 
     def process(self, entry, thresholds: dict[str, dict[str, Any]]):
         for doc in read_entry(self.spill_dir, entry, unpack_document):

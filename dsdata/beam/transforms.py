@@ -155,15 +155,30 @@ class StageCounters:
             self._cpu = 0.0
 
 
-class _DocumentStageRun(StageCounters):
-    """One per-document stage inside a StageDoFn: its own counters, CPU clock and error rule."""
+class StageStepDoFn(StageCounters, beam.DoFn):
+    """A DoFn of one stage's composite: the stage set up on the worker, with its counters and clock."""
 
-    def __init__(self, stage: DocumentStage):
+    def __init__(self, stage: Stage, spill_dir: str | None = None):
+        self.stage, self.spill_dir = stage, spill_dir
+
+    def setup(self):
+        self._init_counters(self.stage.name)
+        self._setup_stage(self.stage)
+
+
+class _StageRun(StageCounters):
+    """One stage inside a DoFn, set up: its own counters, CPU clock and error rule."""
+
+    def __init__(self, stage: Stage):
         self.stage = stage
         self._declared = stage.environment_errors
         self._checks = annotation_checks(stage.annotations)
         self._init_counters(stage.name)
         self._setup_stage(stage)
+
+
+class _DocumentStageRun(_StageRun):
+    """One per-document stage inside a StageDoFn."""
 
     def run(self, doc: Document) -> Document | Rejected:
         """The stage's result for `doc`, counted and timed."""
@@ -207,16 +222,8 @@ class StageDoFn(beam.DoFn):
             run.finish_bundle()
 
 
-class _BatchStageRun(StageCounters):
-    """One batched stage (`process_batch(docs)`): its own counters, CPU clock and error rule.  A batch
-    that raises is run again one document at a time."""
-
-    def __init__(self, stage: BatchStage):
-        self.stage = stage
-        self._declared = stage.environment_errors
-        self._checks = annotation_checks(stage.annotations)
-        self._init_counters(stage.name)
-        self._setup_stage(stage)
+class _BatchStageRun(_StageRun):
+    """One batched stage (`process_batch(docs)`); a batch that raises is run again one document at a time."""
 
     def _checked(self, docs: list[Document]) -> list[Document | Rejected]:
         """process_batch(docs); a result list of the wrong kind or length fails the batch, a malformed
