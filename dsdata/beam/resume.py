@@ -28,7 +28,6 @@ from dsdata.beam.kinds import batch_run, committable
 from dsdata.beam.location import ObjectSizes
 from dsdata.beam.transforms import (UNIT_LEDGER, Batch, FileRange, ReadFileDoFn, all_cuttable, matched_files,
                                     run_batch_chain)
-from dsdata.document import Rejected
 from dsdata.io.inputs import shown_path
 from dsdata.io.local_paths import path_stat
 from dsdata.io.readers import READ_STAGE
@@ -256,7 +255,8 @@ class CommitUnitsDoFn(ReadFileDoFn):
                 break
             docs, rejected = part
             records += len(docs) + len(rejected)
-            n_input += len(docs) + _not_read_rejections(rejected)
+            # A committed stage's rejections were input documents; the reader's own were not read.
+            n_input += len(docs) + sum(r.stage != READ_STAGE for r in rejected)
             self._in.inc(len(docs) + len(rejected))
             yield Batch(docs, rejected)
         yield beam.pvalue.TaggedOutput(UNIT_LEDGER, ("count", ("input",), n_input))
@@ -271,8 +271,3 @@ class CommitUnitsDoFn(ReadFileDoFn):
     def teardown(self):
         if self._group is not None:  # a bundle that failed: nothing of its open group is committed
             self._group.abandon()
-
-
-def _not_read_rejections(rejected: list[Rejected]) -> int:
-    """Rejections of documents the reader read (a committed stage's): they were input documents."""
-    return sum(1 for r in rejected if r.stage != READ_STAGE)

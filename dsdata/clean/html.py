@@ -217,10 +217,6 @@ def _drop_boilerplate(root: LexborNode, explicit_main: bool) -> None:
         node.decompose()
 
 
-def _is_external(href: str | None) -> bool:
-    return bool(href) and href.lstrip().lower().startswith(("http://", "https://", "//", "ftp://"))
-
-
 def _is_code_reference_list(links: list[LexborNode]) -> bool:
     """Whether most links' whole text is code (`<code>`, `<tt>`, `<kbd>`, `<samp>`): a list of the
     functions the text is about, not navigation, whose labels are words."""
@@ -253,7 +249,8 @@ def _drop_link_lists(root: LexborNode, names: set[str] | None = None) -> None:
                 all_link += 1
         if all_link < LINK_LIST_MIN_SHARE * len(items):
             continue
-        external = sum(1 for a in links if _is_external(a.attributes.get("href")))
+        hrefs = [(a.attributes.get("href") or "").lstrip().lower() for a in links]
+        external = sum(h.startswith(("http://", "https://", "//", "ftp://")) for h in hrefs)
         if external <= LINK_LIST_MAX_EXTERNAL_SHARE * len(links) and not _is_code_reference_list(links):
             doomed.append(block)
     for node in _outermost(doomed):

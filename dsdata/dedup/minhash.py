@@ -103,10 +103,6 @@ def sorted_distinct(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _stable_u64(*parts: object) -> int:
-    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
-
-
 def _powers(base: int, n: int) -> np.ndarray:
     arr = np.full(n, base, dtype=np.uint64)
     arr[:1] = 1
@@ -175,7 +171,9 @@ class MinHasher:
             raise ValueError("backend='numba' needs numba: pip install numba (or use backend='auto')")
         self.backend = "numba" if self.kernels is not None else "numpy"
         self.num_perm, self.ngram, self.char_ngram, self.seed = num_perm, ngram, char_ngram, seed
-        params = [_stable_u64("dsdata.minhash", seed, k) for k in range(num_perm)]
+        digests = (hashlib.blake2b(repr(("dsdata.minhash", seed, k)).encode(), digest_size=8).digest()
+                   for k in range(num_perm))
+        params = [int.from_bytes(d, "little") for d in digests]
         self.a = np.array([(p & 0xFFFFFFFF) | 1 for p in params], dtype=np.uint32)
         self.b = np.array([p >> 32 for p in params], dtype=np.uint32)
         self._char_powers = _PowerTable(_POLY_BASE, _POLY_BASE_INV)

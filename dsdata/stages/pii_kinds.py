@@ -36,11 +36,7 @@ _MAPPED_RUN = re.compile(f"[{_SIGNIFICANT}][{_SIGNIFICANT}\uff1a\uff08\uff09]*")
 
 def normalise(text: str) -> str:
     """`text` with full-width forms, dashes and spaces in ASCII; the same length, offset for offset."""
-    return text if text.isascii() else _MAPPED_RUN.sub(_map_run, text)
-
-
-def _map_run(m: re.Match) -> str:
-    return m.group().translate(_WIDE)
+    return text if text.isascii() else _MAPPED_RUN.sub(lambda m: m.group().translate(_WIDE), text)
 
 
 # --- 2. the digit kinds: one alternation of bounded shapes -----------------------------------------

@@ -183,7 +183,8 @@ class Checkpointer:
             warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
         self.layout.barrier()
-        names = self.layout.names_on_any_rank(_params_with_state(model, optimizer))
+        names = self.layout.names_on_any_rank(
+            [name for name, param in _named_parameters(model) if optimizer.state.get(param)])
         if self.layout.writes_metrics:
             state = dict(state, optimizer_state_keys=names)
             with open(os.path.join(tmp, STATE_FILE + ".part"), "w") as fh:
@@ -301,7 +302,3 @@ def _state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> in
     for per_param in optimizer.state.values():
         total += sum(t.numel() * t.element_size() for t in per_param.values() if isinstance(t, torch.Tensor))
     return total
-
-
-def _params_with_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    return [name for name, param in _named_parameters(model) if optimizer.state.get(param)]
