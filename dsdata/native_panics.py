@@ -1,6 +1,7 @@
 """A Rust binding's panic, caught as a record's error, leaves no report on stderr: Rust's hook writes
 it to fd 2, so `hidden_panic_reports()` points fd 2 at a temporary file for a native call and writes
-back what went there minus the panic reports (nested and concurrent uses share one redirection).
+back what went there minus the panic reports (nested and concurrent uses share one redirection);
+`silenced_fd2()` (a chatty native loader) waits for none to be active and holds them off meanwhile.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import threading
 from contextlib import contextmanager, suppress
 from typing import Iterator
 
-_lock = threading.Lock()
+_lock = threading.Condition()  # fd 2 is the process's: every redirection of it takes this
 _depth = 0
+_silencers = 0  # silenced_fd2() blocks waiting: a new capture waits for them
 _saved_fd: int | None = None
 _capture = None
 
@@ -56,6 +58,7 @@ def hidden_panic_reports() -> Iterator[None]:
     """Run the block with fd 2 captured; afterwards everything it wrote but panic reports goes to stderr."""
     global _depth, _saved_fd, _capture
     with _lock:
+        _lock.wait_for(lambda: _depth > 0 or not _silencers)
         if _depth == 0:
             with suppress(OSError, ValueError, AttributeError):
                 sys.stderr.flush()
@@ -75,6 +78,7 @@ def hidden_panic_reports() -> Iterator[None]:
                 os.dup2(_saved_fd, 2)
                 os.close(_saved_fd)
                 capture, _capture, _saved_fd = _capture, None, None
+                _lock.notify_all()
                 with capture:
                     if os.fstat(capture.fileno()).st_size:
                         capture.seek(0)
@@ -82,3 +86,24 @@ def hidden_panic_reports() -> Iterator[None]:
                         data = text.encode("utf-8", "surrogateescape")
                         while data:
                             data = data[os.write(2, data):]
+
+
+@contextmanager
+def silenced_fd2() -> Iterator[None]:
+    """Run the block with fd 2 on /dev/null; other threads' redirections wait until it ends."""
+    global _silencers
+    with _lock:
+        _silencers += 1
+        _lock.wait_for(lambda: _depth == 0)
+        with suppress(OSError, ValueError, AttributeError):
+            sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            with open(os.devnull, "wb") as devnull:
+                os.dup2(devnull.fileno(), 2)
+                yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            _silencers -= 1
+            _lock.notify_all()

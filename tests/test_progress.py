@@ -14,7 +14,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from dsdata.beam.pipeline import DEFAULT_RUNNER
-from dsdata.beam.counters import stage_counter
+from dsdata.beam.counters import StageCounter
 from dsdata.report.progress import Progress, ProgressWatcher, counts_from_metrics, format_line, resolve_mode
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,9 +35,9 @@ class _CountAndWaitForProgress(beam.DoFn):
         self.hold_at, self.line_file, self.watcher_key, self.shown = hold_at, line_file, watcher_key, shown
 
     def setup(self):
-        self.n_in = stage_counter("dsdata.slow", "in")
-        self.n_kept = stage_counter("dsdata.slow", "kept")
-        self.n_rejected = stage_counter("dsdata.slow", "rejected.odd")
+        self.n_in = StageCounter("dsdata.slow", "in")
+        self.n_kept = StageCounter("dsdata.slow", "kept")
+        self.n_rejected = StageCounter("dsdata.slow", "rejected.odd")
         self.seen = 0
 
     def _progress_text(self) -> str:

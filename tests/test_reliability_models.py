@@ -142,6 +142,40 @@ def test_panic_reports_are_cut_from_what_a_native_call_wrote():
     assert strip_panic_reports(ours) == ours
 
 
+def test_a_model_load_with_fd2_silenced_waits_for_a_native_calls_capture_and_leaves_fd2_as_it_was(capfd):
+    """Flink's two worker threads: one tokenises (fd 2 captured) while the other loads KenLM (fd 2
+    silenced).  Each used to restore what it had saved, so stderr could end on /dev/null or a deleted file."""
+    import threading
+
+    from dsdata.lm.scorers import NgramScorer
+    from dsdata.native_panics import hidden_panic_reports
+
+    before = os.fstat(2)
+    inside, release, loaded = threading.Event(), threading.Event(), threading.Event()
+
+    def native_call():
+        with hidden_panic_reports():
+            inside.set()
+            release.wait(30)
+            os.write(2, b"written during the native call\n")
+
+    caller = threading.Thread(target=native_call)
+    caller.start()
+    inside.wait(30)
+    loader = threading.Thread(target=lambda: (NgramScorer(str(MODELS / "lm" / "en")), loaded.set()))
+    loader.start()
+    assert not loaded.wait(0.5)  # the load waits for the capture to end
+    release.set()
+    caller.join(30)
+    loader.join(60)
+    assert loaded.is_set()
+    after = os.fstat(2)
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+    os.write(2, b"after both\n")
+    err = capfd.readouterr().err
+    assert "written during the native call" in err and "after both" in err and "binary file" not in err
+
+
 # -------------------------------------------------------------------------------- n-gram folders
 
 def _lm_folder(tmp_path):

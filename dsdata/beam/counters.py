@@ -25,5 +25,3 @@ class StageCounter:
     def __reduce__(self):
         return StageCounter, (self.namespace, self.name)
 
-
-stage_counter = StageCounter  # `Metrics.counter(namespace, name)` that the live progress line also sees

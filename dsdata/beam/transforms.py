@@ -25,7 +25,7 @@ from dsdata.document import Document, Rejected
 from dsdata.io import local_paths
 from dsdata.core.names import shown_path
 from dsdata.io.readers import READ_STAGE, READERS, InputFormatError, cuttable_format, range_bytes_for, read_file
-from dsdata.beam.counters import stage_counter
+from dsdata.beam.counters import StageCounter
 from dsdata.stages.base import BatchStage, DocumentStage, Stage
 
 log = logging.getLogger("dsdata")
@@ -64,8 +64,8 @@ class StageCounters:
     def _init_counters(self, stage_name: str) -> None:
         self._stage_name = stage_name
         self._ns = f"dsdata.{stage_name}"
-        self._in = stage_counter(self._ns, "in")
-        self._kept = stage_counter(self._ns, "kept")
+        self._in = StageCounter(self._ns, "in")
+        self._kept = StageCounter(self._ns, "kept")
         self._reasons: dict[str, Any] = {}
         self._cpu_counter = Metrics.counter(self._ns, CPU_COUNTER)
         self._cpu = 0.0
@@ -125,7 +125,7 @@ class StageCounters:
     def _count_rejection(self, result: Rejected) -> None:
         counter = self._reasons.get(result.reason)
         if counter is None:
-            counter = self._reasons[result.reason] = stage_counter(self._ns, f"rejected.{result.reason}")
+            counter = self._reasons[result.reason] = StageCounter(self._ns, f"rejected.{result.reason}")
         counter.inc()
 
     def _error(self, doc: Document, exc: BaseException, declared: tuple[type[BaseException], ...] = ()) -> Rejected:

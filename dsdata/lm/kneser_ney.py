@@ -79,13 +79,6 @@ class KneserNeyModel:
                 backoff *= float(self.levels[len(history) - 1].backoff[hid])
             history = history[1:]
 
-    def predictable_words(self) -> np.ndarray:
-        """Every word the model gives mass to: the vocabulary minus <s>."""
-        return np.array([w for w in range(self.vocab_size) if w != self.bos], dtype=np.int64)
-
-    def num_ngrams(self) -> list[int]:
-        return [int(level.keep.sum()) for level in self.levels]
-
 
 def compute_discounts(adjusted: np.ndarray, fallback: tuple[float, float, float] | None = FALLBACK_DISCOUNTS
                       ) -> tuple[float, float, float]:

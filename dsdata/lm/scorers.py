@@ -12,7 +12,7 @@ from typing import Sequence
 from dsdata.lm.normalize import normalize_line
 from dsdata.io.untrusted_files import UntrustedFileError, confined_file, load_json_file
 from dsdata.lm.training import META_FILE, SP_FILE
-from dsdata.native_panics import hidden_panic_reports
+from dsdata.native_panics import hidden_panic_reports, silenced_fd2
 
 LN10 = math.log(10.0)
 log = logging.getLogger(__name__)
@@ -84,7 +84,8 @@ class NgramScorer:
         config = kenlm.Config()
         config.show_progress = False
         try:
-            self.lm = _load_quietly(kenlm.Model, lm_path, config)
+            with silenced_fd2():  # KenLM's 'build a binary file' hint at every ARPA load
+                self.lm = kenlm.Model(lm_path, config)
         except (OSError, RuntimeError) as exc:
             raise ModelLoadError(f"n-gram model '{lm_path}' does not load in KenLM ({one_line_of(exc)})") from None
         except UnicodeDecodeError:  # KenLM's own message quoted the damaged bytes, which its binding decodes
@@ -114,21 +115,6 @@ class NgramScorer:
 
 def one_line_of(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300] or type(exc).__name__
-
-
-def _load_quietly(load, *args):
-    """Load a KenLM model with fd 2 silenced (its 'build a binary file' hint at every ARPA load)."""
-    import sys
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "wb") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            return load(*args)
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 class CausalLMScorer:

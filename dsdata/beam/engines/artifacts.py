@@ -46,10 +46,7 @@ def flink_job_server_jar(flink_version: str = FLINK_VERSION, beam_version: str =
     artifact = f"beam-runners-flink-{flink_version}-job-server"
     candidates = [explicit, os.path.join(engines_cache_dir(), "m2", "org", "apache", "beam", artifact, beam_version,
                                          f"{artifact}-{beam_version}.jar"), assembled_flink_job_server_jar()]
-    for candidate in candidates:
-        if candidate and os.path.isfile(candidate):
-            return candidate
-    return None
+    return next((candidate for candidate in candidates if candidate and os.path.isfile(candidate)), None)
 
 
 def flink_defaults(args: list[str]) -> list[str]:
