@@ -225,12 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         _collect_after_startup.pending = True
         gc.disable()
     argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # memory back to the OS (docs/memory.md)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     filter_library_noise()  # every command: a library's import-time warning a user has no use for
     for handler in logging.getLogger().handlers:
         handler.addFilter(_not_reported_in_one_line)
-    # a file name's [ goes to Beam's matcher as `[[]`, which Python's re warns about
-    warnings.filterwarnings("ignore", message="Possible nested set", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="Possible nested set", category=FutureWarning)  # a name's [: Beam's `[[]`
     commands = {"run": (cmd_run, "run a pipeline recipe (default: pipelines/pretrain.yaml)"),
                 "stages": (cmd_stages, "list stages and their parameters")}
     if not argv or argv[0] in ("-h", "--help"):

@@ -305,6 +305,31 @@ print(json.dumps(seen))
                     "source": True, "memory": True}
 
 
+@pytest.mark.parametrize("pool", [None, "mimalloc"])
+def test_a_run_imports_no_pandas_uses_the_system_arrow_pool_and_pandas_works_after_it(tmp_path, pool):
+    """dsdata/beam/engines/mlimport.py: Beam imports pandas only for its DataFrame type hints, and
+    pyarrow at its first pa.array() of a list (~45 MB of every launcher).  A real run loads none; a
+    plug-in's later `import pandas` and pyarrow's to_pandas() / pa.array(Series) still work.  Arrow
+    allocates from the system pool unless the user named one (docs/memory.md)."""
+    code = r"""
+import json, sys
+from dsdata.cli import main
+rc = main(["run", sys.argv[1], "--output", sys.argv[2], "--quiet"])
+during = "pandas" in sys.modules
+import pandas, pyarrow as pa
+frame = pa.table({"a": [1, 2]}).to_pandas()
+print(json.dumps({"rc": rc, "during": during, "frame": list(frame["a"]), "pool": pa.default_memory_pool().backend_name,
+                  "series": pa.array(pandas.Series([3, 4])).to_pylist()}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "pipelines" / "pretrain.yaml"), str(tmp_path / "out")],
+                         capture_output=True, text=True, cwd=str(tmp_path), timeout=600,
+                         env={**env, "PYTHONPATH": str(REPO), **({"ARROW_DEFAULT_MEMORY_POOL": pool} if pool else {})})
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"rc": 0, "during": False, "frame": [1, 2], "series": [3, 4], "pool": pool or "system"}
+
+
 def test_a_relevance_run_imports_neither_torch_nor_scipy_in_the_launcher_or_its_workers(tmp_path):
     """The fastText relevance stage on two multi_processing workers: Python's import log
     (PYTHONPROFILEIMPORTTIME, inherited by the SDK workers) shows the stage's modules loaded in the

@@ -1,10 +1,10 @@
-"""Beam's RunInference without torch and scipy: `apache_beam.ml.inference.base` imported without
-its optional model manager.
+"""Beam without what dsdata never uses: `apache_beam` imported without pandas (only its DataFrame
+type hints need it: ~45 MB of every launcher), `apache_beam.ml.inference.base` without its optional
+model manager (only for `use_model_manager=True`; it pulls in torch and scipy in every worker).
 
-The module's optional `ModelManager` import (only for `use_model_manager=True`) pulls in torch and
-scipy in every worker.  `install()` puts a finder on `sys.meta_path` that loads that one module with
-the model manager marked unimportable (a None entry in sys.modules) and removes the mark right
-after, so a later import gets the real one; the `resource` the same `try` sets to None is put back.
+`install()` puts a finder first on `sys.meta_path` that runs those modules while it refuses those
+imports, so a later import gets the real one.  pyarrow asks once whether pandas is there (at its first
+pa.array() of a list) and keeps the answer: it is asked meanwhile (its to_pandas() asks again).
 """
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ import sys
 
 BASE = "apache_beam.ml.inference.base"
 MODEL_MANAGER = "apache_beam.ml.inference.model_manager"
+HIDDEN = {"apache_beam": ("pandas",), BASE: (MODEL_MANAGER,)}  # module: the imports it runs without
+_refused: set[str] = set()
 
 
 class _BaseLoader(importlib.abc.Loader):
-    """The module's own loader; exec_module runs it without the model manager."""
+    """The module's own loader; exec_module runs it without the imports HIDDEN names."""
 
-    def __init__(self, loader):
-        self.loader = loader
+    def __init__(self, loader, hidden: tuple[str, ...]):
+        self.loader, self.hidden = loader, hidden
 
     def __getattr__(self, name):  # get_source, get_filename, get_code, is_package, ...: the real loader's
         return getattr(self.loader, name)
@@ -29,29 +31,27 @@ class _BaseLoader(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
-        marked = MODEL_MANAGER not in sys.modules
-        if marked:
-            sys.modules[MODEL_MANAGER] = None
+        hidden = {name for name in self.hidden if name not in sys.modules}
+        _refused.update(hidden)
         try:
             self.loader.exec_module(module)
+            if "pandas" in hidden and "pyarrow" in sys.modules:
+                sys.modules["pyarrow"].array([])
         finally:
-            if marked and MODEL_MANAGER in sys.modules and sys.modules[MODEL_MANAGER] is None:
-                del sys.modules[MODEL_MANAGER]
-        if getattr(module, "resource", False) is None:
-            try:
-                import resource
-            except ImportError:  # not a Unix: base's own fallback (no memory metric) stands
-                return
-            module.resource = resource
+            _refused.difference_update(hidden)
+        if getattr(module, "resource", False) is None:  # base's `try` set it so: dsdata runs on Unix only
+            module.resource = importlib.import_module("resource")
 
 
 class _BaseFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != BASE:
+        if name in _refused or name.partition(".")[0] in _refused:
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden while Beam imports)", name=name)
+        if name not in HIDDEN:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None and not isinstance(spec.loader, _BaseLoader):
-            spec.loader = _BaseLoader(spec.loader)
+            spec.loader = _BaseLoader(spec.loader, HIDDEN[name])
         return spec
 
 
