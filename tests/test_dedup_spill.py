@@ -86,6 +86,10 @@ def test_damaged_records_are_refused_and_nothing_is_unpickled(tmp_path):
     for bad in (good[:-1], good + b"N", b"Z", b"s\xff\xff\xff\xff", b"c" + good):
         with pytest.raises(spill.SpillFormatError):
             spill.decode(bad)
+    nested = spill.encode(("d", ("id", b"\x00z", {"n": [1, 2.5, None, True]}, {"t": dt.date(2020, 1, 2)}, None)))
+    for cut in range(len(nested)):  # cut inside a tag, a length, a number, a text or a container
+        with pytest.raises(spill.SpillFormatError):
+            spill.decode(nested[:cut])
     # A pickle payload is just an unknown tag: decoding never reaches pickle.
     import pickle
 

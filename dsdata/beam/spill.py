@@ -91,58 +91,62 @@ def encode(value: Any) -> bytes:
     return bytes(out)
 
 
-class _Reader:
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: bytes):
-        self.data, self.pos = data, 0
-
-    def take(self, n: int) -> bytes:
-        end = self.pos + n
-        if end > len(self.data):
-            raise SpillFormatError("record ends early")
-        chunk = self.data[self.pos:end]
-        self.pos = end
-        return chunk
-
-    def length(self) -> int:
-        return _LEN.unpack(self.take(4))[0]
-
-    def value(self) -> Any:
-        tag = self.take(1)
-        if tag in _CONSTANTS:
-            return _CONSTANTS[tag]
-        if tag in _FIXED:
-            return _FIXED[tag].unpack(self.take(8))[0]
-        if tag in (b"l", b"t"):
-            items = [self.value() for _ in range(self.length())]
-            return items if tag == b"l" else tuple(items)
-        if tag == b"d":
-            out = {}
-            for _ in range(self.length()):
-                key = self.value()
-                out[key] = self.value()
-            return out
-        data = self.take(self.length())
-        if tag == b"s":
-            return data.decode("utf-8", "surrogatepass")
-        if tag == b"b":
-            return data
-        if tag not in _FROM_ASCII:
-            raise SpillFormatError(f"unknown tag {tag!r}")
-        return _FROM_ASCII[tag](data.decode("ascii"))
+_U32 = _LEN.unpack_from
+_FIXED = {ord("i"): _I64.unpack_from, ord("f"): _F64.unpack_from}
+_CONSTANTS = {ord("N"): None, ord("T"): True, ord("F"): False}
+_FROM_ASCII = {ord("I"): int, ord("D"): _dt.datetime.fromisoformat, ord("H"): _dt.time.fromisoformat,
+               ord("Y"): _dt.date.fromisoformat, ord("M"): Decimal}
 
 
-_CONSTANTS = {b"N": None, b"T": True, b"F": False}
-_FIXED = {b"i": _I64, b"f": _F64}
-_FROM_ASCII = {b"I": int, b"D": _dt.datetime.fromisoformat, b"H": _dt.time.fromisoformat,
-               b"Y": _dt.date.fromisoformat, b"M": Decimal}
+def _sized(data: bytes, pos: int) -> tuple[bytes, int]:
+    """The u32-length-prefixed bytes at `pos`, and the position after them."""
+    start = pos + 4
+    end = start + _U32(data, pos)[0]
+    if end > len(data):
+        raise SpillFormatError("record ends early")
+    return data[start:end], end
+
+
+def _value(data: bytes, pos: int) -> tuple[Any, int]:
+    """The value at `pos` and the position after it: one flat dispatch on the tag byte (~4× a
+    method call per field; every parked or spilled record is decoded once per step that reads it)."""
+    tag = data[pos]
+    pos += 1
+    if tag == 115:  # s
+        raw, pos = _sized(data, pos)
+        return raw.decode("utf-8", "surrogatepass"), pos
+    if tag == 98:  # b
+        return _sized(data, pos)
+    if tag in _CONSTANTS:
+        return _CONSTANTS[tag], pos
+    if tag in _FIXED:
+        return _FIXED[tag](data, pos)[0], pos + 8
+    if tag == 108 or tag == 116:  # l, t
+        items = []
+        count, pos = _U32(data, pos)[0], pos + 4
+        for _ in range(count):
+            item, pos = _value(data, pos)
+            items.append(item)
+        return (items if tag == 108 else tuple(items)), pos
+    if tag == 100:  # d
+        out = {}
+        count, pos = _U32(data, pos)[0], pos + 4
+        for _ in range(count):
+            key, pos = _value(data, pos)
+            out[key], pos = _value(data, pos)
+        return out, pos
+    if tag not in _FROM_ASCII:
+        raise SpillFormatError(f"unknown tag {bytes([tag])!r}")
+    raw, pos = _sized(data, pos)
+    return _FROM_ASCII[tag](raw.decode("ascii")), pos
 
 
 def decode(data: bytes) -> Any:
-    reader = _Reader(data)
-    value = reader.value()
-    if reader.pos != len(data):
+    try:
+        value, pos = _value(data, 0)
+    except (struct.error, IndexError):  # a length, a number or a tag past the end
+        raise SpillFormatError("record ends early") from None
+    if pos != len(data):
         raise SpillFormatError("trailing bytes after a record")
     return value
 
@@ -166,11 +170,6 @@ def make_private_dir(path: str) -> None:
     ensure_dir(path, 0o700)
 
 
-def new_bundle_id() -> str:
-    """A fresh id for one bundle's spill files (random: a retried bundle writes new files)."""
-    return uuid.uuid4().hex
-
-
 def spill_name(bundle: str, kind: str) -> str:
     """The file name of a bundle's spill file of one kind (docs, verify, …)."""
     return f"{bundle}.{kind}.spill"
@@ -180,7 +179,7 @@ class SpillWriter:
     """Appends records to a new file `name` (default: a random one) under `directory`."""
 
     def __init__(self, directory: str, name: str | None = None):
-        self.name = name or spill_name(new_bundle_id(), "data")
+        self.name = name or spill_name(uuid.uuid4().hex, "data")
         self.path = FileSystems.join(directory, self.name)
         self._fh = FileSystems.create(self.path)
         self.records = 0
@@ -308,7 +307,7 @@ class _SpillRuns(beam.DoFn):
 
     def _flush(self):
         if self._fh is None:
-            self._name = spill_name(new_bundle_id(), "group")
+            self._name = spill_name(uuid.uuid4().hex, "group")
             self._path = FileSystems.join(self.spill_dir, self._name)
             self._fh, self._offset = FileSystems.create(self._path), 0
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import struct
+import uuid
 from itertools import islice
 from time import thread_time
 from typing import Any, NamedTuple
@@ -27,7 +28,7 @@ from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json, pack_document, unpack_document
 from dsdata.stages.dedup import DedupConfig
 from dsdata.beam.park import FlattenParked, parked_sibling
-from dsdata.beam.spill import (SpilledGroupByKey, SpillWriter, Unspillable, make_private_dir, new_bundle_id, read_spill,
+from dsdata.beam.spill import (SpilledGroupByKey, SpillWriter, Unspillable, make_private_dir, read_spill,
                              spill_directory, spill_name)
 from dsdata.beam.spill import encode as spill_encode
 
@@ -116,7 +117,7 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
             out.append((node, fields))
         else:
             if self._writer is None:  # every docs file is read once, decisions or not
-                self._bundle = new_bundle_id()
+                self._bundle = uuid.uuid4().hex  # random: a retried bundle writes new files
                 self._writer = SpillWriter(self.cfg.spill_dir, spill_name(self._bundle, "docs"))
                 self._new_bundles.append(self._bundle)
             self._writer.write_encoded(record)
