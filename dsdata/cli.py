@@ -233,20 +233,20 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Possible nested set", category=FutureWarning)  # a name's [: Beam's `[[]`
     commands = {"run": (cmd_run, "run a pipeline recipe (default: pipelines/pretrain.yaml)"),
                 "stages": (cmd_stages, "list stages and their parameters")}
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: dsdata COMMAND [ARGS]\n\ncommands:")
-        for name, (_, help_) in {**commands, **SUBCOMMANDS}.items():
-            print(f"  {name:<11} {help_}")
-        print("\n`dsdata` with no command is `dsdata run` of the default recipe.")
-        if not argv:
-            return _dispatch_flushed(commands, ["run"])
-        return 0
-    return _dispatch_flushed(commands, argv)
+
+    def dispatch() -> int:
+        if not argv or argv[0] in ("-h", "--help"):
+            print("usage: dsdata COMMAND [ARGS]\n\ncommands:", *(f"  {name:<11} {help_}" for name, (_, help_) in
+                  {**commands, **SUBCOMMANDS}.items()), "\n`dsdata` with no command is `dsdata run` of the default recipe.", sep="\n")
+            if argv:
+                return 0
+        return cmd_dispatch(commands, argv or ["run"])
+    return _flushed(dispatch)
 
 
-def _dispatch_flushed(commands, argv: list[str]) -> int:
+def _flushed(dispatch) -> int:
     try:
-        code = cmd_dispatch(commands, argv)
+        code = dispatch()
         sys.stdout.flush()  # inside the try: a pipe's buffer is otherwise written at exit
         return code
     except BrokenPipeError:  # `dsdata ... | head`: the reader left; stop quietly, as `cat` does

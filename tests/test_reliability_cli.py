@@ -231,3 +231,16 @@ def test_a_file_of_unknown_format_in_a_glob_is_a_row_not_a_crash(tmp_path):
     (tmp_path / "notes.rtf").write_text("not data")  # .txt and .md are the text format now
     (row,) = read_local(str(tmp_path / "notes.rtf"))
     assert row.reason == "unknown_format" and "cannot tell the format" in row.detail
+
+
+@pytest.mark.parametrize("args", [["--help"], ["stages"]])
+def test_output_into_a_closed_pipe_is_exit_141_without_a_traceback(args):
+    """`dsdata --help | head -1` where head has already left: every write fails with EPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "dsdata.cli", *args], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr
