@@ -116,6 +116,14 @@ def test_damaged_metadata_is_one_line(finished_run, capsys, tmp_path, content):
     _refused(finished_run, capsys, tmp_path / "none", ".metadata")
 
 
+def test_metadata_over_its_size_bound_is_refused_before_it_is_read_whole(finished_run, capsys, tmp_path):
+    from dsdata.train.checkpoint import METADATA_MAX_BYTES
+
+    with open(finished_run / "checkpoints" / "step_00000002" / ".metadata", "r+b") as fh:
+        fh.truncate(METADATA_MAX_BYTES + 1)  # sparse: the pickle's own bytes, then zeros
+    _refused(finished_run, capsys, tmp_path / "none", f".metadata is over {METADATA_MAX_BYTES} bytes")
+
+
 @pytest.mark.parametrize("content", ["[1, 2]", "{\"step\": 2}", "{"])
 def test_damaged_trainer_state_is_one_line(finished_run, capsys, tmp_path, content):
     (finished_run / "checkpoints" / "step_00000002" / "trainer_state.json").write_text(content)

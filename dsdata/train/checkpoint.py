@@ -38,6 +38,7 @@ class CheckpointError(Exception):
 
 # ---------------------------------------------------------------- reading DCP files without running code
 
+METADATA_MAX_BYTES = 256 << 20  # a DCP `.metadata` of 1,000 tensors is ~0.2 MB
 # What a DCP `.metadata` pickle refers to (torch 2.6-2.13): its dataclasses, and how torch pickles
 # sizes, layouts and the checkpoint path.  dtypes and memory formats are admitted by type below.
 _METADATA_GLOBALS = {
@@ -70,8 +71,10 @@ class SafeFileSystemReader(FileSystemReader):
 
         path = self._get_metadata_path(kwargs.get("rank"))
         file_name = os.path.basename(path)  # the caller names the checkpoint directory
-        with open(path, "rb") as fh:
-            data = fh.read()
+        with open(path, "rb") as fh:  # _check_confined made sure it is a regular file of the folder's own
+            data = fh.read(METADATA_MAX_BYTES + 1)
+        if len(data) > METADATA_MAX_BYTES:
+            raise CheckpointError(f"{file_name} is over {METADATA_MAX_BYTES} bytes: not DCP metadata, which is far smaller")
         try:
             metadata = _MetadataUnpickler(io.BytesIO(data)).load()
         except CheckpointError as exc:

@@ -71,10 +71,6 @@ def node_key(doc: Document, digest: bytes, score_field: str | None) -> str:
     return f"{prefix}{doc.id}{_SEP}{digest[: _HASH_HEX // 2].hex()}"
 
 
-def node_id(node: str, prefix_len: int) -> str:
-    return node[prefix_len: -(_HASH_HEX + 1)]
-
-
 def _node_hash(node: str) -> str:
     return node[-_HASH_HEX:]
 
@@ -463,7 +459,7 @@ class _Decide(StageCounters, beam.DoFn):
         docs.sort(key=lambda d: (metadata_json(d.metadata), metadata_json(d.annotations)))
         label, size = decisions[0] if decisions else (node, 1)
         size += len(docs) - 1
-        kept_id = node_id(label, self.prefix_len)
+        kept_id = label[self.prefix_len: -(_HASH_HEX + 1)]  # the node's document id
         out: list[Document | Rejected] = []
         for i, doc in enumerate(docs):
             doc.annotations["dup_cluster"] = kept_id
