@@ -552,3 +552,24 @@ def test_a_page_without_cjk_embeds_no_font():
     from dsdata.report.cjkfont import embedded_font
 
     assert embedded_font("<p>English only, and é, ß, — dashes.</p>") == ("", "")
+
+
+def test_freed_memory_goes_back_to_the_system_before_and_during_the_report():
+    """glibc keeps freed heap chunks below one still in use: RSS stays up until malloc_trim. The
+    report step calls return_freed_memory() after the run and after each row group it decodes."""
+    import ctypes.util
+
+    from dsdata.report.page import return_freed_memory
+
+    if not ctypes.util.find_library("c") or os.uname().sysname != "Linux":
+        pytest.skip("glibc's malloc_trim: Linux only")
+
+    def rss_mb() -> int:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) // 1024 for line in fh if line.startswith("VmRSS"))
+
+    blocks = [bytearray(100_000) for _ in range(1000)]  # ~100 MB in 100 KB heap chunks
+    del blocks[:-1]  # the last one keeps the top of the heap in use: free() alone cannot shrink it
+    held = rss_mb()
+    return_freed_memory()
+    assert rss_mb() < held - 50, (held, rss_mb())

@@ -153,11 +153,7 @@ def bound_s3_requests() -> None:
         return
     boto3_client.Client = _bounded_client_class(boto3_client.Client)
     # Beam's S3 uploader logs the failure's traceback before raising it: the run's one line says it.
-    logging.getLogger().addFilter(_not_while_unreachable)
-
-
-def _not_while_unreachable(record: logging.LogRecord) -> bool:
-    return not isinstance(sys.exc_info()[1], EndpointUnreachable)
+    logging.getLogger().addFilter(lambda record: not isinstance(sys.exc_info()[1], EndpointUnreachable))
 
 
 class S3EndpointUnreachable(EndpointUnreachable, PermanentException):

@@ -39,11 +39,6 @@ from dsdata.stages import Stage
 log = logging.getLogger("dsdata")
 
 
-def committed_stage_count(stages: list[Stage]) -> int:
-    """How many of the recipe's leading stages are committed per unit."""
-    return len(list(itertools.takewhile(committable, stages)))
-
-
 @dataclass
 class CommitPlan:
     """How a run commits: `stages` leading stages per unit into `work` (None: the run commits
@@ -124,7 +119,7 @@ def plan_commits(recipe, stages: list[Stage], output: str, several_workers: bool
     """Decide how this run commits, set up OUT/resume, and (resume) check that OUT's committed work
     is this run's: ResumeRefused (one line, nothing touched) when it is not.  Called under OUT's lock
     before the run's old outputs are removed."""
-    n = committed_stage_count(stages)
+    n = len(list(itertools.takewhile(committable, stages)))  # the leading stages committed per unit
     local = "://" not in output
     if resume and local:
         recorded = read_fingerprint(output)
