@@ -285,8 +285,9 @@ def check_beam_args(beam_args: list[str]) -> None:
     own = run_flags()
     for arg in beam_args:
         message = unknown_flag_message(arg, own)
-        if message is None and arg.split("=", 1)[0] not in beam_option_names():
-            message = f"{arg.split('=', 1)[0]} is an option of dsdata run, not of Beam (dsdata.run() takes it as a keyword)"
+        name = arg.split("=", 1)[0]
+        if message is None and name not in beam_option_names(False) and name not in beam_option_names():
+            message = f"{name} is an option of dsdata run, not of Beam (dsdata.run() takes it as a keyword)"
         if message:
             raise RunError(message)
     runner = last_option(beam_args, "runner")

@@ -330,10 +330,11 @@ print(json.dumps({"rc": rc, "during": during, "frame": list(frame["a"]), "pool":
     assert seen == {"rc": 0, "during": False, "frame": [1, 2], "series": [3, 4], "pool": pool or "system"}
 
 
-def test_a_relevance_run_imports_neither_torch_nor_scipy_in_the_launcher_or_its_workers(tmp_path):
+def test_a_relevance_run_imports_neither_torch_scipy_nor_pandas_in_the_launcher_or_its_workers(tmp_path):
     """The fastText relevance stage on two multi_processing workers: Python's import log
     (PYTHONPROFILEIMPORTTIME, inherited by the SDK workers) shows the stage's modules loaded in the
-    launcher and in the workers, and torch and scipy.optimize in none of them."""
+    launcher and in the workers, and torch, scipy.optimize and pandas in none of them (the workers
+    run Beam's worker main through dsdata/beam/engines/lean_worker.py)."""
     lines = (REPO / "pipelines" / "samples" / "docs.jsonl").read_text(encoding="utf-8").splitlines()[:40]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (tmp_path / "r.yaml").write_text("input: {paths: ['in.jsonl']}\nstages:\n  - relevance: {threshold: 0}\n",
@@ -352,6 +353,8 @@ def test_a_relevance_run_imports_neither_torch_nor_scipy_in_the_launcher_or_its_
     assert imported.count("dsdata.beam.transforms") >= 2 and imported.count("dsdata.relevance.scorer") >= 2
     assert "apache_beam.ml.inference.base" in imported
     assert "torch" not in imported and "scipy.optimize" not in imported
+    assert not [m for m in imported if m.startswith("pandas.")]  # (a refused `import pandas` is logged too)
+    assert imported.count("dsdata.beam.engines.lean_worker") >= 1
 
 
 def test_a_stage_added_by_a_module_and_a_row_shows_its_chart_and_its_preflight_need(tmp_path):

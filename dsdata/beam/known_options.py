@@ -21,10 +21,11 @@ def _all_subclasses(cls: type) -> list[type]:
     return found
 
 
-@functools.lru_cache(maxsize=1)
-def beam_option_names() -> dict[str, bool]:
-    """Every long option (`--name`) some PipelineOptions subclass declares → whether it takes a value,
-    after the runner rows' `options_modules` are imported where installed."""
+@functools.lru_cache(maxsize=2)
+def beam_option_names(with_runner_modules: bool = True) -> dict[str, bool]:
+    """Every long option (`--name`) some PipelineOptions subclass declares → whether it takes a value;
+    with the runner rows' `options_modules` imported first where installed (Dataflow's, the interactive
+    runner's: heavy, and the latter loads pandas), or with the modules already loaded only."""
     import logging
 
     from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
@@ -32,7 +33,7 @@ def beam_option_names() -> dict[str, bool]:
     from dsdata.runners import RUNNERS
 
     quiet = logging.getLogger().level
-    for module in (module for runner in RUNNERS for module in runner.options_modules):
+    for module in (m for runner in RUNNERS for m in runner.options_modules if with_runner_modules):
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - a runner whose extra is missing (or broken) declares nothing here
@@ -61,7 +62,9 @@ def unknown_flag_message(flag: str, own_flags: list[str]) -> str | None:
     name = flag.split("=", 1)[0]
     if name in own_flags or len([f for f in own_flags if f.startswith(name)]) == 1:
         return None
-    beam = beam_option_names()
+    beam = beam_option_names(False)  # the runner rows' modules only for a flag Beam's own lack
+    if name not in beam:
+        beam = beam_option_names()
     if name in beam:
         if beam[name] and "=" not in flag:
             # Beam would take the next word as its value, but dsdata's parser takes it for the recipe.

@@ -38,6 +38,7 @@ from dsdata.beam.transforms import (ANY_OUTPUT, BATCH_DOCS, CPU_COUNTER, KEPT, R
                                     Unbatch)
 from dsdata.document import REJECTED_SCHEMA, Document, Rejected, kept_columns, kept_schema, rejected_columns
 from dsdata.beam import location
+from dsdata.beam.engines import lean_worker
 from dsdata.io.inputs import resolve_recipe_inputs
 from dsdata.io.readers import READ_STAGE
 from dsdata.io.outfiles import remove_entry, write_file_in_out
@@ -89,7 +90,7 @@ def in_process_runner(options: PipelineOptions):
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+    return lean_worker.in_process_runner(provision_info=fn_runner.ExtendedProvisionInfo(
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 

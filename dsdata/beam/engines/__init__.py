@@ -3,6 +3,7 @@
     options.py      the runner a user names: checked against dsdata/runners.py's registry
     artifacts.py    where Flink's job-server jar lives (the cache .ci/engines-setup fills)
     harness_noise.py  no tracebacks from Beam's SDK harness for the streams a runner closes at a job's end
+    lean_worker.py  SDK workers started without pandas (Beam's worker main, after mlimport)
     worker_pool.py  the worker pool TaskManagers ask for SDK workers (--environment_type=EXTERNAL)
     speedups.py     Beam patches applied at import (option views, DoFn specs, collections)
     mlimport.py     Beam's RunInference imported without torch/scipy (installed by dsdata/beam/__init__.py)

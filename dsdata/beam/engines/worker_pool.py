@@ -26,6 +26,8 @@ from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc
 from apache_beam.portability.api import beam_provision_api_pb2, beam_provision_api_pb2_grpc
 from google.protobuf import json_format, text_format
 
+from dsdata.beam.engines import lean_worker
+
 _LOGGER = logging.getLogger(__name__)
 
 # How long a worker gets to leave after SIGTERM before it is killed.
@@ -98,7 +100,7 @@ class WorkerPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):
         if info is not None and info.status_endpoint.url:
             env["STATUS_API_SERVICE_DESCRIPTOR"] = text_format.MessageToString(info.status_endpoint)
         with open(os.path.join(self._work_dir, f"worker-{number}.log"), "wb") as log:
-            return subprocess.Popen([sys.executable, "-P", "-m", "apache_beam.runners.worker.sdk_worker_main"],
+            return subprocess.Popen(lean_worker.command(),
                                     cwd=worker_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, close_fds=True)
 

@@ -1,0 +1,37 @@
+"""Python SDK workers started lean: Beam's worker main, run after `mlimport` is in place.
+
+Beam starts a worker as `python -m apache_beam.runners.worker.sdk_worker_main`, which imports
+`apache_beam` (and with it pandas, ~45 MB per worker) before any dsdata code can run.  The in-process
+runner's multi_processing workers and the worker pool's (Flink) run `python -P -m` this module instead.
+"""
+from __future__ import annotations
+
+import runpy
+import shlex
+import sys
+
+BEAM_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
+
+
+def command() -> list[str]:
+    return [sys.executable, "-P", "-m", __name__]
+
+
+def in_process_runner(**kwargs):
+    """Beam's FnApiRunner, its multi_processing workers (`direct_running_mode`) started by `command()`."""
+    from apache_beam.portability import python_urns
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+
+    class FnApiRunner(fn_runner.FnApiRunner):
+        def run_via_runner_api(self, pipeline_proto, options):
+            beams = (f"{sys.executable} -m {BEAM_WORKER_MAIN}".encode(), )  # as fn_runner writes it
+            for environment in pipeline_proto.components.environments.values():
+                if environment.urn == python_urns.SUBPROCESS_SDK and environment.payload in beams:
+                    environment.payload = shlex.join(command()).encode()
+            return super().run_via_runner_api(pipeline_proto, options)
+
+    return FnApiRunner(**kwargs)
+
+
+if __name__ == "__main__":  # importing dsdata.beam, the package, has installed mlimport
+    runpy.run_module(BEAM_WORKER_MAIN, run_name="__main__", alter_sys=True)
