@@ -334,7 +334,7 @@ def test_a_relevance_run_imports_neither_torch_scipy_nor_pandas_in_the_launcher_
     """The fastText relevance stage on two multi_processing workers: Python's import log
     (PYTHONPROFILEIMPORTTIME, inherited by the SDK workers) shows the stage's modules loaded in the
     launcher and in the workers, and torch, scipy.optimize and pandas in none of them (the workers
-    run Beam's worker main through dsdata/beam/engines/lean_worker.py)."""
+    run Beam's worker main through dsdata/beam/engines/lean_worker.py), and nothing else on stderr."""
     lines = (REPO / "pipelines" / "samples" / "docs.jsonl").read_text(encoding="utf-8").splitlines()[:40]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (tmp_path / "r.yaml").write_text("input: {paths: ['in.jsonl']}\nstages:\n  - relevance: {threshold: 0}\n",
@@ -354,6 +354,10 @@ def test_a_relevance_run_imports_neither_torch_scipy_nor_pandas_in_the_launcher_
     assert "apache_beam.ml.inference.base" in imported
     assert "torch" not in imported and "scipy.optimize" not in imported
     assert not [m for m in imported if m.startswith("pandas.")]  # (a refused `import pandas` is logged too)
+    # --quiet: the workers' stderr has none of Beam's start-up lines ("Logging handler created.",
+    # "apitools not found") nor records in logging's default format.
+    said = [line for line in out.stderr.splitlines() if not line.startswith("import time:")]
+    assert said == []
     assert imported.count("dsdata.beam.engines.lean_worker") >= 1
 
 
