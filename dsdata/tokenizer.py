@@ -193,11 +193,6 @@ def _regexes(spec: Any) -> list[str]:
     return []
 
 
-def _is_native_failure(exc: BaseException) -> bool:
-    """Whether an exception raised encoding a text is the text's (a panic included), not a stop."""
-    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
-
-
 def _probes_for(patterns: list[str]) -> list[tuple[str, int, str]]:
     """REGEX_PROBES, then runs of each character a pattern names literally ((x+x+)+y needs x's)."""
     literal = sorted({c for p in patterns for c in re.sub(r"\\.", "", p)
@@ -225,7 +220,8 @@ def check_regexes(tokenizer: Any, where: str) -> None:
             try:
                 tokenizer.encode(run * times + end, add_special_tokens=False)
             except BaseException as exc:  # noqa: BLE001 - a PanicException is a BaseException
-                if not _is_native_failure(exc):
+                # The text's failure (a panic included), not a stop (KeyboardInterrupt, SystemExit).
+                if not (isinstance(exc, Exception) or type(exc).__name__ == "PanicException"):
                     raise
                 failed = (run, times, end, exc)
                 break

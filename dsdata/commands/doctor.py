@@ -148,15 +148,11 @@ def _marks(requirement: str, extra: str) -> bool:
     return marker is not None and marker.evaluate({"extra": extra}) and not marker.evaluate({"extra": ""})
 
 
-def run_checks() -> list[tuple[str, str, str]]:
-    return [_check_fasttext(), _check_lid_model(), *_check_beam(), _check_torch(), *_check_extras()]
-
-
 def main(argv: list[str]) -> int:
     parser = CommandParser(prog="dsdata doctor", description="Check that this environment can run dsdata.")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     args = parser.parse_args(argv)
-    rows = run_checks()
+    rows = [_check_fasttext(), _check_lid_model(), *_check_beam(), _check_torch(), *_check_extras()]
     failed = [name for status, name, _ in rows if status == FAIL]
     if args.json:
         print(json.dumps({"ok": not failed, "python": sys.version.split()[0],

@@ -154,11 +154,6 @@ def _without_checksum(frame: bytes, skip: int, dictionary: Any) -> tuple[bytes, 
     return bytes(out[skip:]), used + 4  # the 4 checksum bytes the patched header no longer announces
 
 
-def _is_skippable_frame(head: bytes | bytearray) -> bool:
-    """A zstd skippable frame's header (magic 0x184D2A50 to 0x184D2A5F, little-endian, then its size)."""
-    return len(head) >= 8 and head[1:4] == b"\x2a\x4d\x18" and 0x50 <= head[0] <= 0x5F
-
-
 class _MemberReader:
     """One pass over a compressed file: `buf` holds the compressed bytes not yet fed to a decoder,
     `buf[0]` at file offset `pos`; `chunks` walks member by member."""
@@ -194,7 +189,8 @@ class _MemberReader:
                 return
             if self.kind == "zstd":
                 self.fill(8)
-                if _is_skippable_frame(buf):
+                # A skippable frame's header: magic 0x184D2A50 to 0x184D2A5F, little-endian, then its size.
+                if len(buf) >= 8 and buf[1:4] == b"\x2a\x4d\x18" and 0x50 <= buf[0] <= 0x5F:
                     if (yield from self._skippable_frame()):
                         return
                     continue

@@ -106,11 +106,6 @@ def published_form(text: str) -> str:
     return _LINE_BREAKS.sub(" ", text).strip()
 
 
-def label_name(label: str) -> str:
-    """A fastText label as the model stores it: "hq" and "__label__hq" are the same label."""
-    return label if label.startswith("__label__") else f"__label__{label}"
-
-
 class FastTextScorer:
     """Loads a supervised fastText model once; `score(texts)` → the summed probability of the
     positive label(s) (None: `__label__1`).  lowercase: as dsdata's training did; a published model
@@ -129,7 +124,8 @@ class FastTextScorer:
         self.model = fasttext.load_model(model_path)
         labels = self.model.get_labels()
         wanted = [positive_label] if isinstance(positive_label, str) else list(positive_label or ["__label__1"])
-        self.positive = [label_name(w) for w in wanted]
+        # As the model stores them: "hq" and "__label__hq" are the same label.
+        self.positive = [w if w.startswith("__label__") else f"__label__{w}" for w in wanted]
         missing = [w for w in self.positive if w not in labels]
         if missing:
             hint = ("; set relevance.positive_label to the label (or list of labels) meaning relevant"

@@ -408,11 +408,6 @@ class LSHAttention(_SparseKernel):
     def from_config(cls, options: LSHConfig, head_dim: int, layer_id: int) -> "LSHAttention":
         return cls(head_dim, options.chunk, options.buckets, options.seed + layer_id, options.kernel)
 
-    def buckets_for(self, seqlen: int) -> int:
-        if self.n_buckets:
-            return self.n_buckets
-        return max(2, 2 * math.ceil(seqlen / self.chunk / 2))
-
     def rotations(self, n_buckets: int, device: torch.device) -> torch.Tensor:
         key = (n_buckets, str(device))
         if key not in self._rotations:
@@ -424,7 +419,7 @@ class LSHAttention(_SparseKernel):
     @torch.no_grad()
     def bucket_ids(self, k: torch.Tensor) -> torch.Tensor:
         """Hash bucket of every position, (B, H, T)."""
-        n_buckets = self.buckets_for(k.shape[2])
+        n_buckets = self.n_buckets or max(2, 2 * math.ceil(k.shape[2] / self.chunk / 2))
         if n_buckets == 1:
             return torch.zeros(k.shape[:3], dtype=torch.long, device=k.device)
         proj = F.normalize(k.float(), dim=-1) @ self.rotations(n_buckets, k.device)

@@ -29,7 +29,6 @@ _CHUNK_BYTES = 1 << 20
 @dataclass(frozen=True)
 class _ShardInfo:
     index: int
-    file: str
     path: str
     bucket: str
     tokens: int
@@ -126,7 +125,7 @@ class ShardDataset(torch.utils.data.IterableDataset):
                 raise ShardError(f"{shard_path}: {size} bytes, the manifest says {entry['bytes']} (truncated or replaced)")
             tokens = int(entry["tokens"])
             windows = (tokens - 1) // self.seq_len if tokens > self.seq_len else 0
-            self.shards.append(_ShardInfo(i, entry["file"], shard_path, str(entry.get("difficulty") or "medium"),
+            self.shards.append(_ShardInfo(i, shard_path, str(entry.get("difficulty") or "medium"),
                                           tokens, int(entry["bytes"]), str(entry["sha256"]), windows))
         buckets = manifest.get("buckets") or {}
         natural = {b: float(c.get("tokens", 0)) for b, c in buckets.items() if isinstance(c, Mapping)}
@@ -197,13 +196,10 @@ class ShardDataset(torch.utils.data.IterableDataset):
         state["_runtime"] = None
         return state
 
-    def _consumer(self) -> tuple[int, int]:
+    def _start(self) -> dict[str, Any]:
         info = torch.utils.data.get_worker_info()
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        return self.rank * workers + worker, self.world_size * workers
-
-    def _start(self) -> dict[str, Any]:
-        consumer, n_consumers = self._consumer()
+        consumer, n_consumers = self.rank * workers + worker, self.world_size * workers
         saved = self._state["consumers"]
         if saved is not None and saved != [consumer, n_consumers]:
             raise ValueError(f"loader state belongs to consumer {saved[0]} of {saved[1]}, this is consumer "

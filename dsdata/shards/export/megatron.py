@@ -34,12 +34,8 @@ INDEX_VERSION = 1
 DTYPE_CODES = {"uint16": 8, "int32": 4}
 
 
-def bin_dtype(shard_dtype: np.dtype) -> np.dtype:
-    return np.dtype(np.uint16) if np.dtype(shard_dtype) == np.uint16 else np.dtype(np.int32)
-
-
 def write(source: ShardSource, out_dir: str) -> dict[str, Any]:
-    dtype = bin_dtype(source.dtype)
+    dtype = np.dtype(np.uint16) if np.dtype(source.dtype) == np.uint16 else np.dtype(np.int32)
     buckets = {}
     for bucket in source.buckets:
         lengths: list[int] = []
