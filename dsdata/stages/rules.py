@@ -80,6 +80,19 @@ def _share(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
 
 
+def _first_failed(checks) -> tuple[str | None, str]:
+    """(rule, detail) of the first check whose value is out of its bounds, else (None, "").  A check:
+    (rule, value or None where the rule does not apply, lower bound, upper bound, the value's format)."""
+    for reason, value, low, high, shown in checks:
+        if value is None:
+            continue
+        if low is not None and value < low:
+            return reason, f"{shown.format(value)} < {low}"
+        if high is not None and value > high:
+            return reason, f"{shown.format(value)} > {high}"
+    return None, ""
+
+
 def _top_ngram_char_frac(tokens: list[str], n: int) -> float:
     """Characters covered by the most frequent n-gram, as a share of all word characters."""
     if len(tokens) < n:
@@ -290,69 +303,50 @@ class QualityRulesStage(DocumentStage):
         return text, None
 
     def _c4_sentences(self, m: SimpleNamespace) -> tuple[str | None, str]:
-        if self.c4_min_sentences and m.sentences < self.c4_min_sentences:
-            return "c4_min_sentences", f"{m.sentences} sentences < {self.c4_min_sentences}"
-        return None, ""
+        return _first_failed((("c4_min_sentences", m.sentences, self.c4_min_sentences or None, None, "{} sentences"),))
 
     def _gopher_quality(self, m: SimpleNamespace) -> tuple[str | None, str]:
         n = m.nonsym
-        if self.min_words is not None and n < self.min_words:
-            return "gopher_min_words", f"{n} words < {self.min_words}"
-        if self.max_words is not None and n > self.max_words:
-            return "gopher_max_words", f"{n} words > {self.max_words}"
         # The mean-length rule is about Latin words; a CJK document's few Latin words (commands,
         # names) say nothing about its quality.
         # Latin words are the non-symbol words less the CJK ones (one character each).
         n_cjk = 0 if m.cjk else m.cjk_nonsym
         n_latin = 0 if m.cjk else n - n_cjk
-        if n_latin:
-            mean = (m.nonsym_chars - n_cjk) / n_latin
-            if self.min_mean_word_length is not None and mean < self.min_mean_word_length:
-                return "gopher_mean_word_length", f"mean {mean:.2f} < {self.min_mean_word_length}"
-            if self.max_mean_word_length is not None and mean > self.max_mean_word_length:
-                return "gopher_mean_word_length", f"mean {mean:.2f} > {self.max_mean_word_length}"
-        if self.max_symbol_word_ratio is not None and m.words:
-            ratio = m.symbols / max(n, 1)
-            if ratio > self.max_symbol_word_ratio:
-                return "gopher_symbol_ratio", f"{ratio:.3f} > {self.max_symbol_word_ratio}"
-        if m.lines:
-            if self.max_bullet_lines_ratio is not None:
-                ratio = m.bullet_lines / m.lines
-                if ratio > self.max_bullet_lines_ratio:
-                    return "gopher_bullet_lines", f"{ratio:.3f} > {self.max_bullet_lines_ratio}"
-            if self.max_ellipsis_lines_ratio is not None:
-                ratio = m.ellipsis_lines / m.lines
-                if ratio > self.max_ellipsis_lines_ratio:
-                    return "gopher_ellipsis_lines", f"{ratio:.3f} > {self.max_ellipsis_lines_ratio}"
-        if self.min_alpha_words_ratio is not None and m.words:
-            ratio = m.lettered / m.words
-            if ratio < self.min_alpha_words_ratio:
-                return "gopher_alpha_words", f"{ratio:.3f} < {self.min_alpha_words_ratio}"
-        if self.min_stop_words and m.stop_words < self.min_stop_words:
-            return "gopher_stop_words", f"{m.stop_words} stop words < {self.min_stop_words}"
-        return None, ""
+        lines = m.lines or None
+        return _first_failed((
+            ("gopher_min_words", n, self.min_words, None, "{} words"),
+            ("gopher_max_words", n, None, self.max_words, "{} words"),
+            ("gopher_mean_word_length", (m.nonsym_chars - n_cjk) / n_latin if n_latin else None,
+             self.min_mean_word_length, self.max_mean_word_length, "mean {:.2f}"),
+            ("gopher_symbol_ratio", m.symbols / max(n, 1) if m.words else None, None, self.max_symbol_word_ratio, "{:.3f}"),
+            ("gopher_bullet_lines", lines and m.bullet_lines / lines, None, self.max_bullet_lines_ratio, "{:.3f}"),
+            ("gopher_ellipsis_lines", lines and m.ellipsis_lines / lines, None, self.max_ellipsis_lines_ratio, "{:.3f}"),
+            ("gopher_alpha_words", m.lettered / m.words if m.words else None, self.min_alpha_words_ratio, None, "{:.3f}"),
+            ("gopher_stop_words", m.stop_words, self.min_stop_words or None, None, "{} stop words"),
+        ))
 
     def _gopher_repetition(self, m: SimpleNamespace) -> tuple[str | None, str]:
-        checks = (
-            (self.max_dup_paragraph_ratio, _share(m.para_dup, m.paragraphs), "gopher_dup_paragraphs"),
-            (self.max_dup_paragraph_char_ratio, _share(m.para_dup_chars, m.para_chars), "gopher_dup_paragraph_chars"),
-            (self.max_dup_line_ratio, _share(m.line_dup, m.lines), "gopher_dup_lines"),
-            (self.max_dup_line_char_ratio, _share(m.line_dup_chars, m.line_chars), "gopher_dup_line_chars"),
-        )
-        for limit, value, reason in checks:
-            if limit is not None and value > limit:
-                return reason, f"{value:.3f} > {limit}"
-        for (n, limit), value in zip(sorted(self.top_ngram_max_ratio.items()), m.top):
-            if value > limit:
-                return f"gopher_top_{n}gram", f"{value:.3f} > {limit}"
-        for (n, limit), value in zip(sorted(self.dup_ngram_max_ratio.items()), m.dup):
-            if value > limit:
-                return f"gopher_dup_{n}gram", f"{value:.3f} > {limit}"
-        return None, ""
+        return _first_failed((
+            ("gopher_dup_paragraphs", _share(m.para_dup, m.paragraphs), None, self.max_dup_paragraph_ratio, "{:.3f}"),
+            ("gopher_dup_paragraph_chars", _share(m.para_dup_chars, m.para_chars), None,
+             self.max_dup_paragraph_char_ratio, "{:.3f}"),
+            ("gopher_dup_lines", _share(m.line_dup, m.lines), None, self.max_dup_line_ratio, "{:.3f}"),
+            ("gopher_dup_line_chars", _share(m.line_dup_chars, m.line_chars), None, self.max_dup_line_char_ratio, "{:.3f}"),
+            *((f"gopher_top_{n}gram", value, None, limit, "{:.3f}")
+              for (n, limit), value in zip(sorted(self.top_ngram_max_ratio.items()), m.top)),
+            *((f"gopher_dup_{n}gram", value, None, limit, "{:.3f}")
+              for (n, limit), value in zip(sorted(self.dup_ngram_max_ratio.items()), m.dup)),
+        ))
 
     def _fineweb(self, m: SimpleNamespace) -> tuple[str | None, str]:
         if not m.lines:
             return None, ""
+        return _first_failed((
+            ("fineweb_line_punct", m.punct_lines / m.lines, self.fineweb_min_line_punct_ratio, None, "{:.3f}"),
+            ("fineweb_short_lines", m.short_lines / m.lines, None, self.fineweb_max_short_line_ratio, "{:.3f}"),
+            ("fineweb_char_dup", _share(m.line_dup_chars, m.line_chars), None, self.fineweb_max_char_dup_ratio, "{:.3f}"),
+            ("fineweb_newline_ratio", m.newlines / max(m.nonsym, 1), None, self.fineweb_max_newline_ratio, "{:.3f}"),
+        ))
         if self.fineweb_min_line_punct_ratio is not None:
             ratio = m.punct_lines / m.lines
             if ratio < self.fineweb_min_line_punct_ratio:
