@@ -189,18 +189,7 @@ def valid_resident_id(number: str) -> bool:
     return id_check_char(number[:17]) == number[17].upper()
 
 
-_DOUBLED = {str(d): d * 2 - 9 if d > 4 else d * 2 for d in range(10)}
-
-
 _DOUBLED_ASCII = str.maketrans("0123456789", "0246813579")  # a digit doubled, its digits summed
-
-
-def luhn_ok(digits: str) -> bool:
-    backwards = digits[::-1]
-    if digits.isascii() and digits.isdigit():  # the digit sums as byte sums: no int() per digit
-        return (sum(backwards[::2].encode()) + sum(backwards[1::2].translate(_DOUBLED_ASCII).encode())
-                - 48 * len(digits)) % 10 == 0
-    return (sum(map(int, backwards[::2])) + sum(map(_DOUBLED.__getitem__, backwards[1::2]))) % 10 == 0
 
 
 # Issuer identification ranges: (network, first digits from, to).  A card falls in one, has 13-19 digits
@@ -210,22 +199,6 @@ _ISSUERS = (("visa", 4, 4), ("mastercard", 51, 55), ("mastercard", 2221, 2720), 
             ("discover", 644, 649), ("discover", 65, 65), ("jcb", 35, 35), ("jcb", 2131, 2131), ("jcb", 1800, 1800),
             ("unionpay", 62, 62), ("unionpay", 81, 81), ("maestro", 50, 50), ("maestro", 56, 58), ("maestro", 6304, 6304),
             ("maestro", 6759, 6759), ("maestro", 6761, 6763))
-
-
-def card_issuer(digits: str) -> str | None:
-    """The network whose issuer range (IIN) the number is in, else None."""
-    prefix = digits[:4]
-    if len(prefix) == 4 and prefix.isascii() and prefix.isdigit():
-        return _ISSUER_OF[int(prefix)]
-    return _issuer(prefix)
-
-
-@functools.lru_cache(maxsize=None)
-def _issuer(prefix: str) -> str | None:
-    for network, low, high in _ISSUERS:
-        if low <= int(prefix[:len(str(low))]) <= high:
-            return network
-    return None
 
 
 def _issuer_table() -> list:
@@ -240,19 +213,10 @@ def _issuer_table() -> list:
 _ISSUER_OF = _issuer_table()
 
 
-def valid_card(candidate: str) -> bool:
-    """13-19 digits (12 for Maestro; spaces and dashes ignored) in an issuer's range, passing Luhn, whose
-    digits before the check digit are not all one digit (0000…, 4444…8 are placeholders)."""
-    digits = candidate.replace(" ", "").replace("-", "")
-    if digits.isascii():
-        return _card_digits_ok(digits)
-    issuer = card_issuer(digits) if 12 <= len(digits) <= 19 and digits.isdigit() else None
-    return (issuer is not None and (len(digits) >= 13 or issuer == "maestro")
-            and len(set(digits[:-1])) > 1 and luhn_ok(digits))
-
-
 def _card_digits_ok(digits: str) -> bool:
-    """valid_card of a string of ASCII characters, in fewer steps."""
+    """12-19 ASCII digits in an issuer's range (13 on for all but Maestro), passing Luhn (the digit sums
+    as byte sums), whose digits before the check digit are not all one digit (0000…, 4444…8 are
+    placeholders)."""
     size = len(digits)
     if not 12 <= size <= 19 or not digits.isdigit():
         return False
