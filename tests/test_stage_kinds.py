@@ -308,18 +308,20 @@ print(json.dumps(seen))
 @pytest.mark.parametrize("pool", [None, "mimalloc"])
 def test_a_run_imports_no_pandas_uses_the_system_arrow_pool_and_pandas_works_after_it(tmp_path, pool):
     """dsdata/beam/engines/mlimport.py: Beam imports pandas only for its DataFrame type hints, and
-    pyarrow at its first pa.array() of a list (~45 MB of every launcher).  A real run loads none; a
-    plug-in's later `import pandas` and pyarrow's to_pandas() / pa.array(Series) still work.  Arrow
-    allocates from the system pool unless the user named one (docs/memory.md)."""
+    pyarrow at its first pa.array() of a list (~45 MB of every launcher); pymongo, bson and requests
+    only for MongoDB and BigQuery IO.  A real run loads none and says nothing of them; a plug-in's later
+    `import pandas`, pyarrow's to_pandas() / pa.array(Series) and Beam's BigQuery IO still work.
+    Arrow allocates from the system pool unless the user named one (docs/memory.md)."""
     code = r"""
 import json, sys
 from dsdata.cli import main
 rc = main(["run", sys.argv[1], "--output", sys.argv[2], "--quiet"])
-during = "pandas" in sys.modules
+during = sorted(m for m in ("pandas", "pymongo", "bson", "requests") if m in sys.modules)
 import pandas, pyarrow as pa
+from apache_beam.io.gcp import bigquery
 frame = pa.table({"a": [1, 2]}).to_pandas()
 print(json.dumps({"rc": rc, "during": during, "frame": list(frame["a"]), "pool": pa.default_memory_pool().backend_name,
-                  "series": pa.array(pandas.Series([3, 4])).to_pylist()}))
+                  "series": pa.array(pandas.Series([3, 4])).to_pylist(), "requests": "requests" in sys.modules}))
 """
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
     out = subprocess.run([sys.executable, "-c", code, str(REPO / "pipelines" / "pretrain.yaml"), str(tmp_path / "out")],
@@ -327,7 +329,8 @@ print(json.dumps({"rc": rc, "during": during, "frame": list(frame["a"]), "pool":
                          env={**env, "PYTHONPATH": str(REPO), **({"ARROW_DEFAULT_MEMORY_POOL": pool} if pool else {})})
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen == {"rc": 0, "during": False, "frame": [1, 2], "series": [3, 4], "pool": pool or "system"}
+    assert seen == {"rc": 0, "during": [], "frame": [1, 2], "series": [3, 4], "pool": pool or "system", "requests": True}
+    assert "bson" not in out.stderr and "apitools" not in out.stderr, out.stderr[-3000:]
 
 
 def test_a_relevance_run_imports_neither_torch_scipy_nor_pandas_in_the_launcher_or_its_workers(tmp_path):

@@ -1,20 +1,24 @@
 """Beam without what dsdata never uses: `apache_beam` imported without pandas (only its DataFrame
-type hints need it: ~45 MB of every launcher), `apache_beam.ml.inference.base` without its optional
-model manager (only for `use_model_manager=True`; it pulls in torch and scipy in every worker).
+type hints need it: ~45 MB of every launcher and worker), pymongo and bson (MongoDB IO) and requests
+(GCE metadata for BigQuery IO; ~10 MB and 0.15 CPU-s together), `apache_beam.ml.inference.base`
+without its optional model manager (only for `use_model_manager=True`; it pulls in torch and scipy in
+every worker).
 
 `install()` puts a finder first on `sys.meta_path` that runs those modules while it refuses those
-imports, so a later import gets the real one.  pyarrow asks once whether pandas is there (at its first
-pa.array() of a list) and keeps the answer: it is asked meanwhile (its to_pandas() asks again).
+imports, so a later import gets the real one (Beam's BigQuery IO imports again then; its MongoDB IO
+does not).  pyarrow asks once whether pandas is there (at its first pa.array() of a list) and keeps
+the answer: it is asked meanwhile (its to_pandas() asks again).
 """
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import logging
 import sys
 
 BASE = "apache_beam.ml.inference.base"
 MODEL_MANAGER = "apache_beam.ml.inference.model_manager"
-HIDDEN = {"apache_beam": ("pandas",), BASE: (MODEL_MANAGER,)}  # module: the imports it runs without
+HIDDEN = {"apache_beam": ("pandas", "pymongo", "bson", "requests"), BASE: (MODEL_MANAGER,)}  # module: the imports it runs without
 _refused: set[str] = set()
 
 
@@ -32,6 +36,8 @@ class _BaseLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         hidden = {name for name in self.hidden if name not in sys.modules}
+        if "pymongo" in hidden:  # its one line, at import: that it found no bson
+            logging.getLogger("apache_beam.io.mongodbio").disabled = True
         _refused.update(hidden)
         try:
             self.loader.exec_module(module)
