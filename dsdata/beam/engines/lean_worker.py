@@ -2,7 +2,8 @@
 
 Beam starts a worker as `python -m apache_beam.runners.worker.sdk_worker_main`, which imports
 `apache_beam` (and with it pandas, ~45 MB per worker) before any dsdata code can run.  The in-process
-runner's multi_processing workers and the worker pool's (Flink) run `python -P -m` this module instead.
+runner's multi_processing workers (`python -m`, as Beam's own: the launcher's working directory on
+their path) and the worker pool's (`python -P -m`, in private directories) run this module instead.
 """
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import sys
 BEAM_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
 
 
-def command() -> list[str]:
-    return [sys.executable, "-P", "-m", __name__]
+def command(safe_path: bool = True) -> list[str]:
+    return [sys.executable, *(["-P"] if safe_path else []), "-m", __name__]
 
 
 def in_process_runner(**kwargs):
-    """Beam's FnApiRunner, its multi_processing workers (`direct_running_mode`) started by `command()`."""
+    """Beam's FnApiRunner, its multi_processing workers (`direct_running_mode`) started by `command(False)`."""
     from apache_beam.portability import python_urns
     from apache_beam.runners.portability.fn_api_runner import fn_runner
 
@@ -27,7 +28,7 @@ def in_process_runner(**kwargs):
             beams = (f"{sys.executable} -m {BEAM_WORKER_MAIN}".encode(), )  # as fn_runner writes it
             for environment in pipeline_proto.components.environments.values():
                 if environment.urn == python_urns.SUBPROCESS_SDK and environment.payload in beams:
-                    environment.payload = shlex.join(command()).encode()
+                    environment.payload = shlex.join(command(safe_path=False)).encode()
             return super().run_via_runner_api(pipeline_proto, options)
 
     return FnApiRunner(**kwargs)
