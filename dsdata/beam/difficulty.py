@@ -47,7 +47,9 @@ class LogHistogram(beam.CombineFn):
     def add_input(self, acc, value):
         value = float(value)
         counts = acc[0]
-        b = _bin(value)
+        # Perplexities are finite and >= 1 (non-finite ones are annotated null and never get here);
+        # anything else is clamped into the lowest bin rather than raising inside a combine.
+        b = math.floor(math.log(value) / BIN_WIDTH) if value > 0 and math.isfinite(value) else -10 ** 9
         counts[b] = counts.get(b, 0) + 1
         acc[1] = min(acc[1], value)
         acc[2] = max(acc[2], value)
@@ -65,12 +67,6 @@ class LogHistogram(beam.CombineFn):
 
     def extract_output(self, acc):
         return acc
-
-
-def _bin(value: float) -> int:
-    # Perplexities are finite and >= 1 (non-finite ones are annotated null and never get here);
-    # anything else is clamped into the lowest bin rather than raising inside a combine.
-    return math.floor(math.log(value) / BIN_WIDTH) if value > 0 and math.isfinite(value) else -10 ** 9
 
 
 def percentiles_from_histogram(histogram, percentiles) -> list[float]:

@@ -245,7 +245,7 @@ class QualityRulesStage(DocumentStage):
         if reason:
             return self.reject(doc, reason, "")
         m = self._measure(text, lower if text is doc.text else text.lower(), cjk, compiled)
-        for check in (self._c4_sentences, self._gopher_quality, self._gopher_repetition, self._fineweb):
+        for check in (self._sentences_and_words, self._gopher_repetition, self._fineweb):
             reason, detail = check(m)
             if reason:
                 return self.reject(doc, reason, detail)
@@ -302,10 +302,8 @@ class QualityRulesStage(DocumentStage):
             return text, "c4_empty_after_line_filters"
         return text, None
 
-    def _c4_sentences(self, m: SimpleNamespace) -> tuple[str | None, str]:
-        return _first_failed((("c4_min_sentences", m.sentences, self.c4_min_sentences or None, None, "{} sentences"),))
-
-    def _gopher_quality(self, m: SimpleNamespace) -> tuple[str | None, str]:
+    def _sentences_and_words(self, m: SimpleNamespace) -> tuple[str | None, str]:
+        """C4's sentence count, then Gopher's quality rules."""
         n = m.nonsym
         # The mean-length rule is about Latin words; a CJK document's few Latin words (commands,
         # names) say nothing about its quality.
@@ -314,6 +312,7 @@ class QualityRulesStage(DocumentStage):
         n_latin = 0 if m.cjk else n - n_cjk
         lines = m.lines or None
         return _first_failed((
+            ("c4_min_sentences", m.sentences, self.c4_min_sentences or None, None, "{} sentences"),
             ("gopher_min_words", n, self.min_words, None, "{} words"),
             ("gopher_max_words", n, None, self.max_words, "{} words"),
             ("gopher_mean_word_length", (m.nonsym_chars - n_cjk) / n_latin if n_latin else None,

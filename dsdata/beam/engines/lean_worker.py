@@ -14,21 +14,17 @@ import sys
 BEAM_WORKER_MAIN = "apache_beam.runners.worker.sdk_worker_main"
 
 
-def command(safe_path: bool = True) -> list[str]:
-    return [sys.executable, *(["-P"] if safe_path else []), "-m", __name__]
-
-
 def in_process_runner(**kwargs):
-    """Beam's FnApiRunner, its multi_processing workers (`direct_running_mode`) started by `command(False)`."""
+    """Beam's FnApiRunner, its multi_processing workers (`direct_running_mode`) started as this module."""
     from apache_beam.portability import python_urns
     from apache_beam.runners.portability.fn_api_runner import fn_runner
 
     class FnApiRunner(fn_runner.FnApiRunner):
         def run_via_runner_api(self, pipeline_proto, options):
-            beams = (f"{sys.executable} -m {BEAM_WORKER_MAIN}".encode(), )  # as fn_runner writes it
+            beam_command = f"{sys.executable} -m {BEAM_WORKER_MAIN}".encode()  # as fn_runner writes it
             for environment in pipeline_proto.components.environments.values():
-                if environment.urn == python_urns.SUBPROCESS_SDK and environment.payload in beams:
-                    environment.payload = shlex.join(command(safe_path=False)).encode()
+                if environment.urn == python_urns.SUBPROCESS_SDK and environment.payload == beam_command:
+                    environment.payload = shlex.join([sys.executable, "-m", __name__]).encode()
             return super().run_via_runner_api(pipeline_proto, options)
 
     return FnApiRunner(**kwargs)

@@ -100,7 +100,7 @@ class WorkerPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):
         if info is not None and info.status_endpoint.url:
             env["STATUS_API_SERVICE_DESCRIPTOR"] = text_format.MessageToString(info.status_endpoint)
         with open(os.path.join(self._work_dir, f"worker-{number}.log"), "wb") as log:
-            return subprocess.Popen(lean_worker.command(),
+            return subprocess.Popen([sys.executable, "-P", "-m", lean_worker.__name__],
                                     cwd=worker_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, close_fds=True)
 

@@ -98,12 +98,6 @@ def _held_line(result: Document | Rejected) -> bytes:
     return json.dumps(fields).encode("ascii") + b"\n"
 
 
-def _from_held_line(line: bytes) -> Document | Rejected:
-    fields = json.loads(line)
-    doc = Document(*fields[:5])
-    return Rejected(doc, *fields[5:]) if len(fields) > 5 else doc
-
-
 class _Suspect:
     """The rows of a compressed member from its first line that does not parse on."""
 
@@ -142,7 +136,9 @@ class _Suspect:
             with spill:
                 spill.seek(0)
                 for line in spill:
-                    yield _from_held_line(line)
+                    fields = json.loads(line)
+                    doc = Document(*fields[:5])
+                    yield Rejected(doc, *fields[5:]) if len(fields) > 5 else doc
 
     def discard(self) -> None:
         self.rows = []
