@@ -12,7 +12,6 @@ import warnings
 
 from dsdata.collector import collect_young_less
 
-from dsdata.core.heap import fix_mmap_threshold
 from dsdata.core.names import shown_path
 from dsdata.api import RunError, execute, filter_library_noise, one_line_errors, prepare_run
 from dsdata.commands.run import run_parser
@@ -223,7 +222,6 @@ def _not_reported_in_one_line(record: logging.LogRecord) -> bool:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the process's own command line (the console script, python -m dsdata.cli)
         _OWN_PROCESS.active = True
-        fix_mmap_threshold()  # this process's and its workers' malloc (docs/memory.md)
         _collect_after_startup.pending = True
         gc.disable()
     argv = list(sys.argv[1:] if argv is None else argv)

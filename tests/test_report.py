@@ -559,7 +559,7 @@ def test_freed_memory_goes_back_to_the_system_before_and_during_the_report():
     report step calls return_freed_memory() after the run and after each row group it decodes."""
     import ctypes.util
 
-    from dsdata.core.heap import return_freed_memory
+    from dsdata.report.page import return_freed_memory
 
     if not ctypes.util.find_library("c") or os.uname().sysname != "Linux":
         pytest.skip("glibc's malloc_trim: Linux only")
@@ -573,41 +573,3 @@ def test_freed_memory_goes_back_to_the_system_before_and_during_the_report():
     held = rss_mb()
     return_freed_memory()
     assert rss_mb() < held - 50, (held, rss_mb())
-
-
-@pytest.mark.parametrize("user_value", [None, "33554432"])
-def test_the_dsdata_command_maps_large_blocks_on_their_own_in_itself_and_its_workers(tmp_path, user_value):
-    """dsdata/core/heap.py: glibc's threshold for a block of its own mapping rises to each such block
-    freed, after which blocks that size come from the heap and its free space stays resident.  The
-    `dsdata` command fixes it at 1 MB in its process (a 2 MB block freed, the next one is a mapping
-    again: the heap does not grow) and, through MALLOC_MMAP_THRESHOLD_, in the processes it starts;
-    a value the user set is left as it is (and glibc then keeps 2 MB blocks in the heap)."""
-    if os.uname().sysname != "Linux":
-        pytest.skip("glibc's mallopt: Linux only")
-    code = r"""
-import json, os, sys
-from dsdata.cli import main
-sys.argv = ["dsdata", "stages"]
-def heap_kb():
-    with open("/proc/self/maps") as fh:
-        return sum(int(b, 16) - int(a, 16) for a, b in (line.split()[0].split("-") for line in fh if "[heap]" in line)) // 1024
-try:
-    main()
-except SystemExit:
-    pass
-block = bytearray(2 << 20)
-del block
-before = heap_kb()
-blocks = [bytearray(2 << 20) for _ in range(4)]
-print(json.dumps({"grew_kb": heap_kb() - before, "env": os.environ.get("MALLOC_MMAP_THRESHOLD_")}))
-"""
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path), timeout=300,
-                         env={**env, **({"MALLOC_MMAP_THRESHOLD_": user_value} if user_value else {})})
-    assert out.returncode == 0, out.stderr[-3000:]
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen["env"] == (user_value or "1048576")
-    if user_value:
-        assert seen["grew_kb"] >= 8 << 10, seen  # the user's 32 MB threshold: the blocks are heap
-    else:
-        assert seen["grew_kb"] < 1 << 10, seen
