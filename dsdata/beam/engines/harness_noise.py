@@ -3,7 +3,8 @@
 When a portable runner is done with a job it closes the harness's gRPC streams, whose threads then
 die with a gRPC `CANCELLED` traceback before a successful run's `ledger ok`.  Only that status is
 dropped, in the logger's records and those threads' uncaught exceptions (and Beam's "Waiting for
-grpc channel to be ready" while a Java job server starts); anything else prints as before.
+grpc channel to be ready" while a Java job server starts, and a worker's "apitools not found"); anything
+else prints as before.
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import threading
 _DATA_PLANE_LOGGER = "apache_beam.runners.worker.data_plane"
 # The harness threads that read one gRPC stream each (apache_beam/runners/worker/*.py).
 _STREAM_THREADS = ("read_grpc_client_inputs", "run_worker_", "read_state", "read_log_control_messages")
-_CHANNEL_WAIT = "Waiting for grpc channel to be ready"
+# Root-logger lines Beam writes on its own: (the writing file's path ends, the message starts).
+_ROOT_NOISE = (("subprocess_server.py", "Waiting for grpc channel to be ready"),
+               ("clients/bigquery/__init__.py", "apitools not found"))  # a worker's import of BigQuery IO
 
 
 def _hung_up(exc: BaseException | None) -> bool:
@@ -33,7 +36,7 @@ class _HungUpRecords(logging.Filter):
 
 class _ChannelWaits(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.pathname.endswith("subprocess_server.py") and str(record.msg).startswith(_CHANNEL_WAIT))
+        return not any(record.pathname.endswith(path) and str(record.msg).startswith(text) for path, text in _ROOT_NOISE)
 
 
 def _quiet_excepthook(previous):

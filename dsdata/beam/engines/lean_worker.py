@@ -33,11 +33,8 @@ def in_process_runner(**kwargs):
 if __name__ == "__main__":  # importing dsdata.beam, the package, has installed mlimport
     import logging
 
-    from dsdata.api import filter_library_noise
-
-    # Lines on stderr as the dsdata command writes them; not the harness's start-up INFO line, nor a
-    # module's import-time warning (Beam's "apitools not found") that made logging print every record.
+    # Lines on stderr as the dsdata command writes them; not the harness's start-up INFO line.  (Beam's
+    # import-time "apitools not found" made logging print every record: mlimport keeps it from importing.)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("__main__").setLevel(logging.ERROR)
-    filter_library_noise()
     runpy.run_module(BEAM_WORKER_MAIN, run_name="__main__", alter_sys=True)
