@@ -310,7 +310,6 @@ class QualityRulesStage(DocumentStage):
         # Latin words are the non-symbol words less the CJK ones (one character each).
         n_cjk = 0 if m.cjk else m.cjk_nonsym
         n_latin = 0 if m.cjk else n - n_cjk
-        lines = m.lines or None
         return _first_failed((
             ("c4_min_sentences", m.sentences, self.c4_min_sentences or None, None, "{} sentences"),
             ("gopher_min_words", n, self.min_words, None, "{} words"),
@@ -318,8 +317,8 @@ class QualityRulesStage(DocumentStage):
             ("gopher_mean_word_length", (m.nonsym_chars - n_cjk) / n_latin if n_latin else None,
              self.min_mean_word_length, self.max_mean_word_length, "mean {:.2f}"),
             ("gopher_symbol_ratio", m.symbols / max(n, 1) if m.words else None, None, self.max_symbol_word_ratio, "{:.3f}"),
-            ("gopher_bullet_lines", lines and m.bullet_lines / lines, None, self.max_bullet_lines_ratio, "{:.3f}"),
-            ("gopher_ellipsis_lines", lines and m.ellipsis_lines / lines, None, self.max_ellipsis_lines_ratio, "{:.3f}"),
+            ("gopher_bullet_lines", m.bullet_lines / m.lines if m.lines else None, None, self.max_bullet_lines_ratio, "{:.3f}"),
+            ("gopher_ellipsis_lines", m.ellipsis_lines / m.lines if m.lines else None, None, self.max_ellipsis_lines_ratio, "{:.3f}"),
             ("gopher_alpha_words", m.lettered / m.words if m.words else None, self.min_alpha_words_ratio, None, "{:.3f}"),
             ("gopher_stop_words", m.stop_words, self.min_stop_words or None, None, "{} stop words"),
         ))
@@ -346,20 +345,3 @@ class QualityRulesStage(DocumentStage):
             ("fineweb_char_dup", _share(m.line_dup_chars, m.line_chars), None, self.fineweb_max_char_dup_ratio, "{:.3f}"),
             ("fineweb_newline_ratio", m.newlines / max(m.nonsym, 1), None, self.fineweb_max_newline_ratio, "{:.3f}"),
         ))
-        if self.fineweb_min_line_punct_ratio is not None:
-            ratio = m.punct_lines / m.lines
-            if ratio < self.fineweb_min_line_punct_ratio:
-                return "fineweb_line_punct", f"{ratio:.3f} < {self.fineweb_min_line_punct_ratio}"
-        if self.fineweb_max_short_line_ratio is not None:
-            ratio = m.short_lines / m.lines
-            if ratio > self.fineweb_max_short_line_ratio:
-                return "fineweb_short_lines", f"{ratio:.3f} > {self.fineweb_max_short_line_ratio}"
-        if self.fineweb_max_char_dup_ratio is not None:
-            char_frac = _share(m.line_dup_chars, m.line_chars)
-            if char_frac > self.fineweb_max_char_dup_ratio:
-                return "fineweb_char_dup", f"{char_frac:.3f} > {self.fineweb_max_char_dup_ratio}"
-        if self.fineweb_max_newline_ratio is not None:
-            ratio = m.newlines / max(m.nonsym, 1)
-            if ratio > self.fineweb_max_newline_ratio:
-                return "fineweb_newline_ratio", f"{ratio:.3f} > {self.fineweb_max_newline_ratio}"
-        return None, ""
