@@ -4,6 +4,7 @@ check of `dsdata run` say in plain words when the `fasttext` module is the wrong
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -45,21 +46,25 @@ def test_lid_model_is_package_data_with_its_attribution():
 
 
 @pytest.mark.slow
-def test_built_wheel_carries_the_lid_model(tmp_path):
-    """What `pip install dsdata` unpacks: the model, its LICENSE and README are in the wheel."""
+def test_built_wheel_carries_the_lid_model_and_the_compiled_kernels(tmp_path):
+    """What `pip install dsdata` unpacks: the model, its LICENSE and README, and (numba being a build
+    requirement, setup.py) the kernels compiled ahead of time in a wheel for this platform."""
     import shutil
 
     src = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside the sources
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, src / name)
-    shutil.copytree(REPO / "dsdata", src / "dsdata", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "dsdata", src / "dsdata", ignore=shutil.ignore_patterns("__pycache__", "_kernels.*"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(src)], check=True, capture_output=True, timeout=300)
+                    "-w", str(tmp_path), str(src)], check=True, capture_output=True, timeout=600)
     wheel, = tmp_path.glob("dsdata-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"dsdata/models/lid176/lid.176.ftz", "dsdata/models/lid176/LICENSE",
             "dsdata/models/lid176/README.md"} <= names
+    if importlib.util.find_spec("numba") is not None:
+        assert [n for n in names if n.startswith("dsdata/_kernels.") and n.endswith(".so")], sorted(names)[:20]
+        assert not wheel.name.endswith("-none-any.whl"), wheel.name
 
 
 def _cli(args: list[str], tmp_path: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess:

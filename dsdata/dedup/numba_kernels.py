@@ -8,7 +8,7 @@ polynomial hashes per token and shingle directly, with no batch-sized temporarie
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from dsdata.compiled import export, njit
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -26,7 +26,9 @@ def _mix64(x):
     return x
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@export(
+        "void(uint32[::1], int64[::1], uint32[::1], uint32[::1], uint32[:, ::1])",
+        cache=True, nogil=True, boundscheck=False)
 def signatures(x32, offsets, a, b, out):
     """out[d, k] = min over shingles i of document d of uint32(a[k]·x32[i] + b[k]).
 
@@ -68,7 +70,9 @@ def signatures(x32, offsets, a, b, out):
 
 # Long on purpose: one compiled loop over the bytes; split into calls, numba would pass state between
 # them through arrays or tuples each step (the point of the kernel is one pass without that).
-@njit(cache=True, nogil=True, boundscheck=False)
+@export(
+        "Tuple((uint64[::1], int64[::1], boolean[::1]))(uint32[::1], uint8[::1], int64[::1], int64, int64, float64, uint64, uint64)",
+        cache=True, nogil=True, boundscheck=False)
 def shingle_hashes(cps, class_table, doc_start, ngram, char_ngram, char_share, char_base, token_base):
     """(shingle hashes uint64, offsets int64, char_mode bool) of a batch, as `MinHasher.shingle`
     defines them.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from dsdata.compiled import export, njit
 
 _EOS = np.frombuffer(b"</s>", dtype=np.uint8)
 _LABEL = np.frombuffer(b"__label__", dtype=np.uint8)
@@ -32,7 +32,7 @@ def _fnv_step(h, byte):
     return ((h ^ x) * np.uint64(16777619)) & np.uint64(0xFFFFFFFF)
 
 
-@njit(cache=True, nogil=True)
+@export("uint64(uint8[::1], int64, int64)", cache=True, nogil=True)
 def _hash(buf, start, end):
     h = np.uint64(2166136261)
     for i in range(start, end):
@@ -48,7 +48,7 @@ def _same_bytes(x, xa, y, ya, n):
     return True
 
 
-@njit(cache=True, nogil=True)
+@export("int32[::1](uint8[::1], int64[::1])", cache=True, nogil=True)
 def build_word_table(words, word_offsets):
     """fastText's word2int: open addressing, ceil(size / 0.7) slots, linear probing."""
     size = word_offsets.shape[0] - 1
@@ -67,7 +67,7 @@ def build_word_table(words, word_offsets):
     return table
 
 
-@njit(cache=True, nogil=True)
+@export("Tuple((int32[:, ::1], uint64[::1]))(int32[::1], int32[::1], int64)", cache=True, nogil=True)
 def build_prune_table(keys, values, bucket):
     """The pruned n-gram map (bucket → row): a bitmap of the kept buckets, which answers most n-grams
     (not kept) with one bit test, and an open-addressing table of (key, value) pairs."""
@@ -103,7 +103,7 @@ def _pruned_row(table, bits, key):
         slot = (slot + 1) & mask
 
 
-@njit(cache=True, nogil=True)
+@export("int64(uint8[::1], int64, int64, uint64, uint8[::1], int64[::1], int32[::1])", cache=True, nogil=True)
 def _word_id(buf, a, b, h, words, word_offsets, table):
     slot = np.int64(h) % table.shape[0]
     while True:
@@ -184,7 +184,9 @@ def _subword_rows(buf, a, b, minn, maxn, bucket, prune_map, prune_bits, pruned, 
     return nout
 
 
-@njit(cache=True, nogil=True)
+@export(
+        "UniTuple(int64[::1], 2)(uint8[::1], int64[::1], boolean[::1], int64, int32[:, ::1], uint64[::1], boolean, int64, int64, int64)",
+        cache=True, nogil=True)
 def build_word_rows(words, word_offsets, word_is_label, nwords, prune_map, prune_bits, pruned, bucket, minn, maxn):
     """Each vocabulary word's input rows, as fastText lists them in initNgrams: the word's own id,
     then (except for </s>, and when maxn > 0) its character n-grams."""
@@ -228,7 +230,9 @@ def _std_log(x):
 
 # Long on purpose: one compiled loop over the bytes; split into calls, numba would pass state between
 # them through arrays or tuples each step (the point of the kernel is one pass without that).
-@njit(cache=True, nogil=True)
+@export(
+        "Tuple((int32[::1], float32[::1]))(uint8[::1], uint8[::1], int64[::1], boolean[::1], int32[::1], int64[::1], int64[::1], int64, int64, int32[:, ::1], uint64[::1], boolean, int64, int64, int64, int64, int64, float32[:, ::1], float32[:, ::1], float32[::1], boolean, int32[::1], int32[::1], int64, float32, int64)",
+        cache=True, nogil=True)
 def predict_lines(buf, words, word_offsets, word_is_label, table, word_row_offsets, word_rows, eos_id, nwords,
                   prune_map, prune_bits, pruned, bucket, minn, maxn, word_ngrams, dim,
                   in_rows, out_rows, out_norms,

@@ -6,7 +6,7 @@ tests/test_pii_kernels.py: _may_start against the regex, the same spans as the p
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from dsdata.compiled import export, njit
 
 # Shape bits (the `shapes` argument): which shapes the chosen kinds use.
 PLUS, INTL, ID, CARD, LAND, NANP, MOBILE, IPV4 = (1 << i for i in range(8))
@@ -391,7 +391,10 @@ def _found(t, p, n, n_all, shapes, tables):
 
 # Long on purpose: one compiled loop over the text, state (the run, where to read next) carried in
 # locals; split into calls it would pass that state back and forth for every run.
-@njit(cache=True)
+@export(
+        "int64(uint8[::1], int64, int64, int64[::1], int64[::1])",
+        "int64(uint32[::1], int64, int64, int64[::1], int64[::1])",
+        cache=True)
 def first_candidates(t, shapes, fewest, tables, out):
     """For each _HINT run that passes the gate: the items the regex and _classify would find in it
     one after another while _found can settle them (rows (kind 1-4, start, end)), then where Python

@@ -14,7 +14,7 @@ import re
 from functools import lru_cache
 
 import numpy as np
-from numba import njit
+from dsdata.compiled import export, njit
 
 _FIB = np.uint64(0x9E3779B97F4A7C15)
 
@@ -189,7 +189,7 @@ def code_points(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@export("UniTuple(int64, 3)(uint32[::1], uint16[::1])", cache=True, nogil=True, boundscheck=False)
 def prescan(cps, cls):
     """(letters, CJK letters, longest run of non-space non-CJK characters): the CJK ratio and the C4
     long-word gate of the text as it arrives."""
@@ -392,7 +392,9 @@ def _stop_word_count(cps, cls, spans, ids, strip, stops, stop_lens):
     return found
 
 
-@njit(cache=True, nogil=True)
+@export(
+        "int64[::1](uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[:, ::1], int64[::1], int64[:, ::1], int64[::1], int64[::1], int64[::1])",
+        cache=True, nogil=True)
 def _measure(cps, low, cls, short_limit, strip, stops, stop_lens, plan, sizes, top_slots, dup_slots):
     counts = np.zeros(_N_COUNTS, np.int64)
     lines, paras = _text_counts(cps, cls, short_limit, counts)
