@@ -3,7 +3,7 @@
 A kernel module (`*_kernels.py`) writes its loops for numba with this module's two decorators:
 `njit(...)` for a helper and `export(signature, ...)` for a function Python calls, with the numba
 signatures it is called with.  Installing dsdata compiles every export ahead of time into one
-extension, `dsdata._kernels` (setup.py → dsdata.compiled_build).  A process that finds it, built from
+extension, `dsdata._kernels` (setup.py).  A process that finds it, built from
 the kernel module's current source, runs the exports without importing numba: about 105 MB and
 1 CPU-s less in each process.  The JIT stays the fallback, with the same loops: for a call whose
 arrays match no exported signature, a kernel module edited since the build, a missing extension, or
@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import threading
+from pathlib import Path
 from types import ModuleType
 
 AOT_EXTENSION = "dsdata._kernels"
@@ -70,6 +71,13 @@ def import_compiled(module_name: str) -> ModuleType | bool:
     if not _aot_modules.get(module_name):
         _load_numba_registries()
     return module
+
+
+def kernel_modules() -> list[tuple[str, str]]:
+    """(module name, file) of every kernel module, `dsdata/**/*_kernels.py`, in a stable order."""
+    package = Path(__file__).resolve().parent
+    return [(".".join(("dsdata", *p.relative_to(package).with_suffix("").parts)), str(p))
+            for p in sorted(package.rglob("*_kernels.py"))]
 
 
 def module_key(module_name: str) -> str:
@@ -202,6 +210,6 @@ def export(*signatures: str, **options):
         if _aot_holds(func.__module__):
             return _Export(func, options, signatures)
         dispatcher = _numba().njit(**options)(func)
-        dispatcher.aot_signatures = signatures  # what dsdata.compiled_build compiles
+        dispatcher.aot_signatures = signatures  # what setup.py compiles
         return dispatcher
     return decorate

@@ -1,4 +1,4 @@
-"""dsdata/compiled.py and dsdata/compiled_build.py: the kernel modules' exports compiled ahead of time
+"""dsdata/compiled.py and setup.py: the kernel modules' exports compiled ahead of time
 into dsdata._kernels (built by `pip install`), run without importing numba, with the JIT as the
 fallback for a call no exported signature matches and for a kernel module edited since the build."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dsdata import compiled
-from dsdata.compiled_build import kernel_modules
+from dsdata.compiled import kernel_modules
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_NUMBA = __import__("importlib").util.find_spec("numba") is not None
@@ -27,7 +27,7 @@ def _built() -> bool:
 
 needs_extension = pytest.mark.skipif(
     not HAS_NUMBA or not _built(),
-    reason="dsdata._kernels is not built: `pip install -e .` or `python -m dsdata.compiled_build` builds it")
+    reason="dsdata._kernels is not built: `pip install -e .` (or `python setup.py build_ext --inplace`) builds it")
 
 
 def _python(code: str, *args: str, env: dict | None = None, cwd: Path = REPO) -> dict:
@@ -144,14 +144,15 @@ print(json.dumps({"ahead": compiled._aot_holds(spec.name), "numba": "numba" in s
 
 
 @needs_numba
-def test_the_build_command_compiles_an_extension_a_process_loads_without_numba(tmp_path):
-    """`python -m dsdata.compiled_build DIR`: one extension, each kernel module's digest recorded,
-    loaded by a process that never imports numba; a wrong command line is exit 2 and a usage line."""
-    built = subprocess.run([sys.executable, "-m", "dsdata.compiled_build", str(tmp_path)], capture_output=True,
-                           text=True, cwd=str(REPO), timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
+def test_setup_compiles_an_extension_a_process_loads_without_numba(tmp_path):
+    """setup.py's build_ext: one extension, each kernel module's digest recorded, loaded by a process
+    that never imports numba (pip runs the same command when it installs dsdata)."""
+    built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path / "lib"),
+                            "--build-temp", str(tmp_path / "temp")], capture_output=True, text=True, cwd=str(REPO),
+                           timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert built.returncode == 0, built.stderr[-3000:]
-    (so,) = tmp_path.glob("_kernels*")
-    assert f"into {so}" in built.stdout
+    (so,) = (tmp_path / "lib" / "dsdata").glob("_kernels*")
+    assert f"into {so}" in built.stderr
     code = r"""
 import importlib.machinery, importlib.util, json, sys
 import numpy as np
@@ -159,9 +160,8 @@ loader = importlib.machinery.ExtensionFileLoader("dsdata._kernels", sys.argv[1])
 ext = importlib.util.module_from_spec(importlib.util.spec_from_loader("dsdata._kernels", loader))
 loader.exec_module(ext)
 from dsdata import compiled
-from dsdata.compiled_build import kernel_modules
-digests = {name: getattr(ext, compiled.module_key(name) + "__digest")() == compiled.source_digest(str(path))
-           for name, path in kernel_modules()}
+digests = {name: getattr(ext, compiled.module_key(name) + "__digest")() == compiled.source_digest(path)
+           for name, path in compiled.kernel_modules()}
 table = np.zeros(65536, np.uint16)
 counts = ext.stages_rules_kernels__prescan__0(np.frombuffer("ab 中".encode("utf-32-le"), np.uint32), table)
 print(json.dumps({"digests": digests, "numba": "numba" in sys.modules, "counts": list(counts)}))
@@ -169,6 +169,3 @@ print(json.dumps({"digests": digests, "numba": "numba" in sys.modules, "counts":
     seen = _python(code, str(so))
     assert seen["digests"] == dict.fromkeys(seen["digests"], True) and len(seen["digests"]) >= 5
     assert seen["numba"] is False and len(seen["counts"]) == 3
-    wrong = subprocess.run([sys.executable, "-m", "dsdata.compiled_build", "a", "b"], capture_output=True, text=True,
-                           cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert wrong.returncode == 2 and wrong.stderr.startswith("usage: python -m dsdata.compiled_build")
