@@ -9,6 +9,7 @@ open-addressing table sized for the worst case up front.
 from __future__ import annotations
 
 import numpy as np
+
 from dsdata.compiled import export, njit
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -65,7 +66,8 @@ def _end_tag_at(b, p, end, store, key_start, key_len):
 # Long on purpose: one compiled loop over the bytes; split into calls, numba would pass state between
 # them through arrays or tuples each step (the point of the kernel is one pass without that).
 @export(
-        "Tuple((boolean, boolean, uint8[::1], int64[::1], int64[::1], int8[::1], int64))(uint8[::1], int64, int64, uint8[::1], int64[::1], int64[::1])",
+        "Tuple((boolean, boolean, uint8[::1], int64[::1], int64[::1], int8[::1], int64))(uint8[::1], "
+        "int64, int64, uint8[::1], int64[::1], int64[::1])",
         cache=True, nogil=True, boundscheck=False)
 def tag_scan(b, end, max_depth, known, known_offsets, known_flags):
     """Scan b[:end] (end: just after the page's last `>`).

@@ -8,6 +8,7 @@ polynomial hashes per token and shingle directly, with no batch-sized temporarie
 from __future__ import annotations
 
 import numpy as np
+
 from dsdata.compiled import export, njit
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -71,7 +72,8 @@ def signatures(x32, offsets, a, b, out):
 # Long on purpose: one compiled loop over the bytes; split into calls, numba would pass state between
 # them through arrays or tuples each step (the point of the kernel is one pass without that).
 @export(
-        "Tuple((uint64[::1], int64[::1], boolean[::1]))(uint32[::1], uint8[::1], int64[::1], int64, int64, float64, uint64, uint64)",
+        "Tuple((uint64[::1], int64[::1], boolean[::1]))(uint32[::1], uint8[::1], int64[::1], int64, "
+        "int64, float64, uint64, uint64)",
         cache=True, nogil=True, boundscheck=False)
 def shingle_hashes(cps, class_table, doc_start, ngram, char_ngram, char_share, char_base, token_base):
     """(shingle hashes uint64, offsets int64, char_mode bool) of a batch, as `MinHasher.shingle`

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from dsdata.compiled import export, njit
 
 _EOS = np.frombuffer(b"</s>", dtype=np.uint8)
@@ -185,7 +186,8 @@ def _subword_rows(buf, a, b, minn, maxn, bucket, prune_map, prune_bits, pruned, 
 
 
 @export(
-        "UniTuple(int64[::1], 2)(uint8[::1], int64[::1], boolean[::1], int64, int32[:, ::1], uint64[::1], boolean, int64, int64, int64)",
+        "UniTuple(int64[::1], 2)(uint8[::1], int64[::1], boolean[::1], int64, int32[:, ::1], "
+        "uint64[::1], boolean, int64, int64, int64)",
         cache=True, nogil=True)
 def build_word_rows(words, word_offsets, word_is_label, nwords, prune_map, prune_bits, pruned, bucket, minn, maxn):
     """Each vocabulary word's input rows, as fastText lists them in initNgrams: the word's own id,
@@ -231,7 +233,10 @@ def _std_log(x):
 # Long on purpose: one compiled loop over the bytes; split into calls, numba would pass state between
 # them through arrays or tuples each step (the point of the kernel is one pass without that).
 @export(
-        "Tuple((int32[::1], float32[::1]))(uint8[::1], uint8[::1], int64[::1], boolean[::1], int32[::1], int64[::1], int64[::1], int64, int64, int32[:, ::1], uint64[::1], boolean, int64, int64, int64, int64, int64, float32[:, ::1], float32[:, ::1], float32[::1], boolean, int32[::1], int32[::1], int64, float32, int64)",
+        "Tuple((int32[::1], float32[::1]))(uint8[::1], uint8[::1], int64[::1], boolean[::1], int32[::1], "
+        "int64[::1], int64[::1], int64, int64, int32[:, ::1], uint64[::1], boolean, int64, int64, int64, "
+        "int64, int64, float32[:, ::1], float32[:, ::1], float32[::1], boolean, int32[::1], int32[::1], "
+        "int64, float32, int64)",
         cache=True, nogil=True)
 def predict_lines(buf, words, word_offsets, word_is_label, table, word_row_offsets, word_rows, eos_id, nwords,
                   prune_map, prune_bits, pruned, bucket, minn, maxn, word_ngrams, dim,

@@ -6,6 +6,7 @@ tests/test_pii_kernels.py: _may_start against the regex, the same spans as the p
 from __future__ import annotations
 
 import numpy as np
+
 from dsdata.compiled import export, njit
 
 # Shape bits (the `shapes` argument): which shapes the chosen kinds use.

@@ -14,6 +14,7 @@ import re
 from functools import lru_cache
 
 import numpy as np
+
 from dsdata.compiled import export, njit
 
 _FIB = np.uint64(0x9E3779B97F4A7C15)
@@ -393,7 +394,8 @@ def _stop_word_count(cps, cls, spans, ids, strip, stops, stop_lens):
 
 
 @export(
-        "int64[::1](uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[:, ::1], int64[::1], int64[:, ::1], int64[::1], int64[::1], int64[::1])",
+        "int64[::1](uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[:, ::1], int64[::1], "
+        "int64[:, ::1], int64[::1], int64[::1], int64[::1])",
         cache=True, nogil=True)
 def _measure(cps, low, cls, short_limit, strip, stops, stop_lens, plan, sizes, top_slots, dup_slots):
     counts = np.zeros(_N_COUNTS, np.int64)
