@@ -144,7 +144,7 @@ from apache_beam.runners.worker.data_plane import GrpcClientDataChannel
 
 class Data(beam_fn_api_pb2_grpc.BeamFnDataServicer):
     def Data(self, request_iterator, context):
-        context.abort(getattr(grpc.StatusCode, sys.argv[1]), "Multiplexer hanging up")
+        context.abort(getattr(grpc.StatusCode, sys.argv[1]), sys.argv[2])
 
 server = grpc.server(futures.ThreadPoolExecutor(2))
 beam_fn_api_pb2_grpc.add_BeamFnDataServicer_to_server(Data(), server)
@@ -159,17 +159,22 @@ print("reader finished")
 """
 
 
-@pytest.mark.parametrize("status", ["CANCELLED", "INTERNAL"])
-def test_a_harness_stream_the_runner_hangs_up_prints_no_traceback_other_errors_still_do(status, tmp_path):
+@pytest.mark.parametrize("status, details, hung_up", [
+    ("CANCELLED", "Multiplexer hanging up", True),
+    ("UNKNOWN", "Application error processing RPC", True),  # grpc-java: the job server's handler threw
+    ("UNKNOWN", "the state cache is corrupt", False),
+    ("INTERNAL", "Multiplexer hanging up", False)])
+def test_a_harness_stream_the_runner_hangs_up_prints_no_traceback_other_errors_still_do(status, details, hung_up,
+                                                                                        tmp_path):
     script = tmp_path / "hung_up.py"
     script.write_text(_HUNG_UP)
-    done = subprocess.run([sys.executable, str(script), status], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run([sys.executable, str(script), status, details], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0 and "reader finished" in done.stdout, done.stderr[-3000:]
-    if status == "CANCELLED":  # the hang-up at a job's end: nothing from the logger, nothing from the thread
+    if hung_up:  # the hang-up at a job's end: nothing from the logger, nothing from the thread
         assert "Traceback" not in done.stderr and "Failed to read inputs" not in done.stderr, done.stderr
     else:  # any other status is a real failure and prints as Beam prints it
-        assert "Failed to read inputs in the data plane" in done.stderr and "StatusCode.INTERNAL" in done.stderr
+        assert "Failed to read inputs in the data plane" in done.stderr and f"StatusCode.{status}" in done.stderr
 
 
 # The real cluster: a JobManager and two one-slot TaskManagers started by Flink's scripts, the SDK harness

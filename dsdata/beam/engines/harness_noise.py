@@ -1,8 +1,9 @@
 """Beam's SDK harness, hung up on by its runner: no tracebacks for the streams a runner closes.
 
 When a portable runner is done with a job it closes the harness's gRPC streams, whose threads then
-die with a gRPC `CANCELLED` traceback before a successful run's `ledger ok`.  Only that status is
-dropped, in the logger's records and those threads' uncaught exceptions (and Beam's "Waiting for
+die with a gRPC traceback before a successful run's `ledger ok`: `CANCELLED`, or `UNKNOWN` with
+"Application error processing RPC" (grpc-java's answer when the job server's handler of the stream
+throws as the job is torn down).  Only those are dropped, in the logger's records and those threads' uncaught exceptions (and Beam's "Waiting for
 grpc channel to be ready" while a Java job server starts, and a worker's "apitools not found"); anything
 else prints as before.
 """
@@ -25,8 +26,11 @@ def _hung_up(exc: BaseException | None) -> bool:
         import grpc
     except ImportError:
         return False
-    code = getattr(exc, "code", None)
-    return isinstance(exc, grpc.RpcError) and callable(code) and code() == grpc.StatusCode.CANCELLED
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if not (isinstance(exc, grpc.RpcError) and callable(code)):
+        return False
+    return code() == grpc.StatusCode.CANCELLED or (
+        code() == grpc.StatusCode.UNKNOWN and callable(details) and details() == "Application error processing RPC")
 
 
 class _HungUpRecords(logging.Filter):
