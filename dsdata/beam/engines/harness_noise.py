@@ -3,9 +3,9 @@
 When a portable runner is done with a job it closes the harness's gRPC streams, whose threads then
 die with a gRPC traceback before a successful run's `ledger ok`: `CANCELLED`, or `UNKNOWN` with
 "Application error processing RPC" (grpc-java's answer when the job server's handler of the stream
-throws as the job is torn down).  Only those are dropped, in the logger's records and those threads' uncaught exceptions (and Beam's "Waiting for
-grpc channel to be ready" while a Java job server starts, and a worker's "apitools not found"); anything
-else prints as before.
+throws as the job is torn down).  Only those are dropped, in the logger's records and those threads'
+uncaught exceptions (and Beam's "Waiting for grpc channel to be ready" while a Java job server starts,
+and a worker's "apitools not found"); anything else prints as before.
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ def _hung_up(exc: BaseException | None) -> bool:
     code, details = getattr(exc, "code", None), getattr(exc, "details", None)
     if not (isinstance(exc, grpc.RpcError) and callable(code)):
         return False
-    return code() == grpc.StatusCode.CANCELLED or (
-        code() == grpc.StatusCode.UNKNOWN and callable(details) and details() == "Application error processing RPC")
+    status = code()
+    return status == grpc.StatusCode.CANCELLED or (
+        status == grpc.StatusCode.UNKNOWN and callable(details) and details() == "Application error processing RPC")
 
 
 class _HungUpRecords(logging.Filter):
