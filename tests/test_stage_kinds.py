@@ -309,19 +309,25 @@ print(json.dumps(seen))
 def test_a_run_imports_no_pandas_uses_the_system_arrow_pool_and_pandas_works_after_it(tmp_path, pool):
     """dsdata/beam/engines/mlimport.py: Beam imports pandas only for its DataFrame type hints, and
     pyarrow at its first pa.array() of a list (~45 MB of every launcher); pymongo, bson and requests
-    only for MongoDB and BigQuery IO.  A real run loads none and says nothing of them; a plug-in's later
-    `import pandas`, pyarrow's to_pandas() / pa.array(Series) and Beam's BigQuery IO still work.
+    only for MongoDB and BigQuery IO, boto3 only for S3.  A real run loads none and says nothing of
+    them; a plug-in's later `import pandas`, pyarrow's to_pandas() / pa.array(Series), Beam's BigQuery
+    IO and its S3 client (boto3 imported then, its requests bounded) still work.
     Arrow allocates from the system pool unless the user named one (docs/memory.md)."""
     code = r"""
 import json, sys
 from dsdata.cli import main
 rc = main(["run", sys.argv[1], "--output", sys.argv[2], "--quiet"])
-during = sorted(m for m in ("pandas", "pymongo", "bson", "requests") if m in sys.modules)
+during = sorted(m for m in ("pandas", "pymongo", "bson", "requests", "boto3") if m in sys.modules)
 import pandas, pyarrow as pa
 from apache_beam.io.gcp import bigquery
+from apache_beam.io.aws import s3io
+s3 = s3io.S3IO(options={"s3_region_name": "us-east-1", "s3_access_key_id": "k", "s3_secret_access_key": "s",
+                        "s3_endpoint_url": "http://127.0.0.1:9"}).client  # boto3 imported now, the client bounded
 frame = pa.table({"a": [1, 2]}).to_pandas()
 print(json.dumps({"rc": rc, "during": during, "frame": list(frame["a"]), "pool": pa.default_memory_pool().backend_name,
-                  "series": pa.array(pandas.Series([3, 4])).to_pylist(), "requests": "requests" in sys.modules}))
+                  "series": pa.array(pandas.Series([3, 4])).to_pylist(), "requests": "requests" in sys.modules,
+                  "s3": type(s3.client).__module__.split(".")[0], "boto3": "boto3" in sys.modules,
+                  "bounded": getattr(type(s3), "dsdata_bounded", False)}))
 """
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
     out = subprocess.run([sys.executable, "-c", code, str(REPO / "pipelines" / "pretrain.yaml"), str(tmp_path / "out")],
@@ -329,7 +335,8 @@ print(json.dumps({"rc": rc, "during": during, "frame": list(frame["a"]), "pool":
                          env={**env, "PYTHONPATH": str(REPO), **({"ARROW_DEFAULT_MEMORY_POOL": pool} if pool else {})})
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen == {"rc": 0, "during": [], "frame": [1, 2], "series": [3, 4], "pool": pool or "system", "requests": True}
+    assert seen == {"rc": 0, "during": [], "frame": [1, 2], "series": [3, 4], "pool": pool or "system", "requests": True,
+                    "s3": "botocore", "boto3": True, "bounded": True}
     assert "bson" not in out.stderr and "apitools" not in out.stderr, out.stderr[-3000:]
 
 

@@ -138,6 +138,7 @@ def probe_s3_endpoint(options, bucket: str) -> None:
 # Every S3 request after the launch: a connection within CONNECT_TIMEOUT_S, a first byte of the answer
 # within READ_TIMEOUT_S, botocore's own retry once.
 CONNECT_TIMEOUT_S, READ_TIMEOUT_S, S3_ATTEMPTS = 5, 20, 2
+S3_CLIENT_MODULE = "apache_beam.io.aws.clients.s3.boto3_client"
 _S3_CLIENT_METHODS = ("get_object_metadata", "get_stream", "list", "create_multipart_upload", "upload_part",
                       "complete_multipart_upload", "delete", "delete_batch", "copy")
 
@@ -146,10 +147,10 @@ def bound_s3_requests() -> None:
     """Make every S3 request of this process fail fast, in one line, when the endpoint stops answering:
     Beam's S3 client is replaced by one with short timeouts whose calls raise a PermanentException
     (not retried) on a connection-level failure; a server's answer keeps Beam's handling.  Idempotent;
-    a no-op without boto3."""
-    from apache_beam.io.aws.clients.s3 import boto3_client
-
-    if boto3_client.boto3 is None or getattr(boto3_client.Client, "dsdata_bounded", False):
+    a no-op without boto3, and until Beam's client module is imported (mlimport defers it to the first
+    S3 file opened, and calls this then)."""
+    boto3_client = sys.modules.get(S3_CLIENT_MODULE)
+    if boto3_client is None or boto3_client.boto3 is None or getattr(boto3_client.Client, "dsdata_bounded", False):
         return
     boto3_client.Client = _bounded_client_class(boto3_client.Client)
     # Beam's S3 uploader logs the failure's traceback before raising it: the run's one line says it.

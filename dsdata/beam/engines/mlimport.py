@@ -2,7 +2,8 @@
 type hints need it: ~45 MB of every launcher and worker), pymongo and bson (MongoDB IO) and requests
 (GCE metadata for BigQuery IO; ~10 MB and 0.15 CPU-s together), `apache_beam.ml.inference.base`
 without its optional model manager (only for `use_model_manager=True`; it pulls in torch and scipy in
-every worker).
+every worker).  boto3 (~8 MB per process) is deferred, not dropped: Beam's S3 I/O imports it at the
+first s3:// file it opens (`_defer_boto3`).
 
 `install()` puts a finder first on `sys.meta_path` that runs those modules while it refuses those
 imports, so a later import gets the real one (Beam's BigQuery IO imports again then; its MongoDB IO
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import logging
 import sys
 
 BASE = "apache_beam.ml.inference.base"
 MODEL_MANAGER = "apache_beam.ml.inference.model_manager"
-HIDDEN = {"apache_beam": ("pandas", "pymongo", "bson", "requests"), BASE: (MODEL_MANAGER,)}  # module: the imports it runs without
+HIDDEN = {"apache_beam": ("pandas", "pymongo", "bson", "requests", "boto3"), BASE: (MODEL_MANAGER,)}  # module: the imports it runs without
 _refused: set[str] = set()
 
 
@@ -45,8 +47,33 @@ class _BaseLoader(importlib.abc.Loader):
                 sys.modules["pyarrow"].array([])
         finally:
             _refused.difference_update(hidden)
+        if "boto3" in hidden:
+            _defer_boto3()
         if getattr(module, "resource", False) is None:  # base's `try` set it so: dsdata runs on Unix only
             module.resource = importlib.import_module("resource")
+
+
+class _DeferredS3Client:
+    """Beam's S3 client module as s3io sees it until the first S3IO is made: then it is imported
+    (boto3 with it), put in its place, and its requests bounded (dsdata/beam/location.py)."""
+
+    def __getattr__(self, attr):
+        from apache_beam.io.aws import s3io
+        from apache_beam.io.aws.clients.s3 import boto3_client
+
+        from dsdata.beam.location import bound_s3_requests
+
+        s3io.boto3_client = boto3_client
+        bound_s3_requests()
+        return getattr(boto3_client, attr)
+
+
+def _defer_boto3() -> None:
+    """Beam's S3 I/O, imported without boto3, told that it is there (when it is)."""
+    s3io = sys.modules.get("apache_beam.io.aws.s3io")
+    if s3io is not None and not s3io.BOTO3_INSTALLED and importlib.util.find_spec("boto3") is not None:
+        s3io.boto3_client = _DeferredS3Client()
+        s3io.BOTO3_INSTALLED = True
 
 
 class _BaseFinder(importlib.abc.MetaPathFinder):
