@@ -336,9 +336,10 @@ def _apply_stages(docs, stages: list[Stage], output: str, start: int = 0):
 
 
 # Rows go to Parquet as Arrow record batches of this many records, and a table (one row group) per
-# this many bytes of them or per bundle: what a writer holds, and what the report reads at once.
+# this many bytes of them or per bundle: what a writer holds (twice, while Parquet encodes it), and
+# what the report reads at once.  16 MB cost each two-worker SDK worker ~14 MB of peak (docs/memory.md).
 ARROW_BATCH_ROWS = 1000
-ARROW_TABLE_BYTES = 16 << 20
+ARROW_TABLE_BYTES = 4 << 20
 
 
 class _ArrowTables(beam.DoFn):
