@@ -336,8 +336,8 @@ def _apply_stages(docs, stages: list[Stage], output: str, start: int = 0):
 
 
 # Rows go to Parquet as Arrow record batches of this many records, and a table (one row group) per
-# this many bytes of them or per bundle: what a writer holds (twice, while Parquet encodes it), and
-# what the report reads at once.  16 MB cost each two-worker SDK worker ~14 MB of peak (docs/memory.md).
+# this many bytes of them or per bundle: what a writer holds while Parquet encodes it, and what the
+# report reads at once (docs/memory.md, "The Parquet writers").
 ARROW_BATCH_ROWS = 1000
 ARROW_TABLE_BYTES = 4 << 20
 
