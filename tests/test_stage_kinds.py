@@ -309,15 +309,36 @@ print(json.dumps(seen))
 def test_a_run_imports_no_pandas_uses_the_system_arrow_pool_and_pandas_works_after_it(tmp_path, pool):
     """dsdata/beam/engines/mlimport.py: Beam imports pandas only for its DataFrame type hints, and
     pyarrow at its first pa.array() of a list (~45 MB of every launcher); pymongo, bson and requests
-    only for MongoDB and BigQuery IO, boto3 only for S3.  A real run loads none and says nothing of
-    them; a plug-in's later `import pandas`, pyarrow's to_pandas() / pa.array(Series), Beam's BigQuery
-    IO and its S3 client (boto3 imported then, its requests bounded) still work.
+    only for MongoDB and BigQuery IO, boto3 only for S3; beartype, fastavro, cryptography and httplib2
+    only for a type check, Avro, GroupByEncryptedKey and HTTP proxies.  A real run loads none and says
+    nothing of them; a plug-in's later `import pandas`, pyarrow's to_pandas() / pa.array(Series),
+    Beam's BigQuery IO, its S3 client (boto3 imported then, its requests bounded), Avro files, Fernet
+    keys, type hint checks and HTTP clients still work, with the real modules in Beam's names.
     Arrow allocates from the system pool unless the user named one (docs/memory.md)."""
     code = r"""
 import json, sys
 from dsdata.cli import main
 rc = main(["run", sys.argv[1], "--output", sys.argv[2], "--quiet"])
-during = sorted(m for m in ("pandas", "pymongo", "bson", "requests", "boto3") if m in sys.modules)
+during = sorted(m for m in ("pandas", "pymongo", "bson", "requests", "boto3", "beartype", "fastavro", "cryptography",
+                            "httplib2", "pyparsing") if m in sys.modules)
+import typing
+from apache_beam.typehints import typehints
+consistent = [typehints.is_consistent_with(typing.List[int], typing.Sequence[int]), typehints.is_consistent_with(int, str)]
+import apache_beam as beam
+from apache_beam.io import avroio
+from apache_beam.transforms import util
+from apache_beam.internal import http_client
+schema = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}
+with beam.Pipeline() as p:
+    _ = p | beam.Create([{"a": 1}, {"a": 2}]) | avroio.WriteToAvro(sys.argv[2] + "-avro/x", schema=schema)
+with beam.Pipeline() as p:
+    _ = p | avroio.ReadFromAvro(sys.argv[2] + "-avro/x*") | beam.Map(lambda d: d["a"]) | beam.io.WriteToText(sys.argv[2] + "-avro/a")
+import glob
+avro = sorted(int(v) for f in glob.glob(sys.argv[2] + "-avro/a*") for v in open(f).read().split())
+from cryptography.fernet import Fernet
+fernet = util.Fernet(Fernet.generate_key())
+late = {"avro": avro, "fernet": fernet.decrypt(fernet.encrypt(b"x")).decode(), "consistent": consistent,
+        "http": type(http_client.get_new_http()).__name__, "real": util.Fernet is Fernet and typehints.is_subhint.__module__.startswith("beartype.door.")}
 import pandas, pyarrow as pa
 from apache_beam.io.gcp import bigquery
 from apache_beam.io.aws import s3io
@@ -327,7 +348,7 @@ frame = pa.table({"a": [1, 2]}).to_pandas()
 print(json.dumps({"rc": rc, "during": during, "frame": list(frame["a"]), "pool": pa.default_memory_pool().backend_name,
                   "series": pa.array(pandas.Series([3, 4])).to_pylist(), "requests": "requests" in sys.modules,
                   "s3": type(s3.client).__module__.split(".")[0], "boto3": "boto3" in sys.modules,
-                  "bounded": getattr(type(s3), "dsdata_bounded", False)}))
+                  "bounded": getattr(type(s3), "dsdata_bounded", False), "late": late}))
 """
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
     out = subprocess.run([sys.executable, "-c", code, str(REPO / "pipelines" / "pretrain.yaml"), str(tmp_path / "out")],
@@ -336,7 +357,9 @@ print(json.dumps({"rc": rc, "during": during, "frame": list(frame["a"]), "pool":
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"rc": 0, "during": [], "frame": [1, 2], "series": [3, 4], "pool": pool or "system", "requests": True,
-                    "s3": "botocore", "boto3": True, "bounded": True}
+                    "s3": "botocore", "boto3": True, "bounded": True,
+                    "late": {"avro": [1, 2], "fernet": "x", "consistent": [True, False], "http": "Http",
+                             "real": True}}
     assert "bson" not in out.stderr and "apitools" not in out.stderr, out.stderr[-3000:]
 
 
@@ -364,6 +387,12 @@ def test_a_relevance_run_imports_neither_torch_scipy_nor_pandas_in_the_launcher_
     assert "apache_beam.ml.inference.base" in imported
     assert "torch" not in imported and "scipy.optimize" not in imported
     assert not [m for m in imported if m.startswith("pandas.")]  # (a refused `import pandas` is logged too)
+    # What Beam imports but uses only in some IO or type check is a stand-in in every process (the
+    # import log names the stand-in modules only): not beartype's, fastavro's, cryptography's or
+    # httplib2's own modules, nor pyparsing (mlimport.StandIn).
+    late = {m for m in imported if m.split(".")[0] in ("beartype", "fastavro", "cryptography", "httplib2", "pyparsing")}
+    assert late <= {"beartype", "beartype.door", "beartype.roar", "fastavro", "fastavro.read", "fastavro.write",
+                    "cryptography", "cryptography.fernet", "httplib2"}, late
     # --quiet: the workers' stderr has none of Beam's start-up lines ("Logging handler created.",
     # "apitools not found") nor records in logging's default format.
     said = [line for line in out.stderr.splitlines() if not line.startswith("import time:")]

@@ -6,7 +6,7 @@
     lean_worker.py  SDK workers started without pandas (Beam's worker main, after mlimport)
     worker_pool.py  the worker pool TaskManagers ask for SDK workers (--environment_type=EXTERNAL)
     speedups.py     Beam patches applied at import (option views, DoFn specs, collections)
-    mlimport.py     Beam's RunInference imported without torch/scipy (installed by dsdata/beam/__init__.py)
+    mlimport.py     Beam imported without what dsdata never uses, stand-ins for what it uses late (installed by dsdata/beam/__init__.py)
 
 The runner registry itself is plain data in dsdata/runners.py.  The local Flink test cluster is
 test tooling (tests/local_flink.py, tests/loopback_relay.py).
