@@ -144,8 +144,11 @@ def _short(value: object) -> str:
 
 def copy_document(doc: Document) -> Document:
     """A copy of `doc` that a stage can change in place without changing `doc`: its dicts and lists
-    (metadata, annotations, and what they hold) are new, its strings shared."""
-    return Document(doc.id, doc.text, _copied(doc.metadata), _copied(doc.annotations), doc.derived_from)
+    (metadata, annotations, and what they hold) are new, its strings shared (and a text not yet
+    unpacked: dsdata/document.py unpack_document)."""
+    copied = Document.__new__(Document)
+    copied.__dict__.update(doc.__dict__, metadata=_copied(doc.metadata), annotations=_copied(doc.annotations))
+    return copied
 
 
 def _copied(value):
