@@ -42,9 +42,31 @@ def _put_bytes(out: bytearray, tag: bytes, data: bytes) -> None:
     out += data
 
 
-def _encode(value: Any, out: bytearray) -> None:
+def _encode(value: Any, out: bytearray, _pack_len=_LEN.pack) -> None:
+    """`value` appended to `out`: the kinds a packed document holds most tested first, strings and
+    bytes written inline (every parked or spilled record passes here once per step that writes it)."""
     kind = type(value)
-    if value is None:
+    if kind is str:
+        data = value.encode("utf-8", "surrogatepass")
+        out += b"s"
+        out += _pack_len(len(data))
+        out += data
+    elif kind is bytes:
+        out += b"b"
+        out += _pack_len(len(value))
+        out += value
+    elif kind is tuple or kind is list:
+        out += b"t" if kind is tuple else b"l"
+        out += _pack_len(len(value))
+        for item in value:
+            _encode(item, out)
+    elif kind is dict:
+        out += b"d"
+        out += _pack_len(len(value))
+        for key, item in value.items():
+            _encode(key, out)
+            _encode(item, out)
+    elif value is None:
         out += b"N"
     elif kind is bool:
         out += b"T" if value else b"F"
@@ -57,21 +79,6 @@ def _encode(value: Any, out: bytearray) -> None:
     elif kind is float:
         out += b"f"
         out += _F64.pack(value)
-    elif kind is str:
-        _put_bytes(out, b"s", value.encode("utf-8", "surrogatepass"))
-    elif kind is bytes:
-        _put_bytes(out, b"b", value)
-    elif kind is list or kind is tuple:
-        out += b"l" if kind is list else b"t"
-        out += _LEN.pack(len(value))
-        for item in value:
-            _encode(item, out)
-    elif kind is dict:
-        out += b"d"
-        out += _LEN.pack(len(value))
-        for key, item in value.items():
-            _encode(key, out)
-            _encode(item, out)
     elif kind in (_dt.datetime, _dt.time) and (value.tzinfo is None or type(value.tzinfo) is _dt.timezone):
         # isoformat round-trips naive and fixed-offset values exactly (microseconds, fold aside).
         if value.fold:
@@ -107,34 +114,35 @@ def _sized(data: bytes, pos: int) -> tuple[bytes, int]:
     return data[start:end], end
 
 
-def _value(data: bytes, pos: int) -> tuple[Any, int]:
-    """The value at `pos` and the position after it: one flat dispatch on the tag byte (~4× a
-    method call per field; every parked or spilled record is decoded once per step that reads it)."""
+def _value(data: bytes, pos: int, _u32=_U32) -> tuple[Any, int]:
+    """The value at `pos` and the position after it: one flat dispatch on the tag byte, strings and
+    bytes read inline (~4× a method call per field)."""
     tag = data[pos]
+    if tag == 115 or tag == 98:  # s, b
+        start = pos + 5
+        end = start + _u32(data, pos + 1)[0]
+        if end > len(data):
+            raise SpillFormatError("record ends early")
+        return (data[start:end].decode("utf-8", "surrogatepass") if tag == 115 else data[start:end]), end
     pos += 1
-    if tag == 115:  # s
-        raw, pos = _sized(data, pos)
-        return raw.decode("utf-8", "surrogatepass"), pos
-    if tag == 98:  # b
-        return _sized(data, pos)
-    if tag in _CONSTANTS:
-        return _CONSTANTS[tag], pos
-    if tag in _FIXED:
-        return _FIXED[tag](data, pos)[0], pos + 8
     if tag == 108 or tag == 116:  # l, t
         items = []
-        count, pos = _U32(data, pos)[0], pos + 4
+        count, pos = _u32(data, pos)[0], pos + 4
         for _ in range(count):
             item, pos = _value(data, pos)
             items.append(item)
         return (items if tag == 108 else tuple(items)), pos
     if tag == 100:  # d
         out = {}
-        count, pos = _U32(data, pos)[0], pos + 4
+        count, pos = _u32(data, pos)[0], pos + 4
         for _ in range(count):
             key, pos = _value(data, pos)
             out[key], pos = _value(data, pos)
         return out, pos
+    if tag in _CONSTANTS:
+        return _CONSTANTS[tag], pos
+    if tag in _FIXED:
+        return _FIXED[tag](data, pos)[0], pos + 8
     if tag not in _FROM_ASCII:
         raise SpillFormatError(f"unknown tag {bytes([tag])!r}")
     raw, pos = _sized(data, pos)
@@ -277,6 +285,7 @@ def remove_spill(run_dir: str) -> None:
 # key mod GROUP_PARTITIONS); only (partition, (file, offset, length, input)) entries cross the
 # runner's GroupByKey, and a worker reads back and groups one partition at a time.
 GROUP_PARTITIONS = 64
+_PAIR = b"t" + _LEN.pack(2)
 GROUP_PENDING_BYTES = 16 << 20
 
 
@@ -284,8 +293,8 @@ GROUP_PENDING_BYTES = 16 << 20
 # encode() (over a CPU-second per grouping when the graph is built); the int key gets VarIntCoder.
 @beam.typehints.with_output_types(Tuple[int, Tuple[str, int, int, int]])
 class _SpillRuns(beam.DoFn):
-    def __init__(self, spill_dir: str, source: int):
-        self.spill_dir, self.source = spill_dir, source
+    def __init__(self, spill_dir: str, source: int, pairs=None):
+        self.spill_dir, self.source, self.pairs = spill_dir, source, pairs
 
     def setup(self):
         make_private_dir(self.spill_dir)
@@ -295,14 +304,19 @@ class _SpillRuns(beam.DoFn):
         self._bytes, self._fh, self._runs = 0, None, []
 
     def process(self, item):
-        key, value = item
-        record = encode((key, value))
-        run = self._pending.setdefault(zlib.crc32(encode(key)) % GROUP_PARTITIONS, bytearray())
-        run += _LEN.pack(len(record))
-        run += record
-        self._bytes += len(record) + 4
-        if self._bytes >= GROUP_PENDING_BYTES:
-            self._flush()
+        pending = self._pending
+        for key, value in (item,) if self.pairs is None else self.pairs(item):
+            key_data = encode(key)
+            record = _PAIR + key_data + encode(value)  # encode((key, value)), the key encoded once
+            run = pending.get(partition := zlib.crc32(key_data) % GROUP_PARTITIONS)
+            if run is None:
+                run = pending[partition] = bytearray()
+            run += _LEN.pack(len(record))
+            run += record
+            self._bytes += len(record) + 4
+            if self._bytes >= GROUP_PENDING_BYTES:
+                self._flush()
+                pending = self._pending
         return ()
 
     def _flush(self):
@@ -367,16 +381,18 @@ class _GroupRuns(beam.DoFn):
 
 class SpilledGroupByKey(beam.PTransform):
     """GroupByKey (one PCollection) or CoGroupByKey (a dict of them) whose records wait in spill files
-    under `spill_dir`, not in the runner; keys and values must be spillable."""
+    under `spill_dir`, not in the runner; keys and values must be spillable.  With `pairs`, each
+    element stands for the (key, value) records `pairs(element)` yields, made in the spill step (so
+    Beam handles one element where a FlatMap before it would hand over many)."""
 
-    def __init__(self, spill_dir: str):
+    def __init__(self, spill_dir: str, pairs=None):
         super().__init__()
-        self.spill_dir = spill_dir
+        self.spill_dir, self.pairs = spill_dir, pairs
 
     def expand(self, pcolls):
         tags = list(pcolls) if isinstance(pcolls, dict) else None
         inputs = [pcolls[t] for t in tags] if tags else [pcolls]
-        runs = tuple(p | f"Spill{i}" >> beam.ParDo(_SpillRuns(self.spill_dir, i)) for i, p in enumerate(inputs))
+        runs = tuple(p | f"Spill{i}" >> beam.ParDo(_SpillRuns(self.spill_dir, i, self.pairs)) for i, p in enumerate(inputs))
         return (runs | "Runs" >> beam.Flatten() | "ByPartition" >> beam.GroupByKey()
                 | "Group" >> beam.ParDo(_GroupRuns(self.spill_dir, len(inputs)))
                 | "Values" >> beam.MapTuple(lambda key, lists: (key, dict(zip(tags, lists)) if tags else lists[0])))

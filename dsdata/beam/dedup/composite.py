@@ -208,8 +208,10 @@ class _ExactGroups(beam.DoFn):
 
 
 def _band_items(item):
+    """(band key, node) for each of a node's bands; the 64-bit keys read as signed, which groups them
+    alike and keeps each one a spill file's fixed-width int (an unsigned one over 2**63 is a string)."""
     node, bands = item
-    for key in np.frombuffer(bands, dtype=np.uint64).tolist():
+    for key in np.frombuffer(bands, dtype=np.int64).tolist():
         yield key, node
 
 
@@ -576,10 +578,12 @@ class DedupTransform(beam.PTransform):
         """(node, component label) for every exact group's representative: LSH buckets give
         candidate components, which are verified by their documents' similarity unless verify=none."""
         c = self.cfg
+        if c.spill_dir:  # each node's band items made in the spill step: one element per node, not per band
+            buckets = reps | "Buckets" >> SpilledGroupByKey(c.spill_dir, pairs=_band_items)
+        else:
+            buckets = reps | "BandItems" >> beam.FlatMap(_band_items) | "Buckets" >> beam.GroupByKey()
         candidate_labels = (
-            reps
-            | "BandItems" >> beam.FlatMap(_band_items)
-            | "Buckets" >> self._group()
+            buckets
             | "BucketStars" >> beam.FlatMap(_bucket_star)
             | "DistinctCandidates" >> beam.Distinct()
             | "CandidateComponents" >> ConnectedComponents(c.cc_rounds)
