@@ -108,6 +108,23 @@ def test_damaged_records_are_refused_and_nothing_is_unpickled(tmp_path):
     assert list(spill.read_spill(writer.path)) == [("a", 1), ("b", "x" * 100)]
 
 
+def test_a_grouping_run_whose_records_are_damaged_is_refused_naming_its_file(tmp_path):
+    """The spilled grouping decodes each record where it lies in its run: a length that does not
+    match the record, or bytes that are no record, are one SpillFormatError naming the file."""
+    records = [spill.encode((key, value)) for key, value in ((7, "a"), (-3, "b"), (7, "c"))]
+    run = b"".join(spill._LEN.pack(len(r)) + r for r in records)
+    group = spill._GroupRuns(str(tmp_path), 1)
+    (tmp_path / "good.group.spill").write_bytes(run)
+    assert dict(group.process((0, [("good.group.spill", 0, len(run), 0)]))) == {7: [["a", "c"]], -3: [["b"]]}
+    first = len(records[0])
+    for name, damaged in (("long.group.spill", spill._LEN.pack(first + 1) + run[4:]),  # claims a byte more
+                          ("short.group.spill", spill._LEN.pack(first - 1) + run[4:]),
+                          ("noise.group.spill", spill._LEN.pack(first) + b"Z" * first + run[4 + first:])):
+        (tmp_path / name).write_bytes(damaged)
+        with pytest.raises(spill.SpillFormatError, match=name):
+            list(group.process((0, [(name, 0, len(damaged), 0)])))
+
+
 def test_the_spill_directory_is_private(tmp_path):
     target = tmp_path / "run" / spill.SPILL_DIR / "dedup"
     spill.make_private_dir(str(target))

@@ -353,7 +353,10 @@ class _GroupRuns(beam.DoFn):
     def process(self, item):
         groups: dict[Any, list[list]] = {}
         for key, value, source in self._records(sorted(item[1])):
-            groups.setdefault(key, [[] for _ in range(self.sources)])[source].append(value)
+            lists = groups.get(key)
+            if lists is None:
+                lists = groups[key] = [[] for _ in range(self.sources)]
+            lists[source].append(value)
         yield from groups.items()
 
     def _records(self, runs):
@@ -370,9 +373,14 @@ class _GroupRuns(beam.DoFn):
                 if len(data) < length:
                     raise SpillFormatError(f"{name}: a run cut short")
                 while pos < length:
-                    (n,) = _LEN.unpack_from(data, pos)
-                    key, value = decode(data[pos + 4: pos + 4 + n])
-                    pos += 4 + n
+                    end = pos + 4 + _U32(data, pos)[0]
+                    try:  # decoded where it lies in the run, not from a copy
+                        (key, value), at = _value(data, pos + 4)
+                    except (struct.error, IndexError, ValueError):
+                        raise SpillFormatError(f"{name}: a record does not decode") from None
+                    if at != end:
+                        raise SpillFormatError(f"{name}: a record's length does not match its value")
+                    pos = end
                     yield key, value, source
         finally:
             if fh is not None:
