@@ -125,6 +125,64 @@ def test_a_grouping_run_whose_records_are_damaged_is_refused_naming_its_file(tmp
             list(group.process((0, [(name, 0, len(damaged), 0)])))
 
 
+def test_band_buckets_link_every_bucket_of_two_or_more_as_plain_grouping_does(tmp_path):
+    """BandBuckets (dsdata/beam/dedup/buckets.py) in a real pipeline, blocks spilled and inline, small
+    flushes so that a partition's blocks come from several writes: the same links as grouping every
+    (band key, node) record in Python; node keys with CJK characters come back as they went in."""
+    import numpy as np
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from dsdata.beam.dedup import buckets
+
+    rnd = random.Random(5)
+    shared = [rnd.getrandbits(64) for _ in range(40)]  # keys drawn from a small pool collide often
+    reps = []
+    for i in range(500):
+        keys = [rnd.choice(shared) if rnd.random() < 0.1 else rnd.getrandbits(64) for _ in range(9)]
+        reps.append((f"doc-{i:04d} 汉字\x1f{i:x}", np.array(keys, dtype=np.uint64).tobytes()))
+    grouped: dict[int, set] = {}
+    for node, bands in reps:
+        for key in np.frombuffer(bands, dtype=np.uint64).tolist():
+            grouped.setdefault(key, set()).add(node)
+    expected = set()
+    for nodes in grouped.values():
+        members = sorted(nodes)
+        expected.update((members[0], b) for b in members[1:])
+    assert expected
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(buckets, "GROUP_PENDING_BYTES", 4000)
+    try:
+        for spill_dir in (str(tmp_path / "spill"), None):
+            with beam.Pipeline() as p:
+                links = p | beam.Create(reps) | buckets.BandBuckets(spill_dir) | beam.Distinct()
+                assert_that(links, equal_to(sorted(expected)))
+    finally:
+        monkey.undo()
+    assert list((tmp_path / "spill").glob("*.buckets.spill"))
+
+
+def test_a_damaged_bucket_block_is_refused_naming_its_file(tmp_path):
+    import numpy as np
+
+    from dsdata.beam.dedup import buckets
+
+    block = buckets.encode_block(np.array([5, 5, 9], dtype=np.uint64), [b"a", "汉".encode(), b"c"])
+    keys, lengths, data = buckets.decode_block(block, "x")
+    assert keys.tolist() == [5, 5, 9] and lengths.tolist() == [1, 3, 1] and bytes(data) == "a汉c".encode()
+    stars = buckets._Stars(str(tmp_path), "dedup")
+    stars.setup()
+    (tmp_path / "good.buckets.spill").write_bytes(block)
+    assert stars.process((0, [("good.buckets.spill", 0, len(block))])) == [("a", "汉")]
+    lying = bytearray(block)
+    lying[-9] = 2  # the last node-key length that does not add up to the bytes there
+    for name, damaged in (("cut.buckets.spill", block[:-2]), ("lying.buckets.spill", bytes(lying)),
+                          ("tiny.buckets.spill", block[:3])):
+        (tmp_path / name).write_bytes(damaged)
+        with pytest.raises(spill.SpillFormatError, match=name):
+            stars.process((0, [(name, 0, len(damaged))]))
+
+
 def test_the_spill_directory_is_private(tmp_path):
     target = tmp_path / "run" / spill.SPILL_DIR / "dedup"
     spill.make_private_dir(str(target))

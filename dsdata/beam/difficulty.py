@@ -1,6 +1,6 @@
 """The difficulty stage as a two-pass composite: score → per-language quantiles → grade.
 
-  docs ─► BatchElements ─► score (perplexity) ─┬─► (lang, perplexity) ─► log histogram per language
+  docs ─► full_batches ─► score (perplexity) ─┬─► (lang, perplexity) ─► log histogram per language
                                                │                               │ side input (AsDict)
                                                └─► parked in spill files ─► grade ─► kept / rejected
   kept + rejected ─► counts per (lang, grade) ─► summary (cut-offs, counts, sampling weights): the
@@ -22,7 +22,7 @@ from apache_beam.transforms.window import GlobalWindows
 from dsdata.beam.spill import make_private_dir, spill_directory
 from dsdata.beam.park import bundle_spill, park, parked_entries, read_entry
 from dsdata.beam.errors import retry_one_at_a_time, passes_through
-from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageStepDoFn
+from dsdata.beam.transforms import ANY_OUTPUT, KEPT, REJECTED, StageStepDoFn, full_batches
 from dsdata.document import Document, Rejected, pack_document, unpack_document
 from dsdata.stages.difficulty import GRADES, SUMMARY_FILE, DifficultyConfig, DifficultyStage
 
@@ -249,7 +249,7 @@ class GradeByPerplexity(beam.PTransform):
         stage, config = self.stage, self.config
         scored = (
             docs
-            | "Batch" >> beam.BatchElements(min_batch_size=min(8, config.batch_size), max_batch_size=config.batch_size)
+            | "Batch" >> full_batches(config.batch_size)
             | "Score" >> beam.ParDo(_ScoreDoFn(stage, self.spill_dir)).with_outputs(
                 _PERPLEXITY, REJECTED, main=_WAITING)
         )

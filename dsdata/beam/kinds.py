@@ -2,7 +2,7 @@
 
   DocumentStage  → ParDo(StageDoFn)                        kept on the main output, rejections tagged;
                                                            consecutive ones share one StageDoFn (ApplyStageChain)
-  BatchStage     → BatchElements → ParDo(BatchStageDoFn)   unless a composite is registered below
+  BatchStage     → full_batches → ParDo(BatchStageDoFn)    unless a composite is registered below
   CorpusStage    → its composite from COMPOSITES           (dedup, difficulty, augment, shards)
   a per-document stage with a corpus-wide part → its composite while `uses_composite()` (decontaminate's
                                                            document-frequency cap)
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 
-from dsdata.beam.transforms import KEPT, REJECTED, Batch, BatchChainDoFn, BatchStageDoFn, StageDoFn, batchable_run
+from dsdata.beam.transforms import (KEPT, REJECTED, Batch, BatchChainDoFn, BatchStageDoFn, StageDoFn, batchable_run,
+                                    full_batches)
 from dsdata.stages.base import BatchStage, CorpusStage, DocumentStage, Stage
 
 # Stage name → module whose `composite(stage, context)` builds the stage's transform.  Whole-corpus
@@ -73,9 +74,7 @@ class ApplyStage(beam.PTransform):
         if isinstance(stage, CorpusStage):
             raise TypeError(f"whole-corpus stage '{stage.name}' has no composite in dsdata/beam/kinds.py COMPOSITES")
         if isinstance(stage, BatchStage):
-            batched = docs | "Batch" >> beam.BatchElements(
-                min_batch_size=stage.batch_min, max_batch_size=stage.batch_max
-            )
+            batched = docs | "Batch" >> full_batches(stage.batch_max)
             out = batched | "Run" >> beam.ParDo(BatchStageDoFn(stage)).with_outputs(REJECTED, main=KEPT)
         elif isinstance(stage, DocumentStage):
             out = docs | "Run" >> beam.ParDo(StageDoFn(stage)).with_outputs(REJECTED, main=KEPT)

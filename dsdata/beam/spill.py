@@ -199,17 +199,17 @@ class SpillWriter:
         try:
             self._fh.write(_LEN.pack(len(data)) + data)
         except OSError as exc:
-            raise _named(exc, self.path)
+            raise named(exc, self.path)
         self.records += 1
 
     def close(self) -> None:
         try:
             self._fh.close()
         except OSError as exc:
-            raise _named(exc, self.path)
+            raise named(exc, self.path)
 
 
-def _named(exc: OSError, path: str) -> OSError:
+def named(exc: OSError, path: str) -> OSError:
     """`exc` naming the spill file it failed on: a full disk under OUT/.spill is OUT's, and a write on
     an open file says no path (dsdata/api.py tells OUT's full disk from a stage's own by the path)."""
     if exc.filename is None:
@@ -293,8 +293,8 @@ GROUP_PENDING_BYTES = 16 << 20
 # encode() (over a CPU-second per grouping when the graph is built); the int key gets VarIntCoder.
 @beam.typehints.with_output_types(Tuple[int, Tuple[str, int, int, int]])
 class _SpillRuns(beam.DoFn):
-    def __init__(self, spill_dir: str, source: int, pairs=None):
-        self.spill_dir, self.source, self.pairs = spill_dir, source, pairs
+    def __init__(self, spill_dir: str, source: int):
+        self.spill_dir, self.source = spill_dir, source
 
     def setup(self):
         make_private_dir(self.spill_dir)
@@ -304,19 +304,17 @@ class _SpillRuns(beam.DoFn):
         self._bytes, self._fh, self._runs = 0, None, []
 
     def process(self, item):
-        pending = self._pending
-        for key, value in (item,) if self.pairs is None else self.pairs(item):
-            key_data = encode(key)
-            record = _PAIR + key_data + encode(value)  # encode((key, value)), the key encoded once
-            run = pending.get(partition := zlib.crc32(key_data) % GROUP_PARTITIONS)
-            if run is None:
-                run = pending[partition] = bytearray()
-            run += _LEN.pack(len(record))
-            run += record
-            self._bytes += len(record) + 4
-            if self._bytes >= GROUP_PENDING_BYTES:
-                self._flush()
-                pending = self._pending
+        key, value = item
+        key_data = encode(key)
+        record = _PAIR + key_data + encode(value)  # encode((key, value)), the key encoded once
+        run = self._pending.get(partition := zlib.crc32(key_data) % GROUP_PARTITIONS)
+        if run is None:
+            run = self._pending[partition] = bytearray()
+        run += _LEN.pack(len(record))
+        run += record
+        self._bytes += len(record) + 4
+        if self._bytes >= GROUP_PENDING_BYTES:
+            self._flush()
         return ()
 
     def _flush(self):
@@ -330,7 +328,7 @@ class _SpillRuns(beam.DoFn):
                 self._runs.append((partition, (self._name, self._offset, len(run), self.source)))
                 self._offset += len(run)
         except OSError as exc:
-            raise _named(exc, self._path)
+            raise named(exc, self._path)
         self._pending, self._bytes = {}, 0
 
     def finish_bundle(self):
@@ -340,7 +338,7 @@ class _SpillRuns(beam.DoFn):
             try:
                 self._fh.close()
             except OSError as exc:
-                raise _named(exc, self._path)
+                raise named(exc, self._path)
         for run in self._runs:
             yield GlobalWindows.windowed_value(run)
         self._fh, self._runs = None, []
@@ -389,18 +387,16 @@ class _GroupRuns(beam.DoFn):
 
 class SpilledGroupByKey(beam.PTransform):
     """GroupByKey (one PCollection) or CoGroupByKey (a dict of them) whose records wait in spill files
-    under `spill_dir`, not in the runner; keys and values must be spillable.  With `pairs`, each
-    element stands for the (key, value) records `pairs(element)` yields, made in the spill step (so
-    Beam handles one element where a FlatMap before it would hand over many)."""
+    under `spill_dir`, not in the runner; keys and values must be spillable."""
 
-    def __init__(self, spill_dir: str, pairs=None):
+    def __init__(self, spill_dir: str):
         super().__init__()
-        self.spill_dir, self.pairs = spill_dir, pairs
+        self.spill_dir = spill_dir
 
     def expand(self, pcolls):
         tags = list(pcolls) if isinstance(pcolls, dict) else None
         inputs = [pcolls[t] for t in tags] if tags else [pcolls]
-        runs = tuple(p | f"Spill{i}" >> beam.ParDo(_SpillRuns(self.spill_dir, i, self.pairs)) for i, p in enumerate(inputs))
+        runs = tuple(p | f"Spill{i}" >> beam.ParDo(_SpillRuns(self.spill_dir, i)) for i, p in enumerate(inputs))
         return (runs | "Runs" >> beam.Flatten() | "ByPartition" >> beam.GroupByKey()
                 | "Group" >> beam.ParDo(_GroupRuns(self.spill_dir, len(inputs)))
                 | "Values" >> beam.MapTuple(lambda key, lists: (key, dict(zip(tags, lists)) if tags else lists[0])))

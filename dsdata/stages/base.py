@@ -106,7 +106,8 @@ class DocumentStage(Stage, ABC):
 
 
 class BatchStage(Stage, ABC):
-    """A model stage: Beam hands it batches of between `batch_min` and `batch_max` documents."""
+    """A model stage: it is handed batches of `batch_max` documents (a bundle's last one smaller);
+    `batch_min` bounds the batches RunInference sizes adaptively (the relevance stage)."""
 
     batch_min: ClassVar[int] = 8
     batch_max: ClassVar[int] = 256

@@ -22,11 +22,12 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dsdata.beam.errors import retry_one_at_a_time, passes_through
-from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, StageCounters
+from dsdata.beam.transforms import ANY_OUTPUT, CPU_COUNTER, StageCounters, full_batches
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher, exact_hash, fold
 from dsdata.document import Document, Rejected, metadata_json, pack_document, unpack_document
 from dsdata.stages.dedup import DedupConfig
+from dsdata.beam.dedup.buckets import BandBuckets
 from dsdata.beam.park import FlattenParked, parked_sibling
 from dsdata.beam.spill import (SpilledGroupByKey, SpillWriter, Unspillable, make_private_dir, read_spill,
                              spill_directory, spill_name)
@@ -205,22 +206,6 @@ class _ExactGroups(beam.DoFn):
                 yield beam.pvalue.TaggedOutput("edges", (node, rep))
         if rep_bands is not None:
             yield rep, rep_bands
-
-
-def _band_items(item):
-    """(band key, node) for each of a node's bands; the 64-bit keys read as signed, which groups them
-    alike and keeps each one a spill file's fixed-width int (an unsigned one over 2**63 is a string)."""
-    node, bands = item
-    for key in np.frombuffer(bands, dtype=np.int64).tolist():
-        yield key, node
-
-
-def _bucket_star(item):
-    """A band bucket → a star of candidate links from its smallest node (enough for connectivity)."""
-    _, nodes = item
-    members = sorted(set(nodes))
-    for b in members[1:]:
-        yield members[0], b
 
 
 def _to_component(item):
@@ -458,7 +443,8 @@ class _Decide(StageCounters, beam.DoFn):
             return []
         # Several documents can share a node key only with the same id and the same text; the
         # order among them is made deterministic so reruns keep the same one.
-        docs.sort(key=lambda d: (metadata_json(d.metadata), metadata_json(d.annotations)))
+        if len(docs) > 1:
+            docs.sort(key=lambda d: (metadata_json(d.metadata), metadata_json(d.annotations)))
         label, size = decisions[0] if decisions else (node, 1)
         size += len(docs) - 1
         kept_id = label[self.prefix_len: -(_HASH_HEX + 1)]  # the node's document id
@@ -541,7 +527,7 @@ class DedupTransform(beam.PTransform):
         c = self.cfg
         out = (
             docs
-            | "Batch" >> beam.BatchElements(min_batch_size=min(16, c.batch_size), max_batch_size=c.batch_size)
+            | "Batch" >> full_batches(c.batch_size)
             | "Signatures" >> beam.ParDo(_SignatureDoFn(c)).with_outputs(
                 _RECORDS, _SIGNATURES, _WHERE, _FILES, REJECTED, main="docs")
         )
@@ -578,13 +564,9 @@ class DedupTransform(beam.PTransform):
         """(node, component label) for every exact group's representative: LSH buckets give
         candidate components, which are verified by their documents' similarity unless verify=none."""
         c = self.cfg
-        if c.spill_dir:  # each node's band items made in the spill step: one element per node, not per band
-            buckets = reps | "Buckets" >> SpilledGroupByKey(c.spill_dir, pairs=_band_items)
-        else:
-            buckets = reps | "BandItems" >> beam.FlatMap(_band_items) | "Buckets" >> beam.GroupByKey()
         candidate_labels = (
-            buckets
-            | "BucketStars" >> beam.FlatMap(_bucket_star)
+            reps
+            | "Buckets" >> BandBuckets(c.spill_dir, c.stage_name)
             | "DistinctCandidates" >> beam.Distinct()
             | "CandidateComponents" >> ConnectedComponents(c.cc_rounds)
         )

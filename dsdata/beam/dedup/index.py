@@ -11,7 +11,7 @@ import apache_beam as beam
 
 from dsdata.beam.dedup.spans import ConfiguredStep
 from dsdata.beam.errors import environment_failure
-from dsdata.beam.transforms import KEPT, REJECTED
+from dsdata.beam.transforms import KEPT, REJECTED, full_batches
 from dsdata.dedup.index import shared_index, best_match, write_manifest, write_part
 from dsdata.dedup.lsh import band_keys
 from dsdata.dedup.minhash import MinHasher
@@ -57,8 +57,7 @@ class AgainstIndex(ConfiguredStep):
 
     def expand(self, docs):
         out = (docs
-               | "Batch" >> beam.BatchElements(min_batch_size=min(16, self.cfg.batch_size),
-                                                max_batch_size=self.cfg.batch_size)
+               | "Batch" >> full_batches(self.cfg.batch_size)
                | "Lookup" >> beam.ParDo(_Against(self.cfg)).with_outputs(REJECTED, main=KEPT))
         return {KEPT: out[KEPT], REJECTED: out[REJECTED]}
 
@@ -92,8 +91,7 @@ class WriteIndex(ConfiguredStep):
     def expand(self, docs):
         os.makedirs(self.cfg.index, exist_ok=True)
         return (docs
-                | "Batch" >> beam.BatchElements(min_batch_size=min(16, self.cfg.batch_size),
-                                                 max_batch_size=self.cfg.batch_size)
+                | "Batch" >> full_batches(self.cfg.batch_size)
                 | "WriteParts" >> beam.ParDo(_WritePart(self.cfg))
                 | "AllParts" >> beam.combiners.ToList()
                 | "Manifest" >> beam.Map(_finish, self.cfg))
