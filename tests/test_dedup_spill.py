@@ -83,7 +83,7 @@ def test_other_types_are_unspillable_not_approximated(value):
 
 def test_damaged_records_are_refused_and_nothing_is_unpickled(tmp_path):
     good = spill.encode(("n", (1, "x")))
-    for bad in (good[:-1], good + b"N", b"Z", b"s\xff\xff\xff\xff", b"c" + good):
+    for bad in (good[:-1], good + b"N", b"\xc1", b"\xdb\xff\xff\xff\xff", b"c" + good, b""):
         with pytest.raises(spill.SpillFormatError):
             spill.decode(bad)
     nested = spill.encode(("d", ("id", b"\x00z", {"n": [1, 2.5, None, True]}, {"t": dt.date(2020, 1, 2)}, None)))
