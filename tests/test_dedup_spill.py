@@ -113,9 +113,11 @@ def test_a_grouping_run_whose_records_are_damaged_is_refused_naming_its_file(tmp
     match the record, or bytes that are no record, are one SpillFormatError naming the file."""
     records = [spill.encode((key, value)) for key, value in ((7, "a"), (-3, "b"), (7, "c"))]
     run = b"".join(spill._LEN.pack(len(r)) + r for r in records)
-    group = spill._GroupRuns(str(tmp_path), 1)
+    group = spill._GroupRuns(str(tmp_path), None)
     (tmp_path / "good.group.spill").write_bytes(run)
-    assert dict(group.process((0, [("good.group.spill", 0, len(run), 0)]))) == {7: [["a", "c"]], -3: [["b"]]}
+    assert dict(group.process((0, [("good.group.spill", 0, len(run), 0)]))) == {7: ["a", "c"], -3: ["b"]}
+    joined = spill._GroupRuns(str(tmp_path), ["x", "y"]).process((0, [("good.group.spill", 0, len(run), 1)]))
+    assert dict(joined) == {7: {"x": [], "y": ["a", "c"]}, -3: {"x": [], "y": ["b"]}}
     first = len(records[0])
     for name, damaged in (("long.group.spill", spill._LEN.pack(first + 1) + run[4:]),  # claims a byte more
                           ("short.group.spill", spill._LEN.pack(first - 1) + run[4:]),

@@ -293,17 +293,22 @@ class _SpillRuns(beam.DoFn):
 
 
 class _GroupRuns(beam.DoFn):
-    def __init__(self, spill_dir: str, sources: int):
-        self.spill_dir, self.sources = spill_dir, sources
+    """A partition's runs → (key, values), or (key, {tag: values}) with the CoGroupByKey's tags."""
+
+    def __init__(self, spill_dir: str, tags: list | None):
+        self.spill_dir, self.tags = spill_dir, tags
 
     def process(self, item):
         groups: dict[Any, list[list]] = {}
+        sources = len(self.tags) if self.tags else 1
         for key, value, source in self._records(sorted(item[1])):
             lists = groups.get(key)
             if lists is None:
-                lists = groups[key] = [[] for _ in range(self.sources)]
+                lists = groups[key] = [[] for _ in range(sources)]
             lists[source].append(value)
-        yield from groups.items()
+        if self.tags is None:
+            return [(key, lists[0]) for key, lists in groups.items()]
+        return [(key, dict(zip(self.tags, lists))) for key, lists in groups.items()]
 
     def _records(self, runs):
         """(key, value, input) of each record in `runs`, sorted by file and offset: each file opened once."""
@@ -347,5 +352,4 @@ class SpilledGroupByKey(beam.PTransform):
         inputs = [pcolls[t] for t in tags] if tags else [pcolls]
         runs = tuple(p | f"Spill{i}" >> beam.ParDo(_SpillRuns(self.spill_dir, i)) for i, p in enumerate(inputs))
         return (runs | "Runs" >> beam.Flatten() | "ByPartition" >> beam.GroupByKey()
-                | "Group" >> beam.ParDo(_GroupRuns(self.spill_dir, len(inputs)))
-                | "Values" >> beam.MapTuple(lambda key, lists: (key, dict(zip(tags, lists)) if tags else lists[0])))
+                | "Group" >> beam.ParDo(_GroupRuns(self.spill_dir, tags)))
