@@ -67,9 +67,10 @@ def unpack_text(packed: str | bytes) -> str:
     return decompress(packed).decode("utf-8", "surrogatepass")
 
 
-def pack_document(doc: Document) -> tuple:
-    """A Document as a tuple of primitives with its text packed (what `__reduce__` ships); the packed
-    text is kept beside its text, so a document shipped again is not recompressed."""
+def pack_document(doc: Document) -> list:
+    """A Document as a list of primitives with its text packed (what `__reduce__` ships and spill
+    files hold: a list is a native MessagePack array, a tuple an extension); the packed text is kept
+    beside its text, so a document shipped again is not recompressed."""
     text, cached = doc.__dict__.get("text"), doc.__dict__.get("_packed")
     if cached is not None and cached[0] is text:  # (None, packed): unpacked, its text not yet read
         packed = cached[1]
@@ -77,10 +78,10 @@ def pack_document(doc: Document) -> tuple:
         packed = pack_text(text)
         if type(packed) is bytes:
             doc._packed = (text, packed)
-    return doc.id, packed, doc.metadata, doc.annotations, doc.derived_from
+    return [doc.id, packed, doc.metadata, doc.annotations, doc.derived_from]
 
 
-def unpack_document(fields: tuple) -> Document:
+def unpack_document(fields: list) -> Document:
     """The Document `pack_document` packed; a compressed text is decompressed when it is first read
     (a document parked, read back and shipped on unread is never decompressed)."""
     doc_id, packed, metadata, annotations, derived_from = fields

@@ -29,17 +29,17 @@ def parked_sibling(spill_dir: str, name: str) -> str:
     return f"{spill_dir.rstrip('/')}-{name}"
 
 
-def pack_record(item: Document | Rejected) -> tuple:
-    """A Document or a Rejected as a tuple of plain values (spill.encode may still refuse what its
+def pack_record(item: Document | Rejected) -> list:
+    """A Document or a Rejected as a list of plain values (spill.encode may still refuse what its
     metadata or annotations hold: Unspillable)."""
     if type(item) is Document:
-        return ("d", pack_document(item))
+        return ["d", pack_document(item)]
     if type(item) is Rejected:
-        return ("r", pack_document(item.doc), item.stage, item.reason, item.detail)
+        return ["r", pack_document(item.doc), item.stage, item.reason, item.detail]
     raise Unspillable(f"a record of type {type(item).__qualname__}")
 
 
-def unpack_record(fields: tuple) -> Document | Rejected:
+def unpack_record(fields: list) -> Document | Rejected:
     if fields[0] == "d":
         return unpack_document(fields[1])
     _, doc, stage, reason, detail = fields

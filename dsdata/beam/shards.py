@@ -154,7 +154,7 @@ class _ParkRecords(StageCounters, beam.DoFn):
             return
         check_vocabulary(doc_id, tokens, self.vocab_size)
         data = tokens.astype(self._dtype, copy=False).tobytes()
-        self._spill.write((bucket, doc_id, data))
+        self._spill.write([bucket, doc_id, data])  # a list: a native MessagePack array
         self._totals[bucket] = self._totals.get(bucket, 0) + len(tokens)
         self._clock_stop(start)
         yield self._route(doc)
@@ -186,7 +186,7 @@ class _CutByShard(beam.DoFn):
         start = thread_time()
         by_shard: dict[tuple[str, int, int], list] = {}
         for bucket, doc_id, data in read_spill(location.join(self.spill_dir, name)):
-            by_shard.setdefault(shard_key(bucket, doc_id, totals, self.shard_size), []).append((doc_id, data))
+            by_shard.setdefault(shard_key(bucket, doc_id, totals, self.shard_size), []).append([doc_id, data])
         out = []
         for key in sorted(by_shard):
             writer = SpillWriter(self.spill_dir)

@@ -107,7 +107,7 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
         node, fields, verification = item
         out = [] if verification is None else [beam.pvalue.TaggedOutput(_SIGNATURES, (node, verification))]
         try:
-            record = spill_encode((node, fields)) if self.cfg.spill_dir else None
+            record = spill_encode([node, fields]) if self.cfg.spill_dir else None
         except Unspillable:
             record = None
         if record is None:
@@ -119,7 +119,7 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
                 self._new_bundles.append(self._bundle)
             self._writer.write_encoded(record)
         if self.cfg.spill_dir:
-            out.append(beam.pvalue.TaggedOutput(_WHERE, (node, (self._bundle, record is not None))))
+            out.append(beam.pvalue.TaggedOutput(_WHERE, (node, [self._bundle, record is not None])))
         return out
 
     def process(self, batch: list[Document]):
@@ -164,18 +164,19 @@ class _SignatureDoFn(StageCounters, beam.DoFn):
             if c.near and has[i]:
                 bands = keys[i].tobytes()
                 if c.verify == "signature":
-                    verification = (bands, sigs[i].tobytes())
+                    verification = [bands, sigs[i].tobytes()]
                 elif c.verify == "exact":
                     # Top 32 bits of each distinct shingle hash: a chance collision inside one
                     # pair (p ≈ n²/2^33) moves its Jaccard by 1/n at most.
-                    verification = (bands, distinct[i].tobytes())
+                    verification = [bands, distinct[i].tobytes()]
             elif c.near:
                 no_shingles += 1
             # Without exact dedup every node is its own group: key it by the node itself.
             group = digest if c.exact else node.encode("utf-8")
-            out.append(beam.pvalue.TaggedOutput(_RECORDS, (group, (node, bands))))
+            out.append(beam.pvalue.TaggedOutput(_RECORDS, (group, [node, bands])))
             # Primitives (pack_document), which Beam's fast coder encodes natively; parked (_park)
-            # once the whole batch has succeeded.
+            # once the whole batch has succeeded.  Values that may wait in spill files are lists: a
+            # native MessagePack array (a tuple is an extension type, ~2x the encoding time).
             out.append(_Park(node, pack_document(doc), verification))
         if no_shingles:
             self.no_shingles.inc(no_shingles)
@@ -186,8 +187,8 @@ class _Park(NamedTuple):
     """A document waiting for its decision (internal to _SignatureDoFn.process)."""
 
     node: str
-    fields: tuple
-    verification: tuple | None  # (band keys, verification data) of a document with shingles
+    fields: list
+    verification: list | None  # [band keys, verification data] of a document with shingles
 
 
 class _ExactGroups(beam.DoFn):
@@ -214,7 +215,7 @@ def _to_component(item):
     labels, data = list(grouped["label"]), list(grouped["data"])
     if labels and data:
         bands, payload = data[0]
-        yield labels[0], (node, bands, payload)
+        yield labels[0], [node, bands, payload]
 
 
 def _similarity(x: np.ndarray, y: np.ndarray, mode: str) -> float:
@@ -407,7 +408,7 @@ def _cluster_sizes(item):
     members = set(members)
     members.add(label)
     for node in members:
-        yield node, (label, len(members))
+        yield node, [label, len(members)]
 
 
 @ANY_OUTPUT
