@@ -229,6 +229,56 @@ def remove_spill(run_dir: str) -> None:
         FileSystems.delete([m.path for m in matches])
 
 
+class RunWriter:
+    """A bundle's partition runs appended to one spill file of `kind`, opened at the first run; `close()`
+    returns (partition, (file name, offset, length, *tail)) for each run written."""
+
+    def __init__(self, spill_dir: str, kind: str):
+        self.spill_dir, self.kind = spill_dir, kind
+        self._fh, self._entries = None, []
+
+    def write(self, partition: int, data, *tail) -> None:
+        if self._fh is None:
+            self._name = spill_name(uuid.uuid4().hex, self.kind)
+            self._path = FileSystems.join(self.spill_dir, self._name)
+            self._fh, self._offset = FileSystems.create(self._path), 0
+        try:
+            self._fh.write(data)
+        except OSError as exc:
+            raise named(exc, self._path)
+        self._entries.append((partition, (self._name, self._offset, len(data), *tail)))
+        self._offset += len(data)
+
+    def close(self) -> list:
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError as exc:
+                raise named(exc, self._path)
+        entries, self._fh, self._entries = self._entries, None, []
+        return entries
+
+
+def read_runs(spill_dir: str, runs) -> Iterator[tuple]:
+    """(data, file name, *tail) of each (file name, offset, length, *tail) in `runs`, in file and offset
+    order: each file opened once."""
+    fh = name = None
+    try:
+        for run_name, offset, length, *tail in sorted(runs):
+            if run_name != name:
+                if fh is not None:
+                    fh.close()
+                name, fh = run_name, FileSystems.open(FileSystems.join(spill_dir, run_name))
+            fh.seek(offset)
+            data = fh.read(length)
+            if len(data) < length:
+                raise SpillFormatError(f"{name}: a run cut short")
+            yield data, name, *tail
+    finally:
+        if fh is not None:
+            fh.close()
+
+
 # Spilled grouping: a bundle's records go to its spill file in runs of one partition (crc32 of the
 # key mod GROUP_PARTITIONS); only (partition, (file, offset, length, input)) entries cross the
 # runner's GroupByKey, and a worker reads back and groups one partition at a time.
@@ -249,7 +299,7 @@ class _SpillRuns(beam.DoFn):
 
     def start_bundle(self):
         self._pending: dict[int, bytearray] = {}
-        self._bytes, self._fh, self._runs = 0, None, []
+        self._bytes, self._writer = 0, RunWriter(self.spill_dir, "group")
 
     def process(self, item):
         key, value = item
@@ -266,30 +316,15 @@ class _SpillRuns(beam.DoFn):
         return ()
 
     def _flush(self):
-        if self._fh is None:
-            self._name = spill_name(uuid.uuid4().hex, "group")
-            self._path = FileSystems.join(self.spill_dir, self._name)
-            self._fh, self._offset = FileSystems.create(self._path), 0
-        try:
-            for partition, run in sorted(self._pending.items()):
-                self._fh.write(run)
-                self._runs.append((partition, (self._name, self._offset, len(run), self.source)))
-                self._offset += len(run)
-        except OSError as exc:
-            raise named(exc, self._path)
+        for partition, run in sorted(self._pending.items()):
+            self._writer.write(partition, run, self.source)
         self._pending, self._bytes = {}, 0
 
     def finish_bundle(self):
         if self._pending:
             self._flush()
-        if self._fh is not None:
-            try:
-                self._fh.close()
-            except OSError as exc:
-                raise named(exc, self._path)
-        for run in self._runs:
+        for run in self._writer.close():
             yield GlobalWindows.windowed_value(run)
-        self._fh, self._runs = None, []
 
 
 class _GroupRuns(beam.DoFn):
@@ -301,7 +336,7 @@ class _GroupRuns(beam.DoFn):
     def process(self, item):
         groups: dict[Any, list[list]] = {}
         sources = len(self.tags) if self.tags else 1
-        for key, value, source in self._records(sorted(item[1])):
+        for key, value, source in self._records(item[1]):
             lists = groups.get(key)
             if lists is None:
                 lists = groups[key] = [[] for _ in range(sources)]
@@ -311,32 +346,19 @@ class _GroupRuns(beam.DoFn):
         return [(key, dict(zip(self.tags, lists))) for key, lists in groups.items()]
 
     def _records(self, runs):
-        """(key, value, input) of each record in `runs`, sorted by file and offset: each file opened once."""
-        fh = name = None
-        try:
-            for run_name, offset, length, source in runs:
-                if run_name != name:
-                    if fh is not None:
-                        fh.close()
-                    name, fh = run_name, FileSystems.open(FileSystems.join(self.spill_dir, run_name))
-                fh.seek(offset)
-                data, pos = fh.read(length), 0
-                view = memoryview(data)
-                if len(data) < length:
-                    raise SpillFormatError(f"{name}: a run cut short")
-                while pos < length:
-                    end = pos + 4 + (_LEN.unpack_from(data, pos)[0] if pos + 4 <= length else length)
-                    if end > length:
-                        raise SpillFormatError(f"{name}: a record's length does not match its value")
-                    try:  # decoded where it lies in the run, not from a copy
-                        key, value = decode(view[pos + 4:end])
-                    except (SpillFormatError, ValueError, TypeError):
-                        raise SpillFormatError(f"{name}: a record does not decode") from None
-                    pos = end
-                    yield key, value, source
-        finally:
-            if fh is not None:
-                fh.close()
+        """(key, value, input) of each record in `runs`."""
+        for data, name, source in read_runs(self.spill_dir, runs):
+            view, pos, length = memoryview(data), 0, len(data)
+            while pos < length:
+                end = pos + 4 + (_LEN.unpack_from(data, pos)[0] if pos + 4 <= length else length)
+                if end > length:
+                    raise SpillFormatError(f"{name}: a record's length does not match its value")
+                try:  # decoded where it lies in the run, not from a copy
+                    key, value = decode(view[pos + 4:end])
+                except (SpillFormatError, ValueError, TypeError):
+                    raise SpillFormatError(f"{name}: a record does not decode") from None
+                pos = end
+                yield key, value, source
 
 
 class SpilledGroupByKey(beam.PTransform):

@@ -11,18 +11,16 @@ record, 1/64 of the corpus's), one bundle's pending blocks (`GROUP_PENDING_BYTES
 from __future__ import annotations
 
 import struct
-import uuid
 from time import thread_time
 from typing import Tuple
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
-from dsdata.beam.spill import (GROUP_PARTITIONS, GROUP_PENDING_BYTES, SpillFormatError, make_private_dir, named,
-                               spill_name)
+from dsdata.beam.spill import (GROUP_PARTITIONS, GROUP_PENDING_BYTES, RunWriter, SpillFormatError, make_private_dir,
+                               read_runs)
 from dsdata.beam.transforms import CPU_COUNTER
 
 _HEAD = struct.Struct("<II")  # band records, node-key bytes
@@ -71,8 +69,8 @@ class _Blocks(_Clocked):
     length)) with the blocks in the bundle's spill file."""
 
     def start_bundle(self):
-        self._nodes, self._keys, self._pending = [], [], 0
-        self._fh, self._out = None, []
+        self._nodes, self._keys, self._pending, self._out = [], [], 0, []
+        self._writer = RunWriter(self.spill_dir, "buckets") if self.spill_dir else None
 
     def process(self, item):
         node, bands = item
@@ -98,32 +96,20 @@ class _Blocks(_Clocked):
                 blocks.append((p, encode_block(keys[at], [nodes[r] for r in rows[at].tolist()])))
         self._nodes, self._keys, self._pending = [], [], 0
         self._count(start)
-        if not self.spill_dir:
-            self._out.extend(blocks)
-            return
-        if self._fh is None:
-            self._name = spill_name(uuid.uuid4().hex, "buckets")
-            self._path = FileSystems.join(self.spill_dir, self._name)
-            self._fh, self._offset = FileSystems.create(self._path), 0
-        try:
-            for p, block in blocks:
-                self._fh.write(block)
-                self._out.append((p, (self._name, self._offset, len(block))))
-                self._offset += len(block)
-        except OSError as exc:
-            raise named(exc, self._path)
+        for p, block in blocks:
+            if self._writer is None:
+                self._out.append((p, block))
+            else:
+                self._writer.write(p, block)
 
     def finish_bundle(self):
         if self._nodes:
             self._flush()
-        if self._fh is not None:
-            try:
-                self._fh.close()
-            except OSError as exc:
-                raise named(exc, self._path)
+        if self._writer is not None:
+            self._out.extend(self._writer.close())
         for out in self._out:
             yield GlobalWindows.windowed_value(out)
-        self._fh, self._out = None, []
+        self._out = []
 
 
 class _Stars(_Clocked):
@@ -131,7 +117,7 @@ class _Stars(_Clocked):
 
     def process(self, item):
         _, entries = item
-        blocks = list(self._read(sorted(entries))) if self.spill_dir else [(b, "a bucket block") for b in entries]
+        blocks = list(read_runs(self.spill_dir, entries)) if self.spill_dir else [(b, "a bucket block") for b in entries]
         start = thread_time()
         decoded = [decode_block(block, where) for block, where in blocks]
         keys = np.concatenate([d[0] for d in decoded])
@@ -153,24 +139,6 @@ class _Stars(_Clocked):
             links.extend((members[0], b) for b in members[1:])
         self._count(start)
         return links
-
-    def _read(self, runs):
-        """(block, file name) of each (file, offset, length), sorted: each file opened once."""
-        fh = name = None
-        try:
-            for run_name, offset, length in runs:
-                if run_name != name:
-                    if fh is not None:
-                        fh.close()
-                    name, fh = run_name, FileSystems.open(FileSystems.join(self.spill_dir, run_name))
-                fh.seek(offset)
-                block = fh.read(length)
-                if len(block) < length:
-                    raise SpillFormatError(f"{name}: a bucket block cut short")
-                yield block, name
-        finally:
-            if fh is not None:
-                fh.close()
 
 
 class BandBuckets(beam.PTransform):
