@@ -141,7 +141,7 @@ class SpillWriter:
         try:
             self._fh.write(self._buffer)
         except OSError as exc:
-            raise named(exc, self.path)
+            raise _named(exc, self.path)
         self._buffer = bytearray()
 
     def close(self) -> None:
@@ -149,10 +149,10 @@ class SpillWriter:
         try:
             self._fh.close()
         except OSError as exc:
-            raise named(exc, self.path)
+            raise _named(exc, self.path)
 
 
-def named(exc: OSError, path: str) -> OSError:
+def _named(exc: OSError, path: str) -> OSError:
     """`exc` naming the spill file it failed on: a full disk under OUT/.spill is OUT's, and a write on
     an open file says no path (dsdata/api.py tells OUT's full disk from a stage's own by the path)."""
     if exc.filename is None:
@@ -245,7 +245,7 @@ class RunWriter:
         try:
             self._fh.write(data)
         except OSError as exc:
-            raise named(exc, self._path)
+            raise _named(exc, self._path)
         self._entries.append((partition, (self._name, self._offset, len(data), *tail)))
         self._offset += len(data)
 
@@ -254,7 +254,7 @@ class RunWriter:
             try:
                 self._fh.close()
             except OSError as exc:
-                raise named(exc, self._path)
+                raise _named(exc, self._path)
         entries, self._fh, self._entries = self._entries, None, []
         return entries
 
